@@ -1,0 +1,39 @@
+// Multi-threaded SIMD CPU kernels (Google Highway, dispatched at run time per whole op).
+// Shapes and contracts are those of the matching entry points in ops/ops.h; each is tested
+// against its reference in backend/cpu/ref.
+#pragma once
+
+#include <cstdint>
+
+#include "core/thread_pool.h"
+#include "ops/ops.h"
+
+namespace tessera::cpu {
+
+void gemm(ThreadPool& pool, const ops::GemmArgs& g);
+void embedding_forward(ThreadPool& pool, float* out, const int32_t* tokens, const float* wte,
+                       const float* wpe, int64_t B, int64_t T, int64_t C);
+void embedding_backward(ThreadPool& pool, float* dwte, float* dwpe, const float* dout,
+                        const int32_t* tokens, int64_t B, int64_t T, int64_t C);
+void layernorm_forward(ThreadPool& pool, float* out, float* mean, float* rstd, const float* inp,
+                       const float* w, const float* b, int64_t N, int64_t C);
+void layernorm_backward(ThreadPool& pool, float* dinp, float* dw, float* db, const float* dout,
+                        const float* inp, const float* w, const float* mean, const float* rstd,
+                        int64_t N, int64_t C);
+void gelu_forward(ThreadPool& pool, float* out, const float* inp, int64_t n);
+void gelu_backward(ThreadPool& pool, float* dinp, const float* inp, const float* dout, int64_t n);
+void add(ThreadPool& pool, float* out, const float* a, const float* b, int64_t n);
+void attention_forward(ThreadPool& pool, float* out, float* lse, const float* qkv, int64_t B,
+                       int64_t T, int64_t C, int64_t H);
+void attention_backward(ThreadPool& pool, float* dqkv, const float* dout, const float* qkv,
+                        const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
+                        int64_t H);
+void softmax_xent(ThreadPool& pool, float* losses, float* logits, const int32_t* targets,
+                  int64_t N, int64_t V, int64_t Vp, float dlogits_scale);
+void adamw(ThreadPool& pool, float* params, const float* grads, float* m, float* v, int64_t n,
+           const ops::AdamWArgs& a);
+double sum_squares(ThreadPool& pool, const float* x, int64_t n);
+void scale(ThreadPool& pool, float* x, int64_t n, float s);
+void convert_f32_to_bf16(ThreadPool& pool, uint16_t* dst, const float* src, int64_t n);
+
+}  // namespace tessera::cpu

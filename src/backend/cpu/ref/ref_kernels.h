@@ -1,0 +1,35 @@
+// Plain-loop reference kernels: the oracle in tests and the fallback where no SIMD kernel
+// applies. Single-threaded and written for clarity. Shapes and contracts are those of the
+// matching entry points in ops/ops.h.
+#pragma once
+
+#include <cstdint>
+
+#include "ops/ops.h"
+
+namespace tessera::cpu::ref {
+
+void gemm(const ops::GemmArgs& g);
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                       int64_t B, int64_t T, int64_t C);
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                        int64_t B, int64_t T, int64_t C);
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                       const float* b, int64_t N, int64_t C);
+void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                        const float* w, const float* mean, const float* rstd, int64_t N, int64_t C);
+void gelu_forward(float* out, const float* inp, int64_t n);
+void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n);
+void add(float* out, const float* a, const float* b, int64_t n);
+void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C,
+                       int64_t H);
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                        const float* lse, int64_t B, int64_t T, int64_t C, int64_t H);
+void softmax_xent(float* losses, float* logits, const int32_t* targets, int64_t N, int64_t V,
+                  int64_t Vp, float dlogits_scale);
+void adamw(float* params, const float* grads, float* m, float* v, int64_t n,
+           const ops::AdamWArgs& a);
+double sum_squares(const float* x, int64_t n);
+void scale(float* x, int64_t n, float s);
+
+}  // namespace tessera::cpu::ref

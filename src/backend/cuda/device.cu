@@ -1,0 +1,32 @@
+// CUDA device discovery and the error helper for the CUDA backend.
+#include <cuda_runtime.h>
+
+#include "backend/device.h"
+#include "core/error.h"
+
+namespace tessera::backend {
+
+bool cuda_built() { return true; }
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device" error
+    return 0;
+  }
+  return n;
+}
+
+std::string cuda_device_summary() {
+  if (cuda_device_count() == 0) return "built with CUDA, but no CUDA device is present";
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, 0) != cudaSuccess) return "cannot query CUDA device 0";
+  return cat(p.name, ", ", p.totalGlobalMem >> 30, " GiB, sm_", p.major, p.minor);
+}
+
+void require_cuda(const char* what) {
+  TS_CHECK(cuda_device_count() > 0, "[cuda] ", what, ": no CUDA device is present");
+  fail("[cuda] ", what, ": not implemented on CUDA yet");
+}
+
+}  // namespace tessera::backend

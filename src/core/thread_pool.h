@@ -1,0 +1,53 @@
+// A persistent thread pool for data-parallel loops. Idle workers spin briefly, then sleep on a
+// condition variable, so a busy neighbour on a shared machine slows us in proportion instead of
+// collapsing us (as pure spin barriers do when a spinning thread holds a core someone needs).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace tessera {
+
+class ThreadPool {
+ public:
+  // n_threads includes the calling thread; 0 means hardware concurrency.
+  explicit ThreadPool(int n_threads = 0);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return n_threads_; }
+
+  // Calls fn(thread_index) once on each of the size() threads (the caller is index 0) and
+  // returns when all are done. Exceptions from workers are rethrown on the caller.
+  void run(const std::function<void(int)>& fn);
+
+  // Splits [0, n) into chunks of at least `grain` items handed out dynamically; calls
+  // fn(begin, end) for each. Runs inline when n is small or the pool has one thread.
+  void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+
+ private:
+  void worker_loop(int index);
+
+  int n_threads_;
+  std::vector<std::thread> workers_;
+  const std::function<void(int)>* job_ = nullptr;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  std::atomic<bool> stop_{false};
+  std::mutex mu_;
+  std::condition_variable wake_, done_;
+  std::exception_ptr error_;
+  std::mutex error_mu_;
+};
+
+// The process-wide pool used by commands; sized by set_default_threads (e.g. from --threads).
+ThreadPool& default_pool();
+void set_default_threads(int n);
+
+}  // namespace tessera

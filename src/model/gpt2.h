@@ -1,0 +1,92 @@
+// GPT-2 family: configuration and presets, one flat parameter buffer with a tensor table, and an
+// explicit forward/backward over ops/ with an activation arena planned for (B, T, recompute).
+// The same object serves training, evaluation, sampling and tests.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/arena.h"
+#include "core/tensor.h"
+#include "ops/context.h"
+
+namespace tessera::model {
+
+struct Gpt2Config {
+  int64_t n_layer = 12, n_head = 12, n_embd = 768;
+  int64_t vocab_size = 50257;         // real vocabulary V
+  int64_t padded_vocab_size = 50304;  // Vp: V rounded up to a multiple of 128 for aligned GEMMs
+  int64_t max_seq = 1024;             // positions in wpe
+
+  // Presets: gpt2-tiny, gpt2-small (124M), gpt2-medium, gpt2-large, gpt2-xl. Throws naming the
+  // preset if unknown. vocab sets vocab_size and the padded size.
+  static Gpt2Config preset(const std::string& name, int64_t vocab);
+  static int64_t pad_vocab(int64_t v) { return (v + 127) / 128 * 128; }
+  void validate() const;  // throws on non-positive sizes or n_embd % n_head != 0
+};
+
+enum class Precision { f32, bf16 };
+// none: keep every activation; gelu: recompute GELU outputs in backward; block: keep only each
+// block's input and recompute the block in backward (largest saving).
+enum class Recompute { none, gelu, block };
+Precision parse_precision(const std::string& s);
+Recompute parse_recompute(const std::string& s);
+
+class Gpt2 {
+ public:
+  Gpt2(const Gpt2Config& cfg, const ops::Context& ctx);
+  ~Gpt2();
+
+  const Gpt2Config& config() const { return cfg_; }
+  // Tensor names follow Hugging Face GPT-2: wte.weight, wpe.weight, h.{i}.ln_1.weight,
+  // h.{i}.attn.c_attn.weight, ..., ln_f.weight. Weights are stored (out, in) = (N, K).
+  const TensorTable& tensors() const { return table_; }
+  int64_t num_params() const { return table_.total_elems(); }
+  float* params() { return params_.data(); }
+  const float* params() const { return params_.data(); }
+  float* grads() { return grads_.data(); }
+  void zero_grads();
+
+  // GPT-2 initialization: N(0, 0.02) weights, residual projections scaled by 1/sqrt(2L), zero
+  // biases, unit layernorm weights. Deterministic for a seed.
+  void init_weights(uint64_t seed);
+  // Whether AdamW should decay this tensor (matrices and embeddings yes; biases, norms no).
+  static bool decays(const TensorInfo& t) { return t.shape.rank() >= 2; }
+
+  // Plans and allocates the activation arena for up to (B, T); no allocation happens in steps.
+  void plan(int64_t B, int64_t T, Precision precision, Recompute recompute);
+  size_t activation_bytes() const;
+
+  // Forward pass. With targets, returns the mean cross-entropy (ignoring targets < 0); without,
+  // returns 0 and leaves logits (B,T,Vp) readable through logits().
+  float forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T);
+  // Forward and backward of mean loss * loss_scale, accumulating into grads(). Returns the mean
+  // loss (unscaled). loss_scale is 1/grad_accum for gradient accumulation.
+  float forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
+                         float loss_scale);
+  const float* logits() const;
+
+  // Must be called after params() change (optimizer step, load) when precision is bf16: refreshes
+  // the bf16 copy of the weight matrices that the GEMMs read.
+  void params_updated();
+
+  // Model FLOPs for one token of training (6N + attention), used for MFU.
+  double flops_per_token_train(int64_t T) const;
+
+ private:
+  struct Impl;
+  Gpt2Config cfg_;
+  ops::Context ctx_;
+  TensorTable table_;
+  AlignedBuffer<float> params_, grads_;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Hugging Face layout on disk: <dir>/model.safetensors + <dir>/config.json.
+void save_gpt2(const Gpt2& m, const std::string& dir);
+// Loads config.json and model.safetensors from dir (transposing Conv1D weights as HF stores
+// them (in, out)); throws naming the file and tensor on any mismatch.
+std::unique_ptr<Gpt2> load_gpt2(const std::string& dir, const ops::Context& ctx);
+
+}  // namespace tessera::model

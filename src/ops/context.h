@@ -1,0 +1,18 @@
+// Where an op runs: the device, the thread pool for CPU kernels, and whether to force the plain
+// reference kernels (the test oracle).
+#pragma once
+
+#include "core/thread_pool.h"
+
+namespace tessera::ops {
+
+enum class Device { cpu, cuda };
+
+struct Context {
+  Device device = Device::cpu;
+  ThreadPool* pool = nullptr;  // CPU: null means default_pool()
+  bool reference = false;      // CPU: use backend/cpu/ref kernels instead of the SIMD ones
+  ThreadPool& threads() const { return pool ? *pool : default_pool(); }
+};
+
+}  // namespace tessera::ops

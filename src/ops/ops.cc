@@ -1,0 +1,132 @@
+// Op entry points: argument checks, then dispatch to the CPU reference, CPU SIMD or CUDA backend.
+#include "ops/ops.h"
+
+#include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/ref/ref_kernels.h"
+#include "backend/device.h"
+#include "core/error.h"
+
+namespace tessera::ops {
+
+namespace {
+bool is_gemm_input(DType t) { return t == DType::f32 || t == DType::bf16; }
+}  // namespace
+
+// Dispatches `name(args...)`: reference kernels take no pool, SIMD kernels take the pool first.
+#define TS_DISPATCH(name, ...)                                          \
+  do {                                                                  \
+    if (ctx.device == Device::cuda) backend::require_cuda(#name);       \
+    if (ctx.reference) return cpu::ref::name(__VA_ARGS__);              \
+    return cpu::name(ctx.threads(), __VA_ARGS__);                       \
+  } while (0)
+
+void gemm(const Context& ctx, const GemmArgs& g) {
+  TS_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0, "[gemm] negative size m=", g.m, " n=", g.n, " k=", g.k);
+  TS_CHECK(is_gemm_input(g.a_type) && is_gemm_input(g.b_type), "[gemm] inputs must be f32 or bf16, got ",
+           dtype_name(g.a_type), " and ", dtype_name(g.b_type));
+  const int64_t a_cols = g.trans_a == Trans::N ? g.k : g.m;
+  const int64_t b_cols = g.trans_b == Trans::N ? g.n : g.k;
+  TS_CHECK(g.lda >= a_cols && g.ldb >= b_cols && g.ldc >= g.n, "[gemm] leading dimension too small: lda=",
+           g.lda, " ldb=", g.ldb, " ldc=", g.ldc, " for m=", g.m, " n=", g.n, " k=", g.k);
+  TS_DISPATCH(gemm, g);
+}
+
+void embedding_forward(const Context& ctx, float* out, const int32_t* tokens, const float* wte,
+                       const float* wpe, int64_t B, int64_t T, int64_t C) {
+  TS_DISPATCH(embedding_forward, out, tokens, wte, wpe, B, T, C);
+}
+
+void embedding_backward(const Context& ctx, float* dwte, float* dwpe, const float* dout,
+                        const int32_t* tokens, int64_t B, int64_t T, int64_t C) {
+  TS_DISPATCH(embedding_backward, dwte, dwpe, dout, tokens, B, T, C);
+}
+
+void layernorm_forward(const Context& ctx, float* out, float* mean, float* rstd, const float* inp,
+                       const float* w, const float* b, int64_t N, int64_t C) {
+  TS_DISPATCH(layernorm_forward, out, mean, rstd, inp, w, b, N, C);
+}
+
+void layernorm_backward(const Context& ctx, float* dinp, float* dw, float* db, const float* dout,
+                        const float* inp, const float* w, const float* mean, const float* rstd,
+                        int64_t N, int64_t C) {
+  TS_DISPATCH(layernorm_backward, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+}
+
+void gelu_forward(const Context& ctx, float* out, const float* inp, int64_t n) {
+  TS_DISPATCH(gelu_forward, out, inp, n);
+}
+
+void gelu_backward(const Context& ctx, float* dinp, const float* inp, const float* dout, int64_t n) {
+  TS_DISPATCH(gelu_backward, dinp, inp, dout, n);
+}
+
+void add(const Context& ctx, float* out, const float* a, const float* b, int64_t n) {
+  TS_DISPATCH(add, out, a, b, n);
+}
+
+void attention_forward(const Context& ctx, float* out, float* lse, const float* qkv, int64_t B,
+                       int64_t T, int64_t C, int64_t H) {
+  TS_CHECK(H > 0 && C % H == 0, "[attention] width C=", C, " is not divisible by heads H=", H);
+  TS_DISPATCH(attention_forward, out, lse, qkv, B, T, C, H);
+}
+
+void attention_backward(const Context& ctx, float* dqkv, const float* dout, const float* qkv,
+                        const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
+                        int64_t H) {
+  TS_CHECK(H > 0 && C % H == 0, "[attention] width C=", C, " is not divisible by heads H=", H);
+  TS_DISPATCH(attention_backward, dqkv, dout, qkv, out, lse, B, T, C, H);
+}
+
+void softmax_xent(const Context& ctx, float* losses, float* logits, const int32_t* targets,
+                  int64_t N, int64_t V, int64_t Vp, float dlogits_scale) {
+  TS_CHECK(V > 0 && Vp >= V, "[softmax_xent] vocab V=", V, " must be positive and <= padded Vp=", Vp);
+  TS_DISPATCH(softmax_xent, losses, logits, targets, N, V, Vp, dlogits_scale);
+}
+
+void adamw(const Context& ctx, float* params, const float* grads, float* m, float* v, int64_t n,
+           const AdamWArgs& a) {
+  TS_CHECK(a.t >= 1, "[adamw] step must count from 1, got ", a.t);
+  TS_DISPATCH(adamw, params, grads, m, v, n, a);
+}
+
+double sum_squares(const Context& ctx, const float* x, int64_t n) {
+  TS_DISPATCH(sum_squares, x, n);
+}
+
+void scale(const Context& ctx, float* x, int64_t n, float s) { TS_DISPATCH(scale, x, n, s); }
+
+void convert_f32_to_bf16(const Context& ctx, uint16_t* dst, const float* src, int64_t n) {
+  if (ctx.device == Device::cuda) backend::require_cuda("convert_f32_to_bf16");
+  if (ctx.reference) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+    return;
+  }
+  cpu::convert_f32_to_bf16(ctx.threads(), dst, src, n);
+}
+
+OpCost gemm_cost(const GemmArgs& g) {
+  const double ea = traits(g.a_type).block_bytes, eb = traits(g.b_type).block_bytes;
+  OpCost c;
+  c.flops = 2.0 * g.m * g.n * g.k;
+  c.bytes = ea * g.m * g.k + eb * g.k * g.n + 4.0 * g.m * g.n * (g.accumulate ? 2 : 1);
+  return c;
+}
+
+OpCost attention_forward_cost(int64_t B, int64_t T, int64_t C, int64_t H) {
+  (void)H;
+  // Causal: about half of the T*T score matrix; QK^T and PV are 2*D flops per score each.
+  OpCost c;
+  c.flops = 2.0 * 2.0 * B * (T * (T + 1) / 2.0) * C;
+  c.bytes = 4.0 * B * T * (3 * C + C);
+  return c;
+}
+
+OpCost attention_backward_cost(int64_t B, int64_t T, int64_t C, int64_t H) {
+  // Recompute QK^T, then dV, dP, dQ, dK: five score-sized matmuls against two forward ones.
+  OpCost c = attention_forward_cost(B, T, C, H);
+  c.flops *= 2.5;
+  c.bytes *= 2.0;
+  return c;
+}
+
+}  // namespace tessera::ops

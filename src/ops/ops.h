@@ -1,0 +1,105 @@
+// Device-independent op entry points used by model/, train/ and infer/. Each checks its
+// arguments, then dispatches to a backend (CPU reference, CPU SIMD, or CUDA). Pointers refer to
+// memory on ctx.device. Shapes use the letters of ARCHITECTURE.md: N rows (= B*T), C width,
+// V vocab, Vp padded vocab, H heads, D head dim (C = H*D).
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "ops/context.h"
+
+namespace tessera::ops {
+
+enum class Trans : uint8_t { N, T };
+
+// c (M,N) = op(a) (M,K) * op(b) (K,N) [+ bias (N)] [+ c if accumulate].
+// a and b are f32 or bf16 (bf16 means: values are bf16, products accumulate in f32); c is f32.
+// op(x) = x for Trans::N (row-major, leading dimension ld), x^T for Trans::T.
+// The three training forms: y = x W^T (a=x N, b=W T); dx = dy W (a=dy N, b=W N);
+// dW += dy^T x (a=dy T, b=x N, accumulate).
+struct GemmArgs {
+  Trans trans_a = Trans::N, trans_b = Trans::N;
+  int64_t m = 0, n = 0, k = 0;
+  const void* a = nullptr;
+  DType a_type = DType::f32;
+  int64_t lda = 0;
+  const void* b = nullptr;
+  DType b_type = DType::f32;
+  int64_t ldb = 0;
+  float* c = nullptr;
+  int64_t ldc = 0;
+  const float* bias = nullptr;  // (N) or null
+  bool accumulate = false;
+  // bf16 compute: f32 inputs are rounded to bf16 while packing, so the product sees exactly the
+  // values a bf16 matmul would (mixed precision with f32 accumulation).
+  bool round_bf16 = false;
+};
+void gemm(const Context& ctx, const GemmArgs& g);
+
+// out (N,C) = wte[tokens] + wpe[position]; tokens (B,T), wte (V,C), wpe (maxT,C); N = B*T.
+void embedding_forward(const Context& ctx, float* out, const int32_t* tokens, const float* wte,
+                       const float* wpe, int64_t B, int64_t T, int64_t C);
+// dwte (V,C) += scatter of dout by token; dwpe (maxT,C) += sum over batch. dout (B,T,C).
+void embedding_backward(const Context& ctx, float* dwte, float* dwpe, const float* dout,
+                        const int32_t* tokens, int64_t B, int64_t T, int64_t C);
+
+// out (N,C) = (inp - mean) * rstd * w + b; saves mean (N), rstd (N). eps = 1e-5.
+void layernorm_forward(const Context& ctx, float* out, float* mean, float* rstd, const float* inp,
+                       const float* w, const float* b, int64_t N, int64_t C);
+// dinp (N,C) += ..., dw (C) += ..., db (C) += ...; dout, inp (N,C); mean, rstd (N).
+void layernorm_backward(const Context& ctx, float* dinp, float* dw, float* db, const float* dout,
+                        const float* inp, const float* w, const float* mean, const float* rstd,
+                        int64_t N, int64_t C);
+
+// GELU with the tanh approximation (GPT-2): out (n) = gelu(inp).
+void gelu_forward(const Context& ctx, float* out, const float* inp, int64_t n);
+// dinp (n) = gelu'(inp) * dout (overwrites; dinp may alias dout).
+void gelu_backward(const Context& ctx, float* dinp, const float* inp, const float* dout, int64_t n);
+
+// out (n) = a + b (out may alias a or b).
+void add(const Context& ctx, float* out, const float* a, const float* b, int64_t n);
+
+// Causal self-attention, FlashAttention style. qkv (B,T,3C) holds q, k, v per token as in GPT-2's
+// c_attn output; out (B,T,C); lse (B,H,T) is the per-row log-sum-exp of the scaled scores, the
+// only statistic kept for backward. Scale 1/sqrt(D).
+void attention_forward(const Context& ctx, float* out, float* lse, const float* qkv, int64_t B,
+                       int64_t T, int64_t C, int64_t H);
+// dqkv (B,T,3C) = gradient (overwrites); dout, out (B,T,C); lse (B,H,T). Recomputes the scores.
+void attention_backward(const Context& ctx, float* dqkv, const float* dout, const float* qkv,
+                        const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
+                        int64_t H);
+
+// Fused softmax + cross-entropy over logits (N,Vp) of which the first V columns are real.
+// losses (N) = -log softmax(logits)[target]. If dlogits_scale != 0, overwrites logits in place
+// with d(loss_sum * dlogits_scale)/dlogits (padded columns get 0), so the full logits are never
+// written twice. targets (N) in [0, V); a target < 0 means "ignore": loss 0 and gradient 0.
+void softmax_xent(const Context& ctx, float* losses, float* logits, const int32_t* targets,
+                  int64_t N, int64_t V, int64_t Vp, float dlogits_scale);
+
+// AdamW with decoupled weight decay on n parameters; step t counts from 1.
+// m, v updated in place; params -= lr * (mhat / (sqrt(vhat) + eps) + weight_decay * params).
+struct AdamWArgs {
+  float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0;
+  int64_t t = 1;
+  float grad_scale = 1.0f;  // grads are multiplied by this first (clipping)
+};
+void adamw(const Context& ctx, float* params, const float* grads, float* m, float* v, int64_t n,
+           const AdamWArgs& a);
+
+// Returns sum of x[i]^2 in double precision (for the global gradient norm).
+double sum_squares(const Context& ctx, const float* x, int64_t n);
+// x (n) *= s.
+void scale(const Context& ctx, float* x, int64_t n, float s);
+// dst (n) = round-to-nearest-even bf16 of src.
+void convert_f32_to_bf16(const Context& ctx, uint16_t* dst, const float* src, int64_t n);
+
+// Cost model for the profiler: floating-point operations and bytes moved by one call.
+struct OpCost {
+  double flops = 0, bytes = 0;
+};
+OpCost gemm_cost(const GemmArgs& g);
+OpCost attention_forward_cost(int64_t B, int64_t T, int64_t C, int64_t H);
+OpCost attention_backward_cost(int64_t B, int64_t T, int64_t C, int64_t H);
+
+}  // namespace tessera::ops

@@ -1,0 +1,28 @@
+// Wall-clock timing helpers for benchmarks, progress reports and profiles.
+#pragma once
+
+#include <chrono>
+
+namespace tessera::profile {
+
+inline double now_seconds() {
+  using clock = std::chrono::steady_clock;
+  return std::chrono::duration<double>(clock::now().time_since_epoch()).count();
+}
+
+class Timer {
+ public:
+  Timer() : start_(now_seconds()) {}
+  void reset() { start_ = now_seconds(); }
+  double seconds() const { return now_seconds() - start_; }
+
+ private:
+  double start_;
+};
+
+// Peak resident set size of this process in bytes (from getrusage).
+long long peak_rss_bytes();
+// Current resident set size in bytes (from /proc/self/statm).
+long long current_rss_bytes();
+
+}  // namespace tessera::profile
