@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs what Tessera needs on Debian 12, and only what is missing (safe to run again).
+# Build: compiler, CMake, Ninja, Highway, nlohmann-json; tests: GoogleTest; benchmarks: Google
+# Benchmark and OpenBLAS (the yardstick, loaded at run time); demo corpus: fortunes.
+set -euo pipefail
+
+packages=(g++ cmake ninja-build pkg-config libhwy-dev nlohmann-json3-dev libgtest-dev
+          libbenchmark-dev libopenblas0 fortunes)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+sudo_cmd=()
+[ "$(id -u)" -ne 0 ] && sudo_cmd=(sudo)
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -qq
+"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"

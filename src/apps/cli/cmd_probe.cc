@@ -1,0 +1,45 @@
+// `tessera probe`: measures (or shows the cached) peak FMA throughput and memory bandwidth.
+#include <cstdio>
+
+#include "apps/cli/args.h"
+#include "backend/cpu/cpu_features.h"
+#include "backend/device.h"
+#include "profile/probe.h"
+
+namespace tessera::cli {
+namespace {
+
+int run(const std::vector<std::string>& argv) {
+  Args args(argv, {"--json", "--force"});
+  const int threads = static_cast<int>(args.i64("--threads", 0, 0, 1024));
+  const bool json = args.has("--json"), force = args.has("--force");
+  args.finish();
+  const profile::MachinePeaks p =
+      force ? profile::probe_machine(threads) : profile::cached_peaks(threads);
+  if (json) {
+    std::printf("%s\n", profile::peaks_to_json(p).c_str());
+    return 0;
+  }
+  std::printf("cpu          %s\n", p.cpu.c_str());
+  std::printf("simd         %s (Highway target %s)\n", cpu::simd_summary().c_str(),
+              cpu::highway_target().c_str());
+  std::printf("threads      %d\n", p.threads);
+  std::printf("f32 FMA peak %8.1f GFLOP/s all threads, %8.1f GFLOP/s one thread\n",
+              p.f32_gflops_all, p.f32_gflops_one);
+  if (p.bf16_gflops_all > 0)
+    std::printf("bf16 peak    %8.1f GFLOP/s all threads, %8.1f GFLOP/s one thread\n",
+                p.bf16_gflops_all, p.bf16_gflops_one);
+  else
+    std::printf("bf16 peak    n/a (no AVX512-BF16 on this CPU: bf16 matmuls run as f32 FMAs)\n");
+  std::printf("triad        %8.1f GB/s all threads,     %8.1f GB/s one thread\n", p.triad_gbs_all,
+              p.triad_gbs_one);
+  std::printf("ridge point  %8.1f FLOP/byte (f32 peak / bandwidth)\n",
+              p.f32_gflops_all / p.triad_gbs_all);
+  std::printf("cuda         %s\n", backend::cuda_device_summary().c_str());
+  return 0;
+}
+
+const Registrar reg({"probe", "measure this machine's peak FLOP/s and memory bandwidth", &run});
+
+}  // namespace
+}  // namespace tessera::cli

@@ -1,0 +1,43 @@
+// Reference token + position embedding, forward and backward (plain loops, the test oracle).
+#include "backend/cpu/ref/ref_kernels.h"
+#include "core/error.h"
+
+namespace tessera::cpu::ref {
+
+// out (B,T,C) = wte[tokens[b,t]] + wpe[t]; tokens (B,T), wte (V,C), wpe (>=T,C).
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                       int64_t B, int64_t T, int64_t C) {
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t n = b * T + t;
+      const int32_t tok = tokens[n];
+      TS_CHECK(tok >= 0, "[embedding_forward] tokens[", n, "] = ", tok, " is negative");
+      const float* e = wte + static_cast<int64_t>(tok) * C;
+      const float* p = wpe + t * C;
+      float* o = out + n * C;
+      for (int64_t c = 0; c < C; ++c) o[c] = e[c] + p[c];
+    }
+  }
+}
+
+// dwte (V,C) += dout rows scattered by token; dwpe (>=T,C) += dout summed over the batch.
+// Rows are accumulated in token order (b, then t), the order the SIMD kernel also uses.
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                        int64_t B, int64_t T, int64_t C) {
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t n = b * T + t;
+      const int32_t tok = tokens[n];
+      TS_CHECK(tok >= 0, "[embedding_backward] tokens[", n, "] = ", tok, " is negative");
+      const float* d = dout + n * C;
+      float* dw = dwte + static_cast<int64_t>(tok) * C;
+      float* dp = dwpe + t * C;
+      for (int64_t c = 0; c < C; ++c) {
+        dw[c] += d[c];
+        dp[c] += d[c];
+      }
+    }
+  }
+}
+
+}  // namespace tessera::cpu::ref

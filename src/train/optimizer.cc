@@ -1,0 +1,56 @@
+// AdamW runs, global-norm clipping and the per-run update.
+#include "train/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "model/gpt2.h"
+#include "ops/ops.h"
+
+namespace tessera::train {
+
+AdamW::AdamW(const TensorTable& table, const AdamWConfig& cfg, const ops::Context& ctx)
+    : cfg_(cfg), ctx_(ctx), n_(table.total_elems()), m_(n_), v_(n_) {
+  TS_CHECK(cfg.beta1 >= 0 && cfg.beta1 < 1, "--beta1 must be in [0, 1), got ", cfg.beta1);
+  TS_CHECK(cfg.beta2 >= 0 && cfg.beta2 < 1, "--beta2 must be in [0, 1), got ", cfg.beta2);
+  TS_CHECK(cfg.eps > 0, "AdamW eps must be positive, got ", cfg.eps);
+  TS_CHECK(cfg.weight_decay >= 0, "--weight-decay must be >= 0, got ", cfg.weight_decay);
+  TS_CHECK(cfg.clip >= 0, "--clip must be >= 0, got ", cfg.clip);
+  std::vector<const TensorInfo*> ts;
+  for (const auto& t : table.tensors()) ts.push_back(&t);
+  std::sort(ts.begin(), ts.end(), [](auto a, auto b) { return a->offset < b->offset; });
+  for (size_t i = 0; i < ts.size(); ++i) {
+    const int64_t begin = ts[i]->offset;
+    const int64_t end = i + 1 < ts.size() ? ts[i + 1]->offset : n_;
+    const bool decay = model::Gpt2::decays(*ts[i]);
+    if (!runs_.empty() && runs_.back().decay == decay &&
+        runs_.back().offset + runs_.back().n == begin) {
+      runs_.back().n += end - begin;
+    } else {
+      runs_.push_back({begin, end - begin, decay});
+    }
+  }
+}
+
+double AdamW::step(float* params, const float* grads, double lr, int64_t t) {
+  TS_CHECK(t >= 1, "AdamW step must count from 1, got ", t);
+  const double norm = std::sqrt(ops::sum_squares(ctx_, grads, n_));
+  TS_CHECK(std::isfinite(norm), "[train] gradient norm is not finite at step ", t,
+           " (training diverged: lower --lr or raise --warmup)");
+  ops::AdamWArgs a;
+  a.lr = static_cast<float>(lr);
+  a.beta1 = cfg_.beta1;
+  a.beta2 = cfg_.beta2;
+  a.eps = cfg_.eps;
+  a.t = t;
+  a.grad_scale = cfg_.clip > 0 && norm > cfg_.clip ? static_cast<float>(cfg_.clip / norm) : 1.0f;
+  for (const Run& r : runs_) {
+    a.weight_decay = r.decay ? cfg_.weight_decay : 0.0f;
+    ops::adamw(ctx_, params + r.offset, grads + r.offset, m_.data() + r.offset,
+               v_.data() + r.offset, r.n, a);
+  }
+  return norm;
+}
+
+}  // namespace tessera::train

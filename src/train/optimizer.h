@@ -1,0 +1,52 @@
+// AdamW over the model's flat parameter buffer: m and v share the parameter layout, weight decay
+// applies per tensor (Gpt2::decays), and the global gradient norm is clipped before the update.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/arena.h"
+#include "core/tensor.h"
+#include "ops/context.h"
+
+namespace tessera::train {
+
+struct AdamWConfig {
+  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
+  float weight_decay = 0.1f;
+  float clip = 1.0f;  // max global grad norm; 0 disables clipping
+};
+
+class AdamW {
+ public:
+  // Groups the table's tensors into contiguous runs with the same decay flag, so a step is a few
+  // ops::adamw calls rather than one per tensor. Alignment gaps join the run before them (their
+  // params and grads are zero and stay zero).
+  AdamW(const TensorTable& table, const AdamWConfig& cfg, const ops::Context& ctx);
+
+  // One update with learning rate lr at step t (1-based). Returns the gradient norm measured
+  // before clipping; grads are scaled by min(1, clip / norm). Throws on a non-finite norm.
+  double step(float* params, const float* grads, double lr, int64_t t);
+
+  float* m() { return m_.data(); }
+  float* v() { return v_.data(); }
+  const float* m() const { return m_.data(); }
+  const float* v() const { return v_.data(); }
+  int64_t size() const { return n_; }
+  const AdamWConfig& config() const { return cfg_; }
+
+  struct Run {
+    int64_t offset, n;
+    bool decay;
+  };
+  const std::vector<Run>& runs() const { return runs_; }
+
+ private:
+  AdamWConfig cfg_;
+  ops::Context ctx_;
+  int64_t n_;
+  AlignedBuffer<float> m_, v_;
+  std::vector<Run> runs_;
+};
+
+}  // namespace tessera::train
