@@ -1,0 +1,87 @@
+// End-to-end checks of the `tessera` binary's error behaviour: bad flags, missing files and
+// unknown commands each give one clear line on stderr and a non-zero exit.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+namespace {
+
+struct Result {
+  int status = -1;
+  std::string err;
+};
+
+// Runs `tessera <args>` with stderr captured (stdout discarded).
+Result run_tessera(const std::string& args) {
+  const std::string err_path = ::testing::TempDir() + "tessera_cli_err.txt";
+  const std::string cmd =
+      std::string(TESSERA_BINARY_DIR) + "/tessera " + args + " >/dev/null 2>" + err_path;
+  Result r;
+  const int raw = std::system(cmd.c_str());
+  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  std::ifstream in(err_path);
+  r.err.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  return r;
+}
+
+int count_lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+void expect_one_line_error(const std::string& args, const std::string& must_mention) {
+  const Result r = run_tessera(args);
+  EXPECT_NE(r.status, 0) << args;
+  EXPECT_NE(r.status, -1) << "crashed: " << args;
+  EXPECT_EQ(count_lines(r.err), 1) << args << " printed: " << r.err;
+  EXPECT_NE(r.err.find(must_mention), std::string::npos)
+      << args << " should mention '" << must_mention << "', printed: " << r.err;
+}
+
+TEST(Cli, UnknownCommand) { expect_one_line_error("frobnicate", "frobnicate"); }
+
+TEST(Cli, UnknownFlag) { expect_one_line_error("probe --bogus 3", "--bogus"); }
+
+TEST(Cli, BadNumber) { expect_one_line_error("probe --threads abc", "--threads"); }
+
+TEST(Cli, OutOfRangeNumber) { expect_one_line_error("probe --threads -4", "--threads"); }
+
+TEST(Cli, UnknownBenchmark) { expect_one_line_error("bench nonsense", "nonsense"); }
+
+TEST(Cli, MissingTokenizerFile) {
+  expect_one_line_error("prepare --tokenizer /nonexistent/tok.json --in /nonexistent/c.txt --out "
+                        "/tmp/tessera_cli_out",
+                        "/nonexistent/");
+}
+
+TEST(Cli, TrainWithoutShards) {
+  const std::string empty = ::testing::TempDir() + "tessera_empty_data";
+  std::system(("mkdir -p " + empty).c_str());
+  expect_one_line_error("train --model gpt2-tiny --data " + empty + " --steps 1 --out " +
+                            ::testing::TempDir() + "tessera_cli_run",
+                        empty);
+}
+
+TEST(Cli, UnknownModelPreset) {
+  expect_one_line_error("train --model gpt7 --data /nonexistent --steps 1 --out /tmp/x", "gpt7");
+}
+
+TEST(Cli, TruncatedCheckpointOnResume) {
+  const std::string dir = ::testing::TempDir() + "tessera_bad_ckpt";
+  std::system(("mkdir -p " + dir).c_str());
+  std::ofstream(dir + "/checkpoint.safetensors") << "\x10\x00\x00";
+  std::ofstream(dir + "/run.json") << "{ not json";
+  const Result r = run_tessera("train --resume " + dir + " --steps 2");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.status, -1);
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find(dir), std::string::npos) << r.err;
+}
+
+}  // namespace
