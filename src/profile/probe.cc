@@ -46,8 +46,11 @@ __attribute__((target("avx512f"))) double fma_loop_avx512(int64_t iters) {
   const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
   for (int64_t it = 0; it < iters; ++it)
     for (int i = 0; i < kAccumulators; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
-  float sink = 0;
-  for (int i = 0; i < kAccumulators; ++i) sink += _mm512_reduce_add_ps(acc[i]);
+  float sink = 0, lanes[16];
+  for (int i = 0; i < kAccumulators; ++i) {
+    _mm512_storeu_ps(lanes, acc[i]);
+    sink += lanes[0];
+  }
   return static_cast<double>(sink) * 0 + static_cast<double>(iters) * kAccumulators * 16 * 2;
 }
 
@@ -58,8 +61,11 @@ __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl"))) double bf16_loop
   const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3380);
   for (int64_t it = 0; it < iters; ++it)
     for (int i = 0; i < kAccumulators; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
-  float sink = 0;
-  for (int i = 0; i < kAccumulators; ++i) sink += _mm512_reduce_add_ps(acc[i]);
+  float sink = 0, lanes[16];
+  for (int i = 0; i < kAccumulators; ++i) {
+    _mm512_storeu_ps(lanes, acc[i]);
+    sink += lanes[0];
+  }
   return static_cast<double>(sink) * 0 + static_cast<double>(iters) * kAccumulators * 64;
 }
 
