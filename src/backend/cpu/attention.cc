@@ -1,0 +1,506 @@
+// Tiled causal self-attention forward and backward on CPU (FlashAttention-2 algorithm: online
+// softmax over key tiles, only the log-sum-exp saved, scores recomputed tile by tile in backward),
+// vectorized with Highway and dispatched once per op.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "backend/cpu/attention.cc"
+// foreach_target re-includes this file once per SIMD target; everything below is per target
+// except the HWY_ONCE and include-guarded parts.
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+
+#include "hwy/aligned_allocator.h"
+#include "hwy/contrib/math/math-inl.h"
+#include "hwy/highway.h"
+
+#ifndef TESSERA_BACKEND_CPU_ATTENTION_ONCE
+#define TESSERA_BACKEND_CPU_ATTENTION_ONCE
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+
+#include "backend/cpu/cpu_kernels.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+
+namespace tessera::cpu::attention_detail {
+
+// Tile sizes. With D = 64 a K^T or V tile (64 keys x 64 dims) is 16 KB: half of the 32 KB L1d,
+// so the micro-kernels stream it from L1 while the other operands stay in registers. The whole
+// working set of one tile step (Q, K^T, V, scores, output accumulator: 5 x 16 KB) fits in L2.
+// Equal query and key tiles keep the diagonal tile square, so no query row of a visited tile is
+// fully masked and at most half of each diagonal tile is wasted work.
+constexpr size_t kBr = 64;  // query rows per tile
+constexpr size_t kBc = 64;  // keys per tile; a multiple of 2 vectors on every x86 target
+
+// Rounds n up to a multiple of m.
+inline size_t round_up(size_t n, size_t m) {
+  return (n + m - 1) / m * m;
+}
+
+inline void check_args(const char* op, const void* a, const void* b, const void* c, int64_t B,
+                       int64_t T, int64_t C, int64_t H) {
+  TS_CHECK(B >= 0 && T >= 0, "[", op, "] negative size B=", B, " T=", T);
+  TS_CHECK(H > 0 && C > 0 && C % H == 0, "[", op, "] width C=", C,
+           " must be a positive multiple of heads H=", H);
+  TS_CHECK(B * T == 0 || (a && b && c), "[", op, "] null tensor pointer");
+}
+
+}  // namespace tessera::cpu::attention_detail
+
+#endif  // TESSERA_BACKEND_CPU_ATTENTION_ONCE
+
+HWY_BEFORE_NAMESPACE();
+namespace tessera::cpu::HWY_NAMESPACE {
+namespace {
+
+namespace hn = hwy::HWY_NAMESPACE;
+using attention_detail::kBc;
+using attention_detail::kBr;
+using attention_detail::round_up;
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+// s (rows, kBc) = a (rows, D; row stride lda) * bt (D, kBc). The register tile is kR rows x 2
+// vectors: per d, two loads of bt and kR broadcasts feed 2 kR FMAs. kR = 6 uses 12 accumulators
+// + 2 loaded + 1 broadcast = 15 of AVX2's 16 registers.
+template <size_t kR>
+HWY_INLINE void abt_rows(const float* HWY_RESTRICT a, size_t lda, const float* HWY_RESTRICT bt,
+                         size_t D, float* HWY_RESTRICT s) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  for (size_t c = 0; c < kBc; c += 2 * N) {
+    VF acc0[kR], acc1[kR];
+    for (size_t r = 0; r < kR; ++r) acc0[r] = acc1[r] = hn::Zero(df);
+    for (size_t d = 0; d < D; ++d) {
+      const VF b0 = hn::LoadU(df, bt + d * kBc + c);
+      const VF b1 = hn::LoadU(df, bt + d * kBc + c + N);
+      for (size_t r = 0; r < kR; ++r) {
+        const VF av = hn::Set(df, a[r * lda + d]);
+        acc0[r] = hn::MulAdd(av, b0, acc0[r]);
+        acc1[r] = hn::MulAdd(av, b1, acc1[r]);
+      }
+    }
+    for (size_t r = 0; r < kR; ++r) {
+      hn::StoreU(acc0[r], df, s + r * kBc + c);
+      hn::StoreU(acc1[r], df, s + r * kBc + c + N);
+    }
+  }
+}
+
+// s (rows, kBc) = a (rows, D) * bt (D, kBc); columns past the tile's keys come out 0 because bt
+// is zero-padded there.
+void abt(const float* a, size_t lda, size_t rows, const float* bt, size_t D, float* s) {
+  size_t r = 0;
+  for (; r + 6 <= rows; r += 6) abt_rows<6>(a + r * lda, lda, bt, D, s + r * kBc);
+  a += r * lda;
+  s += r * kBc;
+  switch (rows - r) {
+    case 5:
+      abt_rows<5>(a, lda, bt, D, s);
+      break;
+    case 4:
+      abt_rows<4>(a, lda, bt, D, s);
+      break;
+    case 3:
+      abt_rows<3>(a, lda, bt, D, s);
+      break;
+    case 2:
+      abt_rows<2>(a, lda, bt, D, s);
+      break;
+    case 1:
+      abt_rows<1>(a, lda, bt, D, s);
+      break;
+    default:
+      break;
+  }
+}
+
+// out[i, dv : dv + kV*N] += sum_k a[i*si + k*sk] * b[k, dv : ...] for kI rows i. Register tile
+// kI rows x kV vectors: 3 x 4 = 12 accumulators, 3 broadcasts and one b vector at a time fit
+// AVX2's 16 registers; per k, 4 loads of b and 3 broadcasts feed 12 FMAs.
+template <size_t kI, size_t kV>
+HWY_INLINE void ab_acc_block(float* HWY_RESTRICT out, size_t ldo, const float* HWY_RESTRICT a,
+                             size_t si, size_t sk, size_t nk, const float* HWY_RESTRICT b,
+                             size_t ldb) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  VF acc[kI][kV];
+  for (size_t i = 0; i < kI; ++i)
+    for (size_t v = 0; v < kV; ++v) acc[i][v] = hn::LoadU(df, out + i * ldo + v * N);
+  for (size_t k = 0; k < nk; ++k) {
+    VF bv[kV];
+    for (size_t v = 0; v < kV; ++v) bv[v] = hn::LoadU(df, b + k * ldb + v * N);
+    for (size_t i = 0; i < kI; ++i) {
+      const VF av = hn::Set(df, a[i * si + k * sk]);
+      for (size_t v = 0; v < kV; ++v) acc[i][v] = hn::MulAdd(av, bv[v], acc[i][v]);
+    }
+  }
+  for (size_t i = 0; i < kI; ++i)
+    for (size_t v = 0; v < kV; ++v) hn::StoreU(acc[i][v], df, out + i * ldo + v * N);
+}
+
+template <size_t kI>
+HWY_INLINE void ab_acc_rows(float* out, size_t ldo, const float* a, size_t si, size_t sk, size_t nk,
+                            const float* b, size_t ldb, size_t Dp) {
+  const size_t N = hn::Lanes(DF());
+  size_t dv = 0;
+  for (; dv + 4 * N <= Dp; dv += 4 * N)
+    ab_acc_block<kI, 4>(out + dv, ldo, a, si, sk, nk, b + dv, ldb);
+  switch ((Dp - dv) / N) {
+    case 3:
+      ab_acc_block<kI, 3>(out + dv, ldo, a, si, sk, nk, b + dv, ldb);
+      break;
+    case 2:
+      ab_acc_block<kI, 2>(out + dv, ldo, a, si, sk, nk, b + dv, ldb);
+      break;
+    case 1:
+      ab_acc_block<kI, 1>(out + dv, ldo, a, si, sk, nk, b + dv, ldb);
+      break;
+    default:
+      break;
+  }
+}
+
+// out (ni, Dp; stride ldo) += A (ni, nk) * b (nk, Dp; stride ldb), where A[i][k] = a[i*si + k*sk].
+// The strides let one kernel serve P V and dS K (A row-major) and P^T dO, dS^T Q (A transposed).
+// Dp is a multiple of the vector length; b's padding columns are finite (zero).
+void ab_acc(float* out, size_t ldo, size_t ni, const float* a, size_t si, size_t sk, size_t nk,
+            const float* b, size_t ldb, size_t Dp) {
+  size_t i = 0;
+  for (; i + 3 <= ni; i += 3)
+    ab_acc_rows<3>(out + i * ldo, ldo, a + i * si, si, sk, nk, b, ldb, Dp);
+  if (ni - i == 2) ab_acc_rows<2>(out + i * ldo, ldo, a + i * si, si, sk, nk, b, ldb, Dp);
+  if (ni - i == 1) ab_acc_rows<1>(out + i * ldo, ldo, a + i * si, si, sk, nk, b, ldb, Dp);
+}
+
+// Sets row[n_valid, n) to -inf so that max ignores it and Exp maps it to 0.
+inline void mask_tail(float* row, size_t n_valid, size_t n) {
+  for (size_t c = n_valid; c < n; ++c) row[c] = -std::numeric_limits<float>::infinity();
+}
+
+// Max of row[0, n) (n >= 1; the row is readable up to round_up(n, N)).
+inline float row_max(const float* row, size_t n) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  VF m = hn::Set(df, -std::numeric_limits<float>::infinity());
+  size_t c = 0;
+  for (; c + N <= n; c += N) m = hn::Max(m, hn::LoadU(df, row + c));
+  float best = hn::GetLane(hn::MaxOfLanes(df, m));
+  for (; c < n; ++c) best = std::max(best, row[c]);
+  return best;
+}
+
+// row[c] = exp(row[c] - shift) for c < n (masked -inf entries become 0); returns their sum.
+// Vectors cover round_up(n, N) entries; the row buffer has kBc (a multiple of N) entries.
+inline float exp_shift_sum(float* row, size_t n, float shift) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  const VF sv = hn::Set(df, shift);
+  VF sum = hn::Zero(df);
+  for (size_t c = 0; c < n; c += N) {
+    const VF e = hn::Exp(df, hn::Sub(hn::LoadU(df, row + c), sv));
+    hn::StoreU(e, df, row + c);
+    sum = hn::Add(sum, e);
+  }
+  return hn::GetLane(hn::SumOfLanes(df, sum));
+}
+
+// Rows of one head are 3C floats apart in qkv (a new page each for GPT-2 sizes), so the hardware
+// prefetcher does not follow them; packing loops prefetch kAhead rows in advance.
+constexpr size_t kAhead = 8;
+inline void prefetch_row(const float* p, size_t D) {
+  for (size_t d = 0; d < D; d += 16) __builtin_prefetch(p + d);
+  __builtin_prefetch(p + D - 1);
+}
+
+// Copies rows [0, n) of one head's (n, D) slice with row stride `ld` into dst (n, Dp) times
+// `mul`, zeroing the padding columns.
+void pack_rows(float* dst, size_t Dp, const float* src, size_t ld, size_t n, size_t D, float mul) {
+  for (size_t r = 0; r < n; ++r) {
+    if (r + kAhead < n) prefetch_row(src + (r + kAhead) * ld, D);
+    for (size_t d = 0; d < D; ++d) dst[r * Dp + d] = src[r * ld + d] * mul;
+    for (size_t d = D; d < Dp; ++d) dst[r * Dp + d] = 0.0f;
+  }
+}
+
+// Transposes n rows of a (n, D) slice with row stride `ld` into tiles of kBc keys: tile t is a
+// contiguous (D, kBc) block at dst + t * D * kBc (a 16 KB block for D = 64, so the micro-kernel
+// streams it without the cache-set conflicts of a long power-of-two row stride). Columns past n
+// in the last tile are zeroed. Source rows are read contiguously.
+void pack_transposed(float* dst, const float* src, size_t ld, size_t n, size_t D) {
+  for (size_t j = 0; j < n; ++j) {
+    if (j + kAhead < n) prefetch_row(src + (j + kAhead) * ld, D);
+    float* col = dst + (j / kBc) * D * kBc + j % kBc;
+    for (size_t d = 0; d < D; ++d) col[d * kBc] = src[j * ld + d];
+  }
+  if (n % kBc != 0) {
+    float* last = dst + (n / kBc) * D * kBc;
+    for (size_t d = 0; d < D; ++d) std::fill(last + d * kBc + n % kBc, last + (d + 1) * kBc, 0.0f);
+  }
+}
+
+// Hands out task indices [0, n) to the pool's threads; fn(thread, task). Which thread runs which
+// task does not change any result: tasks write disjoint outputs, each in a fixed order.
+template <class Fn>
+void run_tasks(ThreadPool& pool, size_t n, const Fn& fn) {
+  std::atomic<size_t> next{0};
+  pool.run([&](int thread) {
+    for (size_t t = next.fetch_add(1); t < n; t = next.fetch_add(1)) fn(thread, t);
+  });
+}
+
+// One query tile of the forward pass: queries i0 .. i0 + nq of one head against the keys
+// 0 .. i0 + nq - 1 with an online softmax. q_head = qkv + b*T*3C + h*D (rows of stride ld);
+// kt, v hold the head's keys packed by pack_transposed / pack_rows; out_head, lse_head are the
+// head's rows of out (stride ldo) and lse. qs, o (kBr, Dp), s (kBr, kBc), m, l (kBr) are scratch.
+void forward_tile(float* qs, float* o, const float* kt, const float* v, float* s, float* m,
+                  float* l, const float* q_head, size_t ld, size_t i0, size_t nq, size_t D,
+                  size_t Dp, float scale, float* out_head, size_t ldo, float* lse_head) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  pack_rows(qs, Dp, q_head + i0 * ld, ld, nq, D, scale);
+  std::fill(o, o + nq * Dp, 0.0f);
+  std::fill(m, m + nq, -std::numeric_limits<float>::infinity());
+  std::fill(l, l + nq, 0.0f);
+  // Key tiles up to the one holding the last query; tiles above the diagonal are skipped.
+  for (size_t j0 = 0; j0 < i0 + nq; j0 += kBc) {
+    const size_t nkv = std::min(kBc, i0 + nq - j0);
+    abt(qs, Dp, nq, kt + j0 * D, D, s);  // tile j0 / kBc starts at (j0 / kBc) * D * kBc
+    for (size_t r = 0; r < nq; ++r) {
+      float* row = s + r * kBc;
+      if (i0 + r + 1 <= j0) {  // no key of this tile is visible to row r (causal: j <= i)
+        std::fill(row, row + kBc, 0.0f);
+        continue;
+      }
+      const size_t n_valid = std::min(nkv, i0 + r + 1 - j0);
+      // Columns past n_valid (masked or beyond the tile's keys) must give P = 0.
+      mask_tail(row, n_valid, kBc);
+      const float m_new = std::max(m[r], row_max(row, n_valid));
+      const float corr = std::exp(m[r] - m_new);  // 0 on the first tile (m = -inf)
+      l[r] = l[r] * corr + exp_shift_sum(row, nkv, m_new);
+      m[r] = m_new;
+      if (corr != 1.0f) {
+        const VF cv = hn::Set(df, corr);
+        for (size_t d = 0; d < Dp; d += N) {
+          hn::StoreU(hn::Mul(hn::LoadU(df, o + r * Dp + d), cv), df, o + r * Dp + d);
+        }
+      }
+    }
+    ab_acc(o, Dp, nq, s, kBc, 1, nkv, v + j0 * Dp, Dp, Dp);
+  }
+  for (size_t r = 0; r < nq; ++r) {
+    float* dst = out_head + (i0 + r) * ldo;
+    const float inv = 1.0f / l[r];
+    for (size_t d = 0; d < D; ++d) dst[d] = o[r * Dp + d] * inv;
+    lse_head[i0 + r] = m[r] + std::log(l[r]);
+  }
+}
+
+}  // namespace
+
+// out (B,T,C), lse (B,H,T), qkv (B,T,3C). One task per (b, h, run of query tiles): the task
+// packs K^T and V of the keys its queries see once, then sweeps its query tiles.
+void AttentionForward(ThreadPool& pool, float* out, float* lse, const float* qkv, int64_t B,
+                      int64_t T, int64_t C, int64_t H) {
+  if (B == 0 || T == 0) return;
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  const size_t D = static_cast<size_t>(C / H), Dp = round_up(D, N);
+  const size_t Tz = static_cast<size_t>(T), Cz = static_cast<size_t>(C), ld = 3 * Cz;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const size_t BH = static_cast<size_t>(B * H), n_qt = (Tz + kBr - 1) / kBr;
+  // Split each head's query tiles into runs only when there are too few heads to keep every
+  // thread busy (about 4 tasks per thread); each run repacks the keys it needs.
+  const size_t threads = static_cast<size_t>(pool.size());
+  size_t per_run = n_qt;
+  if (BH < 4 * threads) per_run = std::max<size_t>(1, n_qt * BH / (4 * threads));
+  const size_t n_runs = (n_qt + per_run - 1) / per_run;
+  const size_t Tp = round_up(Tz, kBc);
+
+  // Per-thread scratch, allocated once per call: Q, O (kBr, Dp); K^T tiles (Tp / kBc of
+  // (D, kBc)); V (Tp, Dp); S (kBr, kBc); running max and sum (kBr).
+  const size_t q_off = 0, o_off = q_off + kBr * Dp, kt_off = o_off + kBr * Dp;
+  const size_t v_off = kt_off + round_up(D * Tp, 16), s_off = v_off + Tp * Dp;
+  const size_t m_off = s_off + kBr * kBc, l_off = m_off + kBr;
+  const size_t per_thread = round_up(l_off + kBr, 16);
+  auto scratch = hwy::AllocateAligned<float>(per_thread * static_cast<size_t>(pool.size()));
+  TS_CHECK(scratch, "[attention_forward] cannot allocate scratch");
+
+  // Runs nearest the end of the sequence see the most keys: hand them out first.
+  run_tasks(pool, BH * n_runs, [&](int thread, size_t task) {
+    const size_t run = n_runs - 1 - task / BH, bh = task % BH;
+    const size_t b = bh / static_cast<size_t>(H), h = bh % static_cast<size_t>(H);
+    float* ws = scratch.get() + per_thread * static_cast<size_t>(thread);
+    float *qs = ws + q_off, *o = ws + o_off, *kt = ws + kt_off, *v = ws + v_off, *s = ws + s_off;
+    float *m = ws + m_off, *l = ws + l_off;
+    const float* base = qkv + b * Tz * ld;
+    const size_t qt_end = std::min(n_qt, (run + 1) * per_run);
+    const size_t n_keys = std::min(Tz, qt_end * kBr);
+    pack_transposed(kt, base + Cz + h * D, ld, n_keys, D);
+    pack_rows(v, Dp, base + 2 * Cz + h * D, ld, n_keys, D, 1.0f);
+    for (size_t qt = run * per_run; qt < qt_end; ++qt)
+      forward_tile(qs, o, kt, v, s, m, l, base + h * D, ld, qt * kBr, std::min(kBr, Tz - qt * kBr),
+                   D, Dp, scale, out + (b * Tz) * Cz + h * D, Cz, lse + bh * Tz);
+  });
+}
+
+// dqkv (B,T,3C) overwritten; dout, out (B,T,C); qkv (B,T,3C); lse (B,H,T).
+// One task per (b, h, run of key tiles). A task owns the dk and dv rows of its keys, so they are
+// never accumulated across tasks. dq_i sums over all key tiles: with one run per head the task
+// owns dq too; otherwise each run writes a partial dq and a second pass adds the partials in run
+// order. The split depends on the shape alone, not on the thread count or on timing, so every bit
+// of the result is reproducible.
+void AttentionBackward(ThreadPool& pool, float* dqkv, const float* dout, const float* qkv,
+                       const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
+                       int64_t H) {
+  if (B == 0 || T == 0) return;
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  const size_t D = static_cast<size_t>(C / H), Dp = round_up(D, N);
+  const size_t Tz = static_cast<size_t>(T), Cz = static_cast<size_t>(C), ld = 3 * Cz;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const size_t BH = static_cast<size_t>(B * H), n_kt = (Tz + kBc - 1) / kBc;
+  // Fewer heads than kMinTasks: split each head's key tiles into runs so that small batches
+  // still spread over the threads. A fixed constant, so the split is the same on every machine.
+  constexpr size_t kMinTasks = 16;
+  const size_t want_runs = BH >= kMinTasks ? 1 : std::min(n_kt, (kMinTasks + BH - 1) / BH);
+  const size_t kt_per_run = (n_kt + want_runs - 1) / want_runs;
+  const size_t n_runs = (n_kt + kt_per_run - 1) / kt_per_run;
+
+  // Per-thread scratch: Q*scale, dO, K, dQ (T, Dp) and Di (T) of the rows a task needs, packed
+  // once per task; per key tile K^T, V^T (D, kBc), dK, dV (kBc, Dp); S/P, dP/dS (kBr, kBc).
+  const size_t TD = round_up(Tz * Dp, 16);
+  const size_t q_off = 0, do_off = TD, k_off = 2 * TD, dq_off = 3 * TD, di_off = 4 * TD;
+  const size_t kt_off = di_off + round_up(Tz, 16), vt_off = kt_off + round_up(D * kBc, 16);
+  const size_t dk_off = vt_off + round_up(D * kBc, 16), dv_off = dk_off + kBc * Dp;
+  const size_t s_off = dv_off + kBc * Dp, dp_off = s_off + kBr * kBc;
+  const size_t per_thread = dp_off + kBr * kBc;
+  auto scratch = hwy::AllocateAligned<float>(per_thread * static_cast<size_t>(pool.size()));
+  TS_CHECK(scratch, "[attention_backward] cannot allocate scratch");
+  // Partial dq per (b, h, run) when heads are split: (BH, n_runs, T, Dp).
+  hwy::AlignedFreeUniquePtr<float[]> partial;
+  if (n_runs > 1) {
+    partial = hwy::AllocateAligned<float>(BH * n_runs * TD);
+    TS_CHECK(partial, "[attention_backward] cannot allocate partial dq");
+  }
+
+  // Early runs see the most queries: hand them out first.
+  run_tasks(pool, BH * n_runs, [&](int thread, size_t task) {
+    const size_t run = task / BH, bh = task % BH;
+    const size_t b = bh / static_cast<size_t>(H), h = bh % static_cast<size_t>(H);
+    float* ws = scratch.get() + per_thread * static_cast<size_t>(thread);
+    float *qs = ws + q_off, *go = ws + do_off, *kp = ws + k_off;
+    float *di = ws + di_off, *kt = ws + kt_off, *vt = ws + vt_off, *dk = ws + dk_off;
+    float *dv = ws + dv_off, *s = ws + s_off, *dp = ws + dp_off;
+    float* dq = n_runs > 1 ? partial.get() + (bh * n_runs + run) * TD : ws + dq_off;
+    const float* base = qkv + b * Tz * ld;
+    const float* lse_h = lse + bh * Tz;
+    float* dbase = dqkv + b * Tz * ld;
+    const size_t j_begin = run * kt_per_run * kBc, j_end = std::min(Tz, j_begin + kt_per_run * kBc);
+    const size_t q_begin = j_begin / kBr * kBr;  // queries before the run's keys see none of them
+
+    // Packed rows keep their sequence index: row i of qs, go, dq is query i, row j of kp key j.
+    pack_rows(qs + q_begin * Dp, Dp, base + q_begin * ld + h * D, ld, Tz - q_begin, D, scale);
+    pack_rows(go + q_begin * Dp, Dp, dout + (b * Tz + q_begin) * Cz + h * D, Cz, Tz - q_begin, D,
+              1.0f);
+    pack_rows(kp + j_begin * Dp, Dp, base + j_begin * ld + Cz + h * D, ld, j_end - j_begin, D,
+              1.0f);
+    std::fill(dq + q_begin * Dp, dq + Tz * Dp, 0.0f);
+    // Di = rowsum(dO_i * O_i), in double: it is subtracted from dP, where cancellation hurts.
+    for (size_t i = q_begin; i < Tz; ++i) {
+      const float* o = out + (b * Tz + i) * Cz + h * D;
+      double acc = 0;
+      for (size_t d = 0; d < D; ++d) acc += static_cast<double>(go[i * Dp + d]) * o[d];
+      di[i] = static_cast<float>(acc);
+    }
+
+    for (size_t j0 = j_begin; j0 < j_end; j0 += kBc) {
+      const size_t nkv = std::min(kBc, Tz - j0);
+      pack_transposed(kt, base + j0 * ld + Cz + h * D, ld, nkv, D);
+      pack_transposed(vt, base + j0 * ld + 2 * Cz + h * D, ld, nkv, D);
+      std::fill(dk, dk + kBc * Dp, 0.0f);
+      std::fill(dv, dv + kBc * Dp, 0.0f);
+      // Query tiles at or below the diagonal, in increasing order (fixed summation order).
+      for (size_t i0 = j0 / kBr * kBr; i0 < Tz; i0 += kBr) {
+        const size_t nq = std::min(kBr, Tz - i0);
+        abt(qs + i0 * Dp, Dp, nq, kt, D, s);   // S = scale Q K^T
+        abt(go + i0 * Dp, Dp, nq, vt, D, dp);  // dP = dO V^T
+        for (size_t r = 0; r < nq; ++r) {
+          const size_t i = i0 + r;
+          float* prow = s + r * kBc;
+          float* dsrow = dp + r * kBc;
+          // Rows of a tile that starts above this key tile's first key see no key here.
+          const size_t n_valid = i + 1 > j0 ? std::min(nkv, i + 1 - j0) : 0;
+          mask_tail(prow, n_valid, kBc);
+          exp_shift_sum(prow, nkv, lse_h[i]);  // P = exp(S - lse)
+          const VF div = hn::Set(df, di[i]);
+          for (size_t c = 0; c < nkv; c += N) {  // dS = P * (dP - Di)
+            const VF pv = hn::LoadU(df, prow + c);
+            hn::StoreU(hn::Mul(pv, hn::Sub(hn::LoadU(df, dsrow + c), div)), df, dsrow + c);
+          }
+        }
+        ab_acc(dv, Dp, nkv, s, 1, kBc, nq, go + i0 * Dp, Dp, Dp);   // dV += P^T dO
+        ab_acc(dk, Dp, nkv, dp, 1, kBc, nq, qs + i0 * Dp, Dp, Dp);  // dK += dS^T (scale Q)
+        ab_acc(dq + i0 * Dp, Dp, nq, dp, kBc, 1, nkv, kp + j0 * Dp, Dp, Dp);  // dQ += dS K
+      }
+      for (size_t c = 0; c < nkv; ++c) {
+        float* g = dbase + (j0 + c) * ld + h * D;
+        for (size_t d = 0; d < D; ++d) {
+          g[Cz + d] = dk[c * Dp + d];
+          g[2 * Cz + d] = dv[c * Dp + d];
+        }
+      }
+    }
+    if (n_runs == 1) {
+      for (size_t i = 0; i < Tz; ++i) {
+        float* g = dbase + i * ld + h * D;
+        for (size_t d = 0; d < D; ++d) g[d] = dq[i * Dp + d] * scale;  // dq = scale dS K
+      }
+    }
+  });
+  if (n_runs == 1) return;
+
+  // dq_i = scale * (partial of run 0 + run 1 + ...), runs whose keys query i sees, in run order.
+  run_tasks(pool, BH, [&](int, size_t bh) {
+    const size_t b = bh / static_cast<size_t>(H), h = bh % static_cast<size_t>(H);
+    const float* parts = partial.get() + bh * n_runs * TD;
+    for (size_t i = 0; i < Tz; ++i) {
+      float* g = dqkv + (b * Tz + i) * ld + h * D;
+      const size_t runs_seen = std::min(n_runs, i / (kt_per_run * kBc) + 1);
+      for (size_t d = 0; d < D; ++d) {
+        float sum = parts[i * Dp + d];
+        for (size_t r = 1; r < runs_seen; ++r) sum += parts[r * TD + i * Dp + d];
+        g[d] = sum * scale;
+      }
+    }
+  });
+}
+
+}  // namespace tessera::cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace tessera::cpu {
+
+HWY_EXPORT(AttentionForward);
+HWY_EXPORT(AttentionBackward);
+
+void attention_forward(ThreadPool& pool, float* out, float* lse, const float* qkv, int64_t B,
+                       int64_t T, int64_t C, int64_t H) {
+  attention_detail::check_args("attention_forward", out, lse, qkv, B, T, C, H);
+  HWY_DYNAMIC_DISPATCH(AttentionForward)(pool, out, lse, qkv, B, T, C, H);
+}
+
+void attention_backward(ThreadPool& pool, float* dqkv, const float* dout, const float* qkv,
+                        const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
+                        int64_t H) {
+  attention_detail::check_args("attention_backward", dqkv, dout, qkv, B, T, C, H);
+  TS_CHECK(B * T == 0 || (out && lse), "[attention_backward] null tensor pointer");
+  HWY_DYNAMIC_DISPATCH(AttentionBackward)(pool, dqkv, dout, qkv, out, lse, B, T, C, H);
+}
+
+}  // namespace tessera::cpu
+#endif  // HWY_ONCE
