@@ -7,6 +7,7 @@ namespace tessera::cpu::ref {
 // out (B,T,C) = wte[tokens[b,t]] + wpe[t]; tokens (B,T), wte (V,C), wpe (>=T,C).
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
                        int64_t B, int64_t T, int64_t C) {
+  TS_CHECK(B >= 0 && T >= 0 && C > 0, "[embedding_forward] bad shape B=", B, " T=", T, " C=", C);
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < T; ++t) {
       const int64_t n = b * T + t;
@@ -24,11 +25,14 @@ void embedding_forward(float* out, const int32_t* tokens, const float* wte, cons
 // Rows are accumulated in token order (b, then t), the order the SIMD kernel also uses.
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
                         int64_t B, int64_t T, int64_t C) {
+  TS_CHECK(B >= 0 && T >= 0 && C > 0, "[embedding_backward] bad shape B=", B, " T=", T, " C=", C);
+  // Validate first so a bad token leaves the gradients untouched.
+  for (int64_t n = 0; n < B * T; ++n)
+    TS_CHECK(tokens[n] >= 0, "[embedding_backward] tokens[", n, "] = ", tokens[n], " is negative");
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < T; ++t) {
       const int64_t n = b * T + t;
       const int32_t tok = tokens[n];
-      TS_CHECK(tok >= 0, "[embedding_backward] tokens[", n, "] = ", tok, " is negative");
       const float* d = dout + n * C;
       float* dw = dwte + static_cast<int64_t>(tok) * C;
       float* dp = dwpe + t * C;

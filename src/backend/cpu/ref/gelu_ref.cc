@@ -9,26 +9,36 @@ namespace tessera::cpu::ref {
 namespace {
 constexpr double kSqrt2OverPi = 0.79788456080286535588;  // sqrt(2/pi)
 constexpr double kGeluCubic = 0.044715;
+
+// 0.5 (1 + tanh(u)) is evaluated as the identical sigmoid(2u) = 1 / (1 + exp(-2u)): for very
+// negative x, 1 + tanh(u) cancels to 0 even in double, while the sigmoid form keeps full
+// relative accuracy (gelu(-9) ~ -1e-26 is still a normal float).
+double gelu_sigmoid(double x, double* e) {
+  const double u = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
+  *e = std::exp(-2.0 * u);
+  return 1.0 / (1.0 + *e);
+}
 }  // namespace
 
 // out (n) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 void gelu_forward(float* out, const float* inp, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
-    const double x = inp[i];
-    const double u = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
-    out[i] = static_cast<float>(0.5 * x * (1.0 + std::tanh(u)));
+    double e;
+    out[i] = static_cast<float>(inp[i] * gelu_sigmoid(inp[i], &e));
   }
 }
 
 // dinp (n) = gelu'(inp) * dout; dinp may alias dout (each element is read before written).
+// With s = sigmoid(2u): gelu' = s + x * 2 s (1 - s) * u'(x), and 1 - s = 1 / (1 + 1/e), which
+// stays exact (no cancellation) and is 1, not NaN, when e overflows to inf.
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const double x = inp[i];
-    const double u = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
-    const double th = std::tanh(u);
-    const double sech2 = 1.0 - th * th;
+    double e;
+    const double s = gelu_sigmoid(x, &e);
+    const double one_minus_s = 1.0 / (1.0 + 1.0 / e);
     const double du = kSqrt2OverPi * (1.0 + 3.0 * kGeluCubic * x * x);
-    const double grad = 0.5 * (1.0 + th) + 0.5 * x * sech2 * du;
+    const double grad = s + x * 2.0 * s * one_minus_s * du;
     dinp[i] = static_cast<float>(grad * dout[i]);
   }
 }

@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "backend/cpu/ref/ref_kernels.h"
+#include "core/error.h"
 
 namespace tessera::cpu::ref {
 
@@ -12,6 +13,7 @@ constexpr double kEps = 1e-5;
 // out (N,C) = (inp - mean) * rstd * w + b; mean (N), rstd (N) saved for backward.
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
                        const float* b, int64_t N, int64_t C) {
+  TS_CHECK(N >= 0 && C > 0, "[layernorm_forward] bad shape N=", N, " C=", C);
   for (int64_t n = 0; n < N; ++n) {
     const float* x = inp + n * C;
     double sum = 0;
@@ -33,6 +35,7 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
                         const float* w, const float* mean, const float* rstd, int64_t N,
                         int64_t C) {
+  TS_CHECK(N >= 0 && C > 0, "[layernorm_backward] bad shape N=", N, " C=", C);
   for (int64_t n = 0; n < N; ++n) {
     const float* x = inp + n * C;
     const float* d = dout + n * C;

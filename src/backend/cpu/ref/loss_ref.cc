@@ -12,11 +12,13 @@ namespace tessera::cpu::ref {
 // with padded columns [V,Vp) set to 0 and ignored rows set to 0 entirely.
 void softmax_xent(float* losses, float* logits, const int32_t* targets, int64_t N, int64_t V,
                   int64_t Vp, float dlogits_scale) {
+  TS_CHECK(N >= 0 && V > 0 && Vp >= V, "[softmax_xent] bad shape N=", N, " V=", V, " Vp=", Vp);
+  for (int64_t n = 0; n < N; ++n)  // validate first: a bad target leaves the buffers untouched
+    TS_CHECK(targets[n] < V, "[softmax_xent] targets[", n, "] = ", targets[n],
+             " is not below vocab V=", V);
   for (int64_t n = 0; n < N; ++n) {
     float* x = logits + n * Vp;
     const int32_t target = targets[n];
-    TS_CHECK(target < V, "[softmax_xent] targets[", n, "] = ", target, " is not below vocab V=",
-             V);
     if (target < 0) {
       losses[n] = 0.0f;
       if (dlogits_scale != 0.0f)

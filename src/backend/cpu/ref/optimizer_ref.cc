@@ -5,6 +5,14 @@
 #include "backend/cpu/ref/ref_kernels.h"
 #include "core/error.h"
 
+// No a * b + c contraction into FMA (GCC's C++ default on FMA-capable -march), so this matches
+// the SIMD kernel's separately rounded operations on every build.
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
 namespace tessera::cpu::ref {
 
 // params, grads, m, v (n). g = grads * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g g;
@@ -15,10 +23,10 @@ void adamw(float* params, const float* grads, float* m, float* v, int64_t n,
   TS_CHECK(a.t >= 1, "[adamw] step t must count from 1, got ", a.t);
   TS_CHECK(a.beta1 >= 0.0f && a.beta1 < 1.0f, "[adamw] beta1 must be in [0, 1), got ", a.beta1);
   TS_CHECK(a.beta2 >= 0.0f && a.beta2 < 1.0f, "[adamw] beta2 must be in [0, 1), got ", a.beta2);
-  const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(a.beta1),
-                                                      static_cast<double>(a.t)));
-  const float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(a.beta2),
-                                                      static_cast<double>(a.t)));
+  const float bc1 =
+      static_cast<float>(1.0 - std::pow(static_cast<double>(a.beta1), static_cast<double>(a.t)));
+  const float bc2 =
+      static_cast<float>(1.0 - std::pow(static_cast<double>(a.beta2), static_cast<double>(a.t)));
   const float one_minus_b1 = 1.0f - a.beta1, one_minus_b2 = 1.0f - a.beta2;
   for (int64_t i = 0; i < n; ++i) {
     const float g = grads[i] * a.grad_scale;
