@@ -54,7 +54,8 @@ class Gpt2 {
   // Whether AdamW should decay this tensor (matrices and embeddings yes; biases, norms no).
   static bool decays(const TensorInfo& t) { return t.shape.rank() >= 2; }
 
-  // Plans and allocates the activation arena for up to (B, T); no allocation happens in steps.
+  // Plans the activation arena for up to (B, T); it is allocated once, at the first step after
+  // plan(), so planning alone (e.g. to report memory) commits nothing. Steps never allocate.
   void plan(int64_t B, int64_t T, Precision precision, Recompute recompute);
   size_t activation_bytes() const;
 

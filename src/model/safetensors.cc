@@ -100,39 +100,41 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : file_(path) {
              "' (supported: F32, BF16, F16, I32)");
 
     TS_CHECK(v.contains("shape") && v["shape"].is_array(), where, "missing array field 'shape'");
-    // Overflow-safe element count: every partial product stays below the data section size
-    // (or a dim is 0), so it can never wrap.
-    uint64_t numel = 1;
-    bool zero = false;
     for (const json& d : v["shape"]) {
       uint64_t dim = 0;
       TS_CHECK(get_uint(d, uint64_t{1} << 62, &dim), where, "shape ", v["shape"].dump(),
-               " has a dimension that is not a non-negative integer");
-      if (dim == 0) zero = true;
+               " has a dimension that is not an integer in [0, 2^62]");
       e.shape.dims.push_back(static_cast<int64_t>(dim));
-      if (!zero) {
-        TS_CHECK(numel <= data_size / dim, where, "shape ", v["shape"].dump(),
+    }
+    // Overflow-safe element count: every partial product stays at most the data section size,
+    // so it can never wrap. A zero dim makes the tensor empty whatever the other dims are.
+    uint64_t numel = 1;
+    if (std::find(e.shape.dims.begin(), e.shape.dims.end(), 0) != e.shape.dims.end()) {
+      numel = 0;
+    } else {
+      for (int64_t d : e.shape.dims) {
+        const uint64_t dim = static_cast<uint64_t>(d);
+        TS_CHECK(numel <= data_size / dim, where, "shape ", e.shape.str(),
                  " is larger than the data section (", data_size, " bytes)");
         numel *= dim;
       }
     }
-    if (zero) numel = 0;
     const uint64_t item = static_cast<uint64_t>(traits(e.dtype).block_bytes);
     TS_CHECK(numel <= data_size / item, where, "shape ", e.shape.str(),
              " is larger than the data section (", data_size, " bytes)");
     const uint64_t nbytes = numel * item;
 
-    TS_CHECK(v.contains("data_offsets") && v["data_offsets"].is_array() &&
-                 v["data_offsets"].size() == 2,
-             where, "'data_offsets' must be an array [begin, end]");
+    TS_CHECK(
+        v.contains("data_offsets") && v["data_offsets"].is_array() && v["data_offsets"].size() == 2,
+        where, "'data_offsets' must be an array [begin, end]");
     uint64_t begin = 0, end = 0;
     TS_CHECK(get_uint(v["data_offsets"][0], data_size, &begin) &&
                  get_uint(v["data_offsets"][1], data_size, &end),
              where, "data_offsets ", v["data_offsets"].dump(),
              " are not integers inside the data section (size ", data_size, ")");
     TS_CHECK(begin <= end, where, "data_offsets ", v["data_offsets"].dump(), " are reversed");
-    TS_CHECK(end - begin == nbytes, where, "data_offsets span ", end - begin,
-             " bytes but shape ", e.shape.str(), " of ", dt, " needs ", nbytes);
+    TS_CHECK(end - begin == nbytes, where, "data_offsets span ", end - begin, " bytes but shape ",
+             e.shape.str(), " of ", dt, " needs ", nbytes);
     e.data = data + begin;
     e.bytes = static_cast<int64_t>(nbytes);
     entries_.push_back(std::move(e));
@@ -162,8 +164,7 @@ const SafetensorsEntry& SafetensorsReader::at(const std::string& name) const {
   return *e;
 }
 
-void SafetensorsReader::read_f32(const std::string& name, const Shape& expected,
-                                 float* dst) const {
+void SafetensorsReader::read_f32(const std::string& name, const Shape& expected, float* dst) const {
   const SafetensorsEntry& e = at(name);
   TS_CHECK(e.shape == expected, "[safetensors] ", path(), ": tensor '", name, "': shape ",
            e.shape.str(), " does not match the expected ", expected.str());

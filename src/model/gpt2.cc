@@ -1,0 +1,210 @@
+// GPT-2 setup: the parameter table (Hugging Face names and order), initialization, the
+// activation-arena plan for each recompute policy, the bf16 weight copy, and the FLOP count.
+#include "model/gpt2.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "model/gpt2_impl.h"
+#include "ops/ops.h"
+
+namespace tessera::model {
+
+Gpt2::Gpt2(const Gpt2Config& cfg, const ops::Context& ctx)
+    : cfg_(cfg), ctx_(ctx), impl_(std::make_unique<Impl>(*this)) {
+  cfg_.validate();
+  const int64_t C = cfg_.n_embd, L = cfg_.n_layer;
+  Impl& im = *impl_;
+  // wte has Vp rows; rows >= V are padding so the lm-head GEMM has an aligned N. They stay zero:
+  // init_weights zeroes them, no token selects them, their logits are masked by softmax_xent
+  // (gradient 0) and forward_backward re-zeroes their gradient rows.
+  im.wte = table_.add("wte.weight", {cfg_.padded_vocab_size, C});
+  im.wpe = table_.add("wpe.weight", {cfg_.max_seq, C});
+  for (int64_t l = 0; l < L; ++l) {
+    const std::string h = cat("h.", l, ".");
+    Gpt2LayerParams lp;
+    lp.ln1_w = table_.add(h + "ln_1.weight", {C});
+    lp.ln1_b = table_.add(h + "ln_1.bias", {C});
+    lp.qkv_w = table_.add(h + "attn.c_attn.weight", {3 * C, C});
+    lp.qkv_b = table_.add(h + "attn.c_attn.bias", {3 * C});
+    lp.proj_w = table_.add(h + "attn.c_proj.weight", {C, C});
+    lp.proj_b = table_.add(h + "attn.c_proj.bias", {C});
+    lp.ln2_w = table_.add(h + "ln_2.weight", {C});
+    lp.ln2_b = table_.add(h + "ln_2.bias", {C});
+    lp.fc_w = table_.add(h + "mlp.c_fc.weight", {4 * C, C});
+    lp.fc_b = table_.add(h + "mlp.c_fc.bias", {4 * C});
+    lp.fcproj_w = table_.add(h + "mlp.c_proj.weight", {C, 4 * C});
+    lp.fcproj_b = table_.add(h + "mlp.c_proj.bias", {C});
+    im.layer_params.push_back(lp);
+  }
+  im.lnf_w = table_.add("ln_f.weight", {C});
+  im.lnf_b = table_.add("ln_f.bias", {C});
+  params_ = AlignedBuffer<float>(static_cast<size_t>(table_.total_elems()));
+  grads_ = AlignedBuffer<float>(static_cast<size_t>(table_.total_elems()));
+}
+
+Gpt2::~Gpt2() = default;
+
+void Gpt2::zero_grads() {
+  std::memset(grads_.data(), 0, grads_.size() * sizeof(float));
+}
+
+void Gpt2::init_weights(uint64_t seed) {
+  const auto& ts = table_.tensors();
+  const float proj_std = 0.02f / std::sqrt(2.0f * static_cast<float>(cfg_.n_layer));
+  // Each tensor draws from its own stream (seed, tensor index), so tensors can be filled in
+  // parallel and the result does not depend on the thread count.
+  ctx_.threads().parallel_for(static_cast<int64_t>(ts.size()), 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const TensorInfo& t = ts[static_cast<size_t>(i)];
+      float* dst = params_.data() + t.offset;
+      const int64_t n = t.numel();
+      const bool is_ln = t.name.find("ln_") != std::string::npos;
+      if (t.shape.rank() == 1) {
+        const float v = is_ln && t.name.ends_with(".weight") ? 1.0f : 0.0f;
+        for (int64_t j = 0; j < n; ++j) dst[j] = v;
+        continue;
+      }
+      const bool is_proj = t.name.ends_with("c_proj.weight");
+      const float std = is_proj ? proj_std : 0.02f;
+      Rng rng(seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(i) * 0xd1b54a32d192ed03ull + 1);
+      int64_t real = n;
+      if (t.name == "wte.weight") real = cfg_.vocab_size * cfg_.n_embd;  // padding rows stay 0
+      for (int64_t j = 0; j < real; ++j) dst[j] = std * rng.normal();
+      for (int64_t j = real; j < n; ++j) dst[j] = 0.0f;
+    }
+  });
+  params_updated();
+}
+
+const void* Gpt2::Impl::weight(int64_t off) const {
+  if (bf16()) return params_bf16.data() + off;
+  return p(off);
+}
+
+void Gpt2::params_updated() {
+  Impl& im = *impl_;
+  if (!im.bf16() || im.params_bf16.size() == 0) return;  // f32: GEMMs read the master weights
+  ops::convert_f32_to_bf16(ctx_, im.params_bf16.data(), params_.data(), num_params());
+}
+
+void Gpt2::plan(int64_t B, int64_t T, Precision precision, Recompute recompute) {
+  TS_CHECK(B > 0 && B <= (int64_t{1} << 20), "[gpt2] plan: batch size B must be in [1, 2^20], got ",
+           B);
+  TS_CHECK(T > 0 && T <= cfg_.max_seq, "[gpt2] plan: sequence length T=", T,
+           " must be in [1, max_seq=", cfg_.max_seq, "]");
+  Impl& im = *impl_;
+  const int64_t C = cfg_.n_embd, L = cfg_.n_layer, H = cfg_.n_head, Vp = cfg_.padded_vocab_size;
+  const int64_t N = B * T;
+  const size_t f = sizeof(float);
+  ArenaPlan plan;
+  auto res = [&](const std::string& name, int64_t elems) {
+    return plan.reserve(name, static_cast<size_t>(elems) * f);
+  };
+  // Offsets first (the arena does not exist yet), pointers after allocation.
+  std::vector<size_t> resid_off;
+  for (int64_t l = 0; l <= L; ++l) resid_off.push_back(res(cat("resid.", l), N * C));
+  const size_t scratch_c = res("scratch_c", N * C), dresid = res("dresid", N * C),
+               dbig = res("dbig", N * 4 * C);
+  struct LayerOff {
+    size_t ln1, ln1_mean, ln1_rstd, qkv, atty, lse, resid_mid, ln2, ln2_mean, ln2_rstd, fch, gelu;
+  };
+  // none: a full set per layer; gelu: per layer but GELU outputs live in dbig (recomputed in
+  // backward); block: one shared set, replayed per layer in backward.
+  const int64_t n_sets = recompute == Recompute::block ? 1 : L;
+  std::vector<LayerOff> lo;
+  for (int64_t s = 0; s < n_sets; ++s) {
+    const std::string h = recompute == Recompute::block ? "shared." : cat("h.", s, ".");
+    LayerOff o;
+    o.ln1 = res(h + "ln1", N * C);
+    o.ln1_mean = res(h + "ln1_mean", N);
+    o.ln1_rstd = res(h + "ln1_rstd", N);
+    o.qkv = res(h + "qkv", N * 3 * C);
+    o.atty = res(h + "atty", N * C);
+    o.lse = res(h + "lse", N * H);
+    o.resid_mid = res(h + "resid_mid", N * C);
+    o.ln2 = res(h + "ln2", N * C);
+    o.ln2_mean = res(h + "ln2_mean", N);
+    o.ln2_rstd = res(h + "ln2_rstd", N);
+    o.fch = res(h + "fch", N * 4 * C);
+    o.gelu = recompute == Recompute::none ? res(h + "gelu", N * 4 * C) : dbig;
+    lo.push_back(o);
+  }
+  const size_t lnf = res("lnf", N * C), lnf_mean = res("lnf_mean", N),
+               lnf_rstd = res("lnf_rstd", N), logits = res("logits", N * Vp),
+               losses = res("losses", N);
+
+  // The arena is allocated by the first step after plan() (once; later steps never allocate),
+  // so sizing a plan that is never run, e.g. to compare policies, costs no memory.
+  im.planned = false;
+  im.arena = Arena();
+  im.plan = plan;
+  im.bind = [&im, L, recompute, resid_off, scratch_c, dresid, dbig, lo, lnf, lnf_mean, lnf_rstd,
+             logits, losses](char* base) {
+    auto at = [base](size_t off) { return reinterpret_cast<float*>(base + off); };
+    im.resid.clear();
+    for (size_t off : resid_off) im.resid.push_back(at(off));
+    im.scratch_c = at(scratch_c);
+    im.dresid = at(dresid);
+    im.dbig = at(dbig);
+    im.acts.clear();
+    for (int64_t l = 0; l < L; ++l) {
+      const LayerOff& o = lo[static_cast<size_t>(recompute == Recompute::block ? 0 : l)];
+      im.acts.push_back({at(o.ln1), at(o.ln1_mean), at(o.ln1_rstd), at(o.qkv), at(o.atty),
+                         at(o.lse), at(o.resid_mid), at(o.ln2), at(o.ln2_mean), at(o.ln2_rstd),
+                         at(o.fch), at(o.gelu)});
+    }
+    im.lnf = at(lnf);
+    im.lnf_mean = at(lnf_mean);
+    im.lnf_rstd = at(lnf_rstd);
+    im.logits = at(logits);
+    im.losses = at(losses);
+  };
+  im.max_n = N;
+  im.max_t = T;
+  im.precision = precision;
+  im.recompute = recompute;
+  im.have_logits = false;
+  if (precision == Precision::bf16) {
+    if (im.params_bf16.size() != params_.size())
+      im.params_bf16 = AlignedBuffer<uint16_t>(params_.size());
+  } else {
+    im.params_bf16 = AlignedBuffer<uint16_t>();
+  }
+  im.planned = true;
+  params_updated();
+}
+
+size_t Gpt2::activation_bytes() const {
+  return impl_->plan.total_bytes();
+}
+
+void Gpt2::Impl::ensure_arena() {
+  TS_CHECK(planned, "[gpt2] call plan(B, T, precision, recompute) before forward");
+  if (arena.bytes() != 0) return;
+  arena = Arena(plan);
+  bind(arena.data());
+}
+
+const float* Gpt2::logits() const {
+  TS_CHECK(impl_->have_logits, "[gpt2] logits(): no forward pass has run since plan()");
+  return impl_->logits;
+}
+
+double Gpt2::flops_per_token_train(int64_t T) const {
+  // 6 FLOPs per parameter per token (2 forward, 4 backward) for every matrix the token passes
+  // through: the non-embedding parameters (embedding lookups are not matmuls) plus the tied
+  // lm head (V x C, counted with the real vocabulary). Attention's QK^T and PV add 2*2*T*C
+  // FLOPs per token per layer forward over the full T x T scores, times 3 for training = 12*L*T*C;
+  // the causal mask halves it: 6*L*T*C.
+  const double C = static_cast<double>(cfg_.n_embd), L = static_cast<double>(cfg_.n_layer);
+  double non_embedding = 0;
+  for (const auto& t : table_.tensors())
+    if (t.name != "wte.weight" && t.name != "wpe.weight") non_embedding += t.numel();
+  const double lm_head = static_cast<double>(cfg_.vocab_size) * C;
+  return 6.0 * (non_embedding + lm_head) + 6.0 * L * static_cast<double>(T) * C;
+}
+
+}  // namespace tessera::model

@@ -1,0 +1,90 @@
+// Private state of Gpt2 (parameter offsets, the activation arena's buffers, bf16 weight copy)
+// shared by gpt2.cc (setup, planning) and gpt2_step.cc (forward/backward). Not a public header.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "core/arena.h"
+#include "model/gpt2.h"
+#include "ops/ops.h"
+
+namespace tessera::model {
+
+// Element offsets of one block's tensors in the flat parameter/gradient buffers.
+struct Gpt2LayerParams {
+  int64_t ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w, fcproj_b;
+};
+
+// One block's saved activations (N = B*T rows). With Recompute::block every layer points at the
+// same shared set; with Recompute::gelu every layer's `gelu` points at one shared buffer.
+struct Gpt2LayerActs {
+  float* ln1;        // (N,C) ln_1 output
+  float* ln1_mean;   // (N)
+  float* ln1_rstd;   // (N)
+  float* qkv;        // (N,3C)
+  float* atty;       // (N,C) attention output before c_proj
+  float* lse;        // (B,H,T) attention log-sum-exp
+  float* resid_mid;  // (N,C) residual stream after the attention branch
+  float* ln2;        // (N,C)
+  float* ln2_mean;   // (N)
+  float* ln2_rstd;   // (N)
+  float* fch;        // (N,4C) c_fc output (GELU input)
+  float* gelu;       // (N,4C) GELU output
+};
+
+struct Gpt2::Impl {
+  explicit Impl(Gpt2& m) : model(m) {}
+
+  Gpt2& model;
+  int64_t wte = 0, wpe = 0, lnf_w = 0, lnf_b = 0;
+  std::vector<Gpt2LayerParams> layer_params;
+
+  // Activation plan; capacity is max_n = B*T rows with T <= max_t.
+  bool planned = false;
+  int64_t max_n = 0, max_t = 0;
+  Precision precision = Precision::f32;
+  Recompute recompute = Recompute::none;
+  ArenaPlan plan;
+  Arena arena;                      // allocated by ensure_arena() at the first step
+  std::function<void(char*)> bind;  // points the buffers below into an arena at `base`
+  std::vector<float*> resid;        // L+1 residual streams (N,C): resid[l] is block l's input
+  std::vector<Gpt2LayerActs> acts;
+  float *lnf = nullptr, *lnf_mean = nullptr, *lnf_rstd = nullptr;
+  float* logits = nullptr;  // (N,Vp)
+  float* losses = nullptr;  // (N)
+  // Scratch reused by every layer: forward branch outputs and backward activation gradients.
+  float* scratch_c = nullptr;  // (N,C): c_proj outputs in forward, dx in backward
+  float* dresid = nullptr;     // (N,C): gradient of the residual stream
+  float* dbig = nullptr;       // (N,4C): dqkv / dfch; doubles as the shared GELU buffer
+  bool have_logits = false;
+
+  AlignedBuffer<uint16_t> params_bf16;  // bf16 copy of params (same offsets), bf16 precision only
+
+  bool bf16() const { return precision == Precision::bf16; }
+  // The weight operand a GEMM reads: the bf16 copy in bf16 precision, else the f32 master.
+  const void* weight(int64_t off) const;
+  DType weight_type() const { return bf16() ? DType::bf16 : DType::f32; }
+  const float* p(int64_t off) const { return model.params_.data() + off; }
+  float* g(int64_t off) { return model.grads_.data() + off; }
+
+  // out (N,n_out) = inp (N,n_in) W^T + b; W (n_out,n_in) at offset w_off; b_off < 0: no bias.
+  void linear_forward(float* out, const float* inp, int64_t w_off, int64_t b_off, int64_t n,
+                      int64_t n_in, int64_t n_out);
+  // dW += dout^T inp; db += colsum(dout) (skipped if b_off < 0); then dinp (N,n_in) = dout W
+  // (overwrites; skipped if null). dinp may alias inp: inp is read before dinp is written.
+  void linear_backward(float* dinp, const float* dout, const float* inp, int64_t w_off,
+                       int64_t b_off, int64_t n, int64_t n_in, int64_t n_out);
+  // Runs block l on resid[l] and writes resid[l+1]. With `recompute_only` (backward's replay
+  // under Recompute::block) it stops after c_fc: backward recomputes GELU itself and needs
+  // neither the MLP output nor resid[l+1].
+  void layer_forward(int64_t l, int64_t B, int64_t T, bool recompute_only);
+  void layer_backward(int64_t l, int64_t B, int64_t T);
+  // Embedding, all blocks, ln_f and the tied lm head into logits (N,Vp).
+  void forward_to_logits(const int32_t* tokens, int64_t B, int64_t T);
+  void ensure_arena();
+  void check_inputs(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T) const;
+};
+
+}  // namespace tessera::model

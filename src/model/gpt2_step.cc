@@ -1,0 +1,208 @@
+// GPT-2 training step: explicit forward and backward over ops/, with the recompute policies
+// (none / gelu / block) replaying what the plan did not keep.
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "model/gpt2.h"
+#include "model/gpt2_impl.h"
+#include "ops/ops.h"
+
+namespace tessera::model {
+
+namespace {
+
+// db (n) += column sums of dy (m,n). Threads split the columns, so each column is summed in row
+// order by one thread: the result does not depend on the thread count.
+void bias_grad(ThreadPool& pool, float* db, const float* dy, int64_t m, int64_t n) {
+  constexpr int64_t kCols = 64;  // a 256-byte column strip per task keeps rows streaming
+  pool.parallel_for((n + kCols - 1) / kCols, 1, [&](int64_t b, int64_t e) {
+    for (int64_t blk = b; blk < e; ++blk) {
+      const int64_t c0 = blk * kCols, c1 = std::min(n, c0 + kCols);
+      float acc[kCols] = {};
+      for (int64_t r = 0; r < m; ++r) {
+        const float* row = dy + r * n;
+        for (int64_t c = c0; c < c1; ++c) acc[c - c0] += row[c];
+      }
+      for (int64_t c = c0; c < c1; ++c) db[c] += acc[c - c0];
+    }
+  });
+}
+
+}  // namespace
+
+void Gpt2::Impl::linear_forward(float* out, const float* inp, int64_t w_off, int64_t b_off,
+                                int64_t n, int64_t n_in, int64_t n_out) {
+  ops::GemmArgs g;
+  g.trans_a = ops::Trans::N;
+  g.trans_b = ops::Trans::T;
+  g.m = n, g.n = n_out, g.k = n_in;
+  g.a = inp, g.a_type = DType::f32, g.lda = n_in;
+  g.b = weight(w_off), g.b_type = weight_type(), g.ldb = n_in;
+  g.c = out, g.ldc = n_out;
+  g.bias = b_off >= 0 ? p(b_off) : nullptr;
+  g.round_bf16 = bf16();
+  ops::gemm(model.ctx_, g);
+}
+
+void Gpt2::Impl::linear_backward(float* dinp, const float* dout, const float* inp, int64_t w_off,
+                                 int64_t b_off, int64_t n, int64_t n_in, int64_t n_out) {
+  const ops::Context& ctx = model.ctx_;
+  {  // dW (n_out,n_in) += dout^T (n_out,N) inp (N,n_in)
+    ops::GemmArgs g;
+    g.trans_a = ops::Trans::T;
+    g.m = n_out, g.n = n_in, g.k = n;
+    g.a = dout, g.lda = n_out;
+    g.b = inp, g.ldb = n_in;
+    g.c = this->g(w_off), g.ldc = n_in;
+    g.accumulate = true;
+    g.round_bf16 = bf16();
+    ops::gemm(ctx, g);
+  }
+  if (b_off >= 0) bias_grad(ctx.threads(), this->g(b_off), dout, n, n_out);
+  if (dinp != nullptr) {  // dinp (N,n_in) = dout (N,n_out) W (n_out,n_in); last: may alias inp
+    ops::GemmArgs g;
+    g.m = n, g.n = n_in, g.k = n_out;
+    g.a = dout, g.lda = n_out;
+    g.b = weight(w_off), g.b_type = weight_type(), g.ldb = n_in;
+    g.c = dinp, g.ldc = n_in;
+    g.round_bf16 = bf16();
+    ops::gemm(ctx, g);
+  }
+}
+
+void Gpt2::Impl::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute_only) {
+  const ops::Context& ctx = model.ctx_;
+  const Gpt2Config& cfg = model.cfg_;
+  const int64_t C = cfg.n_embd, H = cfg.n_head, N = B * T;
+  const Gpt2LayerParams& lp = layer_params[static_cast<size_t>(l)];
+  const Gpt2LayerActs& a = acts[static_cast<size_t>(l)];
+  const float* in = resid[static_cast<size_t>(l)];
+  ops::layernorm_forward(ctx, a.ln1, a.ln1_mean, a.ln1_rstd, in, p(lp.ln1_w), p(lp.ln1_b), N, C);
+  linear_forward(a.qkv, a.ln1, lp.qkv_w, lp.qkv_b, N, C, 3 * C);
+  ops::attention_forward(ctx, a.atty, a.lse, a.qkv, B, T, C, H);
+  linear_forward(scratch_c, a.atty, lp.proj_w, lp.proj_b, N, C, C);
+  ops::add(ctx, a.resid_mid, in, scratch_c, N * C);
+  ops::layernorm_forward(ctx, a.ln2, a.ln2_mean, a.ln2_rstd, a.resid_mid, p(lp.ln2_w), p(lp.ln2_b),
+                         N, C);
+  linear_forward(a.fch, a.ln2, lp.fc_w, lp.fc_b, N, C, 4 * C);
+  if (recompute_only) return;  // backward recomputes GELU itself (it may share dbig)
+  ops::gelu_forward(ctx, a.gelu, a.fch, N * 4 * C);
+  linear_forward(scratch_c, a.gelu, lp.fcproj_w, lp.fcproj_b, N, 4 * C, C);
+  float* out = resid[static_cast<size_t>(l) + 1];
+  ops::add(ctx, out, a.resid_mid, scratch_c, N * C);
+}
+
+// On entry dresid holds d resid[l+1]; on exit d resid[l]. scratch_c serves as dx.
+void Gpt2::Impl::layer_backward(int64_t l, int64_t B, int64_t T) {
+  const ops::Context& ctx = model.ctx_;
+  const Gpt2Config& cfg = model.cfg_;
+  const int64_t C = cfg.n_embd, H = cfg.n_head, N = B * T;
+  const Gpt2LayerParams& lp = layer_params[static_cast<size_t>(l)];
+  const Gpt2LayerActs& a = acts[static_cast<size_t>(l)];
+  const float* in = resid[static_cast<size_t>(l)];
+  if (recompute == Recompute::block) layer_forward(l, B, T, /*recompute_only=*/true);
+  // GELU output: kept per layer with Recompute::none, else recomputed into dbig (a.gelu == dbig).
+  if (recompute != Recompute::none) ops::gelu_forward(ctx, a.gelu, a.fch, N * 4 * C);
+
+  // MLP branch: resid[l+1] = resid_mid + c_proj(gelu(c_fc(ln_2(resid_mid)))).
+  // a.gelu may be dbig itself: linear_backward reads inp for dW before it writes dinp.
+  linear_backward(dbig, dresid, a.gelu, lp.fcproj_w, lp.fcproj_b, N, 4 * C, C);
+  ops::gelu_backward(ctx, dbig, a.fch, dbig, N * 4 * C);
+  linear_backward(scratch_c, dbig, a.ln2, lp.fc_w, lp.fc_b, N, C, 4 * C);
+  // layernorm_backward accumulates into dresid, which already holds the skip path's gradient.
+  ops::layernorm_backward(ctx, dresid, g(lp.ln2_w), g(lp.ln2_b), scratch_c, a.resid_mid,
+                          p(lp.ln2_w), a.ln2_mean, a.ln2_rstd, N, C);
+
+  // Attention branch: resid_mid = resid[l] + c_proj(attn(c_attn(ln_1(resid[l])))).
+  linear_backward(scratch_c, dresid, a.atty, lp.proj_w, lp.proj_b, N, C, C);
+  ops::attention_backward(ctx, dbig, scratch_c, a.qkv, a.atty, a.lse, B, T, C, H);
+  linear_backward(scratch_c, dbig, a.ln1, lp.qkv_w, lp.qkv_b, N, C, 3 * C);
+  ops::layernorm_backward(ctx, dresid, g(lp.ln1_w), g(lp.ln1_b), scratch_c, in, p(lp.ln1_w),
+                          a.ln1_mean, a.ln1_rstd, N, C);
+}
+
+void Gpt2::Impl::check_inputs(const int32_t* tokens, const int32_t* targets, int64_t B,
+                              int64_t T) const {
+  const Gpt2Config& cfg = model.cfg_;
+  TS_CHECK(planned, "[gpt2] call plan(B, T, precision, recompute) before forward");
+  TS_CHECK(B > 0 && T > 0, "[gpt2] forward: B and T must be positive, got B=", B, " T=", T);
+  TS_CHECK(T <= max_t && B * T <= max_n, "[gpt2] forward: (B=", B, ", T=", T,
+           ") exceeds the plan (B*T <= ", max_n, ", T <= ", max_t, ")");
+  TS_CHECK(tokens != nullptr, "[gpt2] forward: tokens is null");
+  const int64_t V = cfg.vocab_size;
+  for (int64_t i = 0; i < B * T; ++i)
+    TS_CHECK(tokens[i] >= 0 && tokens[i] < V, "[gpt2] forward: tokens[", i, "] = ", tokens[i],
+             " is outside the vocabulary [0, ", V, ")");
+  if (targets != nullptr)
+    for (int64_t i = 0; i < B * T; ++i)
+      TS_CHECK(targets[i] < V, "[gpt2] forward: targets[", i, "] = ", targets[i],
+               " is outside the vocabulary [0, ", V, ") (negative means ignore)");
+}
+
+void Gpt2::Impl::forward_to_logits(const int32_t* tokens, int64_t B, int64_t T) {
+  const ops::Context& ctx = model.ctx_;
+  const Gpt2Config& cfg = model.cfg_;
+  const int64_t C = cfg.n_embd, L = cfg.n_layer, Vp = cfg.padded_vocab_size, N = B * T;
+  ops::embedding_forward(ctx, resid[0], tokens, p(wte), p(wpe), B, T, C);
+  for (int64_t l = 0; l < L; ++l) layer_forward(l, B, T, /*recompute_only=*/false);
+  ops::layernorm_forward(ctx, lnf, lnf_mean, lnf_rstd, resid[static_cast<size_t>(L)], p(lnf_w),
+                         p(lnf_b), N, C);
+  // Tied lm head: logits (N,Vp) = lnf (N,C) wte^T.
+  linear_forward(logits, lnf, wte, -1, N, C, Vp);
+  have_logits = true;
+}
+
+float Gpt2::forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T) {
+  Impl& im = *impl_;
+  im.check_inputs(tokens, targets, B, T);
+  im.ensure_arena();
+  im.forward_to_logits(tokens, B, T);
+  if (targets == nullptr) return 0.0f;
+  const int64_t N = B * T;
+  ops::softmax_xent(ctx_, im.losses, im.logits, targets, N, cfg_.vocab_size, cfg_.padded_vocab_size,
+                    0.0f);
+  double sum = 0;
+  int64_t count = 0;
+  for (int64_t i = 0; i < N; ++i)
+    if (targets[i] >= 0) sum += im.losses[i], ++count;
+  return count ? static_cast<float>(sum / static_cast<double>(count)) : 0.0f;
+}
+
+float Gpt2::forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
+                             float loss_scale) {
+  Impl& im = *impl_;
+  TS_CHECK(targets != nullptr, "[gpt2] forward_backward: targets is null");
+  im.check_inputs(tokens, targets, B, T);
+  im.ensure_arena();
+  const int64_t C = cfg_.n_embd, L = cfg_.n_layer, V = cfg_.vocab_size, Vp = cfg_.padded_vocab_size,
+                N = B * T;
+  im.forward_to_logits(tokens, B, T);
+
+  int64_t count = 0;
+  for (int64_t i = 0; i < N; ++i) count += targets[i] >= 0;
+  // d(mean loss * loss_scale)/dlogits; with every target ignored there is no loss and no gradient.
+  const float dscale = count ? loss_scale / static_cast<float>(count) : 0.0f;
+  // dscale == 0 would leave the logits in place (the op's "forward only" mode), so the lm-head
+  // backward below would read logits instead of zeros; skip the backward in that case.
+  ops::softmax_xent(ctx_, im.losses, im.logits, targets, N, V, Vp, dscale);
+  im.have_logits = false;  // now holds dlogits
+  double sum = 0;
+  for (int64_t i = 0; i < N; ++i)
+    if (targets[i] >= 0) sum += im.losses[i];
+  if (dscale == 0.0f) return count ? static_cast<float>(sum / static_cast<double>(count)) : 0.0f;
+
+  // lm head: dlnf (N,C) = dlogits (N,Vp) wte; dwte (Vp,C) += dlogits^T lnf.
+  im.linear_backward(im.scratch_c, im.logits, im.lnf, im.wte, -1, N, C, Vp);
+  std::memset(im.dresid, 0, static_cast<size_t>(N * C) * sizeof(float));
+  ops::layernorm_backward(ctx_, im.dresid, im.g(im.lnf_w), im.g(im.lnf_b), im.scratch_c,
+                          im.resid[static_cast<size_t>(L)], im.p(im.lnf_w), im.lnf_mean,
+                          im.lnf_rstd, N, C);
+  for (int64_t l = L - 1; l >= 0; --l) im.layer_backward(l, B, T);
+  ops::embedding_backward(ctx_, im.g(im.wte), im.g(im.wpe), im.dresid, tokens, B, T, C);
+  // Padding rows of wte get no gradient by construction; keep them exactly zero regardless.
+  std::memset(im.g(im.wte) + V * C, 0, static_cast<size_t>((Vp - V) * C) * sizeof(float));
+  return static_cast<float>(sum / static_cast<double>(count));
+}
+
+}  // namespace tessera::model
