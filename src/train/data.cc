@@ -106,8 +106,8 @@ Shard read_shard(const std::string& path) {
   TS_CHECK(width == 4 || vocab <= 65535, "[data] ", path, ": vocab size ", vocab,
            " does not fit u16 tokens");
   const uint64_t body = size - kShardHeaderBytes;
-  TS_CHECK(count <= body / width && count * width == body, "[data] ", path, ": token count ",
-           count, " needs ", count, "x", width, " bytes but the file holds ", body,
+  TS_CHECK(count <= body / width && count * width == body, "[data] ", path, ": token count ", count,
+           " needs ", count, "x", width, " bytes but the file holds ", body,
            " after the header (truncated or corrupt)");
   const uint8_t* data = p + kShardHeaderBytes;
   TS_CHECK(fnv1a64(data, body) == checksum, "[data] ", path, ": checksum mismatch (corrupt)");
@@ -151,8 +151,8 @@ std::vector<std::string> split_documents(const std::string& text) {
 }
 
 PrepareStats prepare_data(const PrepareOptions& opt) {
-  TS_CHECK(opt.val_fraction > 0 && opt.val_fraction < 1,
-           "--val-fraction must be in (0, 1), got ", opt.val_fraction);
+  TS_CHECK(opt.val_fraction > 0 && opt.val_fraction < 1, "--val-fraction must be in (0, 1), got ",
+           opt.val_fraction);
   TS_CHECK(!opt.out_dir.empty(), "--out must name a folder");
   const model::Tokenizer tok = model::Tokenizer::load_json(opt.tokenizer_path);
   const std::string text = read_text_file(opt.input_path);
@@ -168,8 +168,8 @@ PrepareStats prepare_data(const PrepareOptions& opt) {
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t n_val = static_cast<int64_t>(std::ceil(opt.val_fraction * static_cast<double>(n)));
   const int64_t n_train = n - n_val;
-  TS_CHECK(n_train >= opt.min_tokens && n_val >= opt.min_tokens, "[prepare] ", opt.input_path,
-           ": ", n, " tokens split into ", n_train, " train and ", n_val,
+  TS_CHECK(n_train >= opt.min_tokens && n_val >= opt.min_tokens, "[prepare] ", opt.input_path, ": ",
+           n, " tokens split into ", n_train, " train and ", n_val,
            " validation tokens; each split needs at least ", opt.min_tokens,
            " (one sequence plus its target): use a larger corpus or --val-fraction");
   make_dirs(opt.out_dir);
@@ -180,17 +180,14 @@ PrepareStats prepare_data(const PrepareOptions& opt) {
   st.val_tokens = n_val;
   st.train_shards = write_split(opt.out_dir, "train", tokens, 0, n_train, st.vocab);
   st.val_shards = write_split(opt.out_dir, "val", tokens, n_train, n, st.vocab);
-  tok.save_json((std::filesystem::path(opt.out_dir) / "tokenizer.json").string());
-  nlohmann::json meta = {{"format", "tessera-tokens"},
-                         {"version", kShardVersion},
-                         {"source", opt.input_path},
-                         {"documents", st.documents},
-                         {"vocab_size", st.vocab},
-                         {"eot_token", eot},
-                         {"val_fraction", opt.val_fraction},
-                         {"train_tokens", st.train_tokens},
-                         {"val_tokens", st.val_tokens},
-                         {"train_shards", st.train_shards},
+  // A byte copy, so the run uses exactly the file the user named.
+  write_file_atomic((std::filesystem::path(opt.out_dir) / "tokenizer.json").string(),
+                    read_text_file(opt.tokenizer_path));
+  nlohmann::json meta = {{"format", "tessera-tokens"},       {"version", kShardVersion},
+                         {"source", opt.input_path},         {"documents", st.documents},
+                         {"vocab_size", st.vocab},           {"eot_token", eot},
+                         {"val_fraction", opt.val_fraction}, {"train_tokens", st.train_tokens},
+                         {"val_tokens", st.val_tokens},      {"train_shards", st.train_shards},
                          {"val_shards", st.val_shards}};
   write_file_atomic((std::filesystem::path(opt.out_dir) / "meta.json").string(),
                     meta.dump(2) + "\n");

@@ -1,0 +1,215 @@
+// `tessera bench gemm`: GFLOP/s of our packed GEMM (f32 and bf16) beside OpenBLAS sgemm, loaded
+// with dlopen as a yardstick only (never a link dependency).
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "apps/cli/args.h"
+#include "apps/cli/bench.h"
+#include "core/arena.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "ops/context.h"
+#include "ops/ops.h"
+
+namespace tessera::cli {
+namespace {
+
+// The two OpenBLAS entry points we need, resolved at run time. Enum values are CBLAS's.
+constexpr int kCblasRowMajor = 101, kCblasNoTrans = 111, kCblasTrans = 112;
+using SgemmFn = void (*)(int order, int trans_a, int trans_b, int m, int n, int k, float alpha,
+                         const float* a, int lda, const float* b, int ldb, float beta, float* c,
+                         int ldc);
+using SetThreadsFn = void (*)(int n);
+
+struct OpenBlas {
+  void* handle = nullptr;
+  SgemmFn sgemm = nullptr;
+  SetThreadsFn set_threads = nullptr;
+  bool ok() const { return sgemm != nullptr; }
+};
+
+OpenBlas load_openblas() {
+  OpenBlas ob;
+  for (const char* name : {"libopenblas.so.0", "libopenblas.so"}) {
+    ob.handle = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (ob.handle) break;
+  }
+  if (!ob.handle) return ob;
+  ob.sgemm = reinterpret_cast<SgemmFn>(dlsym(ob.handle, "cblas_sgemm"));
+  ob.set_threads = reinterpret_cast<SetThreadsFn>(dlsym(ob.handle, "openblas_set_num_threads"));
+  if (!ob.set_threads) ob.sgemm = nullptr;  // cannot match our thread count: not a fair yardstick
+  return ob;
+}
+
+// One benchmarked shape: c (M,N) = op(a) (M,K) op(b) (K,N), as in ops::GemmArgs.
+struct Shape {
+  std::string name;
+  ops::Trans ta, tb;
+  int64_t m, n, k;
+  bool accumulate;
+};
+
+// Median seconds of `reps` timed calls of each function after one untimed warm-up call of each.
+// The functions are timed round-robin, so on a shared machine a burst of outside load hits all
+// contenders alike instead of skewing one of them.
+std::vector<double> median_seconds(int reps, const std::vector<std::function<void()>>& fns) {
+  std::vector<std::vector<double>> t(fns.size());
+  for (const auto& fn : fns) fn();
+  for (int r = 0; r < reps; ++r) {
+    for (size_t f = 0; f < fns.size(); ++f) {
+      const auto t0 = std::chrono::steady_clock::now();
+      fns[f]();
+      t[f].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+  }
+  std::vector<double> med;
+  for (auto& v : t) {
+    std::sort(v.begin(), v.end());
+    med.push_back(v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
+  }
+  return med;
+}
+
+struct Row {
+  std::string name;
+  int64_t m, n, k;
+  double ours_f32, ours_bf16, openblas;  // GFLOP/s; openblas < 0 when unavailable
+};
+
+Row run_shape(const Shape& s, const ops::Context& ctx, const OpenBlas& ob, int reps) {
+  const int64_t a_rows = s.ta == ops::Trans::N ? s.m : s.k,
+                a_cols = s.ta == ops::Trans::N ? s.k : s.m;
+  const int64_t b_rows = s.tb == ops::Trans::N ? s.k : s.n,
+                b_cols = s.tb == ops::Trans::N ? s.n : s.k;
+  AlignedBuffer<float> a(a_rows * a_cols), b(b_rows * b_cols), c(s.m * s.n);
+  AlignedBuffer<uint16_t> a16(a_rows * a_cols), b16(b_rows * b_cols);
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = u(rng), a16[i] = f32_to_bf16(a[i]);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = u(rng), b16[i] = f32_to_bf16(b[i]);
+
+  ops::GemmArgs g;
+  g.trans_a = s.ta, g.trans_b = s.tb, g.m = s.m, g.n = s.n, g.k = s.k;
+  g.a = a.data(), g.lda = a_cols, g.b = b.data(), g.ldb = b_cols;
+  g.c = c.data(), g.ldc = s.n, g.accumulate = s.accumulate;
+  ops::GemmArgs g16 = g;
+  g16.a = a16.data(), g16.b = b16.data(), g16.a_type = g16.b_type = DType::bf16;
+  std::vector<std::function<void()>> fns = {[&] { ops::gemm(ctx, g); },
+                                            [&] { ops::gemm(ctx, g16); }};
+  if (ob.ok()) {
+    const int ta = s.ta == ops::Trans::N ? kCblasNoTrans : kCblasTrans;
+    const int tb = s.tb == ops::Trans::N ? kCblasNoTrans : kCblasTrans;
+    const float beta = s.accumulate ? 1.0f : 0.0f;
+    fns.push_back([&, ta, tb, beta] {
+      ob.sgemm(kCblasRowMajor, ta, tb, static_cast<int>(s.m), static_cast<int>(s.n),
+               static_cast<int>(s.k), 1.0f, a.data(), static_cast<int>(a_cols), b.data(),
+               static_cast<int>(b_cols), beta, c.data(), static_cast<int>(s.n));
+    });
+  }
+  const std::vector<double> sec = median_seconds(reps, fns);
+  const double gflop = 2.0 * s.m * s.n * s.k * 1e-9;
+  Row row{s.name, s.m, s.n, s.k, gflop / sec[0], gflop / sec[1], -1};
+  if (ob.ok()) row.openblas = gflop / sec[2];
+  return row;
+}
+
+std::vector<int64_t> parse_sizes(const std::string& list) {
+  std::vector<int64_t> out;
+  size_t pos = 0;
+  while (pos <= list.size()) {
+    const size_t comma = std::min(list.find(',', pos), list.size());
+    const std::string item = list.substr(pos, comma - pos);
+    char* end = nullptr;
+    const long long v = std::strtoll(item.c_str(), &end, 10);
+    TS_CHECK(!item.empty() && end == item.c_str() + item.size() && v >= 1 && v <= 65536,
+             "flag --sizes expects comma-separated sizes in [1, 65536], got '", item, "'");
+    out.push_back(v);
+    pos = comma + 1;
+  }
+  return out;
+}
+
+// GPT-2 small linear layers at `tokens` rows: forward y = x W^T for qkv, attn proj, fc, fc proj
+// and the (padded) lm head, plus the two backward forms of fc: dx = dy W and dW += dy^T x.
+std::vector<Shape> gpt2_shapes(int64_t tokens) {
+  using ops::Trans;
+  const int64_t C = 768, F = 3072, Vp = 50304;
+  return {{"qkv x.W^T", Trans::N, Trans::T, tokens, 3 * C, C, false},
+          {"attn_proj x.W^T", Trans::N, Trans::T, tokens, C, C, false},
+          {"fc x.W^T", Trans::N, Trans::T, tokens, F, C, false},
+          {"fc_proj x.W^T", Trans::N, Trans::T, tokens, C, F, false},
+          {"lm_head x.W^T", Trans::N, Trans::T, tokens, Vp, C, false},
+          {"fc dx=dy.W", Trans::N, Trans::N, tokens, C, F, false},
+          {"fc dW+=dy^T.x", Trans::T, Trans::N, F, C, tokens, true}};
+}
+
+}  // namespace
+
+int bench_gemm(const std::vector<std::string>& argv) {
+  Args args(argv, {"--json"});
+  const int threads = static_cast<int>(args.i64("--threads", 0, 0, 1024));
+  const std::vector<int64_t> sizes = parse_sizes(args.str("--sizes", "256,512,1024,2048,4096"));
+  const int reps = static_cast<int>(args.i64("--reps", 5, 1, 1000));
+  const int64_t tokens = args.i64("--tokens", 4096, 0, 1 << 20);  // 0 skips the GPT-2 shapes
+  const bool json = args.has("--json");
+  args.finish();
+
+  ThreadPool pool(threads);
+  ops::Context ctx;
+  ctx.pool = &pool;
+  const OpenBlas ob = load_openblas();
+  if (ob.ok()) ob.set_threads(pool.size());
+  const char* coretype = std::getenv("OPENBLAS_CORETYPE");
+
+  std::vector<Shape> shapes;
+  for (int64_t s : sizes)
+    shapes.push_back({cat("square ", s), ops::Trans::N, ops::Trans::N, s, s, s, false});
+  if (tokens > 0)
+    for (const Shape& s : gpt2_shapes(tokens)) shapes.push_back(s);
+
+  if (!json) {
+    std::printf("gemm: %d threads, median of %d reps after 1 warm-up; OpenBLAS %s%s%s\n",
+                pool.size(), reps, ob.ok() ? "sgemm (dlopen)" : "unavailable (yardstick skipped)",
+                coretype ? ", OPENBLAS_CORETYPE=" : "", coretype ? coretype : "");
+    std::printf("%-18s %6s %6s %6s %10s %10s %10s %7s\n", "shape", "M", "N", "K", "f32 GF/s",
+                "bf16 GF/s", "OpenBLAS", "f32/OB");
+  } else {
+    std::printf("{\"threads\": %d, \"reps\": %d, \"openblas\": %s, \"rows\": [\n", pool.size(),
+                reps, ob.ok() ? "true" : "false");
+  }
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const Row r = run_shape(shapes[i], ctx, ob, reps);
+    if (json) {
+      std::printf(
+          "  {\"shape\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, "
+          "\"f32_gflops\": %.2f, \"bf16_gflops\": %.2f, \"openblas_gflops\": %s}%s\n",
+          r.name.c_str(), static_cast<long long>(r.m), static_cast<long long>(r.n),
+          static_cast<long long>(r.k), r.ours_f32, r.ours_bf16,
+          r.openblas > 0 ? cat(r.openblas).c_str() : "null", i + 1 < shapes.size() ? "," : "");
+    } else if (r.openblas > 0) {
+      std::printf("%-18s %6lld %6lld %6lld %10.1f %10.1f %10.1f %7.2f\n", r.name.c_str(),
+                  static_cast<long long>(r.m), static_cast<long long>(r.n),
+                  static_cast<long long>(r.k), r.ours_f32, r.ours_bf16, r.openblas,
+                  r.ours_f32 / r.openblas);
+    } else {
+      std::printf("%-18s %6lld %6lld %6lld %10.1f %10.1f %10s %7s\n", r.name.c_str(),
+                  static_cast<long long>(r.m), static_cast<long long>(r.n),
+                  static_cast<long long>(r.k), r.ours_f32, r.ours_bf16, "-", "-");
+    }
+    std::fflush(stdout);
+  }
+  if (json) std::printf("]}\n");
+  return 0;
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,99 @@
+// `tessera bench train`: GPT-2 training-step time on random tokens (forward, backward, AdamW),
+// tokens/s, MFU against the probed peak, peak RSS and the activation arena size.
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "apps/cli/args.h"
+#include "apps/cli/bench.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "model/gpt2.h"
+#include "profile/probe.h"
+#include "profile/timer.h"
+#include "train/optimizer.h"
+
+namespace tessera::cli {
+
+int bench_train(const std::vector<std::string>& argv) {
+  Args a(argv, {"--json"});
+  const std::string preset = a.str("--model", "gpt2-small");
+  const int64_t B = a.i64("--batch", 4, 1, 4096);
+  const int64_t T = a.i64("--seq", 64, 1, int64_t{1} << 20);
+  const int64_t steps = a.i64("--steps", 5, 1, 100000);
+  const std::string precision = a.str("--precision", "f32");
+  const std::string recompute = a.str("--recompute", "none");
+  const int64_t threads = a.i64("--threads", 0, 0, 4096);
+  const int64_t vocab = a.i64("--vocab-size", 50257, 1, int64_t{1} << 24);
+  const bool json = a.has("--json");
+  a.finish();
+  if (threads > 0) set_default_threads(static_cast<int>(threads));
+  const model::Precision prec = model::parse_precision(precision);
+  const model::Recompute rec = model::parse_recompute(recompute);
+
+  const ops::Context ctx;
+  model::Gpt2 m(model::Gpt2Config::preset(preset, vocab), ctx);
+  TS_CHECK(T <= m.config().max_seq, "--seq ", T, " exceeds ", preset, "'s max_seq ",
+           m.config().max_seq);
+  m.init_weights(1);
+  m.plan(B, T, prec, rec);
+  m.params_updated();
+  train::AdamW opt(m.tensors(), train::AdamWConfig{}, ctx);
+  Rng rng(7);
+  std::vector<int32_t> tokens(static_cast<size_t>(B * (T + 1)));
+  std::vector<int32_t> inp(static_cast<size_t>(B * T)), tgt(inp.size());
+
+  auto one_step = [&](int64_t t) {
+    for (auto& x : tokens) x = static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab)));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < T; ++i) {
+        inp[static_cast<size_t>(b * T + i)] = tokens[static_cast<size_t>(b * (T + 1) + i)];
+        tgt[static_cast<size_t>(b * T + i)] = tokens[static_cast<size_t>(b * (T + 1) + i + 1)];
+      }
+    const profile::Timer timer;
+    m.zero_grads();
+    m.forward_backward(inp.data(), tgt.data(), B, T, 1.0f);
+    opt.step(m.params(), m.grads(), 1e-4, t);
+    m.params_updated();
+    return timer.seconds();
+  };
+  one_step(1);  // warm-up: first touch of the arena and packed buffers
+  std::vector<double> times;
+  for (int64_t s = 0; s < steps; ++s) times.push_back(one_step(s + 2));
+  std::sort(times.begin(), times.end());
+  const double med = times[times.size() / 2];
+  const double tps = static_cast<double>(B * T) / med;
+  const double gflops = m.flops_per_token_train(T) * tps * 1e-9;
+  const auto peaks = profile::cached_peaks(static_cast<int>(default_pool().size()));
+  const bool use_bf16 = prec == model::Precision::bf16 && peaks.bf16_gflops_all > 0;
+  const double peak = use_bf16 ? peaks.bf16_gflops_all : peaks.f32_gflops_all;
+  const double mfu = peak > 0 ? gflops / peak : 0;
+  const double rss_mib = static_cast<double>(profile::peak_rss_bytes()) / (1 << 20);
+  const double act_mib = static_cast<double>(m.activation_bytes()) / (1 << 20);
+  if (json) {
+    std::printf(
+        "{\"model\": \"%s\", \"params\": %lld, \"batch\": %lld, \"seq\": %lld, "
+        "\"precision\": \"%s\", \"recompute\": \"%s\", \"threads\": %d, "
+        "\"median_ms\": %.3f, \"tokens_per_s\": %.1f, \"gflops\": %.2f, "
+        "\"peak_gflops\": %.2f, \"mfu\": %.4f, \"peak_rss_mib\": %.1f, "
+        "\"activation_mib\": %.1f}\n",
+        preset.c_str(), static_cast<long long>(m.num_params()), static_cast<long long>(B),
+        static_cast<long long>(T), precision.c_str(), recompute.c_str(), default_pool().size(),
+        med * 1e3, tps, gflops, peak, mfu, rss_mib, act_mib);
+    return 0;
+  }
+  std::printf("bench train: %s (%.1fM params), B=%lld T=%lld, %s, recompute %s, %d threads\n",
+              preset.c_str(), static_cast<double>(m.num_params()) * 1e-6, static_cast<long long>(B),
+              static_cast<long long>(T), precision.c_str(), recompute.c_str(),
+              default_pool().size());
+  std::printf("  step (median of %lld)  %10.1f ms\n", static_cast<long long>(steps), med * 1e3);
+  std::printf("  throughput           %10.1f tokens/s\n", tps);
+  std::printf("  achieved             %10.2f GFLOP/s  (%.1f%% of %s peak %.1f GFLOP/s)\n", gflops,
+              100.0 * mfu, use_bf16 ? "bf16" : "f32", peak);
+  std::printf("  peak RSS             %10.1f MiB\n", rss_mib);
+  std::printf("  activation arena     %10.1f MiB\n", act_mib);
+  return 0;
+}
+
+}  // namespace tessera::cli

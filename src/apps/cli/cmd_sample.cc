@@ -1,0 +1,89 @@
+// `tessera sample`: generates text from a trained run (its model/ folder or its checkpoint) or an
+// HF GPT-2 folder, streaming decoded tokens to stdout.
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "apps/cli/args.h"
+#include "core/error.h"
+#include "core/file_io.h"
+#include "model/gpt2.h"
+#include "model/tokenizer.h"
+#include "train/checkpoint.h"
+#include "train/sampling.h"
+
+namespace tessera::cli {
+namespace {
+
+std::string in_dir(const std::string& dir, const std::string& name) {
+  return (std::filesystem::path(dir) / name).string();
+}
+
+int run(const std::vector<std::string>& argv) {
+  Args a(argv);
+  const std::string dir = a.required("--ckpt");
+  const std::string prompt = a.str("--prompt", "");
+  train::SampleOptions so;
+  so.max_tokens = a.i64("--max-tokens", 200, 0, int64_t{1} << 24);
+  so.temperature = a.f64("--temperature", 1.0, 0.0, 100.0);
+  so.top_k = a.i64("--top-k", 0, 0, int64_t{1} << 24);
+  so.seed = static_cast<uint64_t>(a.i64("--seed", 1, 0, int64_t{1} << 62));
+  const int64_t threads = a.i64("--threads", 0, 0, 4096);
+  a.finish();
+  if (threads > 0) set_default_threads(static_cast<int>(threads));
+
+  // Model: <dir>/model (written at the end of training), <dir> itself if it is an HF folder,
+  // else the run's checkpoint.
+  const ops::Context ctx;
+  std::unique_ptr<model::Gpt2> m;
+  std::string model_dir;
+  if (file_exists(in_dir(in_dir(dir, "model"), "config.json"))) {
+    model_dir = in_dir(dir, "model");
+  } else if (file_exists(in_dir(dir, "config.json"))) {
+    model_dir = dir;
+  }
+  if (!model_dir.empty()) {
+    m = model::load_gpt2(model_dir, ctx);
+  } else {
+    TS_CHECK(file_exists(train::checkpoint_path(dir)), "[sample] --ckpt '", dir,
+             "' holds no model/config.json, config.json or checkpoint.safetensors");
+    m = train::load_model_from_checkpoint(dir, ctx);
+  }
+  std::string tok_path;
+  std::vector<std::string> tok_candidates = {in_dir(dir, "tokenizer.json")};
+  if (!model_dir.empty()) tok_candidates.push_back(in_dir(model_dir, "tokenizer.json"));
+  for (const std::string& p : tok_candidates)
+    if (tok_path.empty() && file_exists(p)) tok_path = p;
+  TS_CHECK(!tok_path.empty(), "[sample] no tokenizer.json in '", dir, "'",
+           model_dir.empty() ? "" : " or its model folder");
+  const model::Tokenizer tok = model::Tokenizer::load_json(tok_path);
+  TS_CHECK(tok.vocab_size() <= m->config().vocab_size, "[sample] tokenizer ", tok_path, " has ",
+           tok.vocab_size(), " tokens, more than the model's vocabulary of ",
+           m->config().vocab_size);
+
+  std::vector<int32_t> ids = tok.encode(prompt);
+  if (ids.empty()) {
+    TS_CHECK(tok.eot_token() >= 0,
+             "[sample] empty --prompt and the tokenizer has no "
+             "<|endoftext|> token to start from");
+    ids.push_back(tok.eot_token());
+  }
+  so.stop_token = tok.eot_token();
+  m->plan(1, m->config().max_seq, model::Precision::f32, model::Recompute::none);
+  std::fwrite(prompt.data(), 1, prompt.size(), stdout);
+  std::fflush(stdout);
+  train::sample(*m, ids, so, [&](int32_t id) {
+    const std::string piece = tok.decode_token(id);
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+  });
+  std::fputc('\n', stdout);
+  return 0;
+}
+
+const Registrar reg({"sample", "generate text from a trained run or a model folder", &run});
+
+}  // namespace
+}  // namespace tessera::cli

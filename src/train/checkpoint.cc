@@ -1,0 +1,192 @@
+// Checkpoint write/read through safetensors; metadata values are decimal strings.
+#include "train/checkpoint.h"
+
+#include <cerrno>
+#include <charconv>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/file_io.h"
+#include "model/safetensors.h"
+
+namespace tessera::train {
+
+namespace {
+
+constexpr const char* kFormat = "tessera-checkpoint-1";
+
+// %.17g round-trips every double exactly through strtod.
+std::string f64s(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), "%.17g", v);
+  return buf;
+}
+
+const std::string& meta(const model::SafetensorsReader& r, const std::string& key) {
+  auto it = r.metadata().find(key);
+  TS_CHECK(it != r.metadata().end(), "[checkpoint] ", r.path(), ": metadata field '", key,
+           "' is missing");
+  return it->second;
+}
+
+template <typename T>
+T parse_int(const model::SafetensorsReader& r, const std::string& key, const std::string& s) {
+  T v{};
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  TS_CHECK(ec == std::errc() && p == s.data() + s.size() && !s.empty(), "[checkpoint] ", r.path(),
+           ": metadata field '", key, "' is not an integer: '", s, "'");
+  return v;
+}
+
+template <typename T>
+T meta_int(const model::SafetensorsReader& r, const std::string& key) {
+  return parse_int<T>(r, key, meta(r, key));
+}
+
+double meta_f64(const model::SafetensorsReader& r, const std::string& key) {
+  const std::string& s = meta(r, key);
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(s.c_str(), &end);
+  TS_CHECK(!s.empty() && end == s.c_str() + s.size() && errno == 0, "[checkpoint] ", r.path(),
+           ": metadata field '", key, "' is not a number: '", s, "'");
+  return v;
+}
+
+void meta_rng(const model::SafetensorsReader& r, const std::string& key, uint64_t out[4]) {
+  std::istringstream is(meta(r, key));
+  std::string part;
+  for (int i = 0; i < 4; ++i) {
+    TS_CHECK(static_cast<bool>(is >> part), "[checkpoint] ", r.path(), ": metadata field '", key,
+             "' needs 4 integers");
+    out[i] = parse_int<uint64_t>(r, key, part);
+  }
+  TS_CHECK(!(is >> part), "[checkpoint] ", r.path(), ": metadata field '", key,
+           "' has more than 4 integers");
+}
+
+std::string rng_str(const uint64_t s[4]) {
+  return cat(s[0], " ", s[1], " ", s[2], " ", s[3]);
+}
+
+std::string config_json(const model::Gpt2Config& c) {
+  nlohmann::json j = {{"n_layer", c.n_layer},
+                      {"n_head", c.n_head},
+                      {"n_embd", c.n_embd},
+                      {"vocab_size", c.vocab_size},
+                      {"padded_vocab_size", c.padded_vocab_size},
+                      {"max_seq", c.max_seq}};
+  return j.dump();
+}
+
+model::Gpt2Config config_from(const model::SafetensorsReader& r) {
+  model::Gpt2Config c;
+  try {
+    const auto j = nlohmann::json::parse(meta(r, "config"));
+    c.n_layer = j.at("n_layer").get<int64_t>();
+    c.n_head = j.at("n_head").get<int64_t>();
+    c.n_embd = j.at("n_embd").get<int64_t>();
+    c.vocab_size = j.at("vocab_size").get<int64_t>();
+    c.padded_vocab_size = j.at("padded_vocab_size").get<int64_t>();
+    c.max_seq = j.at("max_seq").get<int64_t>();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    fail("[checkpoint] ", r.path(), ": metadata field 'config' is malformed: ", e.what());
+  }
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    fail("[checkpoint] ", r.path(), ": metadata field 'config': ", e.what());
+  }
+  return c;
+}
+
+void check_format(const model::SafetensorsReader& r) {
+  TS_CHECK(meta(r, "format") == kFormat, "[checkpoint] ", r.path(), ": unknown format '",
+           meta(r, "format"), "' (expected ", kFormat, ")");
+}
+
+}  // namespace
+
+std::string checkpoint_path(const std::string& dir) {
+  return (std::filesystem::path(dir) / "checkpoint.safetensors").string();
+}
+
+void save_checkpoint(const std::string& dir, const model::Gpt2& m, const AdamW& opt,
+                     const TrainState& st, const std::string& options_json) {
+  make_dirs(dir);
+  const Shape flat{m.num_params()};
+  model::SafetensorsWriter w;
+  w.add("params", DType::f32, flat, m.params());
+  w.add("adam_m", DType::f32, flat, opt.m());
+  w.add("adam_v", DType::f32, flat, opt.v());
+  w.set_metadata("format", kFormat);
+  w.set_metadata("step", cat(st.step));
+  w.set_metadata("loader_epoch", cat(st.loader.epoch));
+  w.set_metadata("loader_index", cat(st.loader.index));
+  w.set_metadata("loader_rng", rng_str(st.loader.rng));
+  w.set_metadata("trainer_rng", rng_str(st.rng));
+  w.set_metadata("best_val_loss", f64s(st.best_val));
+  w.set_metadata("evals", cat(st.evals));
+  w.set_metadata("patience_counter", cat(st.bad_evals));
+  w.set_metadata("early_stopped", st.early_stopped ? "1" : "0");
+  w.set_metadata("config", config_json(m.config()));
+  w.set_metadata("options", options_json);
+  w.write(checkpoint_path(dir));
+}
+
+CheckpointInfo read_checkpoint_info(const std::string& dir) {
+  const std::string path = checkpoint_path(dir);
+  TS_CHECK(file_exists(path), "[checkpoint] no checkpoint at '", path, "'");
+  model::SafetensorsReader r(path);
+  check_format(r);
+  CheckpointInfo info;
+  info.options_json = meta(r, "options");
+  info.config = config_from(r);
+  return info;
+}
+
+TrainState load_checkpoint(const std::string& dir, model::Gpt2& m, AdamW& opt) {
+  const std::string path = checkpoint_path(dir);
+  TS_CHECK(file_exists(path), "[checkpoint] no checkpoint at '", path, "'");
+  model::SafetensorsReader r(path);
+  check_format(r);
+  const Shape flat{m.num_params()};
+  TS_CHECK(opt.size() == m.num_params(), "[checkpoint] optimizer and model sizes differ");
+  r.read_f32("params", flat, m.params());
+  r.read_f32("adam_m", flat, opt.m());
+  r.read_f32("adam_v", flat, opt.v());
+  m.params_updated();
+  TrainState st;
+  st.step = meta_int<int64_t>(r, "step");
+  TS_CHECK(st.step >= 0, "[checkpoint] ", path, ": metadata field 'step' is negative");
+  st.loader.epoch = meta_int<int64_t>(r, "loader_epoch");
+  st.loader.index = meta_int<int64_t>(r, "loader_index");
+  meta_rng(r, "loader_rng", st.loader.rng);
+  meta_rng(r, "trainer_rng", st.rng);
+  st.best_val = meta_f64(r, "best_val_loss");
+  st.evals = meta_int<int64_t>(r, "evals");
+  st.bad_evals = meta_int<int64_t>(r, "patience_counter");
+  st.early_stopped = meta_int<int>(r, "early_stopped") != 0;
+  return st;
+}
+
+std::unique_ptr<model::Gpt2> load_model_from_checkpoint(const std::string& dir,
+                                                        const ops::Context& ctx) {
+  const std::string path = checkpoint_path(dir);
+  TS_CHECK(file_exists(path), "[checkpoint] no checkpoint at '", path, "'");
+  model::SafetensorsReader r(path);
+  check_format(r);
+  auto m = std::make_unique<model::Gpt2>(config_from(r), ctx);
+  r.read_f32("params", Shape{m->num_params()}, m->params());
+  m->params_updated();
+  return m;
+}
+
+}  // namespace tessera::train

@@ -1,0 +1,101 @@
+// TrainOptions <-> JSON and validation.
+#include "train/options.h"
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "model/gpt2.h"
+#include "train/lr_schedule.h"
+
+namespace tessera::train {
+
+namespace {
+// One list of fields drives both directions so they cannot drift apart.
+template <typename Fn>
+void for_each_field(TrainOptions& o, Fn&& fn) {
+  fn("model", o.model);
+  fn("n_layer", o.n_layer);
+  fn("n_head", o.n_head);
+  fn("n_embd", o.n_embd);
+  fn("max_seq", o.max_seq);
+  fn("vocab_size", o.vocab_size);
+  fn("init_from", o.init_from);
+  fn("data_dir", o.data_dir);
+  fn("out_dir", o.out_dir);
+  fn("batch", o.batch);
+  fn("seq", o.seq);
+  fn("grad_accum", o.grad_accum);
+  fn("precision", o.precision);
+  fn("recompute", o.recompute);
+  fn("lr", o.lr);
+  fn("min_lr_fraction", o.min_lr_fraction);
+  fn("warmup", o.warmup);
+  fn("schedule", o.schedule);
+  fn("steps", o.steps);
+  fn("stop_at", o.stop_at);
+  fn("weight_decay", o.weight_decay);
+  fn("clip", o.clip);
+  fn("beta1", o.beta1);
+  fn("beta2", o.beta2);
+  fn("eval_every", o.eval_every);
+  fn("eval_batches", o.eval_batches);
+  fn("early_stop", o.early_stop);
+  fn("checkpoint_every", o.checkpoint_every);
+  fn("threads", o.threads);
+  fn("seed", o.seed);
+  fn("log_every", o.log_every);
+  fn("quiet", o.quiet);
+  fn("save_model", o.save_model);
+}
+}  // namespace
+
+std::string options_to_json(const TrainOptions& o) {
+  nlohmann::json j = nlohmann::json::object();
+  TrainOptions copy = o;
+  for_each_field(copy, [&](const char* k, const auto& v) { j[k] = v; });
+  return j.dump(2);
+}
+
+TrainOptions options_from_json(const std::string& json, const std::string& source) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(json);
+  } catch (const std::exception& e) {
+    fail("[train] ", source, ": run options are not valid JSON: ", e.what());
+  }
+  TS_CHECK(j.is_object(), "[train] ", source, ": run options must be a JSON object");
+  TrainOptions o;
+  for_each_field(o, [&](const char* k, auto& v) {
+    if (!j.contains(k)) return;
+    try {
+      j.at(k).get_to(v);
+    } catch (const std::exception& e) {
+      fail("[train] ", source, ": run option '", k, "' has the wrong type: ", e.what());
+    }
+  });
+  return o;
+}
+
+void validate_options(const TrainOptions& o) {
+  TS_CHECK(!o.data_dir.empty(), "missing required flag --data");
+  TS_CHECK(!o.out_dir.empty(), "missing required flag --out");
+  TS_CHECK(o.batch >= 1, "--batch must be >= 1, got ", o.batch);
+  TS_CHECK(o.seq >= 1, "--seq must be >= 1, got ", o.seq);
+  TS_CHECK(o.grad_accum >= 1, "--grad-accum must be >= 1, got ", o.grad_accum);
+  TS_CHECK(o.steps >= 0, "--steps must be >= 0, got ", o.steps);
+  TS_CHECK(o.lr > 0, "--lr must be positive, got ", o.lr);
+  TS_CHECK(o.stop_at >= 0, "--stop-at must be >= 0, got ", o.stop_at);
+  TS_CHECK(o.warmup >= 0, "--warmup must be >= 0, got ", o.warmup);
+  TS_CHECK(o.eval_every >= 0, "--eval-every must be >= 0, got ", o.eval_every);
+  TS_CHECK(o.eval_batches >= 1, "--eval-batches must be >= 1, got ", o.eval_batches);
+  TS_CHECK(o.early_stop >= 0, "--early-stop must be >= 0, got ", o.early_stop);
+  TS_CHECK(o.early_stop == 0 || o.eval_every > 0, "--early-stop needs --eval-every > 0");
+  TS_CHECK(o.checkpoint_every >= 0, "--checkpoint-every must be >= 0");
+  TS_CHECK(o.vocab_size >= 0, "--vocab-size must be >= 0, got ", o.vocab_size);
+  if (o.init_from.empty()) model::Gpt2Config::preset(o.model, 1);  // throws naming the preset
+  model::parse_precision(o.precision);
+  model::parse_recompute(o.recompute);
+  parse_schedule(o.schedule);
+}
+
+}  // namespace tessera::train

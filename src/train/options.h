@@ -1,0 +1,47 @@
+// Every setting of a training run, with JSON round-trip (stored in run.json and in checkpoints so
+// that --resume rebuilds exactly the same run).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace tessera::train {
+
+struct TrainOptions {
+  // Model: a preset name; n_layer/n_head/n_embd/max_seq override the preset when > 0.
+  std::string model = "gpt2-small";
+  int64_t n_layer = 0, n_head = 0, n_embd = 0, max_seq = 0;
+  int64_t vocab_size = 0;  // 0: the data's vocabulary; otherwise must be >= it
+  std::string init_from;   // Hugging Face GPT-2 folder to start from (overrides the preset)
+
+  std::string data_dir, out_dir;
+  int64_t batch = 8, seq = 512, grad_accum = 1;
+  std::string precision = "f32", recompute = "none";
+
+  double lr = 6e-4, min_lr_fraction = 0.1;
+  int64_t warmup = 0;
+  std::string schedule = "cosine";
+  int64_t steps = 1000;  // total optimizer steps of the run (on resume: the new total)
+  // Stop once this step is reached, checkpointing as at the end but without the final model,
+  // as if interrupted (time-boxed jobs, resume tests); 0: off. Not inherited by --resume.
+  int64_t stop_at = 0;
+
+  double weight_decay = 0.1, clip = 1.0, beta1 = 0.9, beta2 = 0.95;
+
+  int64_t eval_every = 100, eval_batches = 8;
+  int64_t early_stop = 0;        // patience in evaluations; 0 disables early stopping
+  int64_t checkpoint_every = 0;  // 0: only at the end
+  int64_t threads = 0;           // 0: leave the default pool as it is
+  uint64_t seed = 1337;
+  int64_t log_every = 10;  // plain progress lines every N steps when stdout is not a TTY
+  bool quiet = false;      // no progress output and no peak probe (tests)
+  bool save_model = true;  // write <out>/model/ (HF layout) at the end
+};
+
+std::string options_to_json(const TrainOptions& o);
+// Throws Error naming `source` and the field on malformed input; missing fields keep defaults.
+TrainOptions options_from_json(const std::string& json, const std::string& source);
+// Checks ranges and names (precision, recompute, schedule); throws naming the flag.
+void validate_options(const TrainOptions& o);
+
+}  // namespace tessera::train

@@ -1,0 +1,293 @@
+// Training loop, evaluation, early stopping and run outputs.
+#include "train/trainer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/file_io.h"
+#include "profile/probe.h"
+#include "profile/timer.h"
+#include "train/progress.h"
+#include "train/svg_plot.h"
+
+namespace tessera::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kCsvHeader = "step,loss,val_loss,lr,tokens_per_s,gflops,grad_norm,elapsed_s";
+
+std::string path_in(const std::string& dir, const std::string& name) {
+  return (fs::path(dir) / name).string();
+}
+
+std::string fmt(double v) {
+  if (!std::isfinite(v)) return "";
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.6g", v);
+  return buf;
+}
+
+model::Gpt2Config build_config(const TrainOptions& o, int64_t vocab) {
+  model::Gpt2Config c = model::Gpt2Config::preset(o.model, vocab);
+  if (o.n_layer > 0) c.n_layer = o.n_layer;
+  if (o.n_head > 0) c.n_head = o.n_head;
+  if (o.n_embd > 0) c.n_embd = o.n_embd;
+  if (o.max_seq > 0) c.max_seq = o.max_seq;
+  c.validate();
+  return c;
+}
+
+// Rows of train.csv as (step, loss, val_loss); empty cells read as NaN.
+struct CsvRow {
+  int64_t step;
+  double loss, val;
+  std::string line;
+};
+std::vector<CsvRow> read_csv(const std::string& path) {
+  std::vector<CsvRow> rows;
+  std::ifstream in(path);
+  std::string line;
+  bool first = true;
+  while (std::getline(in, line)) {
+    if (first) {
+      first = false;
+      continue;
+    }
+    std::vector<std::string> cells;
+    std::stringstream ss(line);
+    std::string cell;
+    while (std::getline(ss, cell, ',')) cells.push_back(cell);
+    if (cells.size() < 3) continue;
+    auto num = [](const std::string& s) {
+      return s.empty() ? std::numeric_limits<double>::quiet_NaN() : std::strtod(s.c_str(), nullptr);
+    };
+    rows.push_back(
+        {std::strtoll(cells[0].c_str(), nullptr, 10), num(cells[1]), num(cells[2]), line});
+  }
+  return rows;
+}
+
+}  // namespace
+
+TrainOptions resume_options(const std::string& dir) {
+  const CheckpointInfo info = read_checkpoint_info(dir);
+  TrainOptions o = options_from_json(info.options_json, checkpoint_path(dir));
+  o.out_dir = dir;
+  o.stop_at = 0;
+  return o;
+}
+
+Trainer::Trainer(const TrainOptions& opts, bool resume) : opts_(opts) {
+  validate_options(opts_);
+  if (opts_.threads > 0) set_default_threads(static_cast<int>(opts_.threads));
+  const ops::Context ctx;
+  train_data_ = load_split(opts_.data_dir, "train");
+  val_data_ = load_split(opts_.data_dir, "val");
+  const int64_t data_vocab = std::max(train_data_.vocab, val_data_.vocab);
+
+  if (resume) {
+    model_ = std::make_unique<model::Gpt2>(read_checkpoint_info(opts_.out_dir).config, ctx);
+  } else if (!opts_.init_from.empty()) {
+    model_ = model::load_gpt2(opts_.init_from, ctx);
+    TS_CHECK(opts_.vocab_size == 0 || opts_.vocab_size == model_->config().vocab_size,
+             "--vocab-size ", opts_.vocab_size, " differs from the vocabulary of --init-from '",
+             opts_.init_from, "' (", model_->config().vocab_size, ")");
+  } else {
+    const int64_t vocab = opts_.vocab_size > 0 ? opts_.vocab_size : data_vocab;
+    model_ = std::make_unique<model::Gpt2>(build_config(opts_, vocab), ctx);
+  }
+  const model::Gpt2Config& cfg = model_->config();
+  TS_CHECK(data_vocab <= cfg.vocab_size, "[train] data in '", opts_.data_dir,
+           "' has vocabulary size ", data_vocab, ", larger than the model's ", cfg.vocab_size,
+           (opts_.vocab_size > 0 ? " (--vocab-size)" : ""));
+  TS_CHECK(opts_.seq <= cfg.max_seq, "--seq ", opts_.seq, " exceeds the model's max_seq ",
+           cfg.max_seq);
+  model_->plan(opts_.batch, opts_.seq, model::parse_precision(opts_.precision),
+               model::parse_recompute(opts_.recompute));
+  if (!resume && opts_.init_from.empty()) model_->init_weights(opts_.seed);
+  model_->params_updated();
+
+  AdamWConfig ac;
+  ac.beta1 = static_cast<float>(opts_.beta1);
+  ac.beta2 = static_cast<float>(opts_.beta2);
+  ac.weight_decay = static_cast<float>(opts_.weight_decay);
+  ac.clip = static_cast<float>(opts_.clip);
+  opt_ = std::make_unique<AdamW>(model_->tensors(), ac, ctx);
+  loader_ = std::make_unique<BatchLoader>(train_data_, opts_.seq, opts_.seed);
+  val_loader_ = std::make_unique<ValLoader>(val_data_, opts_.seq);
+
+  sched_.kind = parse_schedule(opts_.schedule);
+  sched_.max_lr = opts_.lr;
+  sched_.min_lr_fraction = opts_.min_lr_fraction;
+  sched_.warmup_steps = opts_.warmup;
+  sched_.total_steps = opts_.steps;
+
+  Rng trainer_rng(opts_.seed ^ 0x5eed5eed5eed5eedull);
+  std::copy(trainer_rng.state(), trainer_rng.state() + 4, st_.rng);
+  st_.loader = loader_->position();
+  if (resume) {
+    st_ = load_checkpoint(opts_.out_dir, *model_, *opt_);
+    loader_->set_position(st_.loader);
+  }
+  inputs_.resize(static_cast<size_t>(opts_.batch * opts_.seq));
+  targets_.resize(inputs_.size());
+}
+
+Trainer::~Trainer() = default;
+
+double Trainer::evaluate() {
+  const int64_t B = opts_.batch, T = opts_.seq;
+  const int64_t n = std::min(opts_.eval_batches, (val_loader_->num_windows() + B - 1) / B);
+  double sum = 0;
+  for (int64_t b = 0; b < n; ++b) {
+    val_loader_->batch(b, B, inputs_.data(), targets_.data());
+    sum += model_->forward(inputs_.data(), targets_.data(), B, T);
+  }
+  return sum / static_cast<double>(n);
+}
+
+void Trainer::write_csv_row(int64_t step, double loss, double val, double lr, double tps,
+                            double gflops, double norm, double elapsed) {
+  std::ofstream out(path_in(opts_.out_dir, "train.csv"), std::ios::app);
+  out << step << ',' << fmt(loss) << ',' << fmt(val) << ',' << fmt(lr) << ',' << fmt(tps) << ','
+      << fmt(gflops) << ',' << fmt(norm) << ',' << fmt(elapsed) << '\n';
+  TS_CHECK(out.good(), "[train] cannot write ", path_in(opts_.out_dir, "train.csv"));
+}
+
+TrainResult Trainer::run() {
+  const int64_t B = opts_.batch, T = opts_.seq, GA = opts_.grad_accum;
+  make_dirs(opts_.out_dir);
+  const std::string opts_json = options_to_json(opts_);
+  write_file_atomic(path_in(opts_.out_dir, "run.json"), opts_json + "\n");
+
+  // The CSV keeps rows up to the restored step: rows written after the last checkpoint of an
+  // interrupted run are dropped, since those steps are about to be redone.
+  const std::string csv = path_in(opts_.out_dir, "train.csv");
+  std::string csv_text = std::string(kCsvHeader) + "\n";
+  if (st_.step > 0 && file_exists(csv))
+    for (const auto& r : read_csv(csv))
+      if (r.step <= st_.step) csv_text += r.line + "\n";
+  write_file_atomic(csv, csv_text);
+
+  const double fpt = model_->flops_per_token_train(T);
+  double peak = 0;
+  if (!opts_.quiet) {
+    const auto peaks = profile::cached_peaks(static_cast<int>(default_pool().size()));
+    peak = opts_.precision == "bf16" && peaks.bf16_gflops_all > 0 ? peaks.bf16_gflops_all
+                                                                  : peaks.f32_gflops_all;
+  }
+  Progress progress(opts_.quiet ? nullptr : stdout, isatty(fileno(stdout)) != 0, opts_.log_every,
+                    fpt, peak);
+  const double inv_ga = 1.0 / static_cast<double>(GA);
+  const profile::Timer run_timer;
+  TrainResult res;
+  res.last_loss = std::numeric_limits<double>::quiet_NaN();
+  double last_val = std::numeric_limits<double>::quiet_NaN();
+  bool evaluated_now = false;
+
+  const int64_t end_step = opts_.stop_at > 0 ? std::min(opts_.stop_at, opts_.steps) : opts_.steps;
+  while (st_.step < end_step && !st_.early_stopped) {
+    const profile::Timer step_timer;
+    model_->zero_grads();
+    double loss = 0;
+    for (int64_t micro = 0; micro < GA; ++micro) {
+      loader_->next(B, inputs_.data(), targets_.data());
+      loss += model_->forward_backward(inputs_.data(), targets_.data(), B, T,
+                                       static_cast<float>(inv_ga));
+    }
+    loss *= inv_ga;
+    TS_CHECK(std::isfinite(loss), "[train] loss is not finite at step ", st_.step + 1,
+             " (training diverged: lower --lr or raise --warmup)");
+    const double lr = sched_.at(st_.step);
+    const double norm = opt_->step(model_->params(), model_->grads(), lr, st_.step + 1);
+    model_->params_updated();
+    ++st_.step;
+    st_.loader = loader_->position();
+    const double dt = step_timer.seconds();
+    const double tps = static_cast<double>(B * T * GA) / std::max(dt, 1e-9);
+    res.last_loss = loss;
+
+    // Scheduled evaluations drive early stopping; the extra one at the end of a run does not, so
+    // an interrupted-and-resumed run makes exactly the decisions of an uninterrupted one.
+    double val = std::numeric_limits<double>::quiet_NaN();
+    evaluated_now = false;
+    if (opts_.eval_every > 0 && st_.step % opts_.eval_every == 0) {
+      val = evaluate();
+      evaluated_now = true;
+      if (st_.evals == 0 || val < st_.best_val) {
+        st_.best_val = val;
+        st_.bad_evals = 0;
+      } else {
+        ++st_.bad_evals;
+      }
+      ++st_.evals;
+      if (opts_.early_stop > 0 && st_.bad_evals >= opts_.early_stop) {
+        st_.early_stopped = true;
+        progress.message(cat("early stop at step ", st_.step, ": validation loss has not improved ",
+                             "for ", st_.bad_evals, " evaluations (best ", fmt(st_.best_val), ")"));
+      }
+    }
+    if (!evaluated_now && (st_.step == end_step || st_.early_stopped)) {
+      val = evaluate();
+      evaluated_now = true;
+    }
+    if (evaluated_now) last_val = val;
+    write_csv_row(st_.step, loss, val, lr, tps, fpt * tps * 1e-9, norm, run_timer.seconds());
+    ProgressStats ps{st_.step, opts_.steps, loss, lr, tps, norm, run_timer.seconds()};
+    progress.update(ps, dt);
+    if (evaluated_now) progress.message(cat("step ", st_.step, ": val loss ", fmt(val)));
+
+    if (opts_.checkpoint_every > 0 && st_.step % opts_.checkpoint_every == 0 &&
+        st_.step < end_step && !st_.early_stopped) {
+      save_checkpoint(opts_.out_dir, *model_, *opt_, st_, opts_json);
+      progress.message(cat("checkpoint at step ", st_.step));
+    }
+  }
+  if (!evaluated_now) last_val = evaluate();  // nothing ran: report the restored model
+  progress.finish();
+
+  save_checkpoint(opts_.out_dir, *model_, *opt_, st_, opts_json);
+  finish_outputs(st_.step >= opts_.steps || st_.early_stopped);
+  res.steps_done = st_.step;
+  res.last_val = last_val;
+  res.best_val = st_.evals > 0 ? st_.best_val : last_val;
+  res.early_stopped = st_.early_stopped;
+  if (!opts_.quiet)
+    std::printf("done: %lld steps, val loss %s (best %s)%s; outputs in %s\n",
+                static_cast<long long>(st_.step), fmt(last_val).c_str(), fmt(res.best_val).c_str(),
+                st_.early_stopped ? ", stopped early" : "", opts_.out_dir.c_str());
+  return res;
+}
+
+void Trainer::finish_outputs(bool finished) {
+  const std::string tok = path_in(opts_.data_dir, "tokenizer.json");
+  if (opts_.save_model && finished) {
+    const std::string mdir = path_in(opts_.out_dir, "model");
+    make_dirs(mdir);
+    model::save_gpt2(*model_, mdir);
+    if (file_exists(tok)) write_file_atomic(path_in(mdir, "tokenizer.json"), read_text_file(tok));
+  }
+  if (file_exists(tok))
+    write_file_atomic(path_in(opts_.out_dir, "tokenizer.json"), read_text_file(tok));
+
+  Series tr{"train", "#1f77b4", {}}, va{"validation", "#d62728", {}};
+  for (const auto& r : read_csv(path_in(opts_.out_dir, "train.csv"))) {
+    if (std::isfinite(r.loss)) tr.points.emplace_back(static_cast<double>(r.step), r.loss);
+    if (std::isfinite(r.val)) va.points.emplace_back(static_cast<double>(r.step), r.val);
+  }
+  if (!tr.points.empty() || !va.points.empty())
+    write_file_atomic(path_in(opts_.out_dir, "loss.svg"),
+                      line_chart_svg({tr, va}, "Loss", "step", "cross-entropy (nats)"));
+}
+
+}  // namespace tessera::train

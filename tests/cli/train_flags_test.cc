@@ -1,0 +1,104 @@
+// `tessera train` flag parsing through cli::Args: valid flags map to options, nonsense throws.
+#include <gtest/gtest.h>
+
+#include "apps/cli/train_flags.h"
+#include "core/error.h"
+
+namespace tessera::cli {
+namespace {
+
+train::TrainOptions parse(const std::vector<std::string>& argv, bool* resume) {
+  Args a(argv, {"--quiet"});
+  return parse_train_options(a, resume);
+}
+
+template <typename Fn>
+void expect_error(Fn&& fn, const std::string& part) {
+  try {
+    fn();
+    ADD_FAILURE() << "no error; expected one mentioning '" << part << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
+}
+
+TEST(TrainFlags, ValidFlagsMapToOptions) {
+  bool resume = true;
+  const auto o = parse({"--model",
+                        "gpt2-small",
+                        "--data",
+                        "d/",
+                        "--batch",
+                        "8",
+                        "--seq",
+                        "512",
+                        "--grad-accum",
+                        "4",
+                        "--precision",
+                        "bf16",
+                        "--recompute",
+                        "block",
+                        "--lr",
+                        "6e-4",
+                        "--warmup=200",
+                        "--schedule",
+                        "cosine",
+                        "--steps",
+                        "5000",
+                        "--eval-every",
+                        "100",
+                        "--early-stop",
+                        "5",
+                        "--checkpoint-every",
+                        "500",
+                        "--threads",
+                        "2",
+                        "--out",
+                        "runs/x",
+                        "--quiet"},
+                       &resume);
+  EXPECT_FALSE(resume);
+  EXPECT_EQ(o.model, "gpt2-small");
+  EXPECT_EQ(o.batch, 8);
+  EXPECT_EQ(o.seq, 512);
+  EXPECT_EQ(o.grad_accum, 4);
+  EXPECT_EQ(o.precision, "bf16");
+  EXPECT_EQ(o.recompute, "block");
+  EXPECT_DOUBLE_EQ(o.lr, 6e-4);
+  EXPECT_EQ(o.warmup, 200);
+  EXPECT_EQ(o.steps, 5000);
+  EXPECT_EQ(o.early_stop, 5);
+  EXPECT_EQ(o.checkpoint_every, 500);
+  EXPECT_TRUE(o.quiet);
+  // Options survive the JSON stored in checkpoints.
+  const auto back = train::options_from_json(train::options_to_json(o), "test");
+  EXPECT_EQ(train::options_to_json(back), train::options_to_json(o));
+}
+
+TEST(TrainFlags, NonsenseThrowsNamingTheFlag) {
+  bool r = false;
+  const std::vector<std::string> base = {"--data", "d", "--out", "o"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> v = base;
+    v.insert(v.end(), extra.begin(), extra.end());
+    return v;
+  };
+  expect_error([&] { parse(with({"--bogus", "1"}), &r); }, "--bogus");
+  expect_error([&] { parse(with({"--batch", "many"}), &r); }, "--batch");
+  expect_error([&] { parse(with({"--batch", "0"}), &r); }, "--batch");
+  expect_error([&] { parse(with({"--lr", "-1"}), &r); }, "--lr");
+  expect_error([&] { parse(with({"--precision", "fp8"}), &r); }, "--precision");
+  expect_error([&] { parse(with({"--recompute", "most"}), &r); }, "--recompute");
+  expect_error([&] { parse(with({"--schedule", "wavy"}), &r); }, "--schedule");
+  expect_error(
+      [&] {
+        parse(with({"--early-stop", "3", "--eval-every", "0"}), &r);
+      },
+      "--early-stop");
+  expect_error([&] { parse({"--out", "o"}, &r); }, "--data");
+  expect_error([&] { parse({"--resume", "somewhere", "--lr", "1e-3"}, &r); }, "--lr");
+  expect_error([&] { parse(with({"--steps"}), &r); }, "--steps");
+}
+
+}  // namespace
+}  // namespace tessera::cli
