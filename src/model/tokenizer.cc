@@ -1,0 +1,261 @@
+// Byte-level BPE tokenizer: index building, encoding (per pre-token merges by rank with a heap),
+// special-token matching, and decoding.
+#include "model/tokenizer.h"
+
+#include <algorithm>
+#include <queue>
+
+#include "core/error.h"
+#include "model/tokenizer_impl.h"
+#include "model/tokenizer_pretokenize.h"
+
+namespace tessera::model {
+
+void MergeTable::build(const std::vector<std::pair<int32_t, int32_t>>& merges,
+                       const std::vector<int32_t>& results) {
+  // Load factor <= 1/2 keeps probe sequences short.
+  size_t cap = 16;
+  while (cap < merges.size() * 2) cap *= 2;
+  slots_.assign(cap, Slot{});
+  mask_ = cap - 1;
+  for (size_t r = 0; r < merges.size(); ++r) {
+    const uint64_t key = pack(merges[r].first, merges[r].second);
+    size_t i = hash(key) & mask_;
+    while (slots_[i].key != kEmpty && slots_[i].key != key) i = (i + 1) & mask_;
+    slots_[i].key = key;
+    slots_[i].merge = {static_cast<int32_t>(r), results[r]};
+  }
+}
+
+void TokenizerState::finalize(const std::string& source) {
+  const auto n = static_cast<int32_t>(tokens.size());
+  is_added.assign(tokens.size(), 0);
+  for (const AddedToken& a : added) {
+    TS_CHECK(a.id >= 0 && a.id < n, "[tokenizer] ", source, ": added_tokens id ", a.id,
+             " out of range [0, ", n, ")");
+    TS_CHECK(!a.content.empty(), "[tokenizer] ", source, ": added_tokens id ", a.id,
+             " has empty content");
+    TS_CHECK(!is_added[a.id], "[tokenizer] ", source, ": added_tokens id ", a.id, " is duplicated");
+    is_added[a.id] = 1;
+    tokens[a.id] = a.content;
+  }
+  ids_by_bytes.clear();
+  ids_by_bytes.reserve(tokens.size());
+  for (int32_t id = 0; id < n; ++id) {
+    if (is_added[id]) continue;
+    const auto [it, fresh] = ids_by_bytes.emplace(tokens[id], id);
+    TS_CHECK(fresh, "[tokenizer] ", source, ": model.vocab ids ", it->second, " and ", id,
+             " name the same token '", bytes_to_vocab_string(tokens[id]), "'");
+  }
+  for (int b = 0; b < 256; ++b) {
+    const auto it = ids_by_bytes.find(std::string(1, static_cast<char>(b)));
+    TS_CHECK(it != ids_by_bytes.end(), "[tokenizer] ", source,
+             ": model.vocab has no token for byte ", b, " ('",
+             bytes_to_vocab_string(std::string(1, static_cast<char>(b))),
+             "'), so not every text could be encoded");
+    byte_ids[b] = it->second;
+  }
+  std::vector<int32_t> results(merges.size());
+  MergeTable seen;
+  for (size_t r = 0; r < merges.size(); ++r) {
+    const auto [a, b] = merges[r];
+    TS_CHECK(a >= 0 && a < n && b >= 0 && b < n && !is_added[a] && !is_added[b], "[tokenizer] ",
+             source, ": model.merges[", r, "] names a token that is not in model.vocab");
+    const auto it = ids_by_bytes.find(tokens[a] + tokens[b]);
+    TS_CHECK(it != ids_by_bytes.end(), "[tokenizer] ", source, ": model.merges[", r, "] '",
+             bytes_to_vocab_string(tokens[a]), " ", bytes_to_vocab_string(tokens[b]),
+             "' joins to a token that is not in model.vocab");
+    results[r] = it->second;
+  }
+  merge_table.build(merges, results);
+  for (size_t r = 0; r < merges.size(); ++r) {
+    TS_CHECK(merge_table.find(merges[r].first, merges[r].second).rank == static_cast<int32_t>(r),
+             "[tokenizer] ", source, ": model.merges[", r, "] '",
+             bytes_to_vocab_string(tokens[merges[r].first]), " ",
+             bytes_to_vocab_string(tokens[merges[r].second]), "' repeats an earlier merge");
+  }
+  eot = -1;
+  for (const AddedToken& a : added)
+    if (a.content == "<|endoftext|>") eot = a.id;
+  if (eot < 0) {
+    const auto it = ids_by_bytes.find("<|endoftext|>");
+    if (it != ids_by_bytes.end()) eot = it->second;
+  }
+}
+
+namespace {
+
+// Scratch buffers reused across words so encoding a word allocates nothing.
+struct WordScratch {
+  struct Candidate {
+    int32_t rank, pos, left, right;
+    // std::priority_queue is a max-heap: "greater" means lower priority. Lowest rank first, then
+    // leftmost, as GPT-2 and Hugging Face merge.
+    bool operator<(const Candidate& o) const {
+      return rank != o.rank ? rank > o.rank : pos > o.pos;
+    }
+  };
+  std::vector<int32_t> ids, prev, next;
+  std::vector<Candidate> heap;
+  std::vector<std::string_view> pieces;
+};
+thread_local WordScratch scratch;
+
+}  // namespace
+
+void TokenizerState::encode_word(std::string_view word, std::vector<int32_t>* out) const {
+  const auto n = static_cast<int32_t>(word.size());
+  if (n == 1) {
+    out->push_back(byte_ids[static_cast<uint8_t>(word[0])]);
+    return;
+  }
+  if (ignore_merges) {
+    const auto it = ids_by_bytes.find(std::string(word));
+    if (it != ids_by_bytes.end()) {
+      out->push_back(it->second);
+      return;
+    }
+  }
+  // Symbols form a doubly linked list over byte positions; a merge keeps the left symbol and
+  // unlinks the right one. Heap entries are checked lazily against the current ids: a symbol's
+  // id only ever grows into a longer token, so a stale entry never matches again.
+  auto& ids = scratch.ids;
+  auto& prev = scratch.prev;
+  auto& next = scratch.next;
+  auto& heap = scratch.heap;
+  ids.resize(n);
+  prev.resize(n);
+  next.resize(n);
+  heap.clear();
+  for (int32_t i = 0; i < n; ++i) {
+    ids[i] = byte_ids[static_cast<uint8_t>(word[i])];
+    prev[i] = i - 1;
+    next[i] = i + 1 < n ? i + 1 : -1;
+  }
+  auto push = [&](int32_t i, int32_t j) {
+    const MergeTable::Merge m = merge_table.find(ids[i], ids[j]);
+    if (m.rank < 0) return;
+    heap.push_back({m.rank, i, ids[i], ids[j]});
+    std::push_heap(heap.begin(), heap.end());
+  };
+  for (int32_t i = 0; i + 1 < n; ++i) push(i, i + 1);
+  while (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end());
+    const WordScratch::Candidate c = heap.back();
+    heap.pop_back();
+    const int32_t i = c.pos, j = next[i];
+    if (ids[i] != c.left || j < 0 || ids[j] != c.right) continue;
+    ids[i] = merge_table.find(c.left, c.right).result;
+    ids[j] = -1;
+    next[i] = next[j];
+    if (next[j] >= 0) prev[next[j]] = i;
+    if (prev[i] >= 0) push(prev[i], i);
+    if (next[i] >= 0) push(i, next[i]);
+  }
+  for (int32_t i = 0; i >= 0; i = next[i]) out->push_back(ids[i]);
+}
+
+void TokenizerState::encode_ordinary_into(std::string_view text, std::vector<int32_t>* out) const {
+  // Pre-tokenize in bounded chunks so the piece list stays small on huge inputs. A chunk ends
+  // only after an ASCII non-space, '\n', ASCII non-space: the pattern splits there alone (the
+  // lone newline is its own piece whether or not text follows it), so chunking changes nothing.
+  auto& pieces = scratch.pieces;
+  constexpr size_t kChunk = size_t{1} << 16;
+  auto ascii_solid = [&](size_t i) {
+    const auto b = static_cast<uint8_t>(text[i]);
+    return b < 0x80 && classify_code_point(b) != CharClass::kSpace;
+  };
+  size_t begin = 0;
+  while (begin < text.size()) {
+    size_t end = text.size();
+    if (text.size() - begin > kChunk) {
+      size_t k = begin + kChunk;
+      while (k + 1 < text.size() && !(text[k] == '\n' && ascii_solid(k - 1) && ascii_solid(k + 1)))
+        ++k;
+      if (k + 1 < text.size()) end = k + 1;
+    }
+    pieces.clear();
+    pretokenize(text.substr(begin, end - begin), &pieces);
+    for (const std::string_view w : pieces) encode_word(w, out);
+    begin = end;
+  }
+}
+
+Tokenizer::Tokenizer() : impl_(std::make_unique<Impl>()) {}
+Tokenizer::~Tokenizer() = default;
+Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
+Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
+
+std::vector<int32_t> Tokenizer::encode_ordinary(std::string_view text) const {
+  TS_CHECK(vocab_size() > 0,
+           "[tokenizer] encode_ordinary: the tokenizer is empty (not trained or loaded)");
+  std::vector<int32_t> out;
+  out.reserve(text.size() / 3 + 1);
+  impl_->encode_ordinary_into(text, &out);
+  return out;
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
+  TS_CHECK(vocab_size() > 0, "[tokenizer] encode: the tokenizer is empty (not trained or loaded)");
+  const auto& added = impl_->added;
+  std::vector<int32_t> out;
+  out.reserve(text.size() / 3 + 1);
+  // Next occurrence of each added token at or after `from`; the leftmost wins, the longest on a
+  // tie (Hugging Face matches added tokens leftmost-longest).
+  std::vector<size_t> next(added.size());
+  for (size_t k = 0; k < added.size(); ++k) next[k] = text.find(added[k].content);
+  size_t from = 0;
+  while (true) {
+    size_t best = added.size();
+    for (size_t k = 0; k < added.size(); ++k) {
+      if (next[k] == std::string_view::npos) continue;
+      if (best == added.size() || next[k] < next[best] ||
+          (next[k] == next[best] && added[k].content.size() > added[best].content.size()))
+        best = k;
+    }
+    if (best == added.size()) break;
+    const size_t at = next[best];
+    impl_->encode_ordinary_into(text.substr(from, at - from), &out);
+    out.push_back(added[best].id);
+    from = at + added[best].content.size();
+    for (size_t k = 0; k < added.size(); ++k)
+      if (next[k] != std::string_view::npos && next[k] < from)
+        next[k] = text.find(added[k].content, from);
+  }
+  impl_->encode_ordinary_into(text.substr(from), &out);
+  return out;
+}
+
+std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
+  std::string s;
+  for (const int32_t id : ids) {
+    TS_CHECK(id >= 0 && id < vocab_size(), "[tokenizer] decode: token id ", id,
+             " out of range [0, ", vocab_size(), ")");
+    s += impl_->tokens[id];
+  }
+  return s;
+}
+
+std::string Tokenizer::decode_token(int32_t id) const {
+  TS_CHECK(id >= 0 && id < vocab_size(), "[tokenizer] decode_token: token id ", id,
+           " out of range [0, ", vocab_size(), ")");
+  return impl_->tokens[id];
+}
+
+int32_t Tokenizer::vocab_size() const {
+  return static_cast<int32_t>(impl_->tokens.size());
+}
+
+int32_t Tokenizer::token_id(std::string_view token_bytes) const {
+  const auto it = impl_->ids_by_bytes.find(std::string(token_bytes));
+  if (it != impl_->ids_by_bytes.end()) return it->second;
+  for (const AddedToken& a : impl_->added)
+    if (a.content == token_bytes) return a.id;
+  return -1;
+}
+
+int32_t Tokenizer::eot_token() const {
+  return impl_->eot;
+}
+
+}  // namespace tessera::model

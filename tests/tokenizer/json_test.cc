@@ -1,0 +1,180 @@
+// tokenizer.json reading: GPT-2-style layouts load, and hostile files fail with one-line errors
+// that name the file and the field.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/file_io.h"
+#include "core/rng.h"
+#include "model/tokenizer.h"
+
+namespace tessera::model {
+namespace {
+
+using nlohmann::json;
+
+const std::string kDir = std::string(TESSERA_SOURCE_DIR) + "/tests/data/tokenizer/";
+
+json base() {
+  return json::parse(read_text_file(kDir + "tok512.json"));
+}
+
+// Loads `text` as file "bad.json" and expects an Error whose single line names the file and
+// contains `needle` (the field or the reason).
+void expect_error(const std::string& text, const std::string& needle) {
+  try {
+    Tokenizer::from_json_text(text, "bad.json");
+    ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("bad.json"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(needle), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
+}
+
+void expect_error(const std::function<void(json&)>& edit, const std::string& needle) {
+  json j = base();
+  edit(j);
+  expect_error(j.dump(), needle);
+}
+
+TEST(TokenizerJson, BaseLoads) {
+  EXPECT_EQ(Tokenizer::from_json_text(base().dump(), "ok.json").vocab_size(), 512);
+}
+
+TEST(TokenizerJson, NotJsonOrWrongShape) {
+  expect_error("{\"model\": ", "not valid JSON");
+  expect_error("[1, 2]", "(root)");
+  expect_error("{\"model\": {\"vocab\": {}} ,}", "not valid JSON");
+  expect_error([](json& j) { j.erase("model"); }, "model: missing");
+  expect_error([](json& j) { j["model"] = 3; }, "model: expected an object");
+}
+
+TEST(TokenizerJson, UnsupportedComponents) {
+  expect_error([](json& j) { j["model"]["type"] = "WordPiece"; }, "model.type");
+  expect_error([](json& j) { j["normalizer"] = {{"type", "NFC"}}; }, "normalizer");
+  expect_error([](json& j) { j.erase("pre_tokenizer"); }, "pre_tokenizer");
+  expect_error([](json& j) { j["pre_tokenizer"]["type"] = "Whitespace"; }, "pre_tokenizer.type");
+  expect_error([](json& j) { j["pre_tokenizer"]["add_prefix_space"] = true; },
+               "pre_tokenizer.add_prefix_space");
+  expect_error([](json& j) { j["pre_tokenizer"]["use_regex"] = false; }, "pre_tokenizer.use_regex");
+  expect_error([](json& j) { j["pre_tokenizer"]["use_regex"] = "yes"; }, "pre_tokenizer.use_regex");
+  expect_error([](json& j) { j["decoder"] = {{"type", "WordPiece"}}; }, "decoder.type");
+  expect_error([](json& j) { j["model"]["dropout"] = 0.1; }, "model.dropout");
+  expect_error([](json& j) { j["model"]["continuing_subword_prefix"] = "##"; },
+               "model.continuing_subword_prefix");
+  expect_error([](json& j) { j["model"]["end_of_word_suffix"] = 5; }, "model.end_of_word_suffix");
+}
+
+TEST(TokenizerJson, BadVocab) {
+  expect_error([](json& j) { j["model"]["vocab"] = json::array(); }, "model.vocab");
+  expect_error([](json& j) { j["model"]["vocab"]["!"] = "0"; }, "model.vocab[\"!\"]");
+  expect_error([](json& j) { j["model"]["vocab"]["!"] = -1; }, "out of range");
+  expect_error([](json& j) { j["model"]["vocab"]["!"] = 1.5; }, "expected an integer id");
+  expect_error([](json& j) { j["model"]["vocab"]["!"] = 99999999999LL; }, "out of range");
+  expect_error([](json& j) { j["model"]["vocab"]["!"] = 1; }, "used twice");
+  // Outside GPT-2's byte alphabet (a byte-level vocabulary never holds raw CJK).
+  expect_error([](json& j) { j["model"]["vocab"]["\u4e2d"] = 512; }, "byte-level");
+  // A hole in the ids: removing "!" (id 33 = '!') leaves id 33 unused.
+  expect_error([](json& j) { j["model"]["vocab"].erase("!"); }, "not contiguous");
+  // Every byte needs a token, or some text could not be encoded.
+  expect_error(
+      [](json& j) {
+        const json id = j["model"]["vocab"]["!"];
+        j["model"]["vocab"].erase("!");
+        j["model"]["vocab"]["!!!!!!!"] = id;
+        j["model"]["merges"] = json::array();
+      },
+      "no token for byte 33");
+}
+
+TEST(TokenizerJson, BadMerges) {
+  expect_error([](json& j) { j["model"]["merges"] = "a b"; }, "model.merges");
+  expect_error([](json& j) { j["model"]["merges"][0] = "ab"; }, "model.merges[0]");
+  expect_error([](json& j) { j["model"]["merges"][0] = "a b c"; }, "model.merges[0]");
+  expect_error(
+      [](json& j) {
+        j["model"]["merges"][0] = json::array({"a", "b", "c"});
+      },
+      "model.merges[0]");
+  expect_error(
+      [](json& j) {
+        j["model"]["merges"][0] = json::array({"a", 7});
+      },
+      "model.merges[0][1]");
+  expect_error([](json& j) { j["model"]["merges"][3] = 42; }, "model.merges[3]");
+  expect_error([](json& j) { j["model"]["merges"][0] = "Ġ nosuch"; }, "is not in model.vocab");
+  // Both halves exist but their concatenation is not a token.
+  expect_error([](json& j) { j["model"]["merges"][0] = "z q"; }, "joins to a token");
+  expect_error([](json& j) { j["model"]["merges"][5] = j["model"]["merges"][2]; },
+               "repeats an earlier merge");
+  expect_error([](json& j) { j["model"]["merges"][0] = "<|endoftext|> a"; }, "model.merges[0]");
+}
+
+TEST(TokenizerJson, BadAddedTokens) {
+  expect_error([](json& j) { j["added_tokens"] = json::object(); }, "added_tokens");
+  expect_error([](json& j) { j["added_tokens"][0]["id"] = 600; }, "added_tokens[0].id");
+  expect_error([](json& j) { j["added_tokens"][0].erase("content"); }, "added_tokens[0].content");
+  expect_error([](json& j) { j["added_tokens"][0]["content"] = ""; }, "added_tokens[0].content");
+  expect_error([](json& j) { j["added_tokens"][0]["lstrip"] = true; }, "added_tokens[0].lstrip");
+  expect_error([](json& j) { j["added_tokens"][0]["special"] = "yes"; }, "added_tokens[0].special");
+  // The added token's id names a different vocab entry.
+  expect_error([](json& j) { j["added_tokens"][0]["id"] = 5; }, "is added token");
+  expect_error(
+      [](json& j) {
+        j["added_tokens"].push_back(j["added_tokens"][0]);
+        j["added_tokens"][1]["content"] = "<other>";
+      },
+      "bad.json");
+}
+
+// HF files need not number byte tokens by byte value (GPT-2's id 0 is "!"), nor list merges as
+// strings, nor keep the added token in the model vocabulary: a permuted, pair-merge,
+// vocab-without-special variant encodes to the permuted ids.
+TEST(TokenizerJson, GeneralLayoutLoads) {
+  const json j = base();
+  std::vector<int32_t> perm(511);
+  std::iota(perm.begin(), perm.end(), 0);
+  Rng rng(2);
+  for (size_t i = perm.size() - 1; i > 0; --i) std::swap(perm[i], perm[rng.below(i + 1)]);
+  json k = j;
+  k["model"]["vocab"] = json::object();
+  for (auto it = j["model"]["vocab"].begin(); it != j["model"]["vocab"].end(); ++it) {
+    const int32_t id = it.value().get<int32_t>();
+    if (id < 511) k["model"]["vocab"][it.key()] = perm[id];
+  }
+  k["model"]["merges"] = json::array();
+  for (const auto& m : j["model"]["merges"]) {
+    const std::string s = m.get<std::string>();
+    k["model"]["merges"].push_back({s.substr(0, s.find(' ')), s.substr(s.find(' ') + 1)});
+  }
+  k["model"].erase("dropout");  // optional fields may be absent
+  k.erase("decoder");
+  const Tokenizer a = Tokenizer::from_json_text(j.dump(), "a.json");
+  const Tokenizer b = Tokenizer::from_json_text(k.dump(), "b.json");
+  const std::string text = read_text_file(kDir + "train.txt") + "<|endoftext|>\xFF tail";
+  std::vector<int32_t> want = a.encode(text);
+  for (int32_t& id : want) id = id < 511 ? perm[id] : id;
+  EXPECT_EQ(b.encode(text), want);
+  EXPECT_EQ(b.decode(want), text);
+  EXPECT_EQ(b.eot_token(), 511);
+}
+
+TEST(TokenizerJson, MissingFileNamesPath) {
+  try {
+    Tokenizer::load_json("/nonexistent/tokenizer.json");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/tokenizer.json"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace tessera::model
