@@ -36,9 +36,8 @@ void gemm(const ops::GemmArgs& g) {
   std::vector<float> a_row(g.k), bt(g.n * g.k);
   for (int64_t j = 0; j < g.n; ++j)
     for (int64_t p = 0; p < g.k; ++p)
-      bt[j * g.k + p] = g.trans_b == ops::Trans::N
-                            ? load(g.b, g.b_type, g.ldb, p, j, g.round_bf16)
-                            : load(g.b, g.b_type, g.ldb, j, p, g.round_bf16);
+      bt[j * g.k + p] = g.trans_b == ops::Trans::N ? load(g.b, g.b_type, g.ldb, p, j, g.round_bf16)
+                                                   : load(g.b, g.b_type, g.ldb, j, p, g.round_bf16);
   for (int64_t i = 0; i < g.m; ++i) {
     for (int64_t p = 0; p < g.k; ++p)
       a_row[p] = g.trans_a == ops::Trans::N ? load(g.a, g.a_type, g.lda, i, p, g.round_bf16)

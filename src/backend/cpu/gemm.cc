@@ -1,0 +1,295 @@
+// Packed GEMM in the Goto/BLIS style: op(A) and op(B) blocks are packed into contiguous
+// micro-panels, a register-tiled Highway micro-kernel computes kMR x kNR tiles of C, and threads
+// own disjoint rectangles of C. bf16 inputs are converted to f32 while packing (exact), so the
+// kernel is an f32 FMA kernel: this CPU family (AVX2, no AVX512-BF16) has no bf16 dot product
+// (an AVX512-BF16 `vdpbf16ps` kernel chosen by cpu_features() would be the place to add one).
+// m <= 4 (decode) takes the unpacked small-M path of gemm_small-inl.h instead.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+#include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/gemm.h"
+#include "core/error.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "backend/cpu/gemm.cc"
+#include "hwy/cache_control.h"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+
+#include "backend/cpu/gemm_pack-inl.h"
+#include "backend/cpu/gemm_small-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace tessera::cpu::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+// Micro-tile: 6 rows x 2 vectors. On AVX2 that is 6x16 f32: 12 accumulators + 2 B vectors + 1
+// broadcast A value = 15 of 16 ymm registers, and 12 FMAs per 2 loads + 6 broadcasts keeps both
+// FMA pipes busy. On AVX-512 the same shape is 6x32 in zmm; on SSE4 6x8 in xmm.
+constexpr int kMR = 6;
+constexpr int kNR = static_cast<int>(2 * hn::MaxLanes(DF()));
+
+// Default blocking for a 32 KiB L1d / 512 KiB L2 core (Zen 3), in elements.
+// kc = 256: the B micro-panel (256 x kNR x 4 B = 16 KiB on AVX2) stays in L1 across the ir loop.
+// mc = 144 (24 micro-panels): the A block (144 x 256 x 4 B = 144 KiB) stays in L2.
+// nc = 3072: the B block (256 x 3072 x 4 B = 3 MiB) stays in L3 and amortizes A packing.
+constexpr int64_t kDefaultKc = 256;
+constexpr int64_t kDefaultMc = 144;
+constexpr int64_t kDefaultNc = 3072;
+
+// C tile (kMR x kNR at c, leading dimension ldc) = sum + (load_c ? C : 0) + (bias ? bias : 0),
+// where sum = sum_p a_panel[p] * b_panel[p] runs p = 0..kc-1 in order, one FMA per step, from
+// zero. Every output's rounding sequence is therefore fixed by kc alone. C is read only after
+// the loop (prefetched before it), so its cache misses overlap the FMAs.
+HWY_INLINE void micro_kernel(int64_t kc, const float* HWY_RESTRICT a, const float* HWY_RESTRICT b,
+                             float* HWY_RESTRICT c, int64_t ldc, bool load_c,
+                             const float* HWY_RESTRICT bias) {
+  const DF d;
+  const size_t L = hn::Lanes(d);
+  for (int r = 0; r < kMR; ++r) {
+    hwy::Prefetch(c + r * ldc);
+    hwy::Prefetch(c + r * ldc + 2 * L - 1);
+  }
+  VF c00 = hn::Zero(d), c01 = hn::Zero(d), c10 = hn::Zero(d), c11 = hn::Zero(d);
+  VF c20 = hn::Zero(d), c21 = hn::Zero(d), c30 = hn::Zero(d), c31 = hn::Zero(d);
+  VF c40 = hn::Zero(d), c41 = hn::Zero(d), c50 = hn::Zero(d), c51 = hn::Zero(d);
+#define TS_GEMM_STEP(P)                                                            \
+  {                                                                                \
+    const VF b0 = hn::Load(d, b + (P)*2 * L), b1 = hn::Load(d, b + (P)*2 * L + L); \
+    const float* ap = a + (P)*kMR;                                                 \
+    VF av = hn::Set(d, ap[0]);                                                     \
+    c00 = hn::MulAdd(av, b0, c00), c01 = hn::MulAdd(av, b1, c01);                  \
+    av = hn::Set(d, ap[1]);                                                        \
+    c10 = hn::MulAdd(av, b0, c10), c11 = hn::MulAdd(av, b1, c11);                  \
+    av = hn::Set(d, ap[2]);                                                        \
+    c20 = hn::MulAdd(av, b0, c20), c21 = hn::MulAdd(av, b1, c21);                  \
+    av = hn::Set(d, ap[3]);                                                        \
+    c30 = hn::MulAdd(av, b0, c30), c31 = hn::MulAdd(av, b1, c31);                  \
+    av = hn::Set(d, ap[4]);                                                        \
+    c40 = hn::MulAdd(av, b0, c40), c41 = hn::MulAdd(av, b1, c41);                  \
+    av = hn::Set(d, ap[5]);                                                        \
+    c50 = hn::MulAdd(av, b0, c50), c51 = hn::MulAdd(av, b1, c51);                  \
+  }
+  // Not unrolled by hand: with 15 of 16 registers live, GCC's scheduling of an unrolled body
+  // spills accumulators (measured); the loop overhead is 3 cheap integer ops per 12 FMAs.
+  for (int64_t p = 0; p < kc; ++p, a += kMR, b += 2 * L) {
+    hwy::Prefetch(a + 16 * kMR);  // A streams from L2: fetch 16 steps (384 B) ahead
+    TS_GEMM_STEP(0)
+  }
+#undef TS_GEMM_STEP
+#define TS_GEMM_ROW(R)                                          \
+  {                                                             \
+    float* cr = c + (R)*ldc;                                    \
+    if (load_c)                                                 \
+      c##R##0 = hn::Add(c##R##0, hn::LoadU(d, cr)),             \
+      c##R##1 = hn::Add(c##R##1, hn::LoadU(d, cr + L));         \
+    if (bias)                                                   \
+      c##R##0 = hn::Add(c##R##0, hn::LoadU(d, bias)),           \
+      c##R##1 = hn::Add(c##R##1, hn::LoadU(d, bias + L));       \
+    hn::StoreU(c##R##0, d, cr), hn::StoreU(c##R##1, d, cr + L); \
+  }
+  TS_GEMM_ROW(0) TS_GEMM_ROW(1) TS_GEMM_ROW(2) TS_GEMM_ROW(3) TS_GEMM_ROW(4) TS_GEMM_ROW(5)
+#undef TS_GEMM_ROW
+}
+
+// A partial tile (rows < kMR or cols < kNR) goes through an aligned kMR x kNR scratch tile so
+// the kernel's arithmetic (and hence every output bit) is the same as for a full tile.
+void edge_tile(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, int64_t rows,
+               int64_t cols, bool load_c, const float* bias) {
+  HWY_ALIGN float tile[kMR * kNR];
+  HWY_ALIGN float bias_tile[kNR];
+  std::memset(tile, 0, sizeof(tile));
+  if (load_c)
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(tile + r * kNR, c + r * ldc, cols * 4);
+  if (bias) {
+    std::memset(bias_tile, 0, sizeof(bias_tile));
+    std::memcpy(bias_tile, bias, cols * 4);
+  }
+  micro_kernel(kc, a, b, tile, kNR, load_c, bias ? bias_tile : nullptr);
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(c + r * ldc, tile + r * kNR, cols * 4);
+}
+
+struct Problem {
+  Operand a, b;
+  int64_t m, n, k;
+  float* c;
+  int64_t ldc;
+  const float* bias;
+  bool accumulate;
+  int64_t mc, kc, nc;
+};
+
+// Computes the rectangle C[m0:m1, n0:n1] with private pack buffers (Goto's five loops).
+void gemm_rect(const Problem& pr, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+  if (m0 >= m1 || n0 >= n1) return;
+  const int64_t mc_max = std::min(pr.mc, (m1 - m0 + kMR - 1) / kMR * kMR);
+  const int64_t nc_max = std::min(pr.nc, (n1 - n0 + kNR - 1) / kNR * kNR);
+  const int64_t kc_max = std::min(pr.kc, pr.k);
+  float* abuf = gemm_detail::pack_buffer(0, static_cast<size_t>(mc_max * kc_max));
+  float* bbuf = gemm_detail::pack_buffer(1, static_cast<size_t>(nc_max * kc_max));
+  for (int64_t jc = n0; jc < n1; jc += pr.nc) {
+    const int64_t nc = std::min(pr.nc, n1 - jc);
+    for (int64_t pc = 0; pc < pr.k; pc += pr.kc) {
+      const int64_t kc = std::min(pr.kc, pr.k - pc);
+      pack_b<kNR>(pr.b, pc, kc, jc, nc, bbuf);
+      // The first depth block starts from bias (+ C when accumulating); later ones from C.
+      const bool load_c = pc > 0 || pr.accumulate;
+      const float* bias = pc == 0 ? pr.bias : nullptr;
+      for (int64_t ic = m0; ic < m1; ic += pr.mc) {
+        const int64_t mc = std::min(pr.mc, m1 - ic);
+        pack_a<kMR>(pr.a, ic, mc, pc, kc, abuf);
+        for (int64_t jr = 0; jr < nc; jr += kNR) {
+          const int64_t cols = std::min<int64_t>(kNR, nc - jr);
+          const float* bp = bbuf + jr * kc;
+          const float* bias_j = bias ? bias + jc + jr : nullptr;
+          for (int64_t ir = 0; ir < mc; ir += kMR) {
+            const int64_t rows = std::min<int64_t>(kMR, mc - ir);
+            float* cp = pr.c + (ic + ir) * pr.ldc + jc + jr;
+            const float* ap = abuf + ir * kc;
+            if (rows == kMR && cols == kNR) {
+              micro_kernel(kc, ap, bp, cp, pr.ldc, load_c, bias_j);
+            } else {
+              edge_tile(kc, ap, bp, cp, pr.ldc, rows, cols, load_c, bias_j);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// Splits C into a tm x tn grid of thread rectangles minimizing the slowest thread's modelled
+// time: its compute (mt*nt*k FMAs, ~16 per cycle on two AVX2 FMA pipes) plus its packing
+// (B once per depth block: nt*k; A once per nc block: mt*k*ceil(nt/nc), ~1 element per cycle).
+void choose_grid(const Problem& pr, int threads, int* tm_out, int* tn_out) {
+  const int64_t pm = (pr.m + kMR - 1) / kMR, pn = (pr.n + kNR - 1) / kNR;
+  double best = -1;
+  for (int tm = 1; tm <= threads; ++tm) {
+    const int tn = threads / tm;
+    if (tm > pm && tm > 1) break;
+    const double mt = static_cast<double>((pm + tm - 1) / tm * kMR);
+    const double nt = static_cast<double>((pn + tn - 1) / tn * kNR);
+    const double cost = mt * nt / 16.0 + nt + mt * std::ceil(nt / static_cast<double>(pr.nc));
+    if (best < 0 || cost < best) best = cost, *tm_out = tm, *tn_out = tn;
+  }
+}
+
+void gemm_target(ThreadPool& pool, const ops::GemmArgs& g, const GemmBlocking& blk) {
+  Problem pr;
+  pr.a = Operand{g.a, operand_src(g.a_type, g.round_bf16), g.lda, g.trans_a == ops::Trans::T};
+  pr.b = Operand{g.b, operand_src(g.b_type, g.round_bf16), g.ldb, g.trans_b == ops::Trans::T};
+  pr.m = g.m, pr.n = g.n, pr.k = g.k;
+  pr.c = g.c, pr.ldc = g.ldc, pr.bias = g.bias, pr.accumulate = g.accumulate;
+  auto round_up = [](int64_t v, int64_t unit) { return (v + unit - 1) / unit * unit; };
+  pr.mc = round_up(blk.mc > 0 ? blk.mc : kDefaultMc, kMR);
+  pr.kc = blk.kc > 0 ? blk.kc : kDefaultKc;
+  pr.nc = round_up(blk.nc > 0 ? blk.nc : kDefaultNc, kNR);
+
+  if (pr.m <= kSmallM) {
+    gemm_small_m(pool, pr.a, pr.b, pr.m, pr.n, pr.k, pr.kc, pr.c, pr.ldc, pr.bias, pr.accumulate);
+    return;
+  }
+  // Below ~1 MFLOP a pool hand-off (microseconds) costs more than a second core saves.
+  const double flops = 2.0 * g.m * g.n * g.k;
+  const int threads = flops < 1e6 ? 1 : pool.size();
+  int tm = 1, tn = 1;
+  choose_grid(pr, threads, &tm, &tn);
+  if (tm * tn == 1) {
+    gemm_rect(pr, 0, pr.m, 0, pr.n);
+    return;
+  }
+  const int64_t pm = (pr.m + kMR - 1) / kMR, pn = (pr.n + kNR - 1) / kNR;
+  pool.run([&](int t) {
+    if (t >= tm * tn) return;
+    const int64_t ti = t / tn, tj = t % tn;
+    // Micro-panel ranges split evenly; rectangles are disjoint, so no two threads write the
+    // same element and no reduction across threads exists.
+    const int64_t m0 = std::min(pr.m, pm * ti / tm * kMR);
+    const int64_t m1 = std::min(pr.m, pm * (ti + 1) / tm * kMR);
+    const int64_t n0 = std::min(pr.n, pn * tj / tn * kNR);
+    const int64_t n1 = std::min(pr.n, pn * (tj + 1) / tn * kNR);
+    gemm_rect(pr, m0, m1, n0, n1);
+  });
+}
+
+GemmTile tile_target() {
+  return GemmTile{kMR, kNR};
+}
+
+}  // namespace tessera::cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace tessera::cpu {
+
+HWY_EXPORT(gemm_target);
+HWY_EXPORT(tile_target);
+
+namespace gemm_detail {
+namespace {
+struct FreeDeleter {
+  void operator()(float* p) const { std::free(p); }
+};
+struct PackSlot {
+  std::unique_ptr<float, FreeDeleter> data;
+  size_t floats = 0;
+};
+}  // namespace
+
+float* pack_buffer(int slot, size_t floats) {
+  // Pool threads are persistent, so thread_local buffers are allocated once per thread and
+  // reused by every later GEMM; they grow only when a larger block is needed.
+  thread_local PackSlot slots[2];
+  PackSlot& s = slots[slot];
+  if (s.floats < floats) {
+    const size_t bytes = (floats * sizeof(float) + 63) / 64 * 64;
+    float* p = static_cast<float*>(std::aligned_alloc(64, bytes));
+    TS_CHECK(p != nullptr, "[gemm] cannot allocate a pack buffer of ", bytes, " bytes");
+    s.data.reset(p);
+    s.floats = floats;
+  }
+  return s.data.get();
+}
+}  // namespace gemm_detail
+
+GemmTile gemm_tile() {
+  return HWY_DYNAMIC_DISPATCH(tile_target)();
+}
+
+void gemm_blocked(ThreadPool& pool, const ops::GemmArgs& g, const GemmBlocking& blocking) {
+  TS_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0, "[gemm] negative size m=", g.m, " n=", g.n,
+           " k=", g.k);
+  TS_CHECK((g.a_type == DType::f32 || g.a_type == DType::bf16) &&
+               (g.b_type == DType::f32 || g.b_type == DType::bf16),
+           "[gemm] inputs must be f32 or bf16, got ", dtype_name(g.a_type), " and ",
+           dtype_name(g.b_type));
+  TS_CHECK(blocking.mc >= 0 && blocking.kc >= 0 && blocking.nc >= 0,
+           "[gemm] negative blocking mc=", blocking.mc, " kc=", blocking.kc, " nc=", blocking.nc);
+  if (g.m == 0 || g.n == 0) return;
+  TS_CHECK(g.c != nullptr && (g.k == 0 || (g.a != nullptr && g.b != nullptr)),
+           "[gemm] null pointer for a, b or c");
+  if (g.k == 0) {
+    // Empty sum: C = bias (+ C), nothing to pack.
+    for (int64_t i = 0; i < g.m; ++i) {
+      float* row = g.c + i * g.ldc;
+      for (int64_t j = 0; j < g.n; ++j)
+        row[j] = (g.accumulate ? row[j] : 0.0f) + (g.bias ? g.bias[j] : 0.0f);
+    }
+    return;
+  }
+  HWY_DYNAMIC_DISPATCH(gemm_target)(pool, g, blocking);
+}
+
+void gemm(ThreadPool& pool, const ops::GemmArgs& g) {
+  gemm_blocked(pool, g, GemmBlocking{});
+}
+
+}  // namespace tessera::cpu
+#endif  // HWY_ONCE
