@@ -129,4 +129,67 @@ OpCost attention_backward_cost(int64_t B, int64_t T, int64_t C, int64_t H) {
   return c;
 }
 
+// ---- Llama family ----
+
+void rmsnorm_forward(const Context& ctx, float* out, float* rstd, const float* inp, const float* w,
+                     int64_t N, int64_t C, float eps) {
+  TS_DISPATCH(rmsnorm_forward, out, rstd, inp, w, N, C, eps);
+}
+
+void rmsnorm_backward(const Context& ctx, float* dinp, float* dw, const float* dout,
+                      const float* inp, const float* w, const float* rstd, int64_t N, int64_t C) {
+  TS_DISPATCH(rmsnorm_backward, dinp, dw, dout, inp, w, rstd, N, C);
+}
+
+RopeTable make_rope_table(int64_t max_pos, int64_t rotary_dim, double theta) {
+  return cpu::make_rope_table(max_pos, rotary_dim, theta);
+}
+
+void rope_forward(const Context& ctx, float* out, const float* inp, const RopeTable& table,
+                  const int32_t* positions, int64_t pos0, int64_t B, int64_t T, int64_t H,
+                  int64_t D, RopeLayout layout) {
+  TS_DISPATCH(rope_forward, out, inp, table, positions, pos0, B, T, H, D, layout);
+}
+
+void rope_backward(const Context& ctx, float* dinp, const float* dout, const RopeTable& table,
+                   const int32_t* positions, int64_t pos0, int64_t B, int64_t T, int64_t H,
+                   int64_t D, RopeLayout layout) {
+  TS_DISPATCH(rope_backward, dinp, dout, table, positions, pos0, B, T, H, D, layout);
+}
+
+void swiglu_forward(const Context& ctx, float* out, const float* gate, const float* up, int64_t N,
+                    int64_t F) {
+  TS_DISPATCH(swiglu_forward, out, gate, up, N, F);
+}
+
+void swiglu_backward(const Context& ctx, float* dgate, float* dup, const float* dout,
+                     const float* gate, const float* up, int64_t N, int64_t F) {
+  TS_DISPATCH(swiglu_backward, dgate, dup, dout, gate, up, N, F);
+}
+
+// Per element: square-accumulate, two multiplies; reads inp and w, writes out (rstd negligible).
+OpCost rmsnorm_forward_cost(int64_t N, int64_t C) {
+  OpCost c;
+  c.flops = 4.0 * N * C;
+  c.bytes = 4.0 * (2.0 * N * C + C + N);
+  return c;
+}
+
+// Per rotated pair: 4 multiplies and 2 adds; reads and writes every element once, plus one
+// cos/sin table row (R/2 + R/2 floats) per token.
+OpCost rope_cost(int64_t B, int64_t T, int64_t H, int64_t D, int64_t rotary_dim) {
+  OpCost c;
+  c.flops = 3.0 * B * T * H * rotary_dim;
+  c.bytes = 4.0 * (2.0 * B * T * H * D + B * T * rotary_dim);
+  return c;
+}
+
+// Per element: exp (counted as 1), add, divide, two multiplies; reads gate and up, writes out.
+OpCost swiglu_forward_cost(int64_t N, int64_t F) {
+  OpCost c;
+  c.flops = 5.0 * N * F;
+  c.bytes = 4.0 * 3.0 * N * F;
+  return c;
+}
+
 }  // namespace tessera::ops

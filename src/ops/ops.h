@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/dtype.h"
 #include "ops/context.h"
@@ -101,5 +102,57 @@ struct OpCost {
 OpCost gemm_cost(const GemmArgs& g);
 OpCost attention_forward_cost(int64_t B, int64_t T, int64_t C, int64_t H);
 OpCost attention_backward_cost(int64_t B, int64_t T, int64_t C, int64_t H);
+
+// ---- Llama family: RMSNorm, rotary position embedding (RoPE), SwiGLU ----
+
+// out (N,C) = inp * rstd * w; saves rstd (N) = 1 / sqrt(mean(inp^2) + eps). out may alias inp.
+void rmsnorm_forward(const Context& ctx, float* out, float* rstd, const float* inp, const float* w,
+                     int64_t N, int64_t C, float eps);
+// dinp (N,C) += ..., dw (C) += ... (accumulate, like layernorm_backward); dout, inp (N,C);
+// w (C); rstd (N) from the forward.
+void rmsnorm_backward(const Context& ctx, float* dinp, float* dw, const float* dout,
+                      const float* inp, const float* w, const float* rstd, int64_t N, int64_t C);
+
+// Which dimensions of a head are rotated together, with R = rotary_dim and i in [0, R/2):
+// half: pairs (i, i + R/2), the "rotate half" layout of Llama/NeoX in HF checkpoints;
+// interleaved: pairs (2i, 2i+1), the GPT-J layout (GGUF Llama files permute q/k for it).
+// Pair i turns by the angle pos * theta^(-2i/R) in both layouts.
+enum class RopeLayout : uint8_t { half, interleaved };
+
+// cos/sin (max_pos, R/2) of pos * theta^(-2i/R) for pos in [0, max_pos): computed in double and
+// rounded once, built once by the caller (per model and context length), so that rope calls
+// neither allocate nor evaluate sin/cos. Host memory.
+struct RopeTable {
+  int64_t max_pos = 0, rotary_dim = 0;
+  double theta = 0;
+  std::vector<float> cos, sin;
+};
+// Throws on rotary_dim odd or <= 0, max_pos < 0, theta <= 0.
+RopeTable make_rope_table(int64_t max_pos, int64_t rotary_dim, double theta);
+
+// Rotates the first R = table.rotary_dim dimensions of every head; out (B,T,H,D), inp (B,T,H,D)
+// (out may equal inp; dimensions [R, D) are copied). Token t of every batch row sits at position
+// positions[t] (positions (T), each in [0, table.max_pos)), or at pos0 + t if positions is null.
+// (A decode batch of sequences at different positions is B = 1, T = number of sequences.)
+void rope_forward(const Context& ctx, float* out, const float* inp, const RopeTable& table,
+                  const int32_t* positions, int64_t pos0, int64_t B, int64_t T, int64_t H,
+                  int64_t D, RopeLayout layout);
+// dinp (B,T,H,D) = dout rotated by the negative angles (the rotation is orthogonal); overwrites,
+// dinp may equal dout.
+void rope_backward(const Context& ctx, float* dinp, const float* dout, const RopeTable& table,
+                   const int32_t* positions, int64_t pos0, int64_t B, int64_t T, int64_t H,
+                   int64_t D, RopeLayout layout);
+
+// out (N,F) = silu(gate) * up, silu(x) = x / (1 + exp(-x)); gate, up (N,F). out may alias either.
+void swiglu_forward(const Context& ctx, float* out, const float* gate, const float* up, int64_t N,
+                    int64_t F);
+// dgate (N,F) = dout * up * silu'(gate), dup (N,F) = dout * silu(gate) (both overwritten; each
+// may alias dout, or its own input).
+void swiglu_backward(const Context& ctx, float* dgate, float* dup, const float* dout,
+                     const float* gate, const float* up, int64_t N, int64_t F);
+
+OpCost rmsnorm_forward_cost(int64_t N, int64_t C);
+OpCost rope_cost(int64_t B, int64_t T, int64_t H, int64_t D, int64_t rotary_dim);
+OpCost swiglu_forward_cost(int64_t N, int64_t F);
 
 }  // namespace tessera::ops

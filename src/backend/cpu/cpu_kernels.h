@@ -36,4 +36,21 @@ double sum_squares(ThreadPool& pool, const float* x, int64_t n);
 void scale(ThreadPool& pool, float* x, int64_t n, float s);
 void convert_f32_to_bf16(ThreadPool& pool, uint16_t* dst, const float* src, int64_t n);
 
+// Llama ops (backend/cpu/llama_ops.cc). make_rope_table is ops::make_rope_table.
+ops::RopeTable make_rope_table(int64_t max_pos, int64_t rotary_dim, double theta);
+void rmsnorm_forward(ThreadPool& pool, float* out, float* rstd, const float* inp, const float* w,
+                     int64_t N, int64_t C, float eps);
+void rmsnorm_backward(ThreadPool& pool, float* dinp, float* dw, const float* dout, const float* inp,
+                      const float* w, const float* rstd, int64_t N, int64_t C);
+void rope_forward(ThreadPool& pool, float* out, const float* inp, const ops::RopeTable& table,
+                  const int32_t* positions, int64_t pos0, int64_t B, int64_t T, int64_t H,
+                  int64_t D, ops::RopeLayout layout);
+void rope_backward(ThreadPool& pool, float* dinp, const float* dout, const ops::RopeTable& table,
+                   const int32_t* positions, int64_t pos0, int64_t B, int64_t T, int64_t H,
+                   int64_t D, ops::RopeLayout layout);
+void swiglu_forward(ThreadPool& pool, float* out, const float* gate, const float* up, int64_t N,
+                    int64_t F);
+void swiglu_backward(ThreadPool& pool, float* dgate, float* dup, const float* dout,
+                     const float* gate, const float* up, int64_t N, int64_t F);
+
 }  // namespace tessera::cpu

@@ -32,4 +32,25 @@ void adamw(float* params, const float* grads, float* m, float* v, int64_t n,
 double sum_squares(const float* x, int64_t n);
 void scale(float* x, int64_t n, float s);
 
+// Llama ops. rope_* evaluate their angles in double from table.theta and table.rotary_dim and
+// ignore the table's stored values, so the reference stays independent of make_rope_table.
+
+// Throws naming the parameter unless: table.rotary_dim even, in (0, D]; B, T, H >= 0; every
+// position (positions[t], or pos0 + t) in [0, table.max_pos). `op` prefixes the message.
+void check_rope_args(const char* op, const ops::RopeTable& table, const int32_t* positions,
+                     int64_t pos0, int64_t B, int64_t T, int64_t H, int64_t D);
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int64_t N,
+                     int64_t C, float eps);
+void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
+                      const float* rstd, int64_t N, int64_t C);
+void rope_forward(float* out, const float* inp, const ops::RopeTable& table,
+                  const int32_t* positions, int64_t pos0, int64_t B, int64_t T, int64_t H,
+                  int64_t D, ops::RopeLayout layout);
+void rope_backward(float* dinp, const float* dout, const ops::RopeTable& table,
+                   const int32_t* positions, int64_t pos0, int64_t B, int64_t T, int64_t H,
+                   int64_t D, ops::RopeLayout layout);
+void swiglu_forward(float* out, const float* gate, const float* up, int64_t N, int64_t F);
+void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
+                     const float* up, int64_t N, int64_t F);
+
 }  // namespace tessera::cpu::ref
