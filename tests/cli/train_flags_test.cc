@@ -1,6 +1,8 @@
 // `tessera train` flag parsing through cli::Args: valid flags map to options, nonsense throws.
 #include <gtest/gtest.h>
 
+#include "test_util/expect_error.h"
+
 #include "apps/cli/train_flags.h"
 #include "core/error.h"
 
@@ -12,15 +14,7 @@ train::TrainOptions parse(const std::vector<std::string>& argv, bool* resume) {
   return parse_train_options(a, resume);
 }
 
-template <typename Fn>
-void expect_error(Fn&& fn, const std::string& part) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error; expected one mentioning '" << part << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
-  }
-}
+using tessera::test::expect_error;
 
 TEST(TrainFlags, ValidFlagsMapToOptions) {
   bool resume = true;

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "test_util/expect_error.h"
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -30,16 +32,7 @@ std::vector<int32_t> iota_tokens(int64_t n, int64_t vocab) {
   return t;
 }
 
-// Expects the call to throw an Error whose message contains `part`.
-template <typename Fn>
-void expect_error(Fn&& fn, const std::string& part) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error; expected one mentioning '" << part << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
-  }
-}
+using tessera::test::expect_error;
 
 TEST(Shard, RoundTripU16AndU32) {
   const std::string d = fresh_dir("roundtrip");

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "test_util/expect_error.h"
+
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -61,15 +63,7 @@ TrainOptions tiny_options(const std::string& data, const std::string& out) {
   return o;
 }
 
-template <typename Fn>
-void expect_error(Fn&& fn, const std::string& part) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error; expected one mentioning '" << part << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
-  }
-}
+using tessera::test::expect_error;
 
 // Uniform guessing over V=64 costs ln 64 = 4.16 nats and the best context-free guess (the 16
 // cycle tokens are equally frequent) ln 16 = 2.77. A loss below 0.5 can only come from using the
