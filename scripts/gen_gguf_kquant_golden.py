@@ -1,0 +1,29 @@
+# Generates the k-quant golden values in tests/model/gguf_test.cc: deterministic Q4_K / Q6_K
+# blocks dequantized by gguf-py (pip install gguf numpy), printed as sampled values.
+import numpy as np, struct
+from gguf.quants import dequantize
+from gguf import GGMLQuantizationType as Q
+
+def blk(nbytes, seed):
+    return bytearray(((i * 37 + seed * 11 + (i >> 3) * 5) & 0xff) for i in range(nbytes))
+
+def f16bits(x):
+    return np.array([x], dtype=np.float16).view(np.uint16)[0]
+
+# Q4_K: two blocks; d/dmin at bytes 0..3
+q4 = bytearray()
+for b, (d, dm) in enumerate([(0.0125, 0.003), (-0.5, 0.25)]):
+    x = blk(144, b + 1)
+    struct.pack_into('<HH', x, 0, f16bits(d), f16bits(dm))
+    q4 += x
+y4 = dequantize(np.frombuffer(bytes(q4), dtype=np.uint8), Q.Q4_K).astype(np.float64).ravel()
+q6 = bytearray()
+for b, d in enumerate([0.02, -0.0078125]):
+    x = blk(210, b + 3)
+    struct.pack_into('<H', x, 208, f16bits(d))
+    q6 += x
+y6 = dequantize(np.frombuffer(bytes(q6), dtype=np.uint8), Q.Q6_K).astype(np.float64).ravel()
+idx = [0, 1, 17, 31, 32, 63, 64, 100, 127, 128, 150, 191, 200, 255, 256, 300, 383, 400, 511]
+for name, y in (("q4k", y4), ("q6k", y6)):
+    print(name, len(y), repr(float(y.sum())), repr(float(np.abs(y).sum())))
+    print(", ".join("{%d, %.9g}" % (i, y[i]) for i in idx))
