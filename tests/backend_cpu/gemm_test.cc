@@ -2,6 +2,7 @@
 // dtypes, odd sizes, strides, misalignment, blockings, thread counts and SIMD targets.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -305,6 +306,53 @@ TEST(Gemm, EverySupportedTarget) {
   }
   hwy::SetSupportedTargetsForTest(0);
   EXPECT_GE(tested, 1);
+}
+
+// On targets whose MulAdd is a fused multiply-add (AVX2 and its hand-scheduled micro-kernel,
+// AVX-512), every output is exactly this chain: per depth block of kc, s = fma(a, b, s) from
+// zero with p ascending; the first block gives (s + C0 if accumulating) + bias, later blocks
+// s + C. The model uses std::fma and plain f32 additions, so equality is exact (no tolerance):
+// a kernel that reorders, splits or unfuses any step changes some bits. kc = 37 leaves k-loop
+// remainders of 1 and 2 after the unrolled steps; m and n leave partial (edge) tiles.
+TEST(Gemm, FmaTargetsComputeOneFmaChainPerDepthBlock) {
+  int tested = 0;
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    if ((target & (HWY_AVX2 | HWY_AVX3 | HWY_AVX3_DL)) == 0) continue;
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(hwy::TargetName(target));
+    for (Trans tb : {Trans::N, Trans::T})
+      for (int64_t kc : {0, 37})
+        for (bool acc : {false, true}) {
+          Case c;
+          c.tb = tb, c.m = 13, c.n = 37, c.k = 100, c.bias = true, c.accumulate = acc;
+          c.threads = 2, c.blocking = GemmBlocking{0, kc, 0};
+          const Operands o = make_operands(c, 9);
+          std::vector<float> out = o.c0;
+          ThreadPool pool(c.threads);
+          gemm_blocked(pool, make_args(c, o, out.data()), c.blocking);
+          const int64_t block = kc > 0 ? kc : c.k;
+          for (int64_t i = 0; i < c.m; ++i)
+            for (int64_t j = 0; j < c.n; ++j) {
+              float want = o.c0[i * o.ldc + j];
+              for (int64_t p0 = 0; p0 < c.k; p0 += block) {
+                float s = 0.0f;
+                for (int64_t p = p0; p < std::min(c.k, p0 + block); ++p)
+                  s = std::fma(seen(o, true, c, i, p), seen(o, false, c, p, j), s);
+                if (p0 > 0) {
+                  want = s + want;
+                } else {
+                  want = acc ? s + want : s;
+                  want = want + o.bias[j];
+                }
+              }
+              ASSERT_EQ(out[i * o.ldc + j], want)
+                  << "C(" << i << "," << j << ") kc=" << kc << " acc=" << acc;
+            }
+        }
+    ++tested;
+  }
+  hwy::SetSupportedTargetsForTest(0);
+  if (tested == 0) GTEST_SKIP() << "no FMA target (AVX2/AVX-512) on this CPU";
 }
 
 TEST(Gemm, RejectsBadInput) {

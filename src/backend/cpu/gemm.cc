@@ -1,9 +1,9 @@
 // Packed GEMM in the Goto/BLIS style: op(A) and op(B) blocks are packed into contiguous
-// micro-panels, a register-tiled Highway micro-kernel computes kMR x kNR tiles of C, and threads
-// own disjoint rectangles of C. bf16 inputs are converted to f32 while packing (exact), so the
-// kernel is an f32 FMA kernel: this CPU family (AVX2, no AVX512-BF16) has no bf16 dot product
-// (an AVX512-BF16 `vdpbf16ps` kernel chosen by cpu_features() would be the place to add one).
-// m <= 4 (decode) takes the unpacked small-M path of gemm_small-inl.h instead.
+// micro-panels, a register-tiled micro-kernel (Highway; inline assembly on AVX2) computes
+// kMR x kNR tiles of C, and threads own disjoint rectangles of C. bf16 inputs are converted to f32
+// while packing (exact), so the kernel is an f32 FMA kernel: this CPU family (AVX2, no AVX512-BF16)
+// has no bf16 dot product (an AVX512-BF16 `vdpbf16ps` kernel chosen by cpu_features() would be the
+// place to add one). m <= 4 (decode) takes the unpacked small-M path of gemm_small-inl.h instead.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -19,6 +19,9 @@
 #include "hwy/cache_control.h"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#if HWY_ARCH_X86
+#include <immintrin.h>
+#endif
 
 #include "backend/cpu/gemm_pack-inl.h"
 #include "backend/cpu/gemm_small-inl.h"
@@ -48,9 +51,9 @@ constexpr int64_t kDefaultNc = 3072;
 // where sum = sum_p a_panel[p] * b_panel[p] runs p = 0..kc-1 in order, one FMA per step, from
 // zero. Every output's rounding sequence is therefore fixed by kc alone. C is read only after
 // the loop (prefetched before it), so its cache misses overlap the FMAs.
-HWY_INLINE void micro_kernel(int64_t kc, const float* HWY_RESTRICT a, const float* HWY_RESTRICT b,
-                             float* HWY_RESTRICT c, int64_t ldc, bool load_c,
-                             const float* HWY_RESTRICT bias) {
+HWY_INLINE void micro_kernel_hwy(int64_t kc, const float* HWY_RESTRICT a,
+                                 const float* HWY_RESTRICT b, float* HWY_RESTRICT c, int64_t ldc,
+                                 bool load_c, const float* HWY_RESTRICT bias) {
   const DF d;
   const size_t L = hn::Lanes(d);
   for (int r = 0; r < kMR; ++r) {
@@ -97,6 +100,105 @@ HWY_INLINE void micro_kernel(int64_t kc, const float* HWY_RESTRICT a, const floa
   }
   TS_GEMM_ROW(0) TS_GEMM_ROW(1) TS_GEMM_ROW(2) TS_GEMM_ROW(3) TS_GEMM_ROW(4) TS_GEMM_ROW(5)
 #undef TS_GEMM_ROW
+}
+
+#if HWY_TARGET == HWY_AVX2
+// The same 6x16 tile and contract as micro_kernel_hwy, for AVX2+FMA (compiled for and reached
+// only through the AVX2 dispatch). Per output it issues the same FMA sequence (p ascending from
+// zero, then + C, then + bias), so its bits are identical to micro_kernel_hwy's. What differs
+// is the schedule, which GCC does not keep when given intrinsics (it hoists broadcasts and
+// spills accumulators in an unrolled body): the k loop is inline assembly with the 12
+// accumulators, 2 B vectors and 2 A broadcasts pinned in the 16 ymm registers, unrolled by 4
+// with constant offsets from two pointers bumped once per iteration, and A (streaming from L2)
+// prefetched 16 steps ahead.
+// clang-format off
+#define TS_AVX2_ROW_FMA(P, R, AREG)                                   \
+  "vbroadcastss " #P "*24+" #R "*4(%[a]), %[" AREG "]\n\t"            \
+  "vfmadd231ps %[b0], %[" AREG "], %[c" #R "0]\n\t"                   \
+  "vfmadd231ps %[b1], %[" AREG "], %[c" #R "1]\n\t"
+#define TS_AVX2_STEP(P)                                               \
+  "vmovaps " #P "*64(%[b]), %[b0]\n\t"                                \
+  "vmovaps " #P "*64+32(%[b]), %[b1]\n\t"                             \
+  TS_AVX2_ROW_FMA(P, 0, "a0") TS_AVX2_ROW_FMA(P, 1, "a1")             \
+  TS_AVX2_ROW_FMA(P, 2, "a0") TS_AVX2_ROW_FMA(P, 3, "a1")             \
+  TS_AVX2_ROW_FMA(P, 4, "a0") TS_AVX2_ROW_FMA(P, 5, "a1")
+#define TS_AVX2_ZERO(R)                                               \
+  "vxorps %[c" #R "0], %[c" #R "0], %[c" #R "0]\n\t"                   \
+  "vxorps %[c" #R "1], %[c" #R "1], %[c" #R "1]\n\t"
+// clang-format on
+HWY_INLINE void micro_kernel_avx2(int64_t kc, const float* HWY_RESTRICT a,
+                                  const float* HWY_RESTRICT b, float* HWY_RESTRICT c, int64_t ldc,
+                                  bool load_c, const float* HWY_RESTRICT bias) {
+  for (int r = 0; r < kMR; ++r) {
+    _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc + 15), _MM_HINT_T0);
+  }
+  __m256 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51, b0, b1, a0, a1;
+  int64_t n4 = kc / 4, n1 = kc % 4;
+  // A panel: 6 floats (24 B) per step; B panel: 16 floats (64 B, aligned) per step.
+  // Accumulators are zeroed inside the asm: as outputs only they stay within GCC's 30-operand
+  // limit (an in-out operand counts twice).
+  // clang-format off
+  asm volatile(
+      TS_AVX2_ZERO(0) TS_AVX2_ZERO(1) TS_AVX2_ZERO(2)
+      TS_AVX2_ZERO(3) TS_AVX2_ZERO(4) TS_AVX2_ZERO(5)
+      "test %[n4], %[n4]\n\t"
+      "jz 2f\n\t"
+      ".p2align 5\n"
+      "1:\n\t"
+      "prefetcht0 384(%[a])\n\t"
+      "prefetcht0 448(%[a])\n\t"
+      TS_AVX2_STEP(0) TS_AVX2_STEP(1) TS_AVX2_STEP(2) TS_AVX2_STEP(3)
+      "add $96, %[a]\n\t"
+      "add $256, %[b]\n\t"
+      "dec %[n4]\n\t"
+      "jnz 1b\n"
+      "2:\n\t"
+      "test %[n1], %[n1]\n\t"
+      "jz 4f\n"
+      "3:\n\t"
+      TS_AVX2_STEP(0)
+      "add $24, %[a]\n\t"
+      "add $64, %[b]\n\t"
+      "dec %[n1]\n\t"
+      "jnz 3b\n"
+      "4:\n\t"
+      : [a] "+r"(a), [b] "+r"(b), [n4] "+r"(n4), [n1] "+r"(n1),
+        [c00] "=&x"(c00), [c01] "=&x"(c01), [c10] "=&x"(c10), [c11] "=&x"(c11),
+        [c20] "=&x"(c20), [c21] "=&x"(c21), [c30] "=&x"(c30), [c31] "=&x"(c31),
+        [c40] "=&x"(c40), [c41] "=&x"(c41), [c50] "=&x"(c50), [c51] "=&x"(c51),
+        [b0] "=&x"(b0), [b1] "=&x"(b1), [a0] "=&x"(a0), [a1] "=&x"(a1)
+      :
+      : "cc", "memory");
+  // clang-format on
+#define TS_AVX2_ROW(R)                                                \
+  {                                                                   \
+    float* cr = c + (R)*ldc;                                          \
+    if (load_c)                                                       \
+      c##R##0 = _mm256_add_ps(c##R##0, _mm256_loadu_ps(cr)),          \
+      c##R##1 = _mm256_add_ps(c##R##1, _mm256_loadu_ps(cr + 8));      \
+    if (bias)                                                         \
+      c##R##0 = _mm256_add_ps(c##R##0, _mm256_loadu_ps(bias)),        \
+      c##R##1 = _mm256_add_ps(c##R##1, _mm256_loadu_ps(bias + 8));    \
+    _mm256_storeu_ps(cr, c##R##0), _mm256_storeu_ps(cr + 8, c##R##1); \
+  }
+  TS_AVX2_ROW(0) TS_AVX2_ROW(1) TS_AVX2_ROW(2) TS_AVX2_ROW(3) TS_AVX2_ROW(4) TS_AVX2_ROW(5)
+#undef TS_AVX2_ROW
+}
+#undef TS_AVX2_ZERO
+#undef TS_AVX2_STEP
+#undef TS_AVX2_ROW_FMA
+#endif  // HWY_TARGET == HWY_AVX2
+
+// The micro-kernel of the compiled target; every target's has micro_kernel_hwy's contract.
+HWY_INLINE void micro_kernel(int64_t kc, const float* HWY_RESTRICT a, const float* HWY_RESTRICT b,
+                             float* HWY_RESTRICT c, int64_t ldc, bool load_c,
+                             const float* HWY_RESTRICT bias) {
+#if HWY_TARGET == HWY_AVX2
+  micro_kernel_avx2(kc, a, b, c, ldc, load_c, bias);
+#else
+  micro_kernel_hwy(kc, a, b, c, ldc, load_c, bias);
+#endif
 }
 
 // A partial tile (rows < kMR or cols < kNR) goes through an aligned kMR x kNR scratch tile so

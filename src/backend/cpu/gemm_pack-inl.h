@@ -12,6 +12,9 @@
 #include "core/dtype.h"
 #include "hwy/highway.h"
 #include "ops/ops.h"
+#if HWY_ARCH_X86
+#include <immintrin.h>
+#endif
 
 HWY_BEFORE_NAMESPACE();
 namespace tessera::cpu::HWY_NAMESPACE {
@@ -85,6 +88,66 @@ void pack_a_impl(const Operand& a, int64_t i0, int64_t mc, int64_t p0, int64_t k
   }
 }
 
+#if HWY_TARGET == HWY_AVX2
+// Eight consecutive source elements from element i as f32 (bf16 widens exactly: bits << 16).
+template <Src kSrc>
+HWY_INLINE __m256 load8_avx2(const void* base, int64_t i) {
+  static_assert(kSrc == Src::f32 || kSrc == Src::bf16, "no vector load for this source");
+  if constexpr (kSrc == Src::bf16) {
+    const __m128i h =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + i));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  } else {
+    return _mm256_loadu_ps(static_cast<const float*>(base) + i);
+  }
+}
+
+// One full 16-column B micro-panel from B^T (f32 or bf16) whose element (c, p) is
+// base[i0 + c*ld + p]: dst[p*16 + c] = that element as f32, for p < kc, c < 16. Eight depths of
+// 8 columns are loaded as 8 row vectors and transposed in registers (unpack pairs, shuffle
+// quads, swap 128-bit halves), so every store is a whole 32-byte half-row of the panel instead
+// of 8 scalar stores 64 bytes apart; the 16 source rows are each read sequentially (all 16
+// lines stay in L1). The depths past the last multiple of 8 are copied one element at a time.
+template <Src kSrc>
+void pack_bt_panel_avx2(const void* base, int64_t i0, int64_t ld, int64_t kc,
+                        float* HWY_RESTRICT dst) {
+  int64_t p = 0;
+  for (; p + 8 <= kc; p += 8) {
+    for (int h = 0; h < 2; ++h) {
+      const int64_t s = i0 + h * 8 * ld + p;
+      const __m256 v0 = load8_avx2<kSrc>(base, s), v1 = load8_avx2<kSrc>(base, s + ld);
+      const __m256 v2 = load8_avx2<kSrc>(base, s + 2 * ld);
+      const __m256 v3 = load8_avx2<kSrc>(base, s + 3 * ld);
+      const __m256 v4 = load8_avx2<kSrc>(base, s + 4 * ld);
+      const __m256 v5 = load8_avx2<kSrc>(base, s + 5 * ld);
+      const __m256 v6 = load8_avx2<kSrc>(base, s + 6 * ld);
+      const __m256 v7 = load8_avx2<kSrc>(base, s + 7 * ld);
+      // t0 = (v0[0] v1[0] v0[1] v1[1] | v0[4] v1[4] v0[5] v1[5]), t1 the same for [2,3 | 6,7].
+      const __m256 t0 = _mm256_unpacklo_ps(v0, v1), t1 = _mm256_unpackhi_ps(v0, v1);
+      const __m256 t2 = _mm256_unpacklo_ps(v2, v3), t3 = _mm256_unpackhi_ps(v2, v3);
+      const __m256 t4 = _mm256_unpacklo_ps(v4, v5), t5 = _mm256_unpackhi_ps(v4, v5);
+      const __m256 t6 = _mm256_unpacklo_ps(v6, v7), t7 = _mm256_unpackhi_ps(v6, v7);
+      // s0 = (v0[0] v1[0] v2[0] v3[0] | v0[4] v1[4] v2[4] v3[4]); s1 depths 1|5, s2 2|6, s3 3|7.
+      const __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+      const __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+      const __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+      const __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+      float* d = dst + p * 16 + h * 8;  // 32-byte aligned: panels are 64-byte aligned
+      _mm256_store_ps(d + 0 * 16, _mm256_permute2f128_ps(s0, s4, 0x20));
+      _mm256_store_ps(d + 1 * 16, _mm256_permute2f128_ps(s1, s5, 0x20));
+      _mm256_store_ps(d + 2 * 16, _mm256_permute2f128_ps(s2, s6, 0x20));
+      _mm256_store_ps(d + 3 * 16, _mm256_permute2f128_ps(s3, s7, 0x20));
+      _mm256_store_ps(d + 4 * 16, _mm256_permute2f128_ps(s0, s4, 0x31));
+      _mm256_store_ps(d + 5 * 16, _mm256_permute2f128_ps(s1, s5, 0x31));
+      _mm256_store_ps(d + 6 * 16, _mm256_permute2f128_ps(s2, s6, 0x31));
+      _mm256_store_ps(d + 7 * 16, _mm256_permute2f128_ps(s3, s7, 0x31));
+    }
+  }
+  for (; p < kc; ++p)
+    for (int64_t c = 0; c < 16; ++c) dst[p * 16 + c] = load_elem<kSrc>(base, i0 + c * ld + p);
+}
+#endif  // HWY_TARGET == HWY_AVX2
+
 // Packs op(B) depth [p0, p0+kc) x columns [j0, j0+nc) into ceil(nc/kNR) micro-panels; panel q
 // holds dst[q*kNR*kc + p*kNR + c] = op(B)(p0 + p, j0 + q*kNR + c), columns past nc are zero.
 template <int kNR, Src kSrc>
@@ -117,6 +180,15 @@ void pack_b_impl(const Operand& b, int64_t p0, int64_t kc, int64_t j0, int64_t n
         }
       }
     } else {
+#if HWY_TARGET == HWY_AVX2
+      // f32 and bf16 sources (not f32_round_bf16, whose rounding stays scalar).
+      if constexpr ((kSrc == Src::f32 || kSrc == Src::bf16) && kNR == 16) {
+        if (cols == kNR) {
+          pack_bt_panel_avx2<kSrc>(b.p, col0 * b.ld + p0, b.ld, kc, dst);
+          continue;
+        }
+      }
+#endif
       // op(B)(p, j) = b[j*ld + p]: a transpose. Walk kTile depths of all kNR columns so the
       // kNR source rows are read sequentially and the destination tile stays in L1.
       for (int64_t pt = 0; pt < kc; pt += kTile) {
