@@ -18,7 +18,10 @@ struct Result {
 
 // Runs `tessera <args>` with stderr captured (stdout discarded).
 Result run_tessera(const std::string& args) {
-  const std::string err_path = ::testing::TempDir() + "tessera_cli_err.txt";
+  // One file per test: ctest runs the tests of this binary in parallel processes.
+  const std::string err_path = ::testing::TempDir() + "tessera_cli_err_" +
+                               ::testing::UnitTest::GetInstance()->current_test_info()->name() +
+                               ".txt";
   const std::string cmd =
       std::string(TESSERA_BINARY_DIR) + "/tessera " + args + " >/dev/null 2>" + err_path;
   Result r;
