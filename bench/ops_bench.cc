@@ -21,7 +21,8 @@ std::vector<float> random_vector(size_t n, uint64_t seed) {
 // y (M,N) = x (M,K) W^T, W (N,K): the forward form of every linear layer.
 void BM_GemmForward(benchmark::State& state) {
   const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
-  auto a = random_vector(static_cast<size_t>(m * k), 1), b = random_vector(static_cast<size_t>(n * k), 2);
+  auto a = random_vector(static_cast<size_t>(m * k), 1),
+       b = random_vector(static_cast<size_t>(n * k), 2);
   std::vector<float> c(static_cast<size_t>(m * n));
   tessera::ops::GemmArgs g;
   g.trans_b = tessera::ops::Trans::T;
@@ -50,7 +51,8 @@ void BM_LayernormForward(benchmark::State& state) {
   for (auto _ : state)
     tessera::ops::layernorm_forward(ctx, out.data(), mean.data(), rstd.data(), x.data(), w.data(),
                                     b.data(), n, c);
-  state.counters["bytes/s"] = benchmark::Counter(8.0 * n * c, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["bytes/s"] =
+      benchmark::Counter(8.0 * n * c, benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_LayernormForward)->Arg(4096)->UseRealTime();
 

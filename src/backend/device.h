@@ -7,7 +7,7 @@
 namespace tessera::backend {
 
 bool cuda_built();
-int cuda_device_count();          // 0 when built without CUDA or no device is present
+int cuda_device_count();            // 0 when built without CUDA or no device is present
 std::string cuda_device_summary();  // "NVIDIA H200, 139 GiB, sm_90" or why there is none
 // Throws Error("... built without CUDA" or "no CUDA device") naming `what`.
 void require_cuda(const char* what);

@@ -16,7 +16,9 @@ size_t ArenaPlan::reserve(const std::string& name, size_t bytes) {
   return off;
 }
 
-void Arena::Free::operator()(char* p) const { std::free(p); }
+void Arena::Free::operator()(char* p) const {
+  std::free(p);
+}
 
 Arena::Arena(size_t bytes) : bytes_(bytes) {
   if (bytes == 0) return;

@@ -45,11 +45,11 @@ uint16_t f32_to_f16(float f) {
   std::memcpy(&x, &f, 4);
   const uint32_t sign = (x >> 16) & 0x8000u;
   const uint32_t absx = x & 0x7fffffffu;
-  if (absx > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (absx > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
   if (absx >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to inf
   if (absx < 0x38800000u) {  // subnormal or zero in f16: scale to integer units of 2^-24
     const float a = std::fabs(f) * 16777216.0f;  // exact for the representable range
-    const float r = std::nearbyint(a);               // default rounding: to nearest even
+    const float r = std::nearbyint(a);           // default rounding: to nearest even
     return static_cast<uint16_t>(sign | static_cast<uint32_t>(r));
   }
   // Normal: rebias exponent, round mantissa from 23 to 10 bits, nearest even.
@@ -156,7 +156,8 @@ void from_f32(DType t, const float* src, void* dst, int64_t n) {
         const float d = amax / 127.0f;
         const float id = d > 0 ? 1.0f / d : 0.0f;
         b[i].d = f32_to_f16(d);
-        for (int j = 0; j < kQK8_0; ++j) b[i].qs[j] = static_cast<int8_t>(std::nearbyint(x[j] * id));
+        for (int j = 0; j < kQK8_0; ++j)
+          b[i].qs[j] = static_cast<int8_t>(std::nearbyint(x[j] * id));
       }
       return;
     }

@@ -18,7 +18,9 @@ struct DTypeTraits {
 };
 
 const DTypeTraits& traits(DType t);
-inline std::string_view dtype_name(DType t) { return traits(t).name; }
+inline std::string_view dtype_name(DType t) {
+  return traits(t).name;
+}
 // Parses "f32", "bf16", ...; throws Error naming `what` on an unknown name.
 DType parse_dtype(std::string_view name, std::string_view what);
 // Bytes taken by n elements; n must be a multiple of the block size (throws otherwise).

@@ -31,7 +31,7 @@ template <typename... Args>
 }  // namespace tessera
 
 // Checks a condition that bad input can break; throws tessera::Error with the message parts.
-#define TS_CHECK(cond, ...)                                  \
-  do {                                                       \
-    if (!(cond)) ::tessera::fail(__VA_ARGS__);               \
+#define TS_CHECK(cond, ...)                    \
+  do {                                         \
+    if (!(cond)) ::tessera::fail(__VA_ARGS__); \
   } while (0)

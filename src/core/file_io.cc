@@ -17,7 +17,9 @@
 namespace tessera {
 
 namespace {
-std::string errno_text() { return std::strerror(errno); }
+std::string errno_text() {
+  return std::strerror(errno);
+}
 
 std::string parent_dir(const std::string& path) {
   auto p = std::filesystem::path(path).parent_path();
@@ -52,7 +54,9 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
   }
 }
 
-MappedFile::~MappedFile() { release(); }
+MappedFile::~MappedFile() {
+  release();
+}
 
 void MappedFile::release() {
   if (data_ && size_) ::munmap(const_cast<uint8_t*>(data_), size_);
@@ -129,7 +133,9 @@ void write_file_atomic(const std::string& path, const void* data, size_t bytes) 
   w.commit();
 }
 
-bool file_exists(const std::string& path) { return std::filesystem::exists(path); }
+bool file_exists(const std::string& path) {
+  return std::filesystem::exists(path);
+}
 
 void make_dirs(const std::string& path) {
   std::error_code ec;

@@ -5,8 +5,8 @@
 namespace tessera::model {
 
 Gpt2Config Gpt2Config::preset(const std::string& name, int64_t vocab) {
-  TS_CHECK(vocab > 0 && vocab <= (int64_t{1} << 24), "[model] vocabulary size must be in [1, 2^24], got ",
-           vocab);
+  TS_CHECK(vocab > 0 && vocab <= (int64_t{1} << 24),
+           "[model] vocabulary size must be in [1, 2^24], got ", vocab);
   Gpt2Config c;
   if (name == "gpt2-tiny") {
     c.n_layer = 4, c.n_head = 4, c.n_embd = 128, c.max_seq = 256;
@@ -36,8 +36,8 @@ void Gpt2Config::validate() const {
   TS_CHECK(n_embd <= 65536, "[model] n_embd too large: ", n_embd);
   TS_CHECK(vocab_size > 0 && padded_vocab_size >= vocab_size && vocab_size <= (int64_t{1} << 24),
            "[model] bad vocabulary sizes V=", vocab_size, " Vp=", padded_vocab_size);
-  TS_CHECK(max_seq > 0 && max_seq <= (int64_t{1} << 20), "[model] max_seq must be in [1, 2^20], got ",
-           max_seq);
+  TS_CHECK(max_seq > 0 && max_seq <= (int64_t{1} << 20),
+           "[model] max_seq must be in [1, 2^20], got ", max_seq);
 }
 
 Precision parse_precision(const std::string& s) {

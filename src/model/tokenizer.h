@@ -37,7 +37,7 @@ class Tokenizer {
 
   int32_t vocab_size() const;
   int32_t token_id(std::string_view token_bytes) const;  // -1 if absent
-  int32_t eot_token() const;                              // id of <|endoftext|>, or -1
+  int32_t eot_token() const;                             // id of <|endoftext|>, or -1
 
  private:
   struct Impl;

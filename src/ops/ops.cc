@@ -9,25 +9,30 @@
 namespace tessera::ops {
 
 namespace {
-bool is_gemm_input(DType t) { return t == DType::f32 || t == DType::bf16; }
+bool is_gemm_input(DType t) {
+  return t == DType::f32 || t == DType::bf16;
+}
 }  // namespace
 
 // Dispatches `name(args...)`: reference kernels take no pool, SIMD kernels take the pool first.
-#define TS_DISPATCH(name, ...)                                          \
-  do {                                                                  \
-    if (ctx.device == Device::cuda) backend::require_cuda(#name);       \
-    if (ctx.reference) return cpu::ref::name(__VA_ARGS__);              \
-    return cpu::name(ctx.threads(), __VA_ARGS__);                       \
+#define TS_DISPATCH(name, ...)                                    \
+  do {                                                            \
+    if (ctx.device == Device::cuda) backend::require_cuda(#name); \
+    if (ctx.reference) return cpu::ref::name(__VA_ARGS__);        \
+    return cpu::name(ctx.threads(), __VA_ARGS__);                 \
   } while (0)
 
 void gemm(const Context& ctx, const GemmArgs& g) {
-  TS_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0, "[gemm] negative size m=", g.m, " n=", g.n, " k=", g.k);
-  TS_CHECK(is_gemm_input(g.a_type) && is_gemm_input(g.b_type), "[gemm] inputs must be f32 or bf16, got ",
-           dtype_name(g.a_type), " and ", dtype_name(g.b_type));
+  TS_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0, "[gemm] negative size m=", g.m, " n=", g.n,
+           " k=", g.k);
+  TS_CHECK(is_gemm_input(g.a_type) && is_gemm_input(g.b_type),
+           "[gemm] inputs must be f32 or bf16, got ", dtype_name(g.a_type), " and ",
+           dtype_name(g.b_type));
   const int64_t a_cols = g.trans_a == Trans::N ? g.k : g.m;
   const int64_t b_cols = g.trans_b == Trans::N ? g.n : g.k;
-  TS_CHECK(g.lda >= a_cols && g.ldb >= b_cols && g.ldc >= g.n, "[gemm] leading dimension too small: lda=",
-           g.lda, " ldb=", g.ldb, " ldc=", g.ldc, " for m=", g.m, " n=", g.n, " k=", g.k);
+  TS_CHECK(g.lda >= a_cols && g.ldb >= b_cols && g.ldc >= g.n,
+           "[gemm] leading dimension too small: lda=", g.lda, " ldb=", g.ldb, " ldc=", g.ldc,
+           " for m=", g.m, " n=", g.n, " k=", g.k);
   TS_DISPATCH(gemm, g);
 }
 
@@ -56,7 +61,8 @@ void gelu_forward(const Context& ctx, float* out, const float* inp, int64_t n) {
   TS_DISPATCH(gelu_forward, out, inp, n);
 }
 
-void gelu_backward(const Context& ctx, float* dinp, const float* inp, const float* dout, int64_t n) {
+void gelu_backward(const Context& ctx, float* dinp, const float* inp, const float* dout,
+                   int64_t n) {
   TS_DISPATCH(gelu_backward, dinp, inp, dout, n);
 }
 
@@ -79,7 +85,8 @@ void attention_backward(const Context& ctx, float* dqkv, const float* dout, cons
 
 void softmax_xent(const Context& ctx, float* losses, float* logits, const int32_t* targets,
                   int64_t N, int64_t V, int64_t Vp, float dlogits_scale) {
-  TS_CHECK(V > 0 && Vp >= V, "[softmax_xent] vocab V=", V, " must be positive and <= padded Vp=", Vp);
+  TS_CHECK(V > 0 && Vp >= V, "[softmax_xent] vocab V=", V,
+           " must be positive and <= padded Vp=", Vp);
   TS_DISPATCH(softmax_xent, losses, logits, targets, N, V, Vp, dlogits_scale);
 }
 
@@ -93,7 +100,9 @@ double sum_squares(const Context& ctx, const float* x, int64_t n) {
   TS_DISPATCH(sum_squares, x, n);
 }
 
-void scale(const Context& ctx, float* x, int64_t n, float s) { TS_DISPATCH(scale, x, n, s); }
+void scale(const Context& ctx, float* x, int64_t n, float s) {
+  TS_DISPATCH(scale, x, n, s);
+}
 
 void convert_f32_to_bf16(const Context& ctx, uint16_t* dst, const float* src, int64_t n) {
   if (ctx.device == Device::cuda) backend::require_cuda("convert_f32_to_bf16");

@@ -47,20 +47,31 @@ void expect_one_line_error(const std::string& args, const std::string& must_ment
       << args << " should mention '" << must_mention << "', printed: " << r.err;
 }
 
-TEST(Cli, UnknownCommand) { expect_one_line_error("frobnicate", "frobnicate"); }
+TEST(Cli, UnknownCommand) {
+  expect_one_line_error("frobnicate", "frobnicate");
+}
 
-TEST(Cli, UnknownFlag) { expect_one_line_error("probe --bogus 3", "--bogus"); }
+TEST(Cli, UnknownFlag) {
+  expect_one_line_error("probe --bogus 3", "--bogus");
+}
 
-TEST(Cli, BadNumber) { expect_one_line_error("probe --threads abc", "--threads"); }
+TEST(Cli, BadNumber) {
+  expect_one_line_error("probe --threads abc", "--threads");
+}
 
-TEST(Cli, OutOfRangeNumber) { expect_one_line_error("probe --threads -4", "--threads"); }
+TEST(Cli, OutOfRangeNumber) {
+  expect_one_line_error("probe --threads -4", "--threads");
+}
 
-TEST(Cli, UnknownBenchmark) { expect_one_line_error("bench nonsense", "nonsense"); }
+TEST(Cli, UnknownBenchmark) {
+  expect_one_line_error("bench nonsense", "nonsense");
+}
 
 TEST(Cli, MissingTokenizerFile) {
-  expect_one_line_error("prepare --tokenizer /nonexistent/tok.json --in /nonexistent/c.txt --out "
-                        "/tmp/tessera_cli_out",
-                        "/nonexistent/");
+  expect_one_line_error(
+      "prepare --tokenizer /nonexistent/tok.json --in /nonexistent/c.txt --out "
+      "/tmp/tessera_cli_out",
+      "/nonexistent/");
 }
 
 TEST(Cli, TrainWithoutShards) {

@@ -72,12 +72,15 @@ TEST(DType, BlockQuantErrorWithinHalfStep) {
       // Step size of each format; the error is at most half a step plus f16 scale rounding,
       // except q4_0, whose grid [-8d, 7d] clamps the extreme opposite the largest magnitude
       // (as in GGUF) and so errs there by up to one full step.
-      const float step = t == DType::q8_0 ? amax / 127 : t == DType::q4_0 ? amax / 8 : (hi - lo) / 15;
+      const float step = t == DType::q8_0   ? amax / 127
+                         : t == DType::q4_0 ? amax / 8
+                                            : (hi - lo) / 15;
       const float steps = t == DType::q4_0 ? 1.0f : 0.5f;
       const float bound = t == DType::q4_1 ? steps * step + 2e-3f * (std::fabs(lo) + 15 * step)
                                            : steps * step + 2e-3f * amax;
       for (int j = 0; j < 32; ++j)
-        ASSERT_LE(std::fabs(x[b * 32 + j] - y[b * 32 + j]), bound) << dtype_name(t) << " block " << b;
+        ASSERT_LE(std::fabs(x[b * 32 + j] - y[b * 32 + j]), bound)
+            << dtype_name(t) << " block " << b;
     }
   }
 }

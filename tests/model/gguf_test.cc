@@ -316,9 +316,10 @@ TEST(Gguf, Q6KFromPackedFields) {
 }
 
 // Golden values produced once by scripts/gen_gguf_kquant_golden.py with gguf-py 0.19
-// (gguf.quants.dequantize) from the same deterministic bytes as below, two blocks per type. gguf-py computes in f32 with another
-// operation order, so each value may differ by a few f32 roundings of the largest term:
-// |err| <= 4 eps (|d| 63 15 + |dmin| 63) for Q4_K and 4 eps |d| 128 32 for Q6_K, per block.
+// (gguf.quants.dequantize) from the same deterministic bytes as below, two blocks per type. gguf-py
+// computes in f32 with another operation order, so each value may differ by a few f32 roundings of
+// the largest term: |err| <= 4 eps (|d| 63 15 + |dmin| 63) for Q4_K and 4 eps |d| 128 32 for Q6_K,
+// per block.
 std::vector<uint8_t> golden_bytes(size_t n, int seed) {
   std::vector<uint8_t> b(n);
   for (size_t i = 0; i < n; ++i)

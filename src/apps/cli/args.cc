@@ -72,8 +72,7 @@ bool Args::has(const std::string& flag) {
 }
 
 void Args::finish() const {
-  for (const auto& [k, v] : values_)
-    TS_CHECK(seen_.count(k), "unknown flag ", k);
+  for (const auto& [k, v] : values_) TS_CHECK(seen_.count(k), "unknown flag ", k);
 }
 
 namespace {
@@ -83,7 +82,11 @@ std::vector<Command>& registry() {
 }
 }  // namespace
 
-void register_command(const Command& c) { registry().push_back(c); }
-const std::vector<Command>& commands() { return registry(); }
+void register_command(const Command& c) {
+  registry().push_back(c);
+}
+const std::vector<Command>& commands() {
+  return registry();
+}
 
 }  // namespace tessera::cli

@@ -18,7 +18,8 @@ int run(const std::vector<std::string>& argv) {
   fail("unknown benchmark '", what, "' (known: gemm, train)");
 }
 
-const Registrar reg({"bench", "benchmarks: gemm (vs OpenBLAS), train (GPT-2 step time, MFU)", &run});
+const Registrar reg({"bench", "benchmarks: gemm (vs OpenBLAS), train (GPT-2 step time, MFU)",
+                     &run});
 
 }  // namespace
 }  // namespace tessera::cli

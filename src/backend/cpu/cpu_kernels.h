@@ -28,8 +28,8 @@ void attention_forward(ThreadPool& pool, float* out, float* lse, const float* qk
 void attention_backward(ThreadPool& pool, float* dqkv, const float* dout, const float* qkv,
                         const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
                         int64_t H);
-void softmax_xent(ThreadPool& pool, float* losses, float* logits, const int32_t* targets,
-                  int64_t N, int64_t V, int64_t Vp, float dlogits_scale);
+void softmax_xent(ThreadPool& pool, float* losses, float* logits, const int32_t* targets, int64_t N,
+                  int64_t V, int64_t Vp, float dlogits_scale);
 void adamw(ThreadPool& pool, float* params, const float* grads, float* m, float* v, int64_t n,
            const ops::AdamWArgs& a);
 double sum_squares(ThreadPool& pool, const float* x, int64_t n);

@@ -6,7 +6,9 @@
 
 namespace tessera::backend {
 
-bool cuda_built() { return true; }
+bool cuda_built() {
+  return true;
+}
 
 int cuda_device_count() {
   int n = 0;

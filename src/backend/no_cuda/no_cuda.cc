@@ -4,9 +4,15 @@
 
 namespace tessera::backend {
 
-bool cuda_built() { return false; }
-int cuda_device_count() { return 0; }
-std::string cuda_device_summary() { return "built without CUDA"; }
+bool cuda_built() {
+  return false;
+}
+int cuda_device_count() {
+  return 0;
+}
+std::string cuda_device_summary() {
+  return "built without CUDA";
+}
 void require_cuda(const char* what) {
   fail("[cuda] ", what, ": this tessera was built without CUDA (configure with -DTESSERA_CUDA=on)");
 }
