@@ -5,14 +5,9 @@
 #include "backend/cpu/ref/ref_kernels.h"
 #include "backend/device.h"
 #include "core/error.h"
+#include "ops/gemm_check.h"
 
 namespace tessera::ops {
-
-namespace {
-bool is_gemm_input(DType t) {
-  return t == DType::f32 || t == DType::bf16;
-}
-}  // namespace
 
 // Dispatches `name(args...)`: reference kernels take no pool, SIMD kernels take the pool first.
 #define TS_DISPATCH(name, ...)                                    \
@@ -23,16 +18,7 @@ bool is_gemm_input(DType t) {
   } while (0)
 
 void gemm(const Context& ctx, const GemmArgs& g) {
-  TS_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0, "[gemm] negative size m=", g.m, " n=", g.n,
-           " k=", g.k);
-  TS_CHECK(is_gemm_input(g.a_type) && is_gemm_input(g.b_type),
-           "[gemm] inputs must be f32 or bf16, got ", dtype_name(g.a_type), " and ",
-           dtype_name(g.b_type));
-  const int64_t a_cols = g.trans_a == Trans::N ? g.k : g.m;
-  const int64_t b_cols = g.trans_b == Trans::N ? g.n : g.k;
-  TS_CHECK(g.lda >= a_cols && g.ldb >= b_cols && g.ldc >= g.n,
-           "[gemm] leading dimension too small: lda=", g.lda, " ldb=", g.ldb, " ldc=", g.ldc,
-           " for m=", g.m, " n=", g.n, " k=", g.k);
+  if (!validate_gemm_args(g)) return;
   TS_DISPATCH(gemm, g);
 }
 

@@ -13,6 +13,7 @@
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/gemm.h"
 #include "core/error.h"
+#include "ops/gemm_check.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "backend/cpu/gemm.cc"
@@ -366,17 +367,9 @@ GemmTile gemm_tile() {
 }
 
 void gemm_blocked(ThreadPool& pool, const ops::GemmArgs& g, const GemmBlocking& blocking) {
-  TS_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0, "[gemm] negative size m=", g.m, " n=", g.n,
-           " k=", g.k);
-  TS_CHECK((g.a_type == DType::f32 || g.a_type == DType::bf16) &&
-               (g.b_type == DType::f32 || g.b_type == DType::bf16),
-           "[gemm] inputs must be f32 or bf16, got ", dtype_name(g.a_type), " and ",
-           dtype_name(g.b_type));
   TS_CHECK(blocking.mc >= 0 && blocking.kc >= 0 && blocking.nc >= 0,
            "[gemm] negative blocking mc=", blocking.mc, " kc=", blocking.kc, " nc=", blocking.nc);
-  if (g.m == 0 || g.n == 0) return;
-  TS_CHECK(g.c != nullptr && (g.k == 0 || (g.a != nullptr && g.b != nullptr)),
-           "[gemm] null pointer for a, b or c");
+  if (!ops::validate_gemm_args(g)) return;
   if (g.k == 0) {
     // Empty sum: C = bias (+ C), nothing to pack.
     for (int64_t i = 0; i < g.m; ++i) {

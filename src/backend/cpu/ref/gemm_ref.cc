@@ -5,6 +5,7 @@
 #include "backend/cpu/ref/ref_kernels.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "ops/gemm_check.h"
 
 namespace tessera::cpu::ref {
 
@@ -23,15 +24,7 @@ float load(const void* p, DType t, int64_t ld, int64_t r, int64_t c, bool round_
 
 // c (M,N) = op(a) (M,K) * op(b) (K,N) [+ bias (N)] [+ c]; see ops::GemmArgs.
 void gemm(const ops::GemmArgs& g) {
-  TS_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0, "[gemm] negative size m=", g.m, " n=", g.n,
-           " k=", g.k);
-  TS_CHECK((g.a_type == DType::f32 || g.a_type == DType::bf16) &&
-               (g.b_type == DType::f32 || g.b_type == DType::bf16),
-           "[gemm] inputs must be f32 or bf16, got ", dtype_name(g.a_type), " and ",
-           dtype_name(g.b_type));
-  if (g.m == 0 || g.n == 0) return;
-  TS_CHECK(g.c != nullptr && (g.k == 0 || (g.a != nullptr && g.b != nullptr)),
-           "[gemm] null pointer for a, b or c");
+  if (!ops::validate_gemm_args(g)) return;
   // Convert op(A) row i and op(B) column j once each so the inner loop is a plain dot product.
   std::vector<float> a_row(g.k), bt(g.n * g.k);
   for (int64_t j = 0; j < g.n; ++j)
