@@ -18,9 +18,6 @@ namespace tessera::cpu {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// 16K floats (64 KiB) per chunk: large enough to amortize the hand-off, small enough that
-// a few chunks per thread balance load.
-constexpr int64_t kElemChunk = 16384;
 constexpr double kSqrt2OverPi = 0.79788456080286535588;
 constexpr double kGeluCubic = 0.044715;
 
@@ -56,7 +53,7 @@ HWY_INLINE V GeluFactor(D d, V x, V* e_out) {
 }
 
 void GeluForward(ThreadPool& pool, float* out, const float* inp, int64_t n) {
-  for_each_chunk(pool, n, kElemChunk, [&](int64_t, int64_t i0, int64_t i1) {
+  for_each_chunk(pool, n, kElementwiseChunk, [&](int64_t, int64_t i0, int64_t i1) {
     const hn::ScalableTag<float> d;
     Map2(d, out + i0, inp + i0, inp + i0, i1 - i0, [d](auto x, auto) {
       decltype(x) e;
@@ -68,7 +65,7 @@ void GeluForward(ThreadPool& pool, float* out, const float* inp, int64_t n) {
 // gelu(x) = x s, s = sigmoid(2u): gelu'(x) = s + x s (1 - s) 2 u'(x), with 1 - s = e s
 // (again cancellation-free) and u'(x) = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
 void GeluBackward(ThreadPool& pool, float* dinp, const float* inp, const float* dout, int64_t n) {
-  for_each_chunk(pool, n, kElemChunk, [&](int64_t, int64_t i0, int64_t i1) {
+  for_each_chunk(pool, n, kElementwiseChunk, [&](int64_t, int64_t i0, int64_t i1) {
     const hn::ScalableTag<float> d;
     Map2(d, dinp + i0, inp + i0, dout + i0, i1 - i0, [d](auto x, auto g) {
       decltype(x) e;
@@ -82,14 +79,14 @@ void GeluBackward(ThreadPool& pool, float* dinp, const float* inp, const float* 
 }
 
 void Add(ThreadPool& pool, float* out, const float* a, const float* b, int64_t n) {
-  for_each_chunk(pool, n, kElemChunk, [&](int64_t, int64_t i0, int64_t i1) {
+  for_each_chunk(pool, n, kElementwiseChunk, [&](int64_t, int64_t i0, int64_t i1) {
     const hn::ScalableTag<float> d;
     Map2(d, out + i0, a + i0, b + i0, i1 - i0, [](auto x, auto y) { return hn::Add(x, y); });
   });
 }
 
 void Scale(ThreadPool& pool, float* x, int64_t n, float s) {
-  for_each_chunk(pool, n, kElemChunk, [&](int64_t, int64_t i0, int64_t i1) {
+  for_each_chunk(pool, n, kElementwiseChunk, [&](int64_t, int64_t i0, int64_t i1) {
     const hn::ScalableTag<float> d;
     const auto vs = hn::Set(d, s);
     Map2(d, x + i0, x + i0, x + i0, i1 - i0, [vs](auto v, auto) { return hn::Mul(v, vs); });

@@ -9,6 +9,11 @@
 
 namespace tessera::cpu {
 
+// Elements per chunk for streaming element-wise kernels: 16K floats (64 KiB) of input is large
+// enough to amortize the hand-off to a thread, small enough that a few chunks per thread balance
+// the load.
+constexpr int64_t kElementwiseChunk = 16384;
+
 // Calls fn(chunk_index, begin, end) for each chunk [k*chunk, min(n, (k+1)*chunk)) of [0, n).
 // Chunks are handed to threads dynamically; callers must make each chunk's work independent
 // of which thread runs it (write disjoint outputs, or per-chunk partials combined in order).

@@ -24,14 +24,11 @@ namespace tessera::cpu {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// ~16K floats (64 KiB) of input per chunk: large enough to amortize the hand-off to a thread,
-// small enough that a few chunks per thread balance the load.
-constexpr int64_t kChunkElems = 16384;
 // Column block for the final dw reduction: 256 floats (1 KiB) per partial row.
 constexpr int64_t kColBlock = 256;
 
 int64_t RowsPerChunk(int64_t row_elems) {
-  return std::max<int64_t>(1, kChunkElems / std::max<int64_t>(row_elems, 1));
+  return std::max<int64_t>(1, kElementwiseChunk / std::max<int64_t>(row_elems, 1));
 }
 
 // ---- RMSNorm ----
@@ -235,7 +232,7 @@ HWY_INLINE void Map3To2(D d, float* out0, float* out1, const float* a, const flo
 }
 
 void SwigluForward(ThreadPool& pool, float* out, const float* gate, const float* up, int64_t n) {
-  for_each_chunk(pool, n, kChunkElems, [&](int64_t, int64_t i0, int64_t i1) {
+  for_each_chunk(pool, n, kElementwiseChunk, [&](int64_t, int64_t i0, int64_t i1) {
     const hn::ScalableTag<float> d;
     Map3To2(d, out + i0, nullptr, gate + i0, up + i0, up + i0, i1 - i0,
             [d](auto g, auto u, auto, auto* y0, auto* y1) {
@@ -250,7 +247,7 @@ void SwigluForward(ThreadPool& pool, float* out, const float* gate, const float*
 // silu'(g) = s (1 + g (1 - s)); dgate = dout u silu'(g), dup = dout g s.
 void SwigluBackward(ThreadPool& pool, float* dgate, float* dup, const float* dout,
                     const float* gate, const float* up, int64_t n) {
-  for_each_chunk(pool, n, kChunkElems, [&](int64_t, int64_t i0, int64_t i1) {
+  for_each_chunk(pool, n, kElementwiseChunk, [&](int64_t, int64_t i0, int64_t i1) {
     const hn::ScalableTag<float> d;
     Map3To2(d, dgate + i0, dup + i0, dout + i0, gate + i0, up + i0, i1 - i0,
             [d](auto dy, auto g, auto u, auto* y0, auto* y1) {
