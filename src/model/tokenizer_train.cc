@@ -135,6 +135,14 @@ Tokenizer Tokenizer::train_bpe(std::string_view text, int32_t vocab_size,
       if (word.stamp == stamp) continue;
       word.stamp = stamp;
       auto& s = word.syms;
+      // The pair `from` loses this word's occurrences to `to`, which this word now contains.
+      auto move_pair = [&](uint64_t from, uint64_t to) {
+        pair_count[from] -= word.count;
+        pair_count[to] += word.count;
+        changed.push_back(from);
+        changed.push_back(to);
+        where[to].push_back(w);
+      };
       // Replace each non-overlapping (a, b), left to right, fixing the counts of the pairs
       // around it: (x, a) (a, b) (b, y) become (x, c) (c, y).
       size_t out = 0;
@@ -143,25 +151,13 @@ Tokenizer Tokenizer::train_bpe(std::string_view text, int32_t vocab_size,
           if (out > 0) {
             const int32_t x = s[out - 1];
             // When x is a c made just before, (c, a) was counted as (b, a) in the old word.
-            const uint64_t old_left = pair_key(x == c ? b : x, a);
-            pair_count[old_left] -= word.count;
-            changed.push_back(old_left);
-            const uint64_t new_left = pair_key(x, c);
-            pair_count[new_left] += word.count;
-            changed.push_back(new_left);
-            where[new_left].push_back(w);
+            move_pair(pair_key(x == c ? b : x, a), pair_key(x, c));
           }
           if (i + 2 < s.size()) {
             const int32_t y = s[i + 2];
             // A following (a, b) is merged next; its (b, a) link is removed there.
             if (!(y == a && i + 3 < s.size() && s[i + 3] == b)) {
-              const uint64_t old_right = pair_key(b, y);
-              pair_count[old_right] -= word.count;
-              changed.push_back(old_right);
-              const uint64_t new_right = pair_key(c, y);
-              pair_count[new_right] += word.count;
-              changed.push_back(new_right);
-              where[new_right].push_back(w);
+              move_pair(pair_key(b, y), pair_key(c, y));
             }
           }
           pair_count[top.pair] -= word.count;

@@ -29,15 +29,18 @@ namespace {
 constexpr int kAccumulators = 12;
 constexpr int64_t kFmaIterations = 20'000'000;
 
+// Stores a loop's result where the compiler must assume it is read, so the loop is not removed
+// (one per thread: the loops run on every thread at once).
+thread_local volatile float g_sink;
+
 __attribute__((target("avx2,fma"))) double fma_loop_avx2(int64_t iters) {
   __m256 acc[kAccumulators];
   for (int i = 0; i < kAccumulators; ++i) acc[i] = _mm256_set1_ps(0.001f * i);
   const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
   for (int64_t it = 0; it < iters; ++it)
     for (int i = 0; i < kAccumulators; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
-  float sink = 0;
-  for (int i = 0; i < kAccumulators; ++i) sink += _mm256_cvtss_f32(acc[i]);
-  return static_cast<double>(sink) * 0 + static_cast<double>(iters) * kAccumulators * 8 * 2;
+  for (int i = 0; i < kAccumulators; ++i) g_sink = _mm256_cvtss_f32(acc[i]);
+  return static_cast<double>(iters) * kAccumulators * 8 * 2;
 }
 
 __attribute__((target("avx512f"))) double fma_loop_avx512(int64_t iters) {
@@ -46,12 +49,12 @@ __attribute__((target("avx512f"))) double fma_loop_avx512(int64_t iters) {
   const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
   for (int64_t it = 0; it < iters; ++it)
     for (int i = 0; i < kAccumulators; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
-  float sink = 0, lanes[16];
+  float lanes[16];
   for (int i = 0; i < kAccumulators; ++i) {
     _mm512_storeu_ps(lanes, acc[i]);
-    sink += lanes[0];
+    g_sink = lanes[0];
   }
-  return static_cast<double>(sink) * 0 + static_cast<double>(iters) * kAccumulators * 16 * 2;
+  return static_cast<double>(iters) * kAccumulators * 16 * 2;
 }
 
 // vdpbf16ps: 32 bf16 products summed pairwise into 16 f32 lanes = 64 flops per instruction.
@@ -61,12 +64,12 @@ __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl"))) double bf16_loop
   const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3380);
   for (int64_t it = 0; it < iters; ++it)
     for (int i = 0; i < kAccumulators; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
-  float sink = 0, lanes[16];
+  float lanes[16];
   for (int i = 0; i < kAccumulators; ++i) {
     _mm512_storeu_ps(lanes, acc[i]);
-    sink += lanes[0];
+    g_sink = lanes[0];
   }
-  return static_cast<double>(sink) * 0 + static_cast<double>(iters) * kAccumulators * 64;
+  return static_cast<double>(iters) * kAccumulators * 64;
 }
 
 double fma_loop_scalar(int64_t iters) {
@@ -74,8 +77,7 @@ double fma_loop_scalar(int64_t iters) {
   for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.001f * i;
   for (int64_t it = 0; it < iters; ++it)
     for (int i = 0; i < kAccumulators; ++i) acc[i] = acc[i] * 0.999999f + 1e-7f;
-  volatile float sink = acc[0];
-  (void)sink;
+  for (int i = 0; i < kAccumulators; ++i) g_sink = acc[i];
   return static_cast<double>(iters) * kAccumulators * 2;
 }
 
