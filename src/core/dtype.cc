@@ -1,4 +1,5 @@
-// DType traits table, f16 conversion and the reference (de)quantizers for block formats.
+// DType traits table, f16 conversion and the reference (de)quantizers for block formats
+// (k-quants in dtype_kquant.cc).
 #include "core/dtype.h"
 
 #include <algorithm>
@@ -17,6 +18,8 @@ constexpr DTypeTraits kTraits[] = {
     {"q4_0", kQK4_0, sizeof(BlockQ4_0)},
     {"q4_1", kQK4_1, sizeof(BlockQ4_1)},
     {"i32", 1, 4},
+    {"q4_k", kQK_K, sizeof(BlockQ4K)},
+    {"q6_k", kQK_K, sizeof(BlockQ6K)},
 };
 constexpr int kNumTypes = sizeof(kTraits) / sizeof(kTraits[0]);
 }  // namespace
@@ -125,6 +128,14 @@ void to_f32(DType t, const void* src, float* dst, int64_t n) {
       }
       return;
     }
+    case DType::q4_k:
+      dtype_bytes(t, n);
+      dequantize_q4_k_blocks(static_cast<const BlockQ4K*>(src), dst, n / kQK_K);
+      return;
+    case DType::q6_k:
+      dtype_bytes(t, n);
+      dequantize_q6_k_blocks(static_cast<const BlockQ6K*>(src), dst, n / kQK_K);
+      return;
     case DType::i32:
       break;
   }
@@ -199,6 +210,14 @@ void from_f32(DType t, const float* src, void* dst, int64_t n) {
       }
       return;
     }
+    case DType::q4_k:
+      dtype_bytes(t, n);
+      quantize_q4_k_blocks(src, static_cast<BlockQ4K*>(dst), n / kQK_K);
+      return;
+    case DType::q6_k:
+      dtype_bytes(t, n);
+      quantize_q6_k_blocks(src, static_cast<BlockQ6K*>(dst), n / kQK_K);
+      return;
     case DType::i32:
       break;
   }

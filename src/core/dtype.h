@@ -9,7 +9,8 @@
 
 namespace tessera {
 
-enum class DType : uint8_t { f32, bf16, f16, q8_0, q4_0, q4_1, i32 };
+// Values are stable ids (appended only): i32 predates the k-quants.
+enum class DType : uint8_t { f32, bf16, f16, q8_0, q4_0, q4_1, i32, q4_k, q6_k };
 
 struct DTypeTraits {
   std::string_view name;
@@ -67,6 +68,46 @@ struct BlockQ4_1 {
   uint8_t qs[kQK4_1 / 2];
 };
 static_assert(sizeof(BlockQ4_1) == 20);
+
+// k-quant super-blocks of 256 elements.
+constexpr int kQK_K = 256;
+// Q4_K: 8 sub-blocks of 32; x = d * sc_j * q - dmin * m_j, q 4-bit, sc_j and m_j 6-bit.
+struct BlockQ4K {
+  uint16_t d;             // f16 scale of the sub-block scales
+  uint16_t dmin;          // f16 scale of the sub-block mins
+  uint8_t scales[12];     // 8 six-bit scales and 8 six-bit mins, packed (see q4_k_scale_min)
+  uint8_t qs[kQK_K / 2];  // 4-bit quants, 64 elements per 32 bytes (low nibbles then high)
+};
+static_assert(sizeof(BlockQ4K) == 144);
+// Q6_K: 16 groups of 16; x = d * scales[g] * (q - 32), q 6-bit.
+struct BlockQ6K {
+  uint8_t ql[kQK_K / 2];  // low 4 bits of the quants
+  uint8_t qh[kQK_K / 4];  // high 2 bits of the quants
+  int8_t scales[16];      // one scale per 16 elements
+  uint16_t d;             // f16 super-block scale
+};
+static_assert(sizeof(BlockQ6K) == 210);
+
+// Sub-block j (0..7) of a Q4_K block: its 6-bit scale and min from the 12 packed bytes.
+// Bytes 0-3 hold sc_0..3 in bits 0-5, bytes 4-7 hold m_0..3 in bits 0-5; bytes 8-11 hold
+// sc_4..7 (low nibble) and m_4..7 (high nibble), whose top 2 bits are bits 6-7 of bytes 0-3
+// (scales) and 4-7 (mins).
+inline void q4_k_scale_min(const uint8_t* s, int j, int* sc, int* m) {
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *m = s[j + 4] & 63;
+  } else {
+    *sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
+    *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+// k-quant (de)quantizers for n_blocks super-blocks (dtype_kquant.cc); to_f32/from_f32 call them.
+// Quantization searches each sub-block's scale (and min) for the least squared error.
+void dequantize_q4_k_blocks(const BlockQ4K* src, float* dst, int64_t n_blocks);
+void dequantize_q6_k_blocks(const BlockQ6K* src, float* dst, int64_t n_blocks);
+void quantize_q4_k_blocks(const float* src, BlockQ4K* dst, int64_t n_blocks);
+void quantize_q6_k_blocks(const float* src, BlockQ6K* dst, int64_t n_blocks);
 
 // Converts n elements of type `t` at src to f32 (dequantizes block types).
 void to_f32(DType t, const void* src, float* dst, int64_t n);

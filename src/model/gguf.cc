@@ -25,8 +25,8 @@ const GgmlTypeInfo kGgmlTypes[] = {
     {GgmlType::q4_0, "Q4_0", kQK4_0, sizeof(BlockQ4_0), DType::q4_0},
     {GgmlType::q4_1, "Q4_1", kQK4_1, sizeof(BlockQ4_1), DType::q4_1},
     {GgmlType::q8_0, "Q8_0", kQK8_0, sizeof(BlockQ8_0), DType::q8_0},
-    {GgmlType::q4_k, "Q4_K", kQK_K, sizeof(BlockQ4K), std::nullopt},
-    {GgmlType::q6_k, "Q6_K", kQK_K, sizeof(BlockQ6K), std::nullopt},
+    {GgmlType::q4_k, "Q4_K", kQK_K, sizeof(BlockQ4K), DType::q4_k},
+    {GgmlType::q6_k, "Q6_K", kQK_K, sizeof(BlockQ6K), DType::q6_k},
     {GgmlType::bf16, "BF16", 1, 2, DType::bf16},
 };
 

@@ -104,35 +104,20 @@ struct GgmlTypeInfo {
   std::string_view name;       // ggml's spelling: "F32", "Q4_K", ...
   int64_t block_elems;         // elements per block (1 for scalar types)
   int64_t block_bytes;         // bytes per block
-  std::optional<DType> dtype;  // our DType with the identical layout; none for k-quants
+  std::optional<DType> dtype;  // our DType with the identical layout
 };
 // Table row for a raw type id, or nullptr when the id is unknown.
 const GgmlTypeInfo* ggml_type_info(uint32_t id);
 // The ggml type whose layout equals `t`; throws for dtypes GGUF cannot store (i32).
 GgmlType ggml_type_of(DType t);
 
-// k-quant blocks of 256 elements, laid out as in GGUF.
-constexpr int kQK_K = 256;
-struct BlockQ4K {
-  uint16_t d;             // f16 scale of the sub-block scales
-  uint16_t dmin;          // f16 scale of the sub-block mins
-  uint8_t scales[12];     // 8 six-bit scales and 8 six-bit mins, packed
-  uint8_t qs[kQK_K / 2];  // 4-bit quants, 64 elements per 32 bytes (low nibbles then high)
-};
-static_assert(sizeof(BlockQ4K) == 144);
-struct BlockQ6K {
-  uint8_t ql[kQK_K / 2];  // low 4 bits of the quants
-  uint8_t qh[kQK_K / 4];  // high 2 bits of the quants
-  int8_t scales[16];      // one scale per 16 elements
-  uint16_t d;             // f16 super-block scale
-};
-static_assert(sizeof(BlockQ6K) == 210);
+// The k-quant block structs (BlockQ4K, BlockQ6K, kQK_K) live in core/dtype.h.
 
 struct GgufTensorInfo {
   std::string name;
   GgmlType ggml_type = GgmlType::f32;
   std::string_view type_name;  // "F32", "Q4_K", ...
-  std::optional<DType> dtype;  // none for k-quants
+  std::optional<DType> dtype;  // our DType with the identical layout, if any
   std::vector<int64_t> dims;   // ggml order: dims[0] (ne0) varies fastest = row length
   int64_t n_elements = 0;
   int64_t bytes = 0;

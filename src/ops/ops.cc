@@ -140,6 +140,10 @@ RopeTable make_rope_table(int64_t max_pos, int64_t rotary_dim, double theta) {
   return cpu::make_rope_table(max_pos, rotary_dim, theta);
 }
 
+RopeTable make_rope_table(int64_t max_pos, const std::vector<double>& inv_freqs) {
+  return cpu::make_rope_table(max_pos, inv_freqs);
+}
+
 void rope_forward(const Context& ctx, float* out, const float* inp, const RopeTable& table,
                   const int32_t* positions, int64_t pos0, int64_t B, int64_t T, int64_t H,
                   int64_t D, RopeLayout layout) {

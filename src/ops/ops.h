@@ -129,6 +129,8 @@ struct RopeTable {
 };
 // Throws on rotary_dim odd or <= 0, max_pos < 0, theta <= 0.
 RopeTable make_rope_table(int64_t max_pos, int64_t rotary_dim, double theta);
+// Same from explicit per-pair inverse frequencies (rotary_dim = 2 * size), for scaled RoPE.
+RopeTable make_rope_table(int64_t max_pos, const std::vector<double>& inv_freqs);
 
 // Rotates the first R = table.rotary_dim dimensions of every head; out (B,T,H,D), inp (B,T,H,D)
 // (out may equal inp; dimensions [R, D) are copied). Token t of every batch row sits at position

@@ -408,7 +408,7 @@ TEST(Gguf, TensorToF32KQuants) {
   gguf_tensor_to_f32(f.at("q6"), got.data());
   dequantize_q6_k(reinterpret_cast<const BlockQ6K*>(q6.data()), want.data(), 256);
   EXPECT_EQ(got, want);
-  EXPECT_FALSE(f.at("q4").dtype.has_value());
+  EXPECT_EQ(f.at("q4").dtype, DType::q4_k);
   EXPECT_EQ(f.at("q6").type_name, "Q6_K");
 }
 

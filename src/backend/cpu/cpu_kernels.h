@@ -38,6 +38,7 @@ void convert_f32_to_bf16(ThreadPool& pool, uint16_t* dst, const float* src, int6
 
 // Llama ops (backend/cpu/llama_ops.cc). make_rope_table is ops::make_rope_table.
 ops::RopeTable make_rope_table(int64_t max_pos, int64_t rotary_dim, double theta);
+ops::RopeTable make_rope_table(int64_t max_pos, const std::vector<double>& inv_freqs);
 void rmsnorm_forward(ThreadPool& pool, float* out, float* rstd, const float* inp, const float* w,
                      int64_t N, int64_t C, float eps);
 void rmsnorm_backward(ThreadPool& pool, float* dinp, float* dw, const float* dout, const float* inp,
@@ -52,5 +53,11 @@ void swiglu_forward(ThreadPool& pool, float* out, const float* gate, const float
                     int64_t F);
 void swiglu_backward(ThreadPool& pool, float* dgate, float* dup, const float* dout,
                      const float* gate, const float* up, int64_t N, int64_t F);
+
+// Quantized / low-precision weights (backend/cpu/quant_matmul.cc); contract of
+// ref::matmul_wt. Rows of W are split over threads in fixed chunks; M <= 4 streams W once,
+// larger M reuses each decoded weight block across 4 activation rows.
+void matmul_wt(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t M, int64_t K,
+               const void* w, DType w_type, int64_t N, const float* bias);
 
 }  // namespace tessera::cpu

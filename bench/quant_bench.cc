@@ -1,0 +1,88 @@
+// Google Benchmark of ops::matmul_wt (weights in their stored type) at Llama-1B-like shapes:
+// decode (M=1, memory-bound: bytes/s of weights) and prefill (M=512: FLOP/s), per weight type
+// and thread count.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "core/rng.h"
+#include "core/thread_pool.h"
+#include "ops/quant.h"
+
+namespace {
+
+using tessera::DType;
+
+constexpr DType kTypes[] = {DType::f32,  DType::f16,  DType::bf16, DType::q8_0,
+                            DType::q4_0, DType::q4_1, DType::q4_k, DType::q6_k};
+
+tessera::ThreadPool& bench_pool(int n) {
+  static std::unique_ptr<tessera::ThreadPool> pools[64];
+  if (!pools[n]) pools[n] = std::make_unique<tessera::ThreadPool>(n);
+  return *pools[n];
+}
+
+// W (N,K): 64 quantized Gaussian rows repeated (quantizing all of a 32000-row matrix with the
+// k-quant search would dominate the run; the kernels' speed does not depend on the values).
+std::vector<uint8_t> make_weights(DType t, int64_t N, int64_t K) {
+  const int64_t tile = std::min<int64_t>(64, N), row_bytes = tessera::dtype_bytes(t, K);
+  tessera::Rng rng(1);
+  std::vector<float> src(static_cast<size_t>(tile * K));
+  for (auto& v : src) v = 0.02f * rng.normal();
+  std::vector<uint8_t> w(static_cast<size_t>(N * row_bytes));
+  tessera::from_f32(t, src.data(), w.data(), tile * K);
+  for (int64_t n = tile; n < N; ++n)
+    std::memcpy(w.data() + n * row_bytes, w.data() + (n % tile) * row_bytes, row_bytes);
+  return w;
+}
+
+// Args: type index, M, N, K, threads.
+void BM_MatmulWt(benchmark::State& state) {
+  const DType t = kTypes[state.range(0)];
+  const int64_t M = state.range(1), N = state.range(2), K = state.range(3);
+  const int threads = static_cast<int>(state.range(4));
+  const auto w = make_weights(t, N, K);
+  tessera::Rng rng(2);
+  std::vector<float> x(static_cast<size_t>(M * K)), y(static_cast<size_t>(M * N));
+  for (auto& v : x) v = rng.normal();
+  tessera::ops::Context ctx;
+  ctx.pool = &bench_pool(threads);
+  for (auto _ : state) {
+    tessera::ops::matmul_wt(ctx, y.data(), N, x.data(), M, K, w.data(), t, N);
+    benchmark::DoNotOptimize(y.data());
+  }
+  const auto cost = tessera::ops::matmul_wt_cost(M, K, N, t);
+  state.SetLabel(std::string(tessera::dtype_name(t)));
+  state.counters["bytes/s"] =
+      benchmark::Counter(cost.bytes, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["FLOP/s"] =
+      benchmark::Counter(cost.flops, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void decode_args(benchmark::internal::Benchmark* b) {
+  for (int64_t t = 0; t < 8; ++t)
+    for (int64_t threads : {1, 2})
+      for (auto nk : {std::pair<int64_t, int64_t>{2048, 2048}, {5632, 2048}, {32000, 2048}})
+        b->Args({t, 1, nk.first, nk.second, threads});
+}
+void prefill_args(benchmark::internal::Benchmark* b) {
+  for (int64_t t = 0; t < 8; ++t)
+    for (int64_t threads : {1, 2})
+      for (int64_t n : {2048, 5632}) b->Args({t, 512, n, 2048, threads});
+}
+
+BENCHMARK(BM_MatmulWt)
+    ->Name("MatmulWt/decode")
+    ->Apply(decode_args)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_MatmulWt)
+    ->Name("MatmulWt/prefill")
+    ->Apply(prefill_args)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+}  // namespace

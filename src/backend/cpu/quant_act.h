@@ -1,0 +1,52 @@
+// Activations quantized on the fly for the int8 dot products of the quantized matmul: one scale
+// per weight block (32 or 256 elements), values kept as int16 so SIMD multiplies widen nothing.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "core/dtype.h"
+
+namespace tessera::cpu {
+
+// Rows of x quantized as x ~ d * q, q in [-127, 127], one d per `block` elements.
+struct QuantizedActs {
+  int64_t M = 0, K = 0, block = 0;
+  int16_t* q = nullptr;      // (M, K)
+  float* d = nullptr;        // (M, K / block)
+  int32_t* sum32 = nullptr;  // (M, K / 32): sum of q over each 32 elements (for the min terms)
+  const int16_t* row_q(int64_t m) const { return q + m * K; }
+  const float* row_d(int64_t m) const { return d + m * (K / block); }
+  const int32_t* row_sum32(int64_t m) const { return sum32 + m * (K / 32); }
+};
+
+// Elements per activation scale for weights of type t (32 for q8_0/q4_0/q4_1, 256 for
+// k-quants); 0 for float types, which take activations unquantized.
+int64_t act_block_elems(DType t);
+
+// Views M x K quantized activations in a per-calling-thread buffer that grows when needed and is
+// reused across calls (no allocation per call once warm). Valid until the next call on the same
+// thread.
+QuantizedActs act_buffer(int64_t M, int64_t K, int64_t block);
+
+// Quantizes rows [m0, m1) of x (M, K) into qa: d = max|x| / 127 per block, q = round(x / d).
+// Plain scalar code shared by the reference and SIMD paths, so both see identical integers.
+void quantize_act_rows(const float* x, const QuantizedActs& qa, int64_t m0, int64_t m1);
+
+// f16 bits to f32 with integer ops and one multiply (exact, like f16_to_f32, including
+// subnormals, infinities and NaN); used on block scales in the inner loops, where
+// f16_to_f32's branches and ldexp would cost too much. No calls, so accumulators stay in
+// registers around it.
+inline float f16_scale_to_f32(uint16_t h) {
+  const uint32_t magnitude = static_cast<uint32_t>(h & 0x7fffu) << 13;
+  float f;
+  std::memcpy(&f, &magnitude, 4);
+  f *= 0x1p112f;  // rebias the exponent from 15 to 127 (subnormals become normal, exactly)
+  if ((h & 0x7c00u) == 0x7c00u) {  // inf / NaN: all-ones exponent, mantissa kept
+    const uint32_t special = 0x7f800000u | magnitude;
+    std::memcpy(&f, &special, 4);
+  }
+  return (h & 0x8000u) ? -f : f;
+}
+
+}  // namespace tessera::cpu

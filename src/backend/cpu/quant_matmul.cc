@@ -1,0 +1,373 @@
+// Highway matmul against weights in their stored format (f32/f16/bf16, q8_0, q4_0, q4_1, Q4_K,
+// Q6_K): y = x W^T. Weight blocks are unpacked to int16 in registers and multiplied against
+// int16-held 8-bit activations with pairwise multiply-add (vpmaddwd on x86), exact in int32; each
+// block's sum is scaled in f32. A weight row is decoded once for up to 4 activation rows.
+#include <algorithm>
+#include <cstring>
+
+#include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/fixed_chunks.h"
+#include "backend/cpu/quant_act.h"
+#include "backend/cpu/ref/ref_kernels.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "backend/cpu/quant_matmul.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace tessera::cpu {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// At most 16 int16 lanes: 16 divides every scale group (16 or 32 elements), so a vector never
+// straddles two scales; wider targets would gain nothing on these memory-bound loops.
+using D16 = hn::CappedTag<int16_t, 16>;
+using D32 = hn::Repartition<int32_t, D16>;
+using DF = hn::Repartition<float, D16>;
+using DU8 = hn::Rebind<uint8_t, D16>;
+using DI8 = hn::Rebind<int8_t, D16>;
+using V16 = hn::Vec<D16>;
+using V32 = hn::Vec<D32>;
+using VF = hn::Vec<DF>;
+constexpr int kL = static_cast<int>(hn::MaxLanes(D16()));
+constexpr int kV = 32 / kL;  // int16 vectors per 32 elements
+
+// sum over 32 elements of w * x as int32 lanes (w: kV vectors, x: 32 int16 at xp).
+HWY_INLINE V32 Dot32(const V16* w, const int16_t* HWY_RESTRICT xp) {
+  const D16 d16;
+  const D32 d32;
+  V32 s0 = hn::Zero(d32), s1 = hn::Zero(d32);
+  for (int v = 0; v < kV; ++v)
+    s0 = hn::ReorderWidenMulAccumulate(d32, w[v], hn::LoadU(d16, xp + v * kL), s0, s1);
+  return hn::RearrangeToOddPlusEven(s0, s1);
+}
+
+// Bytes [off, off + kL) widened to int16 lanes.
+HWY_INLINE V16 LoadBytes(const uint8_t* p) {
+  return hn::PromoteTo(D16(), hn::LoadU(DU8(), p));
+}
+
+// Decoders: the 32 elements of a block (or sub-block) as kV int16 vectors in element order.
+// Nibble layouts: q4_0/q4_1 keep element j (< 16) in the low nibble of byte j and j + 16 in the
+// high nibble; Q4_K/Q6_K keep sub-block pairs in low/high nibbles of the same 32 bytes.
+HWY_INLINE void DecodeQ8(const int8_t* qs, V16* w) {
+  for (int v = 0; v < kV; ++v) w[v] = hn::PromoteTo(D16(), hn::LoadU(DI8(), qs + v * kL));
+}
+HWY_INLINE void DecodeQ4(const uint8_t* qs, int offset, V16* w) {
+  const D16 d16;
+  for (int v = 0; v < kV; ++v) {
+    const V16 bytes = LoadBytes(qs + (v * kL) % 16);
+    const V16 q = v * kL < 16 ? hn::And(bytes, hn::Set(d16, 0x0f)) : hn::ShiftRight<4>(bytes);
+    w[v] = hn::Sub(q, hn::Set(d16, static_cast<int16_t>(offset)));
+  }
+}
+
+// The per-row accumulators: A activation rows, P independent f32 chains each (P = 2 for
+// A <= 2 hides the FMA latency when only one row is active).
+template <int A>
+struct Acc {
+  static constexpr int P = A <= 2 ? 2 : 1;
+  VF v[A][P];
+  float corr[A];  // scalar terms (mins) added at the end
+  Acc() {
+    for (int a = 0; a < A; ++a) {
+      for (int p = 0; p < P; ++p) v[a][p] = hn::Zero(DF());
+      corr[a] = 0;
+    }
+  }
+  float Sum(int a) const {
+    VF s = v[a][0];
+    for (int p = 1; p < P; ++p) s = hn::Add(s, v[a][p]);
+    return hn::GetLane(hn::SumOfLanes(DF(), s)) + corr[a];
+  }
+};
+
+// Row pointers into the quantized activations, hoisted out of the block loops.
+template <int A>
+struct ActRows {
+  const int16_t* q[A];
+  const float* d[A];
+  const int32_t* s32[A];
+  ActRows(const QuantizedActs& x, int64_t m0) {
+    for (int a = 0; a < A; ++a)
+      q[a] = x.row_q(m0 + a), d[a] = x.row_d(m0 + a), s32[a] = x.row_sum32(m0 + a);
+  }
+};
+
+// Calls fn(b, p) for blocks b = 0..nb-1 with p = b % P a compile-time constant after unrolling,
+// so the accumulators stay in registers.
+template <int A, class Fn>
+HWY_INLINE void ForEachBlock(int64_t nb, const Fn& fn) {
+  constexpr int P = Acc<A>::P;
+  int64_t b = 0;
+  for (; b + P <= nb; b += P) {
+    fn(b, 0);
+    if constexpr (P > 1) fn(b + 1, 1);
+  }
+  if (b < nb) fn(b, 0);
+}
+
+// One weight row (nb blocks) against activation rows m0..m0+A-1; writes out[a].
+template <int A>
+void DotRowQ8_0(const uint8_t* row, int64_t nb, const QuantizedActs& qa, int64_t m0, float* out) {
+  Acc<A> acc;
+  const ActRows<A> x(qa, m0);
+  ForEachBlock<A>(nb, [&](int64_t b, int p) HWY_ATTR {
+    const auto* blk = reinterpret_cast<const BlockQ8_0*>(row) + b;
+    V16 w[kV];
+    DecodeQ8(blk->qs, w);
+    const float dw = f16_scale_to_f32(blk->d);
+    for (int a = 0; a < A; ++a) {
+      const V32 s = Dot32(w, x.q[a] + 32 * b);
+      acc.v[a][p] = hn::MulAdd(hn::ConvertTo(DF(), s), hn::Set(DF(), dw * x.d[a][b]), acc.v[a][p]);
+    }
+  });
+  for (int a = 0; a < A; ++a) out[a] = acc.Sum(a);
+}
+
+// q4_0 (offset 8, no min) and q4_1 (offset 0, min m times the activation block sum).
+template <int A, bool kHasMin>
+void DotRowQ4(const uint8_t* row, int64_t nb, const QuantizedActs& qa, int64_t m0, float* out) {
+  Acc<A> acc;
+  const ActRows<A> x(qa, m0);
+  constexpr int64_t kStride = kHasMin ? sizeof(BlockQ4_1) : sizeof(BlockQ4_0);
+  ForEachBlock<A>(nb, [&](int64_t b, int p) HWY_ATTR {
+    const uint8_t* blk = row + b * kStride;
+    uint16_t dh;
+    std::memcpy(&dh, blk, 2);
+    V16 w[kV];
+    DecodeQ4(blk + (kHasMin ? 4 : 2), kHasMin ? 0 : 8, w);
+    const float dw = f16_scale_to_f32(dh);
+    float mw = 0;
+    if constexpr (kHasMin) {
+      uint16_t mh;
+      std::memcpy(&mh, blk + 2, 2);
+      mw = f16_scale_to_f32(mh);
+    }
+    for (int a = 0; a < A; ++a) {
+      const V32 s = Dot32(w, x.q[a] + 32 * b);
+      const float dx = x.d[a][b];
+      acc.v[a][p] = hn::MulAdd(hn::ConvertTo(DF(), s), hn::Set(DF(), dw * dx), acc.v[a][p]);
+      if constexpr (kHasMin) acc.corr[a] += mw * (dx * static_cast<float>(x.s32[a][b]));
+    }
+  });
+  for (int a = 0; a < A; ++a) out[a] = acc.Sum(a);
+}
+
+// Q4_K: int32 lanes accumulate sum_j sc_j * (q . x) over the super-block (q * sc_j <= 945 fits
+// int16); the mins contribute dmin * m_j * sum(x) per sub-block, summed as an exact integer.
+template <int A>
+void DotRowQ4K(const uint8_t* row, int64_t nb, const QuantizedActs& qa, int64_t m0, float* out) {
+  const D16 d16;
+  Acc<A> acc;
+  const ActRows<A> x(qa, m0);
+  ForEachBlock<A>(nb, [&](int64_t b, int p) HWY_ATTR {
+    const auto* blk = reinterpret_cast<const BlockQ4K*>(row) + b;
+    int sc[8], mn[8];
+    for (int j = 0; j < 8; ++j) q4_k_scale_min(blk->scales, j, &sc[j], &mn[j]);
+    V32 isum[A];
+    for (int a = 0; a < A; ++a) isum[a] = hn::Zero(D32());
+    for (int j = 0; j < 8; ++j) {
+      const uint8_t* qs = blk->qs + 32 * (j / 2);
+      const V16 scale = hn::Set(d16, static_cast<int16_t>(sc[j]));
+      V16 w[kV];
+      for (int v = 0; v < kV; ++v) {
+        const V16 bytes = LoadBytes(qs + v * kL);
+        const V16 q = j % 2 == 0 ? hn::And(bytes, hn::Set(d16, 0x0f)) : hn::ShiftRight<4>(bytes);
+        w[v] = hn::Mul(q, scale);
+      }
+      for (int a = 0; a < A; ++a) isum[a] = hn::Add(isum[a], Dot32(w, x.q[a] + b * kQK_K + 32 * j));
+    }
+    const float d = f16_scale_to_f32(blk->d), dmin = f16_scale_to_f32(blk->dmin);
+    for (int a = 0; a < A; ++a) {
+      const float dx = x.d[a][b];
+      const int32_t* s32 = x.s32[a] + 8 * b;
+      int32_t msum = 0;
+      for (int j = 0; j < 8; ++j) msum += mn[j] * s32[j];
+      acc.v[a][p] = hn::MulAdd(hn::ConvertTo(DF(), isum[a]), hn::Set(DF(), d * dx), acc.v[a][p]);
+      acc.corr[a] -= dmin * dx * static_cast<float>(msum);
+    }
+  });
+  for (int a = 0; a < A; ++a) out[a] = acc.Sum(a);
+}
+
+// Q6_K: 32-element group j = 4 h + r of half h; (q - 32) * scale fits int16 (<= 32 * 128).
+template <int A>
+void DotRowQ6K(const uint8_t* row, int64_t nb, const QuantizedActs& qa, int64_t m0, float* out) {
+  const D16 d16;
+  Acc<A> acc;
+  const ActRows<A> x(qa, m0);
+  ForEachBlock<A>(nb, [&](int64_t b, int p) HWY_ATTR {
+    const auto* blk = reinterpret_cast<const BlockQ6K*>(row) + b;
+    V32 isum[A];
+    for (int a = 0; a < A; ++a) isum[a] = hn::Zero(D32());
+    for (int j = 0; j < 8; ++j) {
+      const int h = j / 4, r = j % 4;
+      const uint8_t* ql = blk->ql + 64 * h + 32 * (r & 1);
+      const uint8_t* qh = blk->qh + 32 * h;
+      V16 w[kV];
+      for (int v = 0; v < kV; ++v) {
+        const V16 lo_bytes = LoadBytes(ql + v * kL);
+        const V16 lo = r < 2 ? hn::And(lo_bytes, hn::Set(d16, 0x0f)) : hn::ShiftRight<4>(lo_bytes);
+        const V16 hi = hn::And(hn::ShiftRightSame(LoadBytes(qh + v * kL), 2 * r), hn::Set(d16, 3));
+        const V16 q = hn::Sub(hn::Or(lo, hn::ShiftLeft<4>(hi)), hn::Set(d16, 32));
+        w[v] = hn::Mul(q, hn::Set(d16, blk->scales[2 * j + (v * kL) / 16]));
+      }
+      for (int a = 0; a < A; ++a) isum[a] = hn::Add(isum[a], Dot32(w, x.q[a] + b * kQK_K + 32 * j));
+    }
+    const float d = f16_scale_to_f32(blk->d);
+    for (int a = 0; a < A; ++a)
+      acc.v[a][p] =
+          hn::MulAdd(hn::ConvertTo(DF(), isum[a]), hn::Set(DF(), d * x.d[a][b]), acc.v[a][p]);
+  });
+  for (int a = 0; a < A; ++a) out[a] = acc.Sum(a);
+}
+
+// f32 / f16 / bf16 weights: 8 (or fewer) weights widened to f32 per step, one FMA per row.
+template <int A, DType T>
+void DotRowFloat(const uint8_t* row, int64_t K, const float* x, int64_t m0, float* out) {
+  const DF df;
+  constexpr int kF = static_cast<int>(hn::MaxLanes(DF()));
+  constexpr int P = A <= 2 ? 2 : 1;
+  VF acc[A][P];
+  for (int a = 0; a < A; ++a)
+    for (int p = 0; p < P; ++p) acc[a][p] = hn::Zero(df);
+  auto load_w = [&](int64_t k) {
+    if constexpr (T == DType::f32) {
+      return hn::LoadU(df, reinterpret_cast<const float*>(row) + k);
+    } else if constexpr (T == DType::f16) {
+      return hn::PromoteTo(df, hn::LoadU(hn::Rebind<hwy::float16_t, DF>(),
+                                         reinterpret_cast<const hwy::float16_t*>(row) + k));
+    } else {
+      return hn::PromoteTo(df, hn::LoadU(hn::Rebind<hwy::bfloat16_t, DF>(),
+                                         reinterpret_cast<const hwy::bfloat16_t*>(row) + k));
+    }
+  };
+  const float* xr[A];
+  for (int a = 0; a < A; ++a) xr[a] = x + (m0 + a) * K;
+  int64_t k = 0;
+  for (; k + P * kF <= K; k += P * kF)
+    for (int p = 0; p < P; ++p) {  // constant trip count: unrolled, accumulators in registers
+      const VF w = load_w(k + p * kF);
+      for (int a = 0; a < A; ++a)
+        acc[a][p] = hn::MulAdd(w, hn::LoadU(df, xr[a] + k + p * kF), acc[a][p]);
+    }
+  for (; k + kF <= K; k += kF) {
+    const VF w = load_w(k);
+    for (int a = 0; a < A; ++a) acc[a][0] = hn::MulAdd(w, hn::LoadU(df, xr[a] + k), acc[a][0]);
+  }
+  for (int a = 0; a < A; ++a) {
+    VF s = acc[a][0];
+    for (int p = 1; p < P; ++p) s = hn::Add(s, acc[a][p]);
+    float r = hn::GetLane(hn::SumOfLanes(df, s));
+    for (int64_t t = k; t < K; ++t) {
+      float wt;
+      if constexpr (T == DType::f32) {
+        std::memcpy(&wt, row + 4 * t, 4);
+      } else {
+        uint16_t hb;
+        std::memcpy(&hb, row + 2 * t, 2);
+        wt = T == DType::f16 ? f16_to_f32(hb) : bf16_to_f32(hb);
+      }
+      r += wt * xr[a][t];
+    }
+    out[a] = r;
+  }
+}
+
+template <int A>
+void DotRow(DType t, const uint8_t* row, int64_t K, const float* x, const QuantizedActs& qa,
+            int64_t m0, float* out) {
+  switch (t) {
+    case DType::f32:
+      return DotRowFloat<A, DType::f32>(row, K, x, m0, out);
+    case DType::f16:
+      return DotRowFloat<A, DType::f16>(row, K, x, m0, out);
+    case DType::bf16:
+      return DotRowFloat<A, DType::bf16>(row, K, x, m0, out);
+    case DType::q8_0:
+      return DotRowQ8_0<A>(row, K / 32, qa, m0, out);
+    case DType::q4_0:
+      return DotRowQ4<A, false>(row, K / 32, qa, m0, out);
+    case DType::q4_1:
+      return DotRowQ4<A, true>(row, K / 32, qa, m0, out);
+    case DType::q4_k:
+      return DotRowQ4K<A>(row, K / kQK_K, qa, m0, out);
+    case DType::q6_k:
+      return DotRowQ6K<A>(row, K / kQK_K, qa, m0, out);
+    default:
+      break;
+  }
+}
+
+// Rows [n0, n1) of y for all M activation rows, 4 activation rows at a time so each weight block
+// is decoded once per 4 rows; the chunk's weights (<= ~64 KiB) stay in L2 across row groups.
+void MatmulRows(float* y, int64_t ldy, const float* x, const QuantizedActs& qa, int64_t M,
+                int64_t K, const uint8_t* w, int64_t row_bytes, DType t, const float* bias,
+                int64_t n0, int64_t n1) {
+  float out[4];
+  for (int64_t m = 0; m < M; m += 4) {
+    const int64_t A = std::min<int64_t>(4, M - m);
+    for (int64_t n = n0; n < n1; ++n) {
+      const uint8_t* row = w + n * row_bytes;
+      switch (A) {
+        case 1:
+          DotRow<1>(t, row, K, x, qa, m, out);
+          break;
+        case 2:
+          DotRow<2>(t, row, K, x, qa, m, out);
+          break;
+        case 3:
+          DotRow<3>(t, row, K, x, qa, m, out);
+          break;
+        default:
+          DotRow<4>(t, row, K, x, qa, m, out);
+          break;
+      }
+      const float bn = bias ? bias[n] : 0.0f;
+      for (int64_t a = 0; a < A; ++a) y[(m + a) * ldy + n] = out[a] + bn;
+    }
+  }
+}
+
+void MatmulWt(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t M, int64_t K,
+              const void* w, DType t, int64_t N, const float* bias, const QuantizedActs& qa,
+              int64_t rows_per_chunk) {
+  const auto* wb = static_cast<const uint8_t*>(w);
+  const int64_t row_bytes = dtype_bytes(t, K);
+  for_each_chunk(pool, N, rows_per_chunk, [&](int64_t, int64_t n0, int64_t n1) {
+    MatmulRows(y, ldy, x, qa, M, K, wb, row_bytes, t, bias, n0, n1);
+  });
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace tessera::cpu
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace tessera::cpu {
+
+HWY_EXPORT(MatmulWt);
+
+void matmul_wt(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t M, int64_t K,
+               const void* w, DType w_type, int64_t N, const float* bias) {
+  ref::check_matmul_wt_args(ldy, M, K, w_type, N);
+  if (M == 0 || N == 0) return;
+  QuantizedActs qa;
+  const int64_t block = act_block_elems(w_type);
+  if (block > 0) {
+    qa = act_buffer(M, K, block);
+    // Rows are independent; 4 rows per chunk keep the hand-off cheap.
+    for_each_chunk(pool, M, 4,
+                   [&](int64_t, int64_t m0, int64_t m1) { quantize_act_rows(x, qa, m0, m1); });
+  }
+  // Chunks of ~32 KiB of weights: decode (M <= 4) gets dozens of chunks to balance over
+  // threads; prefill keeps a chunk in L2 while all activation row groups pass over it.
+  const int64_t row_bytes = dtype_bytes(w_type, K);
+  const int64_t rows_per_chunk = std::max<int64_t>(4, (int64_t{32} << 10) / row_bytes);
+  HWY_DYNAMIC_DISPATCH(MatmulWt)(pool, y, ldy, x, M, K, w, w_type, N, bias, qa, rows_per_chunk);
+}
+
+}  // namespace tessera::cpu
+#endif  // HWY_ONCE

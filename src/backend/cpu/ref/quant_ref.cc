@@ -1,0 +1,156 @@
+// Reference matmul against weights stored as f32/f16/bf16 or GGUF block formats: plain loops,
+// integer dot products per block as the SIMD kernels compute them (the test oracle).
+#include <vector>
+
+#include "backend/cpu/quant_act.h"
+#include "backend/cpu/ref/ref_kernels.h"
+#include "core/error.h"
+
+namespace tessera::cpu::ref {
+
+namespace {
+
+float weight_f32(DType t, const uint8_t* row, int64_t k) {
+  uint16_t h;
+  switch (t) {
+    case DType::f32: {
+      float f;
+      std::memcpy(&f, row + 4 * k, 4);
+      return f;
+    }
+    case DType::f16:
+      std::memcpy(&h, row + 2 * k, 2);
+      return f16_to_f32(h);
+    default:  // bf16
+      std::memcpy(&h, row + 2 * k, 2);
+      return bf16_to_f32(h);
+  }
+}
+
+// One weight row against activation row m; every block's integer sum is exact, and blocks are
+// combined in order in f32.
+float dot_row(DType t, const uint8_t* row, const QuantizedActs& qa, int64_t m) {
+  const int16_t* xq = qa.row_q(m);
+  const float* dx = qa.row_d(m);
+  const int32_t* s32 = qa.row_sum32(m);
+  float acc = 0;
+  switch (t) {
+    case DType::q8_0:
+      for (int64_t b = 0; b < qa.K / kQK8_0; ++b) {
+        const auto* blk = reinterpret_cast<const BlockQ8_0*>(row) + b;
+        int32_t s = 0;
+        for (int j = 0; j < kQK8_0; ++j) s += blk->qs[j] * xq[b * kQK8_0 + j];
+        acc += f16_to_f32(blk->d) * dx[b] * static_cast<float>(s);
+      }
+      return acc;
+    case DType::q4_0:
+      for (int64_t b = 0; b < qa.K / kQK4_0; ++b) {
+        const auto* blk = reinterpret_cast<const BlockQ4_0*>(row) + b;
+        const int16_t* x = xq + b * kQK4_0;
+        int32_t s = 0;
+        for (int j = 0; j < 16; ++j)
+          s += ((blk->qs[j] & 0x0f) - 8) * x[j] + ((blk->qs[j] >> 4) - 8) * x[j + 16];
+        acc += f16_to_f32(blk->d) * dx[b] * static_cast<float>(s);
+      }
+      return acc;
+    case DType::q4_1:
+      // x = d q + m: the min contributes m * dx * sum(xq).
+      for (int64_t b = 0; b < qa.K / kQK4_1; ++b) {
+        const auto* blk = reinterpret_cast<const BlockQ4_1*>(row) + b;
+        const int16_t* x = xq + b * kQK4_1;
+        int32_t s = 0;
+        for (int j = 0; j < 16; ++j)
+          s += (blk->qs[j] & 0x0f) * x[j] + (blk->qs[j] >> 4) * x[j + 16];
+        acc += f16_to_f32(blk->d) * dx[b] * static_cast<float>(s) +
+               f16_to_f32(blk->m) * (dx[b] * static_cast<float>(s32[b]));
+      }
+      return acc;
+    case DType::q4_k:
+      // Per super-block: sum_j sc_j dot_j and sum_j m_j sum_j are exact integers.
+      for (int64_t b = 0; b < qa.K / kQK_K; ++b) {
+        const auto* blk = reinterpret_cast<const BlockQ4K*>(row) + b;
+        int32_t isum = 0, msum = 0;
+        for (int j = 0; j < 8; ++j) {
+          int sc, mn;
+          q4_k_scale_min(blk->scales, j, &sc, &mn);
+          const uint8_t* q = blk->qs + 32 * (j / 2);
+          const int16_t* x = xq + b * kQK_K + 32 * j;
+          int32_t s = 0;
+          for (int l = 0; l < 32; ++l) s += ((q[l] >> (4 * (j % 2))) & 0x0f) * x[l];
+          isum += sc * s;
+          msum += mn * s32[b * 8 + j];
+        }
+        acc += f16_to_f32(blk->d) * dx[b] * static_cast<float>(isum) -
+               f16_to_f32(blk->dmin) * dx[b] * static_cast<float>(msum);
+      }
+      return acc;
+    case DType::q6_k:
+      for (int64_t b = 0; b < qa.K / kQK_K; ++b) {
+        const auto* blk = reinterpret_cast<const BlockQ6K*>(row) + b;
+        int32_t isum = 0;
+        for (int g = 0; g < 16; ++g) {
+          int32_t s = 0;
+          for (int i = 16 * g; i < 16 * g + 16; ++i) {
+            const int h = i / 128, r = (i % 128) / 32, l = i % 32;
+            const uint8_t lo_byte = blk->ql[64 * h + l + 32 * (r & 1)];
+            const int lo = r < 2 ? (lo_byte & 0x0f) : (lo_byte >> 4);
+            const int hi = (blk->qh[32 * h + l] >> (2 * r)) & 3;
+            s += ((lo | (hi << 4)) - 32) * xq[b * kQK_K + i];
+          }
+          isum += blk->scales[g] * s;
+        }
+        acc += f16_to_f32(blk->d) * dx[b] * static_cast<float>(isum);
+      }
+      return acc;
+    default:
+      break;
+  }
+  fail("[matmul_wt] weight type ", dtype_name(t), " is not supported");
+}
+
+}  // namespace
+
+void check_matmul_wt_args(int64_t ldy, int64_t M, int64_t K, DType w_type, int64_t N) {
+  TS_CHECK(M >= 0, "[matmul_wt] rows M=", M, " must be >= 0");
+  TS_CHECK(N >= 0, "[matmul_wt] outputs N=", N, " must be >= 0");
+  TS_CHECK(K > 0, "[matmul_wt] inner dimension K=", K, " must be positive");
+  TS_CHECK(ldy >= N, "[matmul_wt] ldy=", ldy, " is smaller than N=", N);
+  const bool is_float = w_type == DType::f32 || w_type == DType::f16 || w_type == DType::bf16;
+  TS_CHECK(is_float || act_block_elems(w_type) > 0, "[matmul_wt] weight type ", dtype_name(w_type),
+           " is not supported");
+  const int64_t block = traits(w_type).block_elems;
+  TS_CHECK(K % block == 0, "[matmul_wt] K=", K, " is not a multiple of the ", dtype_name(w_type),
+           " block size ", block);
+}
+
+void matmul_wt(float* y, int64_t ldy, const float* x, int64_t M, int64_t K, const void* w,
+               DType w_type, int64_t N, const float* bias) {
+  check_matmul_wt_args(ldy, M, K, w_type, N);
+  const int64_t row_bytes = dtype_bytes(w_type, K);
+  const auto* wb = static_cast<const uint8_t*>(w);
+  const int64_t block = act_block_elems(w_type);
+  if (block == 0) {
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        float acc = 0;
+        for (int64_t k = 0; k < K; ++k)
+          acc += x[m * K + k] * weight_f32(w_type, wb + n * row_bytes, k);
+        y[m * ldy + n] = bias ? acc + bias[n] : acc;
+      }
+    return;
+  }
+  // Own buffers: the reference shares only the activation quantizer with the SIMD path.
+  std::vector<int16_t> q(static_cast<size_t>(M * K));
+  std::vector<float> d(static_cast<size_t>(M * (K / block)));
+  std::vector<int32_t> s32(static_cast<size_t>(M * (K / 32)));
+  QuantizedActs qa;
+  qa.M = M, qa.K = K, qa.block = block, qa.q = q.data(), qa.d = d.data(), qa.sum32 = s32.data();
+  quantize_act_rows(x, qa, 0, M);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      const float acc = dot_row(w_type, wb + n * row_bytes, qa, m);
+      y[m * ldy + n] = bias ? acc + bias[n] : acc;
+    }
+}
+
+}  // namespace tessera::cpu::ref

@@ -1,0 +1,40 @@
+// Quantized-weight op entry points: argument checks, dispatch to the CPU reference or SIMD
+// kernels (CUDA: not yet), costs for the profiler.
+#include "ops/quant.h"
+
+#include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/ref/ref_kernels.h"
+#include "backend/device.h"
+#include "core/error.h"
+
+namespace tessera::ops {
+
+void matmul_wt(const Context& ctx, float* y, int64_t ldy, const float* x, int64_t M, int64_t K,
+               const void* w, DType w_type, int64_t N, const float* bias) {
+  cpu::ref::check_matmul_wt_args(ldy, M, K, w_type, N);
+  TS_CHECK(M * N == 0 || (y && x && w), "[matmul_wt] null y, x or w");
+  if (ctx.device == Device::cuda) backend::require_cuda("matmul_wt");
+  if (ctx.reference) return cpu::ref::matmul_wt(y, ldy, x, M, K, w, w_type, N, bias);
+  cpu::matmul_wt(ctx.threads(), y, ldy, x, M, K, w, w_type, N, bias);
+}
+
+OpCost matmul_wt_cost(int64_t M, int64_t K, int64_t N, DType w_type, bool bias) {
+  OpCost c;
+  c.flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) +
+            (bias ? static_cast<double>(M) * static_cast<double>(N) : 0.0);
+  c.bytes = static_cast<double>(N) * static_cast<double>(dtype_bytes(w_type, K)) +
+            4.0 * static_cast<double>(M) * static_cast<double>(K + N) + (bias ? 4.0 * N : 0.0);
+  return c;
+}
+
+void dequantize_row(const void* w, DType w_type, int64_t K, int64_t row, float* dst) {
+  const int64_t row_bytes = dtype_bytes(w_type, K);
+  to_f32(w_type, static_cast<const uint8_t*>(w) + row * row_bytes, dst, K);
+}
+
+void dequantize_row(const void* w, DType w_type, int64_t K, int64_t N, int64_t row, float* dst) {
+  TS_CHECK(row >= 0 && row < N, "[dequantize_row] row ", row, " is outside [0, ", N, ")");
+  dequantize_row(w, w_type, K, row, dst);
+}
+
+}  // namespace tessera::ops

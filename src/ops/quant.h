@@ -1,0 +1,30 @@
+// Matmul against weights kept in their stored type (f32/f16/bf16 or GGUF block formats), the
+// inference engine's linear layers; and row lookups (embeddings) from such weights.
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "ops/context.h"
+#include "ops/ops.h"
+
+namespace tessera::ops {
+
+// y (M,N) = x (M,K) W^T [+ bias (N)], W (N,K) stored as w_type with rows contiguous
+// (row stride = dtype_bytes(w_type, K)); ldy = row stride of y (>= N).
+// w_type f32/f16/bf16: float math (f16/bf16 widened). Block types q8_0/q4_0/q4_1/q4_k/q6_k:
+// x is quantized on the fly to 8-bit blocks (one scale per weight block) and the dot products
+// run in integers, as GGUF engines do; K must be a multiple of the block size.
+// Results do not depend on the thread count.
+void matmul_wt(const Context& ctx, float* y, int64_t ldy, const float* x, int64_t M, int64_t K,
+               const void* w, DType w_type, int64_t N, const float* bias = nullptr);
+// flops = 2 M N K (+ M N with a bias); bytes = W once + x + y (decode reads every weight once).
+OpCost matmul_wt_cost(int64_t M, int64_t K, int64_t N, DType w_type, bool bias = false);
+
+// dst (K) = row `row` of W (N,K) of type w_type, as f32 (embedding lookups). Throws unless
+// 0 <= row < N.
+void dequantize_row(const void* w, DType w_type, int64_t K, int64_t N, int64_t row, float* dst);
+// As above without a bound check on row (callers that validated tokens already).
+void dequantize_row(const void* w, DType w_type, int64_t K, int64_t row, float* dst);
+
+}  // namespace tessera::ops

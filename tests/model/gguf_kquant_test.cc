@@ -1,0 +1,58 @@
+// The core k-quant codecs (core/dtype) against the GGUF reader's own dequantizers (checked
+// against gguf-py), and the ggml type table's k-quant entries.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/rng.h"
+#include "model/gguf.h"
+
+namespace tessera::model {
+namespace {
+
+std::vector<float> gaussian(int64_t n, uint64_t seed, float scale) {
+  Rng rng(seed);
+  std::vector<float> x(static_cast<size_t>(n));
+  for (auto& v : x) v = scale * rng.normal();
+  return x;
+}
+
+TEST(GgufKQuant, CoreCodecsAgreeWithGgufDequantizers) {
+  const int64_t n = 8 * kQK_K;
+  for (float scale : {1.0f, 0.01f, 300.0f}) {
+    std::vector<float> x = gaussian(n, 11, scale);
+    x[3] = 0, x[300] = -4 * scale;  // a zero and an outlier
+    std::vector<BlockQ4K> q4(n / kQK_K);
+    std::vector<BlockQ6K> q6(n / kQK_K);
+    from_f32(DType::q4_k, x.data(), q4.data(), n);
+    from_f32(DType::q6_k, x.data(), q6.data(), n);
+    std::vector<float> core(n), gguf(n);
+    to_f32(DType::q4_k, q4.data(), core.data(), n);
+    dequantize_q4_k(q4.data(), gguf.data(), n);
+    EXPECT_EQ(0, std::memcmp(core.data(), gguf.data(), n * 4)) << "q4_k scale " << scale;
+    to_f32(DType::q6_k, q6.data(), core.data(), n);
+    dequantize_q6_k(q6.data(), gguf.data(), n);
+    EXPECT_EQ(0, std::memcmp(core.data(), gguf.data(), n * 4)) << "q6_k scale " << scale;
+    // And the round trip is a quantization, not garbage: error well under the data's RMS.
+    double err = 0, ref = 0;
+    for (int64_t i = 0; i < n; ++i) err += (gguf[i] - x[i]) * (gguf[i] - x[i]), ref += x[i] * x[i];
+    EXPECT_LT(err, 0.001 * ref) << scale;
+  }
+}
+
+TEST(GgufKQuant, TypeTableMapsKQuantsToDTypes) {
+  const GgmlTypeInfo* q4 = ggml_type_info(static_cast<uint32_t>(GgmlType::q4_k));
+  const GgmlTypeInfo* q6 = ggml_type_info(static_cast<uint32_t>(GgmlType::q6_k));
+  ASSERT_TRUE(q4 && q6);
+  EXPECT_EQ(q4->dtype, DType::q4_k);
+  EXPECT_EQ(q6->dtype, DType::q6_k);
+  EXPECT_EQ(ggml_type_of(DType::q4_k), GgmlType::q4_k);
+  EXPECT_EQ(ggml_type_of(DType::q6_k), GgmlType::q6_k);
+  EXPECT_EQ(q4->block_bytes, traits(DType::q4_k).block_bytes);
+  EXPECT_EQ(q6->block_bytes, traits(DType::q6_k).block_bytes);
+}
+
+}  // namespace
+}  // namespace tessera::model
