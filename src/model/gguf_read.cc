@@ -177,7 +177,7 @@ static size_t read_aligned(const std::string& path, std::shared_ptr<uint8_t>* ou
   if (size == 0) return 0;
   const auto n = static_cast<size_t>(size);
   out->reset(static_cast<uint8_t*>(::operator new(n, kPage)),
-             [kPage](uint8_t* p) { ::operator delete(p, kPage); });
+             [](uint8_t* p) { ::operator delete(p, kPage); });
   TS_CHECK(std::fread(out->get(), 1, n, f.get()) == n, "[gguf] ", path, ": short read of ", n,
            " bytes");
   return n;

@@ -303,6 +303,7 @@ ops::RopeTable make_rope_table(int64_t max_pos, const std::vector<double>& inv_f
   ops::RopeTable t;
   t.max_pos = max_pos;
   t.rotary_dim = 2 * half;
+  t.inv_freq = inv_freqs;
   t.cos.resize(static_cast<size_t>(max_pos * half));
   t.sin.resize(t.cos.size());
   // Angles in double: in f32, pos * inv_freq would lose ~pos * 2^-24 radians (0.006 at 10^5).

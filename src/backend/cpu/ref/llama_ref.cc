@@ -35,7 +35,7 @@ void rope_apply(float* out, const float* inp, const ops::RopeTable& table, const
         const float* x = inp + base;
         float* o = out + base;
         for (int64_t i = 0; i < half; ++i) {
-          const double inv_freq = std::pow(table.theta, -2.0 * static_cast<double>(i) / R);
+          const double inv_freq = table.inv_freq[static_cast<size_t>(i)];
           const double angle = pos * inv_freq;
           const double c = std::cos(angle), s = sign * std::sin(angle);
           const int64_t ia = layout == ops::RopeLayout::half ? i : 2 * i;
@@ -69,6 +69,8 @@ void check_rope_args(const char* op, const ops::RopeTable& table, const int32_t*
                table.sin.size() == table.cos.size(),
            "[", op, "] rope table holds ", table.cos.size(), " cos and ", table.sin.size(),
            " sin values, expected max_pos * rotary_dim / 2 = ", table.max_pos * (R / 2));
+  TS_CHECK(table.inv_freq.size() == static_cast<size_t>(R / 2), "[", op, "] rope table holds ",
+           table.inv_freq.size(), " frequencies, expected rotary_dim / 2 = ", R / 2);
   if (T == 0) return;
   if (positions) {
     for (int64_t t = 0; t < T; ++t)

@@ -1,0 +1,31 @@
+// Attention of query rows over a paged key/value cache (decode and chunked prefill): the
+// argument block shared by the SIMD kernel and its reference.
+#pragma once
+
+#include <cstdint>
+
+#include "core/thread_pool.h"
+
+namespace tessera::cpu {
+
+// The cache is an array of blocks; block b of the layer being computed starts at
+// kv + b * block_stride and holds K as (Hkv, block_tokens, D) then, v_offset floats later, V in
+// the same layout. Query row r (of `rows`) reads keys 0 .. n_keys[r]-1 of the sequence whose
+// block table is block_tables[r] (key j sits in block block_tables[r][j / block_tokens]).
+struct PagedAttentionArgs {
+  float* out = nullptr;      // (rows, H, D)
+  const float* q = nullptr;  // (rows, H, D)
+  int64_t rows = 0, H = 0, Hkv = 0, D = 0;
+  const float* kv = nullptr;
+  int64_t block_tokens = 0, block_stride = 0, v_offset = 0;
+  const int32_t* const* block_tables = nullptr;  // (rows) pointers
+  const int32_t* n_keys = nullptr;               // (rows), each >= 1
+  float scale = 1.0f;                            // usually 1/sqrt(D)
+};
+
+void paged_attention(ThreadPool& pool, const PagedAttentionArgs& a);
+namespace ref {
+void paged_attention(const PagedAttentionArgs& a);
+}  // namespace ref
+
+}  // namespace tessera::cpu

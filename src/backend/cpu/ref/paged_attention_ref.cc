@@ -1,0 +1,45 @@
+// Reference paged attention: plain loops in double, a full softmax per query head (the oracle
+// for the online-softmax SIMD kernel).
+#include <cmath>
+#include <vector>
+
+#include "backend/cpu/paged_attention.h"
+
+namespace tessera::cpu::ref {
+
+void paged_attention(const PagedAttentionArgs& a) {
+  const int64_t group = a.H / a.Hkv;
+  std::vector<double> scores, acc(static_cast<size_t>(a.D));
+  for (int64_t r = 0; r < a.rows; ++r) {
+    const int64_t nk = a.n_keys[r];
+    scores.assign(static_cast<size_t>(nk), 0.0);
+    for (int64_t h = 0; h < a.H; ++h) {
+      const int64_t g = h / group;
+      const float* q = a.q + (r * a.H + h) * a.D;
+      auto key = [&](int64_t j) {
+        const int64_t block = a.block_tables[r][j / a.block_tokens];
+        return a.kv + block * a.block_stride + (g * a.block_tokens + j % a.block_tokens) * a.D;
+      };
+      double mx = -INFINITY;
+      for (int64_t j = 0; j < nk; ++j) {
+        double s = 0;
+        for (int64_t d = 0; d < a.D; ++d) s += static_cast<double>(q[d]) * key(j)[d];
+        scores[static_cast<size_t>(j)] = s * a.scale;
+        mx = std::max(mx, scores[static_cast<size_t>(j)]);
+      }
+      double sum = 0;
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int64_t j = 0; j < nk; ++j) {
+        const double p = std::exp(scores[static_cast<size_t>(j)] - mx);
+        sum += p;
+        const float* v = key(j) + a.v_offset;
+        for (int64_t d = 0; d < a.D; ++d) acc[static_cast<size_t>(d)] += p * v[d];
+      }
+      float* out = a.out + (r * a.H + h) * a.D;
+      for (int64_t d = 0; d < a.D; ++d)
+        out[d] = static_cast<float>(acc[static_cast<size_t>(d)] / sum);
+    }
+  }
+}
+
+}  // namespace tessera::cpu::ref

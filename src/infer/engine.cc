@@ -1,0 +1,287 @@
+// Generation engine: cache bookkeeping, the per-chunk forward pass of the Llama and GPT-2
+// architectures over token rows of several sequences, and the logits of the rows asked for.
+#include "infer/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <unordered_set>
+
+#include "core/error.h"
+#include "ops/paged_attention.h"
+#include "ops/quant.h"
+#include "profile/timer.h"
+
+namespace tessera::infer {
+
+using model::DecoderArch;
+using model::WeightRef;
+
+namespace {
+
+KvCacheShape cache_shape(const model::DecoderConfig& c, const EngineOptions& o) {
+  TS_CHECK(o.max_ctx > 0 && o.max_ctx <= c.max_ctx, "[engine] --ctx ", o.max_ctx,
+           " must be in [1, ", c.max_ctx, "] (the model's context length)");
+  TS_CHECK(o.block_tokens > 0 && o.max_rows > 0, "[engine] block_tokens and max_rows must be > 0");
+  TS_CHECK(o.kv_tokens >= 0, "[engine] kv_tokens must be >= 0");
+  KvCacheShape s;
+  s.n_layers = c.n_layers;
+  s.n_kv_heads = c.n_kv_heads;
+  s.head_dim = c.head_dim;
+  s.block_tokens = o.block_tokens;
+  const int64_t tokens = o.kv_tokens ? o.kv_tokens : o.max_ctx;
+  s.n_blocks = (tokens + o.block_tokens - 1) / o.block_tokens;
+  return s;
+}
+
+}  // namespace
+
+Engine::Engine(const model::DecoderModel& model, const EngineOptions& opts)
+    : model_(model), opts_(opts), cache_(cache_shape(model.config, opts)) {
+  const model::DecoderConfig& c = model_.config;
+  if (c.arch == DecoderArch::gpt2)
+    TS_CHECK(std::fabs(c.norm_eps - 1e-5f) < 1e-9f, "[engine] gpt2 layer norm epsilon ", c.norm_eps,
+             " is not supported (1e-5)");
+  else
+    rope_ = ops::make_rope_table(opts_.max_ctx, model::rope_inv_freqs(c));
+  // Norm weights and biases are read as f32 vectors: widen any other type once, here.
+  auto widen = [&](WeightRef& r) {
+    if (!r.present() || r.type == DType::f32) return;
+    auto buf = std::make_shared<std::vector<float>>(static_cast<size_t>(r.shape.numel()));
+    to_f32(r.type, r.data, buf->data(), r.shape.numel());
+    r = WeightRef{buf->data(), DType::f32, r.shape};
+    model_.owners.push_back(buf);
+  };
+  for (model::DecoderLayer& l : model_.weights.layers)
+    for (WeightRef* r : {&l.attn_norm, &l.attn_norm_b, &l.ffn_norm, &l.ffn_norm_b, &l.bq, &l.bk,
+                         &l.bv, &l.bo, &l.b_up, &l.b_down})
+      widen(*r);
+  widen(model_.weights.out_norm);
+  widen(model_.weights.out_norm_b);
+  if (opts_.float_weights) {
+    const bool tied = model_.weights.output.data == model_.weights.tok_embd.data;
+    for (model::DecoderLayer& l : model_.weights.layers)
+      for (WeightRef* r : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) widen(*r);
+    widen(model_.weights.tok_embd);
+    widen(model_.weights.pos_embd);
+    if (tied)
+      model_.weights.output = model_.weights.tok_embd;
+    else
+      widen(model_.weights.output);
+  }
+
+  const auto rows = static_cast<size_t>(opts_.max_rows);
+  const auto C = static_cast<size_t>(c.d_model), F = static_cast<size_t>(c.d_ff);
+  x_.resize(rows * C);
+  xn_.resize(rows * C);
+  tmp_.resize(rows * C);
+  q_.resize(rows * static_cast<size_t>(c.q_dim()));
+  att_.resize(q_.size());
+  k_.resize(rows * static_cast<size_t>(c.kv_dim()));
+  v_.resize(k_.size());
+  ff_a_.resize(rows * F);
+  ff_b_.resize(rows * F);
+  stat_a_.resize(rows);
+  stat_b_.resize(rows);
+  positions_.resize(rows);
+  n_keys_.resize(rows);
+  tables_.resize(rows);
+}
+
+int32_t Engine::new_sequence() {
+  for (size_t i = 0; i < seqs_.size(); ++i)
+    if (!seqs_[i].live) {
+      seqs_[i] = Sequence{true, 0, {}};
+      return static_cast<int32_t>(i);
+    }
+  seqs_.push_back(Sequence{true, 0, {}});
+  return static_cast<int32_t>(seqs_.size() - 1);
+}
+
+void Engine::free_sequence(int32_t seq) {
+  TS_CHECK(seq >= 0 && static_cast<size_t>(seq) < seqs_.size() && seqs_[seq].live,
+           "[engine] no live sequence ", seq);
+  for (int32_t b : seqs_[seq].blocks) cache_.release(b);
+  seqs_[seq] = Sequence{};
+}
+
+int64_t Engine::sequence_length(int32_t seq) const {
+  TS_CHECK(seq >= 0 && static_cast<size_t>(seq) < seqs_.size() && seqs_[seq].live,
+           "[engine] no live sequence ", seq);
+  return seqs_[seq].length;
+}
+
+void Engine::truncate_sequence(int32_t seq, int64_t length) {
+  TS_CHECK(length >= 0 && length <= sequence_length(seq), "[engine] cannot truncate sequence ", seq,
+           " to ", length, " tokens");
+  Sequence& s = seqs_[seq];
+  s.length = length;
+  const auto keep = static_cast<size_t>((length + opts_.block_tokens - 1) / opts_.block_tokens);
+  while (s.blocks.size() > keep) {
+    cache_.release(s.blocks.back());
+    s.blocks.pop_back();
+  }
+}
+
+const std::vector<float>& Engine::forward(const std::vector<Feed>& feeds) {
+  const profile::Timer timer;
+  const int64_t V = config().vocab, BT = opts_.block_tokens;
+  // Validate everything and count blocks before touching the cache.
+  std::unordered_set<int32_t> seen;
+  int64_t blocks_needed = 0, rows_total = 0;
+  for (const Feed& f : feeds) {
+    TS_CHECK(f.seq >= 0 && static_cast<size_t>(f.seq) < seqs_.size() && seqs_[f.seq].live,
+             "[engine] no live sequence ", f.seq);
+    TS_CHECK(seen.insert(f.seq).second, "[engine] sequence ", f.seq, " fed twice in one call");
+    TS_CHECK(!f.tokens.empty(), "[engine] empty feed for sequence ", f.seq);
+    for (int32_t t : f.tokens)
+      TS_CHECK(t >= 0 && t < V, "[engine] token id ", t, " outside the vocabulary [0, ", V, ")");
+    const int64_t len = seqs_[f.seq].length, new_len = len + static_cast<int64_t>(f.tokens.size());
+    TS_CHECK(new_len <= opts_.max_ctx, "[engine] sequence ", f.seq, " would reach ", new_len,
+             " tokens, past the context length ", opts_.max_ctx, " (--ctx)");
+    blocks_needed += (new_len + BT - 1) / BT - static_cast<int64_t>(seqs_[f.seq].blocks.size());
+    rows_total += static_cast<int64_t>(f.tokens.size());
+  }
+  TS_CHECK(blocks_needed <= cache_.free_blocks(), "[kv-cache] full: ", blocks_needed,
+           " more blocks needed, ", cache_.free_blocks(), " free (capacity ",
+           cache_.shape().n_blocks * BT, " tokens); raise --ctx or lower the batch");
+
+  std::vector<Row> rows;
+  rows.reserve(static_cast<size_t>(rows_total));
+  int64_t logit_rows = 0;
+  for (const Feed& f : feeds) {
+    Sequence& s = seqs_[f.seq];
+    const int64_t n = static_cast<int64_t>(f.tokens.size());
+    for (int64_t i = 0; i < n; ++i) {
+      const bool want = f.all_logits || i == n - 1;
+      rows.push_back(Row{f.seq, f.tokens[i], static_cast<int32_t>(s.length + i), want});
+      logit_rows += want;
+    }
+    while (static_cast<int64_t>(s.blocks.size()) * BT < s.length + n)
+      s.blocks.push_back(cache_.allocate());
+  }
+  logits_.resize(static_cast<size_t>(logit_rows * V));
+  logit_rows_done_ = 0;
+  for (size_t i = 0; i < rows.size(); i += static_cast<size_t>(opts_.max_rows)) {
+    const int64_t n = std::min<int64_t>(opts_.max_rows, static_cast<int64_t>(rows.size() - i));
+    run_chunk(rows.data() + i, n);
+  }
+  for (const Feed& f : feeds) seqs_[f.seq].length += static_cast<int64_t>(f.tokens.size());
+  stats_.seconds += timer.seconds();
+  stats_.rows += rows_total;
+  stats_.forward_calls += 1;
+  return logits_;
+}
+
+void Engine::linear(float* y, const float* x, int64_t n, const WeightRef& w, const WeightRef& b) {
+  const profile::Timer t;
+  ops::matmul_wt(opts_.ctx, y, w.rows(), x, n, w.cols(), w.data, w.type, w.rows(),
+                 b.present() ? static_cast<const float*>(b.data) : nullptr);
+  stats_.matmul_seconds += t.seconds();
+}
+
+void Engine::norm(float* out, const float* inp, int64_t n, const WeightRef& w, const WeightRef& b) {
+  const auto* wf = static_cast<const float*>(w.data);
+  if (config().arch == DecoderArch::gpt2)
+    ops::layernorm_forward(opts_.ctx, out, stat_a_.data(), stat_b_.data(), inp, wf,
+                           static_cast<const float*>(b.data), n, config().d_model);
+  else
+    ops::rmsnorm_forward(opts_.ctx, out, stat_a_.data(), inp, wf, n, config().d_model,
+                         config().norm_eps);
+}
+
+void Engine::run_chunk(const Row* rows, int64_t n) {
+  const model::DecoderConfig& c = config();
+  const model::DecoderWeights& w = model_.weights;
+  const int64_t C = c.d_model;
+  for (int64_t r = 0; r < n; ++r) {
+    float* xr = x_.data() + r * C;
+    ops::dequantize_row(w.tok_embd.data, w.tok_embd.type, C, rows[r].token, xr);
+    if (w.pos_embd.present()) {
+      float* pr = tmp_.data() + r * C;
+      ops::dequantize_row(w.pos_embd.data, w.pos_embd.type, C, rows[r].pos, pr);
+      for (int64_t i = 0; i < C; ++i) xr[i] += pr[i];
+    }
+    positions_[r] = rows[r].pos;
+    n_keys_[r] = rows[r].pos + 1;
+    tables_[r] = seqs_[rows[r].seq].blocks.data();
+  }
+  for (int64_t l = 0; l < c.n_layers; ++l) layer(l, rows, n);
+
+  // Final norm and the output head, only for the rows whose logits were asked for.
+  int64_t m = 0;
+  for (int64_t r = 0; r < n; ++r)
+    if (rows[r].want_logits) {
+      std::memcpy(tmp_.data() + m * C, x_.data() + r * C, static_cast<size_t>(C) * sizeof(float));
+      ++m;
+    }
+  if (m == 0) return;
+  norm(xn_.data(), tmp_.data(), m, w.out_norm, w.out_norm_b);
+  float* dst = logits_.data() + logit_rows_done_ * c.vocab;
+  linear(dst, xn_.data(), m, w.output, {});
+  logit_rows_done_ += m;
+}
+
+void Engine::layer(int64_t l, const Row* rows, int64_t n) {
+  const model::DecoderConfig& c = config();
+  const model::DecoderLayer& w = model_.weights.layers[static_cast<size_t>(l)];
+  const ops::Context& ctx = opts_.ctx;
+  const int64_t C = c.d_model, D = c.head_dim, H = c.n_heads, Hkv = c.n_kv_heads;
+  const int64_t KV = c.kv_dim(), BT = opts_.block_tokens;
+
+  norm(xn_.data(), x_.data(), n, w.attn_norm, w.attn_norm_b);
+  linear(q_.data(), xn_.data(), n, w.wq, w.bq);
+  linear(k_.data(), xn_.data(), n, w.wk, w.bk);
+  linear(v_.data(), xn_.data(), n, w.wv, w.bv);
+  if (c.arch == DecoderArch::llama) {
+    ops::rope_forward(ctx, q_.data(), q_.data(), rope_, positions_.data(), 0, 1, n, H, D,
+                      c.rope_layout);
+    ops::rope_forward(ctx, k_.data(), k_.data(), rope_, positions_.data(), 0, 1, n, Hkv, D,
+                      c.rope_layout);
+  }
+  // Append this chunk's keys and values to the cache, then attend.
+  float* base = cache_.layer_base(l);
+  const int64_t stride = cache_.block_stride(), v_off = cache_.half_block_floats();
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t pos = rows[r].pos;
+    float* blk = base + tables_[r][pos / BT] * stride + (pos % BT) * D;
+    for (int64_t g = 0; g < Hkv; ++g) {
+      std::memcpy(blk + g * BT * D, k_.data() + r * KV + g * D, static_cast<size_t>(D) * 4);
+      std::memcpy(blk + v_off + g * BT * D, v_.data() + r * KV + g * D, static_cast<size_t>(D) * 4);
+    }
+  }
+  const profile::Timer attn_timer;
+  ops::PagedAttentionArgs a;
+  a.out = att_.data();
+  a.q = q_.data();
+  a.rows = n;
+  a.H = H;
+  a.Hkv = Hkv;
+  a.D = D;
+  a.kv = base;
+  a.block_tokens = BT;
+  a.block_stride = stride;
+  a.v_offset = v_off;
+  a.block_tables = tables_.data();
+  a.n_keys = n_keys_.data();
+  a.scale = 1.0f / std::sqrt(static_cast<float>(D));
+  ops::paged_attention(ctx, a);
+  stats_.attention_seconds += attn_timer.seconds();
+
+  linear(tmp_.data(), att_.data(), n, w.wo, w.bo);
+  ops::add(ctx, x_.data(), x_.data(), tmp_.data(), n * C);
+  norm(xn_.data(), x_.data(), n, w.ffn_norm, w.ffn_norm_b);
+  if (c.arch == DecoderArch::llama) {
+    linear(ff_a_.data(), xn_.data(), n, w.w_gate, {});
+    linear(ff_b_.data(), xn_.data(), n, w.w_up, {});
+    ops::swiglu_forward(ctx, ff_a_.data(), ff_a_.data(), ff_b_.data(), n, c.d_ff);
+  } else {
+    linear(ff_a_.data(), xn_.data(), n, w.w_up, w.b_up);
+    ops::gelu_forward(ctx, ff_a_.data(), ff_a_.data(), n * c.d_ff);
+  }
+  linear(tmp_.data(), ff_a_.data(), n, w.w_down, w.b_down);
+  ops::add(ctx, x_.data(), x_.data(), tmp_.data(), n * C);
+}
+
+}  // namespace tessera::infer

@@ -1,0 +1,99 @@
+// The generation engine: runs a decoder model over the tokens of several sequences at once,
+// keeping each sequence's keys and values in the paged cache. Prefill (many tokens of one
+// sequence) and decode (one token of each of many sequences) are the same call: every token row
+// goes through the weight matrices together, so a weight byte read serves all rows.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "infer/kv_cache.h"
+#include "model/decoder.h"
+#include "ops/context.h"
+#include "ops/ops.h"
+
+namespace tessera::infer {
+
+struct EngineOptions {
+  int64_t max_ctx = 4096;     // longest sequence (clamped to nothing: must be <= model's)
+  int64_t kv_tokens = 0;      // cache capacity in tokens over all sequences; 0 = max_ctx
+  int64_t block_tokens = 32;  // cache block size
+  int64_t max_rows = 512;     // token rows per forward chunk (activation buffers are sized by it)
+  ops::Context ctx;           // threads; reference kernels for tests
+  // Widen every weight matrix to f32 once at start, so activations are never quantized: the
+  // accuracy yardstick for the integer kernels (4-8x the memory, much slower decode).
+  bool float_weights = false;
+};
+
+// One sequence's share of a forward call.
+struct Feed {
+  int32_t seq = -1;
+  std::span<const int32_t> tokens;  // appended to the sequence, in order
+  bool all_logits = false;          // logits for every token, not only the last
+};
+
+// Where time went in forward calls since the last reset.
+struct EngineStats {
+  double seconds = 0, matmul_seconds = 0, attention_seconds = 0;
+  int64_t rows = 0, forward_calls = 0;
+};
+
+class Engine {
+ public:
+  Engine(const model::DecoderModel& model, const EngineOptions& opts);
+
+  const model::DecoderModel& model() const { return model_; }
+  const model::DecoderConfig& config() const { return model_.config; }
+  const EngineOptions& options() const { return opts_; }
+  const KvCache& cache() const { return cache_; }
+
+  int32_t new_sequence();
+  void free_sequence(int32_t seq);  // returns its blocks to the cache
+  int64_t sequence_length(int32_t seq) const;
+  // Drops the last tokens so the sequence has `length` tokens (keeps blocks still needed).
+  void truncate_sequence(int32_t seq, int64_t length);
+
+  // Runs the model over the feeds (distinct sequences) and returns logits (rows, V): one row per
+  // feed (its last token), or one per token for feeds with all_logits, in feed order. Tokens
+  // outside [0, V) or a sequence growing past max_ctx throw, naming them; the cache is then
+  // unchanged for every sequence.
+  const std::vector<float>& forward(const std::vector<Feed>& feeds);
+
+  const EngineStats& stats() const { return stats_; }
+  void reset_stats() { stats_ = {}; }
+
+ private:
+  struct Sequence {
+    bool live = false;
+    int64_t length = 0;
+    std::vector<int32_t> blocks;
+  };
+  struct Row {
+    int32_t seq;
+    int32_t token;
+    int32_t pos;
+    bool want_logits;
+  };
+  void run_chunk(const Row* rows, int64_t n);
+  void layer(int64_t l, const Row* rows, int64_t n);
+  void linear(float* y, const float* x, int64_t n, const model::WeightRef& w,
+              const model::WeightRef& bias);
+  void norm(float* out, const float* inp, int64_t n, const model::WeightRef& w,
+            const model::WeightRef& b);
+
+  model::DecoderModel model_;
+  EngineOptions opts_;
+  KvCache cache_;
+  ops::RopeTable rope_;
+  std::vector<Sequence> seqs_;
+  // Activations for max_rows rows, allocated once.
+  std::vector<float> x_, xn_, q_, k_, v_, att_, tmp_, ff_a_, ff_b_, stat_a_, stat_b_;
+  std::vector<int32_t> positions_, n_keys_;
+  std::vector<const int32_t*> tables_;
+  std::vector<float> logits_;
+  int64_t logit_rows_done_ = 0;
+  EngineStats stats_;
+};
+
+}  // namespace tessera::infer

@@ -1,0 +1,51 @@
+// Key/value cache arena and its free-block stack.
+#include "infer/kv_cache.h"
+
+#include "core/error.h"
+
+namespace tessera::infer {
+
+namespace {
+
+size_t checked_floats(const KvCacheShape& s) {
+  TS_CHECK(
+      s.n_layers > 0 && s.n_kv_heads > 0 && s.head_dim > 0 && s.block_tokens > 0 && s.n_blocks > 0,
+      "[kv-cache] every dimension must be positive (layers ", s.n_layers, ", kv heads ",
+      s.n_kv_heads, ", head dim ", s.head_dim, ", block ", s.block_tokens, ", blocks ", s.n_blocks,
+      ")");
+  TS_CHECK(s.n_blocks <= INT32_MAX, "[kv-cache] too many blocks: ", s.n_blocks);
+  const double floats = 2.0 * static_cast<double>(s.n_layers) * s.n_kv_heads * s.head_dim *
+                        s.block_tokens * static_cast<double>(s.n_blocks);
+  // 1 TiB of cache is beyond any machine this runs on: a sign of a bad --ctx, not a request.
+  TS_CHECK(floats * sizeof(float) < 1099511627776.0, "[kv-cache] ", floats * 4 / (1 << 30),
+           " GiB requested; lower --ctx or --batch");
+  return static_cast<size_t>(floats);
+}
+
+}  // namespace
+
+KvCache::KvCache(const KvCacheShape& shape) : shape_(shape), data_(checked_floats(shape)) {
+  free_.reserve(static_cast<size_t>(shape.n_blocks));
+  for (int64_t b = shape.n_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));
+}
+
+int64_t KvCache::bytes_per_token() const {
+  return 2 * shape_.n_layers * shape_.n_kv_heads * shape_.head_dim *
+         static_cast<int64_t>(sizeof(float));
+}
+
+int32_t KvCache::allocate() {
+  TS_CHECK(!free_.empty(), "[kv-cache] full: all ", shape_.n_blocks, " blocks of ",
+           shape_.block_tokens, " tokens are in use (", shape_.n_blocks * shape_.block_tokens,
+           " tokens); raise --ctx");
+  const int32_t b = free_.back();
+  free_.pop_back();
+  return b;
+}
+
+void KvCache::release(int32_t block) {
+  TS_CHECK(block >= 0 && block < shape_.n_blocks, "[kv-cache] release of bad block ", block);
+  free_.push_back(block);
+}
+
+}  // namespace tessera::infer

@@ -1,0 +1,123 @@
+// Decoder model description: configuration checks, RoPE frequencies with scaling, weight byte
+// counts, and the loader that picks GGUF or a Hugging Face folder.
+#include "model/decoder.h"
+
+#include <cmath>
+#include <filesystem>
+#include <numbers>
+
+#include "core/error.h"
+
+namespace tessera::model {
+
+void DecoderConfig::validate(const std::string& source) const {
+  auto positive = [&](int64_t v, const char* field) {
+    TS_CHECK(v > 0, "[model] ", source, ": ", field, " must be positive (got ", v, ")");
+  };
+  positive(n_layers, "layer count");
+  positive(d_model, "embedding width");
+  positive(n_heads, "head count");
+  positive(n_kv_heads, "key/value head count");
+  positive(head_dim, "head dimension");
+  positive(d_ff, "feed-forward width");
+  positive(vocab, "vocabulary size");
+  positive(max_ctx, "context length");
+  // Bounds that no real model reaches but that keep every product below int64 overflow.
+  TS_CHECK(n_layers <= 4096 && d_model <= (1 << 20) && d_ff <= (1 << 22) && vocab <= (1 << 24) &&
+               n_heads <= 4096 && head_dim <= 4096 && max_ctx <= (int64_t{1} << 24),
+           "[model] ", source, ": absurd dimensions (layers ", n_layers, ", width ", d_model,
+           ", ffn ", d_ff, ", vocab ", vocab, ", heads ", n_heads, ", head dim ", head_dim,
+           ", context ", max_ctx, ")");
+  TS_CHECK(n_heads % n_kv_heads == 0, "[model] ", source, ": head count ", n_heads,
+           " is not a multiple of the key/value head count ", n_kv_heads);
+  TS_CHECK(std::isfinite(norm_eps) && norm_eps > 0, "[model] ", source,
+           ": norm epsilon must be positive (got ", norm_eps, ")");
+  if (arch == DecoderArch::llama) {
+    TS_CHECK(rope_dim > 0 && rope_dim % 2 == 0 && rope_dim <= head_dim, "[model] ", source,
+             ": rope dimension ", rope_dim, " must be even and in (0, head dim ", head_dim, "]");
+    TS_CHECK(std::isfinite(rope_theta) && rope_theta > 1, "[model] ", source,
+             ": rope theta must be > 1 (got ", rope_theta, ")");
+    TS_CHECK(std::isfinite(rope_factor) && rope_factor > 0, "[model] ", source,
+             ": rope scaling factor must be positive (got ", rope_factor, ")");
+    TS_CHECK(rope_freq_divisors.empty() ||
+                 static_cast<int64_t>(rope_freq_divisors.size()) == rope_dim / 2,
+             "[model] ", source, ": rope_freqs has ", rope_freq_divisors.size(),
+             " values, expected ", rope_dim / 2);
+  } else {
+    TS_CHECK(n_kv_heads == n_heads && head_dim * n_heads == d_model, "[model] ", source,
+             ": gpt2 needs head count * head dim == width and no grouped heads");
+  }
+}
+
+std::vector<double> rope_inv_freqs(const DecoderConfig& cfg) {
+  const int64_t pairs = cfg.rope_dim / 2;
+  std::vector<double> inv(static_cast<size_t>(pairs));
+  for (int64_t i = 0; i < pairs; ++i) {
+    double f = std::pow(cfg.rope_theta, -2.0 * static_cast<double>(i) / cfg.rope_dim);
+    if (cfg.rope_scaling == RopeScaling::linear) f /= cfg.rope_factor;
+    if (cfg.rope_scaling == RopeScaling::llama3) {
+      // Llama 3.1: long wavelengths are slowed by `factor`, short ones kept, and the band in
+      // between interpolated smoothly (published with the model's reference code).
+      const double wavelen = 2 * std::numbers::pi / f;
+      const double low_wavelen = cfg.rope_original_max_ctx / cfg.rope_low_freq_factor;
+      const double high_wavelen = cfg.rope_original_max_ctx / cfg.rope_high_freq_factor;
+      if (wavelen > low_wavelen) {
+        f /= cfg.rope_factor;
+      } else if (wavelen >= high_wavelen) {
+        const double smooth = (cfg.rope_original_max_ctx / wavelen - cfg.rope_low_freq_factor) /
+                              (cfg.rope_high_freq_factor - cfg.rope_low_freq_factor);
+        f = (1 - smooth) * f / cfg.rope_factor + smooth * f;
+      }
+    }
+    if (!cfg.rope_freq_divisors.empty()) f /= cfg.rope_freq_divisors[static_cast<size_t>(i)];
+    inv[static_cast<size_t>(i)] = f;
+  }
+  return inv;
+}
+
+namespace {
+
+template <typename Fn>
+void for_each_weight(const DecoderWeights& w, Fn&& fn) {
+  fn(w.tok_embd, true);
+  fn(w.pos_embd, true);
+  for (const DecoderLayer& l : w.layers) {
+    for (const WeightRef* r :
+         {&l.attn_norm, &l.attn_norm_b, &l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.bo,
+          &l.ffn_norm, &l.ffn_norm_b, &l.w_gate, &l.w_up, &l.w_down, &l.b_up, &l.b_down})
+      fn(*r, false);
+  }
+  fn(w.out_norm, false);
+  fn(w.out_norm_b, false);
+  if (w.output.data != w.tok_embd.data) fn(w.output, false);
+}
+
+}  // namespace
+
+int64_t DecoderModel::weight_bytes_per_token() const {
+  int64_t total = 0;
+  for_each_weight(weights, [&](const WeightRef& r, bool lookup_table) {
+    if (!r.present()) return;
+    total += lookup_table ? dtype_bytes(r.type, r.cols()) : r.bytes();
+  });
+  // A tied head reads the whole embedding matrix once per token, besides the one looked-up row.
+  if (weights.output.present() && weights.output.data == weights.tok_embd.data)
+    total += weights.output.bytes();
+  return total;
+}
+
+int64_t DecoderModel::total_weight_bytes() const {
+  int64_t total = 0;
+  for_each_weight(weights, [&](const WeightRef& r, bool) {
+    if (r.present()) total += r.bytes();
+  });
+  return total;
+}
+
+DecoderModel load_decoder(const std::string& path, const DecoderLoadOptions& opts) {
+  TS_CHECK(std::filesystem::exists(path), "[model] ", path, ": no such file or folder");
+  return std::filesystem::is_directory(path) ? load_decoder_hf(path)
+                                             : load_decoder_gguf(path, opts);
+}
+
+}  // namespace tessera::model

@@ -1,0 +1,126 @@
+// Decoder-only transformers for inference (Llama family and GPT-2) as one description: the
+// configuration, and weights that stay in their stored type (f32/f16/bf16/q8_0/q4_0/q4_1/q4_k/
+// q6_k), usually pointing straight into a memory-mapped GGUF or safetensors file.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/tensor.h"
+#include "ops/ops.h"
+
+namespace tessera::model {
+
+class GgufFile;
+
+enum class DecoderArch : uint8_t {
+  llama,  // RMSNorm, RoPE, SwiGLU, GQA; covers Llama 1-3, SmolLM2, Mistral, Qwen2 (q/k/v bias)
+  gpt2,   // LayerNorm with bias, learned positions, GELU MLP, biases everywhere
+};
+
+// Rotary frequency scaling (HF config.json rope_scaling / GGUF <arch>.rope.scaling.*).
+enum class RopeScaling : uint8_t { none, linear, llama3 };
+
+struct DecoderConfig {
+  DecoderArch arch = DecoderArch::llama;
+  std::string name;        // free text (general.name or the folder)
+  int64_t n_layers = 0;    // L
+  int64_t d_model = 0;     // C
+  int64_t n_heads = 0;     // H
+  int64_t n_kv_heads = 0;  // Hkv; H % Hkv == 0
+  int64_t head_dim = 0;    // D (usually C / H)
+  int64_t d_ff = 0;        // F
+  int64_t vocab = 0;       // V (rows of the embedding and of the output head)
+  int64_t max_ctx = 0;     // positions the model was trained for
+  float norm_eps = 1e-5f;
+  // RoPE (llama): rotary_dim <= head_dim; layout half for HF tensors, interleaved for GGUF
+  // llama tensors (llama.cpp's converter permutes q/k rows for it).
+  double rope_theta = 10000.0;
+  int64_t rope_dim = 0;
+  ops::RopeLayout rope_layout = ops::RopeLayout::half;
+  RopeScaling rope_scaling = RopeScaling::none;
+  double rope_factor = 1.0;              // linear and llama3
+  double rope_low_freq_factor = 1.0;     // llama3
+  double rope_high_freq_factor = 4.0;    // llama3
+  int64_t rope_original_max_ctx = 8192;  // llama3
+  // Per-pair divisors of the inverse frequencies (GGUF rope_freqs.weight, as Llama 3.1 files
+  // carry their scaling); empty when absent.
+  std::vector<float> rope_freq_divisors;
+  bool tied_embeddings = false;  // output head = token embedding
+  bool qkv_bias = false;         // q/k/v projections carry a bias (Qwen2, GPT-2)
+
+  int64_t q_dim() const { return n_heads * head_dim; }
+  int64_t kv_dim() const { return n_kv_heads * head_dim; }
+  // Throws Error naming the field when a value is missing, non-positive or inconsistent.
+  void validate(const std::string& source) const;
+};
+
+// Per-pair inverse frequencies of RoPE after scaling (rope_dim / 2 values).
+std::vector<double> rope_inv_freqs(const DecoderConfig& cfg);
+
+// A weight matrix or vector in its stored type. Matrices are (rows, cols) row-major with cols
+// the input dimension (y = x W^T), so each row is a whole number of quant blocks.
+struct WeightRef {
+  const void* data = nullptr;
+  DType type = DType::f32;
+  Shape shape;  // (rows, cols) or (n)
+  bool present() const { return data != nullptr; }
+  int64_t rows() const { return shape.rank() == 2 ? shape[0] : 1; }
+  int64_t cols() const { return shape[shape.rank() - 1]; }
+  int64_t bytes() const { return dtype_bytes(type, shape.numel()); }
+};
+
+struct DecoderLayer {
+  WeightRef attn_norm, attn_norm_b;  // (C); _b gpt2 only
+  WeightRef wq, wk, wv, wo;          // (q_dim,C) (kv_dim,C) (kv_dim,C) (C,q_dim)
+  WeightRef bq, bk, bv, bo;          // optional biases
+  WeightRef ffn_norm, ffn_norm_b;    // (C)
+  WeightRef w_gate, w_up, w_down;    // (F,C) (F,C) (C,F); gate absent for gpt2
+  WeightRef b_up, b_down;            // gpt2 biases of fc and proj
+};
+
+struct DecoderWeights {
+  WeightRef tok_embd;  // (V, C)
+  WeightRef pos_embd;  // (max_ctx, C), gpt2 only
+  std::vector<DecoderLayer> layers;
+  WeightRef out_norm, out_norm_b;  // (C)
+  WeightRef output;                // (V, C); equals tok_embd when tied
+};
+
+// Tokenizer-related metadata a model file carries (strings as stored).
+struct DecoderVocabInfo {
+  std::string chat_template;  // jinja text or empty
+};
+
+// A loaded model: configuration, weights and whatever owns their bytes (mapped files, buffers).
+struct DecoderModel {
+  DecoderConfig config;
+  DecoderWeights weights;
+  std::vector<std::shared_ptr<const void>> owners;  // keep mapped files / buffers alive
+  std::shared_ptr<const GgufFile> gguf;             // set when loaded from GGUF (tokenizer source)
+  std::string source;                               // path it was loaded from
+
+  // Bytes of all weights a decode step reads (every matrix and vector once; the embedding
+  // table counts one row, as only one row per token is read).
+  int64_t weight_bytes_per_token() const;
+  int64_t total_weight_bytes() const;
+};
+
+struct DecoderLoadOptions {
+  // GGUF: map the file instead of reading it into memory (see ARCHITECTURE.md section 2: on
+  // these VMs mapped weights can be dropped from the page cache and fault back in every token).
+  bool mmap = false;
+};
+
+// Loads a GGUF file (general.architecture llama, qwen2, gpt2, ...); weights point into it.
+DecoderModel load_decoder_gguf(const std::string& path, const DecoderLoadOptions& opts = {});
+// Loads a Hugging Face folder: config.json, model.safetensors or model.safetensors.index.json
+// with its shards (LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, GPT2LMHeadModel).
+DecoderModel load_decoder_hf(const std::string& folder);
+// Either of the above, chosen by whether `path` is a directory.
+DecoderModel load_decoder(const std::string& path, const DecoderLoadOptions& opts = {});
+
+}  // namespace tessera::model

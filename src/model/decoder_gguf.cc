@@ -1,0 +1,186 @@
+// Loads a decoder model from GGUF: llama.cpp's metadata keys and tensor names for the llama,
+// qwen2 and gpt2 architectures; weights stay in their stored type and point into the file.
+#include <cstring>
+
+#include "core/error.h"
+#include "model/decoder.h"
+#include "model/gguf.h"
+
+namespace tessera::model {
+namespace {
+
+class GgufDecoderReader {
+ public:
+  GgufDecoderReader(const GgufFile& f, const std::string& arch) : f_(f), arch_(arch) {}
+
+  int64_t get_int(const std::string& key) const { return f_.get_int(arch_ + "." + key); }
+  int64_t get_int_or(const std::string& key, int64_t fallback) const {
+    return f_.has(arch_ + "." + key) ? get_int(key) : fallback;
+  }
+  double get_float_or(const std::string& key, double fallback) const {
+    const GgufValue* v = f_.find_value(arch_ + "." + key);
+    if (!v) return fallback;
+    if (const float* x = v->get_if<float>()) return *x;
+    if (const double* x = v->get_if<double>()) return *x;
+    fail("[gguf] ", f_.path(), ": key '", arch_, ".", key, "' should be a float, is ",
+         gguf_type_name(v->type()));
+  }
+
+  // Tensor `name` with PyTorch-order shape `expected` (empty: any); absent -> empty ref unless
+  // required.
+  WeightRef tensor(const std::string& name, const Shape& expected, bool required = true) const {
+    const GgufTensorInfo* t = f_.find(name);
+    if (!t) {
+      TS_CHECK(!required, "[gguf] ", f_.path(), ": missing tensor '", name, "'");
+      return {};
+    }
+    TS_CHECK(t->dtype.has_value(), "[gguf] ", f_.path(), ": tensor '", name, "' has type ",
+             t->type_name, ", which the engine cannot compute with");
+    const Shape shape = t->shape();
+    TS_CHECK(expected.rank() == 0 || shape == expected, "[gguf] ", f_.path(), ": tensor '", name,
+             "' has shape ", shape.str(), ", expected ", expected.str());
+    TS_CHECK(shape.rank() != 2 || shape[1] % traits(*t->dtype).block_elems == 0, "[gguf] ",
+             f_.path(), ": tensor '", name, "' rows are not whole blocks");
+    return WeightRef{t->data, *t->dtype, shape};
+  }
+
+ private:
+  const GgufFile& f_;
+  std::string arch_;
+};
+
+// Rows [row0, row0 + rows) of a matrix: GPT-2's fused attn_qkv holds q, k, v as row blocks.
+WeightRef row_slice(const WeightRef& w, int64_t row0, int64_t rows) {
+  const int64_t row_bytes = dtype_bytes(w.type, w.cols());
+  const auto* base = static_cast<const uint8_t*>(w.data);
+  if (w.shape.rank() == 1)
+    return WeightRef{base + dtype_bytes(w.type, row0), w.type, Shape({rows})};
+  return WeightRef{base + row0 * row_bytes, w.type, Shape({rows, w.cols()})};
+}
+
+DecoderConfig read_config(const GgufFile& f, const std::string& arch) {
+  GgufDecoderReader r(f, arch);
+  DecoderConfig c;
+  c.arch = arch == "gpt2" ? DecoderArch::gpt2 : DecoderArch::llama;
+  c.name = f.has("general.name") ? f.get_string("general.name") : f.path();
+  c.n_layers = r.get_int("block_count");
+  c.d_model = r.get_int("embedding_length");
+  c.d_ff = r.get_int("feed_forward_length");
+  c.n_heads = r.get_int("attention.head_count");
+  c.n_kv_heads = r.get_int_or("attention.head_count_kv", c.n_heads);
+  c.max_ctx = r.get_int("context_length");
+  TS_CHECK(c.n_heads > 0, "[gguf] ", f.path(), ": ", arch, ".attention.head_count must be > 0");
+  c.head_dim = r.get_int_or("attention.key_length", c.d_model / c.n_heads);
+  const GgufTensorInfo* embd = f.find("token_embd.weight");
+  TS_CHECK(embd && embd->dims.size() == 2, "[gguf] ", f.path(),
+           ": missing 2-D tensor 'token_embd.weight'");
+  c.vocab = r.get_int_or("vocab_size", embd->dims[1]);
+  if (c.arch == DecoderArch::gpt2) {
+    c.norm_eps = static_cast<float>(r.get_float_or("attention.layer_norm_epsilon", 1e-5));
+    c.qkv_bias = true;
+  } else {
+    c.norm_eps = static_cast<float>(r.get_float_or("attention.layer_norm_rms_epsilon", 1e-5));
+    c.rope_theta = r.get_float_or("rope.freq_base", 10000.0);
+    c.rope_dim = r.get_int_or("rope.dimension_count", c.head_dim);
+    // llama.cpp's converter permutes llama q/k rows for the interleaved ("normal") rotation;
+    // qwen2 files keep the rotate-half ("neox") order.
+    c.rope_layout = arch == "qwen2" ? ops::RopeLayout::half : ops::RopeLayout::interleaved;
+    const std::string scaling_key = arch + ".rope.scaling.type";
+    if (f.has(scaling_key)) {
+      const std::string& type = f.get_string(scaling_key);
+      if (type == "linear") {
+        c.rope_scaling = RopeScaling::linear;
+        c.rope_factor = r.get_float_or("rope.scaling.factor", 1.0);
+      } else {
+        TS_CHECK(type == "none", "[gguf] ", f.path(), ": ", scaling_key, " '", type,
+                 "' is not supported (linear or none)");
+      }
+    }
+    if (const GgufTensorInfo* freqs = f.find("rope_freqs.weight")) {
+      TS_CHECK(freqs->ggml_type == GgmlType::f32 && freqs->n_elements == c.rope_dim / 2, "[gguf] ",
+               f.path(), ": tensor 'rope_freqs.weight' must be f32 with rope_dim/2 values");
+      c.rope_freq_divisors.resize(static_cast<size_t>(freqs->n_elements));
+      std::memcpy(c.rope_freq_divisors.data(), freqs->data, freqs->n_elements * sizeof(float));
+    }
+    c.qkv_bias = f.find("blk.0.attn_q.bias") != nullptr;
+  }
+  c.tied_embeddings = f.find("output.weight") == nullptr;
+  c.validate(f.path());
+  return c;
+}
+
+}  // namespace
+
+DecoderModel load_decoder_gguf(const std::string& path, const DecoderLoadOptions& opts) {
+  GgufOptions gopts;
+  gopts.mmap = opts.mmap;
+  auto file = std::make_shared<const GgufFile>(path, gopts);
+  const GgufFile& f = *file;
+  const std::string& arch = f.get_string("general.architecture");
+  TS_CHECK(arch == "llama" || arch == "qwen2" || arch == "mistral" || arch == "gpt2", "[gguf] ",
+           path, ": general.architecture '", arch,
+           "' is not supported (llama, qwen2, mistral, gpt2)");
+
+  DecoderModel m;
+  m.config = read_config(f, arch);
+  m.gguf = file;
+  m.owners.push_back(file);
+  m.source = path;
+  const DecoderConfig& c = m.config;
+  const int64_t C = c.d_model, F = c.d_ff, Q = c.q_dim(), KV = c.kv_dim();
+  GgufDecoderReader r(f, arch);
+  DecoderWeights& w = m.weights;
+  const bool gpt2 = c.arch == DecoderArch::gpt2;
+
+  w.tok_embd = r.tensor("token_embd.weight", Shape({c.vocab, C}));
+  if (gpt2) w.pos_embd = r.tensor("position_embd.weight", Shape({c.max_ctx, C}));
+  w.layers.resize(static_cast<size_t>(c.n_layers));
+  for (int64_t i = 0; i < c.n_layers; ++i) {
+    const std::string p = cat("blk.", i, ".");
+    DecoderLayer& l = w.layers[static_cast<size_t>(i)];
+    l.attn_norm = r.tensor(p + "attn_norm.weight", Shape({C}));
+    l.ffn_norm = r.tensor(p + "ffn_norm.weight", Shape({C}));
+    l.wo = r.tensor(p + "attn_output.weight", Shape({C, Q}));
+    l.w_up = r.tensor(p + "ffn_up.weight", Shape({F, C}));
+    l.w_down = r.tensor(p + "ffn_down.weight", Shape({C, F}));
+    if (gpt2) {
+      l.attn_norm_b = r.tensor(p + "attn_norm.bias", Shape({C}));
+      l.ffn_norm_b = r.tensor(p + "ffn_norm.bias", Shape({C}));
+      const WeightRef qkv = r.tensor(p + "attn_qkv.weight", Shape({3 * C, C}));
+      const WeightRef qkv_b = r.tensor(p + "attn_qkv.bias", Shape({3 * C}));
+      l.wq = row_slice(qkv, 0, C);
+      l.wk = row_slice(qkv, C, C);
+      l.wv = row_slice(qkv, 2 * C, C);
+      l.bq = row_slice(qkv_b, 0, C);
+      l.bk = row_slice(qkv_b, C, C);
+      l.bv = row_slice(qkv_b, 2 * C, C);
+      l.bo = r.tensor(p + "attn_output.bias", Shape({C}));
+      l.b_up = r.tensor(p + "ffn_up.bias", Shape({F}));
+      l.b_down = r.tensor(p + "ffn_down.bias", Shape({C}));
+    } else {
+      l.wq = r.tensor(p + "attn_q.weight", Shape({Q, C}));
+      l.wk = r.tensor(p + "attn_k.weight", Shape({KV, C}));
+      l.wv = r.tensor(p + "attn_v.weight", Shape({KV, C}));
+      l.w_gate = r.tensor(p + "ffn_gate.weight", Shape({F, C}));
+      if (c.qkv_bias) {
+        l.bq = r.tensor(p + "attn_q.bias", Shape({Q}));
+        l.bk = r.tensor(p + "attn_k.bias", Shape({KV}));
+        l.bv = r.tensor(p + "attn_v.bias", Shape({KV}));
+      }
+    }
+    // Norm weights and biases are used as f32 vectors by the kernels.
+    for (const WeightRef* v : {&l.attn_norm, &l.attn_norm_b, &l.ffn_norm, &l.ffn_norm_b, &l.bq,
+                               &l.bk, &l.bv, &l.bo, &l.b_up, &l.b_down})
+      TS_CHECK(!v->present() || v->type == DType::f32, "[gguf] ", path, ": ", p,
+               " norm/bias tensors must be F32 (got ", dtype_name(v->type), ")");
+  }
+  w.out_norm = r.tensor("output_norm.weight", Shape({C}));
+  if (gpt2) w.out_norm_b = r.tensor("output_norm.bias", Shape({C}));
+  TS_CHECK(
+      w.out_norm.type == DType::f32 && (!w.out_norm_b.present() || w.out_norm_b.type == DType::f32),
+      "[gguf] ", path, ": output_norm must be F32");
+  w.output = c.tied_embeddings ? w.tok_embd : r.tensor("output.weight", Shape({c.vocab, C}));
+  return m;
+}
+
+}  // namespace tessera::model

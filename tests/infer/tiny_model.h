@@ -1,0 +1,197 @@
+// Tiny random decoder models built in memory for engine tests, and a plain float64 forward pass
+// over a whole sequence (no cache, no paging, no quantization) to check the engine against.
+#pragma once
+
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "core/rng.h"
+#include "model/decoder.h"
+
+namespace tessera::test {
+
+struct TinyOptions {
+  model::DecoderArch arch = model::DecoderArch::llama;
+  int64_t layers = 2, width = 32, heads = 4, kv_heads = 2, ffn = 48, vocab = 64, ctx = 128;
+  bool tied = false, qkv_bias = false;
+  ops::RopeLayout rope_layout = ops::RopeLayout::half;
+  uint64_t seed = 1;
+};
+
+// Owns f32 weights drawn from N(0, 0.3^2) (norm weights around 1).
+inline model::DecoderModel make_tiny_model(const TinyOptions& o) {
+  using model::WeightRef;
+  model::DecoderModel m;
+  model::DecoderConfig& c = m.config;
+  c.arch = o.arch;
+  c.name = "tiny";
+  c.n_layers = o.layers;
+  c.d_model = o.width;
+  c.n_heads = o.heads;
+  c.n_kv_heads = o.arch == model::DecoderArch::gpt2 ? o.heads : o.kv_heads;
+  c.head_dim = o.width / o.heads;
+  c.d_ff = o.ffn;
+  c.vocab = o.vocab;
+  c.max_ctx = o.ctx;
+  c.norm_eps = 1e-5f;
+  c.rope_theta = 10000;
+  c.rope_dim = c.head_dim;
+  c.rope_layout = o.rope_layout;
+  c.tied_embeddings = o.tied;
+  c.qkv_bias = o.qkv_bias || o.arch == model::DecoderArch::gpt2;
+  auto store = std::make_shared<std::vector<std::vector<float>>>();
+  m.owners.push_back(store);
+  Rng rng(o.seed);
+  store->reserve(64 + 32 * static_cast<size_t>(o.layers));
+  auto tensor = [&](Shape shape, float scale, float offset = 0) {
+    std::vector<float> v(static_cast<size_t>(shape.numel()));
+    for (float& x : v) x = offset + scale * rng.normal();
+    store->push_back(std::move(v));
+    return WeightRef{store->back().data(), DType::f32, shape};
+  };
+  const int64_t C = c.d_model, F = c.d_ff, Q = c.q_dim(), KV = c.kv_dim();
+  const bool gpt2 = o.arch == model::DecoderArch::gpt2;
+  model::DecoderWeights& w = m.weights;
+  w.tok_embd = tensor(Shape({c.vocab, C}), 0.5f);
+  if (gpt2) w.pos_embd = tensor(Shape({c.max_ctx, C}), 0.1f);
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    model::DecoderLayer L;
+    L.attn_norm = tensor(Shape({C}), 0.1f, 1.0f);
+    L.ffn_norm = tensor(Shape({C}), 0.1f, 1.0f);
+    L.wq = tensor(Shape({Q, C}), 0.3f);
+    L.wk = tensor(Shape({KV, C}), 0.3f);
+    L.wv = tensor(Shape({KV, C}), 0.3f);
+    L.wo = tensor(Shape({C, Q}), 0.3f);
+    L.w_up = tensor(Shape({F, C}), 0.3f);
+    L.w_down = tensor(Shape({C, F}), 0.3f);
+    if (c.qkv_bias) {
+      L.bq = tensor(Shape({Q}), 0.1f);
+      L.bk = tensor(Shape({KV}), 0.1f);
+      L.bv = tensor(Shape({KV}), 0.1f);
+    }
+    if (gpt2) {
+      L.attn_norm_b = tensor(Shape({C}), 0.1f);
+      L.ffn_norm_b = tensor(Shape({C}), 0.1f);
+      L.bo = tensor(Shape({C}), 0.1f);
+      L.b_up = tensor(Shape({F}), 0.1f);
+      L.b_down = tensor(Shape({C}), 0.1f);
+    } else {
+      L.w_gate = tensor(Shape({F, C}), 0.3f);
+    }
+    w.layers.push_back(L);
+  }
+  w.out_norm = tensor(Shape({C}), 0.1f, 1.0f);
+  if (gpt2) w.out_norm_b = tensor(Shape({C}), 0.1f);
+  w.output = o.tied ? w.tok_embd : tensor(Shape({c.vocab, C}), 0.3f);
+  c.validate("tiny");
+  return m;
+}
+
+// Logits (T, V) of every position of `tokens`, computed directly in double.
+inline std::vector<double> reference_logits(const model::DecoderModel& m,
+                                            const std::vector<int32_t>& tokens) {
+  const model::DecoderConfig& c = m.config;
+  const bool gpt2 = c.arch == model::DecoderArch::gpt2;
+  const auto T = static_cast<int64_t>(tokens.size());
+  const int64_t C = c.d_model, H = c.n_heads, Hkv = c.n_kv_heads, D = c.head_dim, F = c.d_ff;
+  auto f = [](const model::WeightRef& r) { return static_cast<const float*>(r.data); };
+  using Vec = std::vector<double>;
+  auto linear = [&](const Vec& x, const model::WeightRef& w, const model::WeightRef& b) {
+    const int64_t N = w.rows(), K = w.cols();
+    Vec y(static_cast<size_t>(N));
+    for (int64_t n = 0; n < N; ++n) {
+      double s = b.present() ? f(b)[n] : 0;
+      for (int64_t k = 0; k < K; ++k) s += f(w)[n * K + k] * x[static_cast<size_t>(k)];
+      y[static_cast<size_t>(n)] = s;
+    }
+    return y;
+  };
+  auto norm = [&](const Vec& x, const model::WeightRef& w, const model::WeightRef& b) {
+    Vec y(x.size());
+    double mean = 0, var = 0;
+    if (gpt2) {
+      for (double v : x) mean += v;
+      mean /= C;
+    }
+    for (double v : x) var += (v - mean) * (v - mean);
+    var /= C;
+    const double r = 1 / std::sqrt(var + c.norm_eps);
+    for (int64_t i = 0; i < C; ++i)
+      y[static_cast<size_t>(i)] =
+          (x[static_cast<size_t>(i)] - mean) * r * f(w)[i] + (b.present() ? f(b)[i] : 0);
+    return y;
+  };
+  const std::vector<double> inv = model::rope_inv_freqs(c);
+  auto rope = [&](Vec& v, int64_t heads, int64_t pos) {
+    if (gpt2) return;
+    const int64_t half = c.rope_dim / 2;
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < half; ++i) {
+        const bool il = c.rope_layout == ops::RopeLayout::interleaved;
+        const int64_t a = h * D + (il ? 2 * i : i), b = h * D + (il ? 2 * i + 1 : i + half);
+        const double ang = static_cast<double>(pos) * inv[static_cast<size_t>(i)];
+        const double x0 = v[static_cast<size_t>(a)], x1 = v[static_cast<size_t>(b)];
+        v[static_cast<size_t>(a)] = x0 * std::cos(ang) - x1 * std::sin(ang);
+        v[static_cast<size_t>(b)] = x0 * std::sin(ang) + x1 * std::cos(ang);
+      }
+  };
+  std::vector<Vec> x(static_cast<size_t>(T), Vec(static_cast<size_t>(C)));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < C; ++i)
+      x[t][i] =
+          f(m.weights.tok_embd)[tokens[t] * C + i] + (gpt2 ? f(m.weights.pos_embd)[t * C + i] : 0);
+  for (const model::DecoderLayer& L : m.weights.layers) {
+    std::vector<Vec> q(T), k(T), v(T);
+    for (int64_t t = 0; t < T; ++t) {
+      const Vec xn = norm(x[t], L.attn_norm, L.attn_norm_b);
+      q[t] = linear(xn, L.wq, L.bq);
+      k[t] = linear(xn, L.wk, L.bk);
+      v[t] = linear(xn, L.wv, L.bv);
+      rope(q[t], H, t);
+      rope(k[t], Hkv, t);
+    }
+    for (int64_t t = 0; t < T; ++t) {
+      Vec att(static_cast<size_t>(H * D), 0.0);
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t g = h / (H / Hkv);
+        Vec s(static_cast<size_t>(t + 1));
+        double mx = -1e300, sum = 0;
+        for (int64_t j = 0; j <= t; ++j) {
+          double d = 0;
+          for (int64_t e = 0; e < D; ++e) d += q[t][h * D + e] * k[j][g * D + e];
+          s[j] = d / std::sqrt(static_cast<double>(D));
+          mx = std::max(mx, s[j]);
+        }
+        for (double& e : s) sum += (e = std::exp(e - mx));
+        for (int64_t j = 0; j <= t; ++j)
+          for (int64_t e = 0; e < D; ++e) att[h * D + e] += s[j] / sum * v[j][g * D + e];
+      }
+      const Vec o = linear(att, L.wo, L.bo);
+      for (int64_t i = 0; i < C; ++i) x[t][i] += o[i];
+      const Vec xn = norm(x[t], L.ffn_norm, L.ffn_norm_b);
+      Vec hdn(static_cast<size_t>(F));
+      const Vec up = linear(xn, L.w_up, L.b_up);
+      if (gpt2) {
+        for (int64_t i = 0; i < F; ++i) {
+          const double u = up[i];
+          hdn[i] = 0.5 * u * (1 + std::tanh(0.7978845608028654 * (u + 0.044715 * u * u * u)));
+        }
+      } else {
+        const Vec gate = linear(xn, L.w_gate, {});
+        for (int64_t i = 0; i < F; ++i) hdn[i] = gate[i] / (1 + std::exp(-gate[i])) * up[i];
+      }
+      const Vec dn = linear(hdn, L.w_down, L.b_down);
+      for (int64_t i = 0; i < C; ++i) x[t][i] += dn[i];
+    }
+  }
+  std::vector<double> logits;
+  for (int64_t t = 0; t < T; ++t) {
+    const Vec l =
+        linear(norm(x[t], m.weights.out_norm, m.weights.out_norm_b), m.weights.output, {});
+    logits.insert(logits.end(), l.begin(), l.end());
+  }
+  return logits;
+}
+
+}  // namespace tessera::test
