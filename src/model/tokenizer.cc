@@ -1,5 +1,5 @@
-// Byte-level BPE tokenizer: index building, encoding (per pre-token merges by rank with a heap),
-// special-token matching, and decoding.
+// BPE tokenizer core: byte-level index building, encoding (per pre-token merges by rank with a
+// heap), added-token matching, decoding, and the special-token ids.
 #include "model/tokenizer.h"
 
 #include <algorithm>
@@ -11,8 +11,9 @@
 
 namespace tessera::model {
 
-void MergeTable::build(const std::vector<std::pair<int32_t, int32_t>>& merges,
-                       const std::vector<int32_t>& results) {
+int64_t MergeTable::build(const std::vector<std::pair<int32_t, int32_t>>& merges,
+                          const std::vector<int32_t>& results, const std::vector<int32_t>& ranks) {
+  int64_t repeated = -1;
   // Load factor <= 1/2 keeps probe sequences short.
   size_t cap = 16;
   while (cap < merges.size() * 2) cap *= 2;
@@ -22,23 +23,24 @@ void MergeTable::build(const std::vector<std::pair<int32_t, int32_t>>& merges,
     const uint64_t key = pack(merges[r].first, merges[r].second);
     size_t i = hash(key) & mask_;
     while (slots_[i].key != kEmpty && slots_[i].key != key) i = (i + 1) & mask_;
+    if (slots_[i].key == key) {
+      if (repeated < 0) repeated = static_cast<int64_t>(r);
+      continue;  // the first occurrence keeps its rank
+    }
     slots_[i].key = key;
-    slots_[i].merge = {static_cast<int32_t>(r), results[r]};
+    slots_[i].merge = {ranks.empty() ? static_cast<int32_t>(r) : ranks[r], results[r]};
   }
+  return repeated;
 }
 
 void TokenizerState::finalize(const std::string& source) {
-  const auto n = static_cast<int32_t>(tokens.size());
-  is_added.assign(tokens.size(), 0);
-  for (const AddedToken& a : added) {
-    TS_CHECK(a.id >= 0 && a.id < n, "[tokenizer] ", source, ": added_tokens id ", a.id,
-             " out of range [0, ", n, ")");
-    TS_CHECK(!a.content.empty(), "[tokenizer] ", source, ": added_tokens id ", a.id,
-             " has empty content");
-    TS_CHECK(!is_added[a.id], "[tokenizer] ", source, ": added_tokens id ", a.id, " is duplicated");
-    is_added[a.id] = 1;
-    tokens[a.id] = a.content;
+  if (model == TokenizerModel::sentencepiece_bpe) {
+    finalize_spm(source);
+    finalize_special(source);
+    return;
   }
+  const auto n = static_cast<int32_t>(tokens.size());
+  index_added(source);
   ids_by_bytes.clear();
   ids_by_bytes.reserve(tokens.size());
   for (int32_t id = 0; id < n; ++id) {
@@ -47,13 +49,11 @@ void TokenizerState::finalize(const std::string& source) {
     TS_CHECK(fresh, "[tokenizer] ", source, ": model.vocab ids ", it->second, " and ", id,
              " name the same token '", bytes_to_vocab_string(tokens[id]), "'");
   }
+  // A byte without a token (SmolLM2 lacks 21, e.g. 0x04 and bytes invalid in UTF-8) is dropped
+  // by encoding, as Hugging Face does.
   for (int b = 0; b < 256; ++b) {
     const auto it = ids_by_bytes.find(std::string(1, static_cast<char>(b)));
-    TS_CHECK(it != ids_by_bytes.end(), "[tokenizer] ", source,
-             ": model.vocab has no token for byte ", b, " ('",
-             bytes_to_vocab_string(std::string(1, static_cast<char>(b))),
-             "'), so not every text could be encoded");
-    byte_ids[b] = it->second;
+    byte_ids[b] = it != ids_by_bytes.end() ? it->second : -1;
   }
   std::vector<int32_t> results(merges.size());
   MergeTable seen;
@@ -67,20 +67,60 @@ void TokenizerState::finalize(const std::string& source) {
              "' joins to a token that is not in model.vocab");
     results[r] = it->second;
   }
-  merge_table.build(merges, results);
-  for (size_t r = 0; r < merges.size(); ++r) {
-    TS_CHECK(merge_table.find(merges[r].first, merges[r].second).rank == static_cast<int32_t>(r),
-             "[tokenizer] ", source, ": model.merges[", r, "] '",
-             bytes_to_vocab_string(tokens[merges[r].first]), " ",
-             bytes_to_vocab_string(tokens[merges[r].second]), "' repeats an earlier merge");
+  const int64_t r = merge_table.build(merges, results, merge_ranks);
+  TS_CHECK(r < 0, "[tokenizer] ", source, ": model.merges[", r, "] '",
+           bytes_to_vocab_string(tokens[merges[r].first]), " ",
+           bytes_to_vocab_string(tokens[merges[r].second]), "' repeats an earlier merge");
+  finalize_special(source);
+}
+
+void TokenizerState::index_added(const std::string& source) {
+  const auto n = static_cast<int32_t>(tokens.size());
+  is_added.assign(tokens.size(), 0);
+  for (const AddedToken& a : added) {
+    TS_CHECK(a.id >= 0 && a.id < n, "[tokenizer] ", source, ": added_tokens id ", a.id,
+             " out of range [0, ", n, ")");
+    TS_CHECK(!a.content.empty(), "[tokenizer] ", source, ": added_tokens id ", a.id,
+             " has empty content");
+    TS_CHECK(!is_added[a.id], "[tokenizer] ", source, ": added_tokens id ", a.id, " is duplicated");
+    is_added[a.id] = a.special ? 2 : 1;
+    tokens[a.id] = a.content;
   }
-  eot = -1;
-  for (const AddedToken& a : added)
-    if (a.content == "<|endoftext|>") eot = a.id;
+}
+
+void TokenizerState::finalize_special(const std::string& source) {
+  const auto n = static_cast<int32_t>(tokens.size());
+  auto id_of_added = [&](std::string_view content) {
+    for (const AddedToken& a : added)
+      if (a.content == content) return a.id;
+    return int32_t{-1};
+  };
+  eot = id_of_added("<|endoftext|>");
   if (eot < 0) {
     const auto it = ids_by_bytes.find("<|endoftext|>");
     if (it != ids_by_bytes.end()) eot = it->second;
   }
+  const std::pair<const char*, int32_t> ids[] = {{"bos", special.bos},
+                                                 {"eos", special.eos},
+                                                 {"eot", special.eot},
+                                                 {"pad", special.pad},
+                                                 {"unk", special.unk}};
+  for (const auto& [name, id] : ids)
+    TS_CHECK(id >= -1 && id < n, "[tokenizer] ", source, ": ", name, " token id ", id,
+             " out of range [0, ", n, ")");
+  static constexpr const char* kEndOfTurn[] = {"<|im_end|>", "<|eot_id|>", "<|end|>"};
+  for (const char* name : kEndOfTurn)
+    if (special.eot < 0) special.eot = id_of_added(name);
+  end_of_generation.clear();
+  for (const int32_t id : {special.eos, special.eot, eot}) end_of_generation.push_back(id);
+  static constexpr const char* kEnders[] = {"<|endoftext|>", "<|end_of_text|>", "<|im_end|>",
+                                            "<|eot_id|>",    "<|eom_id|>",      "<|end|>"};
+  for (const char* name : kEnders) end_of_generation.push_back(id_of_added(name));
+  std::sort(end_of_generation.begin(), end_of_generation.end());
+  end_of_generation.erase(std::unique(end_of_generation.begin(), end_of_generation.end()),
+                          end_of_generation.end());
+  if (!end_of_generation.empty() && end_of_generation.front() < 0)
+    end_of_generation.erase(end_of_generation.begin());
 }
 
 namespace {
@@ -106,7 +146,7 @@ thread_local WordScratch scratch;
 void TokenizerState::encode_word(std::string_view word, std::vector<int32_t>* out) const {
   const auto n = static_cast<int32_t>(word.size());
   if (n == 1) {
-    out->push_back(byte_ids[static_cast<uint8_t>(word[0])]);
+    if (const int32_t id = byte_ids[static_cast<uint8_t>(word[0])]; id >= 0) out->push_back(id);
     return;
   }
   if (ignore_merges) {
@@ -116,19 +156,26 @@ void TokenizerState::encode_word(std::string_view word, std::vector<int32_t>* ou
       return;
     }
   }
-  // Symbols form a doubly linked list over byte positions; a merge keeps the left symbol and
-  // unlinks the right one. Heap entries are checked lazily against the current ids: a symbol's
-  // id only ever grows into a longer token, so a stale entry never matches again.
   auto& ids = scratch.ids;
+  ids.clear();
+  for (int32_t i = 0; i < n; ++i)
+    if (const int32_t id = byte_ids[static_cast<uint8_t>(word[i])]; id >= 0) ids.push_back(id);
+  merge_symbols(ids, out);
+}
+
+void TokenizerState::merge_symbols(std::vector<int32_t>& ids, std::vector<int32_t>* out) const {
+  // Symbols form a doubly linked list; a merge keeps the left symbol and unlinks the right one.
+  // Heap entries are checked lazily against the current ids: a symbol's id only ever grows into
+  // a longer token, so a stale entry never matches again.
+  const auto n = static_cast<int32_t>(ids.size());
+  if (n == 0) return;
   auto& prev = scratch.prev;
   auto& next = scratch.next;
   auto& heap = scratch.heap;
-  ids.resize(n);
   prev.resize(n);
   next.resize(n);
   heap.clear();
   for (int32_t i = 0; i < n; ++i) {
-    ids[i] = byte_ids[static_cast<uint8_t>(word[i])];
     prev[i] = i - 1;
     next[i] = i + 1 < n ? i + 1 : -1;
   }
@@ -175,10 +222,34 @@ void TokenizerState::encode_ordinary_into(std::string_view text, std::vector<int
       if (k + 1 < text.size()) end = k + 1;
     }
     pieces.clear();
-    pretokenize(text.substr(begin, end - begin), &pieces);
+    pretokenize(pre, text.substr(begin, end - begin), &pieces);
     for (const std::string_view w : pieces) encode_word(w, out);
     begin = end;
   }
+}
+
+void TokenizerState::encode_segment(std::string_view text, bool at_start,
+                                    std::vector<int32_t>* out) const {
+  if (model == TokenizerModel::sentencepiece_bpe)
+    encode_spm_segment(text, at_start, out);
+  else
+    encode_ordinary_into(text, out);
+}
+
+std::string TokenizerState::piece_text(int32_t id) const {
+  if (model == TokenizerModel::byte_level_bpe || is_added[id]) return tokens[id];
+  if (byte_of[id] >= 0) return std::string(1, static_cast<char>(byte_of[id]));
+  std::string s;
+  const std::string& t = tokens[id];
+  for (size_t i = 0; i < t.size();) {
+    if (t.compare(i, kMetaSpace.size(), kMetaSpace) == 0) {
+      s.push_back(' ');
+      i += kMetaSpace.size();
+    } else {
+      s.push_back(t[i++]);
+    }
+  }
+  return s;
 }
 
 Tokenizer::Tokenizer() : impl_(std::make_unique<Impl>()) {}
@@ -191,7 +262,7 @@ std::vector<int32_t> Tokenizer::encode_ordinary(std::string_view text) const {
            "[tokenizer] encode_ordinary: the tokenizer is empty (not trained or loaded)");
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 1);
-  impl_->encode_ordinary_into(text, &out);
+  impl_->encode_segment(text, true, &out);
   return out;
 }
 
@@ -215,31 +286,44 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
     }
     if (best == added.size()) break;
     const size_t at = next[best];
-    impl_->encode_ordinary_into(text.substr(from, at - from), &out);
+    impl_->encode_segment(text.substr(from, at - from), from == 0, &out);
     out.push_back(added[best].id);
     from = at + added[best].content.size();
     for (size_t k = 0; k < added.size(); ++k)
       if (next[k] != std::string_view::npos && next[k] < from)
         next[k] = text.find(added[k].content, from);
   }
-  impl_->encode_ordinary_into(text.substr(from), &out);
+  impl_->encode_segment(text.substr(from), from == 0, &out);
   return out;
 }
 
-std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
+std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special) const {
   std::string s;
   for (const int32_t id : ids) {
     TS_CHECK(id >= 0 && id < vocab_size(), "[tokenizer] decode: token id ", id,
              " out of range [0, ", vocab_size(), ")");
-    s += impl_->tokens[id];
+    if (skip_special && impl_->is_added[id] == 2) continue;
+    s += impl_->piece_text(id);
   }
+  // SentencePiece decoders strip the one space that encoding put in front of the text.
+  if (impl_->model == TokenizerModel::sentencepiece_bpe &&
+      impl_->space_prefix != SpacePrefix::none && !s.empty() && s[0] == ' ')
+    s.erase(0, 1);
   return s;
 }
 
 std::string Tokenizer::decode_token(int32_t id) const {
   TS_CHECK(id >= 0 && id < vocab_size(), "[tokenizer] decode_token: token id ", id,
            " out of range [0, ", vocab_size(), ")");
-  return impl_->tokens[id];
+  return impl_->piece_text(id);
+}
+
+TokenizerModel Tokenizer::model() const {
+  return impl_->model;
+}
+
+PreTokenizer Tokenizer::pre_tokenizer() const {
+  return impl_->pre;
 }
 
 int32_t Tokenizer::vocab_size() const {
@@ -256,6 +340,35 @@ int32_t Tokenizer::token_id(std::string_view token_bytes) const {
 
 int32_t Tokenizer::eot_token() const {
   return impl_->eot;
+}
+
+bool Tokenizer::is_special(int32_t id) const {
+  return id >= 0 && id < vocab_size() && impl_->is_added[id] == 2;
+}
+
+const SpecialTokens& Tokenizer::special_tokens() const {
+  return impl_->special;
+}
+
+void Tokenizer::set_special_tokens(const SpecialTokens& s) {
+  const SpecialTokens old = impl_->special;
+  impl_->special = s;
+  try {
+    impl_->finalize_special("set_special_tokens");
+  } catch (...) {
+    impl_->special = old;
+    impl_->finalize_special("set_special_tokens");
+    throw;
+  }
+}
+
+const std::vector<int32_t>& Tokenizer::end_of_generation_tokens() const {
+  return impl_->end_of_generation;
+}
+
+bool Tokenizer::is_end_of_generation(int32_t id) const {
+  const auto& e = impl_->end_of_generation;
+  return std::binary_search(e.begin(), e.end(), id);
 }
 
 }  // namespace tessera::model

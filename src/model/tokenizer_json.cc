@@ -73,17 +73,163 @@ struct Reader {
   }
 };
 
+// type of a component object, or "" when it has none.
+std::string type_of(const json& v) {
+  const auto t = v.find("type");
+  return t != v.end() && t->is_string() ? t->get<std::string>() : std::string();
+}
+
+// ByteLevel pre-tokenizer `v` (at `field`) with add_prefix_space false and use_regex as given.
+void check_byte_level(const Reader& r, const json& v, const std::string& field, bool use_regex) {
+  if (r.boolean(v, "add_prefix_space", field + ".add_prefix_space", false))
+    r.bad(field + ".add_prefix_space", "true is unsupported (decode would not round-trip)");
+  if (r.boolean(v, "use_regex", field + ".use_regex", true) != use_regex)
+    r.bad(field + ".use_regex", use_regex ? "false is unsupported (only the GPT-2 pattern)"
+                                          : "true is unsupported after a Split");
+}
+
+// Byte-level BPE: no normalizer; ByteLevel alone (gpt2), after Digits (smollm), or after a
+// Split with the Llama 3 / Qwen2 pattern.
+void parse_byte_level_components(const Reader& r, const json& root, TokenizerState* st) {
+  if (r.member(root, "normalizer"))
+    r.bad("normalizer", "unsupported " + show(root["normalizer"]) + " (only null)");
+  const json* pre = r.member(root, "pre_tokenizer");
+  if (!pre) r.bad("pre_tokenizer", "missing (need type ByteLevel)");
+  if (!pre->is_object()) r.bad("pre_tokenizer", "expected an object, got " + show(*pre));
+  const std::string type = type_of(*pre);
+  if (type == "ByteLevel") {
+    check_byte_level(r, *pre, "pre_tokenizer", true);
+    st->pre = PreTokenizer::gpt2;
+  } else if (type == "Sequence") {
+    const json* seq = r.member(*pre, "pretokenizers");
+    if (!seq || !seq->is_array() || seq->size() != 2 || !(*seq)[0].is_object() ||
+        !(*seq)[1].is_object() || type_of((*seq)[1]) != "ByteLevel")
+      r.bad("pre_tokenizer.pretokenizers",
+            "unsupported " + show(*pre) + " (only [Digits or Split, ByteLevel])");
+    const json& first = (*seq)[0];
+    const std::string first_type = type_of(first);
+    if (first_type == "Digits") {
+      if (!r.boolean(first, "individual_digits", "pre_tokenizer.pretokenizers[0].individual_digits",
+                     false))
+        r.bad("pre_tokenizer.pretokenizers[0].individual_digits", "false is unsupported");
+      check_byte_level(r, (*seq)[1], "pre_tokenizer.pretokenizers[1]", true);
+      st->pre = PreTokenizer::smollm;
+    } else if (first_type == "Split") {
+      const std::string field = "pre_tokenizer.pretokenizers[0]";
+      const json* pattern = r.member(first, "pattern");
+      const json* regex = pattern && pattern->is_object() ? r.member(*pattern, "Regex") : nullptr;
+      const std::string re = regex ? r.string(*regex, field + ".pattern.Regex") : std::string();
+      if (re == pre_tokenizer_split_regex(PreTokenizer::llama3))
+        st->pre = PreTokenizer::llama3;
+      else if (re == pre_tokenizer_split_regex(PreTokenizer::qwen2))
+        st->pre = PreTokenizer::qwen2;
+      else
+        r.bad(field + ".pattern", "unsupported " + show(pattern ? *pattern : json()) +
+                                      " (only the Llama 3 and Qwen2 patterns)");
+      const json* behavior = r.member(first, "behavior");
+      if (!behavior || *behavior != "Isolated")
+        r.bad(field + ".behavior",
+              "unsupported " + show(behavior ? *behavior : json()) + " (only Isolated)");
+      if (r.boolean(first, "invert", field + ".invert", false))
+        r.bad(field + ".invert", "true is unsupported");
+      check_byte_level(r, (*seq)[1], "pre_tokenizer.pretokenizers[1]", false);
+    } else {
+      r.bad("pre_tokenizer.pretokenizers[0].type",
+            "unsupported " + show(first_type) + " (only Digits or Split)");
+    }
+  } else {
+    r.bad("pre_tokenizer.type",
+          "unsupported " + show(type) + " (only ByteLevel, or a Sequence ending in ByteLevel)");
+  }
+  r.typed(root, "decoder", "ByteLevel", false);
+}
+
+bool is_replace(const json& v, std::string_view from, std::string_view to) {
+  if (type_of(v) != "Replace") return false;
+  const auto p = v.find("pattern"), c = v.find("content");
+  return p != v.end() && p->is_object() && p->value("String", std::string()) == from &&
+         c != v.end() && *c == to;
+}
+
+// SentencePiece-style: Llama 2's Prepend+Replace normalizer or a Metaspace pre-tokenizer.
+void parse_spm_components(const Reader& r, const json& root, TokenizerState* st) {
+  const std::string meta(kMetaSpace);
+  bool replaced = false;
+  if (const json* norm = r.member(root, "normalizer")) {
+    json items =
+        type_of(*norm) == "Sequence" ? norm->value("normalizers", json()) : json::array({*norm});
+    if (!items.is_array()) r.bad("normalizer", "unsupported " + show(*norm));
+    for (const json& n : items) {
+      if (is_replace(n, " ", meta))
+        replaced = true;
+      else if (type_of(n) == "Prepend" && n.value("prepend", std::string()) == meta)
+        st->space_prefix = SpacePrefix::every;
+      else
+        r.bad("normalizer",
+              "unsupported " + show(n) + " (only Prepend \u2581 and Replace ' ' -> \u2581)");
+    }
+  }
+  if (const json* pre = r.member(root, "pre_tokenizer")) {
+    if (!pre->is_object() || type_of(*pre) != "Metaspace")
+      r.bad("pre_tokenizer.type", "unsupported " + show(*pre) + " (only Metaspace or null)");
+    if (pre->value("replacement", std::string()) != meta)
+      r.bad("pre_tokenizer.replacement", "unsupported (only \u2581)");
+    SpacePrefix scheme = SpacePrefix::every_if_missing;
+    if (const json* ps = r.member(*pre, "prepend_scheme")) {
+      const std::string v = r.string(*ps, "pre_tokenizer.prepend_scheme");
+      if (v == "first")
+        scheme = SpacePrefix::first;
+      else if (v == "never")
+        scheme = SpacePrefix::none;
+      else if (v != "always")
+        r.bad("pre_tokenizer.prepend_scheme", "unsupported " + show(*ps));
+    } else if (!r.boolean(*pre, "add_prefix_space", "pre_tokenizer.add_prefix_space", true)) {
+      scheme = SpacePrefix::none;
+    }
+    if (st->space_prefix != SpacePrefix::none && scheme != SpacePrefix::none)
+      r.bad("pre_tokenizer.prepend_scheme", "the normalizer already prepends \u2581");
+    if (st->space_prefix == SpacePrefix::none) st->space_prefix = scheme;
+    st->split_at_spaces = r.boolean(*pre, "split", "pre_tokenizer.split", true);
+    replaced = true;
+  }
+  if (!replaced)
+    r.bad("normalizer",
+          "byte_fallback BPE needs a normalizer or Metaspace pre_tokenizer that "
+          "maps ' ' to \u2581");
+  if (const json* dec = r.member(root, "decoder")) {
+    json items = type_of(*dec) == "Sequence" ? dec->value("decoders", json()) : json::array({*dec});
+    if (!items.is_array()) r.bad("decoder", "unsupported " + show(*dec));
+    for (const json& d : items) {
+      const std::string t = type_of(d);
+      if (t != "Replace" && t != "ByteFallback" && t != "Fuse" && t != "Strip" && t != "Metaspace")
+        r.bad("decoder.type",
+              "unsupported " + show(d) + " (only Replace, ByteFallback, Fuse, Strip, Metaspace)");
+    }
+  }
+}
+
+// Id of the special token a TemplateProcessing post-processor puts first, or "" (Llama adds
+// bos this way).
+std::string leading_special(const json& root) {
+  const auto pp = root.find("post_processor");
+  if (pp == root.end() || !pp->is_object()) return {};
+  std::vector<json> procs = {*pp};
+  if (type_of(*pp) == "Sequence" && pp->value("processors", json()).is_array())
+    for (const json& p : (*pp)["processors"]) procs.push_back(p);
+  for (const json& p : procs) {
+    if (!p.is_object() || type_of(p) != "TemplateProcessing") continue;
+    const json single = p.value("single", json());
+    if (single.is_array() && !single.empty() && single[0].is_object() &&
+        single[0].contains("SpecialToken") && single[0]["SpecialToken"].is_object())
+      return single[0]["SpecialToken"].value("id", std::string());
+  }
+  return {};
+}
+
 TokenizerState parse(const json& root, const std::string& src) {
   const Reader r{src};
   if (!root.is_object()) r.bad("(root)", "expected an object, got " + show(root));
-  if (r.member(root, "normalizer"))
-    r.bad("normalizer", "unsupported " + show(root["normalizer"]) + " (only null)");
-  const json* pre = r.typed(root, "pre_tokenizer", "ByteLevel", true);
-  if (r.boolean(*pre, "add_prefix_space", "pre_tokenizer.add_prefix_space", false))
-    r.bad("pre_tokenizer.add_prefix_space", "true is unsupported (decode would not round-trip)");
-  if (!r.boolean(*pre, "use_regex", "pre_tokenizer.use_regex", true))
-    r.bad("pre_tokenizer.use_regex", "false is unsupported (only the GPT-2 pattern)");
-  r.typed(root, "decoder", "ByteLevel", false);
+  TokenizerState impl;
   const json& model = r.object(root, "model", "model");
   if (const json* t = r.member(model, "type"))
     if (!t->is_string() || t->get<std::string>() != "BPE")
@@ -96,9 +242,16 @@ TokenizerState parse(const json& root, const std::string& src) {
     if (const json* v = r.member(model, key))
       if (!r.string(*v, field).empty()) r.bad(field, "unsupported " + show(*v) + " (only null)");
   }
-  r.boolean(model, "byte_fallback", "model.byte_fallback", false);  // moot: all bytes are tokens
   r.boolean(model, "fuse_unk", "model.fuse_unk", false);
-  TokenizerState impl;
+  const json* pre = r.member(root, "pre_tokenizer");
+  const bool spm = r.boolean(model, "byte_fallback", "model.byte_fallback", false) ||
+                   (pre && pre->is_object() && type_of(*pre) == "Metaspace");
+  if (spm) {
+    impl.model = TokenizerModel::sentencepiece_bpe;
+    parse_spm_components(r, root, &impl);
+  } else {
+    parse_byte_level_components(r, root, &impl);
+  }
   impl.ignore_merges = r.boolean(model, "ignore_merges", "model.ignore_merges", false);
 
   const json& vocab = r.object(model, "vocab", "model.vocab");
@@ -146,6 +299,8 @@ TokenizerState parse(const json& root, const std::string& src) {
       if (a->second->content != it.key())
         r.bad(field, cat("id ", id, " is added token ", show(json(a->second->content))));
       tokens[id] = it.key();
+    } else if (spm) {
+      tokens[id] = it.key();
     } else if (!vocab_string_to_bytes(it.key(), &tokens[id])) {
       r.bad(field, "not a byte-level token string (chars outside GPT-2's byte alphabet)");
     }
@@ -186,13 +341,27 @@ TokenizerState parse(const json& root, const std::string& src) {
     if (ib == id_of_key.end()) r.bad(field, cat("token ", show(json(b)), " is not in model.vocab"));
     impl.merges.emplace_back(ia->second, ib->second);
   }
+  // Special ids: tokenizer.json names only unk; bos from the post-processor, else by name.
+  auto id_of = [&](const std::string& key) {
+    const auto it = id_of_key.find(key);
+    if (it != id_of_key.end()) return it->second;
+    for (const AddedToken& t : impl.added)
+      if (t.content == key) return t.id;
+    return int32_t{-1};
+  };
+  if (const json* unk = r.member(model, "unk_token")) {
+    impl.special.unk = id_of(r.string(*unk, "model.unk_token"));
+    if (impl.special.unk < 0) r.bad("model.unk_token", show(*unk) + " is not in model.vocab");
+  }
+  const std::string lead = leading_special(root);
+  impl.special.add_bos = !lead.empty() && id_of(lead) >= 0;
+  for (const char* name : {"<s>", "<|begin_of_text|>", "<|startoftext|>"})
+    if (impl.special.bos < 0) impl.special.bos = id_of(name);
+  if (impl.special.add_bos) impl.special.bos = id_of(lead);
+  for (const char* name : {"</s>", "<|end_of_text|>", "<|endoftext|>"})
+    if (impl.special.eos < 0) impl.special.eos = id_of(name);
   impl.finalize(src);
   return impl;
-}
-
-// JSON string literal for UTF-8 text (contents are valid UTF-8: checked on read and in training).
-std::string quote(const std::string& s) {
-  return json(s).dump();
 }
 
 }  // namespace
@@ -215,48 +384,6 @@ Tokenizer Tokenizer::from_json_text(std::string_view text, const std::string& so
 
 Tokenizer Tokenizer::load_json(const std::string& path) {
   return from_json_text(read_text_file(path), path);
-}
-
-std::string Tokenizer::to_json_text() const {
-  const Impl& m = *impl_;
-  // Written by hand rather than through a json object: nlohmann's object sorts keys, and the
-  // vocabulary reads best in id order.
-  std::string s = "{\n  \"version\": \"1.0\",\n  \"truncation\": null,\n  \"padding\": null,\n";
-  s += "  \"added_tokens\": [";
-  for (size_t k = 0; k < m.added.size(); ++k) {
-    const AddedToken& a = m.added[k];
-    s += cat(k ? ",\n" : "\n", "    {\"id\": ", a.id, ", \"content\": ", quote(a.content),
-             ", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, \"normalized\": ",
-             a.normalized ? "true" : "false", ", \"special\": ", a.special ? "true" : "false", "}");
-  }
-  s += m.added.empty() ? "],\n" : "\n  ],\n";
-  s += "  \"normalizer\": null,\n";
-  s += "  \"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false, "
-       "\"trim_offsets\": true, \"use_regex\": true},\n";
-  s += "  \"post_processor\": {\"type\": \"ByteLevel\", \"add_prefix_space\": true, "
-       "\"trim_offsets\": false, \"use_regex\": true},\n";
-  s += "  \"decoder\": {\"type\": \"ByteLevel\", \"add_prefix_space\": true, "
-       "\"trim_offsets\": true, \"use_regex\": true},\n";
-  s += "  \"model\": {\n    \"type\": \"BPE\",\n    \"dropout\": null,\n    \"unk_token\": null,\n"
-       "    \"continuing_subword_prefix\": null,\n    \"end_of_word_suffix\": null,\n"
-       "    \"fuse_unk\": false,\n    \"byte_fallback\": false,\n";
-  if (m.ignore_merges) s += "    \"ignore_merges\": true,\n";
-  s += "    \"vocab\": {";
-  std::vector<std::string> keys(m.tokens.size());
-  for (size_t id = 0; id < m.tokens.size(); ++id) {
-    keys[id] = m.is_added[id] ? m.tokens[id] : bytes_to_vocab_string(m.tokens[id]);
-    s += cat(id ? ",\n" : "\n", "      ", quote(keys[id]), ": ", id);
-  }
-  s += "\n    },\n    \"merges\": [";
-  for (size_t r = 0; r < m.merges.size(); ++r)
-    s += cat(r ? ",\n" : "\n", "      ",
-             quote(keys[m.merges[r].first] + " " + keys[m.merges[r].second]));
-  s += m.merges.empty() ? "]\n  }\n}\n" : "\n    ]\n  }\n}\n";
-  return s;
-}
-
-void Tokenizer::save_json(const std::string& path) const {
-  write_file_atomic(path, to_json_text());
 }
 
 }  // namespace tessera::model

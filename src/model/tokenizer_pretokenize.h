@@ -27,6 +27,23 @@ int next_char(std::string_view text, size_t pos, CharClass* cls);
 // does, appending the pieces (views into `text`, in order, covering it exactly) to `out`.
 void pretokenize(std::string_view text, std::vector<std::string_view>* out);
 
+// The pre-tokenizers of byte-level BPE models, named as GGUF's tokenizer.ggml.pre names them.
+enum class PreTokenizer : uint8_t {
+  gpt2,    // the pattern above
+  smollm,  // every \p{N} its own piece, then gpt2 on the text between (HF Digits + ByteLevel)
+  llama3,  // (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
+           //  ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+  qwen2,   // llama3 with \p{N} (single digits) in place of \p{N}{1,3}
+};
+// Name written to GGUF ("gpt-2", "smollm", "llama-bpe", "qwen2").
+std::string_view pre_tokenizer_name(PreTokenizer p);
+// GGUF names: gpt2/gpt-2, smollm, llama3/llama-bpe/llama-v3, qwen2. Throws naming `where` and
+// the value for any other name.
+PreTokenizer parse_pre_tokenizer(std::string_view name, std::string_view where);
+// The regex of a Hugging Face Split pre-tokenizer for llama3/qwen2 (as in tokenizer.json).
+std::string_view pre_tokenizer_split_regex(PreTokenizer p);
+void pretokenize(PreTokenizer kind, std::string_view text, std::vector<std::string_view>* out);
+
 // GPT-2's byte-level alphabet: bytes that are printable in Latin-1 ('!'..'~', 0xA1..0xAC,
 // 0xAE..0xFF) map to themselves, the other 68 to U+0100 + n in byte order.
 uint32_t byte_to_code_point(uint8_t b);

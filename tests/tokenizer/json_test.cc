@@ -84,15 +84,18 @@ TEST(TokenizerJson, BadVocab) {
   expect_error([](json& j) { j["model"]["vocab"]["\u4e2d"] = 512; }, "byte-level");
   // A hole in the ids: removing "!" (id 33 = '!') leaves id 33 unused.
   expect_error([](json& j) { j["model"]["vocab"].erase("!"); }, "not contiguous");
-  // Every byte needs a token, or some text could not be encoded.
-  expect_error(
-      [](json& j) {
-        const json id = j["model"]["vocab"]["!"];
-        j["model"]["vocab"].erase("!");
-        j["model"]["vocab"]["!!!!!!!"] = id;
-        j["model"]["merges"] = json::array();
-      },
-      "no token for byte 33");
+}
+
+// A byte without a token is dropped by encoding, as Hugging Face does (SmolLM2 lacks 21 bytes).
+TEST(TokenizerJson, MissingByteTokenIsDropped) {
+  json j = base();
+  const json id = j["model"]["vocab"]["!"];
+  j["model"]["vocab"].erase("!");
+  j["model"]["vocab"]["!!!!!!!"] = id;
+  j["model"]["merges"] = json::array();
+  const Tokenizer tok = Tokenizer::from_json_text(j.dump(), "ok.json");
+  EXPECT_EQ(tok.decode(tok.encode("a!b!")), "ab");
+  EXPECT_EQ(tok.decode(tok.encode("!")), "");
 }
 
 TEST(TokenizerJson, BadMerges) {
@@ -165,6 +168,75 @@ TEST(TokenizerJson, GeneralLayoutLoads) {
   EXPECT_EQ(b.encode(text), want);
   EXPECT_EQ(b.decode(want), text);
   EXPECT_EQ(b.eot_token(), 511);
+}
+
+// Real-model layouts (tests/data/tokenizer/*.json from gen_real_tokenizer_golden.py) with one
+// component changed to something unsupported.
+TEST(TokenizerJson, UnsupportedRealLayouts) {
+  auto edited = [](const char* file, const std::function<void(json&)>& edit,
+                   const std::string& needle) {
+    json j = json::parse(read_text_file(kDir + file));
+    edit(j);
+    expect_error(j.dump(), needle);
+  };
+  const std::string seq0 = "pre_tokenizer.pretokenizers[0]";
+  edited(
+      "llama3_bpe.json",
+      [](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\s+"; },
+      seq0 + ".pattern");
+  edited(
+      "llama3_bpe.json",
+      [](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Removed"; },
+      seq0 + ".behavior");
+  edited(
+      "llama3_bpe.json",
+      [](json& j) { j["pre_tokenizer"]["pretokenizers"][1]["use_regex"] = true; },
+      "pre_tokenizer.pretokenizers[1].use_regex");
+  edited(
+      "llama3_bpe.json",
+      [](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["type"] = "Punctuation"; },
+      seq0 + ".type");
+  edited(
+      "llama3_bpe.json",
+      [](json& j) { j["pre_tokenizer"]["pretokenizers"].push_back(json::object()); },
+      "pre_tokenizer.pretokenizers");
+  edited(
+      "tok512.json",
+      [](json& j) {
+        j["pre_tokenizer"] = {
+            {"type", "Sequence"},
+            {"pretokenizers",
+             {{{"type", "Digits"}, {"individual_digits", false}}, j["pre_tokenizer"]}}};
+      },
+      seq0 + ".individual_digits");
+  edited(
+      "spm_bpe.json",
+      [](json& j) {
+        j["normalizer"] = {{"type", "NFC"}};
+      },
+      "normalizer");
+  edited(
+      "spm_bpe.json", [](json& j) { j["pre_tokenizer"]["replacement"] = "_"; },
+      "pre_tokenizer.replacement");
+  edited(
+      "spm_bpe.json", [](json& j) { j["pre_tokenizer"]["prepend_scheme"] = "sometimes"; },
+      "pre_tokenizer.prepend_scheme");
+  edited(
+      "spm_bpe.json", [](json& j) { j["pre_tokenizer"] = nullptr; }, "normalizer");
+  edited(
+      "spm_bpe.json", [](json& j) { j["model"]["unk_token"] = "<nosuch>"; }, "model.unk_token");
+  edited(
+      "spm_bpe.json",
+      [](json& j) {
+        j["decoder"] = {{"type", "WordPiece"}};
+      },
+      "decoder.type");
+  edited(
+      "spm_legacy.json",
+      [](json& j) {
+        j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "\u2581"}};
+      },
+      "pre_tokenizer.prepend_scheme");
 }
 
 TEST(TokenizerJson, MissingFileNamesPath) {

@@ -1,0 +1,191 @@
+// Tokenizers from GGUF metadata: a hand-made SentencePiece vocabulary with scores (merge by score,
+// ties leftmost, byte fallback, prefix space), and errors that name the GGUF key.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/file_io.h"
+#include "model/gguf.h"
+#include "model/tokenizer.h"
+#include "test_util/expect_error.h"
+
+namespace tessera::model {
+namespace {
+
+const std::string kDir = std::string(TESSERA_SOURCE_DIR) + "/tests/data/tokenizer/";
+const std::string kMeta = "\xE2\x96\x81";  // U+2581
+
+// ids: 0 <unk>, 1 <s>, 2 </s>, 3..258 <0x00>..<0xFF>, then the pieces below.
+constexpr int32_t kSpace = 259, kA = 260, kB = 261, kC = 262, kAB = 263, kBC = 264, kSpaceA = 265,
+                  kSpaceAB = 266, kABC = 267;
+
+GgufWriter spm_writer() {
+  std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
+  std::vector<int32_t> types = {2, 3, 3};
+  std::vector<float> scores = {0, 0, 0};
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof name, "<0x%02X>", b);
+    tokens.push_back(name);
+    types.push_back(6);
+    scores.push_back(0);
+  }
+  // "ab" and "bc" share a score, so the leftmost of the two merges first.
+  const std::vector<std::pair<std::string, float>> pieces = {
+      {kMeta, -1}, {"a", -2},  {"b", -3},         {"c", -4},
+      {"ab", -5},  {"bc", -5}, {kMeta + "a", -6}, {kMeta + "ab", -0.5f},
+      {"abc", -7}};
+  for (const auto& [p, s] : pieces) {
+    tokens.push_back(p);
+    types.push_back(1);
+    scores.push_back(s);
+  }
+  GgufWriter w;
+  w.set("tokenizer.ggml.model", "llama");
+  w.set("tokenizer.ggml.tokens", gguf_array(GgufType::string, tokens));
+  w.set("tokenizer.ggml.token_type", gguf_array(GgufType::i32, types));
+  w.set("tokenizer.ggml.scores", gguf_array(GgufType::f32, scores));
+  w.set("tokenizer.ggml.bos_token_id", uint32_t{1});
+  w.set("tokenizer.ggml.eos_token_id", uint32_t{2});
+  return w;
+}
+
+Tokenizer load(const GgufWriter& w) {
+  return Tokenizer::from_gguf(GgufFile::from_memory(w.serialize(), "t.gguf"));
+}
+
+using Ids = std::vector<int32_t>;
+
+TEST(GgufTokenizer, SentencePieceMergesByScore) {
+  const Tokenizer tok = load(spm_writer());
+  EXPECT_EQ(tok.model(), TokenizerModel::sentencepiece_bpe);
+  EXPECT_TRUE(tok.special_tokens().add_bos);  // llama default
+  EXPECT_EQ(tok.special_tokens().unk, 0);
+  // "_abc": ab (-5) beats bc (-5) by position, then _ab (-0.5) beats abc (-7).
+  EXPECT_EQ(tok.encode("abc"), (Ids{kSpaceAB, kC}));
+  EXPECT_EQ(tok.encode("bcab"), (Ids{kSpace, kBC, kAB}));
+  EXPECT_EQ(tok.encode("a a"), (Ids{kSpaceA, kSpaceA}));
+  // Characters outside the vocabulary fall back to their UTF-8 bytes.
+  EXPECT_EQ(tok.encode("\xC3\xA9"), (Ids{kSpace, 3 + 0xC3, 3 + 0xA9}));
+  EXPECT_EQ(tok.decode(tok.encode("\xC3\xA9")), "\xC3\xA9");
+  EXPECT_EQ(tok.decode({kSpaceAB, kC}), "abc");
+  EXPECT_EQ(tok.decode_token(kSpaceAB), " ab");
+  EXPECT_EQ(tok.decode_token(3 + 'A'), "A");
+  // Every text segment after an added token gets the prefix (llama.cpp, HF legacy Llama).
+  EXPECT_EQ(tok.encode("<s>a</s>a"), (Ids{1, kSpaceA, 2, kSpaceA}));
+  EXPECT_EQ(tok.decode({1, kSpaceA}), "<s> a");
+  EXPECT_EQ(tok.decode({1, kSpaceA}, true), "a");
+  EXPECT_EQ(tok.encode(""), Ids{});
+  EXPECT_EQ(tok.end_of_generation_tokens(), Ids{2});
+}
+
+TEST(GgufTokenizer, SentencePieceScoresRoundTrip) {
+  const Tokenizer tok = load(spm_writer());
+  GgufWriter w;
+  tok.to_gguf(w);
+  const GgufFile f = GgufFile::from_memory(w.serialize(), "back.gguf");
+  EXPECT_FALSE(f.has("tokenizer.ggml.merges"));  // score-derived merges stay implicit
+  const Tokenizer back = Tokenizer::from_gguf(f);
+  for (const char* text : {"abc", "bcab", "a a", "\xC3\xA9 abcabc", "<s>a</s>a"})
+    EXPECT_EQ(back.encode(text), tok.encode(text)) << text;
+  const GgufArray& types = f.get_array("tokenizer.ggml.token_type");
+  EXPECT_EQ(types.items[0], GgufValue(int32_t{2}));  // <unk>
+  EXPECT_EQ(types.items[1], GgufValue(int32_t{3}));  // <s>
+  EXPECT_EQ(types.items[3], GgufValue(int32_t{6}));  // <0x00>
+  EXPECT_EQ(types.items[kA], GgufValue(int32_t{1}));
+}
+
+// llama.cpp's reading of a converted vocabulary: scores only, no merges. For a vocabulary that
+// BPE training built merge by merge, merging by the score of the merged piece gives HF's ids.
+TEST(GgufTokenizer, ScoresAloneMatchHuggingFaceLegacyLlama) {
+  GgufWriter full;
+  Tokenizer::load_json(kDir + "spm_legacy.json").to_gguf(full);
+  const GgufFile f = GgufFile::from_memory(full.serialize(), "full.gguf");
+  GgufWriter w;
+  for (const auto& [k, v] : f.metadata())
+    if (k != "tokenizer.ggml.merges") w.set(k, v);
+  const Tokenizer tok = load(w);
+  const auto g = nlohmann::json::parse(read_text_file(kDir + "real_golden.json"));
+  for (const auto& t : g["tokenizers"]) {
+    if (t["tokenizer"] != "spm_legacy.json") continue;
+    for (const auto& c : t["cases"])
+      EXPECT_EQ(tok.encode(c["text"].get<std::string>()), c["ids"].get<Ids>()) << c["text"];
+  }
+}
+
+TEST(GgufTokenizer, NoSpacePrefix) {
+  GgufWriter w = spm_writer();
+  w.set("tokenizer.ggml.add_space_prefix", false);
+  const Tokenizer tok = load(w);
+  EXPECT_EQ(tok.encode("ab"), (Ids{kAB}));
+  EXPECT_EQ(tok.decode({kSpaceA}), " a");  // nothing to strip when no prefix was added
+}
+
+TEST(GgufTokenizer, Errors) {
+  auto with = [](const std::string& key, GgufValue v) {
+    GgufWriter w = spm_writer();
+    w.set(key, std::move(v));
+    return w;
+  };
+  using test::expect_error;
+  expect_error([&] { load(with("tokenizer.ggml.model", "bert")); }, "tokenizer.ggml.model");
+  expect_error([&] { load(with("tokenizer.ggml.model", "bert")); }, "bert");
+  expect_error([] { load(GgufWriter()); }, "tokenizer.ggml.model");
+  expect_error(
+      [&] {
+        load(with("tokenizer.ggml.token_type", gguf_array(GgufType::i32, std::vector<int32_t>{1})));
+      },
+      "tokenizer.ggml.token_type");
+  expect_error(
+      [&] {
+        load(with("tokenizer.ggml.scores", gguf_array(GgufType::f32, std::vector<float>{1.f})));
+      },
+      "tokenizer.ggml.scores");
+  expect_error([&] { load(with("tokenizer.ggml.bos_token_id", uint32_t{999})); },
+               "tokenizer.ggml.bos_token_id");
+  expect_error(
+      [&] {
+        load(with("tokenizer.ggml.tokens", gguf_array(GgufType::i32, std::vector<int32_t>{1})));
+      },
+      "tokenizer.ggml.tokens");
+  {
+    std::vector<int32_t> types(268, 1);
+    types[5] = 9;
+    expect_error([&] { load(with("tokenizer.ggml.token_type", gguf_array(GgufType::i32, types))); },
+                 "tokenizer.ggml.token_type[5]");
+    types[5] = 6;
+    types[kA] = 6;  // "a" is no <0xNN> name
+    expect_error([&] { load(with("tokenizer.ggml.token_type", gguf_array(GgufType::i32, types))); },
+                 "tokenizer.ggml.tokens[260]");
+  }
+  // A byte-level vocabulary: pre-tokenizer names and merges are checked.
+  const GgufFile smol(kDir + "smollm2.gguf");
+  auto smol_with = [&](const std::string& key, GgufValue v) {
+    GgufWriter w;
+    for (const auto& [k, val] : smol.metadata()) w.set(k, val);
+    w.set(key, std::move(v));
+    return w;
+  };
+  expect_error([&] { load(smol_with("tokenizer.ggml.pre", "foo")); }, "tokenizer.ggml.pre");
+  expect_error([&] { load(smol_with("tokenizer.ggml.pre", "foo")); }, "'foo'");
+  expect_error(
+      [&] {
+        load(smol_with("tokenizer.ggml.merges",
+                       gguf_array(GgufType::string, std::vector<std::string>{"a b", "x nosuch"})));
+      },
+      "tokenizer.ggml.merges[1]");
+  expect_error(
+      [&] {
+        load(smol_with("tokenizer.ggml.merges",
+                       gguf_array(GgufType::string, std::vector<std::string>{"ab"})));
+      },
+      "tokenizer.ggml.merges[0]");
+  expect_error([&] { load(with("tokenizer.ggml.model", "gpt2")); }, "tokenizer.ggml");
+}
+
+}  // namespace
+}  // namespace tessera::model
