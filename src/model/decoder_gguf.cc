@@ -96,7 +96,15 @@ DecoderConfig read_config(const GgufFile& f, const std::string& arch) {
                  "' is not supported (linear or none)");
       }
     }
-    if (const GgufTensorInfo* freqs = f.find("rope_freqs.weight")) {
+    if (f.has(arch + ".rope.scaling.llama3_factor")) {
+      // Our writer keeps Llama 3 scaling as its parameters (next to rope_freqs.weight for
+      // llama.cpp), so the model converts back to an HF config exactly.
+      c.rope_scaling = RopeScaling::llama3;
+      c.rope_factor = r.get_float_or("rope.scaling.llama3_factor", 1.0);
+      c.rope_low_freq_factor = r.get_float_or("rope.scaling.low_freq_factor", 1.0);
+      c.rope_high_freq_factor = r.get_float_or("rope.scaling.high_freq_factor", 4.0);
+      c.rope_original_max_ctx = r.get_int_or("rope.scaling.original_context_length", 8192);
+    } else if (const GgufTensorInfo* freqs = f.find("rope_freqs.weight")) {
       TS_CHECK(freqs->ggml_type == GgmlType::f32 && freqs->n_elements == c.rope_dim / 2, "[gguf] ",
                f.path(), ": tensor 'rope_freqs.weight' must be f32 with rope_dim/2 values");
       c.rope_freq_divisors.resize(static_cast<size_t>(freqs->n_elements));
@@ -162,6 +170,7 @@ DecoderModel load_decoder_gguf(const std::string& path, const DecoderLoadOptions
       l.wk = r.tensor(p + "attn_k.weight", Shape({KV, C}));
       l.wv = r.tensor(p + "attn_v.weight", Shape({KV, C}));
       l.w_gate = r.tensor(p + "ffn_gate.weight", Shape({F, C}));
+      l.bo = r.tensor(p + "attn_output.bias", Shape({C}), false);  // Llama attention_bias
       if (c.qkv_bias) {
         l.bq = r.tensor(p + "attn_q.bias", Shape({Q}));
         l.bk = r.tensor(p + "attn_k.bias", Shape({KV}));

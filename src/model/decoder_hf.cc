@@ -1,0 +1,434 @@
+// Loads a Hugging Face decoder folder (config.json + model.safetensors or a sharded index) into
+// a DecoderModel: Llama/Mistral/Qwen2 and GPT-2 tensor names, GPT-2's Conv1D transposes.
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <vector>
+
+#include "core/error.h"
+#include "core/file_io.h"
+#include "model/decoder.h"
+#include "model/safetensors.h"
+
+namespace tessera::model {
+namespace {
+
+using nlohmann::json;
+
+json read_json(const std::string& path) {
+  TS_CHECK(file_exists(path), "[hf] ", path, ": file not found");
+  json j;
+  try {
+    j = json::parse(read_text_file(path));
+  } catch (const json::exception& e) {
+    fail("[hf] ", path, ": not valid JSON: ", e.what());
+  }
+  TS_CHECK(j.is_object(), "[hf] ", path, ": must be a JSON object");
+  return j;
+}
+
+// Typed access to config.json fields; every error names the file and the field. A field that is
+// null counts as absent (HF writes e.g. "n_inner": null for the default).
+class ConfigFields {
+ public:
+  ConfigFields(const json& j, std::string path) : j_(j), path_(std::move(path)) {}
+  const std::string& path() const { return path_; }
+  bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
+  const json& at(const char* key) const {
+    TS_CHECK(has(key), "[hf] ", path_, ": missing field '", key, "'");
+    return j_[key];
+  }
+  int64_t get_int(const char* key) const {
+    const json& v = at(key);
+    TS_CHECK(v.is_number_integer() && v.get<int64_t>() > 0, "[hf] ", path_, ": field '", key,
+             "' must be a positive integer, got ", v.dump());
+    return v.get<int64_t>();
+  }
+  int64_t get_int_or(const char* key, int64_t fallback) const {
+    return has(key) ? get_int(key) : fallback;
+  }
+  double get_float_or(const char* key, double fallback) const {
+    if (!has(key)) return fallback;
+    const json& v = j_[key];
+    TS_CHECK(v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() > 0, "[hf] ", path_,
+             ": field '", key, "' must be a positive number, got ", v.dump());
+    return v.get<double>();
+  }
+  bool get_bool_or(const char* key, bool fallback) const {
+    if (!has(key)) return fallback;
+    const json& v = j_[key];
+    TS_CHECK(v.is_boolean(), "[hf] ", path_, ": field '", key, "' must be true or false, got ",
+             v.dump());
+    return v.get<bool>();
+  }
+
+ private:
+  const json& j_;
+  std::string path_;
+};
+
+// The architecture named by config.json: architectures[0], else model_type.
+std::string hf_architecture(const json& j, const std::string& path) {
+  if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
+      j["architectures"][0].is_string())
+    return j["architectures"][0].get<std::string>();
+  TS_CHECK(j.contains("model_type") && j["model_type"].is_string(), "[hf] ", path,
+           ": missing field 'architectures' (and no 'model_type')");
+  const std::string t = j["model_type"].get<std::string>();
+  if (t == "llama") return "LlamaForCausalLM";
+  if (t == "mistral") return "MistralForCausalLM";
+  if (t == "qwen2") return "Qwen2ForCausalLM";
+  if (t == "gpt2") return "GPT2LMHeadModel";
+  fail("[hf] ", path, ": field 'model_type' is \"", t, "\", not llama, mistral, qwen2 or gpt2");
+}
+
+void read_rope_scaling(const ConfigFields& f, DecoderConfig* c) {
+  if (!f.has("rope_scaling")) return;
+  const json& rs = f.at("rope_scaling");
+  TS_CHECK(rs.is_object(), "[hf] ", f.path(), ": field 'rope_scaling' must be an object");
+  const ConfigFields s(rs, f.path() + " rope_scaling");
+  const char* type_key = s.has("rope_type") ? "rope_type" : "type";
+  const json& type = s.at(type_key);
+  TS_CHECK(type.is_string(), "[hf] ", f.path(), ": field 'rope_scaling.", type_key,
+           "' must be a string");
+  const std::string t = type.get<std::string>();
+  if (t == "default") return;
+  if (t == "linear") {
+    c->rope_scaling = RopeScaling::linear;
+  } else if (t == "llama3") {
+    c->rope_scaling = RopeScaling::llama3;
+    c->rope_low_freq_factor = s.get_float_or("low_freq_factor", c->rope_low_freq_factor);
+    c->rope_high_freq_factor = s.get_float_or("high_freq_factor", c->rope_high_freq_factor);
+    c->rope_original_max_ctx = s.get_int("original_max_position_embeddings");
+    TS_CHECK(c->rope_high_freq_factor > c->rope_low_freq_factor, "[hf] ", f.path(),
+             ": field 'rope_scaling.high_freq_factor' must exceed low_freq_factor");
+  } else {
+    fail("[hf] ", f.path(), ": field 'rope_scaling.", type_key, "' is \"", t,
+         "\"; supported: default, linear, llama3");
+  }
+  c->rope_factor = s.get_float_or("factor", 0);
+  TS_CHECK(c->rope_factor > 0, "[hf] ", f.path(), ": missing field 'rope_scaling.factor'");
+}
+
+DecoderConfig llama_config(const ConfigFields& f, const std::string& arch) {
+  DecoderConfig c;
+  c.arch = DecoderArch::llama;
+  c.d_model = f.get_int("hidden_size");
+  c.d_ff = f.get_int("intermediate_size");
+  c.n_layers = f.get_int("num_hidden_layers");
+  c.n_heads = f.get_int("num_attention_heads");
+  c.n_kv_heads = f.get_int_or("num_key_value_heads", c.n_heads);
+  TS_CHECK(c.n_heads % c.n_kv_heads == 0, "[hf] ", f.path(), ": field 'num_key_value_heads' (",
+           c.n_kv_heads, ") does not divide 'num_attention_heads' (", c.n_heads, ")");
+  TS_CHECK(f.has("head_dim") || c.d_model % c.n_heads == 0, "[hf] ", f.path(),
+           ": field 'hidden_size' is not a multiple of 'num_attention_heads' and no 'head_dim'");
+  c.head_dim = f.get_int_or("head_dim", c.d_model / c.n_heads);
+  c.vocab = f.get_int("vocab_size");
+  c.max_ctx = f.get_int("max_position_embeddings");
+  c.norm_eps = static_cast<float>(f.get_float_or("rms_norm_eps", 1e-6));
+  c.rope_theta = f.get_float_or("rope_theta", 10000.0);
+  c.rope_dim = c.head_dim;
+  c.rope_layout = ops::RopeLayout::half;
+  c.tied_embeddings = f.get_bool_or("tie_word_embeddings", false);
+  // Qwen2 always has q/k/v biases (and none on o); Llama's attention_bias puts one on all four.
+  c.qkv_bias = arch == "Qwen2ForCausalLM" || f.get_bool_or("attention_bias", false);
+  TS_CHECK(!f.get_bool_or("mlp_bias", false), "[hf] ", f.path(),
+           ": field 'mlp_bias' is true; MLP biases are not supported for Llama models");
+  if (f.has("hidden_act"))
+    TS_CHECK(f.at("hidden_act") == "silu", "[hf] ", f.path(), ": field 'hidden_act' is ",
+             f.at("hidden_act").dump(), "; only silu is supported");
+  read_rope_scaling(f, &c);
+  return c;
+}
+
+DecoderConfig gpt2_config(const ConfigFields& f) {
+  DecoderConfig c;
+  c.arch = DecoderArch::gpt2;
+  c.d_model = f.get_int("n_embd");
+  c.n_layers = f.get_int("n_layer");
+  c.n_heads = f.get_int("n_head");
+  c.n_kv_heads = c.n_heads;
+  TS_CHECK(c.d_model % c.n_heads == 0, "[hf] ", f.path(),
+           ": field 'n_embd' is not a multiple of 'n_head'");
+  c.head_dim = c.d_model / c.n_heads;
+  c.d_ff = f.get_int_or("n_inner", 4 * c.d_model);
+  c.vocab = f.get_int("vocab_size");
+  c.max_ctx = f.get_int(f.has("n_positions") ? "n_positions" : "n_ctx");
+  c.norm_eps = static_cast<float>(f.get_float_or("layer_norm_epsilon", 1e-5));
+  c.tied_embeddings = f.get_bool_or("tie_word_embeddings", true);
+  c.qkv_bias = true;
+  if (f.has("activation_function")) {
+    const json& a = f.at("activation_function");
+    TS_CHECK(a == "gelu_new" || a == "gelu_pytorch_tanh", "[hf] ", f.path(),
+             ": field 'activation_function' is ", a.dump(),
+             "; only the tanh GELU (gelu_new) is supported");
+  }
+  return c;
+}
+
+// Every tensor of the folder's safetensors file(s), by name, each found exactly once.
+class FolderTensors {
+ public:
+  explicit FolderTensors(const std::string& folder) {
+    const std::string single = folder + "/model.safetensors";
+    index_path_ = folder + "/model.safetensors.index.json";
+    if (file_exists(single)) {
+      where_ = single;
+      add_shard(single);
+      return;
+    }
+    TS_CHECK(file_exists(index_path_), "[hf] ", folder,
+             ": neither model.safetensors nor model.safetensors.index.json found");
+    where_ = index_path_;
+    const json idx = read_json(index_path_);
+    TS_CHECK(idx.contains("weight_map") && idx["weight_map"].is_object(), "[hf] ", index_path_,
+             ": missing object field 'weight_map'");
+    std::map<std::string, size_t> shard_of_file;
+    std::vector<std::pair<std::string, std::string>> listed;
+    for (const auto& [name, file] : idx["weight_map"].items()) {
+      TS_CHECK(file.is_string(), "[hf] ", index_path_, ": weight_map entry '", name,
+               "' is not a file name");
+      const std::string shard = file.get<std::string>();
+      // Shards are plain names inside the folder: a hostile index must not reach other files.
+      TS_CHECK(
+          !shard.empty() && shard.find('/') == std::string::npos && shard != "." && shard != "..",
+          "[hf] ", index_path_, ": weight_map entry '", name, "' names shard '", shard,
+          "', which is not a file name inside the folder");
+      if (!shard_of_file.count(shard)) {
+        const std::string path = folder + "/" + shard;
+        TS_CHECK(file_exists(path), "[hf] ", index_path_, ": shard '", shard,
+                 "' (listed for tensor '", name, "') not found");
+        shard_of_file[shard] = readers_.size();
+        add_shard(path);
+      }
+      listed.emplace_back(name, shard);
+    }
+    TS_CHECK(!readers_.empty(), "[hf] ", index_path_, ": weight_map is empty");
+    for (const auto& [name, shard] : listed) {
+      const auto it = by_name_.find(name);
+      TS_CHECK(it != by_name_.end() && it->second.reader == shard_of_file[shard], "[hf] ",
+               index_path_, ": tensor '", name, "' is not in its listed shard '", shard, "'");
+    }
+  }
+
+  const std::string& where() const { return where_; }
+  const std::vector<std::shared_ptr<const SafetensorsReader>>& readers() const { return readers_; }
+
+  // The entry named `name` and the file holding it, or nullptr; marks it used.
+  const SafetensorsEntry* find(const std::string& name, std::string* file) {
+    const auto it = by_name_.find(name);
+    if (it == by_name_.end()) return nullptr;
+    used_.insert(name);
+    if (file) *file = readers_[it->second.reader]->path();
+    return it->second.entry;
+  }
+  bool contains(const std::string& name) const { return by_name_.count(name) != 0; }
+
+  // Fails on any tensor no loader step used, except buffers HF checkpoints may carry.
+  void check_all_used(const std::set<std::string>& ignorable_suffixes) const {
+    for (const auto& [name, loc] : by_name_) {
+      if (used_.count(name)) continue;
+      bool ignorable = false;
+      for (const std::string& s : ignorable_suffixes) ignorable |= name.ends_with(s);
+      TS_CHECK(ignorable, "[hf] ", readers_[loc.reader]->path(), ": unexpected tensor '", name,
+               "' (not part of this model's configuration)");
+    }
+  }
+
+ private:
+  struct Location {
+    size_t reader;
+    const SafetensorsEntry* entry;
+  };
+  void add_shard(const std::string& path) {
+    auto r = std::make_shared<const SafetensorsReader>(path);
+    for (const SafetensorsEntry& e : r->entries()) {
+      const auto [it, inserted] = by_name_.emplace(e.name, Location{readers_.size(), &e});
+      TS_CHECK(inserted, "[hf] ", path, ": tensor '", e.name, "' also appears in ",
+               readers_[it->second.reader]->path());
+    }
+    readers_.push_back(std::move(r));
+  }
+
+  std::string where_, index_path_;
+  std::vector<std::shared_ptr<const SafetensorsReader>> readers_;
+  std::map<std::string, Location> by_name_;
+  std::set<std::string> used_;
+};
+
+// Builds WeightRefs from the folder's tensors: matrices stay in the file when no transform is
+// needed; vectors become f32 (the kernels read norms and biases as f32).
+class WeightBuilder {
+ public:
+  WeightBuilder(FolderTensors& t, DecoderModel& m) : t_(t), m_(m) {}
+
+  const SafetensorsEntry& entry(const std::string& name, const Shape& expected, std::string* file) {
+    const SafetensorsEntry* e = t_.find(name, file);
+    TS_CHECK(e != nullptr, "[hf] ", t_.where(), ": missing tensor '", name, "'");
+    TS_CHECK(e->shape == expected, "[hf] ", *file, ": tensor '", name, "' has shape ",
+             e->shape.str(), ", expected ", expected.str());
+    TS_CHECK(e->dtype == DType::f32 || e->dtype == DType::bf16 || e->dtype == DType::f16, "[hf] ",
+             *file, ": tensor '", name, "' has dtype ", dtype_name(e->dtype),
+             "; weights must be F32, BF16 or F16");
+    return *e;
+  }
+
+  WeightRef matrix(const std::string& name, const Shape& expected) {
+    std::string file;
+    const SafetensorsEntry& e = entry(name, expected, &file);
+    const size_t elem = static_cast<size_t>(traits(e.dtype).block_bytes);
+    if (reinterpret_cast<uintptr_t>(e.data) % elem == 0) return {e.data, e.dtype, expected};
+    uint8_t* dst = alloc(e.bytes);  // misaligned in the file: kernels need aligned elements
+    std::memcpy(dst, e.data, static_cast<size_t>(e.bytes));
+    return {dst, e.dtype, expected};
+  }
+
+  WeightRef vector_f32(const std::string& name, int64_t n) {
+    std::string file;
+    const SafetensorsEntry& e = entry(name, Shape({n}), &file);
+    auto* dst = reinterpret_cast<float*>(alloc(n * 4));
+    // f32 is read with memcpy; 16-bit entries are always 2-byte aligned (every dtype the reader
+    // accepts has an even size, and the data section starts 8-byte aligned).
+    to_f32(e.dtype, e.data, dst, n);
+    return {dst, DType::f32, Shape({n})};
+  }
+
+  // HF Conv1D stores (in, out); returns the (out, in) transpose in the stored dtype.
+  WeightRef conv1d(const std::string& name, int64_t in, int64_t out) {
+    std::string file;
+    const SafetensorsEntry& e = entry(name, Shape({in, out}), &file);
+    const int64_t elem = traits(e.dtype).block_bytes;
+    uint8_t* dst = alloc(e.bytes);
+    for (int64_t r = 0; r < in; ++r)
+      for (int64_t c = 0; c < out; ++c)
+        std::memcpy(dst + (c * in + r) * elem, e.data + (r * out + c) * elem,
+                    static_cast<size_t>(elem));
+    return {dst, e.dtype, Shape({out, in})};
+  }
+
+ private:
+  uint8_t* alloc(int64_t bytes) {
+    auto buf = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(bytes));
+    m_.owners.push_back(buf);
+    return buf->data();
+  }
+  FolderTensors& t_;
+  DecoderModel& m_;
+};
+
+// Rows [row0, row0 + rows) of a matrix, or elements of a vector, as a view.
+WeightRef slice(const WeightRef& w, int64_t row0, int64_t rows) {
+  const auto* base = static_cast<const uint8_t*>(w.data);
+  if (w.shape.rank() == 1) return {base + dtype_bytes(w.type, row0), w.type, Shape({rows})};
+  return {base + row0 * dtype_bytes(w.type, w.cols()), w.type, Shape({rows, w.cols()})};
+}
+
+void load_llama_weights(const DecoderConfig& c, bool o_bias, FolderTensors& t, WeightBuilder& b,
+                        DecoderWeights& w) {
+  const int64_t C = c.d_model, F = c.d_ff, Q = c.q_dim(), KV = c.kv_dim();
+  w.tok_embd = b.matrix("model.embed_tokens.weight", Shape({c.vocab, C}));
+  w.layers.resize(static_cast<size_t>(c.n_layers));
+  for (int64_t i = 0; i < c.n_layers; ++i) {
+    const std::string p = cat("model.layers.", i, ".");
+    DecoderLayer& l = w.layers[static_cast<size_t>(i)];
+    l.attn_norm = b.vector_f32(p + "input_layernorm.weight", C);
+    l.ffn_norm = b.vector_f32(p + "post_attention_layernorm.weight", C);
+    l.wq = b.matrix(p + "self_attn.q_proj.weight", Shape({Q, C}));
+    l.wk = b.matrix(p + "self_attn.k_proj.weight", Shape({KV, C}));
+    l.wv = b.matrix(p + "self_attn.v_proj.weight", Shape({KV, C}));
+    l.wo = b.matrix(p + "self_attn.o_proj.weight", Shape({C, Q}));
+    if (c.qkv_bias) {
+      l.bq = b.vector_f32(p + "self_attn.q_proj.bias", Q);
+      l.bk = b.vector_f32(p + "self_attn.k_proj.bias", KV);
+      l.bv = b.vector_f32(p + "self_attn.v_proj.bias", KV);
+    }
+    if (o_bias) l.bo = b.vector_f32(p + "self_attn.o_proj.bias", C);
+    l.w_gate = b.matrix(p + "mlp.gate_proj.weight", Shape({F, C}));
+    l.w_up = b.matrix(p + "mlp.up_proj.weight", Shape({F, C}));
+    l.w_down = b.matrix(p + "mlp.down_proj.weight", Shape({C, F}));
+  }
+  w.out_norm = b.vector_f32("model.norm.weight", C);
+  // A tied checkpoint may still carry lm_head.weight; the configuration decides which is used.
+  w.output = c.tied_embeddings ? w.tok_embd : b.matrix("lm_head.weight", Shape({c.vocab, C}));
+  if (c.tied_embeddings && t.contains("lm_head.weight")) t.find("lm_head.weight", nullptr);
+}
+
+void load_gpt2_weights(const DecoderConfig& c, FolderTensors& t, WeightBuilder& b,
+                       DecoderWeights& w) {
+  const int64_t C = c.d_model, F = c.d_ff;
+  // Checkpoints saved from GPT2LMHeadModel prefix the body with "transformer.".
+  const std::string pre = t.contains("transformer.wte.weight") ? "transformer." : "";
+  w.tok_embd = b.matrix(pre + "wte.weight", Shape({c.vocab, C}));
+  w.pos_embd = b.matrix(pre + "wpe.weight", Shape({c.max_ctx, C}));
+  w.layers.resize(static_cast<size_t>(c.n_layers));
+  for (int64_t i = 0; i < c.n_layers; ++i) {
+    const std::string p = cat(pre, "h.", i, ".");
+    DecoderLayer& l = w.layers[static_cast<size_t>(i)];
+    l.attn_norm = b.vector_f32(p + "ln_1.weight", C);
+    l.attn_norm_b = b.vector_f32(p + "ln_1.bias", C);
+    const WeightRef qkv = b.conv1d(p + "attn.c_attn.weight", C, 3 * C);  // (3C, C): q, k, v rows
+    l.wq = slice(qkv, 0, C);
+    l.wk = slice(qkv, C, C);
+    l.wv = slice(qkv, 2 * C, C);
+    const WeightRef qkv_b = b.vector_f32(p + "attn.c_attn.bias", 3 * C);
+    l.bq = slice(qkv_b, 0, C);
+    l.bk = slice(qkv_b, C, C);
+    l.bv = slice(qkv_b, 2 * C, C);
+    l.wo = b.conv1d(p + "attn.c_proj.weight", C, C);
+    l.bo = b.vector_f32(p + "attn.c_proj.bias", C);
+    l.ffn_norm = b.vector_f32(p + "ln_2.weight", C);
+    l.ffn_norm_b = b.vector_f32(p + "ln_2.bias", C);
+    l.w_up = b.conv1d(p + "mlp.c_fc.weight", C, F);
+    l.b_up = b.vector_f32(p + "mlp.c_fc.bias", F);
+    l.w_down = b.conv1d(p + "mlp.c_proj.weight", F, C);
+    l.b_down = b.vector_f32(p + "mlp.c_proj.bias", C);
+  }
+  w.out_norm = b.vector_f32(pre + "ln_f.weight", C);
+  w.out_norm_b = b.vector_f32(pre + "ln_f.bias", C);
+  w.output = c.tied_embeddings ? w.tok_embd : b.matrix("lm_head.weight", Shape({c.vocab, C}));
+  if (c.tied_embeddings && t.contains("lm_head.weight")) t.find("lm_head.weight", nullptr);
+}
+
+}  // namespace
+
+DecoderModel load_decoder_hf(const std::string& folder) {
+  const std::string cfg_path = folder + "/config.json";
+  const json j = read_json(cfg_path);
+  const ConfigFields f(j, cfg_path);
+  const std::string arch = hf_architecture(j, cfg_path);
+  DecoderModel m;
+  m.source = folder;
+  bool o_bias = false;
+  if (arch == "GPT2LMHeadModel") {
+    m.config = gpt2_config(f);
+  } else {
+    TS_CHECK(
+        arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" || arch == "Qwen2ForCausalLM",
+        "[hf] ", cfg_path, ": field 'architectures' names ", arch,
+        "; supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
+        "GPT2LMHeadModel");
+    m.config = llama_config(f, arch);
+    o_bias = arch != "Qwen2ForCausalLM" && m.config.qkv_bias;
+  }
+  DecoderConfig& c = m.config;
+  c.name = j.contains("_name_or_path") && j["_name_or_path"].is_string() &&
+                   !j["_name_or_path"].get<std::string>().empty()
+               ? j["_name_or_path"].get<std::string>()
+               : folder;
+  c.validate(cfg_path);
+
+  FolderTensors tensors(folder);
+  for (const auto& r : tensors.readers()) m.owners.push_back(r);
+  WeightBuilder builder(tensors, m);
+  if (c.arch == DecoderArch::gpt2)
+    load_gpt2_weights(c, tensors, builder, m.weights);
+  else
+    load_llama_weights(c, o_bias, tensors, builder, m.weights);
+  tensors.check_all_used({".rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias"});
+  return m;
+}
+
+}  // namespace tessera::model

@@ -1,0 +1,315 @@
+// Decoder model writer for GGUF with llama.cpp's names and metadata (q/k rows permuted for
+// interleaved RoPE, GPT-2 q/k/v fused), and the helpers both writers share.
+#include "model/decoder_save.h"
+
+#include <cmath>
+#include <cstring>
+#include <list>
+#include <vector>
+
+#include "core/error.h"
+#include "model/decoder_save_impl.h"
+
+namespace tessera::model {
+namespace save_detail {
+
+std::vector<int64_t> rope_row_source(int64_t heads, int64_t head_dim, int64_t rope_dim,
+                                     bool to_interleaved) {
+  std::vector<int64_t> src(static_cast<size_t>(heads * head_dim));
+  for (int64_t h = 0; h < heads; ++h) {
+    const int64_t base = h * head_dim;
+    for (int64_t r = 0; r < head_dim; ++r) src[static_cast<size_t>(base + r)] = base + r;
+    for (int64_t i = 0; i < rope_dim / 2; ++i) {
+      const int64_t half_a = base + i, half_b = base + rope_dim / 2 + i;
+      const int64_t inter_a = base + 2 * i, inter_b = base + 2 * i + 1;
+      if (to_interleaved) {
+        src[static_cast<size_t>(inter_a)] = half_a;
+        src[static_cast<size_t>(inter_b)] = half_b;
+      } else {
+        src[static_cast<size_t>(half_a)] = inter_a;
+        src[static_cast<size_t>(half_b)] = inter_b;
+      }
+    }
+  }
+  return src;
+}
+
+namespace {
+// Bytes of one row (a matrix row, or one element of a vector).
+int64_t row_bytes(const WeightRef& w) {
+  return w.shape.rank() == 2 ? dtype_bytes(w.type, w.cols()) : dtype_bytes(w.type, 1);
+}
+}  // namespace
+
+std::vector<uint8_t> gather_rows(const WeightRef& w, const std::vector<int64_t>& src) {
+  const int64_t rb = row_bytes(w);
+  TS_CHECK(static_cast<int64_t>(src.size()) == w.shape[0], "[save] row permutation of ", src.size(),
+           " rows for a tensor of shape ", w.shape.str());
+  std::vector<uint8_t> out(static_cast<size_t>(rb) * src.size());
+  const auto* base = static_cast<const uint8_t*>(w.data);
+  for (size_t r = 0; r < src.size(); ++r)
+    std::memcpy(out.data() + r * rb, base + src[r] * rb, static_cast<size_t>(rb));
+  return out;
+}
+
+std::vector<float> as_f32(const WeightRef& w) {
+  std::vector<float> out(static_cast<size_t>(w.shape.numel()));
+  to_f32(w.type, w.data, out.data(), w.shape.numel());
+  return out;
+}
+
+std::vector<float> transpose(const std::vector<float>& src, int64_t rows, int64_t cols) {
+  std::vector<float> dst(src.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      dst[static_cast<size_t>(c * rows + r)] = src[static_cast<size_t>(r * cols + c)];
+  return dst;
+}
+
+void require(const WeightRef& w, const std::string& what, const std::string& path) {
+  TS_CHECK(w.present(), "[save] ", path, ": the model has no ", what, " weight");
+}
+
+}  // namespace save_detail
+
+namespace {
+
+using namespace save_detail;
+
+// llama.cpp's general.file_type for the type most matrices use.
+uint32_t gguf_file_type(DType t) {
+  const std::string_view n = dtype_name(t);
+  if (n == "f16") return 1;
+  if (n == "q4_0") return 2;
+  if (n == "q4_1") return 3;
+  if (n == "q8_0") return 7;
+  if (n == "q4_k") return 15;  // Q4_K_M
+  if (n == "q6_k") return 18;
+  if (n == "bf16") return 32;
+  return 0;  // all f32
+}
+
+// Adds tensors to a GgufWriter, holding converted copies until write().
+class GgufTensorSink {
+ public:
+  explicit GgufTensorSink(GgufWriter& w) : w_(w) {}
+  void raw(const std::string& name, const WeightRef& r) {
+    w_.add_tensor(name, r.type, r.shape, r.data);
+  }
+  void bytes(const std::string& name, DType t, const Shape& s, std::vector<uint8_t> b) {
+    keep_.push_back(std::move(b));
+    w_.add_tensor(name, t, s, keep_.back().data());
+  }
+  // Norms and biases are f32 in GGUF files (the loader requires it).
+  void f32(const std::string& name, const WeightRef& r) {
+    if (r.type == DType::f32) return raw(name, r);
+    std::vector<float> v = as_f32(r);
+    std::vector<uint8_t> b(v.size() * 4);
+    std::memcpy(b.data(), v.data(), b.size());
+    bytes(name, DType::f32, r.shape, std::move(b));
+  }
+  void f32_values(const std::string& name, const std::vector<float>& v) {
+    std::vector<uint8_t> b(v.size() * 4);
+    std::memcpy(b.data(), v.data(), b.size());
+    bytes(name, DType::f32, Shape({static_cast<int64_t>(v.size())}), std::move(b));
+  }
+
+ private:
+  GgufWriter& w_;
+  std::list<std::vector<uint8_t>> keep_;
+};
+
+void set_u32(GgufWriter& w, const std::string& key, int64_t v) {
+  w.set(key, static_cast<uint32_t>(v));  // validate() bounds every dimension far below 2^32
+}
+
+void write_gguf_metadata(const DecoderModel& m, GgufWriter& w, const std::string& arch) {
+  const DecoderConfig& c = m.config;
+  w.set("general.architecture", arch);
+  w.set("general.name", c.name.empty() ? std::string("tessera") : c.name);
+  const std::string a = arch + ".";
+  set_u32(w, a + "block_count", c.n_layers);
+  set_u32(w, a + "context_length", c.max_ctx);
+  set_u32(w, a + "embedding_length", c.d_model);
+  set_u32(w, a + "feed_forward_length", c.d_ff);
+  set_u32(w, a + "attention.head_count", c.n_heads);
+  set_u32(w, a + "attention.head_count_kv", c.n_kv_heads);
+  set_u32(w, a + "attention.key_length", c.head_dim);
+  set_u32(w, a + "attention.value_length", c.head_dim);
+  set_u32(w, a + "vocab_size", c.vocab);
+  if (c.arch == DecoderArch::gpt2) {
+    w.set(a + "attention.layer_norm_epsilon", c.norm_eps);
+    return;
+  }
+  w.set(a + "attention.layer_norm_rms_epsilon", c.norm_eps);
+  w.set(a + "rope.freq_base", static_cast<float>(c.rope_theta));
+  set_u32(w, a + "rope.dimension_count", c.rope_dim);
+  if (c.rope_scaling == RopeScaling::linear) {
+    w.set(a + "rope.scaling.type", "linear");
+    w.set(a + "rope.scaling.factor", static_cast<float>(c.rope_factor));
+  } else if (c.rope_scaling == RopeScaling::llama3) {
+    // llama.cpp reads Llama 3 scaling from rope_freqs.weight only, and takes rope.scaling.factor
+    // as a linear factor, so the parameters go under names it ignores.
+    w.set(a + "rope.scaling.llama3_factor", static_cast<float>(c.rope_factor));
+    w.set(a + "rope.scaling.low_freq_factor", static_cast<float>(c.rope_low_freq_factor));
+    w.set(a + "rope.scaling.high_freq_factor", static_cast<float>(c.rope_high_freq_factor));
+    set_u32(w, a + "rope.scaling.original_context_length", c.rope_original_max_ctx);
+  }
+}
+
+// rope_freqs.weight: per-pair divisors of the base frequencies, as llama.cpp applies them.
+// Llama 3 scaling is turned into divisors (times any the model already has); otherwise the
+// model's own divisors, if any, are written unchanged. Linear scaling is metadata instead.
+std::vector<float> rope_divisors(const DecoderConfig& c) {
+  if (c.rope_scaling != RopeScaling::llama3) return c.rope_freq_divisors;
+  const std::vector<double> inv = rope_inv_freqs(c);
+  std::vector<float> div(inv.size());
+  for (size_t i = 0; i < inv.size(); ++i) {
+    const double unscaled = std::pow(c.rope_theta, -2.0 * static_cast<double>(i) / c.rope_dim);
+    div[i] = static_cast<float>(unscaled / inv[i]);
+  }
+  return div;
+}
+
+void write_gguf_llama(const DecoderModel& m, GgufTensorSink& s, const std::string& path) {
+  const DecoderConfig& c = m.config;
+  const DecoderWeights& w = m.weights;
+  const bool permute = c.rope_layout == ops::RopeLayout::half;
+  const auto q_order = rope_row_source(c.n_heads, c.head_dim, c.rope_dim, true);
+  const auto k_order = rope_row_source(c.n_kv_heads, c.head_dim, c.rope_dim, true);
+  auto qk = [&](const std::string& name, const WeightRef& r, const std::vector<int64_t>& order,
+                bool vector) {
+    if (!permute) return vector ? s.f32(name, r) : s.raw(name, r);
+    if (!vector) return s.bytes(name, r.type, r.shape, gather_rows(r, order));
+    std::vector<float> v = as_f32(r);
+    const WeightRef f{v.data(), DType::f32, r.shape};
+    s.bytes(name, DType::f32, r.shape, gather_rows(f, order));
+  };
+  for (size_t i = 0; i < w.layers.size(); ++i) {
+    const DecoderLayer& l = w.layers[i];
+    const std::string p = cat("blk.", i, ".");
+    for (const auto& [ref, what] : NamedRefs{{&l.attn_norm, "attn_norm"},
+                                             {&l.ffn_norm, "ffn_norm"},
+                                             {&l.wq, "attn_q"},
+                                             {&l.wk, "attn_k"},
+                                             {&l.wv, "attn_v"},
+                                             {&l.wo, "attn_output"},
+                                             {&l.w_gate, "ffn_gate"},
+                                             {&l.w_up, "ffn_up"},
+                                             {&l.w_down, "ffn_down"}})
+      require(*ref, p + what, path);
+    s.f32(p + "attn_norm.weight", l.attn_norm);
+    qk(p + "attn_q.weight", l.wq, q_order, false);
+    qk(p + "attn_k.weight", l.wk, k_order, false);
+    s.raw(p + "attn_v.weight", l.wv);
+    s.raw(p + "attn_output.weight", l.wo);
+    if (l.bq.present()) qk(p + "attn_q.bias", l.bq, q_order, true);
+    if (l.bk.present()) qk(p + "attn_k.bias", l.bk, k_order, true);
+    if (l.bv.present()) s.f32(p + "attn_v.bias", l.bv);
+    if (l.bo.present()) s.f32(p + "attn_output.bias", l.bo);
+    s.f32(p + "ffn_norm.weight", l.ffn_norm);
+    s.raw(p + "ffn_gate.weight", l.w_gate);
+    s.raw(p + "ffn_up.weight", l.w_up);
+    s.raw(p + "ffn_down.weight", l.w_down);
+  }
+  const std::vector<float> div = rope_divisors(c);
+  if (!div.empty()) s.f32_values("rope_freqs.weight", div);
+}
+
+void write_gguf_gpt2(const DecoderModel& m, GgufTensorSink& s, const std::string& path) {
+  const DecoderWeights& w = m.weights;
+  require(w.pos_embd, "position embedding", path);
+  s.raw("position_embd.weight", w.pos_embd);
+  for (size_t i = 0; i < w.layers.size(); ++i) {
+    const DecoderLayer& l = w.layers[i];
+    const std::string p = cat("blk.", i, ".");
+    for (const auto& [ref, what] : NamedRefs{{&l.attn_norm, "attn_norm"},
+                                             {&l.attn_norm_b, "attn_norm.bias"},
+                                             {&l.wq, "attn_q"},
+                                             {&l.wk, "attn_k"},
+                                             {&l.wv, "attn_v"},
+                                             {&l.bq, "attn_q.bias"},
+                                             {&l.bk, "attn_k.bias"},
+                                             {&l.bv, "attn_v.bias"},
+                                             {&l.wo, "attn_output"},
+                                             {&l.bo, "attn_output.bias"},
+                                             {&l.ffn_norm, "ffn_norm"},
+                                             {&l.ffn_norm_b, "ffn_norm.bias"},
+                                             {&l.w_up, "ffn_up"},
+                                             {&l.b_up, "ffn_up.bias"},
+                                             {&l.w_down, "ffn_down"},
+                                             {&l.b_down, "ffn_down.bias"}})
+      require(*ref, p + what, path);
+    s.f32(p + "attn_norm.weight", l.attn_norm);
+    s.f32(p + "attn_norm.bias", l.attn_norm_b);
+    // attn_qkv (3C, C) holds the q, k and v rows in that order; mixed types fuse as f32.
+    const int64_t C = m.config.d_model;
+    const bool same = l.wq.type == l.wk.type && l.wq.type == l.wv.type;
+    const DType t = same ? l.wq.type : DType::f32;
+    std::vector<uint8_t> qkv;
+    for (const WeightRef* r : {&l.wq, &l.wk, &l.wv}) {
+      if (same) {
+        const auto* b = static_cast<const uint8_t*>(r->data);
+        qkv.insert(qkv.end(), b, b + r->bytes());
+      } else {
+        const std::vector<float> v = as_f32(*r);
+        const auto* b = reinterpret_cast<const uint8_t*>(v.data());
+        qkv.insert(qkv.end(), b, b + v.size() * 4);
+      }
+    }
+    s.bytes(p + "attn_qkv.weight", t, Shape({3 * C, C}), std::move(qkv));
+    std::vector<float> bias;
+    for (const WeightRef* r : {&l.bq, &l.bk, &l.bv}) {
+      const std::vector<float> v = as_f32(*r);
+      bias.insert(bias.end(), v.begin(), v.end());
+    }
+    s.f32_values(p + "attn_qkv.bias", bias);
+    s.raw(p + "attn_output.weight", l.wo);
+    s.f32(p + "attn_output.bias", l.bo);
+    s.f32(p + "ffn_norm.weight", l.ffn_norm);
+    s.f32(p + "ffn_norm.bias", l.ffn_norm_b);
+    s.raw(p + "ffn_up.weight", l.w_up);
+    s.f32(p + "ffn_up.bias", l.b_up);
+    s.raw(p + "ffn_down.weight", l.w_down);
+    s.f32(p + "ffn_down.bias", l.b_down);
+  }
+  require(w.out_norm_b, "output_norm.bias", path);
+  s.f32("output_norm.bias", w.out_norm_b);
+}
+
+}  // namespace
+
+void save_decoder_gguf(const DecoderModel& m, const std::string& path,
+                       const std::function<void(GgufWriter&)>& extra) {
+  const DecoderConfig& c = m.config;
+  c.validate(path);
+  const DecoderWeights& w = m.weights;
+  TS_CHECK(static_cast<int64_t>(w.layers.size()) == c.n_layers, "[save] ", path, ": model has ",
+           w.layers.size(), " layers, config says ", c.n_layers);
+  const bool gpt2 = c.arch == DecoderArch::gpt2;
+  GgufWriter writer;
+  write_gguf_metadata(m, writer, gpt2 ? "gpt2" : "llama");
+  if (!w.layers.empty() && w.layers[0].wq.present()) {
+    const DType t = w.layers[0].wq.type;
+    writer.set("general.file_type", gguf_file_type(t));
+    if (traits(t).block_elems > 1) writer.set("general.quantization_version", uint32_t{2});
+  }
+  GgufTensorSink sink(writer);
+  require(w.tok_embd, "token embedding", path);
+  sink.raw("token_embd.weight", w.tok_embd);
+  if (gpt2)
+    write_gguf_gpt2(m, sink, path);
+  else
+    write_gguf_llama(m, sink, path);
+  require(w.out_norm, "output_norm", path);
+  sink.f32("output_norm.weight", w.out_norm);
+  // A tied head is written once, as the embedding; the loader ties when output is absent.
+  if (!c.tied_embeddings) {
+    require(w.output, "output", path);
+    sink.raw("output.weight", w.output);
+  }
+  if (extra) extra(writer);
+  writer.write(path);
+}
+
+}  // namespace tessera::model

@@ -1,0 +1,271 @@
+// Decoder model writer for Hugging Face folders: config.json (Llama, Qwen2 or GPT-2 keys) and
+// model.safetensors in f32, bf16 or f16, with q/k rows in HF's rotate-half order.
+#include <charconv>
+#include <cstring>
+#include <list>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "core/error.h"
+#include "core/file_io.h"
+#include "model/decoder_save.h"
+#include "model/decoder_save_impl.h"
+#include "model/safetensors.h"
+
+namespace tessera::model {
+namespace {
+
+using namespace save_detail;
+using nlohmann::json;
+
+// Adds tensors to a SafetensorsWriter in one dtype, holding converted copies until write().
+class HfTensorSink {
+ public:
+  HfTensorSink(SafetensorsWriter& w, DType dtype) : w_(w), dtype_(dtype) {}
+  void ref(const std::string& name, const WeightRef& r) {
+    if (r.type == dtype_) return w_.add(name, dtype_, r.shape, r.data);
+    values(name, r.shape, as_f32(r));
+  }
+  void values(const std::string& name, const Shape& shape, const std::vector<float>& v) {
+    keep_.emplace_back(static_cast<size_t>(dtype_bytes(dtype_, shape.numel())));
+    from_f32(dtype_, v.data(), keep_.back().data(), shape.numel());
+    w_.add(name, dtype_, shape, keep_.back().data());
+  }
+  // Rows of r in the order `src` gives (q/k back to rotate-half order).
+  void rows(const std::string& name, const WeightRef& r, const std::vector<int64_t>& src) {
+    if (r.shape.rank() == 1) {
+      std::vector<float> v = as_f32(r);
+      const WeightRef f{v.data(), DType::f32, r.shape};
+      const std::vector<uint8_t> b = gather_rows(f, src);
+      std::memcpy(v.data(), b.data(), b.size());
+      return values(name, r.shape, v);
+    }
+    keep_.push_back(gather_rows(r, src));
+    ref(name, WeightRef{keep_.back().data(), r.type, r.shape});
+  }
+
+ private:
+  SafetensorsWriter& w_;
+  DType dtype_;
+  std::list<std::vector<uint8_t>> keep_;
+};
+
+// The shortest decimal that reads back as the same float (1e-05, not 9.99999974737875e-06).
+double float_for_json(float x) {
+  char buf[32];
+  const auto res = std::to_chars(buf, buf + sizeof(buf), x);
+  return std::stod(std::string(buf, res.ptr));
+}
+
+const char* torch_dtype_name(DType t) {
+  return t == DType::bf16 ? "bfloat16" : t == DType::f16 ? "float16" : "float32";
+}
+
+json llama_hf_config(const DecoderConfig& c, bool o_bias, DType dtype) {
+  // Qwen2 carries q/k/v biases without an o bias; Llama's attention_bias puts one on all four.
+  const bool qwen2 = c.qkv_bias && !o_bias;
+  json j = {{"architectures", {qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
+            {"model_type", qwen2 ? "qwen2" : "llama"},
+            {"hidden_size", c.d_model},
+            {"intermediate_size", c.d_ff},
+            {"num_hidden_layers", c.n_layers},
+            {"num_attention_heads", c.n_heads},
+            {"num_key_value_heads", c.n_kv_heads},
+            {"head_dim", c.head_dim},
+            {"vocab_size", c.vocab},
+            {"max_position_embeddings", c.max_ctx},
+            {"rms_norm_eps", float_for_json(c.norm_eps)},
+            {"rope_theta", c.rope_theta},
+            {"tie_word_embeddings", c.tied_embeddings},
+            {"hidden_act", "silu"},
+            {"torch_dtype", torch_dtype_name(dtype)},
+            {"rope_scaling", nullptr}};
+  if (!qwen2) {
+    j["attention_bias"] = o_bias;
+    j["mlp_bias"] = false;
+  } else {
+    j["use_sliding_window"] = false;
+  }
+  if (c.rope_scaling == RopeScaling::linear)
+    j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", c.rope_factor}};
+  if (c.rope_scaling == RopeScaling::llama3)
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", c.rope_factor},
+                         {"low_freq_factor", c.rope_low_freq_factor},
+                         {"high_freq_factor", c.rope_high_freq_factor},
+                         {"original_max_position_embeddings", c.rope_original_max_ctx}};
+  return j;
+}
+
+json gpt2_hf_config(const DecoderConfig& c, DType dtype) {
+  return {{"architectures", {"GPT2LMHeadModel"}},
+          {"model_type", "gpt2"},
+          {"n_embd", c.d_model},
+          {"n_layer", c.n_layers},
+          {"n_head", c.n_heads},
+          {"n_inner", c.d_ff},
+          {"n_positions", c.max_ctx},
+          {"n_ctx", c.max_ctx},
+          {"vocab_size", c.vocab},
+          {"layer_norm_epsilon", float_for_json(c.norm_eps)},
+          {"activation_function", "gelu_new"},
+          {"tie_word_embeddings", c.tied_embeddings},
+          {"torch_dtype", torch_dtype_name(dtype)}};
+}
+
+void write_hf_llama(const DecoderModel& m, HfTensorSink& s, bool o_bias, const std::string& path) {
+  const DecoderConfig& c = m.config;
+  const bool permute = c.rope_layout == ops::RopeLayout::interleaved;
+  const auto q_order = rope_row_source(c.n_heads, c.head_dim, c.rope_dim, false);
+  const auto k_order = rope_row_source(c.n_kv_heads, c.head_dim, c.rope_dim, false);
+  auto qk = [&](const std::string& name, const WeightRef& r, const std::vector<int64_t>& order) {
+    if (permute) return s.rows(name, r, order);
+    s.ref(name, r);
+  };
+  for (size_t i = 0; i < m.weights.layers.size(); ++i) {
+    const DecoderLayer& l = m.weights.layers[i];
+    const std::string p = cat("model.layers.", i, ".");
+    for (const auto& [ref, what] : NamedRefs{{&l.attn_norm, "input_layernorm"},
+                                             {&l.ffn_norm, "post_attention_layernorm"},
+                                             {&l.wq, "q_proj"},
+                                             {&l.wk, "k_proj"},
+                                             {&l.wv, "v_proj"},
+                                             {&l.wo, "o_proj"},
+                                             {&l.w_gate, "gate_proj"},
+                                             {&l.w_up, "up_proj"},
+                                             {&l.w_down, "down_proj"}})
+      require(*ref, p + what, path);
+    s.ref(p + "input_layernorm.weight", l.attn_norm);
+    s.ref(p + "post_attention_layernorm.weight", l.ffn_norm);
+    qk(p + "self_attn.q_proj.weight", l.wq, q_order);
+    qk(p + "self_attn.k_proj.weight", l.wk, k_order);
+    s.ref(p + "self_attn.v_proj.weight", l.wv);
+    s.ref(p + "self_attn.o_proj.weight", l.wo);
+    // HF's attention_bias puts a bias on all four projections: missing ones are written as zeros.
+    const std::vector<float> zq(static_cast<size_t>(c.q_dim())),
+        zkv(static_cast<size_t>(c.kv_dim())), zc(static_cast<size_t>(c.d_model));
+    if (l.bq.present())
+      qk(p + "self_attn.q_proj.bias", l.bq, q_order);
+    else if (o_bias)
+      s.values(p + "self_attn.q_proj.bias", Shape({c.q_dim()}), zq);
+    if (l.bk.present())
+      qk(p + "self_attn.k_proj.bias", l.bk, k_order);
+    else if (o_bias)
+      s.values(p + "self_attn.k_proj.bias", Shape({c.kv_dim()}), zkv);
+    if (l.bv.present())
+      s.ref(p + "self_attn.v_proj.bias", l.bv);
+    else if (o_bias)
+      s.values(p + "self_attn.v_proj.bias", Shape({c.kv_dim()}), zkv);
+    if (l.bo.present())
+      s.ref(p + "self_attn.o_proj.bias", l.bo);
+    else if (o_bias)
+      s.values(p + "self_attn.o_proj.bias", Shape({c.d_model}), zc);
+    s.ref(p + "mlp.gate_proj.weight", l.w_gate);
+    s.ref(p + "mlp.up_proj.weight", l.w_up);
+    s.ref(p + "mlp.down_proj.weight", l.w_down);
+  }
+  s.ref("model.embed_tokens.weight", m.weights.tok_embd);
+  s.ref("model.norm.weight", m.weights.out_norm);
+}
+
+void write_hf_gpt2(const DecoderModel& m, HfTensorSink& s, const std::string& path) {
+  const DecoderConfig& c = m.config;
+  const DecoderWeights& w = m.weights;
+  const int64_t C = c.d_model, F = c.d_ff;
+  require(w.pos_embd, "position embedding", path);
+  s.ref("wte.weight", w.tok_embd);
+  s.ref("wpe.weight", w.pos_embd);
+  // HF's Conv1D stores its weight (in, out), the transpose of ours.
+  auto conv1d = [&](const std::string& name, const std::vector<float>& v, int64_t out, int64_t in) {
+    s.values(name, Shape({in, out}), transpose(v, out, in));
+  };
+  for (size_t i = 0; i < w.layers.size(); ++i) {
+    const DecoderLayer& l = w.layers[i];
+    const std::string p = cat("h.", i, ".");
+    for (const auto& [ref, what] : NamedRefs{{&l.attn_norm, "ln_1"},
+                                             {&l.attn_norm_b, "ln_1.bias"},
+                                             {&l.wq, "q"},
+                                             {&l.wk, "k"},
+                                             {&l.wv, "v"},
+                                             {&l.bq, "q.bias"},
+                                             {&l.bk, "k.bias"},
+                                             {&l.bv, "v.bias"},
+                                             {&l.wo, "attn.c_proj"},
+                                             {&l.bo, "attn.c_proj.bias"},
+                                             {&l.ffn_norm, "ln_2"},
+                                             {&l.ffn_norm_b, "ln_2.bias"},
+                                             {&l.w_up, "mlp.c_fc"},
+                                             {&l.b_up, "mlp.c_fc.bias"},
+                                             {&l.w_down, "mlp.c_proj"},
+                                             {&l.b_down, "mlp.c_proj.bias"}})
+      require(*ref, p + what, path);
+    s.ref(p + "ln_1.weight", l.attn_norm);
+    s.ref(p + "ln_1.bias", l.attn_norm_b);
+    std::vector<float> qkv, qkv_b;
+    for (const WeightRef* r : {&l.wq, &l.wk, &l.wv}) {
+      const std::vector<float> v = as_f32(*r);
+      qkv.insert(qkv.end(), v.begin(), v.end());
+    }
+    for (const WeightRef* r : {&l.bq, &l.bk, &l.bv}) {
+      const std::vector<float> v = as_f32(*r);
+      qkv_b.insert(qkv_b.end(), v.begin(), v.end());
+    }
+    conv1d(p + "attn.c_attn.weight", qkv, 3 * C, C);
+    s.values(p + "attn.c_attn.bias", Shape({3 * C}), qkv_b);
+    conv1d(p + "attn.c_proj.weight", as_f32(l.wo), C, C);
+    s.ref(p + "attn.c_proj.bias", l.bo);
+    s.ref(p + "ln_2.weight", l.ffn_norm);
+    s.ref(p + "ln_2.bias", l.ffn_norm_b);
+    conv1d(p + "mlp.c_fc.weight", as_f32(l.w_up), F, C);
+    s.ref(p + "mlp.c_fc.bias", l.b_up);
+    conv1d(p + "mlp.c_proj.weight", as_f32(l.w_down), C, F);
+    s.ref(p + "mlp.c_proj.bias", l.b_down);
+  }
+  require(w.out_norm_b, "ln_f.bias", path);
+  s.ref("ln_f.weight", w.out_norm);
+  s.ref("ln_f.bias", w.out_norm_b);
+}
+
+}  // namespace
+
+void save_decoder_hf(const DecoderModel& m, const std::string& folder, DType dtype,
+                     const std::string& tokenizer_json) {
+  const DecoderConfig& c = m.config;
+  c.validate(folder);
+  TS_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16, "[save] ", folder,
+           ": safetensors dtype must be f32, bf16 or f16, not ", dtype_name(dtype));
+  TS_CHECK(static_cast<int64_t>(m.weights.layers.size()) == c.n_layers, "[save] ", folder,
+           ": model has ", m.weights.layers.size(), " layers, config says ", c.n_layers);
+  bool plain_freqs = true;
+  for (float d : c.rope_freq_divisors) plain_freqs &= d == 1.0f;
+  TS_CHECK(plain_freqs, "[save] ", folder,
+           ": the model's per-pair RoPE divisors (GGUF rope_freqs.weight) cannot be expressed "
+           "in config.json");
+  const DecoderWeights& w = m.weights;
+  require(w.tok_embd, "token embedding", folder);
+  require(w.out_norm, "output norm", folder);
+  bool o_bias = false;
+  for (const DecoderLayer& l : w.layers) o_bias |= l.bo.present();
+  make_dirs(folder);
+  SafetensorsWriter writer;
+  writer.set_metadata("format", "pt");  // transformers refuses safetensors files without it
+  HfTensorSink sink(writer, dtype);
+  json cfg;
+  if (c.arch == DecoderArch::gpt2) {
+    write_hf_gpt2(m, sink, folder);
+    cfg = gpt2_hf_config(c, dtype);
+  } else {
+    write_hf_llama(m, sink, o_bias, folder);
+    cfg = llama_hf_config(c, o_bias, dtype);
+  }
+  if (!c.tied_embeddings) {
+    require(w.output, "output", folder);
+    sink.ref("lm_head.weight", w.output);
+  }
+  cfg["_name_or_path"] = c.name;
+  writer.write(folder + "/model.safetensors");
+  write_file_atomic(folder + "/config.json", cfg.dump(2) + "\n");
+  if (!tokenizer_json.empty()) write_file_atomic(folder + "/tokenizer.json", tokenizer_json);
+}
+
+}  // namespace tessera::model

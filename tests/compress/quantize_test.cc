@@ -1,0 +1,274 @@
+// quantize_decoder: output types, fallbacks for rows that are not whole blocks, error statistics
+// inside bands derived from each format's step size, thread-count independence, and quantized
+// models written to GGUF and HF folders.
+#include "compress/quantize.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <random>
+
+#include "core/error.h"
+#include "model/decoder_save.h"
+#include "test_util/expect_error.h"
+
+namespace tessera::compress {
+namespace {
+
+using model::DecoderLayer;
+using model::DecoderModel;
+using model::WeightRef;
+
+// A random in-memory Llama model: weights N(0, 0.02^2) in f32, norms near 1. C, F chosen by the
+// test (F = 48 gives ffn_down rows that are not a multiple of 32).
+DecoderModel tiny_model(int64_t C, int64_t F, bool tied, uint32_t seed = 1) {
+  DecoderModel m;
+  model::DecoderConfig& c = m.config;
+  c.n_layers = 2;
+  c.d_model = C;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = C / 4;
+  c.rope_dim = c.head_dim;
+  c.d_ff = F;
+  c.vocab = 96;
+  c.max_ctx = 64;
+  c.tied_embeddings = tied;
+  c.validate("tiny");
+  std::mt19937 rng(seed);
+  auto make = [&](Shape shape, float mean, float sd) {
+    auto buf = std::make_shared<std::vector<float>>(static_cast<size_t>(shape.numel()));
+    std::normal_distribution<float> dist(mean, sd);
+    for (float& x : *buf) x = dist(rng);
+    m.owners.push_back(buf);
+    return WeightRef{buf->data(), DType::f32, shape};
+  };
+  const int64_t KV = c.kv_dim();
+  m.weights.tok_embd = make({c.vocab, C}, 0, 0.02f);
+  m.weights.layers.resize(2);
+  for (DecoderLayer& l : m.weights.layers) {
+    l.attn_norm = make({C}, 1, 0.1f);
+    l.ffn_norm = make({C}, 1, 0.1f);
+    l.wq = make({C, C}, 0, 0.02f);
+    l.wk = make({KV, C}, 0, 0.02f);
+    l.wv = make({KV, C}, 0, 0.02f);
+    l.wo = make({C, C}, 0, 0.02f);
+    l.w_gate = make({F, C}, 0, 0.02f);
+    l.w_up = make({F, C}, 0, 0.02f);
+    l.w_down = make({C, F}, 0, 0.02f);
+  }
+  m.weights.out_norm = make({C}, 1, 0.1f);
+  m.weights.output = tied ? m.weights.tok_embd : make({c.vocab, C}, 0, 0.02f);
+  return m;
+}
+
+const TensorQuantStats& find_stats(const std::vector<TensorQuantStats>& s, const std::string& n) {
+  for (const TensorQuantStats& t : s)
+    if (t.name == n) return t;
+  throw Error("no stats for " + n);
+}
+
+std::optional<DType> optional_dtype(const char* name) {
+  try {
+    return parse_dtype(name, "test");
+  } catch (const Error&) {
+    return std::nullopt;  // this build's DType does not have it yet
+  }
+}
+
+// Relative RMS error bands for N(0, s) weights. Each format's step over a block is d = range /
+// levels; rounding error is ~uniform in +-d/2, RMS d/sqrt(12). For 32 Gaussian values the
+// largest magnitude is ~2.1 s: q8_0 d = 2.1 s / 127 -> 0.0048 s; q4_0 d = 2.1 s / 8 -> 0.076 s;
+// q4_1 d = 4.2 s / 15 -> 0.081 s. The bands allow a factor of ~2 either way.
+struct Band {
+  const char* type;
+  double lo, hi;
+};
+
+TEST(Quantize, ErrorBandsAndTypes) {
+  const DecoderModel src = tiny_model(64, 128, false);
+  ThreadPool pool(2);
+  std::vector<Band> bands = {{"q8_0", 0.0025, 0.01}, {"q4_0", 0.04, 0.16}, {"q4_1", 0.04, 0.16}};
+  for (const Band& b : bands) {
+    SCOPED_TRACE(b.type);
+    QuantizeOptions o;
+    o.type = parse_dtype(b.type, "test");
+    o.pool = &pool;
+    std::vector<TensorQuantStats> stats;
+    const DecoderModel q = quantize_decoder(src, o, &stats);
+    // 1 embedding + 7 matrices x 2 layers + 1 output head.
+    EXPECT_EQ(stats.size(), 16u);
+    const DecoderLayer& l = q.weights.layers[1];
+    for (const WeightRef* w : {&q.weights.tok_embd, &l.wq, &l.wk, &l.w_down, &q.weights.output})
+      EXPECT_EQ(w->type, o.type);
+    EXPECT_EQ(l.attn_norm.type, DType::f32);
+    EXPECT_EQ(std::memcmp(l.attn_norm.data, src.weights.layers[1].attn_norm.data, 64 * 4), 0);
+    for (const TensorQuantStats& s : stats) {
+      SCOPED_TRACE(s.name);
+      EXPECT_EQ(s.from, DType::f32);
+      EXPECT_EQ(s.to, o.type);
+      EXPECT_NEAR(s.rms_value, 0.02, 0.003);
+      EXPECT_GT(s.rms_error / s.rms_value, b.lo);
+      EXPECT_LT(s.rms_error / s.rms_value, b.hi);
+      // The worst element is off by at most one step of its block, and a step is at most the
+      // tensor's range over the format's levels (4.5 s covers the max of ~10k normals: 4.5 s /
+      // 7 for q4_0, whose positive side stops at +7 steps).
+      EXPECT_GT(s.max_error, s.rms_error);
+      EXPECT_LT(s.max_error, 5 * 0.02 / (b.lo < 0.01 ? 127 : 7));
+    }
+    const TensorQuantStats& wd = find_stats(stats, "blk.0.ffn_down");
+    EXPECT_EQ(wd.elements, 64 * 128);
+    // The statistics describe the bytes: recompute one row's error by dequantizing the output.
+    std::vector<float> deq(128), orig(128);
+    to_f32(l.w_down.type, l.w_down.data, deq.data(), 128);
+    to_f32(DType::f32, src.weights.layers[1].w_down.data, orig.data(), 128);
+    double worst = 0;
+    for (int i = 0; i < 128; ++i) worst = std::max(worst, double(std::fabs(deq[i] - orig[i])));
+    EXPECT_LE(worst, find_stats(stats, "blk.1.ffn_down").max_error);
+  }
+}
+
+TEST(Quantize, FallbackWhenRowsAreNotWholeBlocks) {
+  const DecoderModel src = tiny_model(64, 48, true);  // ffn_down rows hold 48 values
+  QuantizeOptions o;
+  o.type = DType::q4_0;
+  std::vector<TensorQuantStats> stats;
+  const DecoderModel q = quantize_decoder(src, o, &stats);
+  EXPECT_EQ(q.weights.layers[0].w_down.type, DType::f16);
+  EXPECT_EQ(q.weights.layers[0].w_up.type, DType::q4_0);  // rows of 64 fit
+  const TensorQuantStats& s = find_stats(stats, "blk.0.ffn_down");
+  EXPECT_EQ(s.to, DType::f16);
+  EXPECT_LT(s.rms_error / s.rms_value, 1e-3);  // f16 keeps ~11 bits
+  EXPECT_EQ(quant_type_for_row(DType::q8_0, 48), DType::f16);
+  EXPECT_EQ(quant_type_for_row(DType::q8_0, 4096), DType::q8_0);
+  EXPECT_EQ(quant_type_for_row(DType::bf16, 7), DType::bf16);
+  // A tied head stays the (quantized) embedding; stats hold no separate "output".
+  EXPECT_EQ(q.weights.output.data, q.weights.tok_embd.data);
+  EXPECT_EQ(q.weights.tok_embd.type, DType::q4_0);
+  EXPECT_THROW(find_stats(stats, "output"), Error);
+  if (const auto q4k = optional_dtype("q4_k")) {
+    EXPECT_EQ(quant_type_for_row(*q4k, 64), DType::q8_0);
+    EXPECT_EQ(quant_type_for_row(*q4k, 512), *q4k);
+  }
+  tessera::test::expect_error(
+      [&] {
+        QuantizeOptions bad;
+        bad.type = DType::i32;
+        quantize_decoder(src, bad, nullptr);
+      },
+      "i32");
+}
+
+TEST(Quantize, KeepEmbeddingAndRequantizeIsACopy) {
+  const DecoderModel src = tiny_model(64, 64, true);
+  QuantizeOptions o;
+  o.type = DType::q8_0;
+  o.keep_embedding = true;
+  std::vector<TensorQuantStats> stats;
+  const DecoderModel q = quantize_decoder(src, o, &stats);
+  EXPECT_EQ(q.weights.tok_embd.type, DType::f32);
+  EXPECT_NE(q.weights.tok_embd.data, src.weights.tok_embd.data);  // owns its copy
+  EXPECT_EQ(q.weights.output.data, q.weights.tok_embd.data);
+  EXPECT_EQ(find_stats(stats, "token_embd").rms_error, 0.0);
+  EXPECT_EQ(q.weights.layers[0].wo.type, DType::q8_0);
+  // Quantizing a q8_0 model to q8_0 copies the blocks: no second rounding.
+  o.keep_embedding = false;
+  const DecoderModel q2 = quantize_decoder(q, o, &stats);
+  const WeightRef& a = q.weights.layers[1].w_gate;
+  const WeightRef& b = q2.weights.layers[1].w_gate;
+  EXPECT_EQ(std::memcmp(a.data, b.data, static_cast<size_t>(a.bytes())), 0);
+  EXPECT_EQ(find_stats(stats, "blk.1.ffn_gate").max_error, 0.0);
+  EXPECT_EQ(find_stats(stats, "blk.1.ffn_gate").from, DType::q8_0);
+}
+
+TEST(Quantize, SameBytesForAnyThreadCount) {
+  const DecoderModel src = tiny_model(64, 128, false, 3);
+  ThreadPool one(1), three(3);
+  QuantizeOptions o;
+  o.type = DType::q4_1;
+  std::vector<TensorQuantStats> s1, s3;
+  o.pool = &one;
+  const DecoderModel a = quantize_decoder(src, o, &s1);
+  o.pool = &three;
+  const DecoderModel b = quantize_decoder(src, o, &s3);
+  const WeightRef& wa = a.weights.output;
+  EXPECT_EQ(std::memcmp(wa.data, b.weights.output.data, static_cast<size_t>(wa.bytes())), 0);
+  for (size_t i = 0; i < s1.size(); ++i) {
+    EXPECT_EQ(s1[i].rms_error, s3[i].rms_error) << s1[i].name;
+    EXPECT_EQ(s1[i].max_error, s3[i].max_error) << s1[i].name;
+  }
+}
+
+// k-quants: 256-element super-blocks, so rows must hold a multiple of 256 values. Bands: q4_k
+// steps ~ like q4_1 with refined scales (0.05-0.08 s measured elsewhere); q6_k has 16-element
+// blocks of 64 levels: d ~ 3.6 s / 63 -> 0.016 s.
+TEST(Quantize, KQuantsWhenAvailable) {
+  const DecoderModel src = tiny_model(256, 512, false);
+  for (const Band& b : {Band{"q4_k", 0.02, 0.16}, Band{"q6_k", 0.005, 0.04}}) {
+    const auto t = optional_dtype(b.type);
+    if (!t) continue;
+    SCOPED_TRACE(b.type);
+    QuantizeOptions o;
+    o.type = *t;
+    std::vector<TensorQuantStats> stats;
+    const DecoderModel q = quantize_decoder(src, o, &stats);
+    EXPECT_EQ(q.weights.layers[0].w_down.type, *t);
+    for (const TensorQuantStats& s : stats) {
+      EXPECT_EQ(s.to, *t) << s.name;
+      EXPECT_GT(s.rms_error / s.rms_value, b.lo) << s.name;
+      EXPECT_LT(s.rms_error / s.rms_value, b.hi) << s.name;
+    }
+    // GGUF stores the k-quant blocks as they are, q/k rows permuted whole.
+    const std::string path = cat(::testing::TempDir(), "/quantize_", ::getpid(), b.type, ".gguf");
+    model::save_decoder_gguf(q, path);
+    const DecoderModel g = model::load_decoder_gguf(path);
+    const WeightRef& up = g.weights.layers[1].w_up;
+    EXPECT_EQ(up.type, *t);
+    EXPECT_EQ(std::memcmp(up.data, q.weights.layers[1].w_up.data, static_cast<size_t>(up.bytes())),
+              0);
+    EXPECT_EQ(g.weights.layers[0].wq.type, *t);
+    std::filesystem::remove(path);
+  }
+}
+
+std::string temp_dir(const std::string& name) {
+  const std::string d = cat(::testing::TempDir(), "/quantize_", ::getpid(), "_", name);
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+TEST(Quantize, QuantizedModelSavesToGgufAndHf) {
+  const DecoderModel src = tiny_model(64, 128, false);
+  QuantizeOptions o;
+  o.type = DType::q8_0;
+  const DecoderModel q = quantize_decoder(src, o, nullptr);
+  const std::string dir = temp_dir("save");
+  // GGUF keeps the q8_0 blocks (q/k rows permuted whole); the loader reads the same bytes back.
+  model::save_decoder_gguf(q, dir + "/q.gguf");
+  const DecoderModel g = model::load_decoder_gguf(dir + "/q.gguf");
+  const WeightRef& wv = g.weights.layers[1].wv;
+  EXPECT_EQ(wv.type, DType::q8_0);
+  EXPECT_EQ(std::memcmp(wv.data, q.weights.layers[1].wv.data, static_cast<size_t>(wv.bytes())), 0);
+  EXPECT_EQ(g.gguf->get_u32("general.file_type"), 7u);
+  // HF dequantizes: the folder holds exactly the dequantized values, and loads back.
+  model::save_decoder_hf(g, dir + "/hf", DType::f32);
+  const DecoderModel h = model::load_decoder_hf(dir + "/hf");
+  for (const auto& [x, y] : {std::pair{&h.weights.layers[0].wq, &q.weights.layers[0].wq},
+                             std::pair{&h.weights.layers[1].w_down, &q.weights.layers[1].w_down}}) {
+    const int64_t n = x->shape.numel();
+    std::vector<float> a(static_cast<size_t>(n)), b(static_cast<size_t>(n));
+    to_f32(x->type, x->data, a.data(), n);
+    to_f32(y->type, y->data, b.data(), n);
+    EXPECT_EQ(a, b);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tessera::compress

@@ -1,0 +1,309 @@
+// Hugging Face folders -> DecoderModel (Llama, Qwen2, GPT-2; single file and sharded), the GGUF
+// and HF writers, and the HF -> GGUF -> HF round trip being bit-identical.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "model/decoder.h"
+#include "model/decoder_save.h"
+#include "model/gguf.h"
+#include "model/hf_fixture.h"
+#include "model/safetensors.h"
+#include "test_util/expect_error.h"
+
+namespace tessera::model {
+namespace {
+
+using test::HfModel;
+
+std::vector<float> values_of(const WeightRef& w) {
+  std::vector<float> v(static_cast<size_t>(w.shape.numel()));
+  to_f32(w.type, w.data, v.data(), w.shape.numel());
+  return v;
+}
+
+// Values after a trip through `dtype` (what a bf16 folder holds).
+std::vector<float> rounded(const std::vector<float>& v, DType dtype) {
+  std::vector<uint8_t> b(static_cast<size_t>(dtype_bytes(dtype, static_cast<int64_t>(v.size()))));
+  from_f32(dtype, v.data(), b.data(), static_cast<int64_t>(v.size()));
+  std::vector<float> out(v.size());
+  to_f32(dtype, b.data(), out.data(), static_cast<int64_t>(v.size()));
+  return out;
+}
+
+void expect_tensor(const WeightRef& w, const HfModel& m, const std::string& name,
+                   DType stored = DType::f32) {
+  ASSERT_TRUE(w.present()) << name;
+  const test::HfTensor& t = m.tensors.at(name);
+  EXPECT_EQ(w.shape, t.shape) << name;
+  EXPECT_EQ(values_of(w), rounded(t.values, stored)) << name;
+}
+
+TEST(DecoderHf, LoadsLlamaUntied) {
+  const HfModel hf = test::tiny_llama(false);
+  const std::string dir = test::temp_folder("llama_untied");
+  test::write_hf(hf, dir);
+  const DecoderModel m = load_decoder_hf(dir);
+  const DecoderConfig& c = m.config;
+  EXPECT_EQ(c.arch, DecoderArch::llama);
+  EXPECT_EQ(c.n_layers, 2);
+  EXPECT_EQ(c.d_model, 32);
+  EXPECT_EQ(c.n_heads, 4);
+  EXPECT_EQ(c.n_kv_heads, 2);
+  EXPECT_EQ(c.head_dim, 8);
+  EXPECT_EQ(c.rope_dim, 8);
+  EXPECT_EQ(c.d_ff, 64);
+  EXPECT_EQ(c.vocab, 64);
+  EXPECT_EQ(c.max_ctx, 128);
+  EXPECT_FLOAT_EQ(c.norm_eps, 1e-5f);
+  EXPECT_EQ(c.rope_layout, ops::RopeLayout::half);
+  EXPECT_EQ(c.rope_scaling, RopeScaling::none);
+  EXPECT_FALSE(c.tied_embeddings);
+  EXPECT_FALSE(c.qkv_bias);
+  EXPECT_EQ(m.source, dir);
+  const DecoderLayer& l1 = m.weights.layers[1];
+  expect_tensor(l1.wq, hf, "model.layers.1.self_attn.q_proj.weight");
+  expect_tensor(l1.wk, hf, "model.layers.1.self_attn.k_proj.weight");
+  expect_tensor(l1.w_down, hf, "model.layers.1.mlp.down_proj.weight");
+  expect_tensor(l1.ffn_norm, hf, "model.layers.1.post_attention_layernorm.weight");
+  expect_tensor(m.weights.output, hf, "lm_head.weight");
+  expect_tensor(m.weights.out_norm, hf, "model.norm.weight");
+  EXPECT_FALSE(l1.bq.present());
+  EXPECT_NE(m.weights.output.data, m.weights.tok_embd.data);
+}
+
+TEST(DecoderHf, LoadsTiedShardedBf16) {
+  const HfModel hf = test::tiny_llama(true);
+  const std::string dir = test::temp_folder("llama_tied_sharded");
+  test::write_hf(hf, dir, DType::bf16, 2);
+  const DecoderModel m = load_decoder_hf(dir);
+  EXPECT_TRUE(m.config.tied_embeddings);
+  EXPECT_EQ(m.weights.output.data, m.weights.tok_embd.data);
+  // Matrices stay bf16 in the mapped shards; norms become f32 for the kernels.
+  EXPECT_EQ(m.weights.layers[0].wq.type, DType::bf16);
+  EXPECT_EQ(m.weights.layers[0].attn_norm.type, DType::f32);
+  expect_tensor(m.weights.tok_embd, hf, "model.embed_tokens.weight", DType::bf16);
+  expect_tensor(m.weights.layers[0].wv, hf, "model.layers.0.self_attn.v_proj.weight", DType::bf16);
+  expect_tensor(m.weights.layers[1].attn_norm, hf, "model.layers.1.input_layernorm.weight",
+                DType::bf16);
+}
+
+TEST(DecoderHf, LoadsQwen2Biases) {
+  const HfModel hf = test::tiny_llama(false, "Qwen2ForCausalLM");
+  const std::string dir = test::temp_folder("qwen2");
+  test::write_hf(hf, dir);
+  const DecoderModel m = load_decoder_hf(dir);
+  EXPECT_TRUE(m.config.qkv_bias);
+  const DecoderLayer& l = m.weights.layers[0];
+  expect_tensor(l.bq, hf, "model.layers.0.self_attn.q_proj.bias");
+  expect_tensor(l.bk, hf, "model.layers.0.self_attn.k_proj.bias");
+  expect_tensor(l.bv, hf, "model.layers.0.self_attn.v_proj.bias");
+  EXPECT_FALSE(l.bo.present());
+}
+
+TEST(DecoderHf, LoadsGpt2TransposingConv1D) {
+  const HfModel hf = test::tiny_gpt2("transformer.");
+  const std::string dir = test::temp_folder("gpt2");
+  test::write_hf(hf, dir);
+  const DecoderModel m = load_decoder_hf(dir);
+  const DecoderConfig& c = m.config;
+  EXPECT_EQ(c.arch, DecoderArch::gpt2);
+  EXPECT_EQ(c.d_ff, 128);  // n_inner null -> 4 * n_embd
+  EXPECT_EQ(c.max_ctx, 16);
+  EXPECT_TRUE(c.tied_embeddings);
+  EXPECT_TRUE(c.qkv_bias);
+  const int64_t C = 32;
+  const DecoderLayer& l = m.weights.layers[1];
+  const std::vector<float>& attn = hf.tensors.at("transformer.h.1.attn.c_attn.weight").values;
+  const std::vector<float> wk = values_of(l.wk);
+  ASSERT_EQ(l.wk.shape, Shape({C, C}));
+  // wk row r, column k = c_attn (in k, out C + r).
+  for (int64_t r = 0; r < C; ++r)
+    for (int64_t k = 0; k < C; ++k)
+      ASSERT_EQ(wk[static_cast<size_t>(r * C + k)], attn[static_cast<size_t>(k * 3 * C + C + r)]);
+  const std::vector<float>& fc = hf.tensors.at("transformer.h.1.mlp.c_fc.weight").values;
+  const std::vector<float> up = values_of(l.w_up);
+  ASSERT_EQ(l.w_up.shape, Shape({128, C}));
+  EXPECT_EQ(up[5 * C + 7], fc[7 * 128 + 5]);
+  const std::vector<float> bv = values_of(l.bv);
+  const std::vector<float>& b = hf.tensors.at("transformer.h.1.attn.c_attn.bias").values;
+  EXPECT_EQ(bv, std::vector<float>(b.begin() + 2 * C, b.end()));
+  expect_tensor(m.weights.pos_embd, hf, "transformer.wpe.weight");
+  expect_tensor(m.weights.out_norm_b, hf, "transformer.ln_f.bias");
+}
+
+// Every tensor of folder a's model.safetensors is in folder b's with the same bytes.
+void expect_same_safetensors(const std::string& a, const std::string& b) {
+  const SafetensorsReader ra(a + "/model.safetensors"), rb(b + "/model.safetensors");
+  EXPECT_EQ(ra.entries().size(), rb.entries().size());
+  for (const SafetensorsEntry& e : ra.entries()) {
+    const SafetensorsEntry* f = rb.find(e.name);
+    ASSERT_NE(f, nullptr) << e.name;
+    EXPECT_EQ(f->dtype, e.dtype) << e.name;
+    EXPECT_EQ(f->shape, e.shape) << e.name;
+    ASSERT_EQ(f->bytes, e.bytes) << e.name;
+    EXPECT_EQ(std::memcmp(f->data, e.data, static_cast<size_t>(e.bytes)), 0) << e.name;
+  }
+}
+
+// HF -> load -> GGUF -> the GGUF loader -> HF gives the original tensors bit for bit.
+void round_trip(const HfModel& hf, const std::string& name) {
+  const std::string a = test::temp_folder(name + "_a"), b = test::temp_folder(name + "_b");
+  const std::string gguf = a + "/model.gguf";
+  test::write_hf(hf, a);
+  const DecoderModel m1 = load_decoder_hf(a);
+  save_decoder_gguf(m1, gguf, [](GgufWriter& w) { w.set("tokenizer.ggml.model", "gpt2"); });
+  const DecoderModel m2 = load_decoder_gguf(gguf);
+  EXPECT_EQ(m2.config.n_layers, m1.config.n_layers);
+  EXPECT_EQ(m2.config.n_kv_heads, m1.config.n_kv_heads);
+  EXPECT_EQ(m2.config.d_ff, m1.config.d_ff);
+  EXPECT_EQ(m2.config.max_ctx, m1.config.max_ctx);
+  EXPECT_EQ(m2.config.tied_embeddings, m1.config.tied_embeddings);
+  EXPECT_EQ(m2.config.qkv_bias, m1.config.qkv_bias);
+  EXPECT_EQ(m2.config.norm_eps, m1.config.norm_eps);
+  EXPECT_EQ(m2.gguf->get_string("tokenizer.ggml.model"), "gpt2");  // `extra` ran
+  if (m1.config.arch == DecoderArch::llama) {
+    EXPECT_EQ(m2.config.rope_layout, ops::RopeLayout::interleaved);
+    // GGUF q row h*D + 2i + 1 is HF row h*D + D/2 + i (head 3, i = 1: rows 27 <- 29).
+    const int64_t C = m1.config.d_model;
+    const std::vector<float> q1 = values_of(m1.weights.layers[0].wq);
+    const std::vector<float> q2 = values_of(m2.weights.layers[0].wq);
+    for (int64_t k = 0; k < C; ++k) {
+      EXPECT_EQ(q2[static_cast<size_t>(27 * C + k)], q1[static_cast<size_t>(29 * C + k)]);
+      EXPECT_EQ(q2[static_cast<size_t>(26 * C + k)], q1[static_cast<size_t>(25 * C + k)]);
+    }
+  }
+  save_decoder_hf(m2, b, DType::f32, "{\"model\": {}}");
+  expect_same_safetensors(a, b);
+  EXPECT_EQ(read_text_file(b + "/tokenizer.json"), "{\"model\": {}}");
+  const DecoderModel m3 = load_decoder_hf(b);
+  EXPECT_EQ(m3.config.arch, m1.config.arch);
+  EXPECT_EQ(m3.config.qkv_bias, m1.config.qkv_bias);
+  EXPECT_EQ(m3.config.norm_eps, m1.config.norm_eps);
+  EXPECT_EQ(m3.config.rope_layout, ops::RopeLayout::half);
+}
+
+TEST(DecoderRoundTrip, LlamaUntied) {
+  round_trip(test::tiny_llama(false), "rt_untied");
+}
+TEST(DecoderRoundTrip, LlamaTied) {
+  round_trip(test::tiny_llama(true), "rt_tied");
+}
+TEST(DecoderRoundTrip, Qwen2) {
+  round_trip(test::tiny_llama(false, "Qwen2ForCausalLM"), "rt_qw");
+}
+TEST(DecoderRoundTrip, Gpt2) {
+  round_trip(test::tiny_gpt2(), "rt_gpt2");
+}
+
+TEST(DecoderSave, GgufNamesAndMetadata) {
+  const std::string dir = test::temp_folder("gguf_meta");
+  test::write_hf(test::tiny_llama(true), dir);
+  save_decoder_gguf(load_decoder_hf(dir), dir + "/m.gguf");
+  const GgufFile f(dir + "/m.gguf");
+  EXPECT_EQ(f.version(), 3u);
+  EXPECT_EQ(f.get_string("general.architecture"), "llama");
+  EXPECT_EQ(f.get_u32("llama.block_count"), 2u);
+  EXPECT_EQ(f.get_u32("llama.embedding_length"), 32u);
+  EXPECT_EQ(f.get_u32("llama.feed_forward_length"), 64u);
+  EXPECT_EQ(f.get_u32("llama.context_length"), 128u);
+  EXPECT_EQ(f.get_u32("llama.attention.head_count"), 4u);
+  EXPECT_EQ(f.get_u32("llama.attention.head_count_kv"), 2u);
+  EXPECT_EQ(f.get_u32("llama.rope.dimension_count"), 8u);
+  EXPECT_FLOAT_EQ(f.get_f32("llama.rope.freq_base"), 10000.0f);
+  EXPECT_FLOAT_EQ(f.get_f32("llama.attention.layer_norm_rms_epsilon"), 1e-5f);
+  EXPECT_EQ(f.at("blk.1.attn_k.weight").shape(), Shape({16, 32}));
+  EXPECT_EQ(f.at("blk.1.ffn_down.weight").shape(), Shape({32, 64}));
+  EXPECT_EQ(f.at("token_embd.weight").shape(), Shape({64, 32}));
+  EXPECT_EQ(f.find("output.weight"), nullptr);  // tied
+  EXPECT_EQ(f.find("rope_freqs.weight"), nullptr);
+}
+
+TEST(DecoderSave, Gpt2FusesQkv) {
+  const std::string dir = test::temp_folder("gguf_gpt2");
+  test::write_hf(test::tiny_gpt2(), dir);
+  const DecoderModel m = load_decoder_hf(dir);
+  save_decoder_gguf(m, dir + "/m.gguf");
+  const GgufFile f(dir + "/m.gguf");
+  EXPECT_EQ(f.get_string("general.architecture"), "gpt2");
+  EXPECT_FLOAT_EQ(f.get_f32("gpt2.attention.layer_norm_epsilon"), 1e-5f);
+  const GgufTensorInfo& qkv = f.at("blk.0.attn_qkv.weight");
+  ASSERT_EQ(qkv.shape(), Shape({96, 32}));
+  // Row 32 + r of the fused matrix is wk row r.
+  const auto* rows = reinterpret_cast<const float*>(qkv.data);
+  EXPECT_EQ(std::memcmp(rows + 32 * 32, m.weights.layers[0].wk.data, 32 * 32 * 4), 0);
+  EXPECT_EQ(f.at("position_embd.weight").shape(), Shape({16, 32}));
+  EXPECT_NE(f.find("blk.1.ffn_up.bias"), nullptr);
+}
+
+TEST(DecoderSave, LlamaOutputBiasHfRoundTrip) {
+  const std::string a = test::temp_folder("obias_a"), b = test::temp_folder("obias_b");
+  test::write_hf(test::tiny_llama(false, "LlamaForCausalLM", true), a);
+  const DecoderModel m = load_decoder_hf(a);
+  EXPECT_TRUE(m.weights.layers[0].bo.present());
+  save_decoder_hf(m, b, DType::f32);
+  expect_same_safetensors(a, b);
+  save_decoder_gguf(m, a + "/m.gguf");
+  EXPECT_NE(GgufFile(a + "/m.gguf").find("blk.1.attn_output.bias"), nullptr);
+}
+
+TEST(DecoderSave, Bf16FolderKeepsBytes) {
+  const std::string a = test::temp_folder("bf16_a"), b = test::temp_folder("bf16_b");
+  test::write_hf(test::tiny_llama(false), a, DType::bf16);
+  save_decoder_hf(load_decoder_hf(a), b, DType::bf16);
+  expect_same_safetensors(a, b);
+}
+
+TEST(DecoderSave, Llama3RopeScaling) {
+  HfModel hf = test::tiny_llama(false);
+  // With D 8 and theta 1e4 the four wavelengths (6.3, 63, 628, 6283) fall in the kept, smoothed
+  // and slowed bands of original context 64 (bands at 64/4 = 16 and 64/1 = 64).
+  hf.config["rope_scaling"] = {{"rope_type", "llama3"},
+                               {"factor", 8.0},
+                               {"low_freq_factor", 1.0},
+                               {"high_freq_factor", 4.0},
+                               {"original_max_position_embeddings", 64}};
+  const std::string a = test::temp_folder("llama3_a"), b = test::temp_folder("llama3_b");
+  test::write_hf(hf, a);
+  const DecoderModel m1 = load_decoder_hf(a);
+  EXPECT_EQ(m1.config.rope_scaling, RopeScaling::llama3);
+  EXPECT_EQ(m1.config.rope_original_max_ctx, 64);
+  save_decoder_gguf(m1, a + "/m.gguf");
+  const DecoderModel m2 = load_decoder_gguf(a + "/m.gguf");
+  const std::vector<double> f1 = rope_inv_freqs(m1.config), f2 = rope_inv_freqs(m2.config);
+  ASSERT_EQ(f1.size(), f2.size());
+  for (size_t i = 0; i < f1.size(); ++i) EXPECT_NEAR(f2[i] / f1[i], 1.0, 1e-6) << i;
+  EXPECT_LT(f1[3], f1[0] * 1e-3 / 7.9);  // the slowest pair is slowed by the factor
+  // The GGUF keeps the parameters next to rope_freqs.weight, so it converts back exactly.
+  EXPECT_EQ(m2.config.rope_scaling, RopeScaling::llama3);
+  EXPECT_EQ(m2.config.rope_factor, m1.config.rope_factor);
+  EXPECT_TRUE(m2.config.rope_freq_divisors.empty());
+  save_decoder_hf(m2, b, DType::f32);
+  save_decoder_hf(m1, b, DType::f32);
+  const DecoderModel m3 = load_decoder_hf(b);
+  EXPECT_EQ(m3.config.rope_scaling, RopeScaling::llama3);
+  EXPECT_EQ(m3.config.rope_factor, 8.0);
+}
+
+TEST(DecoderSave, LinearRopeScaling) {
+  HfModel hf = test::tiny_llama(true);
+  hf.config["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+  const std::string a = test::temp_folder("linear_a"), b = test::temp_folder("linear_b");
+  test::write_hf(hf, a);
+  save_decoder_gguf(load_decoder_hf(a), a + "/m.gguf");
+  EXPECT_EQ(GgufFile(a + "/m.gguf").get_string("llama.rope.scaling.type"), "linear");
+  const DecoderModel m = load_decoder_gguf(a + "/m.gguf");
+  EXPECT_EQ(m.config.rope_scaling, RopeScaling::linear);
+  EXPECT_EQ(m.config.rope_factor, 2.0);
+  save_decoder_hf(m, b, DType::f32);
+  const DecoderModel h = load_decoder_hf(b);
+  EXPECT_EQ(h.config.rope_scaling, RopeScaling::linear);
+  EXPECT_EQ(h.config.rope_factor, 2.0);
+  expect_same_safetensors(a, b);
+}
+
+}  // namespace
+}  // namespace tessera::model
