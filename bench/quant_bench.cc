@@ -1,11 +1,13 @@
-// Google Benchmark of ops::matmul_wt (weights in their stored type) at Llama-1B-like shapes:
-// decode (M=1, memory-bound: bytes/s of weights) and prefill (M=512: FLOP/s), per weight type
-// and thread count.
+// Google Benchmark of ops::matmul_wt (weights in their stored type) at Llama-1B-like shapes and
+// SmolLM2-135M's: decode (M=1, memory-bound: bytes/s of weights) and prefill (M=512: FLOP/s),
+// per weight type and thread count. Filter with --benchmark_filter, e.g. 'decode/q4_1'.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/rng.h"
@@ -55,23 +57,35 @@ void BM_MatmulWt(benchmark::State& state) {
     benchmark::DoNotOptimize(y.data());
   }
   const auto cost = tessera::ops::matmul_wt_cost(M, K, N, t);
-  state.SetLabel(std::string(tessera::dtype_name(t)));
+  state.SetLabel(std::string(tessera::dtype_name(t)) + " M=" + std::to_string(M) +
+                 " N=" + std::to_string(N) + " K=" + std::to_string(K) +
+                 " threads=" + std::to_string(threads));
   state.counters["bytes/s"] =
       benchmark::Counter(cost.bytes, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["FLOP/s"] =
       benchmark::Counter(cost.flops, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// Llama-1B-like (N, K): attention, MLP up, vocabulary head.
+constexpr std::pair<int64_t, int64_t> kLlamaShapes[] = {{2048, 2048}, {5632, 2048}, {32000, 2048}};
+// SmolLM2-135M (Q4_1 blocks, Q8_0 head): q/o, k/v, gate/up, down, token_embd as the head.
+constexpr std::pair<int64_t, int64_t> kSmolShapes[] = {
+    {576, 576}, {192, 576}, {1536, 576}, {576, 1536}, {49152, 576}};
+constexpr int64_t kQ8_0 = 3, kQ4_1 = 5;
+
 void decode_args(benchmark::internal::Benchmark* b) {
   for (int64_t t = 0; t < 8; ++t)
     for (int64_t threads : {1, 2})
-      for (auto nk : {std::pair<int64_t, int64_t>{2048, 2048}, {5632, 2048}, {32000, 2048}})
-        b->Args({t, 1, nk.first, nk.second, threads});
+      for (auto nk : kLlamaShapes) b->Args({t, 1, nk.first, nk.second, threads});
+  for (int64_t t : {kQ4_1, kQ8_0})
+    for (int64_t threads : {1, 2})
+      for (auto nk : kSmolShapes) b->Args({t, 1, nk.first, nk.second, threads});
 }
 void prefill_args(benchmark::internal::Benchmark* b) {
   for (int64_t t = 0; t < 8; ++t)
     for (int64_t threads : {1, 2})
       for (int64_t n : {2048, 5632}) b->Args({t, 512, n, 2048, threads});
+  for (int64_t threads : {1, 2}) b->Args({kQ4_1, 512, 1536, 576, threads});
 }
 
 BENCHMARK(BM_MatmulWt)

@@ -1,14 +1,17 @@
 // Quantized-weight formats and the matmul against them: quantizer error bands, SIMD vs the
-// reference (every Highway target), vs a dequantized f32 product, thread-count invariance.
+// reference (every Highway target and the AVX2 kernels), vs a dequantized f32 product,
+// thread-count and batch-size invariance, int16 saturation edges.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/quant_act.h"
+#include "backend/cpu/quant_matmul_avx2.h"
 #include "backend/cpu/ref/ref_kernels.h"
 #include "core/dtype.h"
 #include "hwy/highway.h"
@@ -117,14 +120,18 @@ std::vector<double> rounding_bound(DType t, const Weights& w, const float* x, in
   return tol;
 }
 
+// A matmul_wt implementation (cpu::matmul_wt, or one of its two kernels called directly).
+using MatmulWtFn = void (*)(ThreadPool&, float*, int64_t, const float*, int64_t, int64_t,
+                            const void*, DType, int64_t, const float*);
+
 void expect_simd_matches_reference(DType t, int64_t M, int64_t K, int64_t N, ThreadPool& tp,
-                                   const std::string& what) {
+                                   const std::string& what, MatmulWtFn fn = cpu::matmul_wt) {
   Weights w(t, N, K, 100 + M * 7 + N);
   const Buf x = normal_buf(M * K, 1, 200 + M), bias = normal_buf(N, 1, 300);
   const int64_t ldy = N + 3;
   Buf y(M * ldy, 1), yr(M * ldy, 1);
   for (int64_t i = 0; i < M * ldy; ++i) y[i] = yr[i] = -7.0f;  // padding must stay untouched
-  cpu::matmul_wt(tp, y.p, ldy, x.p, M, K, w.p, t, N, bias.p);
+  fn(tp, y.p, ldy, x.p, M, K, w.p, t, N, bias.p);
   cpu::ref::matmul_wt(yr.p, ldy, x.p, M, K, w.p, t, N, bias.p);
   const auto tol = rounding_bound(t, w, x.p, M, K, N);
   for (int64_t m = 0; m < M; ++m) {
@@ -252,7 +259,7 @@ TEST(Quant, FloatWeightsMatchDoubleProduct) {
 }
 
 TEST(Quant, ThreadCountDoesNotChangeResults) {
-  const int64_t K = 512, N = 301;  // several row chunks for every type
+  const int64_t K = 2048, N = 301;  // several row chunks for every type, decode and prefill
   for (DType t : kAllTypes) {
     Weights w(t, N, K, 61);
     for (int64_t M : {1, 7}) {
@@ -315,6 +322,118 @@ TEST(Quant, BadArgumentsThrowNamingThem) {
         cpu::matmul_wt(pool(1), y.data(), 4, x.data(), -1, 32, w.data(), DType::f32, 4, nullptr);
       },
       "M=-1");
+}
+
+// The two SIMD kernels called directly: Highway everywhere, AVX2 where the CPU has it.
+std::vector<std::pair<std::string, MatmulWtFn>> simd_kernels() {
+  std::vector<std::pair<std::string, MatmulWtFn>> k = {{"highway", cpu::matmul_wt_highway}};
+  if (cpu::quant_avx2_supported()) k.emplace_back("avx2", cpu::matmul_wt_avx2);
+  return k;
+}
+
+TEST(Quant, EachKernelMatchesReferenceOverTileEdges) {
+  // M covers row groups of 4 and tails 1-3; N covers weight-row tiles and their tails; K covers
+  // q4_1's 8-block min vectors with and without a tail (nb = 3, 9, 16) and 1-3 super-blocks.
+  for (const auto& [name, fn] : simd_kernels())
+    for (DType t : kAllTypes)
+      for (int64_t M : {1, 2, 3, 4, 5, 8, 11})
+        for (int64_t K : {96, 288, 512, 768}) {
+          if (cpu::act_block_elems(t) == kQK_K && K % kQK_K != 0) continue;
+          for (int64_t N : {1, 7, 37})
+            expect_simd_matches_reference(t, M, K, N, pool(2), name + " N=" + std::to_string(N),
+                                          fn);
+        }
+}
+
+TEST(Quant, Avx2ActivationQuantizerMatchesScalar) {
+  if (!cpu::quant_avx2_supported()) GTEST_SKIP() << "no AVX2";
+  const int64_t M = 3, K = 512;
+  for (int64_t block : {32, 256}) {
+    Buf x = normal_buf(M * K, 1, 81, 3.0f);
+    for (int64_t k = 0; k < 32; ++k) x[k] = 0.0f;  // an all-zero block: d = 0, q = 0
+    // Ties: amax 127 gives d = 1, so x * (1/d) lands on .5 and must round to even.
+    for (int64_t k = 0; k < 32; ++k)
+      x[K + k] = k == 0 ? 127.0f : 0.5f + static_cast<float>(k % 7) - 3.0f;
+    x[2 * K + 300] = std::numeric_limits<float>::infinity();
+    x[2 * K + 40] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<int16_t> q(M * K);
+    std::vector<float> d(M * (K / block));
+    std::vector<int32_t> s32(M * (K / 32));
+    cpu::QuantizedActs ref;
+    ref.M = M, ref.K = K, ref.block = block, ref.q = q.data(), ref.d = d.data();
+    ref.sum32 = s32.data();
+    cpu::quantize_act_rows(x.p, ref, 0, M);
+    const cpu::ActsQ8 a = cpu::acts_q8_buffer(M, K, block);
+    cpu::quantize_acts_q8_avx2(x.p, a, 0, M);
+    for (int64_t i = 0; i < M * K; ++i) ASSERT_EQ(a.q[i], q[i]) << "block " << block << " i=" << i;
+    for (int64_t i = 0; i < M * (K / block); ++i) {
+      if (std::isnan(d[i]))
+        ASSERT_TRUE(std::isnan(a.d[i])) << i;
+      else
+        ASSERT_EQ(a.d[i], d[i]) << i;
+    }
+    for (int64_t g = 0; g < M * (K / 32); ++g) {
+      int32_t lo = 0, hi = 0;
+      for (int j = 0; j < 16; ++j) lo += q[g * 32 + j], hi += q[g * 32 + 16 + j];
+      ASSERT_EQ(a.sum16[2 * g], lo) << g;
+      ASSERT_EQ(a.sum16[2 * g + 1], hi) << g;
+      ASSERT_EQ(a.sum32[g], s32[g]) << g;
+      const float dg = d[g * 32 / block];
+      if (std::isnan(dg)) continue;
+      ASSERT_EQ(a.dsum[g], dg * static_cast<float>(s32[g])) << g;
+    }
+  }
+}
+
+TEST(Quant, Avx2ResultsDoNotDependOnBatchSize) {
+  // Every output's arithmetic is the same in every tile shape: a row of a batch equals the same
+  // row computed alone, bit for bit (batched decode gives the tokens of single decode).
+  if (!cpu::quant_avx2_supported()) GTEST_SKIP() << "no AVX2";
+  const int64_t M = 7, K = 512, N = 23;
+  for (DType t : kAllTypes) {
+    Weights w(t, N, K, 91);
+    const Buf x = normal_buf(M * K, 0, 92);
+    Buf y(M * N, 0), y1(N, 0);
+    cpu::matmul_wt_avx2(pool(2), y.p, N, x.p, M, K, w.p, t, N, nullptr);
+    for (int64_t m = 0; m < M; ++m) {
+      cpu::matmul_wt_avx2(pool(1), y1.p, N, x.p + m * K, 1, K, w.p, t, N, nullptr);
+      ASSERT_EQ(0, std::memcmp(y1.p, y.p + m * N, N * 4)) << dtype_name(t) << " m=" << m;
+    }
+  }
+}
+
+TEST(Quant, ExtremeQuantsDoNotOverflowInt16) {
+  // Largest |quant| times |activation| = 127: the pair sums closest to int16's limit (q8_0's
+  // -128 * -127 twice = 32512). Any saturation would show as a gross error.
+  const int64_t K = 512, N = 3, M = 2;
+  std::vector<float> x(M * K);
+  for (int64_t k = 0; k < K; ++k) x[k] = 1.0f, x[K + k] = (k / 2) % 2 ? -1.0f : 1.0f;
+  for (DType t : kBlockTypes) {
+    const int64_t bb = traits(t).block_bytes, row = dtype_bytes(t, K);
+    std::vector<uint8_t> w(N * row);
+    for (int64_t b = 0; b < N * row / bb; ++b) {
+      uint8_t* blk = w.data() + b * bb;
+      const uint8_t fill = b % 3 == 0 ? 0x80 : b % 3 == 1 ? 0xff : 0x7f;  // -128, all ones, 127
+      std::memset(blk, fill, bb);
+      const uint16_t one = 0x3c00;  // f16 1.0 (q6_k keeps d last, the others first)
+      std::memcpy(t == DType::q6_k ? blk + bb - 2 : blk, &one, 2);
+      if (t == DType::q4_1 || t == DType::q4_k) std::memcpy(blk + 2, &one, 2);
+    }
+    std::vector<float> deq(N * K);
+    to_f32(t, w.data(), deq.data(), N * K);
+    for (const auto& [name, fn] : simd_kernels()) {
+      std::vector<float> y(M * N), yr(M * N);
+      fn(pool(1), y.data(), N, x.data(), M, K, w.data(), t, N, nullptr);
+      cpu::ref::matmul_wt(yr.data(), N, x.data(), M, K, w.data(), t, N, nullptr);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) {
+          double mag = 0;
+          for (int64_t k = 0; k < K; ++k) mag += std::fabs(deq[n * K + k]) + 64;
+          ASSERT_NEAR(y[m * N + n], yr[m * N + n], 1e-5 * mag)
+              << name << " " << dtype_name(t) << " m=" << m << " n=" << n;
+        }
+    }
+  }
 }
 
 }  // namespace

@@ -44,6 +44,29 @@ QuantizedActs act_buffer(int64_t M, int64_t K, int64_t block) {
   return qa;
 }
 
+ActsQ8 acts_q8_buffer(int64_t M, int64_t K, int64_t block) {
+  TS_CHECK(block > 0 && K % block == 0 && block % 32 == 0, "[matmul_wt] K=", K,
+           " is not a multiple of the activation block ", block);
+  // Every array starts on a 64-byte boundary; K is a multiple of 32, so rows of q stay 32-byte
+  // aligned for the kernels' loads.
+  auto words = [](int64_t bytes) { return (bytes + 63) / 64 * 8; };
+  const int64_t wq = words(M * K), wd = words(M * (K / block) * 4), wds = words(M * (K / 32) * 4),
+                w16 = words(M * (K / 16) * 2), w32 = words(M * (K / 32) * 2);
+  thread_local std::vector<int64_t> storage;
+  const size_t need = static_cast<size_t>(wq + wd + wds + w16 + w32 + 8);
+  if (storage.size() < need) storage.resize(need);
+  auto* base = reinterpret_cast<char*>(storage.data());
+  base += (64 - reinterpret_cast<uintptr_t>(base) % 64) % 64;
+  ActsQ8 a;
+  a.M = M, a.K = K, a.block = block;
+  a.q = reinterpret_cast<int8_t*>(base);
+  a.d = reinterpret_cast<float*>(base + wq * 8);
+  a.dsum = reinterpret_cast<float*>(base + (wq + wd) * 8);
+  a.sum16 = reinterpret_cast<int16_t*>(base + (wq + wd + wds) * 8);
+  a.sum32 = reinterpret_cast<int16_t*>(base + (wq + wd + wds + w16) * 8);
+  return a;
+}
+
 void quantize_act_rows(const float* x, const QuantizedActs& qa, int64_t m0, int64_t m1) {
   const int64_t K = qa.K, nb = K / qa.block;
   for (int64_t m = m0; m < m1; ++m) {

@@ -1,5 +1,6 @@
 // Activations quantized on the fly for the int8 dot products of the quantized matmul: one scale
-// per weight block (32 or 256 elements), values kept as int16 so SIMD multiplies widen nothing.
+// per weight block (32 or 256 elements), values kept as int16 (Highway kernels, reference) or as
+// int8 with per-16/32 sums (AVX2 kernels: vpmaddubsw takes 8-bit operands).
 #pragma once
 
 #include <cstdint>
@@ -20,6 +21,22 @@ struct QuantizedActs {
   const int32_t* row_sum32(int64_t m) const { return sum32 + m * (K / 32); }
 };
 
+// The same integers and scales as QuantizedActs, as int8, with the sums the weight offsets and
+// mins need (q4_0's -8, q4_1's and Q4_K's mins, Q6_K's -32). Rows are 64-byte aligned.
+struct ActsQ8 {
+  int64_t M = 0, K = 0, block = 0;
+  int8_t* q = nullptr;       // (M, K)
+  float* d = nullptr;        // (M, K / block)
+  float* dsum = nullptr;     // (M, K / 32): d * sum of q over each 32 elements (q4_1's min term)
+  int16_t* sum16 = nullptr;  // (M, K / 16): sum of q over each 16 elements (|sum| <= 2032)
+  int16_t* sum32 = nullptr;  // (M, K / 32): sum of q over each 32 elements (|sum| <= 4064)
+  const int8_t* row_q(int64_t m) const { return q + m * K; }
+  const float* row_d(int64_t m) const { return d + m * (K / block); }
+  const float* row_dsum(int64_t m) const { return dsum + m * (K / 32); }
+  const int16_t* row_sum16(int64_t m) const { return sum16 + m * (K / 16); }
+  const int16_t* row_sum32(int64_t m) const { return sum32 + m * (K / 32); }
+};
+
 // Elements per activation scale for weights of type t (32 for q8_0/q4_0/q4_1, 256 for
 // k-quants); 0 for float types, which take activations unquantized.
 int64_t act_block_elems(DType t);
@@ -28,6 +45,9 @@ int64_t act_block_elems(DType t);
 // reused across calls (no allocation per call once warm). Valid until the next call on the same
 // thread.
 QuantizedActs act_buffer(int64_t M, int64_t K, int64_t block);
+
+// As act_buffer, for int8 activations (a separate per-thread buffer).
+ActsQ8 acts_q8_buffer(int64_t M, int64_t K, int64_t block);
 
 // Quantizes rows [m0, m1) of x (M, K) into qa: d = max|x| / 127 per block, q = round(x / d).
 // Plain scalar code shared by the reference and SIMD paths, so both see identical integers.

@@ -1,13 +1,15 @@
 // Highway matmul against weights in their stored format (f32/f16/bf16, q8_0, q4_0, q4_1, Q4_K,
-// Q6_K): y = x W^T. Weight blocks are unpacked to int16 in registers and multiplied against
-// int16-held 8-bit activations with pairwise multiply-add (vpmaddwd on x86), exact in int32; each
-// block's sum is scaled in f32. A weight row is decoded once for up to 4 activation rows.
+// Q6_K): y = x W^T, and cpu::matmul_wt's choice between it and the AVX2 kernels. Weight blocks are
+// unpacked to int16 in registers and multiplied against int16-held 8-bit activations with pairwise
+// multiply-add (vpmaddwd on x86), exact in int32; each block's sum is scaled in f32. A weight row
+// is decoded once for up to 4 activation rows.
 #include <algorithm>
 #include <cstring>
 
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/fixed_chunks.h"
 #include "backend/cpu/quant_act.h"
+#include "backend/cpu/quant_matmul_avx2.h"
 #include "backend/cpu/ref/ref_kernels.h"
 
 #undef HWY_TARGET_INCLUDE
@@ -331,6 +333,12 @@ void MatmulRows(float* y, int64_t ldy, const float* x, const QuantizedActs& qa, 
   }
 }
 
+// The Highway target this dispatch runs (a table lookup: hwy::SupportedTargets() would run CPUID,
+// which traps to the hypervisor on a VM, on every call).
+int64_t ChosenTarget() {
+  return HWY_TARGET;
+}
+
 void MatmulWt(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t M, int64_t K,
               const void* w, DType t, int64_t N, const float* bias, const QuantizedActs& qa,
               int64_t rows_per_chunk) {
@@ -349,10 +357,10 @@ HWY_AFTER_NAMESPACE();
 namespace tessera::cpu {
 
 HWY_EXPORT(MatmulWt);
+HWY_EXPORT(ChosenTarget);
 
-void matmul_wt(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t M, int64_t K,
-               const void* w, DType w_type, int64_t N, const float* bias) {
-  ref::check_matmul_wt_args(ldy, M, K, w_type, N);
+void matmul_wt_highway(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t M,
+                       int64_t K, const void* w, DType w_type, int64_t N, const float* bias) {
   if (M == 0 || N == 0) return;
   QuantizedActs qa;
   const int64_t block = act_block_elems(w_type);
@@ -362,11 +370,20 @@ void matmul_wt(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t 
     for_each_chunk(pool, M, 4,
                    [&](int64_t, int64_t m0, int64_t m1) { quantize_act_rows(x, qa, m0, m1); });
   }
-  // Chunks of ~32 KiB of weights: decode (M <= 4) gets dozens of chunks to balance over
-  // threads; prefill keeps a chunk in L2 while all activation row groups pass over it.
-  const int64_t row_bytes = dtype_bytes(w_type, K);
-  const int64_t rows_per_chunk = std::max<int64_t>(4, (int64_t{32} << 10) / row_bytes);
+  const int64_t rows_per_chunk = quant_rows_per_task(M, dtype_bytes(w_type, K), N);
   HWY_DYNAMIC_DISPATCH(MatmulWt)(pool, y, ldy, x, M, K, w, w_type, N, bias, qa, rows_per_chunk);
+}
+
+void matmul_wt(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t M, int64_t K,
+               const void* w, DType w_type, int64_t N, const float* bias) {
+  ref::check_matmul_wt_args(ldy, M, K, w_type, N);
+  // The AVX2 kernels (int8 vpmaddubsw) where the CPU has them, unless Highway's choice was
+  // pinned below AVX2 (tests pin each target to exercise every Highway version). Lower target
+  // bits are the wider x86 targets.
+  static const bool avx2 = quant_avx2_supported();
+  if (avx2 && HWY_DYNAMIC_DISPATCH(ChosenTarget)() <= HWY_AVX2)
+    return matmul_wt_avx2(pool, y, ldy, x, M, K, w, w_type, N, bias);
+  matmul_wt_highway(pool, y, ldy, x, M, K, w, w_type, N, bias);
 }
 
 }  // namespace tessera::cpu

@@ -1,0 +1,147 @@
+// AVX2 matmul against stored-format weights: activation quantization to int8 blocks, the
+// per-format tile loops (quant_avx2_*.cc) and the split of weight rows over threads.
+#include "backend/cpu/quant_matmul_avx2.h"
+
+#include <algorithm>
+
+#include "backend/cpu/cpu_features.h"
+#include "backend/cpu/fixed_chunks.h"
+#include "backend/cpu/quant_avx2_common.h"
+
+namespace tessera::cpu {
+
+namespace avx2 {
+namespace {
+
+// Quantizes the 32 values at xb with inverse scale id (as quantize_act_rows: round to nearest
+// even, clamp to [-127, 127]) into q, and returns the sums of elements 0-15 and 16-31.
+TS_AVX2 inline void quantize32(const float* xb, float id, int8_t* q, int32_t* sum_lo,
+                               int32_t* sum_hi) {
+  const __m256 vid = _mm256_set1_ps(id);
+  const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+  __m256i i[4];
+  for (int k = 0; k < 4; ++k) {
+    const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(xb + 8 * k), vid);
+    const __m256 r = _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    i[k] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi));
+  }
+  // packs work within 128-bit halves: the permute restores element order.
+  const __m256i p =
+      _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
+                      _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  const __m256i h = _mm256_hadd_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
+  const __m256i h2 = _mm256_hadd_epi32(h, h);
+  const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(h2), _mm256_extracti128_si256(h2, 1));
+  *sum_lo = _mm_cvtsi128_si32(s);
+  *sum_hi = _mm_extract_epi32(s, 1);
+}
+
+// max |x| over n (a multiple of 8) values and whether all are finite.
+TS_AVX2 inline float abs_max(const float* xb, int64_t n, bool* finite) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 amax = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+  for (int64_t k = 0; k < n; k += 8) {
+    const __m256 v = _mm256_loadu_ps(xb + k);
+    amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v));
+    // v - v is NaN exactly for infinities and NaN.
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_sub_ps(v, v), _mm256_setzero_ps(), _CMP_NEQ_UQ));
+  }
+  *finite = _mm256_movemask_ps(bad) == 0;
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+TS_AVX2 void quantize_rows(const float* x, const ActsQ8& qa, int64_t m0, int64_t m1) {
+  const int64_t K = qa.K, bs = qa.block, nb = K / bs;
+  for (int64_t m = m0; m < m1; ++m) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* xb = x + m * K + b * bs;
+      bool finite;
+      const float amax = abs_max(xb, bs, &finite);
+      // As quantize_act_rows: a non-finite block gets a NaN scale and zero quants.
+      const float d = finite ? amax / 127.0f : __builtin_nanf("");
+      const float id = finite && d > 0 ? 1.0f / d : 0.0f;
+      qa.d[m * nb + b] = d;
+      for (int64_t g = b * bs / 32; g < (b + 1) * bs / 32; ++g) {
+        int32_t s_lo, s_hi;
+        quantize32(x + m * K + g * 32, id, qa.q + m * K + g * 32, &s_lo, &s_hi);
+        if (!finite) s_lo = s_hi = 0;
+        qa.sum16[m * (K / 16) + 2 * g] = static_cast<int16_t>(s_lo);
+        qa.sum16[m * (K / 16) + 2 * g + 1] = static_cast<int16_t>(s_hi);
+        qa.sum32[m * (K / 32) + g] = static_cast<int16_t>(s_lo + s_hi);
+        qa.dsum[m * (K / 32) + g] = d * static_cast<float>(s_lo + s_hi);
+      }
+      if (!finite) std::fill(qa.q + m * K + b * bs, qa.q + m * K + (b + 1) * bs, int8_t{0});
+    }
+  }
+}
+
+using RowsFn = void (*)(float*, int64_t, int64_t, const float*, int64_t, int64_t, const TileArgs&);
+
+RowsFn rows_fn(DType t) {
+  switch (t) {
+    case DType::q8_0:
+      return rows_q8_0;
+    case DType::q4_0:
+      return rows_q4_0;
+    case DType::q4_1:
+      return rows_q4_1;
+    case DType::q4_k:
+      return rows_q4_k;
+    case DType::q6_k:
+      return rows_q6_k;
+    case DType::f32:
+      return rows_f32;
+    case DType::f16:
+      return rows_f16;
+    default:
+      return rows_bf16;
+  }
+}
+
+}  // namespace
+}  // namespace avx2
+
+bool quant_avx2_supported() {
+  const CpuFeatures& f = cpu_features();
+  return f.avx2 && f.fma && f.f16c;
+}
+
+void quantize_acts_q8_avx2(const float* x, const ActsQ8& qa, int64_t m0, int64_t m1) {
+  avx2::quantize_rows(x, qa, m0, m1);
+}
+
+int64_t quant_rows_per_task(int64_t M, int64_t row_bytes, int64_t N) {
+  // A decode product this small takes a few microseconds on one core, less than waking and
+  // joining another thread (far less than a descheduled one on a loaded machine).
+  if (M <= 4 && N * row_bytes <= (int64_t{128} << 10)) return std::max<int64_t>(N, 1);
+  const int64_t target = M <= 4 ? (int64_t{32} << 10) : (int64_t{64} << 10);
+  return std::max<int64_t>(4, target / row_bytes / 4 * 4);
+}
+
+void matmul_wt_avx2(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t M, int64_t K,
+                    const void* w, DType w_type, int64_t N, const float* bias) {
+  if (M == 0 || N == 0) return;
+  ActsQ8 acts;
+  const int64_t block = act_block_elems(w_type);
+  if (block > 0) {
+    acts = acts_q8_buffer(M, K, block);
+    // A few rows are quantized faster than a hand-off to another thread.
+    if (M <= 4) {
+      quantize_acts_q8_avx2(x, acts, 0, M);
+    } else {
+      for_each_chunk(pool, M, 4, [&](int64_t, int64_t m0, int64_t m1) {
+        quantize_acts_q8_avx2(x, acts, m0, m1);
+      });
+    }
+  }
+  const int64_t row_bytes = dtype_bytes(w_type, K);
+  const avx2::TileArgs args{static_cast<const uint8_t*>(w), row_bytes, &acts, x, K, 0};
+  const avx2::RowsFn rows = avx2::rows_fn(w_type);
+  for_each_chunk(pool, N, quant_rows_per_task(M, row_bytes, N),
+                 [&](int64_t, int64_t n0, int64_t n1) { rows(y, ldy, M, bias, n0, n1, args); });
+}
+
+}  // namespace tessera::cpu

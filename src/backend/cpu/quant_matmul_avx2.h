@@ -1,0 +1,36 @@
+// AVX2 (+FMA, F16C) matmul against weights in their stored format, for CPUs that have it: int8
+// activations and vpmaddubsw for the block formats, F16C widening for f16. cpu::matmul_wt picks
+// it at run time; tests call it and the Highway path directly.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cpu/quant_act.h"
+#include "core/dtype.h"
+#include "core/thread_pool.h"
+
+namespace tessera::cpu {
+
+// True when the CPU runs AVX2, FMA and F16C (the kernels below may be called).
+bool quant_avx2_supported();
+
+// cpu::matmul_wt's contract (arguments already checked), AVX2 kernels. Requires
+// quant_avx2_supported().
+void matmul_wt_avx2(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t M, int64_t K,
+                    const void* w, DType w_type, int64_t N, const float* bias);
+
+// cpu::matmul_wt's contract with the Highway kernels (int16 activations), whatever the CPU.
+void matmul_wt_highway(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t M,
+                       int64_t K, const void* w, DType w_type, int64_t N, const float* bias);
+
+// quantize_act_rows into int8 (the same integers and scales) plus the sums of ActsQ8, AVX2.
+// Requires quant_avx2_supported().
+void quantize_acts_q8_avx2(const float* x, const ActsQ8& qa, int64_t m0, int64_t m1);
+
+// Weight rows per task of the row loop (N rows of row_bytes): decode (M <= 4) products under
+// 128 KiB run as one task, larger ones in ~32 KiB tasks that balance over threads; prefill uses
+// ~64 KiB tasks (a task's weights stay in L2 while all activation rows pass over them). A multiple
+// of 4 rows; depends on the problem only (and results do not depend on it at all).
+int64_t quant_rows_per_task(int64_t M, int64_t row_bytes, int64_t N);
+
+}  // namespace tessera::cpu
