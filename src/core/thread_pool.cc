@@ -31,10 +31,24 @@ ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_.store(true);
-    generation_.fetch_add(1);
+    generation_.fetch_add(2);  // a new generation of the same kind: workers see stop_
   }
   wake_.notify_all();
   for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::record_error() {
+  std::lock_guard<std::mutex> lock(error_mu_);
+  if (!error_) error_ = std::current_exception();
+}
+
+void ThreadPool::publish(uint64_t kind) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const uint64_t counter = (generation_.load(std::memory_order_relaxed) >> 1) + 1;
+    generation_.store((counter << 1) | kind, std::memory_order_release);
+  }
+  wake_.notify_all();
 }
 
 void ThreadPool::worker_loop(int index) {
@@ -52,16 +66,43 @@ void ThreadPool::worker_loop(int index) {
     }
     seen = gen;
     if (stop_.load()) return;
+    if (gen & 1) {
+      claim_chunks(static_cast<uint32_t>(gen >> 1));
+      continue;
+    }
+    // A run job waits for every worker, so job_ stays valid until this one is done.
     try {
       (*job_)(index);
     } catch (...) {
-      std::lock_guard<std::mutex> lock(error_mu_);
-      if (!error_) error_ = std::current_exception();
+      record_error();
     }
     if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       std::lock_guard<std::mutex> lock(mu_);
       done_.notify_one();
     }
+  }
+}
+
+void ThreadPool::claim_chunks(uint32_t epoch) {
+  for (;;) {
+    uint64_t t = ticket_.load(std::memory_order_acquire);
+    if (static_cast<uint32_t>(t >> 32) != epoch) return;  // that loop is over
+    // Read the loop's fields, then claim: if the claim succeeds the ticket was still this
+    // loop's, and the loop cannot finish (nor its fields change) before our chunk is done.
+    const auto* fn = loop_fn_.load(std::memory_order_acquire);
+    const int64_t n = loop_n_.load(std::memory_order_acquire);
+    const int64_t chunk = loop_chunk_.load(std::memory_order_acquire);
+    const int64_t chunks = loop_chunks_.load(std::memory_order_acquire);
+    const auto index = static_cast<int64_t>(t & 0xffffffffu);
+    if (index >= chunks) return;
+    if (!ticket_.compare_exchange_weak(t, t + 1, std::memory_order_acq_rel)) continue;
+    const int64_t begin = index * chunk;
+    try {
+      (*fn)(begin, begin + chunk < n ? begin + chunk : n);
+    } catch (...) {
+      record_error();
+    }
+    loop_done_.fetch_add(1, std::memory_order_acq_rel);
   }
 }
 
@@ -73,11 +114,7 @@ void ThreadPool::run(const std::function<void(int)>& fn) {
   job_ = &fn;
   error_ = nullptr;
   pending_.store(n_threads_ - 1, std::memory_order_release);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    generation_.fetch_add(1, std::memory_order_acq_rel);
-  }
-  wake_.notify_all();
+  publish(0);
   std::exception_ptr mine;
   try {
     fn(0);
@@ -107,14 +144,29 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
   // Aim for ~4 chunks per thread so uneven chunks balance, but never below the grain.
   int64_t chunk = (n + 4 * n_threads_ - 1) / (4 * n_threads_);
   if (chunk < grain) chunk = grain;
-  std::atomic<int64_t> next{0};
-  run([&](int) {
-    for (;;) {
-      const int64_t begin = next.fetch_add(chunk);
-      if (begin >= n) return;
-      fn(begin, begin + chunk < n ? begin + chunk : n);
+  const int64_t chunks = (n + chunk - 1) / chunk;
+  TS_CHECK(chunks < (int64_t{1} << 31), "[threads] parallel_for over too many chunks: ", chunks);
+  error_ = nullptr;
+  loop_fn_.store(&fn, std::memory_order_relaxed);
+  loop_n_.store(n, std::memory_order_relaxed);
+  loop_chunk_.store(chunk, std::memory_order_relaxed);
+  loop_chunks_.store(chunks, std::memory_order_relaxed);
+  loop_done_.store(0, std::memory_order_relaxed);
+  const uint64_t counter = (generation_.load(std::memory_order_relaxed) >> 1) + 1;
+  ticket_.store(static_cast<uint64_t>(static_cast<uint32_t>(counter)) << 32,
+                std::memory_order_release);
+  publish(1);
+  claim_chunks(static_cast<uint32_t>(counter));
+  // Every chunk is claimed; wait for the ones other threads are still running (they are
+  // running, not asleep, so a short spin then yielding is enough).
+  for (int spin = 0; loop_done_.load(std::memory_order_acquire) != chunks; ++spin) {
+    if (spin < kSpinIterations) {
+      cpu_relax();
+    } else {
+      std::this_thread::yield();
     }
-  });
+  }
+  if (error_) std::rethrow_exception(error_);
 }
 
 namespace {

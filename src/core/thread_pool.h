@@ -28,16 +28,30 @@ class ThreadPool {
   void run(const std::function<void(int)>& fn);
 
   // Splits [0, n) into chunks of at least `grain` items handed out dynamically; calls
-  // fn(begin, end) for each. Runs inline when n is small or the pool has one thread.
+  // fn(begin, end) for each. Runs inline when n is small or the pool has one thread. Returns as
+  // soon as every chunk is done: a worker that has not woken up yet is not waited for (on a
+  // loaded machine a descheduled worker can take milliseconds to wake; the caller then simply
+  // does its chunks).
   void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
  private:
   void worker_loop(int index);
+  void publish(uint64_t kind);
+  // Claims and runs chunks of the loop published as `epoch` until none is left.
+  void claim_chunks(uint32_t epoch);
+  void record_error();
 
   int n_threads_;
   std::vector<std::thread> workers_;
   const std::function<void(int)>* job_ = nullptr;
+  // (counter << 1) | kind, kind 0 = run job, 1 = loop; every publication increments counter.
   std::atomic<uint64_t> generation_{0};
+  // The current loop: its chunks are claimed through ticket_ = (epoch << 32) | next chunk, where
+  // epoch is the low 32 bits of the loop's counter; a claim only succeeds for the current epoch,
+  // so a late worker never touches a finished loop's (caller-owned) function.
+  std::atomic<uint64_t> ticket_{0};
+  std::atomic<const std::function<void(int64_t, int64_t)>*> loop_fn_{nullptr};
+  std::atomic<int64_t> loop_n_{0}, loop_chunk_{1}, loop_chunks_{0}, loop_done_{0};
   std::atomic<int> pending_{0};
   std::atomic<bool> stop_{false};
   std::mutex mu_;
