@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: deps configure build test run sanitize bench clean
+.PHONY: deps configure build test run sanitize bench fuzz clean
 
 deps:
 	@bash scripts/install-deps.sh
@@ -15,8 +15,14 @@ configure: deps
 build: configure
 	@cmake --build $(BUILD) -j $(JOBS)
 
+# The unit tests, then each fuzz target for FUZZ_SECONDS over its seed corpus.
+FUZZ_SECONDS ?= 20
 test: build
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	@FUZZ_SECONDS=$(FUZZ_SECONDS) bash scripts/fuzz.sh build-fuzz
+
+fuzz: deps
+	@FUZZ_SECONDS=$(FUZZ_SECONDS) bash scripts/fuzz.sh build-fuzz
 
 run: build
 	@bash scripts/demo.sh $(BUILD)/tessera
@@ -33,6 +39,7 @@ bench: build
 	@$(BUILD)/tessera probe
 	@$(BUILD)/tessera bench gemm
 	@$(BUILD)/tessera bench train
+	@$(BUILD)/tessera bench generate --threads 2 --prompt 512 --gen 128 --batch 1,4,16,64
 
 clean:
-	rm -rf $(BUILD) build-asan
+	rm -rf $(BUILD) build-asan build-fuzz

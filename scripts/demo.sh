@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
-# The main job (`make run`): train a byte-level BPE tokenizer and a small GPT-2 on the fortunes
-# corpus (public domain-ish quotations that Debian's `fortunes` package installs), with samples
+# The main job (`make run`): (1) run the default model (SmolLM2-135M-Instruct, fetched by
+# scripts/install-deps.sh) on a fixed chat prompt, printing its answer and speed, and measure
+# where decode sits on the memory roofline; (2) train a byte-level BPE tokenizer and a small
+# GPT-2 on the fortunes corpus (quotations Debian's `fortunes` package installs), with samples
 # before and after training and the loss curve written as SVG.
 set -euo pipefail
 tessera=${1:-build/tessera}
 out=${DEMO_OUT:-runs/demo}
 steps=${DEMO_STEPS:-600}
+model=${DEMO_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 mkdir -p "$out"
+
+echo "== chat with $model (greedy)"
+"$tessera" generate -m "$model" -p "What is the capital of France, and what is it famous for?" \
+  -n 96 --temperature 0
+echo "== generation speed (tessera bench generate)"
+"$tessera" bench generate -m "$model" --prompt 128 --gen 64 --reps 2 --batch 1,4,16
 
 corpus="$out/corpus.txt"
 if [ ! -s "$corpus" ]; then

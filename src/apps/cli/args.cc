@@ -8,9 +8,23 @@
 
 namespace tessera::cli {
 
+namespace {
+
+// Single-letter spellings of common flags (as llama.cpp-style tools accept them).
+std::string long_name(const std::string& a) {
+  if (a == "-m") return "--model";
+  if (a == "-p") return "--prompt";
+  if (a == "-n") return "--tokens";
+  if (a == "-f") return "--file";
+  if (a == "-t") return "--threads";
+  return a;
+}
+
+}  // namespace
+
 Args::Args(const std::vector<std::string>& argv, const std::set<std::string>& switches) {
   for (size_t i = 0; i < argv.size(); ++i) {
-    const std::string& a = argv[i];
+    const std::string& a = long_name(argv[i]);
     if (a.size() > 2 && a[0] == '-' && a[1] == '-') {
       const auto eq = a.find('=');
       if (eq != std::string::npos) {

@@ -10,16 +10,18 @@ namespace tessera::cli {
 namespace {
 
 int run(const std::vector<std::string>& argv) {
-  TS_CHECK(!argv.empty(), "usage: tessera bench <gemm|train> [flags]");
+  TS_CHECK(!argv.empty(), "usage: tessera bench <gemm|train|generate> [flags]");
   const std::string what = argv[0];
   const std::vector<std::string> rest(argv.begin() + 1, argv.end());
   if (what == "gemm") return bench_gemm(rest);
   if (what == "train") return bench_train(rest);
-  fail("unknown benchmark '", what, "' (known: gemm, train)");
+  if (what == "generate") return bench_generate(rest);
+  fail("unknown benchmark '", what, "' (known: gemm, train, generate)");
 }
 
-const Registrar reg({"bench", "benchmarks: gemm (vs OpenBLAS), train (GPT-2 step time, MFU)",
-                     &run});
+const Registrar reg(
+    {"bench", "benchmarks: gemm (vs OpenBLAS), train (GPT-2 MFU), generate (tokens/s, roofline)",
+     &run});
 
 }  // namespace
 }  // namespace tessera::cli

@@ -1,0 +1,167 @@
+// `tessera bench generate`: prefill and decode speed of a model on this machine, and where they
+// sit on the roofline: decode as weight bytes per token x tokens/s over the probed memory
+// bandwidth, prefill as GFLOP/s over the probed FMA peak; then batched decode for several
+// batch sizes (memory-bound at 1, compute-bound as the batch grows).
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "apps/cli/args.h"
+#include "apps/cli/bench.h"
+#include "apps/cli/infer_flags.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "core/thread_pool.h"
+#include "infer/engine.h"
+#include "profile/probe.h"
+#include "profile/timer.h"
+
+namespace tessera::cli {
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+std::vector<int64_t> parse_list(const std::string& s, const char* flag) {
+  std::vector<int64_t> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    char* end = nullptr;
+    const long long v = std::strtoll(item.c_str(), &end, 10);
+    TS_CHECK(!item.empty() && *end == 0 && v >= 1 && v <= 4096, flag, ": bad batch size '", item,
+             "' (comma-separated integers in [1, 4096])");
+    out.push_back(v);
+  }
+  return out;
+}
+
+int32_t argmax(const float* x, int64_t n) {
+  return static_cast<int32_t>(std::max_element(x, x + n) - x);
+}
+
+// Decode `steps` tokens for each of `batch` sequences that already hold `prompt`; returns the
+// seconds of the decode steps only.
+double timed_decode(infer::Engine& e, const std::vector<int32_t>& seqs, int64_t steps) {
+  const int64_t V = e.config().vocab;
+  std::vector<int32_t> next(seqs.size(), 1);
+  std::vector<infer::Feed> feeds(seqs.size());
+  const profile::Timer t;
+  for (int64_t s = 0; s < steps; ++s) {
+    for (size_t i = 0; i < seqs.size(); ++i) feeds[i] = infer::Feed{seqs[i], {&next[i], 1}, false};
+    const std::vector<float>& logits = e.forward(feeds);
+    for (size_t i = 0; i < seqs.size(); ++i) next[i] = argmax(logits.data() + i * V, V);
+  }
+  return t.seconds();
+}
+
+}  // namespace
+
+int bench_generate(const std::vector<std::string>& argv) {
+  Args a(argv, kInferSwitches);
+  const EngineFlags ef = parse_engine_flags(a);
+  const int64_t prompt_len = a.i64("--prompt", 512, 1, int64_t{1} << 20);
+  const int64_t gen = a.i64("--gen", 128, 1, int64_t{1} << 20);
+  const int64_t reps = a.i64("--reps", 3, 1, 1000);
+  const std::vector<int64_t> batches = parse_list(a.str("--batch", "1"), "--batch");
+  const int64_t batch_prompt = a.i64("--batch-prompt", 32, 1, int64_t{1} << 20);
+  const bool json = a.has("--json");
+  a.finish();
+
+  const LoadedModel m = load_model_and_tokenizer(ef.model_path, ef.mmap);
+  const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
+  EngineFlags sized = ef;
+  if (sized.ctx == 0)
+    sized.ctx = std::min(m.model.config.max_ctx, std::max(prompt_len + gen, batch_prompt + gen));
+  infer::EngineOptions eo = engine_options(sized, m.model, std::max<int64_t>(max_batch, 1));
+  infer::Engine engine(m.model, eo);
+  const int threads = default_pool().size();
+  const profile::MachinePeaks peaks = profile::cached_peaks(threads);
+  const model::DecoderConfig& c = m.model.config;
+
+  Rng rng(1234);
+  std::vector<int32_t> prompt(static_cast<size_t>(prompt_len));
+  for (int32_t& t : prompt) t = static_cast<int32_t>(rng.below(static_cast<uint64_t>(c.vocab)));
+
+  // Prefill of the prompt, then decode of `gen` tokens after it, `reps` times; medians.
+  std::vector<double> prefill_s, decode_s;
+  for (int64_t r = 0; r < reps; ++r) {
+    const int32_t seq = engine.new_sequence();
+    const profile::Timer t;
+    engine.forward({infer::Feed{seq, prompt, false}});
+    prefill_s.push_back(t.seconds());
+    decode_s.push_back(timed_decode(engine, {seq}, gen));
+    engine.free_sequence(seq);
+  }
+  const double prefill_tps = prompt_len / median(prefill_s);
+  const double decode_tps = gen / median(decode_s);
+  const double bytes_per_token = static_cast<double>(m.model.weight_bytes_per_token());
+  const double decode_bw = bytes_per_token * decode_tps / 1e9;
+  // Matmul FLOPs per token (2 per weight of every matrix; the embedding lookup is free).
+  const double matmul_flops =
+      2.0 *
+      static_cast<double>((c.q_dim() * c.d_model * 2 + c.kv_dim() * c.d_model * 2 +
+                           c.d_ff * c.d_model * (c.arch == model::DecoderArch::llama ? 3 : 2)) *
+                              c.n_layers +
+                          c.vocab * c.d_model);
+  const double attn_flops = 4.0 * c.n_layers * c.q_dim() * (prompt_len + 1) / 2.0;
+  const double prefill_gflops = prefill_tps * (matmul_flops + attn_flops) / 1e9;
+
+  struct BatchRow {
+    int64_t batch;
+    double tps;
+  };
+  std::vector<BatchRow> batch_rows;
+  for (int64_t b : batches) {
+    std::vector<int32_t> seqs;
+    std::vector<infer::Feed> feeds;
+    const std::vector<int32_t> p(prompt.begin(),
+                                 prompt.begin() + std::min(batch_prompt, prompt_len));
+    for (int64_t i = 0; i < b; ++i) seqs.push_back(engine.new_sequence());
+    for (int32_t s : seqs) feeds.push_back(infer::Feed{s, p, false});
+    engine.forward(feeds);
+    const double secs = timed_decode(engine, seqs, gen);
+    batch_rows.push_back({b, static_cast<double>(b * gen) / secs});
+    for (int32_t s : seqs) engine.free_sequence(s);
+  }
+
+  if (json) {
+    std::printf(
+        "{\"model\": \"%s\", \"threads\": %d, \"prompt_tokens\": %lld, \"gen_tokens\": %lld, "
+        "\"prefill_tokens_per_s\": %.3f, \"prefill_gflops\": %.2f, "
+        "\"prefill_peak_fraction\": %.4f, \"decode_tokens_per_s\": %.3f, "
+        "\"decode_gbs\": %.3f, \"decode_bandwidth_fraction\": %.4f, "
+        "\"weight_bytes_per_token\": %.0f, \"peak_gbs\": %.2f, \"peak_gflops\": %.1f, "
+        "\"batched\": [",
+        ef.model_path.c_str(), threads, (long long)prompt_len, (long long)gen, prefill_tps,
+        prefill_gflops, prefill_gflops / peaks.f32_gflops_all, decode_tps, decode_bw,
+        decode_bw / peaks.triad_gbs_all, bytes_per_token, peaks.triad_gbs_all,
+        peaks.f32_gflops_all);
+    for (size_t i = 0; i < batch_rows.size(); ++i)
+      std::printf("%s{\"batch\": %lld, \"decode_tokens_per_s\": %.3f}", i ? ", " : "",
+                  (long long)batch_rows[i].batch, batch_rows[i].tps);
+    std::printf("]}\n");
+    return 0;
+  }
+  std::printf("model %s (%s), %d threads; peaks: %.1f GB/s triad, %.1f GFLOP/s f32\n",
+              c.name.c_str(), ef.model_path.c_str(), threads, peaks.triad_gbs_all,
+              peaks.f32_gflops_all);
+  std::printf("prefill %lld tokens: %.1f tokens/s, %.1f GFLOP/s (%.0f%% of peak)\n",
+              (long long)prompt_len, prefill_tps, prefill_gflops,
+              100 * prefill_gflops / peaks.f32_gflops_all);
+  std::printf(
+      "decode %lld tokens: %.1f tokens/s, %.2f GB/s of weights (%.1f MB/token) = %.0f%% of "
+      "bandwidth\n",
+      (long long)gen, decode_tps, decode_bw, bytes_per_token / 1e6,
+      100 * decode_bw / peaks.triad_gbs_all);
+  for (const BatchRow& r : batch_rows)
+    std::printf("batched decode, %4lld sequences: %8.1f tokens/s (%.2fx batch 1)\n",
+                (long long)r.batch, r.tps, r.tps / decode_tps);
+  return 0;
+}
+
+}  // namespace tessera::cli

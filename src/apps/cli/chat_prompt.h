@@ -1,0 +1,25 @@
+// Turns a conversation into prompt tokens with the model's chat template (or raw text), and the
+// stop strings that go with it.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "apps/cli/infer_flags.h"
+#include "model/chat_template.h"
+
+namespace tessera::cli {
+
+struct ChatPrompt {
+  std::string text;
+  std::vector<int32_t> tokens;
+  std::vector<std::string> stop_strings;
+};
+
+// raw: the text of the messages as is (bos first when the model asks for it). Otherwise the
+// format named by `format_override` ("" = recognized from the model's template); `system`
+// replaces the template's default system prompt when non-empty.
+ChatPrompt make_prompt(const LoadedModel& m, const std::vector<model::ChatMessage>& msgs,
+                       const std::string& system, bool raw, const std::string& format_override);
+
+}  // namespace tessera::cli

@@ -1,0 +1,49 @@
+// `tessera convert IN OUT`: a GGUF file to a Hugging Face folder or back (config, weights,
+// tokenizer and chat template); weights keep their stored type where the format allows.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "apps/cli/args.h"
+#include "apps/cli/infer_flags.h"
+#include "apps/cli/model_files.h"
+#include "core/error.h"
+
+namespace tessera::cli {
+namespace {
+
+// The folder type that loses nothing: f32 unless every matrix is already bf16 (or f16).
+DType lossless_folder_dtype(const model::DecoderModel& m) {
+  bool all_bf16 = true, all_f16 = true;
+  for (const model::DecoderLayer& l : m.weights.layers)
+    for (const model::WeightRef* r : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_up, &l.w_down}) {
+      all_bf16 &= r->type == DType::bf16;
+      all_f16 &= r->type == DType::f16;
+    }
+  return all_bf16 ? DType::bf16 : all_f16 ? DType::f16 : DType::f32;
+}
+
+int run(const std::vector<std::string>& argv) {
+  Args a(argv, kInferSwitches);
+  const std::string dtype = a.str("--dtype", "");
+  a.finish();
+  TS_CHECK(a.positional().size() == 2,
+           "usage: tessera convert IN OUT [--dtype f32|bf16|f16] "
+           "(IN, OUT: a .gguf file or a Hugging Face folder)");
+  const std::string& in = a.positional()[0];
+  const std::string& out = a.positional()[1];
+  const LoadedModel m = load_model_and_tokenizer(in, false);
+  const DType folder =
+      dtype.empty() ? lossless_folder_dtype(m.model) : parse_dtype(dtype, "--dtype");
+  save_model(m, m.model, out, folder);
+  std::printf("wrote %s (%s, %lld layers, %.1f MB of weights)\n", out.c_str(),
+              is_gguf_path(out) ? "GGUF" : dtype_name(folder).data(),
+              static_cast<long long>(m.model.config.n_layers),
+              static_cast<double>(m.model.total_weight_bytes()) / 1e6);
+  return 0;
+}
+
+const Registrar reg({"convert", "convert between GGUF and Hugging Face folders", &run});
+
+}  // namespace
+}  // namespace tessera::cli

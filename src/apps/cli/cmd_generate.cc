@@ -1,0 +1,77 @@
+// `tessera generate`: prompt in, text out, streamed as it is decoded; the chat template of the
+// model is applied unless --raw. --batch N decodes N samples of the prompt together.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "apps/cli/args.h"
+#include "apps/cli/chat_prompt.h"
+#include "apps/cli/infer_flags.h"
+#include "core/error.h"
+#include "infer/generate.h"
+
+namespace tessera::cli {
+namespace {
+
+void print_stats(const infer::GenerateResult& r, int64_t sequences, const LoadedModel& m) {
+  const double gen = static_cast<double>(r.tokens.size()) * sequences;
+  const double decode_tps = r.decode_seconds > 0 ? gen / r.decode_seconds : 0;
+  std::fprintf(stderr,
+               "\n[%s] prompt %lld tokens in %.3f s (%.1f tokens/s) | generated %.0f tokens in "
+               "%.3f s (%.1f tokens/s, %.2f GB/s of weights) | finish: %s\n",
+               m.model.config.name.c_str(), static_cast<long long>(r.prompt_tokens),
+               r.prefill_seconds,
+               r.prefill_seconds > 0 ? r.prompt_tokens * sequences / r.prefill_seconds : 0.0, gen,
+               r.decode_seconds, decode_tps,
+               decode_tps / sequences * static_cast<double>(m.model.weight_bytes_per_token()) / 1e9,
+               r.finish_reason.c_str());
+}
+
+int run(const std::vector<std::string>& argv) {
+  Args a(argv, kInferSwitches);
+  const EngineFlags ef = parse_engine_flags(a);
+  const std::string prompt = a.required("--prompt");
+  const int64_t n = a.i64("--tokens", 128, 0, int64_t{1} << 24);
+  const bool raw = a.has("--raw");
+  const std::string system = a.str("--system", "");
+  const std::string format = a.str("--chat-template", "");
+  const std::string stop = a.str("--stop", "");
+  const int64_t batch = a.i64("--batch", 1, 1, 4096);
+  const bool stats = !a.has("--no-stats");
+  infer::GenerateRequest req;
+  req.sampling = parse_sampling_flags(a);
+  a.finish();
+
+  const LoadedModel m = load_model_and_tokenizer(ef.model_path, ef.mmap);
+  const ChatPrompt cp = make_prompt(m, {{"user", prompt}}, system, raw, format);
+  req.prompt = cp.tokens;
+  req.max_new_tokens = n;
+  req.stop_tokens = m.tok.end_of_generation_tokens();
+  req.stop_strings = cp.stop_strings;
+  if (!stop.empty()) req.stop_strings.push_back(stop);
+  infer::Engine engine(m.model, engine_options(ef, m.model, batch));
+
+  if (batch == 1) {
+    if (raw) std::fwrite(prompt.data(), 1, prompt.size(), stdout);
+    const infer::GenerateResult r = infer::generate(engine, m.tok, req, [](std::string_view t) {
+      std::fwrite(t.data(), 1, t.size(), stdout);
+      std::fflush(stdout);
+      return true;
+    });
+    std::fputc('\n', stdout);
+    if (stats) print_stats(r, 1, m);
+    return 0;
+  }
+  std::vector<infer::GenerateRequest> reqs(static_cast<size_t>(batch), req);
+  for (size_t i = 0; i < reqs.size(); ++i) reqs[i].sampling.seed = req.sampling.seed + i;
+  const std::vector<infer::GenerateResult> rs = infer::generate_batch(engine, m.tok, reqs);
+  for (size_t i = 0; i < rs.size(); ++i)
+    std::printf("--- sample %zu (%s)\n%s\n", i, rs[i].finish_reason.c_str(), rs[i].text.c_str());
+  if (stats) print_stats(rs[0], batch, m);
+  return 0;
+}
+
+const Registrar reg({"generate", "generate text from a GGUF file or HF folder (streamed)", &run});
+
+}  // namespace
+}  // namespace tessera::cli

@@ -1,0 +1,61 @@
+// `tessera perplexity`: perplexity of a model on a text file with sliding windows.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "apps/cli/args.h"
+#include "apps/cli/infer_flags.h"
+#include "core/error.h"
+#include "core/file_io.h"
+#include "infer/perplexity.h"
+
+namespace tessera::cli {
+namespace {
+
+int run(const std::vector<std::string>& argv) {
+  Args a(argv, kInferSwitches);
+  const EngineFlags ef = parse_engine_flags(a);
+  const std::string path = a.required("--file");
+  infer::PerplexityOptions po;
+  po.ctx = a.i64("--ctx", 512, 2, int64_t{1} << 24);
+  po.stride = a.i64("--stride", 0, 0, int64_t{1} << 24);
+  po.max_windows = a.i64("--max-windows", 0, 0, int64_t{1} << 40);
+  const bool json = a.has("--json");
+  a.finish();
+
+  const LoadedModel m = load_model_and_tokenizer(ef.model_path, ef.mmap);
+  EngineFlags sized = ef;
+  sized.ctx = po.ctx;
+  infer::EngineOptions eo = engine_options(sized, m.model);
+  eo.max_rows = std::min<int64_t>(po.ctx, 512);
+  infer::Engine engine(m.model, eo);
+  std::vector<int32_t> tokens;
+  if (m.tok.special_tokens().add_bos && m.tok.special_tokens().bos >= 0)
+    tokens.push_back(m.tok.special_tokens().bos);
+  const std::vector<int32_t> text = m.tok.encode_ordinary(read_text_file(path));
+  tokens.insert(tokens.end(), text.begin(), text.end());
+  const infer::PerplexityResult r =
+      infer::perplexity(engine, tokens, po, [&](const infer::PerplexityResult& p) {
+        if (!json)
+          std::fprintf(stderr, "\r[window %lld] %lld tokens, perplexity %.4f", (long long)p.windows,
+                       (long long)p.tokens, p.ppl());
+      });
+  if (json) {
+    std::printf(
+        "{\"model\": \"%s\", \"file\": \"%s\", \"ctx\": %lld, \"tokens\": %lld, "
+        "\"windows\": %lld, \"perplexity\": %.6f, \"seconds\": %.3f}\n",
+        ef.model_path.c_str(), path.c_str(), (long long)po.ctx, (long long)r.tokens,
+        (long long)r.windows, r.ppl(), r.seconds);
+  } else {
+    std::fprintf(stderr, "\n");
+    std::printf("perplexity %.4f over %lld tokens (%lld windows of %lld, %.1f tokens/s)\n", r.ppl(),
+                (long long)r.tokens, (long long)r.windows, (long long)po.ctx,
+                r.seconds > 0 ? r.tokens / r.seconds : 0.0);
+  }
+  return 0;
+}
+
+const Registrar reg({"perplexity", "perplexity of a model on a text file (sliding windows)", &run});
+
+}  // namespace
+}  // namespace tessera::cli

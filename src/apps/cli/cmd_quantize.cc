@@ -1,0 +1,66 @@
+// `tessera quantize IN OUT --type T`: converts every weight matrix to T (q8_0, q4_0, q4_1,
+// q4_k, q6_k, f16, bf16, f32) and reports the error of each tensor against its source values.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "apps/cli/args.h"
+#include "apps/cli/infer_flags.h"
+#include "apps/cli/model_files.h"
+#include "compress/quantize.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+
+namespace tessera::cli {
+namespace {
+
+int run(const std::vector<std::string>& argv) {
+  Args a(argv, {"--keep-embedding", "--quiet"});
+  const DType type = parse_dtype(a.required("--type"), "--type");
+  const bool keep_embedding = a.has("--keep-embedding");
+  const bool quiet = a.has("--quiet");
+  const int64_t threads = a.i64("--threads", 0, 0, 4096);
+  const std::string dtype = a.str("--dtype", "");
+  a.finish();
+  TS_CHECK(a.positional().size() == 2,
+           "usage: tessera quantize IN OUT --type q4_0 (IN, OUT: a .gguf file or an HF folder)");
+  if (threads > 0) set_default_threads(static_cast<int>(threads));
+  const std::string& in = a.positional()[0];
+  const std::string& out = a.positional()[1];
+  const LoadedModel m = load_model_and_tokenizer(in, false);
+  compress::QuantizeOptions qo;
+  qo.type = type;
+  qo.keep_embedding = keep_embedding;
+  std::vector<compress::TensorQuantStats> stats;
+  const model::DecoderModel q = compress::quantize_decoder(m.model, qo, &stats);
+  save_model(m, q, out, dtype.empty() ? type : parse_dtype(dtype, "--dtype"));
+
+  double worst_rel = 0, sum_sq_err = 0, sum_sq_val = 0;
+  std::string worst;
+  for (const compress::TensorQuantStats& s : stats) {
+    const double rel = s.rms_value > 0 ? s.rms_error / s.rms_value : 0;
+    if (!quiet)
+      std::printf("%-28s %5s -> %-5s %10lld  rms err %.3e  max err %.3e  rel rms %.4f\n",
+                  s.name.c_str(), dtype_name(s.from).data(), dtype_name(s.to).data(),
+                  static_cast<long long>(s.elements), s.rms_error, s.max_error, rel);
+    if (rel > worst_rel) worst_rel = rel, worst = s.name;
+    sum_sq_err += s.rms_error * s.rms_error * static_cast<double>(s.elements);
+    sum_sq_val += s.rms_value * s.rms_value * static_cast<double>(s.elements);
+  }
+  std::printf(
+      "%s -> %s (%s): %.1f MB -> %.1f MB of weights; overall rel rms error %.4f, worst "
+      "%s %.4f\n",
+      in.c_str(), out.c_str(), dtype_name(type).data(),
+      static_cast<double>(m.model.total_weight_bytes()) / 1e6,
+      static_cast<double>(q.total_weight_bytes()) / 1e6,
+      sum_sq_val > 0 ? std::sqrt(sum_sq_err / sum_sq_val) : 0.0, worst.c_str(), worst_rel);
+  return 0;
+}
+
+const Registrar reg({"quantize", "quantize a model's weights (q8_0, q4_0, q4_1, q4_k, q6_k, f16)",
+                     &run});
+
+}  // namespace
+}  // namespace tessera::cli

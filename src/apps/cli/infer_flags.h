@@ -1,0 +1,48 @@
+// Flags and loading shared by the inference commands (generate, chat, perplexity, bench
+// generate): the model with its tokenizer, engine options, sampling options.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "apps/cli/args.h"
+#include "infer/engine.h"
+#include "infer/sampler.h"
+#include "model/decoder.h"
+#include "model/tokenizer.h"
+
+namespace tessera::cli {
+
+// The default model that scripts/install-deps.sh fetches.
+inline constexpr const char* kDefaultModel = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+struct LoadedModel {
+  model::DecoderModel model;
+  model::Tokenizer tok;
+  std::string chat_template;  // jinja text the file carries, or empty
+};
+
+// A GGUF file (tokenizer from its metadata) or a Hugging Face folder (tokenizer.json).
+LoadedModel load_model_and_tokenizer(const std::string& path, bool mmap);
+
+struct EngineFlags {
+  std::string model_path;
+  int64_t threads = 0;  // 0: all cores
+  int64_t ctx = 0;      // 0: min(model's context, 4096)
+  bool mmap = false;
+};
+// -m/--model, --threads, --ctx, --mmap (a switch: call Args with it listed).
+EngineFlags parse_engine_flags(Args& a);
+// Applies --threads and builds the engine options for `model` (kv capacity = ctx * sequences).
+infer::EngineOptions engine_options(const EngineFlags& f, const model::DecoderModel& model,
+                                    int64_t sequences = 1);
+
+// --temperature --top-k --top-p --min-p --repeat-penalty --repeat-last-n --frequency-penalty
+// --presence-penalty --seed.
+infer::SamplingParams parse_sampling_flags(Args& a);
+
+// Switches the inference commands accept (for Args' constructor).
+inline const std::set<std::string> kInferSwitches = {"--mmap", "--raw", "--json", "--quiet",
+                                                     "--no-stats"};
+
+}  // namespace tessera::cli
