@@ -32,10 +32,22 @@ TS_AVX2 inline float load_f16(const uint8_t* p) {
 
 // 32 nibbles of 16 bytes as 32 u8 in element order: low nibbles (elements 0-15) then high
 // nibbles (16-31), the q4_0/q4_1 layout.
+// The 16 bytes go to both halves (one broadcast load); the upper half's 32-bit lanes shift
+// right by 4, which brings each byte's high nibble down (the neighbour's bits the shift drags in
+// are masked off).
 TS_AVX2 inline __m256i unpack_nibbles16(const uint8_t* p) {
-  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
-  return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
+  const __m256i both =
+      _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m256i shifted = _mm256_srlv_epi32(both, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
+  return _mm256_and_si256(shifted, _mm256_set1_epi8(0x0f));
+}
+
+// The f16 at p (unaligned) in all 8 lanes as f32, exact: a 16-bit broadcast load and one
+// conversion, no trip through a scalar register.
+TS_AVX2 inline __m256 broadcast_f16(const uint8_t* p) {
+  int16_t h;
+  std::memcpy(&h, p, 2);
+  return _mm256_cvtph_ps(_mm_set1_epi16(h));
 }
 
 // sum over 32 elements of u8 w * i8 x as 8 int32 lanes; pair sums must fit int16 (callers
