@@ -12,11 +12,16 @@
 
 namespace tessera::cli {
 
-LoadedModel load_model_and_tokenizer(const std::string& path, bool mmap) {
+LoadedModel load_model_and_tokenizer(const std::string& path, bool mmap, bool tokenizer_optional) {
   LoadedModel m;
   model::DecoderLoadOptions opts;
   opts.mmap = mmap;
   m.model = model::load_decoder(path, opts);
+  const bool gguf_has_tokenizer = m.model.gguf && m.model.gguf->has("tokenizer.ggml.model");
+  const bool folder_has_tokenizer =
+      !m.model.gguf && file_exists((std::filesystem::path(path) / "tokenizer.json").string());
+  if (tokenizer_optional && !gguf_has_tokenizer && !folder_has_tokenizer) return m;
+  m.has_tokenizer = true;
   if (m.model.gguf) {
     m.tok = model::Tokenizer::from_gguf(*m.model.gguf);
     if (m.model.gguf->has("tokenizer.chat_template"))

@@ -20,10 +20,14 @@ struct LoadedModel {
   model::DecoderModel model;
   model::Tokenizer tok;
   std::string chat_template;  // jinja text the file carries, or empty
+  bool has_tokenizer = false;
 };
 
 // A GGUF file (tokenizer from its metadata) or a Hugging Face folder (tokenizer.json).
-LoadedModel load_model_and_tokenizer(const std::string& path, bool mmap);
+// With tokenizer_optional, a file without one loads (has_tokenizer false): quantize and convert
+// of synthetic benchmark models.
+LoadedModel load_model_and_tokenizer(const std::string& path, bool mmap,
+                                     bool tokenizer_optional = false);
 
 struct EngineFlags {
   std::string model_path;

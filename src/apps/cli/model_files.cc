@@ -19,7 +19,7 @@ void save_model(const LoadedModel& m, const model::DecoderModel& model, const st
                 DType folder_dtype) {
   if (is_gguf_path(path)) {
     model::save_decoder_gguf(model, path, [&](model::GgufWriter& w) {
-      m.tok.to_gguf(w);
+      if (m.has_tokenizer) m.tok.to_gguf(w);
       if (!m.chat_template.empty()) w.set("tokenizer.chat_template", m.chat_template);
     });
     return;
@@ -27,7 +27,8 @@ void save_model(const LoadedModel& m, const model::DecoderModel& model, const st
   TS_CHECK(folder_dtype == DType::f32 || folder_dtype == DType::bf16 || folder_dtype == DType::f16,
            "--dtype ", dtype_name(folder_dtype),
            ": a Hugging Face folder holds f32, bf16 or f16 (write a .gguf for block types)");
-  model::save_decoder_hf(model, path, folder_dtype, m.tok.to_json_text());
+  model::save_decoder_hf(model, path, folder_dtype, m.has_tokenizer ? m.tok.to_json_text() : "");
+  if (!m.has_tokenizer) return;
   nlohmann::json cfg = nlohmann::json::object();
   if (!m.chat_template.empty()) cfg["chat_template"] = m.chat_template;
   const model::SpecialTokens& sp = m.tok.special_tokens();
