@@ -1,0 +1,133 @@
+// The inference commands end to end on the default model: greedy generation, quantize with its
+// error report, GGUF -> HF folder -> GGUF conversion, perplexity, bench generate --json; and
+// one-line errors for bad input.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "nlohmann/json.hpp"
+
+namespace {
+
+const std::string kModel =
+    std::string(TESSERA_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+struct Result {
+  int status = -1;
+  std::string out, err;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+std::string scratch(const std::string& name) {
+  return ::testing::TempDir() + "tessera_infer_cli_" +
+         ::testing::UnitTest::GetInstance()->current_test_info()->name() + "_" + name;
+}
+
+Result run_tessera(const std::string& args) {
+  const std::string out = scratch("out.txt"), err = scratch("err.txt");
+  const std::string cmd = std::string(TESSERA_BINARY_DIR) + "/tessera " + args + " >" + out +
+                          " 2>" + err + " </dev/null";
+  Result r;
+  const int raw = std::system(cmd.c_str());
+  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  r.out = slurp(out);
+  r.err = slurp(err);
+  return r;
+}
+
+class InferCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(std::filesystem::exists(kModel))
+        << "missing " << kModel << ": run scripts/install-deps.sh";
+  }
+};
+
+TEST_F(InferCli, GreedyRawGenerationAnswers) {
+  const Result r = run_tessera("generate -m " + kModel +
+                               " -p 'The capital of France is' -n 6 --temperature 0 --raw "
+                               "--threads 2");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("The capital of France is Paris"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("tokens/s"), std::string::npos) << r.err;
+}
+
+TEST_F(InferCli, ChatTemplateGenerationStopsAtEndOfTurn) {
+  const Result r =
+      run_tessera("generate -m " + kModel +
+                  " -p 'What is the capital of France, and what is it famous for?' -n 96 "
+                  "--temperature 0");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("Paris"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("<|im_end|>"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("finish: stop"), std::string::npos) << r.err;
+}
+
+TEST_F(InferCli, QuantizeConvertAndPerplexity) {
+  const std::string q8 = scratch("q8.gguf"), hf = scratch("hf"), back = scratch("back.gguf");
+  Result r = run_tessera("quantize " + kModel + " " + q8 + " --type q8_0");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("blk.0.ffn_up"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rel rms"), std::string::npos) << r.out;
+  r = run_tessera("convert " + q8 + " " + hf + " --dtype f16");
+  ASSERT_EQ(r.status, 0) << r.err;
+  for (const char* f :
+       {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"})
+    EXPECT_TRUE(std::filesystem::exists(hf + "/" + f)) << f;
+  r = run_tessera("convert " + hf + " " + back);
+  ASSERT_EQ(r.status, 0) << r.err;
+  // The round-tripped model still answers, through its own tokenizer and chat template.
+  r = run_tessera("generate -m " + back +
+                  " -p 'The capital of France is' -n 4 --temperature 0 --raw");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("Paris"), std::string::npos) << r.out;
+  r = run_tessera("perplexity -m " + q8 + " -f " + std::string(TESSERA_SOURCE_DIR) +
+                  "/tests/data/llama/ppl_text.txt --ctx 64 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_GT(j["perplexity"].get<double>(), 1.5);
+  EXPECT_LT(j["perplexity"].get<double>(), 200);
+  std::filesystem::remove_all(hf);
+}
+
+TEST_F(InferCli, BenchGenerateJson) {
+  const Result r = run_tessera("bench generate -m " + kModel +
+                               " --prompt 16 --gen 4 --reps 1 --batch 1,2 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  for (const char* k : {"prefill_tokens_per_s", "decode_tokens_per_s", "decode_bandwidth_fraction"})
+    EXPECT_GT(j[k].get<double>(), 0) << k;
+  EXPECT_EQ(j["batched"].size(), 2u);
+}
+
+TEST_F(InferCli, BadInputIsOneLine) {
+  struct Case {
+    std::string args, mention;
+  };
+  const Case cases[] = {
+      {"generate -m /nonexistent.gguf -p hi", "/nonexistent.gguf"},
+      {"generate -m " + kModel + " -p hi --top-p 0", "--top-p"},
+      {"generate -m " + kModel + " -p hi --chat-template bogus", "--chat-template"},
+      {"quantize " + kModel + " /tmp/x.gguf --type q5_9", "--type"},
+      {"perplexity -m " + kModel + " -f /nonexistent.txt", "/nonexistent.txt"},
+      {"bench generate -m " + kModel + " --batch 0", "--batch"},
+  };
+  for (const Case& c : cases) {
+    const Result r = run_tessera(c.args);
+    EXPECT_NE(r.status, 0) << c.args;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << c.args << ": " << r.err;
+    EXPECT_NE(r.err.find(c.mention), std::string::npos) << c.args << ": " << r.err;
+  }
+}
+
+}  // namespace
