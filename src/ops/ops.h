@@ -124,8 +124,8 @@ enum class RopeLayout : uint8_t { half, interleaved };
 // neither allocate nor evaluate sin/cos. Host memory.
 struct RopeTable {
   int64_t max_pos = 0, rotary_dim = 0;
-  double theta = 0;                // 0 when built from explicit frequencies
-  std::vector<double> inv_freq;    // (R/2) per-pair inverse frequencies (the reference uses these)
+  double theta = 0;              // 0 when built from explicit frequencies
+  std::vector<double> inv_freq;  // (R/2) per-pair inverse frequencies (the reference uses these)
   std::vector<float> cos, sin;
 };
 // Throws on rotary_dim odd or <= 0, max_pos < 0, theta <= 0.
