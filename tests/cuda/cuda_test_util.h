@@ -1,0 +1,55 @@
+// Helpers for CUDA kernel tests: skip with the reason when no device is present, and a small
+// device array that copies to and from host vectors.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <vector>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/device.h"
+
+// Every CUDA test starts with this: on a machine without a GPU the test is reported as SKIPPED
+// (ctest shows it as skipped, never as passed) with the reason printed.
+#define TS_REQUIRE_CUDA_DEVICE()                                                       \
+  do {                                                                                 \
+    if (::tessera::backend::cuda_device_count() == 0)                                  \
+      GTEST_SKIP() << "no CUDA device: " << ::tessera::backend::cuda_device_summary(); \
+  } while (0)
+
+namespace tessera::cuda::test {
+
+// Owns n elements of device memory; plain cudaMalloc so kernel tests do not depend on the pool.
+template <typename T>
+class DeviceArray {
+ public:
+  explicit DeviceArray(size_t n) : n_(n) {
+    TS_CUDA_CHECK(cudaMalloc(&p_, (n ? n : 1) * sizeof(T)));
+    TS_CUDA_CHECK(cudaMemset(p_, 0, (n ? n : 1) * sizeof(T)));
+  }
+  explicit DeviceArray(const std::vector<T>& host) : DeviceArray(host.size()) { upload(host); }
+  ~DeviceArray() { cudaFree(p_); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+
+  void upload(const std::vector<T>& host) {
+    TS_CUDA_CHECK(cudaMemcpy(p_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  std::vector<T> download() const {
+    std::vector<T> host(n_);
+    TS_CUDA_CHECK(cudaDeviceSynchronize());
+    TS_CUDA_CHECK(cudaMemcpy(host.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
+    return host;
+  }
+  T* get() { return p_; }
+  const T* get() const { return p_; }
+  size_t size() const { return n_; }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+}  // namespace tessera::cuda::test
