@@ -20,8 +20,11 @@ class Timer {
   double start_;
 };
 
-// Peak resident set size of this process in bytes (from getrusage).
+// Peak resident set size of this process in bytes since start or the last reset_peak_rss().
 long long peak_rss_bytes();
+// Starts a new peak from the current resident size (Linux /proc/self/clear_refs; no-op elsewhere),
+// so scratch memory freed earlier (the bandwidth probe's arrays) does not count.
+void reset_peak_rss();
 // Current resident set size in bytes (from /proc/self/statm).
 long long current_rss_bytes();
 

@@ -90,6 +90,7 @@ int bench_generate(const std::vector<std::string>& argv) {
   infer::Engine engine(m.model, eo);
   const int threads = default_pool().size();
   const profile::MachinePeaks peaks = profile::cached_peaks(threads);
+  profile::reset_peak_rss();  // the probe's arrays are freed; they are not the model's memory
   const model::DecoderConfig& c = m.model.config;
 
   Rng rng(1234);
