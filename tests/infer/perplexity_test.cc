@@ -56,18 +56,20 @@ TEST(Perplexity, SmolLM2Q8WithinOnePercentOfF16) {
   const model::Tokenizer tok = model::Tokenizer::from_gguf(*src.gguf);
   const std::vector<int32_t> toks = tok.encode_ordinary(
       read_text_file(std::string(TESSERA_SOURCE_DIR) + "/tests/data/llama/ppl_text.txt"));
-  ASSERT_GT(toks.size(), 200u);
+  // About 1200 tokens: on a few hundred the q8/f16 ratio moved by half a percent between builds
+  // (the 8-bit activations make single tokens' losses jumpy); this many averages that out.
+  ASSERT_GT(toks.size(), 1000u);
   auto ppl = [&](DType type) {
     compress::QuantizeOptions qo;
     qo.type = type;
     std::vector<compress::TensorQuantStats> stats;
     const model::DecoderModel m = compress::quantize_decoder(src, qo, &stats);
     EngineOptions o;
-    o.max_ctx = 128;
+    o.max_ctx = 256;
     Engine e(m, o);
     PerplexityOptions po;
-    po.ctx = 128;
-    po.stride = 64;
+    po.ctx = 256;
+    po.stride = 128;
     return perplexity(e, toks, po).ppl();
   };
   const double f16 = ppl(DType::f16), q8 = ppl(DType::q8_0);

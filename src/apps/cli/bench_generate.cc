@@ -98,15 +98,24 @@ int bench_generate(const std::vector<std::string>& argv) {
   for (int32_t& t : prompt) t = static_cast<int32_t>(rng.below(static_cast<uint64_t>(c.vocab)));
 
   // Prefill of the prompt, then decode of `gen` tokens after it, `reps` times; medians.
+  // Where decode time goes (all reps): matmuls, attention, the rest (norms, RoPE, adds, the
+  // cache append, thread hand-offs).
   std::vector<double> prefill_s, decode_s;
+  double split_total = 0, split_matmul = 0, split_attention = 0;
   for (int64_t r = 0; r < reps; ++r) {
     const int32_t seq = engine.new_sequence();
     const profile::Timer t;
     engine.forward({infer::Feed{seq, prompt, false}});
     prefill_s.push_back(t.seconds());
+    engine.reset_stats();
     decode_s.push_back(timed_decode(engine, {seq}, gen));
+    split_total += engine.stats().seconds;
+    split_matmul += engine.stats().matmul_seconds;
+    split_attention += engine.stats().attention_seconds;
     engine.free_sequence(seq);
   }
+  const double frac_matmul = split_matmul / split_total;
+  const double frac_attention = split_attention / split_total;
   const double prefill_tps = prompt_len / median(prefill_s);
   const double decode_tps = gen / median(decode_s);
   const double bytes_per_token = static_cast<double>(m.model.weight_bytes_per_token());
@@ -155,7 +164,9 @@ int bench_generate(const std::vector<std::string>& argv) {
       std::printf("%s{\"batch\": %lld, \"decode_tokens_per_s\": %.3f}", i ? ", " : "",
                   (long long)batch_rows[i].batch, batch_rows[i].tps);
     std::printf(
-        "], \"kv_cache_bytes\": %lld, \"file_weight_bytes\": %lld, \"peak_rss_bytes\": %lld}\n",
+        "], \"decode_time_split\": {\"matmul\": %.4f, \"attention\": %.4f, \"other\": %.4f}, "
+        "\"kv_cache_bytes\": %lld, \"file_weight_bytes\": %lld, \"peak_rss_bytes\": %lld}\n",
+        frac_matmul, frac_attention, 1 - frac_matmul - frac_attention,
         static_cast<long long>(engine.cache().bytes()),
         static_cast<long long>(m.model.total_weight_bytes()),
         static_cast<long long>(profile::peak_rss_bytes()));
@@ -172,6 +183,8 @@ int bench_generate(const std::vector<std::string>& argv) {
       "bandwidth\n",
       (long long)gen, decode_tps, decode_bw, bytes_per_token / 1e6,
       100 * decode_bw / peaks.triad_gbs_all);
+  std::printf("decode time: %.0f%% matmuls, %.0f%% attention, %.0f%% other\n", 100 * frac_matmul,
+              100 * frac_attention, 100 * (1 - frac_matmul - frac_attention));
   for (const BatchRow& r : batch_rows)
     std::printf("batched decode, %4lld sequences: %8.1f tokens/s (%.2fx batch 1)\n",
                 (long long)r.batch, r.tps, r.tps / decode_tps);
