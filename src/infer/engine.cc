@@ -30,6 +30,7 @@ KvCacheShape cache_shape(const model::DecoderConfig& c, const EngineOptions& o) 
   s.n_kv_heads = c.n_kv_heads;
   s.head_dim = c.head_dim;
   s.block_tokens = o.block_tokens;
+  s.type = o.kv_type;
   const int64_t tokens = o.kv_tokens ? o.kv_tokens : o.max_ctx;
   s.n_blocks = (tokens + o.block_tokens - 1) / o.block_tokens;
   return s;
@@ -241,14 +242,15 @@ void Engine::layer(int64_t l, const Row* rows, int64_t n) {
                       c.rope_layout);
   }
   // Append this chunk's keys and values to the cache, then attend.
-  float* base = cache_.layer_base(l);
-  const int64_t stride = cache_.block_stride(), v_off = cache_.half_block_floats();
+  uint8_t* base = cache_.layer_base(l);
+  const int64_t stride = cache_.block_stride(), v_off = cache_.half_block_elems();
+  const int64_t eb = cache_.elem_bytes();
   for (int64_t r = 0; r < n; ++r) {
     const int64_t pos = rows[r].pos;
-    float* blk = base + tables_[r][pos / BT] * stride + (pos % BT) * D;
+    uint8_t* blk = base + (tables_[r][pos / BT] * stride + (pos % BT) * D) * eb;
     for (int64_t g = 0; g < Hkv; ++g) {
-      std::memcpy(blk + g * BT * D, k_.data() + r * KV + g * D, static_cast<size_t>(D) * 4);
-      std::memcpy(blk + v_off + g * BT * D, v_.data() + r * KV + g * D, static_cast<size_t>(D) * 4);
+      from_f32(cache_.type(), k_.data() + r * KV + g * D, blk + g * BT * D * eb, D);
+      from_f32(cache_.type(), v_.data() + r * KV + g * D, blk + (v_off + g * BT * D) * eb, D);
     }
   }
   const profile::Timer attn_timer;
@@ -260,6 +262,7 @@ void Engine::layer(int64_t l, const Row* rows, int64_t n) {
   a.Hkv = Hkv;
   a.D = D;
   a.kv = base;
+  a.kv_type = cache_.type();
   a.block_tokens = BT;
   a.block_stride = stride;
   a.v_offset = v_off;

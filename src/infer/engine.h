@@ -16,11 +16,12 @@
 namespace tessera::infer {
 
 struct EngineOptions {
-  int64_t max_ctx = 4096;     // longest sequence (clamped to nothing: must be <= model's)
-  int64_t kv_tokens = 0;      // cache capacity in tokens over all sequences; 0 = max_ctx
-  int64_t block_tokens = 32;  // cache block size
-  int64_t max_rows = 512;     // token rows per forward chunk (activation buffers are sized by it)
-  ops::Context ctx;           // threads; reference kernels for tests
+  int64_t max_ctx = 4096;      // longest sequence (clamped to nothing: must be <= model's)
+  int64_t kv_tokens = 0;       // cache capacity in tokens over all sequences; 0 = max_ctx
+  int64_t block_tokens = 32;   // cache block size
+  int64_t max_rows = 512;      // token rows per forward chunk (activation buffers are sized by it)
+  DType kv_type = DType::f32;  // KV cache elements: f32, or f16 (half the memory and traffic)
+  ops::Context ctx;            // threads; reference kernels for tests
   // Widen every weight matrix to f32 once at start, so activations are never quantized: the
   // accuracy yardstick for the integer kernels (4-8x the memory, much slower decode).
   bool float_weights = false;

@@ -7,31 +7,33 @@ namespace tessera::infer {
 
 namespace {
 
-size_t checked_floats(const KvCacheShape& s) {
+size_t checked_bytes(const KvCacheShape& s) {
   TS_CHECK(
       s.n_layers > 0 && s.n_kv_heads > 0 && s.head_dim > 0 && s.block_tokens > 0 && s.n_blocks > 0,
       "[kv-cache] every dimension must be positive (layers ", s.n_layers, ", kv heads ",
       s.n_kv_heads, ", head dim ", s.head_dim, ", block ", s.block_tokens, ", blocks ", s.n_blocks,
       ")");
+  TS_CHECK(s.type == DType::f32 || s.type == DType::f16, "[kv-cache] type must be f32 or f16, not ",
+           dtype_name(s.type));
   TS_CHECK(s.n_blocks <= INT32_MAX, "[kv-cache] too many blocks: ", s.n_blocks);
-  const double floats = 2.0 * static_cast<double>(s.n_layers) * s.n_kv_heads * s.head_dim *
-                        s.block_tokens * static_cast<double>(s.n_blocks);
+  const double bytes = 2.0 * static_cast<double>(s.n_layers) * s.n_kv_heads * s.head_dim *
+                       s.block_tokens * static_cast<double>(s.n_blocks) *
+                       static_cast<double>(dtype_bytes(s.type, 1));
   // 1 TiB of cache is beyond any machine this runs on: a sign of a bad --ctx, not a request.
-  TS_CHECK(floats * sizeof(float) < 1099511627776.0, "[kv-cache] ", floats * 4 / (1 << 30),
+  TS_CHECK(bytes < 1099511627776.0, "[kv-cache] ", bytes / (1 << 30),
            " GiB requested; lower --ctx or --batch");
-  return static_cast<size_t>(floats);
+  return static_cast<size_t>(bytes);
 }
 
 }  // namespace
 
-KvCache::KvCache(const KvCacheShape& shape) : shape_(shape), data_(checked_floats(shape)) {
+KvCache::KvCache(const KvCacheShape& shape) : shape_(shape), data_(checked_bytes(shape)) {
   free_.reserve(static_cast<size_t>(shape.n_blocks));
   for (int64_t b = shape.n_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));
 }
 
 int64_t KvCache::bytes_per_token() const {
-  return 2 * shape_.n_layers * shape_.n_kv_heads * shape_.head_dim *
-         static_cast<int64_t>(sizeof(float));
+  return 2 * shape_.n_layers * shape_.n_kv_heads * shape_.head_dim * elem_bytes();
 }
 
 int32_t KvCache::allocate() {

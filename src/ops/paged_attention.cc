@@ -16,6 +16,8 @@ void paged_attention(const Context& ctx, const PagedAttentionArgs& a) {
                a.block_stride >= a.v_offset + a.Hkv * a.block_tokens * a.D,
            "[attention] bad cache layout (block_tokens ", a.block_tokens, ", v_offset ", a.v_offset,
            ", block_stride ", a.block_stride, ")");
+  TS_CHECK(a.kv_type == DType::f32 || a.kv_type == DType::f16,
+           "[attention] KV cache type must be f32 or f16, not ", dtype_name(a.kv_type));
   for (int64_t r = 0; r < a.rows; ++r)
     TS_CHECK(a.n_keys[r] >= 1 && a.block_tables[r] != nullptr, "[attention] row ", r,
              " has no keys");
@@ -30,7 +32,7 @@ OpCost paged_attention_cost(const PagedAttentionArgs& a) {
   for (int64_t r = 0; r < a.rows; ++r) {
     const double keys = static_cast<double>(a.n_keys[r]);
     c.flops += 4.0 * keys * static_cast<double>(a.H * a.D);  // q.k and p.v, 2 flops each
-    c.bytes += 2.0 * keys * static_cast<double>(a.Hkv * a.D) * sizeof(float);
+    c.bytes += 2.0 * keys * static_cast<double>(a.Hkv * a.D) * dtype_bytes(a.kv_type, 1);
   }
   return c;
 }

@@ -106,7 +106,7 @@ TEST(PagedAttention, ReferenceEqualsPlainAttention) {
   for (int64_t h = 0; h < c.H; ++h) {
     std::vector<double> scores;
     for (int64_t j = 0; j < 10; ++j) {
-      const float* k = a.kv + s.tables[0][j / 4] * a.block_stride + (j % 4) * c.D;
+      const float* k = s.kv.data() + s.tables[0][j / 4] * a.block_stride + (j % 4) * c.D;
       double dot = 0;
       for (int64_t d = 0; d < c.D; ++d) dot += a.q[h * c.D + d] * k[d];
       scores.push_back(dot * a.scale);
@@ -118,9 +118,43 @@ TEST(PagedAttention, ReferenceEqualsPlainAttention) {
       double o = 0;
       for (int64_t j = 0; j < 10; ++j)
         o += scores[j] / sum *
-             (a.kv + s.tables[0][j / 4] * a.block_stride + a.v_offset + (j % 4) * c.D)[d];
+             (s.kv.data() + s.tables[0][j / 4] * a.block_stride + a.v_offset + (j % 4) * c.D)[d];
       EXPECT_NEAR(out[h * c.D + d], o, 1e-6);
     }
+  }
+}
+
+// An f16 cache: the SIMD kernel reads the same halves as the reference (so they agree as closely
+// as with f32), and the result moves from the f32 cache's by about the halves' rounding (2^-11
+// relative on each key and value; scores of size ~|q||k|/sqrt(D) move by that fraction).
+TEST(PagedAttention, HalfPrecisionCache) {
+  const Case cases[] = {
+      {3, 9, 3, 64, 32, {33, 64, 100}},
+      {2, 4, 4, 17, 5, {7, 23}},
+      {4, 8, 1, 128, 16, {1, 16, 17, 300}},
+  };
+  for (const Case& c : cases) {
+    PagedSetup s = make(c, 5);
+    std::vector<float> f32_out(s.q.size()), want(s.q.size()), got(s.q.size());
+    s.args.out = f32_out.data();
+    ref::paged_attention(s.args);
+    std::vector<uint16_t> half(s.kv.size());
+    from_f32(DType::f16, s.kv.data(), half.data(), static_cast<int64_t>(half.size()));
+    s.args.kv = half.data();
+    s.args.kv_type = DType::f16;
+    s.args.out = want.data();
+    ref::paged_attention(s.args);
+    for (int threads : {1, 2}) {
+      s.args.out = got.data();
+      paged_attention(test::pool(threads), s.args);
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_NEAR(got[i], want[i], 2e-5 * (1 + std::fabs(want[i])))
+            << "case D=" << c.D << " element " << i << " threads " << threads;
+        ASSERT_NEAR(want[i], f32_out[i], 1e-2 * (1 + std::fabs(f32_out[i])))
+            << "case D=" << c.D << " element " << i;
+      }
+    }
+    EXPECT_NE(want, f32_out) << "the f16 cache was not used";
   }
 }
 

@@ -86,6 +86,34 @@ TEST_P(EngineVsReference, PrefillAndDecodeMatchPlainForward) {
 
 INSTANTIATE_TEST_SUITE_P(Variants, EngineVsReference, ::testing::Values(0, 1, 2, 3));
 
+// An f16 cache holds each key and value to 2^-11 relative; logits of the tiny models (size ~1)
+// then move by well under 1e-2, and the cache takes half the bytes.
+TEST(Engine, HalfPrecisionCacheStaysCloseToReference) {
+  for (int v : {0, 3}) {
+    const model::DecoderModel m = test::make_tiny_model(variant(v));
+    const int64_t V = m.config.vocab;
+    const std::vector<int32_t> toks = tokens_for(21, V, 3);
+    const std::vector<double> want = test::reference_logits(m, toks);
+    EngineOptions o = small_options(false);
+    const int64_t f32_bytes = Engine(m, o).cache().bytes();
+    o.kv_type = DType::f16;
+    Engine e(m, o);
+    EXPECT_EQ(e.cache().bytes() * 2, f32_bytes);
+    const int32_t s = e.new_sequence();
+    std::vector<int32_t> head(toks.begin(), toks.begin() + 13);
+    std::vector<float> last = e.forward({Feed{s, head, false}});
+    expect_close(last.data(), want.data() + 12 * V, V, 1e-2, "prefix");
+    double max_diff = 0;
+    for (size_t t = 13; t < toks.size(); ++t) {
+      last = e.forward({Feed{s, {&toks[t], 1}, false}});
+      expect_close(last.data(), want.data() + t * V, V, 1e-2, "decode");
+      for (int64_t i = 0; i < V; ++i)
+        max_diff = std::max(max_diff, std::fabs(last[i] - want[t * V + i]));
+    }
+    EXPECT_GT(max_diff, 0.0) << "variant " << v;
+  }
+}
+
 // Several sequences of different lengths in one forward give what each gives alone.
 TEST(Engine, BatchedSequencesEqualSeparateOnes) {
   const model::DecoderModel m = test::make_tiny_model(variant(0));

@@ -57,6 +57,9 @@ EngineFlags parse_engine_flags(Args& a) {
   f.threads = a.i64("--threads", 0, 0, 4096);
   f.ctx = a.i64("--ctx", 0, 0, int64_t{1} << 24);
   f.mmap = a.has("--mmap");
+  const std::string kv = a.str("--kv-type", "f16");
+  TS_CHECK(kv == "f16" || kv == "f32", "--kv-type must be f16 or f32, not '", kv, "'");
+  f.kv_type = kv == "f16" ? DType::f16 : DType::f32;
   return f;
 }
 
@@ -68,6 +71,7 @@ infer::EngineOptions engine_options(const EngineFlags& f, const model::DecoderMo
   TS_CHECK(o.max_ctx <= model.config.max_ctx, "--ctx ", o.max_ctx,
            " is longer than the model's context length ", model.config.max_ctx);
   o.kv_tokens = o.max_ctx * sequences;
+  o.kv_type = f.kv_type;
   return o;
 }
 

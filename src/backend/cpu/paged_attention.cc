@@ -54,6 +54,17 @@ void ScaleAccumulate(float* acc, float scale, const float* p, const float* v, in
   }
 }
 
+// dst (n) = src widened from f16.
+void WidenF16(const uint16_t* src, float* dst, int64_t n) {
+  const hn::ScalableTag<float> d;
+  const hn::Rebind<hwy::float16_t, decltype(d)> dh;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(d));
+  const auto* s = reinterpret_cast<const hwy::float16_t*>(src);
+  int64_t i = 0;
+  for (; i + L <= n; i += L) hn::StoreU(hn::PromoteTo(d, hn::LoadU(dh, s + i)), d, dst + i);
+  for (; i < n; ++i) dst[i] = f16_to_f32(src[i]);
+}
+
 // p (n) = exp(s - mx) in place; returns the sum.
 float ExpShiftSum(float* s, float mx, int64_t n) {
   const hn::ScalableTag<float> d;
@@ -76,11 +87,16 @@ float ExpShiftSum(float* s, float mx, int64_t n) {
 void PagedAttention(ThreadPool& pool, const PagedAttentionArgs& a) {
   const int64_t group = a.H / a.Hkv, D = a.D, BT = a.block_tokens;
   pool.parallel_for(a.rows * a.Hkv, 1, [&](int64_t t0, int64_t t1) {
-    thread_local std::vector<float> acc, scores, m, l;
+    thread_local std::vector<float> acc, scores, m, l, kf, vf;
     acc.resize(static_cast<size_t>(group * D));
     scores.resize(static_cast<size_t>(BT));
     m.resize(static_cast<size_t>(group));
     l.resize(static_cast<size_t>(group));
+    const bool f16 = a.kv_type == DType::f16;
+    if (f16) {
+      kf.resize(static_cast<size_t>(BT * D));
+      vf.resize(static_cast<size_t>(BT * D));
+    }
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t r = t / a.Hkv, g = t % a.Hkv, nk = a.n_keys[r];
       std::fill(acc.begin(), acc.end(), 0.0f);
@@ -88,8 +104,20 @@ void PagedAttention(ThreadPool& pool, const PagedAttentionArgs& a) {
       std::fill(l.begin(), l.end(), 0.0f);
       for (int64_t j0 = 0; j0 < nk; j0 += BT) {
         const int64_t count = std::min(BT, nk - j0);
-        const float* kb = a.kv + a.block_tables[r][j0 / BT] * a.block_stride + g * BT * D;
-        const float* vb = kb + a.v_offset;
+        const int64_t k_at = a.block_tables[r][j0 / BT] * a.block_stride + g * BT * D;
+        const float* kb;
+        const float* vb;
+        if (f16) {
+          // Widen the block's keys and values once; every query head of the group reuses them.
+          const auto* h16 = static_cast<const uint16_t*>(a.kv);
+          WidenF16(h16 + k_at, kf.data(), count * D);
+          WidenF16(h16 + k_at + a.v_offset, vf.data(), count * D);
+          kb = kf.data();
+          vb = vf.data();
+        } else {
+          kb = static_cast<const float*>(a.kv) + k_at;
+          vb = kb + a.v_offset;
+        }
         for (int64_t h = 0; h < group; ++h) {
           const float* q = a.q + (r * a.H + g * group + h) * D;
           float mx = m[h];

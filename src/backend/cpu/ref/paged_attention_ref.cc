@@ -9,6 +9,10 @@ namespace tessera::cpu::ref {
 
 void paged_attention(const PagedAttentionArgs& a) {
   const int64_t group = a.H / a.Hkv;
+  auto cache = [&](int64_t i) -> double {
+    if (a.kv_type == DType::f16) return f16_to_f32(static_cast<const uint16_t*>(a.kv)[i]);
+    return static_cast<const float*>(a.kv)[i];
+  };
   std::vector<double> scores, acc(static_cast<size_t>(a.D));
   for (int64_t r = 0; r < a.rows; ++r) {
     const int64_t nk = a.n_keys[r];
@@ -16,14 +20,16 @@ void paged_attention(const PagedAttentionArgs& a) {
     for (int64_t h = 0; h < a.H; ++h) {
       const int64_t g = h / group;
       const float* q = a.q + (r * a.H + h) * a.D;
+      // Element index of key j's row; values sit v_offset elements later.
       auto key = [&](int64_t j) {
         const int64_t block = a.block_tables[r][j / a.block_tokens];
-        return a.kv + block * a.block_stride + (g * a.block_tokens + j % a.block_tokens) * a.D;
+        return block * a.block_stride + (g * a.block_tokens + j % a.block_tokens) * a.D;
       };
       double mx = -INFINITY;
       for (int64_t j = 0; j < nk; ++j) {
         double s = 0;
-        for (int64_t d = 0; d < a.D; ++d) s += static_cast<double>(q[d]) * key(j)[d];
+        const int64_t k = key(j);
+        for (int64_t d = 0; d < a.D; ++d) s += static_cast<double>(q[d]) * cache(k + d);
         scores[static_cast<size_t>(j)] = s * a.scale;
         mx = std::max(mx, scores[static_cast<size_t>(j)]);
       }
@@ -32,8 +38,8 @@ void paged_attention(const PagedAttentionArgs& a) {
       for (int64_t j = 0; j < nk; ++j) {
         const double p = std::exp(scores[static_cast<size_t>(j)] - mx);
         sum += p;
-        const float* v = key(j) + a.v_offset;
-        for (int64_t d = 0; d < a.D; ++d) acc[static_cast<size_t>(d)] += p * v[d];
+        const int64_t v = key(j) + a.v_offset;
+        for (int64_t d = 0; d < a.D; ++d) acc[static_cast<size_t>(d)] += p * cache(v + d);
       }
       float* out = a.out + (r * a.H + h) * a.D;
       for (int64_t d = 0; d < a.D; ++d)
