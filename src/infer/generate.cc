@@ -50,7 +50,13 @@ void check_request(const GenerateRequest& r, int64_t vocab) {
 // string. Returns false when a stop string was found (full_text is then cut there).
 bool advance_text(Live& s, const model::Tokenizer& tok, size_t request,
                   const BatchTextCallback& on_text) {
-  s.full_text = tok.decode(s.result.tokens);
+  // Append the new token's bytes rather than decoding everything again (a long generation would
+  // be quadratic). Until some text exists, decode it all: SentencePiece drops the leading space
+  // of the whole text, which only a full decode knows.
+  if (s.full_text.empty())
+    s.full_text = tok.decode(s.result.tokens);
+  else
+    s.full_text += tok.decode_token(s.result.tokens.back());
   bool stopped = false;
   size_t limit = complete_utf8_prefix(s.full_text);
   for (const std::string& stop : s.req->stop_strings) {

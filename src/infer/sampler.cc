@@ -60,30 +60,43 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
   };
   if (p_.temperature == 0) return std::min_element(cand_.begin(), cand_.end(), better)->id;
 
-  // Top-k (0 = all) as a partial sort; the kept candidates end up sorted best first.
-  const int64_t k = p_.top_k > 0 ? std::min(p_.top_k, V) : V;
-  std::partial_sort(cand_.begin(), cand_.begin() + k, cand_.end(), better);
-  cand_.resize(static_cast<size_t>(k));
-
-  probs_.resize(cand_.size());
-  const float mx = cand_[0].logit;
+  // Top-k (0 = all): the k best, in no particular order yet.
+  if (p_.top_k > 0 && p_.top_k < V) {
+    std::nth_element(cand_.begin(), cand_.begin() + (p_.top_k - 1), cand_.end(), better);
+    cand_.resize(static_cast<size_t>(p_.top_k));
+  }
+  // Probabilities relative to the best candidate (which gets 1) and their total.
+  float mx = cand_[0].logit;
+  for (const Candidate& c : cand_) mx = std::max(mx, c.logit);
+  const float inv_t = 1.0f / p_.temperature;
   double sum = 0;
-  for (size_t i = 0; i < cand_.size(); ++i) {
-    probs_[i] = std::exp((cand_[i].logit - mx) / p_.temperature);
-    sum += probs_[i];
-  }
-  // Top-p: smallest prefix holding top_p of the mass; min-p: relative to the best token.
-  size_t keep = cand_.size();
+  for (const Candidate& c : cand_) sum += std::exp((c.logit - mx) * inv_t);
+  // Min-p drops every candidate below min_p * p(best) = min_p; doing it first leaves few to sort.
+  auto eligible_end = cand_.end();
+  if (p_.min_p > 0)
+    eligible_end = std::partition(cand_.begin(), cand_.end(), [&](const Candidate& c) {
+      return std::exp((c.logit - mx) * inv_t) >= p_.min_p;
+    });
+  const size_t eligible = static_cast<size_t>(eligible_end - cand_.begin());
+  // Top-p: the smallest best-first prefix holding top_p of the mass. Sort a growing prefix
+  // instead of the whole vocabulary: the mass is usually reached within a few dozen tokens.
+  size_t keep = eligible, sorted = 0;
   double mass = 0;
-  for (size_t i = 0; i < cand_.size(); ++i) {
-    mass += probs_[i] / sum;
-    if (mass >= p_.top_p) {
-      keep = i + 1;
-      break;
+  probs_.clear();
+  while (keep == eligible && sorted < eligible) {
+    const size_t next = std::min(eligible, std::max<size_t>(64, sorted * 4));
+    std::partial_sort(cand_.begin() + static_cast<std::ptrdiff_t>(sorted),
+                      cand_.begin() + static_cast<std::ptrdiff_t>(next), eligible_end, better);
+    for (size_t i = sorted; i < next; ++i) {
+      probs_.push_back(std::exp((cand_[i].logit - mx) * inv_t));
+      mass += probs_[i] / sum;
+      if (mass >= p_.top_p) {
+        keep = i + 1;
+        break;
+      }
     }
+    sorted = next;
   }
-  const float floor_p = p_.min_p * probs_[0];
-  while (keep > 1 && probs_[keep - 1] < floor_p) --keep;
 
   double kept = 0;
   for (size_t i = 0; i < keep; ++i) kept += probs_[i];

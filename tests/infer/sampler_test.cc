@@ -2,10 +2,17 @@
 // penalties, and parameter errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
+#include <set>
+
+#include <numeric>
+
 #include <cmath>
 #include <map>
 #include <vector>
 
+#include "core/rng.h"
 #include "infer/sampler.h"
 #include "test_util/expect_error.h"
 
@@ -64,6 +71,44 @@ TEST(Sampler, FiltersKeepExactlyTheRightTokens) {
   SamplingParams mp = plain(1);
   mp.min_p = 0.5f;  // keep p >= 0.5 * 0.4 = 0.2
   EXPECT_EQ(seen(mp), (std::vector<int32_t>{1, 2, 3}));
+}
+
+// A large vocabulary with top-p over all of it: the sampler sorts only a growing best-first
+// prefix; the tokens it can draw must be exactly the top-p set a full sort gives.
+TEST(Sampler, TopPOverALargeVocabularyKeepsTheFullSortSet) {
+  const int64_t V = 3000;
+  std::vector<float> l(static_cast<size_t>(V));
+  Rng rng(3);
+  for (float& x : l) x = 0.5f * rng.normal();
+  for (float top_p : {0.3f, 0.97f}) {
+    std::vector<int32_t> order(static_cast<size_t>(V));
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(),
+              [&](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+    double total = 0;
+    for (float x : l) total += std::exp(static_cast<double>(x - l[order[0]]));
+    std::set<int32_t> want;
+    double mass = 0;
+    for (int32_t id : order) {
+      want.insert(id);
+      mass += std::exp(static_cast<double>(l[id] - l[order[0]])) / total;
+      if (mass >= top_p) break;
+    }
+    SamplingParams p = plain(1);
+    p.top_p = top_p;
+    p.seed = 11;
+    Sampler s(p);
+    std::set<int32_t> seen;
+    for (int i = 0; i < 4000; ++i) {
+      const int32_t t = s.sample(l, {});
+      ASSERT_TRUE(want.count(t)) << "token " << t << " is outside the top-p set at " << top_p;
+      seen.insert(t);
+    }
+    if (top_p > 0.9f) {
+      EXPECT_GT(want.size(), 256u);  // the prefix had to grow several times
+      EXPECT_GT(seen.size(), want.size() / 2);
+    }
+  }
 }
 
 TEST(Sampler, PenaltiesDiscourageRepeats) {
