@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
-#include <unordered_set>
 
 #include "core/error.h"
 #include "ops/paged_attention.h"
@@ -93,10 +92,10 @@ Engine::Engine(const model::DecoderModel& model, const EngineOptions& opts)
 int32_t Engine::new_sequence() {
   for (size_t i = 0; i < seqs_.size(); ++i)
     if (!seqs_[i].live) {
-      seqs_[i] = Sequence{true, 0, {}};
+      seqs_[i] = Sequence{true, 0, -1, {}};
       return static_cast<int32_t>(i);
     }
-  seqs_.push_back(Sequence{true, 0, {}});
+  seqs_.push_back(Sequence{true, 0, -1, {}});
   return static_cast<int32_t>(seqs_.size() - 1);
 }
 
@@ -129,12 +128,14 @@ const std::vector<float>& Engine::forward(const std::vector<Feed>& feeds) {
   const profile::Timer timer;
   const int64_t V = config().vocab, BT = opts_.block_tokens;
   // Validate everything and count blocks before touching the cache.
-  std::unordered_set<int32_t> seen;
+  ++calls_;
   int64_t blocks_needed = 0, rows_total = 0;
   for (const Feed& f : feeds) {
     TS_CHECK(f.seq >= 0 && static_cast<size_t>(f.seq) < seqs_.size() && seqs_[f.seq].live,
              "[engine] no live sequence ", f.seq);
-    TS_CHECK(seen.insert(f.seq).second, "[engine] sequence ", f.seq, " fed twice in one call");
+    TS_CHECK(seqs_[f.seq].fed_in_call != calls_, "[engine] sequence ", f.seq,
+             " fed twice in one call");
+    seqs_[f.seq].fed_in_call = calls_;
     TS_CHECK(!f.tokens.empty(), "[engine] empty feed for sequence ", f.seq);
     for (int32_t t : f.tokens)
       TS_CHECK(t >= 0 && t < V, "[engine] token id ", t, " outside the vocabulary [0, ", V, ")");
@@ -148,7 +149,8 @@ const std::vector<float>& Engine::forward(const std::vector<Feed>& feeds) {
            " more blocks needed, ", cache_.free_blocks(), " free (capacity ",
            cache_.shape().n_blocks * BT, " tokens); raise --ctx or lower the batch");
 
-  std::vector<Row> rows;
+  std::vector<Row>& rows = rows_;
+  rows.clear();
   rows.reserve(static_cast<size_t>(rows_total));
   int64_t logit_rows = 0;
   for (const Feed& f : feeds) {

@@ -68,6 +68,7 @@ class Engine {
   struct Sequence {
     bool live = false;
     int64_t length = 0;
+    int64_t fed_in_call = -1;  // the forward call that last fed it (catches a sequence fed twice)
     std::vector<int32_t> blocks;
   };
   struct Row {
@@ -93,7 +94,9 @@ class Engine {
   std::vector<int32_t> positions_, n_keys_;
   std::vector<const int32_t*> tables_;
   std::vector<float> logits_;
+  std::vector<Row> rows_;  // this call's token rows (kept to reuse its memory)
   int64_t logit_rows_done_ = 0;
+  int64_t calls_ = 0;
   EngineStats stats_;
 };
 
