@@ -184,6 +184,25 @@ void Engine::linear(float* y, const float* x, int64_t n, const WeightRef& w, con
   stats_.matmul_seconds += t.seconds();
 }
 
+void Engine::linear_group(const float* x, int64_t n, std::initializer_list<LinearOut> outs) {
+  const profile::Timer t;
+  ops::WtProduct products[4];
+  int64_t count = 0;
+  int64_t K = 0;
+  for (const LinearOut& o : outs) {
+    ops::WtProduct& p = products[count++];
+    p.y = o.y;
+    p.ldy = o.w->rows();
+    p.w = o.w->data;
+    p.w_type = o.w->type;
+    p.N = o.w->rows();
+    p.bias = o.b && o.b->present() ? static_cast<const float*>(o.b->data) : nullptr;
+    K = o.w->cols();
+  }
+  ops::matmul_wt_group(opts_.ctx, x, n, K, {products, static_cast<size_t>(count)});
+  stats_.matmul_seconds += t.seconds();
+}
+
 void Engine::norm(float* out, const float* inp, int64_t n, const WeightRef& w, const WeightRef& b) {
   const auto* wf = static_cast<const float*>(w.data);
   if (config().arch == DecoderArch::gpt2)
@@ -234,9 +253,9 @@ void Engine::layer(int64_t l, const Row* rows, int64_t n) {
   const int64_t KV = c.kv_dim(), BT = opts_.block_tokens;
 
   norm(xn_.data(), x_.data(), n, w.attn_norm, w.attn_norm_b);
-  linear(q_.data(), xn_.data(), n, w.wq, w.bq);
-  linear(k_.data(), xn_.data(), n, w.wk, w.bk);
-  linear(v_.data(), xn_.data(), n, w.wv, w.bv);
+  // q, k and v read the same input: one grouped product (one hand-off, x quantized once).
+  linear_group(xn_.data(), n,
+               {{q_.data(), &w.wq, &w.bq}, {k_.data(), &w.wk, &w.bk}, {v_.data(), &w.wv, &w.bv}});
   if (c.arch == DecoderArch::llama) {
     ops::rope_forward(ctx, q_.data(), q_.data(), rope_, positions_.data(), 0, 1, n, H, D,
                       c.rope_layout);
@@ -278,8 +297,8 @@ void Engine::layer(int64_t l, const Row* rows, int64_t n) {
   ops::add(ctx, x_.data(), x_.data(), tmp_.data(), n * C);
   norm(xn_.data(), x_.data(), n, w.ffn_norm, w.ffn_norm_b);
   if (c.arch == DecoderArch::llama) {
-    linear(ff_a_.data(), xn_.data(), n, w.w_gate, {});
-    linear(ff_b_.data(), xn_.data(), n, w.w_up, {});
+    linear_group(xn_.data(), n,
+                 {{ff_a_.data(), &w.w_gate, nullptr}, {ff_b_.data(), &w.w_up, nullptr}});
     ops::swiglu_forward(ctx, ff_a_.data(), ff_a_.data(), ff_b_.data(), n, c.d_ff);
   } else {
     linear(ff_a_.data(), xn_.data(), n, w.w_up, w.b_up);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <span>
 #include <vector>
 
@@ -81,6 +82,13 @@ class Engine {
   void layer(int64_t l, const Row* rows, int64_t n);
   void linear(float* y, const float* x, int64_t n, const model::WeightRef& w,
               const model::WeightRef& bias);
+  // Several linears of the same input x (n rows); each out gets x W^T [+ b].
+  struct LinearOut {
+    float* y;
+    const model::WeightRef* w;
+    const model::WeightRef* b;  // may be null
+  };
+  void linear_group(const float* x, int64_t n, std::initializer_list<LinearOut> outs);
   void norm(float* out, const float* inp, int64_t n, const model::WeightRef& w,
             const model::WeightRef& b);
 

@@ -18,6 +18,22 @@ void matmul_wt(const Context& ctx, float* y, int64_t ldy, const float* x, int64_
   cpu::matmul_wt(ctx.threads(), y, ldy, x, M, K, w, w_type, N, bias);
 }
 
+void matmul_wt_group(const Context& ctx, const float* x, int64_t M, int64_t K,
+                     std::span<const WtProduct> products) {
+  for (const WtProduct& p : products) {
+    cpu::ref::check_matmul_wt_args(p.ldy, M, K, p.w_type, p.N);
+    TS_CHECK(M * p.N == 0 || (p.y && x && p.w), "[matmul_wt] null y, x or w");
+  }
+  if (ctx.device == Device::cuda) backend::require_cuda("matmul_wt_group");
+  if (ctx.reference) {
+    for (const WtProduct& p : products)
+      cpu::ref::matmul_wt(p.y, p.ldy, x, M, K, p.w, p.w_type, p.N, p.bias);
+    return;
+  }
+  cpu::matmul_wt_group(ctx.threads(), x, M, K, products.data(),
+                       static_cast<int64_t>(products.size()));
+}
+
 OpCost matmul_wt_cost(int64_t M, int64_t K, int64_t N, DType w_type, bool bias) {
   OpCost c;
   c.flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) +

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
+#include "backend/cpu/wt_product.h"
 #include "core/dtype.h"
 #include "ops/context.h"
 #include "ops/ops.h"
@@ -18,6 +20,13 @@ namespace tessera::ops {
 // Results do not depend on the thread count.
 void matmul_wt(const Context& ctx, float* y, int64_t ldy, const float* x, int64_t M, int64_t K,
                const void* w, DType w_type, int64_t N, const float* bias = nullptr);
+// Several products of the same x (M,K), e.g. a layer's q/k/v or gate/up projections: each y
+// equals what matmul_wt gives alone, bit for bit, but x is quantized once and the rows of all
+// products are shared out over the threads together (small matrices no longer leave a thread
+// idle, and there is one hand-off instead of several).
+using WtProduct = cpu::WtProduct;
+void matmul_wt_group(const Context& ctx, const float* x, int64_t M, int64_t K,
+                     std::span<const WtProduct> products);
 // flops = 2 M N K (+ M N with a bias); bytes = W once + x + y (decode reads every weight once).
 OpCost matmul_wt_cost(int64_t M, int64_t K, int64_t N, DType w_type, bool bias = false);
 

@@ -274,6 +274,55 @@ TEST(Quant, ThreadCountDoesNotChangeResults) {
   }
 }
 
+// A grouped product (q/k/v, gate/up) gives each output exactly what matmul_wt gives alone:
+// small groups (run on the caller), large ones (rows of all products shared over threads), a
+// bias on one product, strided y, and a group of mixed types (separate quantizations of x).
+TEST(Quant, GroupedProductsEqualSeparateOnes) {
+  struct Case {
+    int64_t K;
+    std::vector<std::pair<DType, int64_t>> products;  // type, N
+  };
+  std::vector<Case> cases;
+  for (DType t : kAllTypes) {
+    cases.push_back({256, {{t, 9}, {t, 5}, {t, 5}}});       // small: one task each
+    cases.push_back({2048, {{t, 301}, {t, 77}, {t, 77}}});  // large: shared rows
+  }
+  cases.push_back({512, {{DType::q4_k, 260}, {DType::q6_k, 130}, {DType::q8_0, 130}}});
+  cases.push_back({512, {{DType::f16, 260}, {DType::q4_0, 130}}});
+  for (const Case& c : cases)
+    for (int64_t M : {1, 3, 6}) {
+      const Buf x = normal_buf(M * c.K, 0, 81);
+      const Buf bias = normal_buf(512, 0, 82);
+      std::vector<Weights> ws;
+      std::vector<Buf> want, got;
+      std::vector<cpu::WtProduct> products;
+      ws.reserve(c.products.size());
+      want.reserve(c.products.size());
+      got.reserve(c.products.size());
+      for (size_t i = 0; i < c.products.size(); ++i) {
+        const auto [t, N] = c.products[i];
+        ws.emplace_back(t, N, c.K, 83 + i);
+        const int64_t ldy = N + 3;
+        want.emplace_back(M * ldy, 0);
+        got.emplace_back(M * ldy, 0);
+      }
+      for (size_t i = 0; i < c.products.size(); ++i) {
+        const auto [t, N] = c.products[i];
+        const float* b = i == 1 ? bias.p : nullptr;
+        cpu::matmul_wt(pool(2), want[i].p, N + 3, x.p, M, c.K, ws[i].p, t, N, b);
+        products.push_back({got[i].p, N + 3, ws[i].p, t, N, b});
+      }
+      for (int threads : {1, 2, 3}) {
+        cpu::matmul_wt_group(pool(threads), x.p, M, c.K, products.data(),
+                             static_cast<int64_t>(products.size()));
+        for (size_t i = 0; i < products.size(); ++i)
+          ASSERT_EQ(0, std::memcmp(want[i].p, got[i].p, M * (products[i].N + 3) * 4))
+              << dtype_name(products[i].w_type) << " product " << i << " M=" << M
+              << " threads=" << threads;
+      }
+    }
+}
+
 TEST(Quant, NonFiniteActivationsPropagate) {
   const int64_t K = 256, N = 3;
   for (DType t : kBlockTypes) {

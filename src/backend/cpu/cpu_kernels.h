@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "backend/cpu/wt_product.h"
 #include "core/thread_pool.h"
 #include "ops/ops.h"
 
@@ -59,5 +60,9 @@ void swiglu_backward(ThreadPool& pool, float* dgate, float* dup, const float* do
 // larger M reuses each decoded weight block across 4 activation rows.
 void matmul_wt(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t M, int64_t K,
                const void* w, DType w_type, int64_t N, const float* bias);
+// Several products of one x (cpu/wt_product.h), each equal to matmul_wt's bit for bit; x is
+// quantized once and all rows are shared out in one hand-off where the kernels allow.
+void matmul_wt_group(ThreadPool& pool, const float* x, int64_t M, int64_t K,
+                     const WtProduct* products, int64_t n_products);
 
 }  // namespace tessera::cpu

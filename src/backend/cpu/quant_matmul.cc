@@ -386,5 +386,18 @@ void matmul_wt(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t 
   matmul_wt_highway(pool, y, ldy, x, M, K, w, w_type, N, bias);
 }
 
+void matmul_wt_group(ThreadPool& pool, const float* x, int64_t M, int64_t K,
+                     const WtProduct* products, int64_t n_products) {
+  for (int64_t p = 0; p < n_products; ++p)
+    ref::check_matmul_wt_args(products[p].ldy, M, K, products[p].w_type, products[p].N);
+  static const bool avx2 = quant_avx2_supported();
+  if (avx2 && HWY_DYNAMIC_DISPATCH(ChosenTarget)() <= HWY_AVX2)
+    return matmul_wt_group_avx2(pool, x, M, K, products, n_products);
+  for (int64_t p = 0; p < n_products; ++p) {
+    const WtProduct& w = products[p];
+    matmul_wt_highway(pool, w.y, w.ldy, x, M, K, w.w, w.w_type, w.N, w.bias);
+  }
+}
+
 }  // namespace tessera::cpu
 #endif  // HWY_ONCE

@@ -3,6 +3,7 @@
 #include "backend/cpu/quant_matmul_avx2.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/fixed_chunks.h"
@@ -142,6 +143,62 @@ void matmul_wt_avx2(ThreadPool& pool, float* y, int64_t ldy, const float* x, int
   const avx2::RowsFn rows = avx2::rows_fn(w_type);
   for_each_chunk(pool, N, quant_rows_per_task(M, row_bytes, N),
                  [&](int64_t, int64_t n0, int64_t n1) { rows(y, ldy, M, bias, n0, n1, args); });
+}
+
+void matmul_wt_group_avx2(ThreadPool& pool, const float* x, int64_t M, int64_t K,
+                          const WtProduct* products, int64_t n_products) {
+  if (M == 0 || n_products == 0) return;
+  // One quantization of x serves the whole group only when every product takes the same
+  // activation blocks (the buffer is per thread, so two layouts cannot live side by side).
+  const int64_t block = act_block_elems(products[0].w_type);
+  int64_t total_bytes = 0;
+  bool shared = true;
+  for (int64_t p = 0; p < n_products; ++p) {
+    shared = shared && act_block_elems(products[p].w_type) == block;
+    total_bytes += products[p].N * dtype_bytes(products[p].w_type, K);
+  }
+  if (!shared || M > 4) {
+    for (int64_t p = 0; p < n_products; ++p) {
+      const WtProduct& w = products[p];
+      matmul_wt_avx2(pool, w.y, w.ldy, x, M, K, w.w, w.w_type, w.N, w.bias);
+    }
+    return;
+  }
+  ActsQ8 acts;
+  if (block > 0) {
+    acts = acts_q8_buffer(M, K, block);
+    quantize_acts_q8_avx2(x, acts, 0, M);
+  }
+  auto run = [&](const WtProduct& w, int64_t n0, int64_t n1) {
+    const avx2::TileArgs args{
+        static_cast<const uint8_t*>(w.w), dtype_bytes(w.w_type, K), &acts, x, K, 0};
+    avx2::rows_fn(w.w_type)(w.y, w.ldy, M, w.bias, n0, n1, args);
+  };
+  // A group small enough for one core runs here (a hand-off would cost more than it saves);
+  // otherwise each product is cut as matmul_wt_avx2 cuts a large one, and the threads share out
+  // the rows of all products in one hand-off.
+  if (total_bytes <= (int64_t{128} << 10)) {
+    for (int64_t p = 0; p < n_products; ++p) run(products[p], 0, products[p].N);
+    return;
+  }
+  struct Task {
+    int64_t p, n0, n1;
+  };
+  thread_local std::vector<Task> tasks;
+  tasks.clear();
+  for (int64_t p = 0; p < n_products; ++p) {
+    const int64_t N = products[p].N;
+    const int64_t rows =
+        std::max<int64_t>(4, (int64_t{32} << 10) / dtype_bytes(products[p].w_type, K) / 4 * 4);
+    for (int64_t n0 = 0; n0 < N; n0 += rows) tasks.push_back({p, n0, std::min(N, n0 + rows)});
+  }
+  const std::vector<Task>& all = tasks;  // the pool's threads read the caller's list
+  for_each_chunk(pool, static_cast<int64_t>(all.size()), 1, [&](int64_t, int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const Task& task = all[static_cast<size_t>(t)];
+      run(products[task.p], task.n0, task.n1);
+    }
+  });
 }
 
 }  // namespace tessera::cpu

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "backend/cpu/quant_act.h"
+#include "backend/cpu/wt_product.h"
 #include "core/dtype.h"
 #include "core/thread_pool.h"
 
@@ -18,6 +19,12 @@ bool quant_avx2_supported();
 // quant_avx2_supported().
 void matmul_wt_avx2(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t M, int64_t K,
                     const void* w, DType w_type, int64_t N, const float* bias);
+
+// cpu::matmul_wt_group's contract (arguments already checked), AVX2 kernels: products whose
+// weights take the same activation blocks share one quantization of x, and all their rows are
+// spread over the threads in one hand-off. Each y equals matmul_wt_avx2's, bit for bit.
+void matmul_wt_group_avx2(ThreadPool& pool, const float* x, int64_t M, int64_t K,
+                          const WtProduct* products, int64_t n_products);
 
 // cpu::matmul_wt's contract with the Highway kernels (int16 activations), whatever the CPU.
 void matmul_wt_highway(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t M,
