@@ -35,6 +35,17 @@ KvCacheShape cache_shape(const model::DecoderConfig& c, const EngineOptions& o) 
   return s;
 }
 
+// Writes one key (D values) as column `dst`'s first element onward, one every `stride` elements.
+void write_key_column(DType type, const float* key, uint8_t* dst, int64_t D, int64_t stride) {
+  if (type == DType::f16) {
+    auto* h = reinterpret_cast<uint16_t*>(dst);
+    for (int64_t d = 0; d < D; ++d) h[d * stride] = f32_to_f16(key[d]);
+  } else {
+    auto* f = reinterpret_cast<float*>(dst);
+    for (int64_t d = 0; d < D; ++d) f[d * stride] = key[d];
+  }
+}
+
 }  // namespace
 
 Engine::Engine(const model::DecoderModel& model, const EngineOptions& opts)
@@ -268,10 +279,15 @@ void Engine::layer(int64_t l, const Row* rows, int64_t n) {
   const int64_t eb = cache_.elem_bytes();
   for (int64_t r = 0; r < n; ++r) {
     const int64_t pos = rows[r].pos;
-    uint8_t* blk = base + (tables_[r][pos / BT] * stride + (pos % BT) * D) * eb;
+    uint8_t* blk = base + tables_[r][pos / BT] * stride * eb;
+    const int64_t t = pos % BT;
     for (int64_t g = 0; g < Hkv; ++g) {
-      from_f32(cache_.type(), k_.data() + r * KV + g * D, blk + g * BT * D * eb, D);
-      from_f32(cache_.type(), v_.data() + r * KV + g * D, blk + (v_off + g * BT * D) * eb, D);
+      // Keys go in transposed, (D, block_tokens) per head (see PagedAttentionArgs::k_transposed);
+      // values as rows.
+      write_key_column(cache_.type(), k_.data() + r * KV + g * D, blk + (g * BT * D + t) * eb, D,
+                       BT);
+      from_f32(cache_.type(), v_.data() + r * KV + g * D, blk + (v_off + g * BT * D + t * D) * eb,
+               D);
     }
   }
   const profile::Timer attn_timer;
@@ -284,6 +300,7 @@ void Engine::layer(int64_t l, const Row* rows, int64_t n) {
   a.D = D;
   a.kv = base;
   a.kv_type = cache_.type();
+  a.k_transposed = true;
   a.block_tokens = BT;
   a.block_stride = stride;
   a.v_offset = v_off;

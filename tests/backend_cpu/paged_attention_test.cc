@@ -75,23 +75,54 @@ TEST(PagedAttention, MatchesReference) {
       {2, 4, 4, 17, 5, {7, 23}},             // odd head dim, no grouping, tiny blocks
       {4, 8, 1, 128, 16, {1, 16, 17, 300}},  // multi-query
   };
-  for (const Case& c : cases) {
-    PagedSetup s = make(c, 42);
-    std::vector<float> want(s.q.size()), got(s.q.size());
-    s.args.out = want.data();
-    ref::paged_attention(s.args);
-    std::vector<float> first;
-    for (int threads : {1, 2, 3}) {
-      std::fill(got.begin(), got.end(), NAN);
-      s.args.out = got.data();
-      paged_attention(test::pool(threads), s.args);
-      for (size_t i = 0; i < got.size(); ++i)
-        ASSERT_NEAR(got[i], want[i], 2e-5 * (1 + std::fabs(want[i])))
-            << "case D=" << c.D << " element " << i << " threads " << threads;
-      if (first.empty()) first = got;
-      EXPECT_EQ(got, first) << "result depends on the thread count";
+  for (const Case& c : cases)
+    for (bool transposed : {false, true}) {
+      PagedSetup s = make(c, 42);
+      s.args.k_transposed = transposed;
+      std::vector<float> want(s.q.size()), got(s.q.size());
+      s.args.out = want.data();
+      ref::paged_attention(s.args);
+      std::vector<float> first;
+      for (int threads : {1, 2, 3}) {
+        std::fill(got.begin(), got.end(), NAN);
+        s.args.out = got.data();
+        paged_attention(test::pool(threads), s.args);
+        for (size_t i = 0; i < got.size(); ++i)
+          ASSERT_NEAR(got[i], want[i], 2e-5 * (1 + std::fabs(want[i])))
+              << "case D=" << c.D << " element " << i << " threads " << threads;
+        if (first.empty()) first = got;
+        EXPECT_EQ(got, first) << "result depends on the thread count";
+      }
     }
-  }
+}
+
+// Keys stored transposed within a block, (Hkv, D, block_tokens), give the same attention as the
+// row layout holding the same keys (checked through the reference, which reads either layout).
+TEST(PagedAttention, TransposedKeysEqualRowKeys) {
+  const Case c{3, 8, 2, 16, 8, {5, 8, 21}};
+  PagedSetup s = make(c, 9);
+  std::vector<float> rows_out(s.q.size()), t_out(s.q.size());
+  s.args.out = rows_out.data();
+  ref::paged_attention(s.args);
+  std::vector<float> t = s.kv;
+  const int64_t nblocks = static_cast<int64_t>(s.kv.size()) / s.args.block_stride;
+  for (int64_t b = 0; b < nblocks; ++b)
+    for (int64_t g = 0; g < c.Hkv; ++g)
+      for (int64_t j = 0; j < c.BT; ++j)
+        for (int64_t d = 0; d < c.D; ++d) {
+          const int64_t head = b * s.args.block_stride + g * c.BT * c.D;
+          t[head + d * c.BT + j] = s.kv[head + j * c.D + d];
+        }
+  s.args.kv = t.data();
+  s.args.k_transposed = true;
+  s.args.out = t_out.data();
+  ref::paged_attention(s.args);
+  for (size_t i = 0; i < t_out.size(); ++i) ASSERT_NEAR(t_out[i], rows_out[i], 1e-6) << i;
+  std::vector<float> simd(s.q.size());
+  s.args.out = simd.data();
+  paged_attention(test::pool(2), s.args);
+  for (size_t i = 0; i < simd.size(); ++i)
+    ASSERT_NEAR(simd[i], rows_out[i], 2e-5 * (1 + std::fabs(rows_out[i]))) << i;
 }
 
 // The reference itself against a direct causal softmax over contiguous keys: a row with n keys
@@ -133,29 +164,31 @@ TEST(PagedAttention, HalfPrecisionCache) {
       {2, 4, 4, 17, 5, {7, 23}},
       {4, 8, 1, 128, 16, {1, 16, 17, 300}},
   };
-  for (const Case& c : cases) {
-    PagedSetup s = make(c, 5);
-    std::vector<float> f32_out(s.q.size()), want(s.q.size()), got(s.q.size());
-    s.args.out = f32_out.data();
-    ref::paged_attention(s.args);
-    std::vector<uint16_t> half(s.kv.size());
-    from_f32(DType::f16, s.kv.data(), half.data(), static_cast<int64_t>(half.size()));
-    s.args.kv = half.data();
-    s.args.kv_type = DType::f16;
-    s.args.out = want.data();
-    ref::paged_attention(s.args);
-    for (int threads : {1, 2}) {
-      s.args.out = got.data();
-      paged_attention(test::pool(threads), s.args);
-      for (size_t i = 0; i < got.size(); ++i) {
-        ASSERT_NEAR(got[i], want[i], 2e-5 * (1 + std::fabs(want[i])))
-            << "case D=" << c.D << " element " << i << " threads " << threads;
-        ASSERT_NEAR(want[i], f32_out[i], 1e-2 * (1 + std::fabs(f32_out[i])))
-            << "case D=" << c.D << " element " << i;
+  for (const Case& c : cases)
+    for (bool transposed : {false, true}) {
+      PagedSetup s = make(c, 5);
+      s.args.k_transposed = transposed;
+      std::vector<float> f32_out(s.q.size()), want(s.q.size()), got(s.q.size());
+      s.args.out = f32_out.data();
+      ref::paged_attention(s.args);
+      std::vector<uint16_t> half(s.kv.size());
+      from_f32(DType::f16, s.kv.data(), half.data(), static_cast<int64_t>(half.size()));
+      s.args.kv = half.data();
+      s.args.kv_type = DType::f16;
+      s.args.out = want.data();
+      ref::paged_attention(s.args);
+      for (int threads : {1, 2}) {
+        s.args.out = got.data();
+        paged_attention(test::pool(threads), s.args);
+        for (size_t i = 0; i < got.size(); ++i) {
+          ASSERT_NEAR(got[i], want[i], 2e-5 * (1 + std::fabs(want[i])))
+              << "case D=" << c.D << " element " << i << " threads " << threads;
+          ASSERT_NEAR(want[i], f32_out[i], 1e-2 * (1 + std::fabs(f32_out[i])))
+              << "case D=" << c.D << " element " << i;
+        }
       }
+      EXPECT_NE(want, f32_out) << "the f16 cache was not used";
     }
-    EXPECT_NE(want, f32_out) << "the f16 cache was not used";
-  }
 }
 
 }  // namespace

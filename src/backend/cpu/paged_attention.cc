@@ -1,7 +1,8 @@
 // Highway paged attention: for each (query row, key/value head) the query heads that share the
-// head walk the sequence's cache blocks once, with an online softmax per head (scores of one
-// block, then one rescale of the running output). One task per (row, kv head) computed by one
-// thread in a fixed order, so results do not depend on the thread count.
+// head walk the sequence's cache blocks, with an online softmax per head (scores of one block,
+// then one rescale of the running output). f16 caches widen on load; keys stored transposed
+// give a block's scores from vertical multiply-adds. Each head is computed by one thread in a
+// fixed order, so results do not depend on the thread count.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -20,49 +21,130 @@ namespace tessera::cpu {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-float Dot(const float* a, const float* b, int64_t n) {
+// Cache elements as f32 vectors: f32 loads directly, f16 widens on the way in.
+template <class D>
+HWY_INLINE hn::Vec<D> LoadKV(D d, const float* p) {
+  return hn::LoadU(d, p);
+}
+template <class D>
+HWY_INLINE hn::Vec<D> LoadKV(D d, const uint16_t* p) {
+  const hn::Rebind<hwy::float16_t, D> dh;
+  return hn::PromoteTo(d, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p)));
+}
+HWY_INLINE float ScalarKV(const float* p) {
+  return *p;
+}
+HWY_INLINE float ScalarKV(const uint16_t* p) {
+  return f16_to_f32(*p);
+}
+
+template <typename T>
+float Dot(const float* a, const T* b, int64_t n) {
   const hn::ScalableTag<float> d;
   const int64_t L = static_cast<int64_t>(hn::Lanes(d));
   auto s0 = hn::Zero(d), s1 = hn::Zero(d);
   int64_t i = 0;
   for (; i + 2 * L <= n; i += 2 * L) {
-    s0 = hn::MulAdd(hn::LoadU(d, a + i), hn::LoadU(d, b + i), s0);
-    s1 = hn::MulAdd(hn::LoadU(d, a + i + L), hn::LoadU(d, b + i + L), s1);
+    s0 = hn::MulAdd(hn::LoadU(d, a + i), LoadKV(d, b + i), s0);
+    s1 = hn::MulAdd(hn::LoadU(d, a + i + L), LoadKV(d, b + i + L), s1);
   }
-  for (; i + L <= n; i += L) s0 = hn::MulAdd(hn::LoadU(d, a + i), hn::LoadU(d, b + i), s0);
+  for (; i + L <= n; i += L) s0 = hn::MulAdd(hn::LoadU(d, a + i), LoadKV(d, b + i), s0);
   float s = hn::GetLane(hn::SumOfLanes(d, hn::Add(s0, s1)));
-  for (; i < n; ++i) s += a[i] * b[i];
+  for (; i < n; ++i) s += a[i] * ScalarKV(b + i);
   return s;
 }
 
-// acc (n) = acc * scale + sum_j p[j] * v[j*n ...]
-void ScaleAccumulate(float* acc, float scale, const float* p, const float* v, int64_t count,
+// scores (count) = scale * q . K[j] for keys stored transposed: kt[d * bt + j]. Keys sit in the
+// vector lanes, so each dimension is one broadcast multiply-add per vector of keys.
+template <typename T>
+void ScoresTransposed(float* scores, const float* q, const T* kt, int64_t bt, int64_t count,
+                      int64_t D, float scale) {
+  const hn::ScalableTag<float> d;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(d));
+  int64_t j = 0;
+  // Four vectors of keys, even and odd dimensions in separate accumulators: eight independent
+  // multiply-add chains hide the FMA latency (one chain over D would wait on it every step).
+  for (; j + 4 * L <= count; j += 4 * L) {
+    auto a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
+    auto b0 = hn::Zero(d), b1 = hn::Zero(d), b2 = hn::Zero(d), b3 = hn::Zero(d);
+    int64_t e = 0;
+    for (; e + 2 <= D; e += 2) {
+      const auto qa = hn::Set(d, q[e]), qb = hn::Set(d, q[e + 1]);
+      const T* ra = kt + e * bt + j;
+      const T* rb = ra + bt;
+      a0 = hn::MulAdd(qa, LoadKV(d, ra), a0);
+      a1 = hn::MulAdd(qa, LoadKV(d, ra + L), a1);
+      a2 = hn::MulAdd(qa, LoadKV(d, ra + 2 * L), a2);
+      a3 = hn::MulAdd(qa, LoadKV(d, ra + 3 * L), a3);
+      b0 = hn::MulAdd(qb, LoadKV(d, rb), b0);
+      b1 = hn::MulAdd(qb, LoadKV(d, rb + L), b1);
+      b2 = hn::MulAdd(qb, LoadKV(d, rb + 2 * L), b2);
+      b3 = hn::MulAdd(qb, LoadKV(d, rb + 3 * L), b3);
+    }
+    if (e < D) {
+      const auto qa = hn::Set(d, q[e]);
+      const T* ra = kt + e * bt + j;
+      a0 = hn::MulAdd(qa, LoadKV(d, ra), a0);
+      a1 = hn::MulAdd(qa, LoadKV(d, ra + L), a1);
+      a2 = hn::MulAdd(qa, LoadKV(d, ra + 2 * L), a2);
+      a3 = hn::MulAdd(qa, LoadKV(d, ra + 3 * L), a3);
+    }
+    const auto sc = hn::Set(d, scale);
+    hn::StoreU(hn::Mul(hn::Add(a0, b0), sc), d, scores + j);
+    hn::StoreU(hn::Mul(hn::Add(a1, b1), sc), d, scores + j + L);
+    hn::StoreU(hn::Mul(hn::Add(a2, b2), sc), d, scores + j + 2 * L);
+    hn::StoreU(hn::Mul(hn::Add(a3, b3), sc), d, scores + j + 3 * L);
+  }
+  for (; j + L <= count; j += L) {
+    auto a0 = hn::Zero(d);
+    for (int64_t e = 0; e < D; ++e)
+      a0 = hn::MulAdd(hn::Set(d, q[e]), LoadKV(d, kt + e * bt + j), a0);
+    hn::StoreU(hn::Mul(a0, hn::Set(d, scale)), d, scores + j);
+  }
+  for (; j < count; ++j) {
+    float a = 0;
+    for (int64_t e = 0; e < D; ++e) a += q[e] * ScalarKV(kt + e * bt + j);
+    scores[j] = a * scale;
+  }
+}
+
+// acc (n) = acc * scale + sum_j p[j] * v[j*n ...]. Four vectors of acc at a time, keys inner:
+// four independent multiply-add chains instead of one that waits on the FMA latency.
+template <typename T>
+void ScaleAccumulate(float* acc, float scale, const float* p, const T* v, int64_t count,
                      int64_t n) {
   const hn::ScalableTag<float> d;
   const int64_t L = static_cast<int64_t>(hn::Lanes(d));
+  const auto sc = hn::Set(d, scale);
   int64_t i = 0;
+  for (; i + 4 * L <= n; i += 4 * L) {
+    auto a0 = hn::Mul(hn::LoadU(d, acc + i), sc), a1 = hn::Mul(hn::LoadU(d, acc + i + L), sc);
+    auto a2 = hn::Mul(hn::LoadU(d, acc + i + 2 * L), sc);
+    auto a3 = hn::Mul(hn::LoadU(d, acc + i + 3 * L), sc);
+    for (int64_t j = 0; j < count; ++j) {
+      const auto pj = hn::Set(d, p[j]);
+      const T* row = v + j * n + i;
+      a0 = hn::MulAdd(pj, LoadKV(d, row), a0);
+      a1 = hn::MulAdd(pj, LoadKV(d, row + L), a1);
+      a2 = hn::MulAdd(pj, LoadKV(d, row + 2 * L), a2);
+      a3 = hn::MulAdd(pj, LoadKV(d, row + 3 * L), a3);
+    }
+    hn::StoreU(a0, d, acc + i);
+    hn::StoreU(a1, d, acc + i + L);
+    hn::StoreU(a2, d, acc + i + 2 * L);
+    hn::StoreU(a3, d, acc + i + 3 * L);
+  }
   for (; i + L <= n; i += L) {
-    auto a = hn::Mul(hn::LoadU(d, acc + i), hn::Set(d, scale));
+    auto a = hn::Mul(hn::LoadU(d, acc + i), sc);
     for (int64_t j = 0; j < count; ++j)
-      a = hn::MulAdd(hn::Set(d, p[j]), hn::LoadU(d, v + j * n + i), a);
+      a = hn::MulAdd(hn::Set(d, p[j]), LoadKV(d, v + j * n + i), a);
     hn::StoreU(a, d, acc + i);
   }
   for (; i < n; ++i) {
     float a = acc[i] * scale;
-    for (int64_t j = 0; j < count; ++j) a += p[j] * v[j * n + i];
+    for (int64_t j = 0; j < count; ++j) a += p[j] * ScalarKV(v + j * n + i);
     acc[i] = a;
   }
-}
-
-// dst (n) = src widened from f16.
-void WidenF16(const uint16_t* src, float* dst, int64_t n) {
-  const hn::ScalableTag<float> d;
-  const hn::Rebind<hwy::float16_t, decltype(d)> dh;
-  const int64_t L = static_cast<int64_t>(hn::Lanes(d));
-  const auto* s = reinterpret_cast<const hwy::float16_t*>(src);
-  int64_t i = 0;
-  for (; i + L <= n; i += L) hn::StoreU(hn::PromoteTo(d, hn::LoadU(dh, s + i)), d, dst + i);
-  for (; i < n; ++i) dst[i] = f16_to_f32(src[i]);
 }
 
 // p (n) = exp(s - mx) in place; returns the sum.
@@ -84,47 +166,42 @@ float ExpShiftSum(float* s, float mx, int64_t n) {
   return total;
 }
 
-void PagedAttention(ThreadPool& pool, const PagedAttentionArgs& a) {
+// Task t covers query row t / (Hkv * parts), KV head (t / parts) % Hkv, and the query heads
+// [h0, h1) of that head's group given by part t % parts. Every head's arithmetic is the same
+// whatever the split, so results do not depend on it (or on the thread count).
+template <typename T>
+void PagedAttentionTyped(ThreadPool& pool, const PagedAttentionArgs& a) {
   const int64_t group = a.H / a.Hkv, D = a.D, BT = a.block_tokens;
-  pool.parallel_for(a.rows * a.Hkv, 1, [&](int64_t t0, int64_t t1) {
-    thread_local std::vector<float> acc, scores, m, l, kf, vf;
+  // Decode has one row: with fewer (row, KV head) pairs than a few per thread, split groups so
+  // the threads share the heads (SmolLM2's 3 KV heads would leave one of 2 threads half idle).
+  const int64_t parts = a.rows * a.Hkv < 8 ? std::min<int64_t>(group, 4) : 1;
+  const T* cache = static_cast<const T*>(a.kv);
+  pool.parallel_for(a.rows * a.Hkv * parts, 1, [&](int64_t t0, int64_t t1) {
+    thread_local std::vector<float> acc, scores, m, l;
     acc.resize(static_cast<size_t>(group * D));
     scores.resize(static_cast<size_t>(BT));
     m.resize(static_cast<size_t>(group));
     l.resize(static_cast<size_t>(group));
-    const bool f16 = a.kv_type == DType::f16;
-    if (f16) {
-      kf.resize(static_cast<size_t>(BT * D));
-      vf.resize(static_cast<size_t>(BT * D));
-    }
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t r = t / a.Hkv, g = t % a.Hkv, nk = a.n_keys[r];
+      const int64_t r = t / (a.Hkv * parts), g = (t / parts) % a.Hkv, part = t % parts;
+      const int64_t h0 = group * part / parts, h1 = group * (part + 1) / parts;
+      const int64_t nk = a.n_keys[r];
       std::fill(acc.begin(), acc.end(), 0.0f);
       std::fill(m.begin(), m.end(), -INFINITY);
       std::fill(l.begin(), l.end(), 0.0f);
       for (int64_t j0 = 0; j0 < nk; j0 += BT) {
         const int64_t count = std::min(BT, nk - j0);
-        const int64_t k_at = a.block_tables[r][j0 / BT] * a.block_stride + g * BT * D;
-        const float* kb;
-        const float* vb;
-        if (f16) {
-          // Widen the block's keys and values once; every query head of the group reuses them.
-          const auto* h16 = static_cast<const uint16_t*>(a.kv);
-          WidenF16(h16 + k_at, kf.data(), count * D);
-          WidenF16(h16 + k_at + a.v_offset, vf.data(), count * D);
-          kb = kf.data();
-          vb = vf.data();
-        } else {
-          kb = static_cast<const float*>(a.kv) + k_at;
-          vb = kb + a.v_offset;
-        }
-        for (int64_t h = 0; h < group; ++h) {
+        const T* kb = cache + a.block_tables[r][j0 / BT] * a.block_stride + g * BT * D;
+        const T* vb = kb + a.v_offset;
+        for (int64_t h = h0; h < h1; ++h) {
           const float* q = a.q + (r * a.H + g * group + h) * D;
-          float mx = m[h];
-          for (int64_t j = 0; j < count; ++j) {
-            scores[j] = Dot(q, kb + j * D, D) * a.scale;
-            mx = std::max(mx, scores[j]);
+          if (a.k_transposed) {
+            ScoresTransposed(scores.data(), q, kb, BT, count, D, a.scale);
+          } else {
+            for (int64_t j = 0; j < count; ++j) scores[j] = Dot(q, kb + j * D, D) * a.scale;
           }
+          float mx = m[h];
+          for (int64_t j = 0; j < count; ++j) mx = std::max(mx, scores[j]);
           const float correction = std::exp(m[h] - mx);  // 0 on the first block (m = -inf)
           const float block_sum = ExpShiftSum(scores.data(), mx, count);
           l[h] = l[h] * correction + block_sum;
@@ -132,13 +209,20 @@ void PagedAttention(ThreadPool& pool, const PagedAttentionArgs& a) {
           ScaleAccumulate(acc.data() + h * D, correction, scores.data(), vb, count, D);
         }
       }
-      for (int64_t h = 0; h < group; ++h) {
+      for (int64_t h = h0; h < h1; ++h) {
         float* out = a.out + (r * a.H + g * group + h) * D;
         const float inv = 1.0f / l[h];
         for (int64_t d = 0; d < D; ++d) out[d] = acc[h * D + d] * inv;
       }
     }
   });
+}
+
+void PagedAttention(ThreadPool& pool, const PagedAttentionArgs& a) {
+  if (a.kv_type == DType::f16)
+    PagedAttentionTyped<uint16_t>(pool, a);
+  else
+    PagedAttentionTyped<float>(pool, a);
 }
 
 }  // namespace HWY_NAMESPACE

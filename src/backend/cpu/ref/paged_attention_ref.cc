@@ -25,11 +25,16 @@ void paged_attention(const PagedAttentionArgs& a) {
         const int64_t block = a.block_tables[r][j / a.block_tokens];
         return block * a.block_stride + (g * a.block_tokens + j % a.block_tokens) * a.D;
       };
+      // Element index of key j's dimension d in either K layout.
+      auto k_elem = [&](int64_t j, int64_t d) {
+        const int64_t block = a.block_tables[r][j / a.block_tokens], t = j % a.block_tokens;
+        const int64_t head = block * a.block_stride + g * a.block_tokens * a.D;
+        return a.k_transposed ? head + d * a.block_tokens + t : head + t * a.D + d;
+      };
       double mx = -INFINITY;
       for (int64_t j = 0; j < nk; ++j) {
         double s = 0;
-        const int64_t k = key(j);
-        for (int64_t d = 0; d < a.D; ++d) s += static_cast<double>(q[d]) * cache(k + d);
+        for (int64_t d = 0; d < a.D; ++d) s += static_cast<double>(q[d]) * cache(k_elem(j, d));
         scores[static_cast<size_t>(j)] = s * a.scale;
         mx = std::max(mx, scores[static_cast<size_t>(j)]);
       }
