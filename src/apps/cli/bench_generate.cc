@@ -120,6 +120,12 @@ int bench_generate(const std::vector<std::string>& argv) {
   const double decode_tps = gen / median(decode_s);
   const double bytes_per_token = static_cast<double>(m.model.weight_bytes_per_token());
   const double decode_bw = bytes_per_token * decode_tps / 1e9;
+  // Attention also reads the cached keys and values of every earlier token: on average
+  // prompt + gen/2 tokens' worth per decode step. Not part of the weight roofline figure, but
+  // part of what the memory system carries (at long contexts, a large part).
+  const double kv_bytes_per_token =
+      static_cast<double>(engine.cache().bytes_per_token()) * (prompt_len + gen / 2.0);
+  const double decode_total_bw = (bytes_per_token + kv_bytes_per_token) * decode_tps / 1e9;
   // Matmul FLOPs per token (2 per weight of every matrix; the embedding lookup is free).
   const double matmul_flops =
       2.0 *
@@ -154,12 +160,13 @@ int bench_generate(const std::vector<std::string>& argv) {
         "\"prefill_tokens_per_s\": %.3f, \"prefill_gflops\": %.2f, "
         "\"prefill_peak_fraction\": %.4f, \"decode_tokens_per_s\": %.3f, "
         "\"decode_gbs\": %.3f, \"decode_bandwidth_fraction\": %.4f, "
-        "\"weight_bytes_per_token\": %.0f, \"peak_gbs\": %.2f, \"peak_gflops\": %.1f, "
+        "\"weight_bytes_per_token\": %.0f, \"kv_bytes_per_token\": %.0f, "
+        "\"decode_total_bandwidth_fraction\": %.4f, \"peak_gbs\": %.2f, \"peak_gflops\": %.1f, "
         "\"batched\": [",
         ef.model_path.c_str(), threads, (long long)prompt_len, (long long)gen, prefill_tps,
         prefill_gflops, prefill_gflops / peaks.f32_gflops_all, decode_tps, decode_bw,
-        decode_bw / peaks.triad_gbs_all, bytes_per_token, peaks.triad_gbs_all,
-        peaks.f32_gflops_all);
+        decode_bw / peaks.triad_gbs_all, bytes_per_token, kv_bytes_per_token,
+        decode_total_bw / peaks.triad_gbs_all, peaks.triad_gbs_all, peaks.f32_gflops_all);
     for (size_t i = 0; i < batch_rows.size(); ++i)
       std::printf("%s{\"batch\": %lld, \"decode_tokens_per_s\": %.3f}", i ? ", " : "",
                   (long long)batch_rows[i].batch, batch_rows[i].tps);
@@ -180,9 +187,10 @@ int bench_generate(const std::vector<std::string>& argv) {
               100 * prefill_gflops / peaks.f32_gflops_all);
   std::printf(
       "decode %lld tokens: %.1f tokens/s, %.2f GB/s of weights (%.1f MB/token) = %.0f%% of "
-      "bandwidth\n",
+      "bandwidth; with the KV cache reads (%.1f MB/token) %.0f%%\n",
       (long long)gen, decode_tps, decode_bw, bytes_per_token / 1e6,
-      100 * decode_bw / peaks.triad_gbs_all);
+      100 * decode_bw / peaks.triad_gbs_all, kv_bytes_per_token / 1e6,
+      100 * decode_total_bw / peaks.triad_gbs_all);
   std::printf("decode time: %.0f%% matmuls, %.0f%% attention, %.0f%% other\n", 100 * frac_matmul,
               100 * frac_attention, 100 * (1 - frac_matmul - frac_attention));
   for (const BatchRow& r : batch_rows)
