@@ -97,6 +97,7 @@ Engine::Engine(const model::DecoderModel& model, const EngineOptions& opts)
   stat_b_.resize(rows);
   positions_.resize(rows);
   n_keys_.resize(rows);
+  first_key_.resize(rows);
   tables_.resize(rows);
 }
 
@@ -238,6 +239,8 @@ void Engine::run_chunk(const Row* rows, int64_t n) {
     }
     positions_[r] = rows[r].pos;
     n_keys_[r] = rows[r].pos + 1;
+    const int64_t W = config().sliding_window;
+    first_key_[r] = static_cast<int32_t>(W > 0 ? std::max<int64_t>(0, rows[r].pos + 1 - W) : 0);
     tables_[r] = seqs_[rows[r].seq].blocks.data();
   }
   for (int64_t l = 0; l < c.n_layers; ++l) layer(l, rows, n);
@@ -306,6 +309,7 @@ void Engine::layer(int64_t l, const Row* rows, int64_t n) {
   a.v_offset = v_off;
   a.block_tables = tables_.data();
   a.n_keys = n_keys_.data();
+  if (c.sliding_window > 0) a.first_key = first_key_.data();
   a.scale = 1.0f / std::sqrt(static_cast<float>(D));
   ops::paged_attention(ctx, a);
   stats_.attention_seconds += attn_timer.seconds();

@@ -99,7 +99,7 @@ class Engine {
   std::vector<Sequence> seqs_;
   // Activations for max_rows rows, allocated once.
   std::vector<float> x_, xn_, q_, k_, v_, att_, tmp_, ff_a_, ff_b_, stat_a_, stat_b_;
-  std::vector<int32_t> positions_, n_keys_;
+  std::vector<int32_t> positions_, n_keys_, first_key_;
   std::vector<const int32_t*> tables_;
   std::vector<float> logits_;
   std::vector<Row> rows_;  // this call's token rows (kept to reuse its memory)

@@ -22,6 +22,8 @@ void DecoderConfig::validate(const std::string& source) const {
   positive(d_ff, "feed-forward width");
   positive(vocab, "vocabulary size");
   positive(max_ctx, "context length");
+  TS_CHECK(sliding_window >= 0 && sliding_window <= (int64_t{1} << 31), "[model] ", source,
+           ": sliding window ", sliding_window, " out of range");
   // Bounds that no real model reaches but that keep every product below int64 overflow.
   TS_CHECK(n_layers <= 4096 && d_model <= (1 << 20) && d_ff <= (1 << 22) && vocab <= (1 << 24) &&
                n_heads <= 4096 && head_dim <= 4096 && max_ctx <= (int64_t{1} << 24),

@@ -49,6 +49,9 @@ struct DecoderConfig {
   // Per-pair divisors of the inverse frequencies (GGUF rope_freqs.weight, as Llama 3.1 files
   // carry their scaling); empty when absent.
   std::vector<float> rope_freq_divisors;
+  // Each position attends to at most this many most recent positions, itself included
+  // (Mistral 7B v0.1: 4096); 0: all earlier positions.
+  int64_t sliding_window = 0;
   bool tied_embeddings = false;  // output head = token embedding
   bool qkv_bias = false;         // q/k/v projections carry a bias (Qwen2, GPT-2)
 

@@ -71,6 +71,7 @@ DecoderConfig read_config(const GgufFile& f, const std::string& arch) {
   c.max_ctx = r.get_int("context_length");
   TS_CHECK(c.n_heads > 0, "[gguf] ", f.path(), ": ", arch, ".attention.head_count must be > 0");
   c.head_dim = r.get_int_or("attention.key_length", c.d_model / c.n_heads);
+  c.sliding_window = r.get_int_or("attention.sliding_window", 0);
   const GgufTensorInfo* embd = f.find("token_embd.weight");
   TS_CHECK(embd && embd->dims.size() == 2, "[gguf] ", f.path(),
            ": missing 2-D tensor 'token_embd.weight'");

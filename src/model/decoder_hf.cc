@@ -133,6 +133,13 @@ DecoderConfig llama_config(const ConfigFields& f, const std::string& arch) {
   c.rope_dim = c.head_dim;
   c.rope_layout = ops::RopeLayout::half;
   c.tied_embeddings = f.get_bool_or("tie_word_embeddings", false);
+  // Mistral 7B v0.1 attends over a 4096-token window (later Mistrals set it to null). Qwen2
+  // carries a window it does not use unless use_sliding_window, and then only on some layers.
+  if (f.get_bool_or("use_sliding_window", arch != "Qwen2ForCausalLM") && f.has("sliding_window")) {
+    TS_CHECK(arch != "Qwen2ForCausalLM", "[hf] ", f.path(),
+             ": 'use_sliding_window' is true; Qwen2's per-layer sliding window is not supported");
+    c.sliding_window = f.get_int("sliding_window");
+  }
   // Qwen2 always has q/k/v biases (and none on o); Llama's attention_bias puts one on all four.
   c.qkv_bias = arch == "Qwen2ForCausalLM" || f.get_bool_or("attention_bias", false);
   TS_CHECK(!f.get_bool_or("mlp_bias", false), "[hf] ", f.path(),

@@ -142,6 +142,7 @@ void write_gguf_metadata(const DecoderModel& m, GgufWriter& w, const std::string
     return;
   }
   w.set(a + "attention.layer_norm_rms_epsilon", c.norm_eps);
+  if (c.sliding_window > 0) set_u32(w, a + "attention.sliding_window", c.sliding_window);
   w.set(a + "rope.freq_base", static_cast<float>(c.rope_theta));
   set_u32(w, a + "rope.dimension_count", c.rope_dim);
   if (c.rope_scaling == RopeScaling::linear) {

@@ -83,6 +83,7 @@ json llama_hf_config(const DecoderConfig& c, bool o_bias, DType dtype) {
   if (!qwen2) {
     j["attention_bias"] = o_bias;
     j["mlp_bias"] = false;
+    if (c.sliding_window > 0) j["sliding_window"] = c.sliding_window;
   } else {
     j["use_sliding_window"] = false;
   }

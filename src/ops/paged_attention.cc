@@ -18,9 +18,13 @@ void paged_attention(const Context& ctx, const PagedAttentionArgs& a) {
            ", block_stride ", a.block_stride, ")");
   TS_CHECK(a.kv_type == DType::f32 || a.kv_type == DType::f16,
            "[attention] KV cache type must be f32 or f16, not ", dtype_name(a.kv_type));
-  for (int64_t r = 0; r < a.rows; ++r)
+  for (int64_t r = 0; r < a.rows; ++r) {
     TS_CHECK(a.n_keys[r] >= 1 && a.block_tables[r] != nullptr, "[attention] row ", r,
              " has no keys");
+    TS_CHECK(!a.first_key || (a.first_key[r] >= 0 && a.first_key[r] < a.n_keys[r]),
+             "[attention] row ", r, ": first key ", a.first_key ? a.first_key[r] : 0,
+             " outside [0, ", a.n_keys[r], ")");
+  }
   if (a.rows == 0) return;
   if (ctx.device == Device::cuda) backend::require_cuda("paged_attention");
   if (ctx.reference) return cpu::ref::paged_attention(a);
@@ -30,7 +34,7 @@ void paged_attention(const Context& ctx, const PagedAttentionArgs& a) {
 OpCost paged_attention_cost(const PagedAttentionArgs& a) {
   OpCost c;
   for (int64_t r = 0; r < a.rows; ++r) {
-    const double keys = static_cast<double>(a.n_keys[r]);
+    const double keys = static_cast<double>(a.n_keys[r] - (a.first_key ? a.first_key[r] : 0));
     c.flops += 4.0 * keys * static_cast<double>(a.H * a.D);  // q.k and p.v, 2 flops each
     c.bytes += 2.0 * keys * static_cast<double>(a.Hkv * a.D) * dtype_bytes(a.kv_type, 1);
   }

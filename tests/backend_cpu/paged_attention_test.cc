@@ -96,6 +96,39 @@ TEST(PagedAttention, MatchesReference) {
     }
 }
 
+// A sliding window: row r reads keys first_key[r] .. n_keys[r]-1; the window may start inside a
+// block or on a block boundary.
+TEST(PagedAttention, FirstKeyLimitsTheWindow) {
+  const Case c{4, 6, 2, 32, 8, {9, 40, 17, 64}};
+  for (bool transposed : {false, true}) {
+    PagedSetup s = make(c, 13);
+    s.args.k_transposed = transposed;
+    const std::vector<int32_t> first = {3, 16, 0, 57};
+    s.args.first_key = first.data();
+    std::vector<float> want(s.q.size()), got(s.q.size()), full(s.q.size());
+    s.args.out = want.data();
+    ref::paged_attention(s.args);
+    s.args.out = got.data();
+    paged_attention(test::pool(2), s.args);
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_NEAR(got[i], want[i], 2e-5 * (1 + std::fabs(want[i]))) << i;
+    // The reference with a window equals the reference over a sequence that starts there: row 1
+    // (keys 16..39) is blocks 2..4 of its table, i.e. a table without its first two blocks.
+    PagedSetup t = make(c, 13);
+    t.args.k_transposed = transposed;
+    std::vector<int32_t> tail(t.tables[1].begin() + 2, t.tables[1].end());
+    const int32_t* tables[1] = {tail.data()};
+    const int32_t nk[1] = {24};
+    t.args.rows = 1;
+    t.args.q = t.q.data() + c.H * c.D;
+    t.args.block_tables = tables;
+    t.args.n_keys = nk;
+    t.args.out = full.data();
+    ref::paged_attention(t.args);
+    for (int64_t i = 0; i < c.H * c.D; ++i) ASSERT_NEAR(want[c.H * c.D + i], full[i], 1e-6) << i;
+  }
+}
+
 // Keys stored transposed within a block, (Hkv, D, block_tokens), give the same attention as the
 // row layout holding the same keys (checked through the reference, which reads either layout).
 TEST(PagedAttention, TransposedKeysEqualRowKeys) {

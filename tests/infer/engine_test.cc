@@ -86,6 +86,33 @@ TEST_P(EngineVsReference, PrefillAndDecodeMatchPlainForward) {
 
 INSTANTIATE_TEST_SUITE_P(Variants, EngineVsReference, ::testing::Values(0, 1, 2, 3));
 
+// Mistral v0.1's sliding window: each position sees only the last W positions. Prefill in
+// chunks and token-by-token decode both match the windowed float64 forward, and differ from the
+// full-attention model once the sequence is longer than the window.
+TEST(Engine, SlidingWindowMatchesWindowedReference) {
+  model::DecoderModel m = test::make_tiny_model(variant(0));
+  const int64_t V = m.config.vocab;
+  const std::vector<int32_t> toks = tokens_for(21, V, 3);
+  const std::vector<double> full = test::reference_logits(m, toks);
+  m.config.sliding_window = 6;  // blocks of 4 tokens: the window starts mid-block
+  const std::vector<double> want = test::reference_logits(m, toks);
+  Engine e(m, small_options(false));
+  const int32_t s = e.new_sequence();
+  const std::vector<float> all = e.forward({Feed{s, toks, true}});
+  expect_close(all.data(), want.data(), static_cast<int64_t>(toks.size()) * V, 2e-4, "prefill");
+  const int32_t s2 = e.new_sequence();
+  std::vector<int32_t> head(toks.begin(), toks.begin() + 9);
+  std::vector<float> last = e.forward({Feed{s2, head, false}});
+  for (size_t t = 9; t < toks.size(); ++t) {
+    last = e.forward({Feed{s2, {&toks[t], 1}, false}});
+    expect_close(last.data(), want.data() + t * V, V, 2e-4, "decode");
+  }
+  double diff = 0;
+  for (int64_t i = 0; i < V; ++i)
+    diff = std::max(diff, std::fabs(full[20 * V + i] - want[20 * V + i]));
+  EXPECT_GT(diff, 1e-3) << "the window changed nothing: the test would not see it ignored";
+}
+
 // An f16 cache holds each key and value to 2^-11 relative; logits of the tiny models (size ~1)
 // then move by well under 1e-2, and the cache takes half the bytes.
 TEST(Engine, HalfPrecisionCacheStaysCloseToReference) {

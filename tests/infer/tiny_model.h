@@ -155,15 +155,18 @@ inline std::vector<double> reference_logits(const model::DecoderModel& m,
       Vec att(static_cast<size_t>(H * D), 0.0);
       for (int64_t h = 0; h < H; ++h) {
         const int64_t g = h / (H / Hkv);
-        Vec s(static_cast<size_t>(t + 1));
+        // Keys outside the sliding window (Mistral v0.1) get probability 0.
+        const int64_t first =
+            c.sliding_window > 0 ? std::max<int64_t>(0, t + 1 - c.sliding_window) : 0;
+        Vec s(static_cast<size_t>(t + 1), -1e300);
         double mx = -1e300, sum = 0;
-        for (int64_t j = 0; j <= t; ++j) {
+        for (int64_t j = first; j <= t; ++j) {
           double d = 0;
           for (int64_t e = 0; e < D; ++e) d += q[t][h * D + e] * k[j][g * D + e];
           s[j] = d / std::sqrt(static_cast<double>(D));
           mx = std::max(mx, s[j]);
         }
-        for (double& e : s) sum += (e = std::exp(e - mx));
+        for (double& e : s) sum += (e = e == -1e300 ? 0.0 : std::exp(e - mx));
         for (int64_t j = 0; j <= t; ++j)
           for (int64_t e = 0; e < D; ++e) att[h * D + e] += s[j] / sum * v[j][g * D + e];
       }

@@ -164,6 +164,7 @@ void round_trip(const HfModel& hf, const std::string& name) {
   EXPECT_EQ(m2.config.tied_embeddings, m1.config.tied_embeddings);
   EXPECT_EQ(m2.config.qkv_bias, m1.config.qkv_bias);
   EXPECT_EQ(m2.config.norm_eps, m1.config.norm_eps);
+  EXPECT_EQ(m2.config.sliding_window, m1.config.sliding_window);
   EXPECT_EQ(m2.gguf->get_string("tokenizer.ggml.model"), "gpt2");  // `extra` ran
   if (m1.config.arch == DecoderArch::llama) {
     EXPECT_EQ(m2.config.rope_layout, ops::RopeLayout::interleaved);
@@ -183,6 +184,7 @@ void round_trip(const HfModel& hf, const std::string& name) {
   EXPECT_EQ(m3.config.arch, m1.config.arch);
   EXPECT_EQ(m3.config.qkv_bias, m1.config.qkv_bias);
   EXPECT_EQ(m3.config.norm_eps, m1.config.norm_eps);
+  EXPECT_EQ(m3.config.sliding_window, m1.config.sliding_window);
   EXPECT_EQ(m3.config.rope_layout, ops::RopeLayout::half);
 }
 
@@ -191,6 +193,25 @@ TEST(DecoderRoundTrip, LlamaUntied) {
 }
 TEST(DecoderRoundTrip, LlamaTied) {
   round_trip(test::tiny_llama(true), "rt_tied");
+}
+// Mistral 7B v0.1's window survives HF -> GGUF -> HF; Qwen2's unused window is not applied, and
+// its per-layer window is refused by name.
+TEST(DecoderRoundTrip, MistralSlidingWindow) {
+  HfModel hf = test::tiny_llama(false, "MistralForCausalLM");
+  hf.config["sliding_window"] = 16;
+  const std::string dir = test::temp_folder("mistral_window");
+  test::write_hf(hf, dir);
+  EXPECT_EQ(load_decoder_hf(dir).config.sliding_window, 16);
+  round_trip(hf, "rt_mistral");
+  HfModel qw = test::tiny_llama(false, "Qwen2ForCausalLM");
+  qw.config["sliding_window"] = 32;
+  qw.config["use_sliding_window"] = false;
+  const std::string qdir = test::temp_folder("qwen2_window");
+  test::write_hf(qw, qdir);
+  EXPECT_EQ(load_decoder_hf(qdir).config.sliding_window, 0);
+  qw.config["use_sliding_window"] = true;
+  test::write_hf(qw, qdir);
+  tessera::test::expect_error([&] { load_decoder_hf(qdir); }, "use_sliding_window");
 }
 TEST(DecoderRoundTrip, Qwen2) {
   round_trip(test::tiny_llama(false, "Qwen2ForCausalLM"), "rt_qw");

@@ -185,12 +185,13 @@ void PagedAttentionTyped(ThreadPool& pool, const PagedAttentionArgs& a) {
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t r = t / (a.Hkv * parts), g = (t / parts) % a.Hkv, part = t % parts;
       const int64_t h0 = group * part / parts, h1 = group * (part + 1) / parts;
-      const int64_t nk = a.n_keys[r];
+      const int64_t nk = a.n_keys[r], first = a.first_key ? a.first_key[r] : 0;
       std::fill(acc.begin(), acc.end(), 0.0f);
       std::fill(m.begin(), m.end(), -INFINITY);
       std::fill(l.begin(), l.end(), 0.0f);
-      for (int64_t j0 = 0; j0 < nk; j0 += BT) {
+      for (int64_t j0 = first / BT * BT; j0 < nk; j0 += BT) {
         const int64_t count = std::min(BT, nk - j0);
+        const int64_t skip = std::max<int64_t>(0, first - j0);  // keys before the window
         const T* kb = cache + a.block_tables[r][j0 / BT] * a.block_stride + g * BT * D;
         const T* vb = kb + a.v_offset;
         for (int64_t h = h0; h < h1; ++h) {
@@ -200,8 +201,9 @@ void PagedAttentionTyped(ThreadPool& pool, const PagedAttentionArgs& a) {
           } else {
             for (int64_t j = 0; j < count; ++j) scores[j] = Dot(q, kb + j * D, D) * a.scale;
           }
+          for (int64_t j = 0; j < skip; ++j) scores[j] = -INFINITY;  // exp gives them 0
           float mx = m[h];
-          for (int64_t j = 0; j < count; ++j) mx = std::max(mx, scores[j]);
+          for (int64_t j = skip; j < count; ++j) mx = std::max(mx, scores[j]);
           const float correction = std::exp(m[h] - mx);  // 0 on the first block (m = -inf)
           const float block_sum = ExpShiftSum(scores.data(), mx, count);
           l[h] = l[h] * correction + block_sum;

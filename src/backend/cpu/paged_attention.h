@@ -26,7 +26,9 @@ struct PagedAttentionArgs {
   int64_t block_tokens = 0, block_stride = 0, v_offset = 0;
   const int32_t* const* block_tables = nullptr;  // (rows) pointers
   const int32_t* n_keys = nullptr;               // (rows), each >= 1
-  float scale = 1.0f;                            // usually 1/sqrt(D)
+  // (rows) or null: row r attends to keys first_key[r] .. n_keys[r]-1 only (a sliding window).
+  const int32_t* first_key = nullptr;
+  float scale = 1.0f;  // usually 1/sqrt(D)
 };
 
 void paged_attention(ThreadPool& pool, const PagedAttentionArgs& a);

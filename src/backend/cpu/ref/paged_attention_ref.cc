@@ -15,7 +15,7 @@ void paged_attention(const PagedAttentionArgs& a) {
   };
   std::vector<double> scores, acc(static_cast<size_t>(a.D));
   for (int64_t r = 0; r < a.rows; ++r) {
-    const int64_t nk = a.n_keys[r];
+    const int64_t nk = a.n_keys[r], first = a.first_key ? a.first_key[r] : 0;
     scores.assign(static_cast<size_t>(nk), 0.0);
     for (int64_t h = 0; h < a.H; ++h) {
       const int64_t g = h / group;
@@ -32,7 +32,7 @@ void paged_attention(const PagedAttentionArgs& a) {
         return a.k_transposed ? head + d * a.block_tokens + t : head + t * a.D + d;
       };
       double mx = -INFINITY;
-      for (int64_t j = 0; j < nk; ++j) {
+      for (int64_t j = first; j < nk; ++j) {
         double s = 0;
         for (int64_t d = 0; d < a.D; ++d) s += static_cast<double>(q[d]) * cache(k_elem(j, d));
         scores[static_cast<size_t>(j)] = s * a.scale;
@@ -40,7 +40,7 @@ void paged_attention(const PagedAttentionArgs& a) {
       }
       double sum = 0;
       std::fill(acc.begin(), acc.end(), 0.0);
-      for (int64_t j = 0; j < nk; ++j) {
+      for (int64_t j = first; j < nk; ++j) {
         const double p = std::exp(scores[static_cast<size_t>(j)] - mx);
         sum += p;
         const int64_t v = key(j) + a.v_offset;
