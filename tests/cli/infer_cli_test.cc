@@ -121,6 +121,11 @@ TEST_F(InferCli, BadInputIsOneLine) {
       {"quantize " + kModel + " /tmp/x.gguf --type q5_9", "--type"},
       {"perplexity -m " + kModel + " -f /nonexistent.txt", "/nonexistent.txt"},
       {"bench generate -m " + kModel + " --batch 0", "--batch"},
+      {"generate -m " + kModel + " -p hi --kv-type q8_0", "--kv-type"},
+      {"generate -m " + kModel + " -p hi --device tpu", "--device"},
+      // Without CUDA, without a GPU, or (for now) with one: always a one-line "[cuda]" error,
+      // never a silent fall back to the CPU.
+      {"generate -m " + kModel + " -p hi --device cuda", "[cuda] --device cuda"},
   };
   for (const Case& c : cases) {
     const Result r = run_tessera(c.args);

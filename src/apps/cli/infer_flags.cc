@@ -1,6 +1,8 @@
 // Model + tokenizer loading and the flag parsers shared by the inference commands.
 #include "apps/cli/infer_flags.h"
 
+#include "backend/device.h"
+
 #include <algorithm>
 #include <filesystem>
 
@@ -57,6 +59,11 @@ EngineFlags parse_engine_flags(Args& a) {
   f.threads = a.i64("--threads", 0, 0, 4096);
   f.ctx = a.i64("--ctx", 0, 0, int64_t{1} << 24);
   f.mmap = a.has("--mmap");
+  const std::string device = a.str("--device", "cpu");
+  TS_CHECK(device == "cpu" || device == "cuda", "--device must be cpu or cuda, not '", device, "'");
+  // The CUDA kernels exist (backend/cuda) but the engine does not run on them yet: say so
+  // (or that this build has no CUDA, or that the machine has no GPU) instead of using the CPU.
+  if (device == "cuda") backend::require_cuda("--device cuda");
   const std::string kv = a.str("--kv-type", "f16");
   TS_CHECK(kv == "f16" || kv == "f32", "--kv-type must be f16 or f32, not '", kv, "'");
   f.kv_type = kv == "f16" ? DType::f16 : DType::f32;

@@ -28,7 +28,9 @@ std::string cuda_device_summary() {
 
 void require_cuda(const char* what) {
   TS_CHECK(cuda_device_count() > 0, "[cuda] ", what, ": no CUDA device is present");
-  fail("[cuda] ", what, ": not implemented on CUDA yet");
+  fail("[cuda] ", what,
+       ": the commands do not run on CUDA yet (the kernels in backend/cuda are "
+       "built and tested on their own); use the CPU");
 }
 
 }  // namespace tessera::backend
