@@ -1,0 +1,183 @@
+#!/usr/bin/env bash
+# Runs ON the device machine (NVIDIA H200, nvcc, CMake, ninja, no network): unpacks the .deb
+# packages carried in .gpu-deps/ (made by scripts/gpu-prepare.sh) into a prefix under /tmp,
+# configures a Release build for sm_90a, builds only the CUDA tests and benches, runs every test
+# binary and every bench (all of them, whatever fails), and writes logs and a summary to $OUT
+# (./gpu-out when OUT is unset). Stages are bounded so the whole run ends within ~8 minutes.
+#
+# Usage: scripts/gpu-check.sh [--dry-run]
+#   --dry-run   unpack and configure only (checks the script's non-GPU parts anywhere)
+# Environment: OUT, GPU_CHECK_BUILD (build dir, default /tmp/tessera-gpu-build),
+#   GPU_CHECK_ARCH (default 90a), GPU_CHECK_JOBS (default 16), GPU_CHECK_BUDGET_S (default 470),
+#   GPU_CHECK_ONLY (extended regex: build and run only matching test/bench targets),
+#   GPU_CHECK_REUSE_BUILD=1 (configure the existing build dir in place instead of wiping it).
+# Output files (at most 8, the device tool's limit): summary.txt, configure.log, build.log,
+#   tests.log, bench.jsonl, bench.log.
+set -uo pipefail
+
+root="$(cd "$(dirname "$0")/.." && pwd)"
+out="${OUT:-$root/gpu-out}"
+build="${GPU_CHECK_BUILD:-/tmp/tessera-gpu-build}"
+arch="${GPU_CHECK_ARCH:-90a}"
+jobs="${GPU_CHECK_JOBS:-16}"
+budget="${GPU_CHECK_BUDGET_S:-470}"
+prefix=/tmp/tessera-gpu-deps
+dry_run=0
+[[ "${1:-}" == "--dry-run" ]] && dry_run=1
+
+mkdir -p "$out"
+summary="$out/summary.txt"
+: >"$summary"
+t0=$(date +%s)
+log() { echo "$*" | tee -a "$summary"; }
+elapsed() { echo $(($(date +%s) - t0)); }
+# Seconds a stage may take: its own cap, but never past the overall budget (keeping `reserve`
+# seconds for what must follow).
+stage_limit() {
+  local cap=$1 reserve=${2:-0} left
+  left=$((budget - $(elapsed) - reserve))
+  ((left < 5)) && left=5
+  ((cap < left)) && echo "$cap" || echo "$left"
+}
+
+log "== tessera gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname)"
+nvcc_bin="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
+log "nvcc:    $("$nvcc_bin" --version 2>/dev/null | grep -o 'release [0-9.]*, V[0-9.]*' || echo missing)"
+log "cmake:   $(cmake --version 2>/dev/null | head -1 || echo missing)"
+log "ninja:   $(ninja --version 2>/dev/null || echo missing)"
+log "c++:     $(c++ --version 2>/dev/null | head -1 || echo missing)"
+if command -v nvidia-smi >/dev/null; then
+  log "gpu:     $(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv,noheader 2>&1 | head -4)"
+else
+  log "gpu:     nvidia-smi not found"
+fi
+
+# ---- unpack the carried packages (never into /) ----
+debs=("$root"/.gpu-deps/*.deb)
+if [[ ! -e "${debs[0]}" ]]; then
+  log "FATAL: no packages in $root/.gpu-deps (run scripts/gpu-prepare.sh where apt works, and carry .gpu-deps)"
+  exit 2
+fi
+if ! command -v dpkg >/dev/null; then
+  log "FATAL: dpkg not found; cannot unpack .gpu-deps"
+  exit 2
+fi
+rm -rf "$prefix"
+mkdir -p "$prefix"
+for f in "${debs[@]}"; do dpkg -x "$f" "$prefix" || log "WARN: dpkg -x failed for $f"; done
+libdir="$prefix/usr/lib/x86_64-linux-gnu"
+export CPATH="$prefix/usr/include${CPATH:+:$CPATH}"
+export LIBRARY_PATH="$libdir${LIBRARY_PATH:+:$LIBRARY_PATH}"
+export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+log "deps:    ${#debs[@]} packages unpacked into $prefix ($(elapsed) s)"
+
+# NCCL: from the CUDA toolkit if it has it, else from the nvidia-nccl Python wheel if installed.
+nccl_args=()
+if [[ ! -e /usr/local/cuda/include/nccl.h ]]; then
+  nccl_root="$(python3 -c 'import nvidia.nccl, os; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null || true)"
+  if [[ -n "$nccl_root" && -e "$nccl_root/include/nccl.h" ]]; then
+    nccl_args=(-DTESSERA_NCCL_ROOT="$nccl_root")
+    export LD_LIBRARY_PATH="$nccl_root/lib:$LD_LIBRARY_PATH"
+  fi
+fi
+log "nccl:    ${nccl_args[*]:-toolkit default search}"
+
+# ---- configure ----
+[[ "${GPU_CHECK_REUSE_BUILD:-0}" == 1 ]] || rm -rf "$build"
+limit=$(stage_limit 120 300)
+timeout "$limit" cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_CUDA_COMPILER="$nvcc_bin" -DCMAKE_CUDA_ARCHITECTURES="$arch" -DTESSERA_CUDA=on \
+  -DTESSERA_FUZZ=OFF -DTESSERA_BENCH=ON -DTESSERA_WERROR=OFF \
+  -DCMAKE_PREFIX_PATH="$prefix/usr" "${nccl_args[@]}" >"$out/configure.log" 2>&1
+rc=$?
+log "configure: rc=$rc ($(elapsed) s)"
+for dep in hwy_DIR GTest_DIR nlohmann_json_DIR benchmark_DIR TESSERA_NCCL_LIBRARY; do
+  log "  $(grep -m1 "^$dep:" "$build/CMakeCache.txt" 2>/dev/null || echo "$dep: (not set)")"
+done
+if ((rc != 0)); then
+  tail -30 "$out/configure.log" | tee -a "$summary"
+  log "FATAL: configure failed"
+  exit 1
+fi
+
+tests=()
+for f in "$root"/tests/cuda/*_test.cc; do tests+=("cuda_$(basename "$f" .cc)"); done
+benches=()
+for f in "$root"/bench/cuda/*_bench.cu; do
+  [[ -e "$f" ]] && benches+=("tessera_cuda_$(basename "$f" .cu)")
+done
+if [[ -n "${GPU_CHECK_ONLY:-}" ]]; then
+  mapfile -t tests < <(printf '%s\n' "${tests[@]}" | grep -E "$GPU_CHECK_ONLY")
+  mapfile -t benches < <(printf '%s\n' "${benches[@]}" | grep -E "$GPU_CHECK_ONLY")
+fi
+log "targets: ${tests[*]} ${benches[*]}"
+if ((${#tests[@]} + ${#benches[@]} == 0)); then
+  log "FATAL: no CUDA test or bench targets selected"
+  exit 2
+fi
+if ((dry_run)); then
+  log "dry run: stopping after configure ($(elapsed) s)"
+  exit 0
+fi
+
+# ---- build (keep going past failures: one broken kernel must not hide the other results) ----
+limit=$(stage_limit 330 90)
+timeout "$limit" ninja -C "$build" -k 0 -j "$jobs" "${tests[@]}" "${benches[@]}" >"$out/build.log" 2>&1
+rc=$?
+log "build: rc=$rc ($(elapsed) s, limit $limit s)"
+if ((rc != 0)); then
+  grep -E "error|FAILED" "$out/build.log" | head -20 | tee -a "$summary"
+fi
+
+# ---- tests ----
+pass=0 fail=0 skip=0 broken=0
+: >"$out/tests.log"
+for t in "${tests[@]}"; do
+  bin="$build/tests/$t"
+  if [[ ! -x "$bin" ]]; then
+    log "test $t: NOT BUILT"
+    broken=$((broken + 1))
+    continue
+  fi
+  limit=$(stage_limit 120 60)
+  echo "===== $t" >>"$out/tests.log"
+  timeout "$limit" "$bin" --gtest_brief=1 --gtest_color=no >"$out/.test_one.log" 2>&1
+  rc=$?
+  cat "$out/.test_one.log" >>"$out/tests.log"
+  p=$(grep -oE '^\[  PASSED  \] [0-9]+' "$out/.test_one.log" | grep -oE '[0-9]+$' || echo 0)
+  f=$(grep -oE '^\[  FAILED  \] [0-9]+ test' "$out/.test_one.log" | grep -oE '[0-9]+' || echo 0)
+  s=$(grep -oE '^\[  SKIPPED \] [0-9]+' "$out/.test_one.log" | grep -oE '[0-9]+$' || echo 0)
+  pass=$((pass + ${p:-0})) fail=$((fail + ${f:-0})) skip=$((skip + ${s:-0}))
+  status=ok
+  ((rc == 124)) && status="TIMEOUT after $limit s"
+  ((rc != 0 && rc != 124)) && status="FAILED rc=$rc"
+  ((rc != 0)) && broken=$((broken + 1))
+  log "test $t: $status, passed ${p:-0}, failed ${f:-0}, skipped ${s:-0} ($(elapsed) s)"
+  grep -E '^\[  FAILED  \] [A-Za-z]' "$out/.test_one.log" | sort -u | head -20 | tee -a "$summary"
+done
+rm -f "$out/.test_one.log"
+log "tests: passed $pass, failed $fail, skipped $skip, binaries failing/missing $broken"
+
+# ---- benches ----
+: >"$out/bench.jsonl"
+: >"$out/bench.log"
+for b in "${benches[@]}"; do
+  bin="$build/bench/$b"
+  if [[ ! -x "$bin" ]]; then
+    log "bench $b: NOT BUILT"
+    continue
+  fi
+  limit=$(stage_limit 90 0)
+  echo "===== $b" >>"$out/bench.log"
+  timeout "$limit" "$bin" >"$out/.bench_one.out" 2>>"$out/bench.log"
+  rc=$?
+  cat "$out/.bench_one.out" >>"$out/bench.log"
+  grep '^{' "$out/.bench_one.out" >>"$out/bench.jsonl"
+  log "bench $b: rc=$rc ($(elapsed) s)"
+done
+rm -f "$out/.bench_one.out"
+log "bench results (bench.jsonl):"
+cat "$out/bench.jsonl" | tee -a "$summary" >/dev/null
+cat "$out/bench.jsonl"
+log "== done in $(elapsed) s"
+((fail == 0 && broken == 0))
