@@ -1,0 +1,244 @@
+// Elementwise CUDA kernels: GELU and SwiGLU forward/backward, scale, f32 <-> bf16 conversion.
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/kernels_common.cuh"
+
+namespace tessera::cuda {
+namespace {
+
+using detail::aligned_to;
+using detail::for_each_vec;
+using detail::grid_for;
+using detail::load_vec;
+using detail::store_vec;
+
+constexpr int kThreads = 256;
+
+constexpr float kSqrt2OverPi = 0.79788456080286535588f;
+constexpr float kGeluCubic = 0.044715f;
+
+// 0.5 (1 + tanh(u)) = sigmoid(2u) = 1 / (1 + e), e = exp(-2u): keeps full relative accuracy for
+// very negative x, where 1 + tanh(u) cancels (the reference does the same).
+__device__ __forceinline__ float gelu_value(float x) {
+  const float u = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
+  return x / (1.0f + expf(-2.0f * u));
+}
+// gelu' = s + x * 2 s (1 - s) u'(x), 1 - s = 1 / (1 + 1/e): exact, and 1 (not NaN) when e = inf.
+__device__ __forceinline__ float gelu_grad(float x) {
+  const float u = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
+  const float e = expf(-2.0f * u);
+  const float s = 1.0f / (1.0f + e);
+  const float one_minus_s = 1.0f / (1.0f + 1.0f / e);
+  const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * x * x);
+  return s + x * 2.0f * s * one_minus_s * du;
+}
+
+template <typename E, int VEC>
+__global__ void gelu_forward_kernel(E* out, const E* inp, int64_t n) {
+  for_each_vec<VEC>(n, [&](auto width, int64_t off) {
+    constexpr int K = decltype(width)::value;
+    float x[K];
+    load_vec<E, K>(x, inp + off);
+#pragma unroll
+    for (int i = 0; i < K; ++i) x[i] = gelu_value(x[i]);
+    store_vec<E, K>(out + off, x);
+  });
+}
+
+template <typename E, int VEC>
+__global__ void gelu_backward_kernel(E* dinp, const E* inp, const E* dout, int64_t n) {
+  for_each_vec<VEC>(n, [&](auto width, int64_t off) {
+    constexpr int K = decltype(width)::value;
+    float x[K], d[K];
+    load_vec<E, K>(x, inp + off);
+    load_vec<E, K>(d, dout + off);
+#pragma unroll
+    for (int i = 0; i < K; ++i) d[i] = gelu_grad(x[i]) * d[i];
+    store_vec<E, K>(dinp + off, d);
+  });
+}
+
+template <typename E, int VEC>
+__global__ void swiglu_forward_kernel(E* out, const E* gate, const E* up, int64_t n) {
+  for_each_vec<VEC>(n, [&](auto width, int64_t off) {
+    constexpr int K = decltype(width)::value;
+    float g[K], u[K];
+    load_vec<E, K>(g, gate + off);
+    load_vec<E, K>(u, up + off);
+#pragma unroll
+    for (int i = 0; i < K; ++i) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    store_vec<E, K>(out + off, g);
+  });
+}
+
+// silu'(g) = s (1 + g (1 - s)), with s and 1 - s each computed without cancellation.
+template <typename E, int VEC>
+__global__ void swiglu_backward_kernel(E* dgate, E* dup, const E* dout, const E* gate, const E* up,
+                                       int64_t n) {
+  for_each_vec<VEC>(n, [&](auto width, int64_t off) {
+    constexpr int K = decltype(width)::value;
+    float g[K], u[K], d[K], dg[K], du[K];
+    load_vec<E, K>(g, gate + off);
+    load_vec<E, K>(u, up + off);
+    load_vec<E, K>(d, dout + off);
+#pragma unroll
+    for (int i = 0; i < K; ++i) {
+      const float s = 1.0f / (1.0f + expf(-g[i]));
+      const float sm = 1.0f / (1.0f + expf(g[i]));
+      dg[i] = d[i] * u[i] * s * (1.0f + g[i] * sm);
+      du[i] = d[i] * g[i] * s;
+    }
+    store_vec<E, K>(dgate + off, dg);
+    store_vec<E, K>(dup + off, du);
+  });
+}
+
+template <typename E, int VEC>
+__global__ void scale_kernel(E* x, int64_t n, float s) {
+  for_each_vec<VEC>(n, [&](auto width, int64_t off) {
+    constexpr int K = decltype(width)::value;
+    float v[K];
+    load_vec<E, K>(v, x + off);
+#pragma unroll
+    for (int i = 0; i < K; ++i) v[i] *= s;
+    store_vec<E, K>(x + off, v);
+  });
+}
+
+template <typename To, typename From, int VEC>
+__global__ void convert_kernel(To* dst, const From* src, int64_t n) {
+  for_each_vec<VEC>(n, [&](auto width, int64_t off) {
+    constexpr int K = decltype(width)::value;
+    float v[K];
+    load_vec<From, K>(v, src + off);
+    store_vec<To, K>(dst + off, v);
+  });
+}
+
+void check_n(const char* op, int64_t n) {
+  TS_CHECK(n >= 0, "[", op, "] size n=", n, " must be >= 0");
+}
+
+// 128-bit vectors when every pointer is 16-byte aligned (the tail needs no alignment).
+template <typename E>
+constexpr int kVec = 16 / sizeof(E);
+
+bool all_aligned16(std::initializer_list<const void*> ps) {
+  for (const void* p : ps)
+    if (!aligned_to(p, 16)) return false;
+  return true;
+}
+
+}  // namespace
+
+template <typename E>
+void gelu_forward(E* out, const E* inp, int64_t n, cudaStream_t stream) {
+  check_n("gelu_forward", n);
+  TS_CHECK(out != nullptr && inp != nullptr, "[gelu_forward] out or inp is null");
+  if (n == 0) return;
+  const unsigned grid = grid_for(n / kVec<E> + 1, kThreads);
+  if (all_aligned16({out, inp}))
+    gelu_forward_kernel<E, kVec<E>><<<grid, kThreads, 0, stream>>>(out, inp, n);
+  else
+    gelu_forward_kernel<E, 1><<<grid, kThreads, 0, stream>>>(out, inp, n);
+  TS_CUDA_CHECK_LAUNCH();
+}
+
+template <typename E>
+void gelu_backward(E* dinp, const E* inp, const E* dout, int64_t n, cudaStream_t stream) {
+  check_n("gelu_backward", n);
+  TS_CHECK(dinp != nullptr && inp != nullptr && dout != nullptr,
+           "[gelu_backward] dinp, inp or dout is null");
+  if (n == 0) return;
+  const unsigned grid = grid_for(n / kVec<E> + 1, kThreads);
+  if (all_aligned16({dinp, inp, dout}))
+    gelu_backward_kernel<E, kVec<E>><<<grid, kThreads, 0, stream>>>(dinp, inp, dout, n);
+  else
+    gelu_backward_kernel<E, 1><<<grid, kThreads, 0, stream>>>(dinp, inp, dout, n);
+  TS_CUDA_CHECK_LAUNCH();
+}
+
+template <typename E>
+void swiglu_forward(E* out, const E* gate, const E* up, int64_t N, int64_t F, cudaStream_t stream) {
+  TS_CHECK(F > 0, "[swiglu_forward] width F=", F, " must be positive");
+  TS_CHECK(N >= 0, "[swiglu_forward] rows N=", N, " must be >= 0");
+  TS_CHECK(out != nullptr && gate != nullptr && up != nullptr,
+           "[swiglu_forward] out, gate or up is null");
+  const int64_t n = N * F;
+  if (n == 0) return;
+  const unsigned grid = grid_for(n / kVec<E> + 1, kThreads);
+  if (all_aligned16({out, gate, up}))
+    swiglu_forward_kernel<E, kVec<E>><<<grid, kThreads, 0, stream>>>(out, gate, up, n);
+  else
+    swiglu_forward_kernel<E, 1><<<grid, kThreads, 0, stream>>>(out, gate, up, n);
+  TS_CUDA_CHECK_LAUNCH();
+}
+
+template <typename E>
+void swiglu_backward(E* dgate, E* dup, const E* dout, const E* gate, const E* up, int64_t N,
+                     int64_t F, cudaStream_t stream) {
+  TS_CHECK(F > 0, "[swiglu_backward] width F=", F, " must be positive");
+  TS_CHECK(N >= 0, "[swiglu_backward] rows N=", N, " must be >= 0");
+  TS_CHECK(
+      dgate != nullptr && dup != nullptr && dout != nullptr && gate != nullptr && up != nullptr,
+      "[swiglu_backward] a pointer argument is null");
+  TS_CHECK(dgate != dup, "[swiglu_backward] dgate and dup must differ");
+  const int64_t n = N * F;
+  if (n == 0) return;
+  const unsigned grid = grid_for(n / kVec<E> + 1, kThreads);
+  if (all_aligned16({dgate, dup, dout, gate, up}))
+    swiglu_backward_kernel<E, kVec<E>>
+        <<<grid, kThreads, 0, stream>>>(dgate, dup, dout, gate, up, n);
+  else
+    swiglu_backward_kernel<E, 1><<<grid, kThreads, 0, stream>>>(dgate, dup, dout, gate, up, n);
+  TS_CUDA_CHECK_LAUNCH();
+}
+
+template <typename E>
+void scale(E* x, int64_t n, float s, cudaStream_t stream) {
+  check_n("scale", n);
+  TS_CHECK(x != nullptr, "[scale] x is null");
+  if (n == 0) return;
+  const unsigned grid = grid_for(n / kVec<E> + 1, kThreads);
+  if (aligned_to(x, 16))
+    scale_kernel<E, kVec<E>><<<grid, kThreads, 0, stream>>>(x, n, s);
+  else
+    scale_kernel<E, 1><<<grid, kThreads, 0, stream>>>(x, n, s);
+  TS_CUDA_CHECK_LAUNCH();
+}
+
+void convert_f32_to_bf16(__nv_bfloat16* dst, const float* src, int64_t n, cudaStream_t stream) {
+  check_n("convert_f32_to_bf16", n);
+  TS_CHECK(dst != nullptr && src != nullptr, "[convert_f32_to_bf16] dst or src is null");
+  if (n == 0) return;
+  const unsigned grid = grid_for(n / 8 + 1, kThreads);
+  if (all_aligned16({dst, src}))
+    convert_kernel<__nv_bfloat16, float, 8><<<grid, kThreads, 0, stream>>>(dst, src, n);
+  else
+    convert_kernel<__nv_bfloat16, float, 1><<<grid, kThreads, 0, stream>>>(dst, src, n);
+  TS_CUDA_CHECK_LAUNCH();
+}
+
+void convert_bf16_to_f32(float* dst, const __nv_bfloat16* src, int64_t n, cudaStream_t stream) {
+  check_n("convert_bf16_to_f32", n);
+  TS_CHECK(dst != nullptr && src != nullptr, "[convert_bf16_to_f32] dst or src is null");
+  if (n == 0) return;
+  const unsigned grid = grid_for(n / 8 + 1, kThreads);
+  if (all_aligned16({dst, src}))
+    convert_kernel<float, __nv_bfloat16, 8><<<grid, kThreads, 0, stream>>>(dst, src, n);
+  else
+    convert_kernel<float, __nv_bfloat16, 1><<<grid, kThreads, 0, stream>>>(dst, src, n);
+  TS_CUDA_CHECK_LAUNCH();
+}
+
+#define TS_INSTANTIATE(E)                                                                  \
+  template void gelu_forward<E>(E*, const E*, int64_t, cudaStream_t);                      \
+  template void gelu_backward<E>(E*, const E*, const E*, int64_t, cudaStream_t);           \
+  template void swiglu_forward<E>(E*, const E*, const E*, int64_t, int64_t, cudaStream_t); \
+  template void swiglu_backward<E>(E*, E*, const E*, const E*, const E*, int64_t, int64_t, \
+                                   cudaStream_t);                                          \
+  template void scale<E>(E*, int64_t, float, cudaStream_t);
+TS_INSTANTIATE(float)
+TS_INSTANTIATE(__nv_bfloat16)
+#undef TS_INSTANTIATE
+
+}  // namespace tessera::cuda
