@@ -1,0 +1,329 @@
+// matmul_wt on the GPU for decode batches (M <= 8): argument checks, the activation quantizer,
+// the f16/bf16 matvec kernel, and the per-stream scratch for the quantized activations.
+#include "backend/cuda/quant_matvec.h"
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include "backend/cuda/cuda_check.h"
+#include "core/error.h"
+
+namespace tessera::cuda {
+
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kRows = kMatvecWarpRows;
+
+int64_t act_block(DType t) {
+  switch (t) {
+    case DType::q8_0:
+    case DType::q4_0:
+    case DType::q4_1:
+      return 32;
+    case DType::q4_k:
+    case DType::q6_k:
+      return kQK_K;
+    default:
+      return 0;  // float weights take x unquantized
+  }
+}
+
+size_t align256(size_t n) {
+  return (n + 255) / 256 * 256;
+}
+
+struct ActLayout {
+  size_t q = 0, d = 0, s = 0, total = 0;  // byte offsets of xq, xd, xs in the workspace
+};
+ActLayout act_layout(int64_t M, int64_t K, int64_t block) {
+  ActLayout l;
+  l.q = 0;
+  l.d = align256(static_cast<size_t>(M * K));
+  l.s = l.d + align256(static_cast<size_t>(M * (K / block)) * sizeof(float));
+  l.total = l.s + align256(static_cast<size_t>(M * (K / 32)) * sizeof(int32_t));
+  return l;
+}
+
+// One warp per (row m, activation block): d = max|x| / 127, q = rint(x / d) clamped to +-127,
+// as cpu::quantize_act_rows computes it (IEEE division and rint, round to nearest even), so
+// the integers and scales are the CPU's bit for bit. A non-finite x makes the block's scale
+// NaN (and its q zero), which then shows in y as a float matmul would show it.
+template <int kBlock>
+__global__ void __launch_bounds__(256)
+    quantize_acts_kernel(const float* __restrict__ x, int64_t M, int64_t K, int8_t* __restrict__ xq,
+                         float* __restrict__ xd, int32_t* __restrict__ xs) {
+  static_assert(kBlock % 32 == 0, "one element per lane per group of 32");
+  constexpr int E = kBlock / 32;
+  const int lane = threadIdx.x % 32;
+  const int64_t nb = K / kBlock;
+  const int64_t g = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (g >= M * nb) return;
+  const int64_t m = g / nb, b = g % nb;
+  const float* xb = x + m * K + b * kBlock;
+  float v[E];
+  float amax = 0.0f;
+  bool finite = true;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    v[e] = xb[lane + 32 * e];
+    amax = fmaxf(amax, fabsf(v[e]));
+    finite = finite && isfinite(v[e]);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  finite = __all_sync(0xffffffffu, finite);
+  const float d = finite ? amax / 127.0f : __int_as_float(0x7fc00000);
+  const float id = finite && d > 0.0f ? 1.0f / d : 0.0f;
+  int8_t* qb = xq + m * K + b * kBlock;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    const int q = finite ? static_cast<int>(fminf(fmaxf(rintf(v[e] * id), -127.0f), 127.0f)) : 0;
+    qb[lane + 32 * e] = static_cast<int8_t>(q);
+    int s = q;
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) xs[m * (K / 32) + b * E + e] = s;  // element lane + 32e is in group e
+  }
+  if (lane == 0) xd[m * nb + b] = d;
+}
+
+__device__ __forceinline__ uint4 load_stream_v4(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+// Two packed 16-bit weights to f32.
+template <bool kBf16>
+__device__ __forceinline__ float2 widen2(uint32_t u) {
+  if constexpr (kBf16) {
+    return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
+  } else {
+    return __half22float2(*reinterpret_cast<const __half2*>(&u));
+  }
+}
+template <bool kBf16>
+__device__ __forceinline__ float widen1(uint16_t h) {
+  if constexpr (kBf16) {
+    return __uint_as_float(static_cast<uint32_t>(h) << 16);
+  } else {
+    return __half2float(__ushort_as_half(h));
+  }
+}
+
+// f16/bf16 weights: a warp owns kRows rows; lane i reads 8 weights (16 bytes) at 8i + 256 j of
+// each row, so a warp instruction reads 512 contiguous bytes. x is f32 through L1 (float4).
+// `vec` (w and x 16-byte aligned, K % 8 == 0) enables the 128-bit path; otherwise, and for
+// nothing else, every element goes through the scalar loop.
+template <bool kBf16, int M>
+__global__ void __launch_bounds__(kWarps * 32)
+    half_matvec_kernel(float* __restrict__ y, int64_t ldy, const float* __restrict__ x, int64_t K,
+                       const uint16_t* __restrict__ w, int64_t N, const float* __restrict__ bias,
+                       bool vec) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * kRows;
+  if (n0 >= N) return;
+  float acc[kRows][M];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
+
+  const int64_t k_vec = vec ? K / 8 * 8 : 0;
+#pragma unroll 2
+  for (int64_t k = 8 * lane; k < k_vec; k += 256) {
+    float wf[kRows][8];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int64_t n = n0 + r;
+      const uint4 raw = n < N ? load_stream_v4(w + n * K + k) : make_uint4(0, 0, 0, 0);
+      const uint32_t parts[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = widen2<kBf16>(parts[j]);
+        wf[r][2 * j] = f.x;
+        wf[r][2 * j + 1] = f.y;
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const float4 x0 = __ldg(reinterpret_cast<const float4*>(x + m * K + k));
+      const float4 x1 = __ldg(reinterpret_cast<const float4*>(x + m * K + k + 4));
+      const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[r][m] = fmaf(wf[r][j], xv[j], acc[r][m]);
+    }
+  }
+  for (int64_t k = k_vec + lane; k < K; k += 32) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int64_t n = n0 + r;
+      const float wv = n < N ? widen1<kBf16>(w[n * K + k]) : 0.0f;
+#pragma unroll
+      for (int m = 0; m < M; ++m) acc[r][m] = fmaf(wv, x[m * K + k], acc[r][m]);
+    }
+  }
+
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      float v = acc[r][m];
+#pragma unroll
+      for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+      acc[r][m] = v;
+    }
+    const int64_t n = n0 + r;
+    if (lane == 0 && n < N) {
+      const float b = bias ? bias[n] : 0.0f;
+#pragma unroll
+      for (int m = 0; m < M; ++m) y[m * ldy + n] = acc[r][m] + b;
+    }
+  }
+}
+
+template <bool kBf16, int M>
+void launch_half(float* y, int64_t ldy, const float* x, int64_t K, const void* w, int64_t N,
+                 const float* bias, cudaStream_t stream) {
+  const bool vec = K % 8 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  const int64_t grid = (N + kWarps * kRows - 1) / (kWarps * kRows);
+  TS_CHECK(grid <= 0x7fffffff, "[cuda matmul_wt] N=", N, " needs too many thread blocks");
+  half_matvec_kernel<kBf16, M><<<static_cast<unsigned>(grid), kWarps * 32, 0, stream>>>(
+      y, ldy, x, K, static_cast<const uint16_t*>(w), N, bias, vec);
+  TS_CUDA_CHECK_LAUNCH();
+}
+
+template <bool kBf16>
+void launch_half_m(float* y, int64_t ldy, const float* x, int64_t M, int64_t K, const void* w,
+                   int64_t N, const float* bias, cudaStream_t stream) {
+  switch (M) {
+#define TS_CASE(m) \
+  case m:          \
+    return launch_half<kBf16, m>(y, ldy, x, K, w, N, bias, stream);
+    TS_CASE(1)
+    TS_CASE(2)
+    TS_CASE(3)
+    TS_CASE(4)
+    TS_CASE(5)
+    TS_CASE(6)
+    TS_CASE(7)
+    TS_CASE(8)
+#undef TS_CASE
+    default:
+      fail("[cuda matmul_wt] M=", M, " is outside 1..", kMatvecMaxRows);
+  }
+}
+
+void check_args(int64_t ldy, int64_t M, int64_t K, DType w_type, int64_t N) {
+  TS_CHECK(M >= 0, "[cuda matmul_wt] rows M=", M, " must be >= 0");
+  TS_CHECK(M <= kMatvecMaxRows, "[cuda matmul_wt] M=", M, " is above the matvec limit of ",
+           kMatvecMaxRows, " rows; larger batches go to the GEMM");
+  TS_CHECK(N >= 0, "[cuda matmul_wt] outputs N=", N, " must be >= 0");
+  TS_CHECK(K > 0, "[cuda matmul_wt] inner dimension K=", K, " must be positive");
+  TS_CHECK(ldy >= N, "[cuda matmul_wt] ldy=", ldy, " is smaller than N=", N);
+  const bool half = w_type == DType::f16 || w_type == DType::bf16;
+  TS_CHECK(half || act_block(w_type) > 0, "[cuda matmul_wt] weight type ", dtype_name(w_type),
+           " is not supported (f16, bf16, q8_0, q4_0, q4_1, q4_k, q6_k)");
+  const int64_t block = traits(w_type).block_elems;
+  TS_CHECK(K % block == 0, "[cuda matmul_wt] K=", K, " is not a multiple of the ",
+           dtype_name(w_type), " block size ", block);
+}
+
+}  // namespace
+
+size_t matmul_wt_workspace_bytes(int64_t M, int64_t K, DType w_type) {
+  const int64_t block = act_block(w_type);
+  if (block == 0 || M <= 0 || K <= 0 || K % block != 0) return 0;
+  return act_layout(M, K, block).total;
+}
+
+void matmul_wt(float* y, int64_t ldy, const float* x, int64_t M, int64_t K, const void* w,
+               DType w_type, int64_t N, const float* bias, void* workspace, size_t workspace_bytes,
+               cudaStream_t stream) {
+  check_args(ldy, M, K, w_type, N);
+  if (M == 0 || N == 0) return;
+  TS_CHECK(y && x && w, "[cuda matmul_wt] y, x and w must be device pointers (got null)");
+  const int64_t block = act_block(w_type);
+  if (block == 0) {
+    if (w_type == DType::bf16)
+      launch_half_m<true>(y, ldy, x, M, K, w, N, bias, stream);
+    else
+      launch_half_m<false>(y, ldy, x, M, K, w, N, bias, stream);
+    return;
+  }
+  const ActLayout l = act_layout(M, K, block);
+  TS_CHECK(workspace != nullptr && workspace_bytes >= l.total, "[cuda matmul_wt] workspace of ",
+           workspace_bytes, " bytes is smaller than the ", l.total, " bytes M=", M, " K=", K,
+           " needs");
+  TS_CHECK(reinterpret_cast<uintptr_t>(workspace) % 16 == 0,
+           "[cuda matmul_wt] workspace must be 16-byte aligned");
+  auto* base = static_cast<uint8_t*>(workspace);
+  auto* xq = reinterpret_cast<int8_t*>(base + l.q);
+  auto* xd = reinterpret_cast<float*>(base + l.d);
+  auto* xs = reinterpret_cast<int32_t*>(base + l.s);
+  const int64_t warps = M * (K / block);
+  const int64_t grid = (warps + 7) / 8;
+  TS_CHECK(grid <= 0x7fffffff, "[cuda matmul_wt] K=", K, " needs too many thread blocks");
+  if (block == 32)
+    quantize_acts_kernel<32><<<static_cast<unsigned>(grid), 256, 0, stream>>>(x, M, K, xq, xd, xs);
+  else
+    quantize_acts_kernel<kQK_K>
+        <<<static_cast<unsigned>(grid), 256, 0, stream>>>(x, M, K, xq, xd, xs);
+  TS_CUDA_CHECK_LAUNCH();
+  detail::launch_block_matvec(y, ldy, xq, xd, xs, M, K, w, w_type, N, bias, stream);
+}
+
+void matmul_wt(float* y, int64_t ldy, const float* x, int64_t M, int64_t K, const void* w,
+               DType w_type, int64_t N, const float* bias, cudaStream_t stream) {
+  check_args(ldy, M, K, w_type, N);
+  if (M == 0 || N == 0) return;
+  TS_CHECK(y && x && w, "[cuda matmul_wt] y, x and w must be device pointers (got null)");
+  const size_t need = matmul_wt_workspace_bytes(M, K, w_type);
+  if (need == 0) return matmul_wt(y, ldy, x, M, K, w, w_type, N, bias, nullptr, 0, stream);
+  struct Scratch {
+    void* p = nullptr;
+    size_t bytes = 0;
+  };
+  // Leaked on purpose: freeing at exit would race the CUDA runtime's own teardown.
+  static std::mutex mu;
+  static auto* cache = new std::map<std::pair<int, cudaStream_t>, Scratch>();
+  int dev = 0;
+  TS_CUDA_CHECK(cudaGetDevice(&dev));
+  void* ws = nullptr;
+  size_t ws_bytes = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    Scratch& s = (*cache)[{dev, stream}];
+    if (s.bytes < need) {
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+      TS_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+      TS_CHECK(capture == cudaStreamCaptureStatusNone, "[cuda matmul_wt] scratch of ", s.bytes,
+               " bytes must grow to ", need,
+               " while the stream is being captured: run the largest shape once before capture "
+               "or pass a workspace");
+      // Work already queued on this stream may still read the old buffer.
+      TS_CUDA_CHECK(cudaStreamSynchronize(stream));
+      if (s.p) TS_CUDA_CHECK(cudaFree(s.p));
+      s.p = nullptr;
+      s.bytes = 0;
+      const size_t grown = need < (1u << 20) ? (1u << 20) : need;  // fewer regrowths
+      TS_CUDA_CHECK(cudaMalloc(&s.p, grown));
+      s.bytes = grown;
+    }
+    ws = s.p;
+    ws_bytes = s.bytes;
+  }
+  matmul_wt(y, ldy, x, M, K, w, w_type, N, bias, ws, ws_bytes, stream);
+}
+
+}  // namespace tessera::cuda
