@@ -68,10 +68,9 @@ struct TileQ8_0 {
 };
 
 // q4_0 (kHasMin false: quants 0..15 stand for q - 8) and q4_1 (quants 0..15 plus a min m).
-// The main loop multiplies the raw quants 0..15 (|q x pairs| <= 3810 fits int16); the offset is
-// a per-block term accumulated afterwards from the activations' block sums d_x * sum(x):
-// q4_1 adds m * d_x * sum(x), q4_0 adds -8 * d * d_x * sum(x). Keeping q4_0's -8 out of the
-// main loop saves a multiply-add of 8s and a subtraction per block and row.
+// q4_0's offset stays in integers: sum (q - 8) x = sum q x - 8 sum x, subtracted as i16 pair
+// sums (|q x pairs| <= 3810, |8 x pairs| <= 2032). q4_1's min adds m * d_x * sum(x) per block,
+// accumulated separately (min_terms).
 template <bool kHasMin>
 struct Q4Tile {
   template <int MR, int NR>
@@ -96,8 +95,11 @@ struct Q4Tile {
         for (int a = 0; a < MR; ++a) {
           const __m256i xa = load32(r.xq[a] + 32 * b);
           const __m256 dxa = _mm256_broadcast_ss(r.dx[a] + b);
+          __m256i x8;
+          if constexpr (!kHasMin) x8 = _mm256_maddubs_epi16(_mm256_set1_epi8(8), xa);
           for (int j = 0; j < NR; ++j) {
-            const __m256i pairs = _mm256_maddubs_epi16(wq[j], xa);
+            __m256i pairs = _mm256_maddubs_epi16(wq[j], xa);
+            if constexpr (!kHasMin) pairs = _mm256_sub_epi16(pairs, x8);
             const __m256i s = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
             acc[a][j] =
                 _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw[j], dxa), acc[a][j]);
@@ -106,20 +108,17 @@ struct Q4Tile {
       }
       for (int a = 0; a < MR; ++a)
         for (int j = 0; j < NR; ++j) out[a * NR + j] = hsum(acc[a][j]);
-      add_offset_terms(t, r, nb, out);
+      if constexpr (kHasMin) add_min_terms(t, r, nb, out);
     }
 
-    // out[a][j] += factor * sum_b h_jb * dsum_ab, h the f16 at kTermAt of each block (q4_1: its
-    // min, factor 1; q4_0: its scale, factor -8): 8 blocks per vector (gathered from the block
+    // out[a][j] += sum_b m_jb * dsum_ab: 8 blocks per vector (the mins gathered from the block
     // headers, still in L1 from the main loop), then the tail in order.
-    TS_AVX2 static void add_offset_terms(const TileArgs& t, const TileRows<MR, NR>& r, int64_t nb,
-                                         float* out) {
-      constexpr int kTermAt = kHasMin ? 2 : 0;
-      constexpr float kFactor = kHasMin ? 1.0f : -8.0f;
+    TS_AVX2 static void add_min_terms(const TileArgs& t, const TileRows<MR, NR>& r, int64_t nb,
+                                      float* out) {
       const float* ds[MR];
       for (int a = 0; a < MR; ++a) ds[a] = t.acts->row_dsum(t.m0 + a);
       for (int j = 0; j < NR; ++j) {
-        const uint8_t* mp = r.w[j] + kTermAt;
+        const uint8_t* mp = r.w[j] + 2;  // the min's offset in a block
         __m256 acc[MR];
         for (int a = 0; a < MR; ++a) acc[a] = _mm256_setzero_ps();
         int64_t b = 0;
@@ -133,7 +132,7 @@ struct Q4Tile {
         for (int a = 0; a < MR; ++a) {
           float s = hsum(acc[a]);
           for (int64_t i = b; i < nb; ++i) s += load_f16(mp + i * kBlockBytes) * ds[a][i];
-          out[a * NR + j] += kFactor * s;
+          out[a * NR + j] += s;
         }
       }
     }
