@@ -41,6 +41,17 @@ def main():
     w.add_rope_freq_base(10000.0)
     w.add_rope_dimension_count(D)
     w.add_vocab_size(V)
+    # A placeholder SentencePiece vocabulary (unk, bos, eos, the 256 byte tokens, then "tok<i>")
+    # so other engines (llama.cpp's llama-bench) load the file too; benchmarks feed token ids.
+    tokens = ["<unk>", "<s>", "</s>"] + ["<0x%02X>" % b for b in range(256)]
+    tokens += ["tok%d" % i for i in range(V - len(tokens))]
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * 3 + [0.0] * 256 + [-float(i) for i in range(V - 259)])
+    w.add_token_types([2, 3, 3] + [6] * 256 + [1] * (V - 259))
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
     w.add_tensor("token_embd.weight", mat(V, C))
     for i in range(a.layers):
         p = "blk.%d." % i
