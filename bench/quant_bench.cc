@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "backend/cpu/gemm.h"
+#include "backend/cpu/quant_matmul_avx2.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
 #include "ops/quant.h"
@@ -66,6 +68,42 @@ void BM_MatmulWt(benchmark::State& state) {
       benchmark::Counter(cost.flops, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// The two CPU routes of matmul_wt, called directly at one shape: the integer kernels (8-bit
+// activations; AVX2 where the CPU has it) and the packed f32 GEMM widening W while packing.
+// Args: type index, M, threads, route (0: integer kernels, 1: packed GEMM). N = 2048, K = 2048.
+// cpu::matmul_wt switches routes where these cross.
+void BM_MatmulWtRoute(benchmark::State& state) {
+  const DType t = kTypes[state.range(0)];
+  const int64_t M = state.range(1), N = 2048, K = 2048;
+  const int threads = static_cast<int>(state.range(2));
+  const bool packed = state.range(3) == 1;
+  const auto w = make_weights(t, N, K);
+  tessera::Rng rng(2);
+  std::vector<float> x(static_cast<size_t>(M * K)), y(static_cast<size_t>(M * N));
+  for (auto& v : x) v = rng.normal();
+  tessera::ThreadPool& pool = bench_pool(threads);
+  for (auto _ : state) {
+    if (packed) {
+      tessera::cpu::gemm_wt(pool, y.data(), N, x.data(), M, K, w.data(), t, N, nullptr);
+    } else if (tessera::cpu::quant_avx2_supported()) {
+      tessera::cpu::matmul_wt_avx2(pool, y.data(), N, x.data(), M, K, w.data(), t, N, nullptr);
+    } else {
+      tessera::cpu::matmul_wt_highway(pool, y.data(), N, x.data(), M, K, w.data(), t, N, nullptr);
+    }
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetLabel(std::string(tessera::dtype_name(t)) + (packed ? " packed" : " integer") +
+                 " M=" + std::to_string(M) + " threads=" + std::to_string(threads));
+  state.counters["FLOP/s"] =
+      benchmark::Counter(2.0 * M * N * K, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void route_args(benchmark::internal::Benchmark* b) {
+  for (int64_t t = 0; t < 8; ++t)
+    for (int64_t m : {16, 64, 128, 256, 512})
+      for (int64_t route : {0, 1}) b->Args({t, m, 1, route});
+}
+
 // Llama-1B-like (N, K): attention, MLP up, vocabulary head.
 constexpr std::pair<int64_t, int64_t> kLlamaShapes[] = {{2048, 2048}, {5632, 2048}, {32000, 2048}};
 // SmolLM2-135M (Q4_1 blocks, Q8_0 head): q/o, k/v, gate/up, down, token_embd as the head.
@@ -88,6 +126,11 @@ void prefill_args(benchmark::internal::Benchmark* b) {
   for (int64_t threads : {1, 2}) b->Args({kQ4_1, 512, 1536, 576, threads});
 }
 
+BENCHMARK(BM_MatmulWtRoute)
+    ->Name("MatmulWt/route")
+    ->Apply(route_args)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_MatmulWt)
     ->Name("MatmulWt/decode")
     ->Apply(decode_args)

@@ -56,10 +56,17 @@ void swiglu_backward(ThreadPool& pool, float* dgate, float* dup, const float* do
                      const float* gate, const float* up, int64_t N, int64_t F);
 
 // Quantized / low-precision weights (backend/cpu/quant_matmul.cc); contract of
-// ref::matmul_wt. Rows of W are split over threads in fixed chunks; M <= 4 streams W once,
-// larger M reuses each decoded weight block across 4 activation rows.
+// ref::matmul_wt. Two routes, chosen by matmul_wt_takes_packed_gemm:
+// - integer kernels (decode, small batches): x quantized to 8-bit blocks, rows of W split over
+//   threads in fixed chunks; M <= 4 streams W once, larger M reuses each decoded weight block
+//   across 4 activation rows. A row's result does not depend on M.
+// - packed f32 GEMM (prefill): cpu::gemm_wt, W widened while packed, x unquantized. Rows of a
+//   large product are therefore a little more accurate than the same rows computed in a small
+//   one (and not bit-identical to them).
 void matmul_wt(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t M, int64_t K,
                const void* w, DType w_type, int64_t N, const float* bias);
+// Whether matmul_wt computes M rows against w_type weights through the packed GEMM.
+bool matmul_wt_takes_packed_gemm(DType w_type, int64_t M);
 // Several products of one x (cpu/wt_product.h), each equal to matmul_wt's bit for bit; x is
 // quantized once and all rows are shared out in one hand-off where the kernels allow.
 void matmul_wt_group(ThreadPool& pool, const float* x, int64_t M, int64_t K,

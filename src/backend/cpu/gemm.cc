@@ -4,6 +4,8 @@
 // while packing (exact), so the kernel is an f32 FMA kernel: this CPU family (AVX2, no AVX512-BF16)
 // has no bf16 dot product (an AVX512-BF16 `vdpbf16ps` kernel chosen by cpu_features() would be the
 // place to add one). m <= 4 (decode) takes the unpacked small-M path of gemm_small-inl.h instead.
+// gemm_wt runs the same loops with B = weights in a stored type (f16, q8_0, q4_0, ...), widened
+// to f32 while packing (gemm_dequant-inl.h): matmul_wt's route for prefill-sized products.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -24,6 +26,7 @@
 #include <immintrin.h>
 #endif
 
+#include "backend/cpu/gemm_dequant-inl.h"
 #include "backend/cpu/gemm_pack-inl.h"
 #include "backend/cpu/gemm_small-inl.h"
 
@@ -227,6 +230,10 @@ struct Problem {
   const float* bias;
   bool accumulate;
   int64_t mc, kc, nc;
+  // Packing cost of one B element relative to one A element: widening stored-type weights
+  // costs several instructions per element, so their products split N over threads (each
+  // thread widens only its own columns) unless M is far larger.
+  double b_pack_cost = 1.0;
 };
 
 // Computes the rectangle C[m0:m1, n0:n1] with private pack buffers (Goto's five loops).
@@ -279,10 +286,13 @@ void choose_grid(const Problem& pr, int threads, int* tm_out, int* tn_out) {
     if (tm > pm && tm > 1) break;
     const double mt = static_cast<double>((pm + tm - 1) / tm * kMR);
     const double nt = static_cast<double>((pn + tn - 1) / tn * kNR);
-    const double cost = mt * nt / 16.0 + nt + mt * std::ceil(nt / static_cast<double>(pr.nc));
+    const double cost =
+        mt * nt / 16.0 + pr.b_pack_cost * nt + mt * std::ceil(nt / static_cast<double>(pr.nc));
     if (best < 0 || cost < best) best = cost, *tm_out = tm, *tn_out = tn;
   }
 }
+
+void run_packed(ThreadPool& pool, const Problem& pr);
 
 void gemm_target(ThreadPool& pool, const ops::GemmArgs& g, const GemmBlocking& blk) {
   Problem pr;
@@ -299,8 +309,33 @@ void gemm_target(ThreadPool& pool, const ops::GemmArgs& g, const GemmBlocking& b
     gemm_small_m(pool, pr.a, pr.b, pr.m, pr.n, pr.k, pr.kc, pr.c, pr.ldc, pr.bias, pr.accumulate);
     return;
   }
+  run_packed(pool, pr);
+}
+
+// y (M,N) = x (M,K) W^T [+ bias] with W (N,K) stored as w_type, through the packed kernel:
+// W is widened to f32 while its panels are packed. kc is rounded up to whole blocks of w_type
+// so every depth block starts on a block boundary.
+void gemm_wt_target(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t M, int64_t K,
+                    const void* w, DType w_type, int64_t N, const float* bias,
+                    const GemmBlocking& blk) {
+  Problem pr;
+  pr.a = Operand{x, Src::f32, K, false};
+  pr.b.p = w, pr.b.stored_weights = true, pr.b.stored = w_type;
+  pr.b.row_bytes = dtype_bytes(w_type, K);
+  pr.m = M, pr.n = N, pr.k = K;
+  pr.c = y, pr.ldc = ldy, pr.bias = bias, pr.accumulate = false;
+  auto round_up = [](int64_t v, int64_t unit) { return (v + unit - 1) / unit * unit; };
+  pr.mc = round_up(blk.mc > 0 ? blk.mc : kDefaultMc, kMR);
+  pr.kc = round_up(blk.kc > 0 ? blk.kc : kDefaultKc, traits(w_type).block_elems);
+  pr.nc = round_up(blk.nc > 0 ? blk.nc : kDefaultNc, kNR);
+  pr.b_pack_cost = 4.0;
+  run_packed(pool, pr);
+}
+
+// Goto's loops over a thread grid; any m (no small-M shortcut).
+void run_packed(ThreadPool& pool, const Problem& pr) {
   // Below ~1 MFLOP a pool hand-off (microseconds) costs more than a second core saves.
-  const double flops = 2.0 * g.m * g.n * g.k;
+  const double flops = 2.0 * pr.m * pr.n * pr.k;
   const int threads = flops < 1e6 ? 1 : pool.size();
   int tm = 1, tn = 1;
   choose_grid(pr, threads, &tm, &tn);
@@ -333,6 +368,7 @@ HWY_AFTER_NAMESPACE();
 namespace tessera::cpu {
 
 HWY_EXPORT(gemm_target);
+HWY_EXPORT(gemm_wt_target);
 HWY_EXPORT(tile_target);
 
 namespace gemm_detail {
@@ -349,7 +385,7 @@ struct PackSlot {
 float* pack_buffer(int slot, size_t floats) {
   // Pool threads are persistent, so thread_local buffers are allocated once per thread and
   // reused by every later GEMM; they grow only when a larger block is needed.
-  thread_local PackSlot slots[2];
+  thread_local PackSlot slots[3];
   PackSlot& s = slots[slot];
   if (s.floats < floats) {
     const size_t bytes = (floats * sizeof(float) + 63) / 64 * 64;
@@ -384,6 +420,31 @@ void gemm_blocked(ThreadPool& pool, const ops::GemmArgs& g, const GemmBlocking& 
 
 void gemm(ThreadPool& pool, const ops::GemmArgs& g) {
   gemm_blocked(pool, g, GemmBlocking{});
+}
+
+void gemm_wt_blocked(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t M, int64_t K,
+                     const void* w, DType w_type, int64_t N, const float* bias,
+                     const GemmBlocking& blocking) {
+  TS_CHECK(blocking.mc >= 0 && blocking.kc >= 0 && blocking.nc >= 0,
+           "[gemm_wt] negative blocking mc=", blocking.mc, " kc=", blocking.kc,
+           " nc=", blocking.nc);
+  TS_CHECK(M >= 0 && K >= 0 && N >= 0, "[gemm_wt] negative size M=", M, " K=", K, " N=", N);
+  TS_CHECK(ldy >= N, "[gemm_wt] ldy=", ldy, " is less than N=", N);
+  TS_CHECK(w_type != DType::i32, "[gemm_wt] weights cannot be i32");
+  if (M == 0 || N == 0) return;
+  TS_CHECK(y != nullptr && x != nullptr && w != nullptr, "[gemm_wt] null y, x or w");
+  if (K == 0) {
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) y[i * ldy + j] = bias ? bias[j] : 0.0f;
+    return;
+  }
+  dtype_bytes(w_type, K);  // throws unless K is a whole number of blocks
+  HWY_DYNAMIC_DISPATCH(gemm_wt_target)(pool, y, ldy, x, M, K, w, w_type, N, bias, blocking);
+}
+
+void gemm_wt(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t M, int64_t K,
+             const void* w, DType w_type, int64_t N, const float* bias) {
+  gemm_wt_blocked(pool, y, ldy, x, M, K, w, w_type, N, bias, GemmBlocking{});
 }
 
 }  // namespace tessera::cpu

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "backend/cpu/gemm.h"
 #include "core/dtype.h"
 #include "hwy/highway.h"
 #include "ops/ops.h"
@@ -24,11 +25,16 @@ namespace hn = hwy::HWY_NAMESPACE;
 enum class Src { f32, f32_round_bf16, bf16 };
 
 // One GEMM input as stored: op(x)(r, c) = x[r*ld + c] (trans=false) or x[c*ld + r] (trans=true).
+// Weights in a stored type (B of cpu::gemm_wt only): op(B)(p, j) = element p of row j of W,
+// rows of row_bytes bytes of type `stored` (src and ld unused).
 struct Operand {
   const void* p = nullptr;
   Src src = Src::f32;
   int64_t ld = 0;
   bool trans = false;
+  bool stored_weights = false;
+  DType stored = DType::f32;
+  int64_t row_bytes = 0;
 };
 
 inline Src operand_src(DType t, bool round_bf16) {
@@ -205,6 +211,32 @@ void pack_b_impl(const Operand& b, int64_t p0, int64_t kc, int64_t j0, int64_t n
   }
 }
 
+// pack_b_impl's layout for stored-type weights: each micro-panel's kNR rows of W are widened to
+// f32 over depths [p0, p0 + kc) into a per-thread staging tile (kNR x kc, 16 KiB on AVX2), then
+// transposed into the panel. Widening costs a few instructions per weight, paid once per depth
+// block and shared by every row of A, which the micro-kernel multiplies with M/kNR-lane FMAs.
+template <int kNR>
+void pack_b_stored(const Operand& b, int64_t p0, int64_t kc, int64_t j0, int64_t nc,
+                   float* HWY_RESTRICT dst) {
+  float* stage = gemm_detail::pack_buffer(2, static_cast<size_t>(kNR * kc));
+  const auto* w = static_cast<const uint8_t*>(b.p);
+  for (int64_t jr = 0; jr < nc; jr += kNR, dst += kNR * kc) {
+    const int64_t cols = nc - jr < kNR ? nc - jr : kNR;
+    for (int64_t c = 0; c < cols; ++c)
+      dequant_segment(b.stored, w + (j0 + jr + c) * b.row_bytes, p0, kc, stage + c * kc);
+    for (int64_t c = cols; c < kNR; ++c)
+      for (int64_t p = 0; p < kc; ++p) stage[c * kc + p] = 0.0f;
+#if HWY_TARGET == HWY_AVX2
+    if constexpr (kNR == 16) {
+      pack_bt_panel_avx2<Src::f32>(stage, 0, kc, kc, dst);
+      continue;
+    }
+#endif
+    for (int64_t c = 0; c < kNR; ++c)
+      for (int64_t p = 0; p < kc; ++p) dst[p * kNR + c] = stage[c * kc + p];
+  }
+}
+
 template <int kMR>
 void pack_a(const Operand& a, int64_t i0, int64_t mc, int64_t p0, int64_t kc, float* dst) {
   switch (a.src) {
@@ -219,6 +251,7 @@ void pack_a(const Operand& a, int64_t i0, int64_t mc, int64_t p0, int64_t kc, fl
 
 template <int kNR>
 void pack_b(const Operand& b, int64_t p0, int64_t kc, int64_t j0, int64_t nc, float* dst) {
+  if (b.stored_weights) return pack_b_stored<kNR>(b, p0, kc, j0, nc, dst);
   switch (b.src) {
     case Src::f32:
       return pack_b_impl<kNR, Src::f32>(b, p0, kc, j0, nc, dst);

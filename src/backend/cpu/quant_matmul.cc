@@ -8,6 +8,7 @@
 
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/fixed_chunks.h"
+#include "backend/cpu/gemm.h"
 #include "backend/cpu/quant_act.h"
 #include "backend/cpu/quant_matmul_avx2.h"
 #include "backend/cpu/ref/ref_kernels.h"
@@ -374,9 +375,22 @@ void matmul_wt_highway(ThreadPool& pool, float* y, int64_t ldy, const float* x, 
   HWY_DYNAMIC_DISPATCH(MatmulWt)(pool, y, ldy, x, M, K, w, w_type, N, bias, qa, rows_per_chunk);
 }
 
+bool matmul_wt_takes_packed_gemm(DType w_type, int64_t M) {
+  // Crossovers measured on one Zen core at N = K = 2048 (bench MatmulWt/route): f16 weights win
+  // through the packed GEMM from 64-128 rows; q8_0 from ~128; q4_0 and q4_1 from ~256; the
+  // k-quants (widened by core's scalar block decoders) from 512, where every type is 1.2-1.9x
+  // faster packed than through the integer kernels.
+  const bool float_type = w_type == DType::f32 || w_type == DType::f16 || w_type == DType::bf16;
+  if (float_type || w_type == DType::q8_0) return M >= 128;
+  if (w_type == DType::q4_0 || w_type == DType::q4_1) return M >= 256;
+  return M >= 512;
+}
+
 void matmul_wt(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t M, int64_t K,
                const void* w, DType w_type, int64_t N, const float* bias) {
   ref::check_matmul_wt_args(ldy, M, K, w_type, N);
+  if (matmul_wt_takes_packed_gemm(w_type, M))
+    return gemm_wt(pool, y, ldy, x, M, K, w, w_type, N, bias);
   // The AVX2 kernels (int8 vpmaddubsw) where the CPU has them, unless Highway's choice was
   // pinned below AVX2 (tests pin each target to exercise every Highway version). Lower target
   // bits are the wider x86 targets.
@@ -388,8 +402,20 @@ void matmul_wt(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t 
 
 void matmul_wt_group(ThreadPool& pool, const float* x, int64_t M, int64_t K,
                      const WtProduct* products, int64_t n_products) {
-  for (int64_t p = 0; p < n_products; ++p)
+  bool any_packed = false;
+  for (int64_t p = 0; p < n_products; ++p) {
     ref::check_matmul_wt_args(products[p].ldy, M, K, products[p].w_type, products[p].N);
+    any_packed = any_packed || matmul_wt_takes_packed_gemm(products[p].w_type, M);
+  }
+  // Rows enough for the packed GEMM (M >= 128): nothing is shared between products at that size
+  // (the integer kernels quantize x per product for M > 4 too), so each goes its own route.
+  if (any_packed) {
+    for (int64_t p = 0; p < n_products; ++p) {
+      const WtProduct& w = products[p];
+      matmul_wt(pool, w.y, w.ldy, x, M, K, w.w, w.w_type, w.N, w.bias);
+    }
+    return;
+  }
   static const bool avx2 = quant_avx2_supported();
   if (avx2 && HWY_DYNAMIC_DISPATCH(ChosenTarget)() <= HWY_AVX2)
     return matmul_wt_group_avx2(pool, x, M, K, products, n_products);

@@ -1,0 +1,134 @@
+// Widening of one weight-row segment (f32, f16, bf16, q8_0, q4_0, q4_1, q4_K, q6_K) to f32 for
+// the packed GEMM against stored-type weights (cpu::gemm_wt); compiled once per SIMD target
+// (included from gemm.cc after hwy/foreach_target.h).
+#if defined(TESSERA_BACKEND_CPU_GEMM_DEQUANT_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef TESSERA_BACKEND_CPU_GEMM_DEQUANT_INL_H_
+#undef TESSERA_BACKEND_CPU_GEMM_DEQUANT_INL_H_
+#else
+#define TESSERA_BACKEND_CPU_GEMM_DEQUANT_INL_H_
+#endif
+
+#include <cstdint>
+#include <cstring>
+
+#include "core/dtype.h"
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace tessera::cpu::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Every value equals core's to_f32 of the same element, bit for bit (the products are exact in
+// f32: a scale times a small integer; q4_1 adds its min after one rounded product, as to_f32).
+namespace dequant_detail {
+
+using DF = hn::ScalableTag<float>;
+
+// f16 / bf16: n elements from element 0 of src.
+template <typename Half>
+HWY_INLINE void widen_half(const uint16_t* src, int64_t n, float* HWY_RESTRICT dst) {
+  const DF df;
+  const hn::Rebind<Half, DF> dh;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(df));
+  const Half* s = reinterpret_cast<const Half*>(src);
+  int64_t i = 0;
+  for (; i + L <= n; i += L) hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, s + i)), df, dst + i);
+  for (; i < n; ++i)
+    dst[i] = std::is_same_v<Half, hwy::float16_t> ? f16_to_f32(src[i]) : bf16_to_f32(src[i]);
+}
+
+// Whole 32-element blocks of q8_0 / q4_0 / q4_1. The vector paths need 16 % lanes == 0 (every
+// x86 target: 4, 8 or 16 f32 lanes); other widths take the scalar path.
+HWY_INLINE void widen_q8_0(const BlockQ8_0* b, int64_t n_blocks, float* HWY_RESTRICT dst) {
+  const DF df;
+  const hn::Rebind<int32_t, DF> di;
+  const hn::Rebind<int8_t, DF> d8;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(df));
+  for (int64_t i = 0; i < n_blocks; ++i, dst += kQK8_0) {
+    const float d = f16_to_f32(b[i].d);
+    if (kQK8_0 % L != 0) {
+      for (int j = 0; j < kQK8_0; ++j) dst[j] = d * b[i].qs[j];
+      continue;
+    }
+    const auto vd = hn::Set(df, d);
+    for (int64_t j = 0; j < kQK8_0; j += L) {
+      const auto q = hn::PromoteTo(di, hn::LoadU(d8, b[i].qs + j));
+      hn::StoreU(hn::Mul(vd, hn::ConvertTo(df, q)), df, dst + j);
+    }
+  }
+}
+
+// q4_0 (kMin = false: d * (q - 8)) and q4_1 (kMin = true: d * q + m). Element j of a block is
+// the low nibble of qs[j], element j + 16 the high nibble.
+template <bool kMin, typename Block>
+HWY_INLINE void widen_q4(const Block* b, int64_t n_blocks, float* HWY_RESTRICT dst) {
+  const DF df;
+  const hn::Rebind<int32_t, DF> di;
+  const hn::Rebind<uint8_t, DF> d8;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(df));
+  const auto mask = hn::Set(di, 15), eight = hn::Set(di, 8);
+  for (int64_t i = 0; i < n_blocks; ++i, dst += 32) {
+    const float d = f16_to_f32(b[i].d);
+    float m = 0.0f;
+    if constexpr (kMin) m = f16_to_f32(b[i].m);
+    if (16 % L != 0) {
+      for (int j = 0; j < 16; ++j) {
+        const int lo = b[i].qs[j] & 0x0f, hi = b[i].qs[j] >> 4;
+        if constexpr (kMin) {
+          dst[j] = d * lo + m, dst[j + 16] = d * hi + m;
+        } else {
+          dst[j] = d * (lo - 8), dst[j + 16] = d * (hi - 8);
+        }
+      }
+      continue;
+    }
+    const auto vd = hn::Set(df, d), vm = hn::Set(df, m);
+    for (int64_t j = 0; j < 16; j += L) {
+      const auto q = hn::PromoteTo(di, hn::LoadU(d8, b[i].qs + j));
+      auto lo = hn::And(q, mask), hi = hn::ShiftRight<4>(q);
+      if constexpr (kMin) {
+        hn::StoreU(hn::Add(hn::Mul(vd, hn::ConvertTo(df, lo)), vm), df, dst + j);
+        hn::StoreU(hn::Add(hn::Mul(vd, hn::ConvertTo(df, hi)), vm), df, dst + j + 16);
+      } else {
+        lo = hn::Sub(lo, eight), hi = hn::Sub(hi, eight);
+        hn::StoreU(hn::Mul(vd, hn::ConvertTo(df, lo)), df, dst + j);
+        hn::StoreU(hn::Mul(vd, hn::ConvertTo(df, hi)), df, dst + j + 16);
+      }
+    }
+  }
+}
+
+}  // namespace dequant_detail
+
+// dst[0, n) = elements [p0, p0 + n) of the weight row at `row` (type t) as f32. p0 and n are
+// multiples of t's block size (the caller's depth blocks are); n may be any count for f32/f16/
+// bf16.
+HWY_INLINE void dequant_segment(DType t, const uint8_t* row, int64_t p0, int64_t n,
+                                float* HWY_RESTRICT dst) {
+  namespace dd = dequant_detail;
+  const uint8_t* src = row + dtype_bytes(t, p0);
+  switch (t) {
+    case DType::f32:
+      std::memcpy(dst, src, static_cast<size_t>(n) * 4);
+      return;
+    case DType::f16:
+      return dd::widen_half<hwy::float16_t>(reinterpret_cast<const uint16_t*>(src), n, dst);
+    case DType::bf16:
+      return dd::widen_half<hwy::bfloat16_t>(reinterpret_cast<const uint16_t*>(src), n, dst);
+    case DType::q8_0:
+      return dd::widen_q8_0(reinterpret_cast<const BlockQ8_0*>(src), n / kQK8_0, dst);
+    case DType::q4_0:
+      return dd::widen_q4<false>(reinterpret_cast<const BlockQ4_0*>(src), n / kQK4_0, dst);
+    case DType::q4_1:
+      return dd::widen_q4<true>(reinterpret_cast<const BlockQ4_1*>(src), n / kQK4_1, dst);
+    default:
+      // k-quants: one call per 256 elements, scale unpacking dominates less than the GEMM's
+      // M/8 FMAs per element; core's block dequantizers suffice.
+      return to_f32(t, src, dst, n);
+  }
+}
+
+}  // namespace tessera::cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // include guard toggle
