@@ -108,6 +108,18 @@ TEST_F(InferCli, BenchGenerateJson) {
   for (const char* k : {"prefill_tokens_per_s", "decode_tokens_per_s", "decode_bandwidth_fraction"})
     EXPECT_GT(j[k].get<double>(), 0) << k;
   EXPECT_EQ(j["batched"].size(), 2u);
+  // Time splits are fractions of the phase's forward time: each part in [0, 1], summing to 1.
+  for (const char* split : {"decode_time_split", "prefill_time_split"}) {
+    double sum = 0;
+    for (const char* part : {"matmul", "attention", "other"}) {
+      const double f = j[split][part].get<double>();
+      EXPECT_GE(f, -1e-9) << split << "." << part;
+      EXPECT_LE(f, 1 + 1e-9) << split << "." << part;
+      sum += f;
+    }
+    EXPECT_NEAR(sum, 1.0, 1e-3) << split;
+    EXPECT_GT(j[split]["matmul"].get<double>(), 0) << split;
+  }
 }
 
 TEST_F(InferCli, BadInputIsOneLine) {

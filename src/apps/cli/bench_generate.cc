@@ -102,11 +102,16 @@ int bench_generate(const std::vector<std::string>& argv) {
   // cache append, thread hand-offs).
   std::vector<double> prefill_s, decode_s;
   double split_total = 0, split_matmul = 0, split_attention = 0;
+  double pre_total = 0, pre_matmul = 0, pre_attention = 0;
   for (int64_t r = 0; r < reps; ++r) {
     const int32_t seq = engine.new_sequence();
+    engine.reset_stats();
     const profile::Timer t;
     engine.forward({infer::Feed{seq, prompt, false}});
     prefill_s.push_back(t.seconds());
+    pre_total += engine.stats().seconds;
+    pre_matmul += engine.stats().matmul_seconds;
+    pre_attention += engine.stats().attention_seconds;
     engine.reset_stats();
     decode_s.push_back(timed_decode(engine, {seq}, gen));
     split_total += engine.stats().seconds;
@@ -114,6 +119,8 @@ int bench_generate(const std::vector<std::string>& argv) {
     split_attention += engine.stats().attention_seconds;
     engine.free_sequence(seq);
   }
+  const double pre_frac_matmul = pre_matmul / pre_total;
+  const double pre_frac_attention = pre_attention / pre_total;
   const double frac_matmul = split_matmul / split_total;
   const double frac_attention = split_attention / split_total;
   const double prefill_tps = prompt_len / median(prefill_s);
@@ -172,8 +179,10 @@ int bench_generate(const std::vector<std::string>& argv) {
                   (long long)batch_rows[i].batch, batch_rows[i].tps);
     std::printf(
         "], \"decode_time_split\": {\"matmul\": %.4f, \"attention\": %.4f, \"other\": %.4f}, "
+        "\"prefill_time_split\": {\"matmul\": %.4f, \"attention\": %.4f, \"other\": %.4f}, "
         "\"kv_cache_bytes\": %lld, \"file_weight_bytes\": %lld, \"peak_rss_bytes\": %lld}\n",
-        frac_matmul, frac_attention, 1 - frac_matmul - frac_attention,
+        frac_matmul, frac_attention, 1 - frac_matmul - frac_attention, pre_frac_matmul,
+        pre_frac_attention, 1 - pre_frac_matmul - pre_frac_attention,
         static_cast<long long>(engine.cache().bytes()),
         static_cast<long long>(m.model.total_weight_bytes()),
         static_cast<long long>(profile::peak_rss_bytes()));
@@ -191,6 +200,9 @@ int bench_generate(const std::vector<std::string>& argv) {
       (long long)gen, decode_tps, decode_bw, bytes_per_token / 1e6,
       100 * decode_bw / peaks.triad_gbs_all, kv_bytes_per_token / 1e6,
       100 * decode_total_bw / peaks.triad_gbs_all);
+  std::printf("prefill time: %.0f%% matmuls, %.0f%% attention, %.0f%% other\n",
+              100 * pre_frac_matmul, 100 * pre_frac_attention,
+              100 * (1 - pre_frac_matmul - pre_frac_attention));
   std::printf("decode time: %.0f%% matmuls, %.0f%% attention, %.0f%% other\n", 100 * frac_matmul,
               100 * frac_attention, 100 * (1 - frac_matmul - frac_attention));
   for (const BatchRow& r : batch_rows)
