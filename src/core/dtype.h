@@ -109,6 +109,23 @@ void dequantize_q6_k_blocks(const BlockQ6K* src, float* dst, int64_t n_blocks);
 void quantize_q4_k_blocks(const float* src, BlockQ4K* dst, int64_t n_blocks);
 void quantize_q6_k_blocks(const float* src, BlockQ6K* dst, int64_t n_blocks);
 
+// Elements per activation scale when x is quantized to 8 bits for a product with weights of
+// type t (32 for q8_0/q4_0/q4_1, 256 for the k-quants); 0 for float types, which take x
+// unquantized. Shared by the CPU and CUDA kernels so both quantize x the same way.
+inline int64_t act_block_elems(DType t) {
+  switch (t) {
+    case DType::q8_0:
+    case DType::q4_0:
+    case DType::q4_1:
+      return 32;
+    case DType::q4_k:
+    case DType::q6_k:
+      return kQK_K;
+    default:
+      return 0;
+  }
+}
+
 // Converts n elements of type `t` at src to f32 (dequantizes block types).
 void to_f32(DType t, const void* src, float* dst, int64_t n);
 // Converts n f32 values to type `t` (quantizes block types; n a multiple of the block size).

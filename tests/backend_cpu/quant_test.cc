@@ -104,7 +104,7 @@ struct QuantizedX {
 // with |term| bounded by (|w| + |offset|) |xhat| per element.
 std::vector<double> rounding_bound(DType t, const Weights& w, const float* x, int64_t M, int64_t K,
                                    int64_t N) {
-  const int64_t block = cpu::act_block_elems(t);
+  const int64_t block = act_block_elems(t);
   std::vector<float> xs(x, x + M * K);
   if (block > 0) xs = QuantizedX(x, M, K, block).xhat;
   const double terms = block > 0 ? static_cast<double>(K) / 16 : static_cast<double>(K);
@@ -194,7 +194,7 @@ TEST(Quant, SimdMatchesReference) {
   for (DType t : kAllTypes)
     for (int64_t M : {1, 2, 3, 4, 5, 9}) {
       expect_simd_matches_reference(t, M, 512, 37, pool(2), "K=512");
-      if (cpu::act_block_elems(t) != kQK_K)
+      if (act_block_elems(t) != kQK_K)
         expect_simd_matches_reference(t, M, 96, 5, pool(1), "K=96");
     }
   expect_simd_matches_reference(DType::f16, 3, 37, 5, pool(1), "odd K");
@@ -217,7 +217,7 @@ TEST(Quant, QuantizedMatmulCloseToDequantizedProduct) {
     const Buf x = normal_buf(M * K, 0, 42);
     Buf y(M * N, 0);
     cpu::matmul_wt(pool(2), y.p, N, x.p, M, K, w.p, t, N, nullptr);
-    const QuantizedX qx(x.p, M, K, cpu::act_block_elems(t));
+    const QuantizedX qx(x.p, M, K, act_block_elems(t));
     const auto tol = rounding_bound(t, w, x.p, M, K, N);
     double worst = 0;
     for (int64_t m = 0; m < M; ++m)
@@ -387,7 +387,7 @@ TEST(Quant, EachKernelMatchesReferenceOverTileEdges) {
     for (DType t : kAllTypes)
       for (int64_t M : {1, 2, 3, 4, 5, 8, 11})
         for (int64_t K : {96, 288, 512, 768}) {
-          if (cpu::act_block_elems(t) == kQK_K && K % kQK_K != 0) continue;
+          if (act_block_elems(t) == kQK_K && K % kQK_K != 0) continue;
           for (int64_t N : {1, 7, 37})
             expect_simd_matches_reference(t, M, K, N, pool(2), name + " N=" + std::to_string(N),
                                           fn);

@@ -397,7 +397,7 @@ void check_on_device(DType t, int64_t M, int64_t K, int64_t N, bool with_bias, i
   if (quantized_x)
     cpu::ref::matmul_wt(yref.data(), N, x.data(), M, K, w.data(), t, N,
                         with_bias ? bias.data() : nullptr);
-  const HostActs a = quantized_x ? quantize_host(x, M, K, cpu::act_block_elems(t)) : HostActs{};
+  const HostActs a = quantized_x ? quantize_host(x, M, K, act_block_elems(t)) : HostActs{};
   const int64_t row_bytes = dtype_bytes(t, K);
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t n = 0; n < N; ++n) {

@@ -10,20 +10,6 @@
 
 namespace tessera::cpu {
 
-int64_t act_block_elems(DType t) {
-  switch (t) {
-    case DType::q8_0:
-    case DType::q4_0:
-    case DType::q4_1:
-      return 32;
-    case DType::q4_k:
-    case DType::q6_k:
-      return kQK_K;
-    default:
-      return 0;
-  }
-}
-
 QuantizedActs act_buffer(int64_t M, int64_t K, int64_t block) {
   TS_CHECK(block > 0 && K % block == 0 && block % 32 == 0, "[matmul_wt] K=", K,
            " is not a multiple of the activation block ", block);

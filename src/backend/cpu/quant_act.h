@@ -37,10 +37,6 @@ struct ActsQ8 {
   const int16_t* row_sum32(int64_t m) const { return sum32 + m * (K / 32); }
 };
 
-// Elements per activation scale for weights of type t (32 for q8_0/q4_0/q4_1, 256 for
-// k-quants); 0 for float types, which take activations unquantized.
-int64_t act_block_elems(DType t);
-
 // Views M x K quantized activations in a per-calling-thread buffer that grows when needed and is
 // reused across calls (no allocation per call once warm). Valid until the next call on the same
 // thread.

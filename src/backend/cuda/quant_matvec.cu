@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/matvec_common.cuh"
 #include "core/error.h"
 
 namespace tessera::cuda {
@@ -18,20 +19,6 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kRows = kMatvecWarpRows;
-
-int64_t act_block(DType t) {
-  switch (t) {
-    case DType::q8_0:
-    case DType::q4_0:
-    case DType::q4_1:
-      return 32;
-    case DType::q4_k:
-    case DType::q6_k:
-      return kQK_K;
-    default:
-      return 0;  // float weights take x unquantized
-  }
-}
 
 size_t align256(size_t n) {
   return (n + 255) / 256 * 256;
@@ -90,14 +77,6 @@ __global__ void __launch_bounds__(256)
     if (lane == 0) xs[m * (K / 32) + b * E + e] = s;  // element lane + 32e is in group e
   }
   if (lane == 0) xd[m * nb + b] = d;
-}
-
-__device__ __forceinline__ uint4 load_stream_v4(const void* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
 }
 
 // Two packed 16-bit weights to f32.
@@ -173,22 +152,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
   }
 
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      float v = acc[r][m];
-#pragma unroll
-      for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-      acc[r][m] = v;
-    }
-    const int64_t n = n0 + r;
-    if (lane == 0 && n < N) {
-      const float b = bias ? bias[n] : 0.0f;
-#pragma unroll
-      for (int m = 0; m < M; ++m) y[m * ldy + n] = acc[r][m] + b;
-    }
-  }
+  warp_sum_store<kRows, M>(acc, lane, n0, N, bias, y, ldy);
 }
 
 template <bool kBf16, int M>
@@ -232,7 +196,7 @@ void check_args(int64_t ldy, int64_t M, int64_t K, DType w_type, int64_t N) {
   TS_CHECK(K > 0, "[cuda matmul_wt] inner dimension K=", K, " must be positive");
   TS_CHECK(ldy >= N, "[cuda matmul_wt] ldy=", ldy, " is smaller than N=", N);
   const bool half = w_type == DType::f16 || w_type == DType::bf16;
-  TS_CHECK(half || act_block(w_type) > 0, "[cuda matmul_wt] weight type ", dtype_name(w_type),
+  TS_CHECK(half || act_block_elems(w_type) > 0, "[cuda matmul_wt] weight type ", dtype_name(w_type),
            " is not supported (f16, bf16, q8_0, q4_0, q4_1, q4_k, q6_k)");
   const int64_t block = traits(w_type).block_elems;
   TS_CHECK(K % block == 0, "[cuda matmul_wt] K=", K, " is not a multiple of the ",
@@ -242,7 +206,7 @@ void check_args(int64_t ldy, int64_t M, int64_t K, DType w_type, int64_t N) {
 }  // namespace
 
 size_t matmul_wt_workspace_bytes(int64_t M, int64_t K, DType w_type) {
-  const int64_t block = act_block(w_type);
+  const int64_t block = act_block_elems(w_type);
   if (block == 0 || M <= 0 || K <= 0 || K % block != 0) return 0;
   return act_layout(M, K, block).total;
 }
@@ -253,7 +217,7 @@ void matmul_wt(float* y, int64_t ldy, const float* x, int64_t M, int64_t K, cons
   check_args(ldy, M, K, w_type, N);
   if (M == 0 || N == 0) return;
   TS_CHECK(y && x && w, "[cuda matmul_wt] y, x and w must be device pointers (got null)");
-  const int64_t block = act_block(w_type);
+  const int64_t block = act_block_elems(w_type);
   if (block == 0) {
     if (w_type == DType::bf16)
       launch_half_m<true>(y, ldy, x, M, K, w, N, bias, stream);

@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/matvec_common.cuh"
 #include "backend/cuda/quant_blocks.cuh"
 #include "backend/cuda/quant_matvec.h"
 
@@ -14,15 +15,6 @@ namespace qb = qblocks;
 
 constexpr int kWarps = 4;  // warps per CTA: small CTAs keep the tail wave short for small N
 constexpr int kRows = kMatvecWarpRows;
-
-// Streaming 128-bit load: weights are read once, so they bypass L1 (which keeps x).
-__device__ __forceinline__ uint4 load_stream_v4(const void* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
 
 // The 16 bytes at aligned address a, keeping only those inside [lo, hi) (others zero). Used for
 // the first and last slot of a chunk whose start is not 16-byte aligned.
@@ -164,22 +156,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     __syncwarp();  // everyone is done with stage before the next chunk overwrites it
   }
 
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      float v = acc[r][m];
-#pragma unroll
-      for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-      acc[r][m] = v;
-    }
-    const int64_t n = n0 + r;
-    if (lane == 0 && n < N) {
-      const float b = bias ? bias[n] : 0.0f;
-#pragma unroll
-      for (int m = 0; m < M; ++m) y[m * ldy + n] = acc[r][m] + b;
-    }
-  }
+  warp_sum_store<kRows, M>(acc, lane, n0, N, bias, y, ldy);
 }
 
 template <class T, int M>
