@@ -129,8 +129,13 @@ TEST(GemmWt, MatmulWtRoutesLargeProductsHere) {
     int64_t M_packed = 0;
     for (int64_t m : {128, 256, 512})
       if (M_packed == 0 && matmul_wt_takes_packed_gemm(t, m)) M_packed = m;
-    ASSERT_GT(M_packed, 0) << "no M up to 512 takes the packed route";
     EXPECT_FALSE(matmul_wt_takes_packed_gemm(t, 64)) << "decode-sized batches must stay integer";
+    // q4_K's integer kernel measured faster than the packed route at every M.
+    if (t == DType::q4_k) {
+      EXPECT_EQ(M_packed, 0);
+      continue;
+    }
+    ASSERT_GT(M_packed, 0) << "no M up to 512 takes the packed route";
     const Weights w = make_weights(t, N, K, 41);
     const test::Buf x = test::normal_buf(M_packed * K, 0, 42);
     std::vector<float> via_route(static_cast<size_t>(M_packed * N)), direct(via_route.size());

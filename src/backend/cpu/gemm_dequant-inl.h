@@ -98,6 +98,60 @@ HWY_INLINE void widen_q4(const Block* b, int64_t n_blocks, float* HWY_RESTRICT d
   }
 }
 
+// Whole Q4_K super-blocks: sub-block j is scale_j * q - offset_j (one rounded product, then the
+// subtraction, as core's decoder), q the low (j even) or high (j odd) nibbles of 32 bytes.
+HWY_INLINE void widen_q4_k(const BlockQ4K* b, int64_t n_blocks, float* HWY_RESTRICT dst) {
+  const DF df;
+  const hn::Rebind<int32_t, DF> di;
+  const hn::Rebind<uint8_t, DF> d8;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(df));
+  if (32 % L != 0) return dequantize_q4_k_blocks(b, dst, n_blocks);
+  const auto mask = hn::Set(di, 15);
+  for (int64_t i = 0; i < n_blocks; ++i, dst += kQK_K) {
+    const float d = f16_to_f32(b[i].d), dmin = f16_to_f32(b[i].dmin);
+    for (int j = 0; j < 8; ++j) {
+      int sc, m;
+      q4_k_scale_min(b[i].scales, j, &sc, &m);
+      const auto vs = hn::Set(df, d * static_cast<float>(sc));
+      const auto vo = hn::Set(df, dmin * static_cast<float>(m));
+      const uint8_t* q = b[i].qs + 32 * (j / 2);
+      for (int64_t l = 0; l < 32; l += L) {
+        const auto v = hn::PromoteTo(di, hn::LoadU(d8, q + l));
+        const auto nib = (j & 1) ? hn::ShiftRight<4>(v) : hn::And(v, mask);
+        hn::StoreU(hn::Sub(hn::Mul(vs, hn::ConvertTo(df, nib)), vo), df, dst + 32 * j + l);
+      }
+    }
+  }
+}
+
+// Whole Q6_K super-blocks: element i = (d * scales[i / 16]) * (q - 32), q 6 bits from a ql
+// nibble and a qh bit pair (layout as core's decoder). Needs 16 % lanes == 0 so a vector never
+// straddles two 16-element scale groups.
+HWY_INLINE void widen_q6_k(const BlockQ6K* b, int64_t n_blocks, float* HWY_RESTRICT dst) {
+  const DF df;
+  const hn::Rebind<int32_t, DF> di;
+  const hn::Rebind<uint8_t, DF> d8;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(df));
+  if (16 % L != 0) return dequantize_q6_k_blocks(b, dst, n_blocks);
+  const auto mask4 = hn::Set(di, 15), mask2 = hn::Set(di, 3), bias = hn::Set(di, 32);
+  for (int64_t i = 0; i < n_blocks; ++i, dst += kQK_K) {
+    const float d = f16_to_f32(b[i].d);
+    for (int h = 0; h < 2; ++h)
+      for (int r = 0; r < 4; ++r)
+        for (int64_t l = 0; l < 32; l += L) {
+          const int64_t e = 128 * h + 32 * r + l;
+          const auto lo_bytes =
+              hn::PromoteTo(di, hn::LoadU(d8, b[i].ql + 64 * h + 32 * (r & 1) + l));
+          const auto lo = r < 2 ? hn::And(lo_bytes, mask4) : hn::ShiftRight<4>(lo_bytes);
+          const auto hb = hn::PromoteTo(di, hn::LoadU(d8, b[i].qh + 32 * h + l));
+          const auto hi = hn::And(hn::ShiftRightSame(hb, 2 * r), mask2);
+          const auto q = hn::Sub(hn::Or(lo, hn::ShiftLeft<4>(hi)), bias);
+          const auto ds = hn::Set(df, d * static_cast<float>(b[i].scales[e / 16]));
+          hn::StoreU(hn::Mul(ds, hn::ConvertTo(df, q)), df, dst + e);
+        }
+  }
+}
+
 }  // namespace dequant_detail
 
 // dst[0, n) = elements [p0, p0 + n) of the weight row at `row` (type t) as f32. p0 and n are
@@ -121,9 +175,11 @@ HWY_INLINE void dequant_segment(DType t, const uint8_t* row, int64_t p0, int64_t
       return dd::widen_q4<false>(reinterpret_cast<const BlockQ4_0*>(src), n / kQK4_0, dst);
     case DType::q4_1:
       return dd::widen_q4<true>(reinterpret_cast<const BlockQ4_1*>(src), n / kQK4_1, dst);
+    case DType::q4_k:
+      return dd::widen_q4_k(reinterpret_cast<const BlockQ4K*>(src), n / kQK_K, dst);
+    case DType::q6_k:
+      return dd::widen_q6_k(reinterpret_cast<const BlockQ6K*>(src), n / kQK_K, dst);
     default:
-      // k-quants: one call per 256 elements, scale unpacking dominates less than the GEMM's
-      // M/8 FMAs per element; core's block dequantizers suffice.
       return to_f32(t, src, dst, n);
   }
 }

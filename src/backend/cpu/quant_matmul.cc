@@ -376,14 +376,24 @@ void matmul_wt_highway(ThreadPool& pool, float* y, int64_t ldy, const float* x, 
 }
 
 bool matmul_wt_takes_packed_gemm(DType w_type, int64_t M) {
-  // Crossovers measured on one Zen core at N = K = 2048 (bench MatmulWt/route): f16 weights win
-  // through the packed GEMM from 64-128 rows; q8_0 from ~128; q4_0 and q4_1 from ~256; the
-  // k-quants (widened by core's scalar block decoders) from 512, where every type is 1.2-1.9x
-  // faster packed than through the integer kernels.
-  const bool float_type = w_type == DType::f32 || w_type == DType::f16 || w_type == DType::bf16;
-  if (float_type || w_type == DType::q8_0) return M >= 128;
-  if (w_type == DType::q4_0 || w_type == DType::q4_1) return M >= 256;
-  return M >= 512;
+  // Crossovers measured on one Zen core at N = K = 2048 (bench MatmulWt/route, medians): f16
+  // and q8_0 weights are faster through the packed GEMM from ~128 rows, q6_K from 128 (its
+  // integer kernel is the slowest), q4_0 and q4_1 from ~256; at 512 rows these run 1.1-1.9x
+  // faster packed. q4_K stays on its integer kernel: at 512 rows it measured 59 ms against the
+  // packed route's 67 ms (median of 5).
+  switch (w_type) {
+    case DType::f32:
+    case DType::f16:
+    case DType::bf16:
+    case DType::q8_0:
+    case DType::q6_k:
+      return M >= 128;
+    case DType::q4_0:
+    case DType::q4_1:
+      return M >= 256;
+    default:
+      return false;
+  }
 }
 
 void matmul_wt(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t M, int64_t K,
