@@ -1,5 +1,5 @@
 // BPE tokenizer core: byte-level index building, encoding (per pre-token merges by rank with a
-// heap), added-token matching, decoding, and the special-token ids.
+// heap), decoding, and the special-token ids (added-token splitting: tokenizer_added.cc).
 #include "model/tokenizer.h"
 
 #include <algorithm>
@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "model/tokenizer_impl.h"
 #include "model/tokenizer_pretokenize.h"
+#include "model/unicode_nfc.h"
 
 namespace tessera::model {
 
@@ -85,6 +86,13 @@ void TokenizerState::index_added(const std::string& source) {
     TS_CHECK(!is_added[a.id], "[tokenizer] ", source, ": added_tokens id ", a.id, " is duplicated");
     is_added[a.id] = a.special ? 2 : 1;
     tokens[a.id] = a.content;
+  }
+  added_pattern.clear();
+  any_normalized_added = false;
+  std::string buf;
+  for (const AddedToken& a : added) {
+    added_pattern.emplace_back(a.normalized && nfc ? nfc_normalize(a.content, &buf) : a.content);
+    any_normalized_added |= a.normalized;
   }
 }
 
@@ -262,38 +270,15 @@ std::vector<int32_t> Tokenizer::encode_ordinary(std::string_view text) const {
            "[tokenizer] encode_ordinary: the tokenizer is empty (not trained or loaded)");
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 1);
-  impl_->encode_segment(text, true, &out);
+  impl_->encode_normalized(text, true, &out);
   return out;
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
   TS_CHECK(vocab_size() > 0, "[tokenizer] encode: the tokenizer is empty (not trained or loaded)");
-  const auto& added = impl_->added;
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 1);
-  // Next occurrence of each added token at or after `from`; the leftmost wins, the longest on a
-  // tie (Hugging Face matches added tokens leftmost-longest).
-  std::vector<size_t> next(added.size());
-  for (size_t k = 0; k < added.size(); ++k) next[k] = text.find(added[k].content);
-  size_t from = 0;
-  while (true) {
-    size_t best = added.size();
-    for (size_t k = 0; k < added.size(); ++k) {
-      if (next[k] == std::string_view::npos) continue;
-      if (best == added.size() || next[k] < next[best] ||
-          (next[k] == next[best] && added[k].content.size() > added[best].content.size()))
-        best = k;
-    }
-    if (best == added.size()) break;
-    const size_t at = next[best];
-    impl_->encode_segment(text.substr(from, at - from), from == 0, &out);
-    out.push_back(added[best].id);
-    from = at + added[best].content.size();
-    for (size_t k = 0; k < added.size(); ++k)
-      if (next[k] != std::string_view::npos && next[k] < from)
-        next[k] = text.find(added[k].content, from);
-  }
-  impl_->encode_segment(text.substr(from), from == 0, &out);
+  impl_->encode_with_added(text, &out);
   return out;
 }
 

@@ -45,8 +45,8 @@ class Tokenizer {
                              const std::vector<std::string>& specials = {"<|endoftext|>"});
   // Reads a Hugging Face tokenizer.json: model.type BPE with a ByteLevel pre-tokenizer (alone,
   // after Digits, or after a Llama 3 / Qwen2 Split regex) or SentencePiece-style (byte_fallback,
-  // Metaspace or Prepend+Replace normalizer); throws naming the file and the field on anything
-  // malformed or unsupported.
+  // Metaspace or Prepend+Replace normalizer); either may have an NFC normalizer (Qwen2). Throws
+  // naming the file and the field on anything malformed or unsupported.
   static Tokenizer load_json(const std::string& path);
   static Tokenizer from_json_text(std::string_view json, const std::string& source_name);
   void save_json(const std::string& path) const;
@@ -57,11 +57,13 @@ class Tokenizer {
   void to_gguf(GgufWriter& w) const;
 
   // Added tokens (GGUF CONTROL / USER_DEFINED / UNKNOWN types, tokenizer.json added_tokens) in
-  // the text are matched literally, leftmost then longest, and map to their ids. A byte that has
+  // the text are matched literally, leftmost then longest, and map to their ids; one with lstrip
+  // / rstrip also takes the whitespace on its left / right. The text between them is put in NFC
+  // when the tokenizer has that normalizer (then "normalized" tokens are matched). A byte that has
   // no token in a byte-level vocabulary (SmolLM2 lacks 21, e.g. 0x04) is dropped, as Hugging
   // Face does; SentencePiece falls back to <0xNN> tokens, else to unk.
   std::vector<int32_t> encode(std::string_view text) const;
-  // Without added-token matching (all of the text is ordinary text).
+  // Without added-token matching (all of the text is ordinary text, NFC applied if any).
   std::vector<int32_t> encode_ordinary(std::string_view text) const;
   // Text of the ids; skip_special leaves out special added tokens (bos, <|im_end|>, ...).
   // SentencePiece: U+2581 -> ' ', <0xNN> -> byte, and the space that encoding put in front of

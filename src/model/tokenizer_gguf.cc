@@ -68,6 +68,8 @@ Tokenizer Tokenizer::from_gguf(const GgufFile& f) {
                                  cat(f.path(), ": tokenizer.ggml.pre"));
   // GGUF has no flag for HF's ignore_merges; Llama 3 sets it, and llama.cpp implies it there.
   st.ignore_merges = st.pre == PreTokenizer::llama3;
+  // GGUF has no normalizer key either; Qwen2's tokenizer.json has NFC, so "qwen2" implies it.
+  st.nfc = st.pre == PreTokenizer::qwen2;
 
   const std::vector<std::string> names = f.get_string_array("tokenizer.ggml.tokens");
   const size_t n = names.size();
@@ -150,6 +152,8 @@ Tokenizer Tokenizer::from_gguf(const GgufFile& f) {
   return tok;
 }
 
+// GGUF has no keys for HF's normalizer or lstrip/rstrip: NFC comes back only as implied by pre
+// "qwen2", and added tokens come back without stripping (llama.cpp keeps no such flags either).
 void Tokenizer::to_gguf(GgufWriter& w) const {
   const Impl& m = *impl_;
   TS_CHECK(vocab_size() > 0, "[tokenizer] to_gguf: the tokenizer is empty");

@@ -57,7 +57,9 @@ struct AddedToken {
   std::string content;  // raw bytes, matched literally by encode()
   int32_t id = -1;
   bool special = true;
-  bool normalized = false;
+  bool normalized = false;  // matched in the normalized text (after NFC), not in the raw text
+  bool lstrip = false;      // the match absorbs the White_Space run on its left (HF lstrip)
+  bool rstrip = false;      // ... and on its right (HF rstrip)
 };
 
 // Where SentencePiece-style encoding puts U+2581 in front of a text segment (the text between
@@ -88,12 +90,20 @@ struct TokenizerState {
   bool ignore_merges = false;  // HF option: a pre-token that is itself a token skips merging
   SpacePrefix space_prefix = SpacePrefix::none;  // SentencePiece only
   bool split_at_spaces = false;  // SentencePiece: merges never cross U+2581 (Metaspace split)
+  // HF "NFC" normalizer (Qwen2; GGUF pre "qwen2"): text between added tokens is put in NFC
+  // before pre-tokenization.
+  bool nfc = false;
   SpecialTokens special;
 
   // index
   std::vector<uint8_t> is_added;  // id -> 1 added (decoded by content), 2 added and special
-  std::vector<int16_t> byte_of;   // SentencePiece: id -> byte of a <0xNN> token, else -1
-  int32_t byte_ids[256] = {};  // token of byte b (byte-level) or <0xNN> (SentencePiece); -1: none
+  // Per entry of `added`: the literal matched in the text (content, or NFC(content) for a
+  // normalized token when nfc is on, as HF normalizes those); any_normalized_added: some token
+  // is matched after normalization, which takes a second split.
+  std::vector<std::string> added_pattern;
+  bool any_normalized_added = false;
+  std::vector<int16_t> byte_of;  // SentencePiece: id -> byte of a <0xNN> token, else -1
+  int32_t byte_ids[256] = {};    // token of byte b (byte-level) or <0xNN> (SentencePiece); -1: none
   MergeTable merge_table;
   std::unordered_map<std::string, int32_t> ids_by_bytes;  // ordinary tokens
   int32_t eot = -1;
@@ -104,6 +114,11 @@ struct TokenizerState {
   void finalize(const std::string& source);
   void index_added(const std::string& source);       // checks `added`, fills is_added
   void finalize_special(const std::string& source);  // checks `special`, derives eot and eog
+  // Appends the ids of `text`: split at added tokens (those matched in the raw text, then the
+  // normalized ones in each normalized piece between them), the rest through encode_segment.
+  void encode_with_added(std::string_view text, std::vector<int32_t>* out) const;
+  // Normalizes (NFC when on) and encodes text that holds no added token.
+  void encode_normalized(std::string_view text, bool at_start, std::vector<int32_t>* out) const;
   // Appends the ids of one segment of text between added tokens; `at_start`: it begins the
   // text (SentencePiece prefix scheme "first").
   void encode_segment(std::string_view text, bool at_start, std::vector<int32_t>* out) const;

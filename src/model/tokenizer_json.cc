@@ -88,11 +88,26 @@ void check_byte_level(const Reader& r, const json& v, const std::string& field, 
                                           : "true is unsupported after a Split");
 }
 
-// Byte-level BPE: no normalizer; ByteLevel alone (gpt2), after Digits (smollm), or after a
-// Split with the Llama 3 / Qwen2 pattern.
+// Byte-level normalizer: null, NFC (Qwen2), or a Sequence of NFCs.
+void parse_byte_level_normalizer(const Reader& r, const json& root, TokenizerState* st) {
+  const json* norm = r.member(root, "normalizer");
+  if (!norm) return;
+  if (!norm->is_object()) r.bad("normalizer", "expected an object, got " + show(*norm));
+  const bool seq = type_of(*norm) == "Sequence";
+  const json items = seq ? norm->value("normalizers", json()) : json::array({*norm});
+  if (!items.is_array()) r.bad("normalizer.normalizers", "expected an array, got " + show(*norm));
+  for (size_t k = 0; k < items.size(); ++k) {
+    const std::string field = seq ? cat("normalizer.normalizers[", k, "].type") : "normalizer.type";
+    if (!items[k].is_object() || type_of(items[k]) != "NFC")
+      r.bad(field, "unsupported " + show(items[k]) + " (only NFC, or null)");
+    st->nfc = true;
+  }
+}
+
+// Byte-level BPE: no normalizer or NFC; ByteLevel alone (gpt2), after Digits (smollm), or after
+// a Split with the Llama 3 / Qwen2 pattern.
 void parse_byte_level_components(const Reader& r, const json& root, TokenizerState* st) {
-  if (r.member(root, "normalizer"))
-    r.bad("normalizer", "unsupported " + show(root["normalizer"]) + " (only null)");
+  parse_byte_level_normalizer(r, root, st);
   const json* pre = r.member(root, "pre_tokenizer");
   if (!pre) r.bad("pre_tokenizer", "missing (need type ByteLevel)");
   if (!pre->is_object()) r.bad("pre_tokenizer", "expected an object, got " + show(*pre));
@@ -162,11 +177,13 @@ void parse_spm_components(const Reader& r, const json& root, TokenizerState* st)
     for (const json& n : items) {
       if (is_replace(n, " ", meta))
         replaced = true;
+      else if (type_of(n) == "NFC")  // commutes with the others: ' ' and U+2581 are NFC-stable
+        st->nfc = true;
       else if (type_of(n) == "Prepend" && n.value("prepend", std::string()) == meta)
         st->space_prefix = SpacePrefix::every;
       else
         r.bad("normalizer",
-              "unsupported " + show(n) + " (only Prepend \u2581 and Replace ' ' -> \u2581)");
+              "unsupported " + show(n) + " (only NFC, Prepend \u2581 and Replace ' ' -> \u2581)");
     }
   }
   if (const json* pre = r.member(root, "pre_tokenizer")) {
@@ -275,9 +292,10 @@ TokenizerState parse(const json& root, const std::string& src) {
     if (t.content.empty()) r.bad(field + ".content", "empty");
     t.special = r.boolean(a, "special", field + ".special", false);
     t.normalized = r.boolean(a, "normalized", field + ".normalized", false);
-    for (const char* key : {"single_word", "lstrip", "rstrip"})
-      if (r.boolean(a, key, cat(field, ".", key), false))
-        r.bad(cat(field, ".", key), "true is unsupported");
+    if (r.boolean(a, "single_word", field + ".single_word", false))
+      r.bad(field + ".single_word", "true is unsupported");
+    t.lstrip = r.boolean(a, "lstrip", field + ".lstrip", false);
+    t.rstrip = r.boolean(a, "rstrip", field + ".rstrip", false);
     impl.added.push_back(std::move(t));
   }
 

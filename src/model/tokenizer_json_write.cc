@@ -22,6 +22,8 @@ constexpr const char* kByteLevel =
     "{\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"trim_offsets\": true, "
     "\"use_regex\": ";
 
+constexpr const char* kNfc = "{\"type\": \"NFC\"}";
+
 std::string byte_level_pre_tokenizer(PreTokenizer pre) {
   switch (pre) {
     case PreTokenizer::gpt2:
@@ -53,11 +55,10 @@ void spm_components(const TokenizerState& m, std::string* normalizer, std::strin
   const char* scheme = "never";
   if (m.space_prefix == SpacePrefix::every) {
     *normalizer =
-        cat("{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"Prepend\", "
-            "\"prepend\": ",
-            meta, "}, ", replace, "]}");
+        cat("{\"type\": \"Sequence\", \"normalizers\": [", m.nfc ? kNfc : "", m.nfc ? ", " : "",
+            "{\"type\": \"Prepend\", \"prepend\": ", meta, "}, ", replace, "]}");
   } else {
-    *normalizer = "null";
+    *normalizer = m.nfc ? kNfc : "null";
     scheme = m.space_prefix == SpacePrefix::first  ? "first"
              : m.space_prefix == SpacePrefix::none ? "never"
                                                    : "always";
@@ -103,8 +104,10 @@ std::string Tokenizer::to_json_text() const {
   for (size_t k = 0; k < m.added.size(); ++k) {
     const AddedToken& a = m.added[k];
     s += cat(k ? ",\n" : "\n", "    {\"id\": ", a.id, ", \"content\": ", quote(a.content),
-             ", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, \"normalized\": ",
-             a.normalized ? "true" : "false", ", \"special\": ", a.special ? "true" : "false", "}");
+             ", \"single_word\": false, \"lstrip\": ", a.lstrip ? "true" : "false",
+             ", \"rstrip\": ", a.rstrip ? "true" : "false",
+             ", \"normalized\": ", a.normalized ? "true" : "false",
+             ", \"special\": ", a.special ? "true" : "false", "}");
   }
   s += m.added.empty() ? "],\n" : "\n  ],\n";
   if (spm) {
@@ -114,7 +117,7 @@ std::string Tokenizer::to_json_text() const {
     s += cat("  \"post_processor\": ", bos_post_processor(m), ",\n");
     s += cat("  \"decoder\": ", decoder, ",\n");
   } else {
-    s += "  \"normalizer\": null,\n";
+    s += cat("  \"normalizer\": ", m.nfc ? kNfc : "null", ",\n");
     s += cat("  \"pre_tokenizer\": ", byte_level_pre_tokenizer(m.pre), ",\n");
     if (m.special.add_bos && m.special.bos >= 0)
       s += cat("  \"post_processor\": ", bos_post_processor(m), ",\n");

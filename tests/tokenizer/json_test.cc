@@ -59,7 +59,7 @@ TEST(TokenizerJson, NotJsonOrWrongShape) {
 
 TEST(TokenizerJson, UnsupportedComponents) {
   expect_error([](json& j) { j["model"]["type"] = "WordPiece"; }, "model.type");
-  expect_error([](json& j) { j["normalizer"] = {{"type", "NFC"}}; }, "normalizer");
+  expect_error([](json& j) { j["normalizer"] = {{"type", "NFKC"}}; }, "normalizer.type");
   expect_error([](json& j) { j.erase("pre_tokenizer"); }, "pre_tokenizer");
   expect_error([](json& j) { j["pre_tokenizer"]["type"] = "Whitespace"; }, "pre_tokenizer.type");
   expect_error([](json& j) { j["pre_tokenizer"]["add_prefix_space"] = true; },
@@ -126,7 +126,9 @@ TEST(TokenizerJson, BadAddedTokens) {
   expect_error([](json& j) { j["added_tokens"][0]["id"] = 600; }, "added_tokens[0].id");
   expect_error([](json& j) { j["added_tokens"][0].erase("content"); }, "added_tokens[0].content");
   expect_error([](json& j) { j["added_tokens"][0]["content"] = ""; }, "added_tokens[0].content");
-  expect_error([](json& j) { j["added_tokens"][0]["lstrip"] = true; }, "added_tokens[0].lstrip");
+  expect_error([](json& j) { j["added_tokens"][0]["single_word"] = true; },
+               "added_tokens[0].single_word");
+  expect_error([](json& j) { j["added_tokens"][0]["lstrip"] = 1; }, "added_tokens[0].lstrip");
   expect_error([](json& j) { j["added_tokens"][0]["special"] = "yes"; }, "added_tokens[0].special");
   // The added token's id names a different vocab entry.
   expect_error([](json& j) { j["added_tokens"][0]["id"] = 5; }, "is added token");
@@ -212,7 +214,7 @@ TEST(TokenizerJson, UnsupportedRealLayouts) {
   edited(
       "spm_bpe.json",
       [](json& j) {
-        j["normalizer"] = {{"type", "NFC"}};
+        j["normalizer"] = {{"type", "NFKC"}};
       },
       "normalizer");
   edited(
