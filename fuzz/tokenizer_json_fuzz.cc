@@ -13,9 +13,11 @@
 
 namespace {
 
-// Text with ASCII, multi-byte UTF-8, digits, whitespace runs, an invalid byte and added tokens.
+// Text with ASCII, multi-byte UTF-8, digits, whitespace runs, an invalid byte, added tokens with
+// spaces around them (lstrip/rstrip), and combining marks out of canonical order (NFC).
 constexpr std::string_view kProbe =
-    "Hello, wörld! 12345  \n\t<|endoftext|> ça   \xff\xfe <s></s><|im_start|>x";
+    "Hello, wörld! 12345  \n\t<|endoftext|> ça   \xff\xfe <s></s><|im_start|>x "
+    "cafe\u0301 a\u0323\u0302 \u1100\u1161\u11a8";
 
 }  // namespace
 

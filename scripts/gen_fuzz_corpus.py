@@ -234,7 +234,8 @@ def tokenizer_seeds():
         "digits_byte_level.json": doc(digits, "strings"),
     }
     # The hand-written and converted tokenizers the tokenizer tests use, when present and small.
-    for name in ["tok512_hf.json", "tok512.json", "llama3_bpe.json", "spm_bpe.json", "spm_legacy.json"]:
+    for name in ["tok512_hf.json", "tok512.json", "llama3_bpe.json", "spm_bpe.json", "spm_legacy.json",
+                 "qwen2_nfc.json", "added_strip.json"]:
         src = REPO / "tests" / "data" / "tokenizer" / name
         if src.exists() and src.stat().st_size < 64 * 1024:
             seeds[name] = src.read_bytes()
