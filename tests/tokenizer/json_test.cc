@@ -13,6 +13,7 @@
 #include "core/file_io.h"
 #include "core/rng.h"
 #include "model/tokenizer.h"
+#include "test_util/expect_error.h"
 
 namespace tessera::model {
 namespace {
@@ -28,15 +29,9 @@ json base() {
 // Loads `text` as file "bad.json" and expects an Error whose single line names the file and
 // contains `needle` (the field or the reason).
 void expect_error(const std::string& text, const std::string& needle) {
-  try {
-    Tokenizer::from_json_text(text, "bad.json");
-    ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find("bad.json"), std::string::npos) << msg;
-    EXPECT_NE(msg.find(needle), std::string::npos) << msg;
-    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
-  }
+  const auto load = [&] { Tokenizer::from_json_text(text, "bad.json"); };
+  test::expect_error(load, "bad.json");
+  test::expect_error(load, needle);
 }
 
 void expect_error(const std::function<void(json&)>& edit, const std::string& needle) {
