@@ -1,5 +1,5 @@
 // Unicode Normalization Form C (UAX #15) over UTF-8, as Hugging Face's "NFC" normalizer applies it
-// before pre-tokenization (Qwen2). Tables: unicode_nfc_data.cc (scripts/gen_unicode_nfc.py).
+// before pre-tokenization (Qwen2). Tables: unicode_nfc_data.h (scripts/gen_unicode_nfc.py).
 #pragma once
 
 #include <string>
