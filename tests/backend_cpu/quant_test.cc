@@ -194,8 +194,7 @@ TEST(Quant, SimdMatchesReference) {
   for (DType t : kAllTypes)
     for (int64_t M : {1, 2, 3, 4, 5, 9}) {
       expect_simd_matches_reference(t, M, 512, 37, pool(2), "K=512");
-      if (act_block_elems(t) != kQK_K)
-        expect_simd_matches_reference(t, M, 96, 5, pool(1), "K=96");
+      if (act_block_elems(t) != kQK_K) expect_simd_matches_reference(t, M, 96, 5, pool(1), "K=96");
     }
   expect_simd_matches_reference(DType::f16, 3, 37, 5, pool(1), "odd K");
 }
