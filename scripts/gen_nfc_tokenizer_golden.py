@@ -21,13 +21,13 @@ import sys
 import unicodedata
 
 import tokenizers
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
-from tokenizers import pre_tokenizers, trainers
+from tokenizers import AddedToken, Tokenizer, normalizers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(HERE, "..", "tests", "data", "tokenizer")
 sys.path.insert(0, HERE)
-from gen_real_tokenizer_golden import QWEN2_PATTERN, dump_cases  # noqa: E402
+from gen_real_tokenizer_golden import (  # noqa: E402
+    QWEN2_PATTERN, dump_cases, split_byte_level_bpe, training_text, write_json)
 
 # (label, text): text is str, or bytes for input that is not valid UTF-8.
 NFC_CASES = [
@@ -144,23 +144,10 @@ def nfc_golden():
             "unicode_version": unicodedata.unidata_version, "cases": cases, "singles": singles}
 
 
-def training_text():
-    with open(os.path.join(DATA, "train.txt"), encoding="utf-8") as f:
-        base = f.read()
-    return [base] + [unicodedata.normalize("NFC", t) for t in QWEN2_CASES if "<" not in t] * 3
-
-
 def qwen2_nfc():
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    tok = Tokenizer(models.BPE())
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=specials, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(training_text(), trainer)
+    corpus = training_text([unicodedata.normalize("NFC", t) for t in QWEN2_CASES])
+    tok = split_byte_level_bpe(QWEN2_PATTERN, specials, 600, corpus, normalizers.NFC())
     # A normalized (non-special) added token written decomposed: HF matches its NFC in the
     # normalized text.
     tok.add_tokens([AddedToken("cafe\u0301", normalized=True, special=False)])
@@ -184,12 +171,6 @@ def added_strip():
     path = os.path.join(DATA, "added_strip.json")
     tok.save(path, pretty=False)
     return dump_cases("added_strip.json", Tokenizer.from_file(path), STRIP_CASES)
-
-
-def write_json(name, obj):
-    with open(os.path.join(DATA, name), "w", encoding="utf-8") as f:
-        json.dump(obj, f, ensure_ascii=False, indent=1)
-        f.write("\n")
 
 
 def write_lines(name, obj):

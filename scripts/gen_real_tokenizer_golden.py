@@ -119,23 +119,33 @@ def smollm2(model_path):
     return dump_cases("smollm2.json", tok, CASES), v["tokenizer.chat_template"]
 
 
-def training_text():
+def training_text(cases):
+    """train.txt plus the cases without special tokens, three times: every case's pieces occur."""
     with open(os.path.join(DATA, "train.txt"), encoding="utf-8") as f:
         base = f.read()
-    return [base] + [c for c in CASES if "<" not in c] * 3
+    return [base] + [c for c in cases if "<" not in c] * 3
+
+
+def split_byte_level_bpe(pattern, specials, vocab_size, corpus, normalizer=None):
+    """A byte-level BPE trained on corpus, pre-tokenized by the regex `pattern` (Llama 3, Qwen2)."""
+    tok = Tokenizer(models.BPE())
+    if normalizer is not None:
+        tok.normalizer = normalizer
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                  show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus, trainer)
+    return tok
 
 
 def llama3_bpe():
     specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
                 "<|end_header_id|>", "<|eot_id|>"]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=700, special_tokens=specials, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(training_text(), trainer)
+    tok = split_byte_level_bpe(LLAMA3_PATTERN, specials, 700, training_text(CASES))
     # Llama 3 emits a pre-token that is itself a token without merging (llama.cpp does the same
     # for the llama3 pre-tokenizer).
     j = json.loads(tok.to_str())
@@ -156,7 +166,7 @@ def spm_bpe():
     # A small alphabet forces rare characters (CJK, emoji, accents) onto the byte tokens.
     trainer = trainers.BpeTrainer(vocab_size=700, show_progress=False, limit_alphabet=70,
                                   special_tokens=["<unk>", "<s>", "</s>"] + byte_tokens)
-    tok.train_from_iterator(training_text(), trainer)
+    tok.train_from_iterator(training_text(CASES), trainer)
     # Llama keeps the byte tokens as ordinary vocabulary, not added tokens.
     j = json.loads(tok.to_str())
     j["added_tokens"] = [a for a in j["added_tokens"] if a["content"] not in byte_tokens]
