@@ -58,39 +58,51 @@ CharClass classify_code_point(uint32_t cp) {
   return CharClass::kOther;
 }
 
-int next_char(std::string_view text, size_t pos, CharClass* cls) {
+int decode_utf8(std::string_view text, size_t pos, uint32_t* cp) {
   const auto* s = reinterpret_cast<const uint8_t*>(text.data());
   const size_t n = text.size();
   const uint8_t b0 = s[pos];
   if (b0 < 0x80) {
-    *cls = kAsciiClasses[b0];
+    *cp = b0;
     return 1;
   }
-  uint32_t cp = 0;
-  int len = 0;
   if (b0 >= 0xC2 && b0 <= 0xDF) {
     if (pos + 1 < n && is_cont(s[pos + 1])) {
-      cp = ((b0 & 0x1Fu) << 6) | (s[pos + 1] & 0x3Fu);
-      len = 2;
+      *cp = ((b0 & 0x1Fu) << 6) | (s[pos + 1] & 0x3Fu);
+      return 2;
     }
   } else if (b0 >= 0xE0 && b0 <= 0xEF) {
     if (pos + 2 < n && is_cont(s[pos + 1]) && is_cont(s[pos + 2])) {
-      cp = ((b0 & 0x0Fu) << 12) | ((s[pos + 1] & 0x3Fu) << 6) | (s[pos + 2] & 0x3Fu);
+      const uint32_t c = ((b0 & 0x0Fu) << 12) | ((s[pos + 1] & 0x3Fu) << 6) | (s[pos + 2] & 0x3Fu);
       // Rejects overlong forms (< U+0800) and UTF-16 surrogates.
-      if (cp >= 0x800 && (cp < 0xD800 || cp > 0xDFFF)) len = 3;
+      if (c >= 0x800 && (c < 0xD800 || c > 0xDFFF)) {
+        *cp = c;
+        return 3;
+      }
     }
   } else if (b0 >= 0xF0 && b0 <= 0xF4) {
     if (pos + 3 < n && is_cont(s[pos + 1]) && is_cont(s[pos + 2]) && is_cont(s[pos + 3])) {
-      cp = ((b0 & 0x07u) << 18) | ((s[pos + 1] & 0x3Fu) << 12) | ((s[pos + 2] & 0x3Fu) << 6) |
-           (s[pos + 3] & 0x3Fu);
-      if (cp >= 0x10000 && cp <= 0x10FFFF) len = 4;
+      const uint32_t c = ((b0 & 0x07u) << 18) | ((s[pos + 1] & 0x3Fu) << 12) |
+                         ((s[pos + 2] & 0x3Fu) << 6) | (s[pos + 3] & 0x3Fu);
+      if (c >= 0x10000 && c <= 0x10FFFF) {
+        *cp = c;
+        return 4;
+      }
     }
   }
-  if (len == 0) {
-    *cls = CharClass::kOther;
+  *cp = kInvalidUtf8Base + b0;
+  return 1;
+}
+
+int next_char(std::string_view text, size_t pos, CharClass* cls) {
+  const auto b0 = static_cast<uint8_t>(text[pos]);
+  if (b0 < 0x80) {  // the common case, without the call
+    *cls = kAsciiClasses[b0];
     return 1;
   }
-  *cls = classify_code_point(cp);
+  uint32_t cp;
+  const int len = decode_utf8(text, pos, &cp);
+  *cls = cp >= kInvalidUtf8Base ? CharClass::kOther : classify_code_point(cp);
   return len;
 }
 

@@ -5,14 +5,15 @@
 #include <algorithm>
 #include <vector>
 
+#include "model/tokenizer_pretokenize.h"
 #include "model/unicode_nfc_data.h"
 
 namespace tessera::model {
 namespace {
 
-// An invalid UTF-8 byte b travels through the algorithm as kInvalidBase + b: outside Unicode, so
-// no table knows it (class 0, no decomposition, composes with nothing), and it encodes back to b.
-constexpr uint32_t kInvalidBase = 0x110000;
+// An invalid UTF-8 byte travels through the algorithm as the code point decode_utf8 gives it
+// (kInvalidUtf8Base + byte, outside Unicode): class 0, no decomposition, composes with nothing,
+// and encodes back to the byte.
 
 // Hangul syllable arithmetic (Unicode chapter 3.12).
 constexpr uint32_t kSBase = 0xAC00, kLBase = 0x1100, kVBase = 0x1161, kTBase = 0x11A7;
@@ -23,44 +24,9 @@ constexpr uint32_t kNCount = kVCount * kTCount, kSCount = kLCount * kNCount;
 // extensions skip the table search.
 const uint32_t kFirstUnstable = unicode::kNfcUnstableRanges[0].lo;
 
-bool is_cont(uint8_t b) {
-  return (b & 0xC0) == 0x80;
-}
-
-// Strict UTF-8 (the rules of next_char in tokenizer_pretokenize.cc): returns the length and the
-// code point, or length 1 and kInvalidBase + byte for an invalid or truncated sequence.
-int decode(std::string_view text, size_t pos, uint32_t* cp) {
-  const auto* s = reinterpret_cast<const uint8_t*>(text.data());
-  const size_t n = text.size();
-  const uint8_t b0 = s[pos];
-  *cp = b0;
-  if (b0 < 0x80) return 1;
-  if (b0 >= 0xC2 && b0 <= 0xDF && pos + 1 < n && is_cont(s[pos + 1])) {
-    *cp = ((b0 & 0x1Fu) << 6) | (s[pos + 1] & 0x3Fu);
-    return 2;
-  }
-  if (b0 >= 0xE0 && b0 <= 0xEF && pos + 2 < n && is_cont(s[pos + 1]) && is_cont(s[pos + 2])) {
-    const uint32_t c = ((b0 & 0x0Fu) << 12) | ((s[pos + 1] & 0x3Fu) << 6) | (s[pos + 2] & 0x3Fu);
-    if (c >= 0x800 && (c < 0xD800 || c > 0xDFFF)) {
-      *cp = c;
-      return 3;
-    }
-  } else if (b0 >= 0xF0 && b0 <= 0xF4 && pos + 3 < n && is_cont(s[pos + 1]) &&
-             is_cont(s[pos + 2]) && is_cont(s[pos + 3])) {
-    const uint32_t c = ((b0 & 0x07u) << 18) | ((s[pos + 1] & 0x3Fu) << 12) |
-                       ((s[pos + 2] & 0x3Fu) << 6) | (s[pos + 3] & 0x3Fu);
-    if (c >= 0x10000 && c <= 0x10FFFF) {
-      *cp = c;
-      return 4;
-    }
-  }
-  *cp = kInvalidBase + b0;
-  return 1;
-}
-
 void append_utf8(uint32_t cp, std::string* out) {
-  if (cp >= kInvalidBase) {
-    out->push_back(static_cast<char>(cp - kInvalidBase));
+  if (cp >= kInvalidUtf8Base) {
+    out->push_back(static_cast<char>(cp - kInvalidUtf8Base));
   } else if (cp < 0x80) {
     out->push_back(static_cast<char>(cp));
   } else if (cp < 0x800) {
@@ -79,7 +45,7 @@ void append_utf8(uint32_t cp, std::string* out) {
 }
 
 bool is_stable(uint32_t cp) {
-  if (cp < kFirstUnstable || cp >= kInvalidBase) return true;
+  if (cp < kFirstUnstable || cp >= kInvalidUtf8Base) return true;
   const auto* end = unicode::kNfcUnstableRanges + unicode::kNfcUnstableRangeCount;
   const auto* it =
       std::lower_bound(unicode::kNfcUnstableRanges, end, cp,
@@ -88,7 +54,7 @@ bool is_stable(uint32_t cp) {
 }
 
 uint8_t combining_class(uint32_t cp) {
-  if (cp < kFirstUnstable || cp >= kInvalidBase) return 0;
+  if (cp < kFirstUnstable || cp >= kInvalidUtf8Base) return 0;
   const auto* end = unicode::kCombiningClasses + unicode::kCombiningClassCount;
   const auto* it =
       std::lower_bound(unicode::kCombiningClasses, end, cp,
@@ -110,7 +76,7 @@ void decompose(uint32_t cp, std::vector<Mark>* out) {
     if (s % kTCount != 0) out->push_back({kTBase + s % kTCount, 0});
     return;
   }
-  if (cp >= 0xC0 && cp < kInvalidBase) {
+  if (cp >= 0xC0 && cp < kInvalidUtf8Base) {
     const auto* end = unicode::kDecompositions + unicode::kDecompositionCount;
     const auto* it =
         std::lower_bound(unicode::kDecompositions, end, cp,
@@ -146,7 +112,7 @@ void normalize_span(std::string_view span, std::string* out) {
   marks.clear();
   for (size_t i = 0; i < span.size();) {
     uint32_t cp;
-    i += decode(span, i, &cp);
+    i += decode_utf8(span, i, &cp);
     decompose(cp, &marks);
   }
   // Canonical ordering: each run of non-starters sorted stably by class.
@@ -196,7 +162,7 @@ bool is_nfc_quick(std::string_view text) {
   if (is_ascii(text)) return true;
   for (size_t i = 0; i < text.size();) {
     uint32_t cp;
-    i += decode(text, i, &cp);
+    i += decode_utf8(text, i, &cp);
     if (!is_stable(cp)) return false;
   }
   return true;
@@ -211,7 +177,7 @@ std::string_view nfc_normalize(std::string_view text, std::string* buf) {
   bool changed = false;
   for (size_t i = 0; i < text.size();) {
     uint32_t cp;
-    const int len = decode(text, i, &cp);
+    const int len = decode_utf8(text, i, &cp);
     if (is_stable(cp)) {
       boundary = i;
       i += static_cast<size_t>(len);
@@ -219,7 +185,7 @@ std::string_view nfc_normalize(std::string_view text, std::string* buf) {
     }
     size_t end = i + static_cast<size_t>(len);
     while (end < text.size()) {
-      const int l = decode(text, end, &cp);
+      const int l = decode_utf8(text, end, &cp);
       if (is_stable(cp)) break;
       end += static_cast<size_t>(l);
     }
