@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs ON the device machine (NVIDIA H200, nvcc, CMake, ninja, no network): unpacks the .deb
 # packages carried in .gpu-deps/ (made by scripts/gpu-prepare.sh) into a prefix under /tmp,
-# configures a Release build for sm_90a, builds only the CUDA tests and benches, runs every test
-# binary and every bench (all of them, whatever fails), and writes logs and a summary to $OUT
+# configures a Release build for sm_90a, builds the CUDA tests, benches and the tessera binary,
+# runs every test binary, `tessera bench generate --device cuda` on synthetic 1B/8B Llamas, and
+# every bench (all of them, whatever fails), and writes logs and a summary to $OUT
 # (./gpu-out when OUT is unset). Stages are bounded so the whole run ends within ~8 minutes.
 #
 # Usage: scripts/gpu-check.sh [--dry-run]
@@ -110,7 +111,10 @@ if [[ -n "${GPU_CHECK_ONLY:-}" ]]; then
   mapfile -t tests < <(printf '%s\n' "${tests[@]}" | grep -E "$GPU_CHECK_ONLY")
   mapfile -t benches < <(printf '%s\n' "${benches[@]}" | grep -E "$GPU_CHECK_ONLY")
 fi
-log "targets: ${tests[*]} ${benches[*]}"
+# The tessera binary runs the whole engine on the GPU (bench generate --device cuda below).
+engine=(tessera)
+if [[ -n "${GPU_CHECK_ONLY:-}" ]] && ! grep -qE "$GPU_CHECK_ONLY" <<<"tessera"; then engine=(); fi
+log "targets: ${tests[*]} ${benches[*]} ${engine[*]}"
 if ((${#tests[@]} + ${#benches[@]} == 0)); then
   log "FATAL: no CUDA test or bench targets selected"
   exit 2
@@ -122,7 +126,8 @@ fi
 
 # ---- build (keep going past failures: one broken kernel must not hide the other results) ----
 limit=$(stage_limit 330 90)
-timeout "$limit" ninja -C "$build" -k 0 -j "$jobs" "${tests[@]}" "${benches[@]}" >"$out/build.log" 2>&1
+timeout "$limit" ninja -C "$build" -k 0 -j "$jobs" "${tests[@]}" "${benches[@]}" "${engine[@]}" \
+  >"$out/build.log" 2>&1
 rc=$?
 log "build: rc=$rc ($(elapsed) s, limit $limit s)"
 if ((rc != 0)); then
@@ -158,9 +163,36 @@ done
 rm -f "$out/.test_one.log"
 log "tests: passed $pass, failed $fail, skipped $skip, binaries failing/missing $broken"
 
-# ---- benches ----
+# ---- the engine on the GPU: prefill, decode and batched decode of synthetic Llama shapes ----
 : >"$out/bench.jsonl"
 : >"$out/bench.log"
+if ((${#engine[@]})) && [[ -x "$build/tessera" ]]; then
+  # Each line: spec, extra environment, flags. The last run repeats 1b q4_0 without CUDA graphs
+  # (every launch eager) to show what the graphs save.
+  runs=("synthetic:1b:q4_0||--prompt 512 --gen 128 --reps 3 --batch 1,8,64"
+        "synthetic:1b:q8_0||--prompt 512 --gen 128 --reps 3 --batch 1,8"
+        "synthetic:8b:q4_0||--prompt 512 --gen 64 --reps 2 --batch 1,8"
+        "synthetic:8b:q8_0||--prompt 512 --gen 64 --reps 2 --batch 1"
+        "synthetic:1b:q4_0|TESSERA_CUDA_GRAPHS=0|--prompt 512 --gen 64 --reps 2 --batch 1")
+  for r in "${runs[@]}"; do
+    IFS='|' read -r spec envs flags <<<"$r"
+    limit=$(stage_limit 75 60)
+    echo "===== tessera bench generate $spec $envs $flags" >>"$out/bench.log"
+    # shellcheck disable=SC2086
+    env $envs timeout "$limit" "$build/tessera" bench generate -m "$spec" --device cuda $flags \
+      --json >"$out/.engine.out" 2>>"$out/bench.log"
+    rc=$?
+    cat "$out/.engine.out" >>"$out/bench.log"
+    grep '^{' "$out/.engine.out" | sed "s/^{/{\"name\": \"engine $spec ${envs:-graphs}\", /" \
+      >>"$out/bench.jsonl"
+    log "engine $spec ${envs}: rc=$rc ($(elapsed) s)"
+  done
+  rm -f "$out/.engine.out"
+else
+  log "engine: tessera NOT BUILT (or not selected)"
+fi
+
+# ---- benches ----
 for b in "${benches[@]}"; do
   bin="$build/bench/$b"
   if [[ ! -x "$bin" ]]; then

@@ -11,6 +11,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/quant_matvec.h"
+#include "backend/device.h"
 #include "core/dtype.h"
 
 namespace {
@@ -18,19 +19,6 @@ namespace {
 using tessera::DType;
 
 constexpr int kReps = 10;  // timed repetitions (median reported)
-
-// Read-only reduction: every byte of the buffer is read once with 128-bit loads; one partial
-// sum per thread block keeps the compiler from dropping the loads.
-__global__ void read_kernel(const float4* __restrict__ p, size_t n, float* __restrict__ out) {
-  float s = 0.0f;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const float4 v = __ldcs(p + i);
-    s += v.x + v.y + v.z + v.w;
-  }
-  for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
-  if (threadIdx.x % 32 == 0 && s == 12345.0f) out[blockIdx.x] = s;  // practically never taken
-}
 
 template <class F>
 double median_ms(F&& body, int inner) {
@@ -57,27 +45,9 @@ double median_ms(F&& body, int inner) {
 
 double measure_read_bandwidth_gbs(const std::string& gpu) {
   const size_t bytes = size_t{1} << 30;
-  float4* buf = nullptr;
-  float* out = nullptr;
-  TS_CUDA_CHECK(cudaMalloc(&buf, bytes));
-  TS_CUDA_CHECK(cudaMalloc(&out, 1 << 20));
-  TS_CUDA_CHECK(cudaMemset(buf, 0, bytes));
-  int sms = 0;
-  TS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const size_t n = bytes / sizeof(float4);
-  const double ms = median_ms(
-      [&] {
-        read_kernel<<<sms * 8, 512>>>(buf, n, out);
-        TS_CUDA_CHECK_LAUNCH();
-      },
-      1);
-  TS_CUDA_CHECK(cudaFree(buf));
-  TS_CUDA_CHECK(cudaFree(out));
-  const double gbs = static_cast<double>(bytes) / (ms * 1e-3) / 1e9;
-  std::printf(
-      "{\"name\":\"read_bandwidth\",\"gpu\":\"%s\",\"bytes\":%zu,\"median_ms\":%.4f,"
-      "\"GBps\":%.1f}\n",
-      gpu.c_str(), bytes, ms, gbs);
+  const double gbs = tessera::backend::cuda_read_bandwidth(bytes) / 1e9;
+  std::printf("{\"name\":\"read_bandwidth\",\"gpu\":\"%s\",\"bytes\":%zu,\"GBps\":%.1f}\n",
+              gpu.c_str(), bytes, gbs);
   return gbs;
 }
 

@@ -2,6 +2,7 @@
 // built, and by backend/no_cuda otherwise, so callers never need an #ifdef.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 namespace tessera::backend {
@@ -11,5 +12,11 @@ int cuda_device_count();            // 0 when built without CUDA or no device is
 std::string cuda_device_summary();  // "NVIDIA H200, 139 GiB, sm_90" or why there is none
 // Throws Error("... built without CUDA" or "no CUDA device") naming `what`.
 void require_cuda(const char* what);
+// Bytes/s a streaming read of `bytes` reaches on the current CUDA device (median of 10 runs after
+// 3 warmups); the yardstick of decode's roofline figure. Throws without a device.
+double cuda_read_bandwidth(size_t bytes = size_t{1} << 30);
+// Dense bf16 tensor-core peak of the current CUDA device in FLOP/s from the datasheet table
+// (0 when the GPU is not in it). Throws without a device.
+double cuda_bf16_peak_flops();
 
 }  // namespace tessera::backend

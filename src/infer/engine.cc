@@ -49,7 +49,9 @@ void write_key_column(DType type, const float* key, uint8_t* dst, int64_t D, int
 }  // namespace
 
 Engine::Engine(const model::DecoderModel& model, const EngineOptions& opts)
-    : model_(model), opts_(opts), cache_(cache_shape(model.config, opts)) {
+    : model_(model),
+      opts_(opts),
+      cache_(cache_shape(model.config, opts), opts.ctx.device == ops::Device::cpu) {
   const model::DecoderConfig& c = model_.config;
   if (c.arch == DecoderArch::gpt2)
     TS_CHECK(std::fabs(c.norm_eps - 1e-5f) < 1e-9f, "[engine] gpt2 layer norm epsilon ", c.norm_eps,
@@ -85,8 +87,26 @@ Engine::Engine(const model::DecoderModel& model, const EngineOptions& opts)
   const auto rows = static_cast<size_t>(opts_.max_rows);
   const auto C = static_cast<size_t>(c.d_model), F = static_cast<size_t>(c.d_ff);
   x_.resize(rows * C);
-  xn_.resize(rows * C);
   tmp_.resize(rows * C);
+  positions_.resize(rows);
+  n_keys_.resize(rows);
+  first_key_.resize(rows);
+  tables_.resize(rows);
+  if (opts_.ctx.device == ops::Device::cuda) {
+    // The paged decode kernel has no sliding window: a window that never binds (the context is
+    // no longer than it) is fine, any other is refused rather than silently ignored.
+    TS_CHECK(c.sliding_window == 0 || c.sliding_window >= opts_.max_ctx,
+             "[engine] --device cuda: "
+             "the model's sliding window of ",
+             c.sliding_window,
+             " tokens is not supported on "
+             "CUDA; use --ctx ",
+             c.sliding_window, " or less, or the CPU");
+    max_seq_blocks_ = (opts_.max_ctx + opts_.block_tokens - 1) / opts_.block_tokens;
+    device_ = backend::make_cuda_decoder(device_desc());
+    return;
+  }
+  xn_.resize(rows * C);
   q_.resize(rows * static_cast<size_t>(c.q_dim()));
   att_.resize(q_.size());
   k_.resize(rows * static_cast<size_t>(c.kv_dim()));
@@ -95,10 +115,49 @@ Engine::Engine(const model::DecoderModel& model, const EngineOptions& opts)
   ff_b_.resize(rows * F);
   stat_a_.resize(rows);
   stat_b_.resize(rows);
-  positions_.resize(rows);
-  n_keys_.resize(rows);
-  first_key_.resize(rows);
-  tables_.resize(rows);
+}
+
+backend::DecoderDesc Engine::device_desc() const {
+  const model::DecoderConfig& c = config();
+  const model::DecoderWeights& w = model_.weights;
+  auto host = [](const WeightRef& r) {
+    return backend::HostWeight{r.data, r.type, r.present() ? r.rows() : 0,
+                               r.present() ? r.cols() : 0};
+  };
+  backend::DecoderDesc d;
+  d.gpt2 = c.arch == DecoderArch::gpt2;
+  d.C = c.d_model;
+  d.H = c.n_heads;
+  d.Hkv = c.n_kv_heads;
+  d.D = c.head_dim;
+  d.F = c.d_ff;
+  d.V = c.vocab;
+  d.norm_eps = c.norm_eps;
+  if (!d.gpt2) {
+    d.rope_cos = rope_.cos.data();
+    d.rope_sin = rope_.sin.data();
+    d.rope_max_pos = rope_.max_pos;
+    d.rope_dim = rope_.rotary_dim;
+    d.rope_interleaved = c.rope_layout == ops::RopeLayout::interleaved;
+  }
+  for (const model::DecoderLayer& l : w.layers)
+    d.layers.push_back(backend::DecoderLayerWeights{
+        host(l.attn_norm), host(l.attn_norm_b), host(l.wq), host(l.wk), host(l.wv), host(l.wo),
+        host(l.bq), host(l.bk), host(l.bv), host(l.bo), host(l.ffn_norm), host(l.ffn_norm_b),
+        host(l.w_gate), host(l.w_up), host(l.w_down), host(l.b_up), host(l.b_down)});
+  d.out_norm = host(w.out_norm);
+  d.out_norm_b = host(w.out_norm_b);
+  d.output = host(w.output);
+  d.kv_type = opts_.kv_type;
+  d.block_tokens = opts_.block_tokens;
+  d.n_blocks = cache_.shape().n_blocks;
+  d.max_rows = opts_.max_rows;
+  d.max_seq_blocks = max_seq_blocks_;
+  return d;
+}
+
+std::string Engine::device_description() const {
+  return device_ ? device_->describe() : std::string("cpu");
 }
 
 int32_t Engine::new_sequence() {
@@ -243,6 +302,10 @@ void Engine::run_chunk(const Row* rows, int64_t n) {
     first_key_[r] = static_cast<int32_t>(W > 0 ? std::max<int64_t>(0, rows[r].pos + 1 - W) : 0);
     tables_[r] = seqs_[rows[r].seq].blocks.data();
   }
+  if (device_) {
+    run_chunk_device(rows, n);
+    return;
+  }
   for (int64_t l = 0; l < c.n_layers; ++l) layer(l, rows, n);
 
   // Final norm and the output head, only for the rows whose logits were asked for.
@@ -257,6 +320,30 @@ void Engine::run_chunk(const Row* rows, int64_t n) {
   float* dst = logits_.data() + logit_rows_done_ * c.vocab;
   linear(dst, xn_.data(), m, w.output, {});
   logit_rows_done_ += m;
+}
+
+void Engine::run_chunk_device(const Row* rows, int64_t n) {
+  const int64_t BT = opts_.block_tokens, S = max_seq_blocks_;
+  slots_.resize(static_cast<size_t>(n));
+  chunk_tables_.assign(static_cast<size_t>(n * S), 0);
+  logit_index_.clear();
+  for (int64_t r = 0; r < n; ++r) {
+    const std::vector<int32_t>& blocks = seqs_[rows[r].seq].blocks;
+    slots_[r] = static_cast<int32_t>(blocks[rows[r].pos / BT] * BT + rows[r].pos % BT);
+    std::copy(blocks.begin(), blocks.end(), chunk_tables_.begin() + r * S);
+    if (rows[r].want_logits) logit_index_.push_back(static_cast<int32_t>(r));
+  }
+  backend::DecoderChunk chunk;
+  chunk.n = n;
+  chunk.x = x_.data();
+  chunk.pos = positions_.data();
+  chunk.slot = slots_.data();
+  chunk.tables = chunk_tables_.data();
+  chunk.logit_rows = logit_index_.data();
+  chunk.n_logits = static_cast<int64_t>(logit_index_.size());
+  chunk.logits = logits_.data() + logit_rows_done_ * config().vocab;
+  device_->forward(chunk);
+  logit_rows_done_ += chunk.n_logits;
 }
 
 void Engine::layer(int64_t l, const Row* rows, int64_t n) {

@@ -6,9 +6,12 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
+#include "backend/device_decoder.h"
 #include "infer/kv_cache.h"
 #include "model/decoder.h"
 #include "ops/context.h"
@@ -22,7 +25,10 @@ struct EngineOptions {
   int64_t block_tokens = 32;   // cache block size
   int64_t max_rows = 512;      // token rows per forward chunk (activation buffers are sized by it)
   DType kv_type = DType::f32;  // KV cache elements: f32, or f16 (half the memory and traffic)
-  ops::Context ctx;            // threads; reference kernels for tests
+  // threads; reference kernels for tests; device cuda runs the whole forward pass on the GPU
+  // (weights, activations and the KV cache in device memory; backend/device_decoder.h), with
+  // the sequence bookkeeping and the embedding lookup staying here.
+  ops::Context ctx;
   // Widen every weight matrix to f32 once at start, so activations are never quantized: the
   // accuracy yardstick for the integer kernels (4-8x the memory, much slower decode).
   bool float_weights = false;
@@ -62,6 +68,9 @@ class Engine {
   // unchanged for every sequence.
   const std::vector<float>& forward(const std::vector<Feed>& feeds);
 
+  // "cpu" or the device decoder's description (GPU name, device memory in use).
+  std::string device_description() const;
+
   const EngineStats& stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }
 
@@ -79,6 +88,8 @@ class Engine {
     bool want_logits;
   };
   void run_chunk(const Row* rows, int64_t n);
+  void run_chunk_device(const Row* rows, int64_t n);
+  backend::DecoderDesc device_desc() const;
   void layer(int64_t l, const Row* rows, int64_t n);
   void linear(float* y, const float* x, int64_t n, const model::WeightRef& w,
               const model::WeightRef& bias);
@@ -103,6 +114,11 @@ class Engine {
   std::vector<const int32_t*> tables_;
   std::vector<float> logits_;
   std::vector<Row> rows_;  // this call's token rows (kept to reuse its memory)
+  // Device runs: the decoder, and per-chunk cache slots, block tables (rows, max_seq_blocks) and
+  // the rows whose logits are wanted.
+  std::unique_ptr<backend::DeviceDecoder> device_;
+  int64_t max_seq_blocks_ = 0;
+  std::vector<int32_t> slots_, chunk_tables_, logit_index_;
   int64_t logit_rows_done_ = 0;
   int64_t calls_ = 0;
   EngineStats stats_;

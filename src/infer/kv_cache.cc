@@ -27,7 +27,10 @@ size_t checked_bytes(const KvCacheShape& s) {
 
 }  // namespace
 
-KvCache::KvCache(const KvCacheShape& shape) : shape_(shape), data_(checked_bytes(shape)) {
+KvCache::KvCache(const KvCacheShape& shape, bool host_storage)
+    : shape_(shape),
+      bytes_(static_cast<int64_t>(checked_bytes(shape))),
+      data_(host_storage ? static_cast<size_t>(bytes_) : 0) {
   free_.reserve(static_cast<size_t>(shape.n_blocks));
   for (int64_t b = shape.n_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));
 }

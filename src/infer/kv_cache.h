@@ -21,8 +21,10 @@ struct KvCacheShape {
 
 class KvCache {
  public:
-  // Allocates the whole arena up front (throws naming the size if it cannot).
-  explicit KvCache(const KvCacheShape& shape);
+  // Allocates the whole arena up front (throws naming the size if it cannot). Without
+  // host_storage only the block bookkeeping lives here: the blocks are in device memory
+  // (backend/device_decoder.h), and layer_base() is null.
+  explicit KvCache(const KvCacheShape& shape, bool host_storage = true);
 
   const KvCacheShape& shape() const { return shape_; }
   DType type() const { return shape_.type; }
@@ -37,7 +39,8 @@ class KvCache {
   uint8_t* layer_base(int64_t layer) {
     return data_.data() + layer * 2 * half_block_elems() * elem_bytes();
   }
-  int64_t bytes() const { return static_cast<int64_t>(data_.size()); }
+  // Bytes of the arena wherever it lives (host or device).
+  int64_t bytes() const { return bytes_; }
   int64_t bytes_per_token() const;
 
   // Takes a free block; throws when none is left, naming the capacity.
@@ -47,6 +50,7 @@ class KvCache {
 
  private:
   KvCacheShape shape_;
+  int64_t bytes_ = 0;
   AlignedBuffer<uint8_t> data_;
   std::vector<int32_t> free_;  // a stack: the most recently freed block is reused first
 };

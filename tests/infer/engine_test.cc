@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "backend/device.h"
 #include "infer/engine.h"
 #include "test_util/expect_error.h"
 #include "tiny_model.h"
@@ -221,6 +222,16 @@ TEST(Engine, BadInputGivesOneLineErrors) {
   EngineOptions o = small_options(false);
   o.max_ctx = 1000;
   test::expect_error([&] { Engine(m, o); }, "--ctx 1000");
+}
+
+// Without a GPU (or without CUDA in the build) a CUDA engine is refused in one line, before any
+// memory is taken; with one, tests/cuda/engine_test.cc runs it against this engine.
+TEST(Engine, CudaDeviceWithoutGpuIsRefused) {
+  if (backend::cuda_device_count() > 0) GTEST_SKIP() << "a CUDA device is present";
+  const model::DecoderModel m = test::make_tiny_model(variant(0));
+  EngineOptions o = small_options(false);
+  o.ctx.device = ops::Device::cuda;
+  test::expect_error([&] { Engine(m, o); }, "[cuda] --device cuda");
 }
 
 }  // namespace

@@ -11,10 +11,12 @@
 #include "apps/cli/args.h"
 #include "apps/cli/bench.h"
 #include "apps/cli/infer_flags.h"
+#include "backend/device.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
 #include "infer/engine.h"
+#include "model/synthetic.h"
 #include "profile/probe.h"
 #include "profile/timer.h"
 
@@ -76,7 +78,8 @@ int bench_generate(const std::vector<std::string>& argv) {
   LoadedModel m;
   model::DecoderLoadOptions lo;
   lo.mmap = ef.mmap;
-  m.model = model::load_decoder(ef.model_path, lo);
+  m.model = model::is_synthetic_spec(ef.model_path) ? model::make_synthetic_decoder(ef.model_path)
+                                                    : model::load_decoder(ef.model_path, lo);
   const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
   EngineFlags sized = ef;
   if (sized.ctx == 0)
@@ -89,7 +92,19 @@ int bench_generate(const std::vector<std::string>& argv) {
       bt;
   infer::Engine engine(m.model, eo);
   const int threads = default_pool().size();
-  const profile::MachinePeaks peaks = profile::cached_peaks(threads);
+  // The roofline's yardsticks: the CPU's probed triad bandwidth and FMA peak, or on CUDA the
+  // GPU's measured read bandwidth and its dense bf16 tensor-core peak.
+  struct Peaks {
+    double gbs = 0, gflops = 0;
+  } peaks;
+  if (ef.cuda) {
+    peaks.gbs = backend::cuda_read_bandwidth() / 1e9;
+    peaks.gflops = backend::cuda_bf16_peak_flops() / 1e9;
+  } else {
+    const profile::MachinePeaks p = profile::cached_peaks(threads);
+    peaks.gbs = p.triad_gbs_all;
+    peaks.gflops = p.f32_gflops_all;
+  }
   profile::reset_peak_rss();  // the probe's arrays are freed; they are not the model's memory
   const model::DecoderConfig& c = m.model.config;
 
@@ -163,48 +178,58 @@ int bench_generate(const std::vector<std::string>& argv) {
 
   if (json) {
     std::printf(
-        "{\"model\": \"%s\", \"threads\": %d, \"prompt_tokens\": %lld, \"gen_tokens\": %lld, "
+        "{\"model\": \"%s\", \"device\": \"%s\", \"threads\": %d, \"prompt_tokens\": %lld, "
+        "\"gen_tokens\": %lld, "
         "\"prefill_tokens_per_s\": %.3f, \"prefill_gflops\": %.2f, "
         "\"prefill_peak_fraction\": %.4f, \"decode_tokens_per_s\": %.3f, "
         "\"decode_gbs\": %.3f, \"decode_bandwidth_fraction\": %.4f, "
         "\"weight_bytes_per_token\": %.0f, \"kv_bytes_per_token\": %.0f, "
         "\"decode_total_bandwidth_fraction\": %.4f, \"peak_gbs\": %.2f, \"peak_gflops\": %.1f, "
         "\"batched\": [",
-        ef.model_path.c_str(), threads, (long long)prompt_len, (long long)gen, prefill_tps,
-        prefill_gflops, prefill_gflops / peaks.f32_gflops_all, decode_tps, decode_bw,
-        decode_bw / peaks.triad_gbs_all, bytes_per_token, kv_bytes_per_token,
-        decode_total_bw / peaks.triad_gbs_all, peaks.triad_gbs_all, peaks.f32_gflops_all);
+        ef.model_path.c_str(), engine.device_description().c_str(), threads, (long long)prompt_len,
+        (long long)gen, prefill_tps, prefill_gflops, prefill_gflops / peaks.gflops, decode_tps,
+        decode_bw, decode_bw / peaks.gbs, bytes_per_token, kv_bytes_per_token,
+        decode_total_bw / peaks.gbs, peaks.gbs, peaks.gflops);
     for (size_t i = 0; i < batch_rows.size(); ++i)
       std::printf("%s{\"batch\": %lld, \"decode_tokens_per_s\": %.3f}", i ? ", " : "",
                   (long long)batch_rows[i].batch, batch_rows[i].tps);
+    // The split is timed on the host around each op: on CUDA the launches return at once, so
+    // there is no split to report.
+    auto split = [&](double mm, double at) {
+      char buf[128];
+      if (ef.cuda) return std::string("null");
+      std::snprintf(buf, sizeof buf, "{\"matmul\": %.4f, \"attention\": %.4f, \"other\": %.4f}", mm,
+                    at, 1 - mm - at);
+      return std::string(buf);
+    };
     std::printf(
-        "], \"decode_time_split\": {\"matmul\": %.4f, \"attention\": %.4f, \"other\": %.4f}, "
-        "\"prefill_time_split\": {\"matmul\": %.4f, \"attention\": %.4f, \"other\": %.4f}, "
+        "], \"decode_time_split\": %s, \"prefill_time_split\": %s, "
         "\"kv_cache_bytes\": %lld, \"file_weight_bytes\": %lld, \"peak_rss_bytes\": %lld}\n",
-        frac_matmul, frac_attention, 1 - frac_matmul - frac_attention, pre_frac_matmul,
-        pre_frac_attention, 1 - pre_frac_matmul - pre_frac_attention,
+        split(frac_matmul, frac_attention).c_str(),
+        split(pre_frac_matmul, pre_frac_attention).c_str(),
         static_cast<long long>(engine.cache().bytes()),
         static_cast<long long>(m.model.total_weight_bytes()),
         static_cast<long long>(profile::peak_rss_bytes()));
     return 0;
   }
-  std::printf("model %s (%s), %d threads; peaks: %.1f GB/s triad, %.1f GFLOP/s f32\n",
-              c.name.c_str(), ef.model_path.c_str(), threads, peaks.triad_gbs_all,
-              peaks.f32_gflops_all);
+  std::printf("model %s (%s) on %s, %d threads; peaks: %.1f GB/s %s, %.1f GFLOP/s %s\n",
+              c.name.c_str(), ef.model_path.c_str(), engine.device_description().c_str(), threads,
+              peaks.gbs, ef.cuda ? "read" : "triad", peaks.gflops, ef.cuda ? "bf16 tensor" : "f32");
   std::printf("prefill %lld tokens: %.1f tokens/s, %.1f GFLOP/s (%.0f%% of peak)\n",
               (long long)prompt_len, prefill_tps, prefill_gflops,
-              100 * prefill_gflops / peaks.f32_gflops_all);
+              100 * prefill_gflops / peaks.gflops);
   std::printf(
       "decode %lld tokens: %.1f tokens/s, %.2f GB/s of weights (%.1f MB/token) = %.0f%% of "
       "bandwidth; with the KV cache reads (%.1f MB/token) %.0f%%\n",
-      (long long)gen, decode_tps, decode_bw, bytes_per_token / 1e6,
-      100 * decode_bw / peaks.triad_gbs_all, kv_bytes_per_token / 1e6,
-      100 * decode_total_bw / peaks.triad_gbs_all);
-  std::printf("prefill time: %.0f%% matmuls, %.0f%% attention, %.0f%% other\n",
-              100 * pre_frac_matmul, 100 * pre_frac_attention,
-              100 * (1 - pre_frac_matmul - pre_frac_attention));
-  std::printf("decode time: %.0f%% matmuls, %.0f%% attention, %.0f%% other\n", 100 * frac_matmul,
-              100 * frac_attention, 100 * (1 - frac_matmul - frac_attention));
+      (long long)gen, decode_tps, decode_bw, bytes_per_token / 1e6, 100 * decode_bw / peaks.gbs,
+      kv_bytes_per_token / 1e6, 100 * decode_total_bw / peaks.gbs);
+  if (!ef.cuda) {
+    std::printf("prefill time: %.0f%% matmuls, %.0f%% attention, %.0f%% other\n",
+                100 * pre_frac_matmul, 100 * pre_frac_attention,
+                100 * (1 - pre_frac_matmul - pre_frac_attention));
+    std::printf("decode time: %.0f%% matmuls, %.0f%% attention, %.0f%% other\n", 100 * frac_matmul,
+                100 * frac_attention, 100 * (1 - frac_matmul - frac_attention));
+  }
   for (const BatchRow& r : batch_rows)
     std::printf("batched decode, %4lld sequences: %8.1f tokens/s (%.2fx batch 1)\n",
                 (long long)r.batch, r.tps, r.tps / decode_tps);

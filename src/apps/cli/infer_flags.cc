@@ -61,9 +61,12 @@ EngineFlags parse_engine_flags(Args& a) {
   f.mmap = a.has("--mmap");
   const std::string device = a.str("--device", "cpu");
   TS_CHECK(device == "cpu" || device == "cuda", "--device must be cpu or cuda, not '", device, "'");
-  // The CUDA kernels exist (backend/cuda) but the engine does not run on them yet: say so
-  // (or that this build has no CUDA, or that the machine has no GPU) instead of using the CPU.
-  if (device == "cuda") backend::require_cuda("--device cuda");
+  // Checked here, before the model loads: a build without CUDA or a machine without a GPU says
+  // so at once instead of after reading gigabytes of weights.
+  f.cuda = device == "cuda";
+  if (f.cuda)
+    TS_CHECK(backend::cuda_device_count() > 0,
+             "[cuda] --device cuda: ", backend::cuda_device_summary());
   const std::string kv = a.str("--kv-type", "f16");
   TS_CHECK(kv == "f16" || kv == "f32", "--kv-type must be f16 or f32, not '", kv, "'");
   f.kv_type = kv == "f16" ? DType::f16 : DType::f32;
@@ -79,6 +82,7 @@ infer::EngineOptions engine_options(const EngineFlags& f, const model::DecoderMo
            " is longer than the model's context length ", model.config.max_ctx);
   o.kv_tokens = o.max_ctx * sequences;
   o.kv_type = f.kv_type;
+  if (f.cuda) o.ctx.device = ops::Device::cuda;
   return o;
 }
 

@@ -35,8 +35,9 @@ struct EngineFlags {
   int64_t ctx = 0;      // 0: min(model's context, 4096)
   bool mmap = false;
   DType kv_type = DType::f16;  // --kv-type f16|f32
+  bool cuda = false;           // --device cuda: the engine runs on GPU 0
 };
-// -m/--model, --threads, --ctx, --kv-type, --mmap (a switch: call Args with it listed).
+// -m/--model, --threads, --ctx, --kv-type, --device, --mmap (a switch: call Args with it listed).
 EngineFlags parse_engine_flags(Args& a);
 // Applies --threads and builds the engine options for `model` (kv capacity = ctx * sequences).
 infer::EngineOptions engine_options(const EngineFlags& f, const model::DecoderModel& model,

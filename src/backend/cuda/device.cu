@@ -29,8 +29,8 @@ std::string cuda_device_summary() {
 void require_cuda(const char* what) {
   TS_CHECK(cuda_device_count() > 0, "[cuda] ", what, ": no CUDA device is present");
   fail("[cuda] ", what,
-       ": the commands do not run on CUDA yet (the kernels in backend/cuda are "
-       "built and tested on their own); use the CPU");
+       ": this entry takes host memory and runs on the CPU only; on CUDA the engine runs as a "
+       "whole on the device (infer::Engine with ctx.device cuda)");
 }
 
 }  // namespace tessera::backend

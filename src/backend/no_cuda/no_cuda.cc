@@ -1,5 +1,6 @@
 // Stub linked when CUDA is off: every CUDA entry says the build has no CUDA.
 #include "backend/device.h"
+#include "backend/device_decoder.h"
 #include "core/error.h"
 
 namespace tessera::backend {
@@ -15,6 +16,21 @@ std::string cuda_device_summary() {
 }
 void require_cuda(const char* what) {
   fail("[cuda] ", what, ": this tessera was built without CUDA (configure with -DTESSERA_CUDA=on)");
+}
+
+double cuda_read_bandwidth(size_t) {
+  require_cuda("read bandwidth");
+  return 0;
+}
+
+double cuda_bf16_peak_flops() {
+  require_cuda("bf16 peak");
+  return 0;
+}
+
+std::unique_ptr<DeviceDecoder> make_cuda_decoder(const DecoderDesc&, int) {
+  require_cuda("--device cuda");
+  return nullptr;
 }
 
 }  // namespace tessera::backend

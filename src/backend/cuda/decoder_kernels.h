@@ -1,0 +1,27 @@
+// Small CUDA kernels the device decoder (device_decoder.cc) needs between the big ones: appending
+// a chunk's keys and values to the paged cache, and gathering the rows whose logits are wanted.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace tessera::cuda {
+
+// Writes row r of k and v (rows, Hkv * D) f32 into cache slot slot[r] (device array): block
+// b = slot / block_tokens, token t = slot % block_tokens; head g's key goes to element
+// b * block_stride + (g * block_tokens + t) * D + d of `layer_kv` (type kv_type: f32 or f16,
+// rounded to nearest even), its value v_offset elements further. Slots are not checked on the
+// device: the caller hands out slots inside the cache.
+void kv_cache_append(void* layer_kv, DType kv_type, const float* k, const float* v,
+                     const int32_t* slot, int64_t rows, int64_t Hkv, int64_t D,
+                     int64_t block_tokens, int64_t block_stride, int64_t v_offset,
+                     cudaStream_t stream);
+
+// dst (n, C) = src rows index[0 .. n) (device array of row numbers into src (*, C)), f32.
+void gather_rows(float* dst, const float* src, const int32_t* index, int64_t n, int64_t C,
+                 cudaStream_t stream);
+
+}  // namespace tessera::cuda

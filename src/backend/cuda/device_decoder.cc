@@ -1,0 +1,582 @@
+// The CUDA device decoder: weights uploaded once in their stored types, activations and the paged
+// KV cache in device memory, and a forward pass of launches on one stream. Matrices go through
+// the quantized matrix-vector kernels (up to kMatvecMaxRows rows at a time, so each weight byte is
+// read once per 8 rows) or, for f32 weights, through cuBLASLt; attention through the paged decode
+// kernel (prefill rows are causal decode rows of the same sequence).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <tuple>
+#include <unordered_map>
+
+#include "backend/cuda/attention.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/decoder_kernels.h"
+#include "backend/cuda/gemm_lt.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/memory_pool.h"
+#include "backend/cuda/quant_matvec.h"
+#include "backend/cuda/runtime.h"
+#include "backend/device.h"
+#include "backend/device_decoder.h"
+#include "core/error.h"
+
+namespace tessera::backend {
+namespace {
+
+using cuda::DeviceBuffer;
+
+constexpr size_t kAlign = 256;
+// Logit rows computed per head call (bounds the device logits buffer at large vocabularies).
+constexpr int64_t kHeadRows = 64;
+// The decode attention's split workspace covers this many rows with up to kAttnSplits splits.
+constexpr int64_t kAttnRows = 16, kAttnSplits = 32;
+// CUDA graphs: chunks of up to kGraphMaxRows rows; attention bounds rounded to kGraphKeysRound
+// keys (the split size of the decode kernel); at most kMaxGraphs shapes kept.
+constexpr int64_t kGraphMaxRows = 64, kGraphKeysRound = 256;
+constexpr size_t kMaxGraphs = 256;
+
+size_t align_up(size_t n) {
+  return (n + kAlign - 1) / kAlign * kAlign;
+}
+
+bool matrix_type_supported(DType t) {
+  switch (t) {
+    case DType::f32:
+    case DType::f16:
+    case DType::bf16:
+    case DType::q8_0:
+    case DType::q4_0:
+    case DType::q4_1:
+    case DType::q4_k:
+    case DType::q6_k:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Pinned host memory: the chunk's inputs are staged here so one asynchronous copy moves them.
+class PinnedBuffer {
+ public:
+  explicit PinnedBuffer(size_t bytes) : bytes_(bytes) {
+    TS_CUDA_CHECK(cudaHostAlloc(&p_, bytes ? bytes : 1, cudaHostAllocDefault));
+  }
+  ~PinnedBuffer() { cudaFreeHost(p_); }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  uint8_t* get() const { return static_cast<uint8_t*>(p_); }
+  size_t size() const { return bytes_; }
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// A weight on the device.
+struct DevWeight {
+  const void* p = nullptr;
+  DType type = DType::f32;
+  int64_t rows = 0, cols = 0;
+  const float* f() const { return static_cast<const float*>(p); }
+};
+
+struct DevLayer {
+  DevWeight attn_norm, attn_norm_b, wq, wk, wv, wo, bq, bk, bv, bo;
+  DevWeight ffn_norm, ffn_norm_b, w_gate, w_up, w_down, b_up, b_down;
+};
+
+class CudaDecoder final : public DeviceDecoder {
+ public:
+  CudaDecoder(const DecoderDesc& d, int device);
+  ~CudaDecoder() override {
+    // Pending work may still read the buffers the members free.
+    cudaStreamSynchronize(stream_.get());
+    for (auto& [key, exec] : graphs_)
+      if (exec) cudaGraphExecDestroy(exec);
+  }
+  void forward(const DecoderChunk& chunk) override;
+  std::string describe() const override;
+  int64_t device_bytes() const override {
+    return static_cast<int64_t>(weights_.size() + cache_.size() + acts_.size() + ints_.size() +
+                                attn_ws_.size() + matvec_ws_.size() + rope_.size());
+  }
+
+ private:
+  void validate() const;
+  void upload_weights();
+  void linear(float* y, const float* x, int64_t n, const DevWeight& w, const DevWeight& bias);
+  // out = norm(inp) with layer weights w, b (b gpt2 only).
+  void norm(float* out, const float* inp, int64_t n, const DevWeight& w, const DevWeight& b);
+  // x += r, then out = norm(x).
+  void residual_norm(float* x, float* out, const float* r, int64_t n, const DevWeight& w,
+                     const DevWeight& b);
+  void layer(size_t l, int64_t n, int64_t max_keys);
+  // The whole forward pass of n rows on the stream, ending with the first head piece in logits_.
+  void run_layers(int64_t n, int64_t max_keys);
+  struct GraphKey {
+    int64_t n, n_logits, max_keys;
+    bool operator<(const GraphKey& o) const {
+      return std::tie(n, n_logits, max_keys) < std::tie(o.n, o.n_logits, o.max_keys);
+    }
+  };
+  // Runs run_layers for this shape: eagerly the first time, captured into a CUDA graph the
+  // second, replaying the graph from then on.
+  void run_graph(const GraphKey& key);
+
+  DecoderDesc d_;
+  int device_;
+  cuda::DeviceGuard guard_;
+  cuda::Stream stream_;
+  cuda::MemoryPool& pool_;
+  std::string device_name_;
+  int64_t Q_ = 0, KV_ = 0, half_block_ = 0, block_stride_ = 0, elem_bytes_ = 0;
+
+  DeviceBuffer weights_;
+  std::vector<DevLayer> layers_;
+  DevWeight out_norm_, out_norm_b_, output_;
+  DeviceBuffer rope_, cache_, acts_, ints_, attn_ws_, matvec_ws_;
+  float *x_ = nullptr, *xn_ = nullptr, *tmp_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr,
+        *att_ = nullptr, *ff_a_ = nullptr, *ff_b_ = nullptr, *gathered_ = nullptr,
+        *logits_ = nullptr;
+  // Device int arrays inside ints_ (same layout as the pinned staging after x).
+  int32_t *pos_ = nullptr, *slot_ = nullptr, *n_keys_ = nullptr, *tables_ = nullptr,
+          *logit_rows_ = nullptr;
+  size_t ints_bytes_ = 0;
+  std::unique_ptr<PinnedBuffer> staging_;
+  int64_t n_logits_ = 0;
+  bool graphs_enabled_ = true;
+  std::map<GraphKey, cudaGraphExec_t> graphs_;  // null until captured
+};
+
+CudaDecoder::CudaDecoder(const DecoderDesc& d, int device)
+    : d_(d),
+      device_(device),
+      guard_(device),
+      stream_(),
+      pool_(cuda::MemoryPool::for_device(device)) {
+  validate();
+  // TESSERA_CUDA_GRAPHS=0 runs every step eagerly (to measure what the graphs save).
+  if (const char* g = std::getenv("TESSERA_CUDA_GRAPHS")) graphs_enabled_ = std::string(g) != "0";
+  const cuda::DeviceInfo info = cuda::device_info(device);
+  device_name_ = cat(info.name, " (sm_", info.sm_major, info.sm_minor, ")");
+  Q_ = d_.H * d_.D;
+  KV_ = d_.Hkv * d_.D;
+  half_block_ = d_.Hkv * d_.block_tokens * d_.D;
+  block_stride_ = static_cast<int64_t>(d_.layers.size()) * 2 * half_block_;
+  elem_bytes_ = d_.kv_type == DType::f16 ? 2 : 4;
+  cudaStream_t s = stream_.get();
+
+  upload_weights();
+  if (!d_.gpt2) {
+    const size_t table = static_cast<size_t>(d_.rope_max_pos * (d_.rope_dim / 2)) * sizeof(float);
+    rope_ = DeviceBuffer(pool_, 2 * table, s);
+    cuda::copy_to_device(rope_.get(), d_.rope_cos, table);
+    cuda::copy_to_device(rope_.as<uint8_t>() + table, d_.rope_sin, table);
+  }
+  const size_t cache_bytes =
+      static_cast<size_t>(d_.n_blocks) * static_cast<size_t>(block_stride_ * elem_bytes_);
+  cache_ = DeviceBuffer(pool_, cache_bytes, s);
+  // Zeroed so a bug that reads a slot never written reads zeros, not another run's values.
+  TS_CUDA_CHECK(cudaMemsetAsync(cache_.get(), 0, cache_bytes, s));
+
+  // Activations, one allocation carved into aligned pieces.
+  const int64_t R = d_.max_rows;
+  const int64_t head_rows = std::min(R, kHeadRows);
+  const int64_t sizes[] = {R * d_.C, R * d_.C, R * d_.C, R * Q_,   R * KV_,         R * KV_,
+                           R * Q_,   R * d_.F, R * d_.F, R * d_.C, head_rows * d_.V};
+  float** ptrs[] = {&x_, &xn_, &tmp_, &q_, &k_, &v_, &att_, &ff_a_, &ff_b_, &gathered_, &logits_};
+  size_t total = 0;
+  for (int64_t n : sizes) total += align_up(static_cast<size_t>(n) * sizeof(float));
+  acts_ = DeviceBuffer(pool_, total, s);
+  size_t off = 0;
+  for (size_t i = 0; i < std::size(sizes); ++i) {
+    *ptrs[i] = reinterpret_cast<float*>(acts_.as<uint8_t>() + off);
+    off += align_up(static_cast<size_t>(sizes[i]) * sizeof(float));
+  }
+
+  // Per-chunk inputs, staged in pinned memory as x (R, C) f32 then the int32 arrays pos, slot,
+  // n_keys, logit_rows (R each) and tables (R, S); on the device x goes to x_, the ints to ints_.
+  const size_t x_bytes = align_up(static_cast<size_t>(R * d_.C) * sizeof(float));
+  const size_t row_ints = static_cast<size_t>(R) * sizeof(int32_t);
+  ints_bytes_ = 4 * align_up(row_ints) +
+                align_up(static_cast<size_t>(R * d_.max_seq_blocks) * sizeof(int32_t));
+  ints_ = DeviceBuffer(pool_, ints_bytes_, s);
+  uint8_t* base = ints_.as<uint8_t>();
+  pos_ = reinterpret_cast<int32_t*>(base);
+  slot_ = reinterpret_cast<int32_t*>(base + align_up(row_ints));
+  n_keys_ = reinterpret_cast<int32_t*>(base + 2 * align_up(row_ints));
+  logit_rows_ = reinterpret_cast<int32_t*>(base + 3 * align_up(row_ints));
+  tables_ = reinterpret_cast<int32_t*>(base + 4 * align_up(row_ints));
+  staging_ = std::make_unique<PinnedBuffer>(x_bytes + ints_bytes_);
+
+  const int64_t attn_floats =
+      cuda::paged_decode_workspace_floats(kAttnRows, d_.H, d_.D, kAttnSplits);
+  attn_ws_ = DeviceBuffer(pool_, static_cast<size_t>(attn_floats) * sizeof(float), s);
+  size_t mv = 0;
+  for (const int64_t K : {d_.C, Q_, d_.F})
+    for (const DType t : {DType::q8_0, DType::q4_0, DType::q4_1, DType::q4_k, DType::q6_k})
+      mv = std::max(mv, cuda::matmul_wt_workspace_bytes(cuda::kMatvecMaxRows, K, t));
+  matvec_ws_ = DeviceBuffer(pool_, std::max<size_t>(mv, 1), s);
+  stream_.synchronize();
+}
+
+void CudaDecoder::validate() const {
+  const char* op = "[cuda decoder]";
+  TS_CHECK(d_.C > 0 && d_.H > 0 && d_.Hkv > 0 && d_.H % d_.Hkv == 0 && d_.F > 0 && d_.V > 0, op,
+           " bad shape C=", d_.C, " H=", d_.H, " Hkv=", d_.Hkv, " F=", d_.F, " V=", d_.V);
+  TS_CHECK(d_.D == 64 || d_.D == 128, op, " head dim ", d_.D,
+           " is not supported on CUDA (the paged attention kernel takes 64 or 128)");
+  TS_CHECK(!d_.layers.empty(), op, " the model has no layers");
+  TS_CHECK(d_.kv_type == DType::f32 || d_.kv_type == DType::f16, op, " --kv-type ",
+           dtype_name(d_.kv_type), " must be f16 or f32");
+  TS_CHECK(d_.block_tokens > 0 && d_.n_blocks > 0 && d_.max_rows > 0 && d_.max_seq_blocks > 0, op,
+           " block_tokens, n_blocks, max_rows and max_seq_blocks must be positive");
+  TS_CHECK(d_.gpt2 || (d_.rope_cos && d_.rope_sin && d_.rope_dim > 0 && d_.rope_dim <= d_.D &&
+                       d_.rope_max_pos > 0),
+           op, " the RoPE table is missing");
+  auto check_matrix = [&](const HostWeight& w, const std::string& name, int64_t rows,
+                          int64_t cols) {
+    TS_CHECK(w.present(), op, " ", name, " is missing");
+    TS_CHECK(matrix_type_supported(w.type), op, " ", name, " has type ", dtype_name(w.type),
+             ", which the CUDA kernels do not take (f32, f16, bf16, q8_0, q4_0, q4_1, q4_k, q6_k)");
+    TS_CHECK(w.rows == rows && w.cols == cols, op, " ", name, " is (", w.rows, ", ", w.cols,
+             "), expected (", rows, ", ", cols, ")");
+  };
+  auto check_vector = [&](const HostWeight& w, const std::string& name, int64_t n, bool needed) {
+    if (!w.present()) {
+      TS_CHECK(!needed, op, " ", name, " is missing");
+      return;
+    }
+    TS_CHECK(w.type == DType::f32 && w.rows * w.cols == n, op, " ", name, " must be ", n,
+             " f32 values");
+  };
+  const int64_t Q = d_.H * d_.D, KV = d_.Hkv * d_.D;
+  for (size_t l = 0; l < d_.layers.size(); ++l) {
+    const DecoderLayerWeights& w = d_.layers[l];
+    const std::string p = cat("layer ", l, " ");
+    check_vector(w.attn_norm, p + "attn_norm", d_.C, true);
+    check_vector(w.ffn_norm, p + "ffn_norm", d_.C, true);
+    check_vector(w.attn_norm_b, p + "attn_norm_b", d_.C, d_.gpt2);
+    check_vector(w.ffn_norm_b, p + "ffn_norm_b", d_.C, d_.gpt2);
+    check_matrix(w.wq, p + "wq", Q, d_.C);
+    check_matrix(w.wk, p + "wk", KV, d_.C);
+    check_matrix(w.wv, p + "wv", KV, d_.C);
+    check_matrix(w.wo, p + "wo", d_.C, Q);
+    check_vector(w.bq, p + "bq", Q, false);
+    check_vector(w.bk, p + "bk", KV, false);
+    check_vector(w.bv, p + "bv", KV, false);
+    check_vector(w.bo, p + "bo", d_.C, false);
+    check_matrix(w.w_up, p + "w_up", d_.F, d_.C);
+    check_matrix(w.w_down, p + "w_down", d_.C, d_.F);
+    if (!d_.gpt2) check_matrix(w.w_gate, p + "w_gate", d_.F, d_.C);
+    check_vector(w.b_up, p + "b_up", d_.F, false);
+    check_vector(w.b_down, p + "b_down", d_.C, false);
+  }
+  check_vector(d_.out_norm, "out_norm", d_.C, true);
+  check_vector(d_.out_norm_b, "out_norm_b", d_.C, d_.gpt2);
+  check_matrix(d_.output, "output", d_.V, d_.C);
+}
+
+void CudaDecoder::upload_weights() {
+  // Every distinct host tensor once (a tied output head shares the embedding's bytes), packed
+  // into one allocation at 256-byte offsets.
+  std::vector<std::pair<const HostWeight*, DevWeight*>> all;
+  auto add = [&](const HostWeight& h, DevWeight& dw) {
+    if (h.present()) all.emplace_back(&h, &dw);
+  };
+  layers_.resize(d_.layers.size());
+  for (size_t l = 0; l < d_.layers.size(); ++l) {
+    const DecoderLayerWeights& h = d_.layers[l];
+    DevLayer& w = layers_[l];
+    for (auto [hw, dw] : {std::pair{&h.attn_norm, &w.attn_norm},
+                          {&h.attn_norm_b, &w.attn_norm_b},
+                          {&h.wq, &w.wq},
+                          {&h.wk, &w.wk},
+                          {&h.wv, &w.wv},
+                          {&h.wo, &w.wo},
+                          {&h.bq, &w.bq},
+                          {&h.bk, &w.bk},
+                          {&h.bv, &w.bv},
+                          {&h.bo, &w.bo},
+                          {&h.ffn_norm, &w.ffn_norm},
+                          {&h.ffn_norm_b, &w.ffn_norm_b},
+                          {&h.w_gate, &w.w_gate},
+                          {&h.w_up, &w.w_up},
+                          {&h.w_down, &w.w_down},
+                          {&h.b_up, &w.b_up},
+                          {&h.b_down, &w.b_down}})
+      add(*hw, *dw);
+  }
+  add(d_.out_norm, out_norm_);
+  add(d_.out_norm_b, out_norm_b_);
+  add(d_.output, output_);
+
+  std::unordered_map<const void*, size_t> offset_of;
+  size_t total = 0;
+  for (auto [h, dw] : all) {
+    if (offset_of.count(h->data)) continue;
+    offset_of[h->data] = total;
+    total += align_up(static_cast<size_t>(dtype_bytes(h->type, h->rows * h->cols)));
+  }
+  weights_ = DeviceBuffer(pool_, total, stream_.get());
+  std::unordered_map<const void*, bool> copied;
+  for (auto [h, dw] : all) {
+    const size_t off = offset_of[h->data];
+    if (!copied[h->data]) {
+      cuda::copy_to_device(weights_.as<uint8_t>() + off, h->data,
+                           static_cast<size_t>(dtype_bytes(h->type, h->rows * h->cols)));
+      copied[h->data] = true;
+    }
+    *dw = DevWeight{weights_.as<uint8_t>() + off, h->type, h->rows, h->cols};
+  }
+}
+
+std::string CudaDecoder::describe() const {
+  auto gb = [](size_t b) { return static_cast<double>(b) / 1e9; };
+  return cat(device_name_, ": weights ", gb(weights_.size()), " GB, KV cache ", gb(cache_.size()),
+             " GB, activations ", gb(acts_.size() + ints_.size() + attn_ws_.size()), " GB");
+}
+
+void CudaDecoder::linear(float* y, const float* x, int64_t n, const DevWeight& w,
+                         const DevWeight& bias) {
+  cudaStream_t s = stream_.get();
+  const float* b = bias.p ? bias.f() : nullptr;
+  if (w.type == DType::f32) {
+    cuda::LtGemmArgs g;
+    g.trans_b = true;
+    g.m = n;
+    g.n = w.rows;
+    g.k = w.cols;
+    g.a = x;
+    g.a_type = cuda::LtType::f32;
+    g.lda = w.cols;
+    g.b = w.p;
+    g.b_type = cuda::LtType::f32;
+    g.ldb = w.cols;
+    g.c = y;
+    g.c_type = cuda::LtType::f32;
+    g.ldc = w.rows;
+    if (b) {
+      g.epilogue = cuda::LtEpilogue::bias;
+      g.bias = const_cast<float*>(b);
+    }
+    cuda::gemm_lt(g, s);
+    return;
+  }
+  // At most kMatvecMaxRows rows per call: each call reads the weight once for its rows.
+  for (int64_t r0 = 0; r0 < n; r0 += cuda::kMatvecMaxRows) {
+    const int64_t m = std::min(cuda::kMatvecMaxRows, n - r0);
+    cuda::matmul_wt(y + r0 * w.rows, w.rows, x + r0 * w.cols, m, w.cols, w.p, w.type, w.rows, b,
+                    matvec_ws_.get(), matvec_ws_.size(), s);
+  }
+}
+
+void CudaDecoder::norm(float* out, const float* inp, int64_t n, const DevWeight& w,
+                       const DevWeight& b) {
+  if (d_.gpt2)
+    cuda::layernorm_forward<float>(out, nullptr, nullptr, inp, w.f(), b.f(), n, d_.C,
+                                   stream_.get());
+  else
+    cuda::rmsnorm_forward<float>(out, nullptr, inp, w.f(), n, d_.C, d_.norm_eps, stream_.get());
+}
+
+void CudaDecoder::residual_norm(float* x, float* out, const float* r, int64_t n, const DevWeight& w,
+                                const DevWeight& b) {
+  if (d_.gpt2)
+    cuda::layernorm_residual_forward<float>(x, out, nullptr, nullptr, x, r, w.f(), b.f(), n, d_.C,
+                                            stream_.get());
+  else
+    cuda::rmsnorm_residual_forward<float>(x, out, nullptr, x, r, w.f(), n, d_.C, d_.norm_eps,
+                                          stream_.get());
+}
+
+void CudaDecoder::layer(size_t l, int64_t n, int64_t max_keys) {
+  const DevLayer& w = layers_[l];
+  cudaStream_t s = stream_.get();
+  linear(q_, xn_, n, w.wq, w.bq);
+  linear(k_, xn_, n, w.wk, w.bk);
+  linear(v_, xn_, n, w.wv, w.bv);
+  if (!d_.gpt2) {
+    cuda::RopeTableView t;
+    t.cos = rope_.as<float>();
+    t.sin = rope_.as<float>() + d_.rope_max_pos * (d_.rope_dim / 2);
+    t.max_pos = d_.rope_max_pos;
+    t.rotary_dim = d_.rope_dim;
+    const auto layout =
+        d_.rope_interleaved ? cuda::RopeLayout::interleaved : cuda::RopeLayout::half;
+    cuda::rope_forward<float>(q_, q_, t, pos_, 0, 1, n, d_.H, d_.D, layout, s);
+    cuda::rope_forward<float>(k_, k_, t, pos_, 0, 1, n, d_.Hkv, d_.D, layout, s);
+  }
+  // Layer l's keys start at element l * 2 * half_block_ of each block; values half_block_ later.
+  void* layer_kv = cache_.as<uint8_t>() + static_cast<size_t>(l) * 2 * half_block_ * elem_bytes_;
+  cuda::kv_cache_append(layer_kv, d_.kv_type, k_, v_, slot_, n, d_.Hkv, d_.D, d_.block_tokens,
+                        block_stride_, half_block_, s);
+  cuda::PagedDecodeArgs a;
+  a.out = att_;
+  a.q = q_;
+  a.rows = n;
+  a.H = d_.H;
+  a.Hkv = d_.Hkv;
+  a.D = d_.D;
+  a.kv = layer_kv;
+  a.kv_dtype = d_.kv_type;
+  a.block_tokens = d_.block_tokens;
+  a.block_stride = block_stride_;
+  a.v_offset = half_block_;
+  a.block_tables = tables_;
+  a.table_stride = d_.max_seq_blocks;
+  a.n_keys = n_keys_;
+  a.max_keys = max_keys;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(d_.D));
+  a.workspace = attn_ws_.as<float>();
+  a.workspace_floats = static_cast<int64_t>(attn_ws_.size() / sizeof(float));
+  cuda::paged_decode_attention(a, s);
+
+  linear(tmp_, att_, n, w.wo, w.bo);
+  residual_norm(x_, xn_, tmp_, n, w.ffn_norm, w.ffn_norm_b);
+  if (d_.gpt2) {
+    linear(ff_a_, xn_, n, w.w_up, w.b_up);
+    cuda::gelu_forward<float>(ff_a_, ff_a_, n * d_.F, s);
+  } else {
+    linear(ff_a_, xn_, n, w.w_gate, {});
+    linear(ff_b_, xn_, n, w.w_up, {});
+    cuda::swiglu_forward<float>(ff_a_, ff_a_, ff_b_, n, d_.F, s);
+  }
+  linear(tmp_, ff_a_, n, w.w_down, w.b_down);
+  // The residual add, fused with the next norm: the next layer's attention norm, or the output
+  // norm after the last layer.
+  const bool last = l + 1 == layers_.size();
+  residual_norm(x_, xn_, tmp_, n, last ? out_norm_ : layers_[l + 1].attn_norm,
+                last ? out_norm_b_ : layers_[l + 1].attn_norm_b);
+}
+
+void CudaDecoder::forward(const DecoderChunk& c) {
+  TS_CHECK(c.n >= 1 && c.n <= d_.max_rows, "[cuda decoder] chunk of ", c.n, " rows (max ",
+           d_.max_rows, ")");
+  TS_CHECK(c.n_logits >= 0 && c.n_logits <= c.n && (c.n_logits == 0 || c.logits),
+           "[cuda decoder] n_logits=", c.n_logits, " out of range");
+  const cuda::DeviceGuard guard(device_);
+  cudaStream_t s = stream_.get();
+  const int64_t n = c.n, S = d_.max_seq_blocks;
+  const size_t x_bytes = align_up(static_cast<size_t>(d_.max_rows * d_.C) * sizeof(float));
+  const size_t row_ints = align_up(static_cast<size_t>(d_.max_rows) * sizeof(int32_t));
+  // Stage the inputs in the pinned buffer in the device layout, then one copy.
+  uint8_t* st = staging_->get();
+  std::memcpy(st, c.x, static_cast<size_t>(n * d_.C) * sizeof(float));
+  auto* pos = reinterpret_cast<int32_t*>(st + x_bytes);
+  auto* slot = reinterpret_cast<int32_t*>(st + x_bytes + row_ints);
+  auto* n_keys = reinterpret_cast<int32_t*>(st + x_bytes + 2 * row_ints);
+  auto* logit_rows = reinterpret_cast<int32_t*>(st + x_bytes + 3 * row_ints);
+  auto* tables = reinterpret_cast<int32_t*>(st + x_bytes + 4 * row_ints);
+  int64_t max_keys = 1;
+  for (int64_t r = 0; r < n; ++r) {
+    TS_CHECK(
+        c.pos[r] >= 0 && (d_.gpt2 || c.pos[r] < d_.rope_max_pos) && c.pos[r] < S * d_.block_tokens,
+        "[cuda decoder] row ", r, " position ", c.pos[r], " out of range");
+    TS_CHECK(c.slot[r] >= 0 && c.slot[r] < d_.n_blocks * d_.block_tokens, "[cuda decoder] row ", r,
+             " cache slot ", c.slot[r], " out of range");
+    pos[r] = c.pos[r];
+    slot[r] = c.slot[r];
+    n_keys[r] = c.pos[r] + 1;
+    max_keys = std::max<int64_t>(max_keys, c.pos[r] + 1);
+  }
+  for (int64_t i = 0; i < n * S; ++i) {
+    TS_CHECK(c.tables[i] >= 0 && c.tables[i] < d_.n_blocks, "[cuda decoder] block table entry ",
+             c.tables[i], " out of range");
+    tables[i] = c.tables[i];
+  }
+  for (int64_t i = 0; i < c.n_logits; ++i) {
+    TS_CHECK(c.logit_rows[i] >= 0 && c.logit_rows[i] < n, "[cuda decoder] logit row ",
+             c.logit_rows[i], " out of range");
+    logit_rows[i] = c.logit_rows[i];
+  }
+  n_logits_ = c.n_logits;
+  // x, then the int arrays up to the tables actually used (n rows of S entries).
+  cuda::copy_to_device_async(x_, st, static_cast<size_t>(n * d_.C) * sizeof(float), s);
+  cuda::copy_to_device_async(pos_, st + x_bytes,
+                             4 * row_ints + static_cast<size_t>(n * S) * sizeof(int32_t), s);
+
+  // Small chunks (decode steps) with one head piece run as a CUDA graph once their shape has
+  // been seen before: a decode step is ~10 launches per layer of a few microseconds each, and
+  // launch gaps would otherwise cost more than reading the weights. The key's attention bound
+  // is rounded up so a growing sequence reuses its graph for kGraphKeysRound tokens (the
+  // kernel reads each row's own n_keys from the device; extra splits stay empty).
+  const bool graphable = graphs_enabled_ && n <= kGraphMaxRows && c.n_logits <= kHeadRows;
+  if (graphable) {
+    const int64_t bound = std::min(
+        S * d_.block_tokens, (max_keys + kGraphKeysRound - 1) / kGraphKeysRound * kGraphKeysRound);
+    run_graph(GraphKey{n, c.n_logits, bound});
+  } else {
+    run_layers(n, max_keys);
+  }
+  if (c.n_logits > 0) {
+    // run_layers leaves the first head piece in logits_; larger requests (never graphed) compute
+    // the other pieces here.
+    const int64_t piece = std::min(d_.max_rows, kHeadRows);
+    for (int64_t r0 = 0; r0 < c.n_logits; r0 += piece) {
+      const int64_t m = std::min(piece, c.n_logits - r0);
+      if (r0 > 0) linear(logits_, gathered_ + r0 * d_.C, m, output_, {});
+      cuda::copy_to_host_async(c.logits + r0 * d_.V, logits_,
+                               static_cast<size_t>(m * d_.V) * sizeof(float), s);
+    }
+  }
+  // The staging buffer and the host logits must not be touched before the stream is done.
+  stream_.synchronize();
+}
+
+void CudaDecoder::run_layers(int64_t n, int64_t max_keys) {
+  cudaStream_t s = stream_.get();
+  norm(xn_, x_, n, layers_[0].attn_norm, layers_[0].attn_norm_b);
+  for (size_t l = 0; l < layers_.size(); ++l) layer(l, n, max_keys);
+  // xn_ holds the output norm of every row: gather the wanted rows, then the first head piece.
+  if (n_logits_ > 0) {
+    cuda::gather_rows(gathered_, xn_, logit_rows_, n_logits_, d_.C, s);
+    linear(logits_, gathered_, std::min({n_logits_, d_.max_rows, kHeadRows}), output_, {});
+  }
+}
+
+void CudaDecoder::run_graph(const GraphKey& key) {
+  cudaStream_t s = stream_.get();
+  auto it = graphs_.find(key);
+  if (it == graphs_.end()) {
+    // First sighting: run eagerly (which also makes cuBLASLt pick and cache its algorithms and
+    // allocate its workspace, neither of which may happen during capture). Remember the shape.
+    if (graphs_.size() < kMaxGraphs) graphs_.emplace(key, nullptr);
+    run_layers(key.n, key.max_keys);
+    return;
+  }
+  if (!it->second) {
+    cudaGraph_t graph = nullptr;
+    TS_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    try {
+      run_layers(key.n, key.max_keys);
+    } catch (...) {
+      cudaStreamEndCapture(s, &graph);  // leave the stream usable
+      if (graph) cudaGraphDestroy(graph);
+      throw;
+    }
+    TS_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    TS_CUDA_CHECK(e);
+    it->second = exec;
+  }
+  TS_CUDA_CHECK(cudaGraphLaunch(it->second, s));
+}
+
+}  // namespace
+
+std::unique_ptr<DeviceDecoder> make_cuda_decoder(const DecoderDesc& desc, int device) {
+  TS_CHECK(cuda_device_count() > device && device >= 0, "[cuda] --device cuda: ",
+           cuda_device_count() == 0 ? std::string("no CUDA device is present")
+                                    : cat("no CUDA device ", device));
+  return std::make_unique<CudaDecoder>(desc, device);
+}
+
+}  // namespace tessera::backend

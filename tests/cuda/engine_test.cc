@@ -1,0 +1,217 @@
+// The engine on the GPU (--device cuda: weights, activations and the paged KV cache on the
+// device) against the same engine on the CPU, on tiny random Llama and GPT-2 models with weights
+// in every type the CUDA kernels take: chunked prefill across cache blocks, token-by-token decode,
+// two sequences per call, sequence reuse after a free; and its one-line errors.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <memory>
+#include <vector>
+
+#include "core/rng.h"
+#include "cuda_test_util.h"
+#include "infer/engine.h"
+#include "infer/tiny_model.h"
+#include "test_util/expect_error.h"
+
+namespace tessera::infer {
+namespace {
+
+// Converts every weight matrix of m to `type` (norm weights and biases stay f32), in place.
+void convert_matrices(model::DecoderModel& m, DType type) {
+  if (type == DType::f32) return;
+  auto store = std::make_shared<std::vector<std::vector<uint8_t>>>();
+  m.owners.push_back(store);
+  store->reserve(16 + 8 * m.weights.layers.size());
+  auto convert = [&](model::WeightRef& r) {
+    if (!r.present()) return;
+    std::vector<uint8_t> bytes(static_cast<size_t>(dtype_bytes(type, r.shape.numel())));
+    from_f32(type, static_cast<const float*>(r.data), bytes.data(), r.shape.numel());
+    store->push_back(std::move(bytes));
+    r = model::WeightRef{store->back().data(), type, r.shape};
+  };
+  const bool tied = m.weights.output.data == m.weights.tok_embd.data;
+  for (model::DecoderLayer& l : m.weights.layers)
+    for (model::WeightRef* r : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
+      convert(*r);
+  convert(m.weights.tok_embd);
+  if (tied)
+    m.weights.output = m.weights.tok_embd;
+  else
+    convert(m.weights.output);
+}
+
+struct Case {
+  model::DecoderArch arch;
+  DType weights;
+  DType kv;
+  bool tied, bias;
+};
+
+std::string case_name(const ::testing::TestParamInfo<Case>& i) {
+  return cat(i.param.arch == model::DecoderArch::gpt2 ? "gpt2" : "llama", "_",
+             dtype_name(i.param.weights), "_kv", dtype_name(i.param.kv),
+             i.param.tied ? "_tied" : "", i.param.bias ? "_bias" : "");
+}
+
+model::DecoderModel make_model(const Case& c) {
+  test::TinyOptions o;
+  o.arch = c.arch;
+  // Head dim 64 (the paged decode kernel's smallest); widths multiples of 256 for q4_k/q6_k.
+  o.width = 256;
+  o.heads = 4;
+  o.kv_heads = c.arch == model::DecoderArch::gpt2 ? 4 : 2;
+  o.ffn = 512;
+  o.vocab = 300;
+  o.ctx = 256;
+  o.tied = c.tied;
+  o.qkv_bias = c.bias;
+  o.seed = 77;
+  model::DecoderModel m = test::make_tiny_model(o);
+  convert_matrices(m, c.weights);
+  return m;
+}
+
+EngineOptions options(const Case& c, bool cuda) {
+  EngineOptions o;
+  o.max_ctx = 128;
+  o.kv_tokens = 512;
+  o.block_tokens = 16;
+  o.max_rows = 24;  // a 50-token prompt runs in three chunks
+  o.kv_type = c.kv;
+  if (cuda) o.ctx.device = ops::Device::cuda;
+  return o;
+}
+
+std::vector<int32_t> tokens_for(int64_t n, int64_t vocab, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int32_t& x : t) x = static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab)));
+  return t;
+}
+
+// |got - want| <= tol * rms(want) element-wise, reporting the worst element.
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, double tol,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double ss = 0;
+  for (float w : want) ss += static_cast<double>(w) * w;
+  const double rms = std::sqrt(ss / static_cast<double>(want.size()));
+  double worst = 0;
+  size_t at = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got[i])) << what << " element " << i;
+    const double d = std::fabs(static_cast<double>(got[i]) - want[i]);
+    if (d > worst) worst = d, at = i;
+  }
+  EXPECT_LE(worst, tol * rms) << what << ": worst element " << at << " got " << got[at] << " want "
+                              << want[at] << " (rms " << rms << ")";
+}
+
+class CudaEngine : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CudaEngine, MatchesCpuEngine) {
+  TS_REQUIRE_CUDA_DEVICE();
+  const Case c = GetParam();
+  const model::DecoderModel m = make_model(c);
+  Engine cpu(m, options(c, false)), gpu(m, options(c, true));
+  EXPECT_NE(gpu.device_description(), "cpu");
+  // f32/f16/bf16 weights: both sides compute in f32 (different summation orders). Block types:
+  // both quantize the activations to the same int8 blocks; only the f32 sums differ in order,
+  // but an activation on a rounding boundary may land one step apart.
+  const bool block_type =
+      c.weights != DType::f32 && c.weights != DType::f16 && c.weights != DType::bf16;
+  const double tol = block_type ? 2e-2 : 2e-3;
+  const int64_t V = m.config.vocab;
+
+  const std::vector<int32_t> p0 = tokens_for(50, V, 1), p1 = tokens_for(7, V, 2);
+  int32_t a0 = cpu.new_sequence(), a1 = cpu.new_sequence();
+  int32_t b0 = gpu.new_sequence(), b1 = gpu.new_sequence();
+  // Prefill: every logit row of the long prompt, and the last of the short one.
+  const std::vector<float> want = cpu.forward({Feed{a0, p0, true}, Feed{a1, p1, false}});
+  const std::vector<float> got = gpu.forward({Feed{b0, p0, true}, Feed{b1, p1, false}});
+  expect_close(got, want, tol, "prefill logits");
+
+  // Decode 12 steps of both sequences, each fed the CPU's greedy token (so both sides see the
+  // same inputs whatever their argmax).
+  std::vector<int32_t> next = {1, 2};
+  for (int step = 0; step < 12; ++step) {
+    const std::vector<float> w =
+        cpu.forward({Feed{a0, {&next[0], 1}, false}, Feed{a1, {&next[1], 1}, false}});
+    const std::vector<float> g =
+        gpu.forward({Feed{b0, {&next[0], 1}, false}, Feed{b1, {&next[1], 1}, false}});
+    expect_close(g, w, tol, cat("decode step ", step));
+    for (int s = 0; s < 2; ++s)
+      next[static_cast<size_t>(s)] = static_cast<int32_t>(
+          std::max_element(w.begin() + s * V, w.begin() + (s + 1) * V) - (w.begin() + s * V));
+  }
+
+  // A freed sequence's blocks are reused by a new one, which must not see the old keys.
+  cpu.free_sequence(a0);
+  gpu.free_sequence(b0);
+  a0 = cpu.new_sequence();
+  b0 = gpu.new_sequence();
+  const std::vector<int32_t> p2 = tokens_for(20, V, 3);
+  expect_close(gpu.forward({Feed{b0, p2, false}}), cpu.forward({Feed{a0, p2, false}}), tol,
+               "reused blocks");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Types, CudaEngine,
+    ::testing::Values(Case{model::DecoderArch::llama, DType::f32, DType::f32, false, false},
+                      Case{model::DecoderArch::llama, DType::f16, DType::f16, true, false},
+                      Case{model::DecoderArch::llama, DType::bf16, DType::f16, false, true},
+                      Case{model::DecoderArch::llama, DType::q8_0, DType::f16, false, false},
+                      Case{model::DecoderArch::llama, DType::q4_0, DType::f16, false, true},
+                      Case{model::DecoderArch::llama, DType::q4_1, DType::f32, true, false},
+                      Case{model::DecoderArch::llama, DType::q4_k, DType::f16, false, false},
+                      Case{model::DecoderArch::llama, DType::q6_k, DType::f16, false, false},
+                      Case{model::DecoderArch::gpt2, DType::f32, DType::f16, true, true},
+                      Case{model::DecoderArch::gpt2, DType::q8_0, DType::f16, false, true}),
+    case_name);
+
+// Decode steps replay a captured CUDA graph from the second step of a shape on: the replay must
+// give exactly what eager launches give.
+TEST(CudaEngine, GraphReplayEqualsEagerLaunches) {
+  TS_REQUIRE_CUDA_DEVICE();
+  const Case c{model::DecoderArch::llama, DType::q4_0, DType::f16, false, false};
+  const model::DecoderModel m = make_model(c);
+  setenv("TESSERA_CUDA_GRAPHS", "0", 1);
+  Engine eager(m, options(c, true));
+  unsetenv("TESSERA_CUDA_GRAPHS");
+  Engine graphed(m, options(c, true));
+  const std::vector<int32_t> p = tokens_for(30, m.config.vocab, 5);
+  const int32_t a = eager.new_sequence(), b = graphed.new_sequence();
+  EXPECT_EQ(eager.forward({Feed{a, p, false}}), graphed.forward({Feed{b, p, false}}));
+  int32_t next = 3;
+  for (int step = 0; step < 6; ++step) {
+    const std::vector<float> want = eager.forward({Feed{a, {&next, 1}, false}});
+    const std::vector<float> got = graphed.forward({Feed{b, {&next, 1}, false}});
+    ASSERT_EQ(got, want) << "decode step " << step;
+    next = static_cast<int32_t>(std::max_element(want.begin(), want.end()) - want.begin());
+  }
+}
+
+TEST(CudaEngine, RefusesWhatTheKernelsCannotTake) {
+  TS_REQUIRE_CUDA_DEVICE();
+  // Head dim 8: the paged attention kernel takes 64 or 128.
+  test::TinyOptions o;
+  const model::DecoderModel small = test::make_tiny_model(o);
+  EngineOptions eo;
+  eo.max_ctx = 64;
+  eo.ctx.device = ops::Device::cuda;
+  test::expect_error([&] { Engine e(small, eo); }, "head dim 8");
+  // A sliding window shorter than the context would be ignored by the decode kernel: refused.
+  model::DecoderModel windowed =
+      make_model({model::DecoderArch::llama, DType::f32, DType::f16, false, false});
+  windowed.config.sliding_window = 32;
+  test::expect_error([&] { Engine e(windowed, eo); }, "sliding window");
+  eo.max_ctx = 32;  // a window that never binds is fine
+  Engine fine(windowed, eo);
+  EXPECT_GT(fine.cache().bytes(), 0);
+}
+
+}  // namespace
+}  // namespace tessera::infer
