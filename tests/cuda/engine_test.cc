@@ -172,6 +172,27 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{model::DecoderArch::gpt2, DType::q8_0, DType::f16, false, true}),
     case_name);
 
+// Chunks of 65 rows or more run their products as f16 tensor-core GEMMs over weights widened to
+// f16: a 150-token prompt in chunks of 96 takes that route, then decode takes the matvecs.
+TEST(CudaEngine, LongPrefillThroughGemmMatchesCpu) {
+  TS_REQUIRE_CUDA_DEVICE();
+  for (DType t : {DType::f16, DType::bf16, DType::q8_0, DType::q4_0, DType::q4_k, DType::q6_k}) {
+    const Case c{model::DecoderArch::llama, t, DType::f16, false, true};
+    const model::DecoderModel m = make_model(c);
+    EngineOptions co = options(c, false), go = options(c, true);
+    co.max_rows = go.max_rows = 96;
+    Engine cpu(m, co), gpu(m, go);
+    const std::vector<int32_t> p = tokens_for(150, m.config.vocab, 9);
+    const int32_t a = cpu.new_sequence(), b = gpu.new_sequence();
+    // f16 rounding of weights and activations: looser than the matvec route's.
+    expect_close(gpu.forward({Feed{b, p, true}}), cpu.forward({Feed{a, p, true}}), 3e-2,
+                 cat(dtype_name(t), " prefill"));
+    const int32_t next = 5;
+    expect_close(gpu.forward({Feed{b, {&next, 1}, false}}),
+                 cpu.forward({Feed{a, {&next, 1}, false}}), 3e-2, cat(dtype_name(t), " decode"));
+  }
+}
+
 // Decode steps replay a captured CUDA graph from the second step of a shape on: the replay must
 // give exactly what eager launches give.
 TEST(CudaEngine, GraphReplayEqualsEagerLaunches) {

@@ -1,4 +1,5 @@
-// The device decoder's glue kernels: cache append (f32 -> f32/f16) and row gather.
+// The device decoder's glue kernels: cache append (f32 -> f32/f16), weight dequantization and
+// activation conversion to f16, row gather.
 #include <cuda_fp16.h>
 
 #include "backend/cuda/cuda_check.h"
@@ -30,6 +31,94 @@ __global__ void append_kernel(T* kv, const float* k, const float* v, const int32
     store_kv(dst, k[i]);
     store_kv(dst + v_off, v[i]);
   }
+}
+
+__device__ __forceinline__ float half_bits_to_f32(const uint8_t* p) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(p[0] | (p[1] << 8))));
+}
+
+__device__ __forceinline__ uint16_t f16_bits(float x) {
+  return __half_as_ushort(__float2half_rn(x));
+}
+
+// One thread per 32 consecutive elements (a q8_0/q4_0/q4_1 block, a q4_k sub-block, a q6_k run
+// of 32); blocks are read bytewise (GGUF blocks are 18-210 bytes, not aligned). __fmul_rn and
+// __fsub_rn/__fadd_rn keep each step separately rounded, as the CPU computes it.
+template <int kType>
+__global__ void dequant_kernel(uint16_t* dst, const uint8_t* w, int64_t groups) {
+  for (int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; g < groups;
+       g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint16_t* out = dst + g * 32;
+    if constexpr (kType == 0) {  // q8_0: f16 d, 32 int8
+      const uint8_t* b = w + g * 34;
+      const float d = half_bits_to_f32(b);
+      for (int j = 0; j < 32; ++j)
+        out[j] = f16_bits(__fmul_rn(d, static_cast<float>(static_cast<int8_t>(b[2 + j]))));
+    } else if constexpr (kType == 1) {  // q4_0: f16 d, 16 bytes of nibbles, value d (q - 8)
+      const uint8_t* b = w + g * 18;
+      const float d = half_bits_to_f32(b);
+      for (int j = 0; j < 16; ++j) {
+        out[j] = f16_bits(__fmul_rn(d, static_cast<float>((b[2 + j] & 0x0f) - 8)));
+        out[j + 16] = f16_bits(__fmul_rn(d, static_cast<float>((b[2 + j] >> 4) - 8)));
+      }
+    } else if constexpr (kType == 2) {  // q4_1: f16 d, f16 m, nibbles, value d q + m
+      const uint8_t* b = w + g * 20;
+      const float d = half_bits_to_f32(b), m = half_bits_to_f32(b + 2);
+      for (int j = 0; j < 16; ++j) {
+        out[j] = f16_bits(__fadd_rn(__fmul_rn(d, static_cast<float>(b[4 + j] & 0x0f)), m));
+        out[j + 16] = f16_bits(__fadd_rn(__fmul_rn(d, static_cast<float>(b[4 + j] >> 4)), m));
+      }
+    } else if constexpr (kType == 3) {  // q4_k sub-block j of a 144-byte super-block
+      const int64_t blk = g / 8;
+      const int j = static_cast<int>(g % 8);
+      const uint8_t* b = w + blk * 144;
+      const float d = half_bits_to_f32(b), dmin = half_bits_to_f32(b + 2);
+      const uint8_t* s = b + 4;
+      int sc, mn;
+      if (j < 4) {
+        sc = s[j] & 63;
+        mn = s[j + 4] & 63;
+      } else {
+        sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
+        mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+      }
+      const float scale = __fmul_rn(d, static_cast<float>(sc));
+      const float offset = __fmul_rn(dmin, static_cast<float>(mn));
+      const uint8_t* q = b + 16 + 32 * (j / 2);
+      const int shift = 4 * (j % 2);
+      for (int l = 0; l < 32; ++l)
+        out[l] = f16_bits(
+            __fsub_rn(__fmul_rn(scale, static_cast<float>((q[l] >> shift) & 0x0f)), offset));
+    } else {  // q6_k: elements 32 r' .. of a 210-byte super-block (ql, qh, scales, d)
+      const int64_t blk = g / 8;
+      const int part = static_cast<int>(g % 8);
+      const uint8_t* b = w + blk * 210;
+      const uint8_t *ql = b, *qh = b + 128;
+      const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);
+      const float d = half_bits_to_f32(b + 208);
+      for (int l = 0; l < 32; ++l) {
+        const int i = part * 32 + l;
+        const int h = i / 128, r = (i % 128) / 32;
+        const uint8_t lo_byte = ql[64 * h + l + 32 * (r & 1)];
+        const int lo = r < 2 ? (lo_byte & 0x0f) : (lo_byte >> 4);
+        const int hi = (qh[32 * h + l] >> (2 * r)) & 3;
+        out[l] = f16_bits(__fmul_rn(__fmul_rn(d, static_cast<float>(scales[i / 16])),
+                                    static_cast<float>((lo | (hi << 4)) - 32)));
+      }
+    }
+  }
+}
+
+__global__ void bf16_to_f16_kernel(uint16_t* dst, const uint16_t* src, int64_t n) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dst[i] = f16_bits(__uint_as_float(static_cast<uint32_t>(src[i]) << 16));
+}
+
+__global__ void f32_to_f16_kernel(uint16_t* dst, const float* src, int64_t n) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dst[i] = f16_bits(src[i]);
 }
 
 __global__ void gather_kernel(float* dst, const float* src, const int32_t* index, int64_t n,
@@ -71,6 +160,58 @@ void kv_cache_append(void* layer_kv, DType kv_type, const float* k, const float*
     append_kernel<<<grid(total), kThreads, 0, stream>>>(static_cast<float*>(layer_kv), k, v, slot,
                                                         rows, Hkv, D, block_tokens, block_stride,
                                                         v_offset);
+  TS_CUDA_CHECK_LAUNCH();
+}
+
+void dequantize_to_f16(uint16_t* dst, const void* w, DType type, int64_t N, int64_t K,
+                       cudaStream_t stream) {
+  TS_CHECK(dst && w, "[dequantize_to_f16] dst and w must be set");
+  TS_CHECK(N >= 0 && K > 0, "[dequantize_to_f16] N=", N, " K=", K, " out of range");
+  const int64_t n = N * K;
+  if (n == 0) return;
+  if (type == DType::f16) {
+    TS_CUDA_CHECK(
+        cudaMemcpyAsync(dst, w, static_cast<size_t>(n) * 2, cudaMemcpyDeviceToDevice, stream));
+    return;
+  }
+  if (type == DType::bf16) {
+    bf16_to_f16_kernel<<<grid(n), kThreads, 0, stream>>>(dst, static_cast<const uint16_t*>(w), n);
+    TS_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  const int64_t block = act_block_elems(type) > 0 ? traits(type).block_elems : 0;
+  TS_CHECK(block > 0 && K % block == 0, "[dequantize_to_f16] type ", dtype_name(type),
+           " with K=", K,
+           " is not supported (f16, bf16, q8_0, q4_0, q4_1, q4_k, q6_k; K a "
+           "multiple of the block)");
+  const int64_t groups = n / 32;
+  const auto* p = static_cast<const uint8_t*>(w);
+  switch (type) {
+    case DType::q8_0:
+      dequant_kernel<0><<<grid(groups), kThreads, 0, stream>>>(dst, p, groups);
+      break;
+    case DType::q4_0:
+      dequant_kernel<1><<<grid(groups), kThreads, 0, stream>>>(dst, p, groups);
+      break;
+    case DType::q4_1:
+      dequant_kernel<2><<<grid(groups), kThreads, 0, stream>>>(dst, p, groups);
+      break;
+    case DType::q4_k:
+      dequant_kernel<3><<<grid(groups), kThreads, 0, stream>>>(dst, p, groups);
+      break;
+    case DType::q6_k:
+      dequant_kernel<4><<<grid(groups), kThreads, 0, stream>>>(dst, p, groups);
+      break;
+    default:
+      fail("[dequantize_to_f16] type ", dtype_name(type), " is not supported");
+  }
+  TS_CUDA_CHECK_LAUNCH();
+}
+
+void convert_f32_to_f16(uint16_t* dst, const float* src, int64_t n, cudaStream_t stream) {
+  TS_CHECK(dst && src && n >= 0, "[convert_f32_to_f16] bad arguments (n=", n, ")");
+  if (n == 0) return;
+  f32_to_f16_kernel<<<grid(n), kThreads, 0, stream>>>(dst, src, n);
   TS_CUDA_CHECK_LAUNCH();
 }
 

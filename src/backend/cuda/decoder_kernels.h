@@ -1,5 +1,6 @@
 // Small CUDA kernels the device decoder (device_decoder.cc) needs between the big ones: appending
-// a chunk's keys and values to the paged cache, and gathering the rows whose logits are wanted.
+// a chunk's keys and values to the paged cache, widening weights and activations to f16 for the
+// prefill GEMMs, and gathering the rows whose logits are wanted.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -19,6 +20,16 @@ void kv_cache_append(void* layer_kv, DType kv_type, const float* k, const float*
                      const int32_t* slot, int64_t rows, int64_t Hkv, int64_t D,
                      int64_t block_tokens, int64_t block_stride, int64_t v_offset,
                      cudaStream_t stream);
+
+// dst (N, K) f16 = the weight matrix w (N, K) in its stored type (f16 copies, bf16, q8_0, q4_0,
+// q4_1, q4_k, q6_k decode), each element computed in f32 exactly as core/dtype.h's to_f32 (no
+// fused multiply-adds) and rounded to nearest even f16 (overflow gives inf; GGUF weights are
+// far inside the f16 range). Lets prefill run its products as f16 tensor-core GEMMs.
+void dequantize_to_f16(uint16_t* dst, const void* w, DType type, int64_t N, int64_t K,
+                       cudaStream_t stream);
+
+// dst (n) f16 = src (n) f32 rounded to nearest even.
+void convert_f32_to_f16(uint16_t* dst, const float* src, int64_t n, cudaStream_t stream);
 
 // dst (n, C) = src rows index[0 .. n) (device array of row numbers into src (*, C)), f32.
 void gather_rows(float* dst, const float* src, const int32_t* index, int64_t n, int64_t C,

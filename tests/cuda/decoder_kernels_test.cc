@@ -1,0 +1,115 @@
+// The device decoder's glue kernels against host computations: weight dequantization to f16
+// (equal to core's to_f32 rounded to f16, bit for bit, for every type), f32 -> f16 conversion,
+// the KV cache append into paged blocks, and the row gather.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "backend/cuda/decoder_kernels.h"
+#include "core/dtype.h"
+#include "core/rng.h"
+#include "cuda_test_util.h"
+#include "test_util/expect_error.h"
+
+namespace tessera::cuda {
+namespace {
+
+using test::DeviceArray;
+
+std::vector<float> random_values(int64_t n, uint64_t seed, float scale) {
+  Rng rng(seed);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = scale * rng.normal();
+  return v;
+}
+
+TEST(DecoderKernels, DequantizeToF16MatchesCoreForEveryType) {
+  TS_REQUIRE_CUDA_DEVICE();
+  const int64_t N = 7, K = 512;
+  const std::vector<float> values = random_values(N * K, 3, 0.05f);
+  for (DType t :
+       {DType::f16, DType::bf16, DType::q8_0, DType::q4_0, DType::q4_1, DType::q4_k, DType::q6_k}) {
+    std::vector<uint8_t> stored(static_cast<size_t>(dtype_bytes(t, N * K)));
+    from_f32(t, values.data(), stored.data(), N * K);
+    std::vector<float> want_f32(static_cast<size_t>(N * K));
+    to_f32(t, stored.data(), want_f32.data(), N * K);
+    DeviceArray<uint8_t> w(stored);
+    DeviceArray<uint16_t> out(static_cast<size_t>(N * K));
+    dequantize_to_f16(out.get(), w.get(), t, N, K, nullptr);
+    const std::vector<uint16_t> got = out.download();
+    for (int64_t i = 0; i < N * K; ++i)
+      ASSERT_EQ(got[static_cast<size_t>(i)], f32_to_f16(want_f32[static_cast<size_t>(i)]))
+          << dtype_name(t) << " element " << i;
+  }
+  DeviceArray<uint16_t> out(16);
+  DeviceArray<float> src(16);
+  tessera::test::expect_error(
+      [&] { dequantize_to_f16(out.get(), src.get(), DType::f32, 1, 16, nullptr); }, "f32");
+}
+
+TEST(DecoderKernels, ConvertToF16RoundsToNearestEven) {
+  TS_REQUIRE_CUDA_DEVICE();
+  std::vector<float> v = random_values(1000, 4, 3.0f);
+  v[0] = 1e-7f;     // subnormal in f16
+  v[1] = 70000.0f;  // overflows to inf
+  v[2] = -0.0f;
+  DeviceArray<float> src(v);
+  DeviceArray<uint16_t> dst(v.size());
+  convert_f32_to_f16(dst.get(), src.get(), static_cast<int64_t>(v.size()), nullptr);
+  const std::vector<uint16_t> got = dst.download();
+  for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(got[i], f32_to_f16(v[i])) << "element " << i;
+}
+
+TEST(DecoderKernels, KvAppendWritesPagedSlotsAndGatherPicksRows) {
+  TS_REQUIRE_CUDA_DEVICE();
+  const int64_t rows = 5, Hkv = 2, D = 64, BT = 16, blocks = 4;
+  const int64_t half = Hkv * BT * D, stride = 3 * 2 * half;  // 3 layers' worth per block
+  const std::vector<float> k = random_values(rows * Hkv * D, 5, 1.0f);
+  const std::vector<float> v = random_values(rows * Hkv * D, 6, 1.0f);
+  const std::vector<int32_t> slot = {0, 17, 18, 63, 40};  // blocks 0, 1, 1, 3, 2
+  for (DType t : {DType::f32, DType::f16}) {
+    const int64_t eb = t == DType::f16 ? 2 : 4;
+    DeviceArray<uint8_t> cache(static_cast<size_t>(blocks * stride * eb));
+    DeviceArray<float> dk(k), dv(v);
+    DeviceArray<int32_t> ds(slot);
+    // Layer 1 of 3: its keys start half*2 elements into each block.
+    uint8_t* layer = cache.get() + 2 * half * eb;
+    kv_cache_append(layer, t, dk.get(), dv.get(), ds.get(), rows, Hkv, D, BT, stride, half,
+                    nullptr);
+    const std::vector<uint8_t> got = cache.download();
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t g = 0; g < Hkv; ++g)
+        for (int64_t d = 0; d < D; ++d) {
+          const int64_t b = slot[r] / BT, tok = slot[r] % BT;
+          const int64_t e = b * stride + 2 * half + (g * BT + tok) * D + d;
+          const int64_t src = (r * Hkv + g) * D + d;
+          for (int which = 0; which < 2; ++which) {
+            const int64_t at = (e + which * half) * eb;
+            const float want = (which ? v : k)[static_cast<size_t>(src)];
+            if (t == DType::f16) {
+              uint16_t h;
+              std::memcpy(&h, got.data() + at, 2);
+              ASSERT_EQ(h, f32_to_f16(want)) << "row " << r << " head " << g << " dim " << d;
+            } else {
+              float f;
+              std::memcpy(&f, got.data() + at, 4);
+              ASSERT_EQ(f, want) << "row " << r << " head " << g << " dim " << d;
+            }
+          }
+        }
+  }
+  // Gather rows 3, 0, 3 of a (5, 7) matrix.
+  const std::vector<float> m = random_values(35, 7, 1.0f);
+  DeviceArray<float> src(m), dst(21);
+  DeviceArray<int32_t> index(std::vector<int32_t>{3, 0, 3});
+  gather_rows(dst.get(), src.get(), index.get(), 3, 7, nullptr);
+  const std::vector<float> g = dst.download();
+  for (int r = 0; r < 3; ++r)
+    for (int c = 0; c < 7; ++c)
+      EXPECT_EQ(g[static_cast<size_t>(r * 7 + c)],
+                m[static_cast<size_t>((r == 1 ? 0 : 3) * 7 + c)]);
+}
+
+}  // namespace
+}  // namespace tessera::cuda
