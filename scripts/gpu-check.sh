@@ -2,8 +2,8 @@
 # Runs ON the device machine (NVIDIA H200, nvcc, CMake, ninja, no network): unpacks the .deb
 # packages carried in .gpu-deps/ (made by scripts/gpu-prepare.sh) into a prefix under /tmp,
 # configures a Release build for sm_90a, builds the CUDA tests, benches and the tessera binary,
-# runs every test binary, `tessera bench generate --device cuda` on synthetic 1B/8B Llamas, and
-# every bench (all of them, whatever fails), and writes logs and a summary to $OUT
+# runs every test binary, `tessera bench generate --device cuda` on synthetic 1B/8B Llamas and
+# `tessera bench train --device cuda` on GPT-2 small, then every bench (all of them, whatever fails), and writes logs and a summary to $OUT
 # (./gpu-out when OUT is unset). Stages are bounded so the whole run ends within ~8 minutes.
 #
 # Usage: scripts/gpu-check.sh [--dry-run]
@@ -163,29 +163,30 @@ done
 rm -f "$out/.test_one.log"
 log "tests: passed $pass, failed $fail, skipped $skip, binaries failing/missing $broken"
 
-# ---- the engine on the GPU: prefill, decode and batched decode of synthetic Llama shapes ----
+# ---- tessera on the GPU: generation of synthetic Llama shapes, GPT-2 small training ----
 : >"$out/bench.jsonl"
 : >"$out/bench.log"
 if ((${#engine[@]})) && [[ -x "$build/tessera" ]]; then
-  # Each line: spec, extra environment, flags. The last run repeats 1b q4_0 without CUDA graphs
-  # (every launch eager) to show what the graphs save.
-  runs=("synthetic:1b:q4_0||--prompt 512 --gen 128 --reps 3 --batch 1,8,64"
-        "synthetic:1b:q8_0||--prompt 512 --gen 128 --reps 3 --batch 1,8"
-        "synthetic:8b:q4_0||--prompt 512 --gen 64 --reps 2 --batch 1,8"
-        "synthetic:8b:q8_0||--prompt 512 --gen 64 --reps 2 --batch 1"
-        "synthetic:1b:q4_0|TESSERA_CUDA_GRAPHS=0|--prompt 512 --gen 64 --reps 2 --batch 1")
+  # Each line: a name, extra environment, the tessera command. The 1b q4_0 decode repeats
+  # without CUDA graphs (every launch eager) to show what the graphs save; the last line is the
+  # GPT-2 small training step of the issue's MFU target.
+  runs=("generate 1b q4_0||bench generate -m synthetic:1b:q4_0 --prompt 512 --gen 128 --reps 3 --batch 1,8,64"
+        "generate 1b q8_0||bench generate -m synthetic:1b:q8_0 --prompt 512 --gen 128 --reps 3 --batch 1,8"
+        "generate 8b q4_0||bench generate -m synthetic:8b:q4_0 --prompt 512 --gen 64 --reps 2 --batch 1,8"
+        "generate 8b q8_0||bench generate -m synthetic:8b:q8_0 --prompt 512 --gen 64 --reps 2 --batch 1"
+        "generate 1b q4_0 no graphs|TESSERA_CUDA_GRAPHS=0|bench generate -m synthetic:1b:q4_0 --prompt 512 --gen 64 --reps 2 --batch 1"
+        "train gpt2-small||bench train --model gpt2-small --batch 16 --seq 1024 --precision bf16 --steps 5")
   for r in "${runs[@]}"; do
-    IFS='|' read -r spec envs flags <<<"$r"
+    IFS='|' read -r name envs cmd <<<"$r"
     limit=$(stage_limit 75 60)
-    echo "===== tessera bench generate $spec $envs $flags" >>"$out/bench.log"
+    echo "===== tessera $cmd ($envs)" >>"$out/bench.log"
     # shellcheck disable=SC2086
-    env $envs timeout "$limit" "$build/tessera" bench generate -m "$spec" --device cuda $flags \
-      --json >"$out/.engine.out" 2>>"$out/bench.log"
+    env $envs timeout "$limit" "$build/tessera" $cmd --device cuda --json >"$out/.engine.out" \
+      2>>"$out/bench.log"
     rc=$?
     cat "$out/.engine.out" >>"$out/bench.log"
-    grep '^{' "$out/.engine.out" | sed "s/^{/{\"name\": \"engine $spec ${envs:-graphs}\", /" \
-      >>"$out/bench.jsonl"
-    log "engine $spec ${envs}: rc=$rc ($(elapsed) s)"
+    grep '^{' "$out/.engine.out" | sed "s/^{/{\"name\": \"$name\", /" >>"$out/bench.jsonl"
+    log "tessera $name: rc=$rc ($(elapsed) s)"
   done
   rm -f "$out/.engine.out"
 else

@@ -207,4 +207,26 @@ double Gpt2::flops_per_token_train(int64_t T) const {
   return 6.0 * (non_embedding + lm_head) + 6.0 * L * static_cast<double>(T) * C;
 }
 
+backend::Gpt2DeviceDesc Gpt2::device_desc(int64_t B, int64_t T) const {
+  backend::Gpt2DeviceDesc d;
+  d.L = cfg_.n_layer;
+  d.H = cfg_.n_head;
+  d.C = cfg_.n_embd;
+  d.V = cfg_.vocab_size;
+  d.Vp = cfg_.padded_vocab_size;
+  d.max_seq = cfg_.max_seq;
+  d.max_B = B;
+  d.max_T = T;
+  d.n_params = table_.total_elems();
+  d.wte = impl_->wte;
+  d.wpe = impl_->wpe;
+  d.lnf_w = impl_->lnf_w;
+  d.lnf_b = impl_->lnf_b;
+  for (const Gpt2LayerParams& lp : impl_->layer_params)
+    d.blocks.push_back(backend::Gpt2BlockOffsets{lp.ln1_w, lp.ln1_b, lp.qkv_w, lp.qkv_b, lp.proj_w,
+                                                 lp.proj_b, lp.ln2_w, lp.ln2_b, lp.fc_w, lp.fc_b,
+                                                 lp.fcproj_w, lp.fcproj_b});
+  return d;
+}
+
 }  // namespace tessera::model

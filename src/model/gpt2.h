@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "backend/device_gpt2.h"
 #include "core/arena.h"
 #include "core/tensor.h"
 #include "ops/context.h"
@@ -74,6 +75,10 @@ class Gpt2 {
 
   // Model FLOPs for one token of training (6N + attention), used for MFU.
   double flops_per_token_train(int64_t T) const;
+
+  // This model's layout for a device twin (backend::make_cuda_gpt2) sized for batches up to
+  // (B, T): the same flat parameter buffer, so params() uploads as is.
+  backend::Gpt2DeviceDesc device_desc(int64_t B, int64_t T) const;
 
  private:
   struct Impl;

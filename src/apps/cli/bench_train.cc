@@ -1,12 +1,16 @@
 // `tessera bench train`: GPT-2 training-step time on random tokens (forward, backward, AdamW),
-// tokens/s, MFU against the probed peak, peak RSS and the activation arena size.
+// tokens/s, MFU against the probed peak (on --device cuda: against the GPU's dense bf16 peak),
+// peak RSS and the activation arena size (on CUDA: the device memory the trainer holds).
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "apps/cli/args.h"
 #include "apps/cli/bench.h"
+#include "backend/device.h"
+#include "backend/device_gpt2.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "model/gpt2.h"
@@ -26,20 +30,38 @@ int bench_train(const std::vector<std::string>& argv) {
   const std::string recompute = a.str("--recompute", "none");
   const int64_t threads = a.i64("--threads", 0, 0, 4096);
   const int64_t vocab = a.i64("--vocab-size", 50257, 1, int64_t{1} << 24);
+  const std::string device = a.str("--device", "cpu");
   const bool json = a.has("--json");
   a.finish();
   if (threads > 0) set_default_threads(static_cast<int>(threads));
   const model::Precision prec = model::parse_precision(precision);
   const model::Recompute rec = model::parse_recompute(recompute);
+  TS_CHECK(device == "cpu" || device == "cuda", "--device must be cpu or cuda, not '", device, "'");
+  const bool cuda = device == "cuda";
+  if (cuda) {
+    TS_CHECK(backend::cuda_device_count() > 0,
+             "[cuda] --device cuda: ", backend::cuda_device_summary());
+    TS_CHECK(prec == model::Precision::bf16 && rec == model::Recompute::none,
+             "--device cuda trains in --precision bf16 with --recompute none (for now)");
+  }
 
   const ops::Context ctx;
   model::Gpt2 m(model::Gpt2Config::preset(preset, vocab), ctx);
   TS_CHECK(T <= m.config().max_seq, "--seq ", T, " exceeds ", preset, "'s max_seq ",
            m.config().max_seq);
   m.init_weights(1);
+  // On CUDA the host model only lays out and initializes the parameters; its arena is never
+  // allocated (plan() commits nothing until a host step runs).
   m.plan(B, T, prec, rec);
   m.params_updated();
   train::AdamW opt(m.tensors(), train::AdamWConfig{}, ctx);
+  std::unique_ptr<backend::DeviceGpt2> dev;
+  std::vector<backend::AdamRun> runs;
+  if (cuda) {
+    dev = backend::make_cuda_gpt2(m.device_desc(B, T));
+    dev->upload_params(m.params());
+    for (const train::AdamW::Run& r : opt.runs()) runs.push_back({r.offset, r.n, r.decay});
+  }
   Rng rng(7);
   std::vector<int32_t> tokens(static_cast<size_t>(B * (T + 1)));
   std::vector<int32_t> inp(static_cast<size_t>(B * T)), tgt(inp.size());
@@ -52,6 +74,17 @@ int bench_train(const std::vector<std::string>& argv) {
         tgt[static_cast<size_t>(b * T + i)] = tokens[static_cast<size_t>(b * (T + 1) + i + 1)];
       }
     const profile::Timer timer;
+    if (dev) {
+      // The loss read at the end of forward_backward and the norm read in adamw_step wait for
+      // the device, so each timed step includes the previous step's AdamW kernels.
+      dev->zero_grads();
+      dev->forward_backward(inp.data(), tgt.data(), B, T, 1.0f);
+      backend::AdamStep st;
+      st.lr = 1e-4f;
+      st.t = t;
+      dev->adamw_step(runs, st);
+      return timer.seconds();
+    }
     m.zero_grads();
     m.forward_backward(inp.data(), tgt.data(), B, T, 1.0f);
     opt.step(m.params(), m.grads(), 1e-4, t);
@@ -65,22 +98,31 @@ int bench_train(const std::vector<std::string>& argv) {
   const double med = times[times.size() / 2];
   const double tps = static_cast<double>(B * T) / med;
   const double gflops = m.flops_per_token_train(T) * tps * 1e-9;
-  const auto peaks = profile::cached_peaks(static_cast<int>(default_pool().size()));
-  const bool use_bf16 = prec == model::Precision::bf16 && peaks.bf16_gflops_all > 0;
-  const double peak = use_bf16 ? peaks.bf16_gflops_all : peaks.f32_gflops_all;
+  bool use_bf16 = false;
+  double peak = 0;
+  if (cuda) {
+    use_bf16 = true;
+    peak = backend::cuda_bf16_peak_flops() * 1e-9;  // dense tensor-core figure
+  } else {
+    const auto peaks = profile::cached_peaks(static_cast<int>(default_pool().size()));
+    use_bf16 = prec == model::Precision::bf16 && peaks.bf16_gflops_all > 0;
+    peak = use_bf16 ? peaks.bf16_gflops_all : peaks.f32_gflops_all;
+  }
   const double mfu = peak > 0 ? gflops / peak : 0;
   const double rss_mib = static_cast<double>(profile::peak_rss_bytes()) / (1 << 20);
-  const double act_mib = static_cast<double>(m.activation_bytes()) / (1 << 20);
+  const double act_mib =
+      static_cast<double>(dev ? dev->device_bytes() : static_cast<int64_t>(m.activation_bytes())) /
+      (1 << 20);
   if (json) {
     std::printf(
-        "{\"model\": \"%s\", \"params\": %lld, \"batch\": %lld, \"seq\": %lld, "
+        "{\"model\": \"%s\", \"device\": \"%s\", \"params\": %lld, \"batch\": %lld, \"seq\": %lld, "
         "\"precision\": \"%s\", \"recompute\": \"%s\", \"threads\": %d, "
         "\"median_ms\": %.3f, \"tokens_per_s\": %.1f, \"gflops\": %.2f, "
         "\"peak_gflops\": %.2f, \"mfu\": %.4f, \"peak_rss_mib\": %.1f, "
         "\"activation_mib\": %.1f}\n",
-        preset.c_str(), static_cast<long long>(m.num_params()), static_cast<long long>(B),
-        static_cast<long long>(T), precision.c_str(), recompute.c_str(), default_pool().size(),
-        med * 1e3, tps, gflops, peak, mfu, rss_mib, act_mib);
+        preset.c_str(), device.c_str(), static_cast<long long>(m.num_params()),
+        static_cast<long long>(B), static_cast<long long>(T), precision.c_str(), recompute.c_str(),
+        default_pool().size(), med * 1e3, tps, gflops, peak, mfu, rss_mib, act_mib);
     return 0;
   }
   std::printf("bench train: %s (%.1fM params), B=%lld T=%lld, %s, recompute %s, %d threads\n",
@@ -92,7 +134,8 @@ int bench_train(const std::vector<std::string>& argv) {
   std::printf("  achieved             %10.2f GFLOP/s  (%.1f%% of %s peak %.1f GFLOP/s)\n", gflops,
               100.0 * mfu, use_bf16 ? "bf16" : "f32", peak);
   std::printf("  peak RSS             %10.1f MiB\n", rss_mib);
-  std::printf("  activation arena     %10.1f MiB\n", act_mib);
+  std::printf(cuda ? "  device memory        %10.1f MiB\n" : "  activation arena     %10.1f MiB\n",
+              act_mib);
   return 0;
 }
 

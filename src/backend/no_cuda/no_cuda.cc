@@ -1,6 +1,7 @@
 // Stub linked when CUDA is off: every CUDA entry says the build has no CUDA.
 #include "backend/device.h"
 #include "backend/device_decoder.h"
+#include "backend/device_gpt2.h"
 #include "core/error.h"
 
 namespace tessera::backend {
@@ -29,6 +30,11 @@ double cuda_bf16_peak_flops() {
 }
 
 std::unique_ptr<DeviceDecoder> make_cuda_decoder(const DecoderDesc&, int) {
+  require_cuda("--device cuda");
+  return nullptr;
+}
+
+std::unique_ptr<DeviceGpt2> make_cuda_gpt2(const Gpt2DeviceDesc&, int) {
   require_cuda("--device cuda");
   return nullptr;
 }
