@@ -27,6 +27,7 @@ void for_each_field(TrainOptions& o, Fn&& fn) {
   fn("grad_accum", o.grad_accum);
   fn("precision", o.precision);
   fn("recompute", o.recompute);
+  fn("device", o.device);
   fn("lr", o.lr);
   fn("min_lr_fraction", o.min_lr_fraction);
   fn("warmup", o.warmup);
@@ -96,6 +97,11 @@ void validate_options(const TrainOptions& o) {
   model::parse_precision(o.precision);
   model::parse_recompute(o.recompute);
   parse_schedule(o.schedule);
+  TS_CHECK(o.device == "cpu" || o.device == "cuda", "--device must be cpu or cuda, not '", o.device,
+           "'");
+  TS_CHECK(o.device == "cpu" || (o.precision == "bf16" && o.recompute == "none"),
+           "--device cuda trains with --precision bf16 and --recompute none (got --precision ",
+           o.precision, " --recompute ", o.recompute, ")");
 }
 
 }  // namespace tessera::train

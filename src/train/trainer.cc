@@ -11,6 +11,7 @@
 #include <limits>
 #include <sstream>
 
+#include "backend/device.h"
 #include "core/error.h"
 #include "core/file_io.h"
 #include "profile/probe.h"
@@ -141,6 +142,21 @@ Trainer::Trainer(const TrainOptions& opts, bool resume) : opts_(opts) {
   }
   inputs_.resize(static_cast<size_t>(opts_.batch * opts_.seq));
   targets_.resize(inputs_.size());
+  if (opts_.device == "cuda") {
+    // The host model keeps the layout, the checkpoints and the final model; the steps run on
+    // the device twin. Its arena is never allocated (plan() commits nothing until a host step).
+    dev_ = backend::make_cuda_gpt2(model_->device_desc(opts_.batch, opts_.seq));
+    dev_->upload_params(model_->params());
+    dev_->upload_adam(opt_->m(), opt_->v());  // zeros, or the resumed state
+    for (const AdamW::Run& r : opt_->runs()) runs_.push_back({r.offset, r.n, r.decay});
+  }
+}
+
+void Trainer::sync_from_device() {
+  if (!dev_) return;
+  dev_->download_params(model_->params());
+  dev_->download_adam(opt_->m(), opt_->v());
+  model_->params_updated();
 }
 
 Trainer::~Trainer() = default;
@@ -151,7 +167,8 @@ double Trainer::evaluate() {
   double sum = 0;
   for (int64_t b = 0; b < n; ++b) {
     val_loader_->batch(b, B, inputs_.data(), targets_.data());
-    sum += model_->forward(inputs_.data(), targets_.data(), B, T);
+    sum += dev_ ? dev_->forward(inputs_.data(), targets_.data(), B, T)
+                : model_->forward(inputs_.data(), targets_.data(), B, T);
   }
   return sum / static_cast<double>(n);
 }
@@ -182,9 +199,13 @@ TrainResult Trainer::run() {
   const double fpt = model_->flops_per_token_train(T);
   double peak = 0;
   if (!opts_.quiet) {
-    const auto peaks = profile::cached_peaks(static_cast<int>(default_pool().size()));
-    peak = opts_.precision == "bf16" && peaks.bf16_gflops_all > 0 ? peaks.bf16_gflops_all
-                                                                  : peaks.f32_gflops_all;
+    if (dev_) {
+      peak = backend::cuda_bf16_peak_flops() * 1e-9;
+    } else {
+      const auto peaks = profile::cached_peaks(static_cast<int>(default_pool().size()));
+      peak = opts_.precision == "bf16" && peaks.bf16_gflops_all > 0 ? peaks.bf16_gflops_all
+                                                                    : peaks.f32_gflops_all;
+    }
   }
   Progress progress(opts_.quiet ? nullptr : stdout, isatty(fileno(stdout)) != 0, opts_.log_every,
                     fpt, peak);
@@ -198,19 +219,38 @@ TrainResult Trainer::run() {
   const int64_t end_step = opts_.stop_at > 0 ? std::min(opts_.stop_at, opts_.steps) : opts_.steps;
   while (st_.step < end_step && !st_.early_stopped) {
     const profile::Timer step_timer;
-    model_->zero_grads();
+    if (dev_)
+      dev_->zero_grads();
+    else
+      model_->zero_grads();
     double loss = 0;
     for (int64_t micro = 0; micro < GA; ++micro) {
       loader_->next(B, inputs_.data(), targets_.data());
-      loss += model_->forward_backward(inputs_.data(), targets_.data(), B, T,
-                                       static_cast<float>(inv_ga));
+      loss += dev_ ? dev_->forward_backward(inputs_.data(), targets_.data(), B, T,
+                                            static_cast<float>(inv_ga))
+                   : model_->forward_backward(inputs_.data(), targets_.data(), B, T,
+                                              static_cast<float>(inv_ga));
     }
     loss *= inv_ga;
     TS_CHECK(std::isfinite(loss), "[train] loss is not finite at step ", st_.step + 1,
              " (training diverged: lower --lr or raise --warmup)");
     const double lr = sched_.at(st_.step);
-    const double norm = opt_->step(model_->params(), model_->grads(), lr, st_.step + 1);
-    model_->params_updated();
+    double norm = 0;
+    if (dev_) {
+      const AdamWConfig& ac = opt_->config();
+      backend::AdamStep as;
+      as.lr = static_cast<float>(lr);
+      as.beta1 = ac.beta1;
+      as.beta2 = ac.beta2;
+      as.eps = ac.eps;
+      as.weight_decay = ac.weight_decay;
+      as.clip = ac.clip;
+      as.t = st_.step + 1;
+      norm = dev_->adamw_step(runs_, as);
+    } else {
+      norm = opt_->step(model_->params(), model_->grads(), lr, st_.step + 1);
+      model_->params_updated();
+    }
     ++st_.step;
     st_.loader = loader_->position();
     const double dt = step_timer.seconds();
@@ -249,6 +289,7 @@ TrainResult Trainer::run() {
 
     if (opts_.checkpoint_every > 0 && st_.step % opts_.checkpoint_every == 0 &&
         st_.step < end_step && !st_.early_stopped) {
+      sync_from_device();
       save_checkpoint(opts_.out_dir, *model_, *opt_, st_, opts_json);
       progress.message(cat("checkpoint at step ", st_.step));
     }
@@ -256,6 +297,7 @@ TrainResult Trainer::run() {
   if (!evaluated_now) last_val = evaluate();  // nothing ran: report the restored model
   progress.finish();
 
+  sync_from_device();
   save_checkpoint(opts_.out_dir, *model_, *opt_, st_, opts_json);
   finish_outputs(st_.step >= opts_.steps || st_.early_stopped);
   res.steps_done = st_.step;

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/device_gpt2.h"
 #include "model/gpt2.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
@@ -45,6 +46,9 @@ class Trainer {
   void write_csv_row(int64_t step, double loss, double val, double lr, double tps, double gflops,
                      double norm, double elapsed);
   void finish_outputs(bool finished);  // finished: write model/ too
+  // --device cuda: copies the device's parameters and AdamW state into model_ and opt_ (before
+  // checkpoints and the final model).
+  void sync_from_device();
 
   TrainOptions opts_;
   TokenData train_data_, val_data_;
@@ -55,6 +59,8 @@ class Trainer {
   LrSchedule sched_;
   TrainState st_;
   std::vector<int32_t> inputs_, targets_;
+  std::unique_ptr<backend::DeviceGpt2> dev_;  // --device cuda
+  std::vector<backend::AdamRun> runs_;
 };
 
 // Options for --resume DIR: the run options stored in DIR's checkpoint with out_dir = DIR.

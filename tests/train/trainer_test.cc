@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "backend/device.h"
 #include "core/error.h"
 #include "core/file_io.h"
 #include "train/sampling.h"
@@ -168,6 +169,18 @@ TEST(Trainer, BadInputsThrow) {
   fs::resize_file(ck, fs::file_size(ck) / 2);
   expect_error([&] { resume_options(o.out_dir); }, ck);
   expect_error([&] { resume_options(fresh_dir("x6")); }, "no checkpoint");
+
+  // --device cuda needs bf16 without recompute, and then a GPU (tests/cuda trains on one).
+  TrainOptions gpu = tiny_options(data, fresh_dir("x7"));
+  gpu.device = "cuda";
+  expect_error([&] { Trainer(gpu, false); }, "--precision bf16");
+  gpu.device = "tpu";
+  expect_error([&] { Trainer(gpu, false); }, "--device must be cpu or cuda");
+  if (backend::cuda_device_count() == 0) {
+    gpu.device = "cuda";
+    gpu.precision = "bf16";
+    expect_error([&] { Trainer(gpu, false); }, "[cuda]");
+  }
 }
 
 }  // namespace

@@ -34,7 +34,7 @@ train::TrainOptions parse_train_options(Args& a, bool* resume) {
     for (const char* f : kRunFlags)
       TS_CHECK(!a.has(f), "flag ", f, " cannot be given with --resume (the run's options come ",
                "from ", resume_dir, "/checkpoint.safetensors; only --steps, --stop-at, ",
-               "--threads, --log-every and --quiet may change)");
+               "--threads, --device, --log-every and --quiet may change)");
     o = train::resume_options(resume_dir);
   } else {
     o.model = a.str("--model", o.model);
@@ -68,6 +68,7 @@ train::TrainOptions parse_train_options(Args& a, bool* resume) {
   o.steps = a.i64("--steps", o.steps, 0, kBig);
   o.stop_at = a.i64("--stop-at", 0, 0, kBig);
   o.threads = a.i64("--threads", o.threads, 0, 4096);
+  o.device = a.str("--device", o.device);
   o.log_every = a.i64("--log-every", o.log_every, 1, kBig);
   if (a.has("--quiet")) o.quiet = true;
   a.finish();
