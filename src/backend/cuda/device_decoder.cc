@@ -363,26 +363,11 @@ void CudaDecoder::linear(float* y, const float* x, int64_t n, const DevWeight& w
                          const DevWeight& bias) {
   cudaStream_t s = stream_.get();
   const float* b = bias.p ? bias.f() : nullptr;
+  void* bias_arg = const_cast<float*>(b);
   if (w.type == DType::f32) {
-    cuda::LtGemmArgs g;
-    g.trans_b = true;
-    g.m = n;
-    g.n = w.rows;
-    g.k = w.cols;
-    g.a = x;
-    g.a_type = cuda::LtType::f32;
-    g.lda = w.cols;
-    g.b = w.p;
-    g.b_type = cuda::LtType::f32;
-    g.ldb = w.cols;
-    g.c = y;
-    g.c_type = cuda::LtType::f32;
-    g.ldc = w.rows;
-    if (b) {
-      g.epilogue = cuda::LtEpilogue::bias;
-      g.bias = const_cast<float*>(b);
-    }
-    cuda::gemm_lt(g, s);
+    cuda::gemm_lt(cuda::lt_linear(y, cuda::LtType::f32, x, w.p, cuda::LtType::f32, n, w.rows,
+                                  w.cols, bias_arg),
+                  s);
     return;
   }
   if (n >= kGemmMinRows && w.rows * w.cols <= w16_elems_) {
@@ -396,25 +381,9 @@ void CudaDecoder::linear(float* y, const float* x, int64_t n, const DevWeight& w
       wp = w16;
     }
     cuda::convert_f32_to_f16(x16, x, n * w.cols, s);
-    cuda::LtGemmArgs g;
-    g.trans_b = true;
-    g.m = n;
-    g.n = w.rows;
-    g.k = w.cols;
-    g.a = x16;
-    g.a_type = cuda::LtType::f16;
-    g.lda = w.cols;
-    g.b = wp;
-    g.b_type = cuda::LtType::f16;
-    g.ldb = w.cols;
-    g.c = y;
-    g.c_type = cuda::LtType::f32;
-    g.ldc = w.rows;
-    if (b) {
-      g.epilogue = cuda::LtEpilogue::bias;
-      g.bias = const_cast<float*>(b);
-    }
-    cuda::gemm_lt(g, s);
+    cuda::gemm_lt(cuda::lt_linear(y, cuda::LtType::f32, x16, wp, cuda::LtType::f16, n, w.rows,
+                                  w.cols, bias_arg),
+                  s);
     return;
   }
   // At most kMatvecMaxRows rows per call: each call reads the weight once for its rows.
@@ -622,9 +591,7 @@ void CudaDecoder::run_graph(const GraphKey& key) {
 }  // namespace
 
 std::unique_ptr<DeviceDecoder> make_cuda_decoder(const DecoderDesc& desc, int device) {
-  TS_CHECK(cuda_device_count() > device && device >= 0, "[cuda] --device cuda: ",
-           cuda_device_count() == 0 ? std::string("no CUDA device is present")
-                                    : cat("no CUDA device ", device));
+  cuda::require_device(device, "--device cuda");
   return std::make_unique<CudaDecoder>(desc, device);
 }
 

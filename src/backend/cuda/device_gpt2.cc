@@ -239,65 +239,23 @@ void CudaGpt2::zero_grads() {
 
 void CudaGpt2::linear_forward(bf16* y, const bf16* x, int64_t w_off, int64_t b_off, int64_t n,
                               int64_t n_in, int64_t n_out) {
-  cuda::LtGemmArgs a;
-  a.trans_b = true;
-  a.m = n;
-  a.n = n_out;
-  a.k = n_in;
-  a.a = x;
-  a.a_type = cuda::LtType::bf16;
-  a.lda = n_in;
-  a.b = w16(w_off);
-  a.b_type = cuda::LtType::bf16;
-  a.ldb = n_in;
-  a.c = y;
-  a.c_type = cuda::LtType::bf16;
-  a.ldc = n_out;
-  if (b_off >= 0) {
-    a.epilogue = cuda::LtEpilogue::bias;
-    a.bias = w16(b_off);  // the bias has the output's type
-  }
-  cuda::gemm_lt(a, stream_.get());
+  // The bias has the output's type: the bf16 copy.
+  cuda::gemm_lt(cuda::lt_linear(y, cuda::LtType::bf16, x, w16(w_off), cuda::LtType::bf16, n, n_out,
+                                n_in, b_off >= 0 ? w16(b_off) : nullptr),
+                stream_.get());
 }
 
 void CudaGpt2::linear_backward(bf16* dx, const bf16* dy, const bf16* x, int64_t w_off,
                                int64_t b_off, int64_t n, int64_t n_in, int64_t n_out) {
   cudaStream_t s = stream_.get();
-  {  // dW (n_out, n_in) += dy^T (n_out, n) x (n, n_in), f32 accumulation into the gradients
-    cuda::LtGemmArgs a;
-    a.trans_a = true;
-    a.m = n_out;
-    a.n = n_in;
-    a.k = n;
-    a.a = dy;
-    a.a_type = cuda::LtType::bf16;
-    a.lda = n_out;
-    a.b = x;
-    a.b_type = cuda::LtType::bf16;
-    a.ldb = n_in;
-    a.c = g(w_off);
-    a.c_type = cuda::LtType::f32;
-    a.ldc = n_in;
-    a.accumulate = true;
-    cuda::gemm_lt(a, s);
-  }
+  // dW (n_out, n_in) += dy^T x, accumulated in f32 into the gradients.
+  cuda::gemm_lt(cuda::lt_linear_weight_grad(g(w_off), dy, x, cuda::LtType::bf16, n, n_out, n_in),
+                s);
   if (b_off >= 0) cuda::bias_grad_accumulate(g(b_off), dy, n, n_out, bias_ws_, s);
-  if (dx) {  // dx (n, n_in) = dy (n, n_out) W (n_out, n_in)
-    cuda::LtGemmArgs a;
-    a.m = n;
-    a.n = n_in;
-    a.k = n_out;
-    a.a = dy;
-    a.a_type = cuda::LtType::bf16;
-    a.lda = n_out;
-    a.b = w16(w_off);
-    a.b_type = cuda::LtType::bf16;
-    a.ldb = n_in;
-    a.c = dx;
-    a.c_type = cuda::LtType::bf16;
-    a.ldc = n_in;
-    cuda::gemm_lt(a, s);
-  }
+  if (dx)  // dx (n, n_in) = dy W
+    cuda::gemm_lt(cuda::lt_linear_input_grad(dx, cuda::LtType::bf16, dy, w16(w_off),
+                                             cuda::LtType::bf16, n, n_out, n_in),
+                  s);
 }
 
 float CudaGpt2::run_forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
@@ -457,9 +415,7 @@ double CudaGpt2::adamw_step(const std::vector<AdamRun>& runs, const AdamStep& st
 }  // namespace
 
 std::unique_ptr<DeviceGpt2> make_cuda_gpt2(const Gpt2DeviceDesc& desc, int device) {
-  TS_CHECK(cuda_device_count() > device && device >= 0, "[cuda] --device cuda: ",
-           cuda_device_count() == 0 ? std::string("no CUDA device is present")
-                                    : cat("no CUDA device ", device));
+  cuda::require_device(device, "--device cuda");
   return std::make_unique<CudaGpt2>(desc, device);
 }
 

@@ -57,6 +57,41 @@ struct LtGemmArgs {
   const float* b_scale = nullptr;
 };
 
+// The three forms of a linear layer y = x W^T [+ b] (x (rows, K), W (N, K), row-major, packed):
+// forward y (rows, N) of type out (the bias, if any, of type out too); the weight gradient
+// dW (N, K) f32 += dy^T x; the input gradient dx (rows, K) of type out = dy W.
+inline LtGemmArgs lt_linear(void* y, LtType out, const void* x, const void* w, LtType in,
+                            int64_t rows, int64_t N, int64_t K, void* bias = nullptr) {
+  LtGemmArgs g;
+  g.trans_b = true;
+  g.m = rows, g.n = N, g.k = K;
+  g.a = x, g.a_type = in, g.lda = K;
+  g.b = w, g.b_type = in, g.ldb = K;
+  g.c = y, g.c_type = out, g.ldc = N;
+  if (bias) g.epilogue = LtEpilogue::bias, g.bias = bias;
+  return g;
+}
+inline LtGemmArgs lt_linear_weight_grad(float* dw, const void* dy, const void* x, LtType in,
+                                        int64_t rows, int64_t N, int64_t K) {
+  LtGemmArgs g;
+  g.trans_a = true;
+  g.m = N, g.n = K, g.k = rows;
+  g.a = dy, g.a_type = in, g.lda = N;
+  g.b = x, g.b_type = in, g.ldb = K;
+  g.c = dw, g.c_type = LtType::f32, g.ldc = K;
+  g.accumulate = true;
+  return g;
+}
+inline LtGemmArgs lt_linear_input_grad(void* dx, LtType out, const void* dy, const void* w,
+                                       LtType in, int64_t rows, int64_t N, int64_t K) {
+  LtGemmArgs g;
+  g.m = rows, g.n = K, g.k = N;
+  g.a = dy, g.a_type = in, g.lda = N;
+  g.b = w, g.b_type = in, g.ldb = K;
+  g.c = dx, g.c_type = out, g.ldc = K;
+  return g;
+}
+
 // Throws Error naming the offending parameter. Host-only (touches no device). Returns false when
 // M or N is 0 (nothing to do).
 bool check_gemm_lt_args(const LtGemmArgs& g);

@@ -47,6 +47,13 @@ int device_count() {
   return backend::cuda_device_count();
 }
 
+void require_device(int index, const char* what) {
+  const int n = device_count();
+  TS_CHECK(n > 0, "[cuda] ", what, ": no CUDA device is present");
+  TS_CHECK(index >= 0 && index < n, "[cuda] ", what, ": no CUDA device ", index, " (", n,
+           " present)");
+}
+
 void set_device(int index) {
   const int n = device_count();
   TS_CHECK(index >= 0 && index < n, "[cuda] set_device: index ", index, " out of range (", n,

@@ -40,6 +40,8 @@ struct DeviceInfo {
 };
 
 int device_count();  // 0 when no device (or no driver) is present
+// Throws "[cuda] <what>: no CUDA device is present" (or "no CUDA device <index>").
+void require_device(int index, const char* what);
 void set_device(int index);
 int current_device();
 DeviceInfo device_info(int index);
