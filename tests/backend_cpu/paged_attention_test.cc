@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "backend/cpu/paged_attention.h"
@@ -263,6 +265,167 @@ TEST(PagedAttention, HalfPrecisionCache) {
       }
       EXPECT_NE(want, f32_out) << "the f16 cache was not used";
     }
+}
+
+// Query rows that share sequences (chunked prefill): the kernel tiles consecutive rows of one
+// block table and lets them share each block's loads. Every row must still match the reference,
+// give the same bits whatever the thread count, and equal that row computed alone.
+struct SharedCase {
+  int64_t H, Hkv, D, BT;
+  std::vector<int64_t> seq;     // per row: its sequence
+  std::vector<int64_t> n_keys;  // per row
+  int64_t window;               // > 0: row r reads its last `window` keys only
+};
+
+struct SharedSetup {
+  std::vector<float> kv, q;
+  std::vector<uint16_t> kv16;
+  std::vector<std::vector<int32_t>> tables;  // per sequence
+  std::vector<const int32_t*> table_ptrs;    // per row
+  std::vector<int32_t> n_keys, first_key;
+  PagedAttentionArgs args;
+};
+
+// Each sequence's blocks are scattered through the arena; rows point at their sequence's table.
+SharedSetup make_shared(const SharedCase& c, uint64_t seed) {
+  SharedSetup s;
+  const int64_t nseq = *std::max_element(c.seq.begin(), c.seq.end()) + 1;
+  std::vector<int64_t> len(static_cast<size_t>(nseq), 1);
+  for (size_t r = 0; r < c.seq.size(); ++r) len[c.seq[r]] = std::max(len[c.seq[r]], c.n_keys[r]);
+  int64_t total = 0;
+  for (int64_t l : len) total += (l + c.BT - 1) / c.BT;
+  std::vector<int32_t> ids(static_cast<size_t>(total));
+  std::iota(ids.begin(), ids.end(), 0);
+  Rng rng(seed);
+  for (size_t i = ids.size(); i > 1; --i) std::swap(ids[i - 1], ids[rng.below(i)]);
+  size_t next = 0;
+  for (int64_t l : len) {
+    s.tables.emplace_back();
+    for (int64_t b = 0; b < (l + c.BT - 1) / c.BT; ++b) s.tables.back().push_back(ids[next++]);
+  }
+  const int64_t rows = static_cast<int64_t>(c.seq.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    s.table_ptrs.push_back(s.tables[c.seq[r]].data());
+    s.n_keys.push_back(static_cast<int32_t>(c.n_keys[r]));
+    s.first_key.push_back(
+        static_cast<int32_t>(c.window > 0 ? std::max<int64_t>(0, c.n_keys[r] - c.window) : 0));
+  }
+  const int64_t half = c.Hkv * c.BT * c.D, stride = 2 * half + 8;
+  s.kv.resize(static_cast<size_t>(total * stride));
+  fill_normal(s.kv.data(), static_cast<int64_t>(s.kv.size()), seed + 1);
+  s.kv16.resize(s.kv.size());
+  from_f32(DType::f16, s.kv.data(), s.kv16.data(), static_cast<int64_t>(s.kv.size()));
+  s.q.resize(static_cast<size_t>(rows * c.H * c.D));
+  fill_normal(s.q.data(), static_cast<int64_t>(s.q.size()), seed + 2, 2.0f);
+  PagedAttentionArgs& a = s.args;
+  a.q = s.q.data();
+  a.rows = rows;
+  a.H = c.H;
+  a.Hkv = c.Hkv;
+  a.D = c.D;
+  a.kv = s.kv.data();
+  a.block_tokens = c.BT;
+  a.block_stride = stride;
+  a.v_offset = half;
+  a.block_tables = s.table_ptrs.data();
+  a.n_keys = s.n_keys.data();
+  if (c.window > 0) a.first_key = s.first_key.data();
+  a.scale = 1.0f / std::sqrt(static_cast<float>(c.D));
+  return s;
+}
+
+// Causal prefill rows 0-based at `pos0`: n_keys pos0+1 .. pos0+rows, all of sequence `seq`.
+void add_prefill(SharedCase& c, int64_t seq, int64_t pos0, int64_t rows) {
+  for (int64_t r = 0; r < rows; ++r) {
+    c.seq.push_back(seq);
+    c.n_keys.push_back(pos0 + r + 1);
+  }
+}
+
+TEST(PagedAttention, RowsSharingASequence) {
+  std::vector<SharedCase> cases;
+  // Groups of 3 (SmolLM2), 4 and 1; 13 and 7 rows (not multiples of a tile); chunks starting
+  // inside a block; block sizes 16 and 32; head dims 32 and 64.
+  for (const auto& [H, Hkv, D, BT] : std::vector<std::array<int64_t, 4>>{
+           {9, 3, 64, 32}, {8, 2, 32, 16}, {4, 4, 32, 16}, {3, 1, 64, 16}})
+    for (int64_t window : {0, 20}) {
+      SharedCase c{H, Hkv, D, BT, {}, {}, window};
+      add_prefill(c, 0, 0, 13);  // a first chunk: keys 1 .. 13
+      cases.push_back(c);
+      SharedCase d{H, Hkv, D, BT, {}, {}, window};
+      add_prefill(d, 0, 37, 7);  // a later chunk of the same sequence
+      add_prefill(d, 1, 0, 3);   // another sequence's prompt
+      d.seq.push_back(0);        // decode rows of both, the first sequence again
+      d.n_keys.push_back(70);
+      d.seq.push_back(1);
+      d.n_keys.push_back(3);
+      cases.push_back(d);
+      // One sequence, keys out of order within tiles, full and partial blocks.
+      cases.push_back({H, Hkv, D, BT, {0, 0, 0, 0, 0, 0, 0}, {40, 3, 17, 64, 33, 32, 1}, window});
+    }
+  for (const SharedCase& c : cases)
+    for (bool transposed : {true, false})
+      for (bool half : {false, true}) {
+        SharedSetup s = make_shared(c, 31);
+        s.args.k_transposed = transposed;  // the reference reads either layout
+        if (half) {
+          s.args.kv = s.kv16.data();
+          s.args.kv_type = DType::f16;
+        } else {
+          s.args.kv = s.kv.data();
+        }
+        const std::string what =
+            "H=" + std::to_string(c.H) + " Hkv=" + std::to_string(c.Hkv) +
+            " rows=" + std::to_string(s.args.rows) + " window=" + std::to_string(c.window) +
+            " transposed=" + std::to_string(transposed) + " f16=" + std::to_string(half);
+        std::vector<float> want(s.q.size()), got(s.q.size()), first;
+        s.args.out = want.data();
+        ref::paged_attention(s.args);
+        for (int threads : {1, 2, 3}) {
+          std::fill(got.begin(), got.end(), NAN);
+          s.args.out = got.data();
+          paged_attention(test::pool(threads), s.args);
+          for (size_t i = 0; i < got.size(); ++i)
+            ASSERT_NEAR(got[i], want[i], 2e-5 * (1 + std::fabs(want[i])))
+                << what << " element " << i << " threads " << threads;
+          if (first.empty()) first = got;
+          ASSERT_EQ(got, first) << what << ": result depends on the thread count";
+        }
+        const int64_t HD = c.H * c.D;
+        for (int64_t r = 0; r < s.args.rows; ++r) {
+          PagedAttentionArgs one = s.args;
+          std::vector<float> alone(static_cast<size_t>(HD));
+          one.rows = 1;
+          one.q = s.q.data() + r * HD;
+          one.out = alone.data();
+          one.block_tables = s.table_ptrs.data() + r;
+          one.n_keys = s.n_keys.data() + r;
+          if (one.first_key) one.first_key = s.first_key.data() + r;
+          for (int threads : {1, 2}) {
+            paged_attention(test::pool(threads), one);
+            ASSERT_EQ(alone,
+                      std::vector<float>(first.begin() + r * HD, first.begin() + (r + 1) * HD))
+                << what << " row " << r << " alone on " << threads << " threads";
+          }
+        }
+      }
+}
+
+// Scores far below the running maximum (p under 1e-38) and keys whose score sets a new maximum
+// late in the sequence: the rescaling and the flush of tiny p to 0 stay within the tolerance.
+TEST(PagedAttention, WideScoreRange) {
+  SharedCase c{3, 1, 32, 16, {}, {}, 0};
+  add_prefill(c, 0, 60, 6);
+  SharedSetup s = make_shared(c, 3);
+  for (float& x : s.q) x *= 12.0f;  // scores spread over hundreds: exp underflows for many keys
+  s.args.k_transposed = true;
+  std::vector<float> want(s.q.size()), got(s.q.size());
+  s.args.out = want.data();
+  ref::paged_attention(s.args);
+  s.args.out = got.data();
+  paged_attention(test::pool(2), s.args);
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_NEAR(got[i], want[i], 2e-5 * (1 + std::fabs(want[i]))) << i;
 }
 
 }  // namespace

@@ -1,8 +1,9 @@
-// Highway paged attention: for each (query row, key/value head) the query heads that share the
-// head walk the sequence's cache blocks, with an online softmax per head (scores of one block,
-// then one rescale of the running output). f16 caches widen on load; keys stored transposed
-// give a block's scores from vertical multiply-adds. Each head is computed by one thread in a
-// fixed order, so results do not depend on the thread count.
+// Highway paged attention. Keys stored transposed (the engine's layout) take the row-tiled
+// kernel of paged_attention_tile-inl.h. Other layouts and shapes take the per-head kernel here:
+// for each (query row, key/value head) the query heads that share the head walk the sequence's
+// cache blocks, with an online softmax per head (scores of one block, then one rescale of the
+// running output). f16 caches widen on load. Each head is computed by one thread in a fixed
+// order, so results do not depend on the thread count.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -15,6 +16,8 @@
 #include "hwy/highway.h"
 // Separate block: math-inl.h needs highway.h first.
 #include "hwy/contrib/math/math-inl.h"
+// Separate block: compiled per target after foreach_target.h.
+#include "backend/cpu/paged_attention_tile-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace tessera::cpu {
@@ -220,11 +223,51 @@ void PagedAttentionTyped(ThreadPool& pool, const PagedAttentionArgs& a) {
   });
 }
 
+// Rows per tile: 5 rows of SmolLM2's 3-head groups are three 5-vector chunks that read each block
+// while it is in L1, and prefill still has hundreds of tasks to balance over the threads.
+constexpr int64_t kTileRows = 5;
+
+// Keys stored transposed, whole vectors per block and head: tiles of up to kTileRows
+// consecutive rows that read the same block table (one sequence's prefill rows). Task t covers
+// tile (tiles - 1 - t / (Hkv * parts)), the heaviest (last, longest causal rows) first so the
+// threads finish together, KV head (t / parts) % Hkv and part t % parts of its query group.
+template <typename T>
+void PagedAttentionTiled(ThreadPool& pool, const PagedAttentionArgs& a) {
+  const int64_t group = a.H / a.Hkv;
+  std::vector<int64_t> starts;
+  for (int64_t r = 0; r < a.rows; ++r)
+    if (r == 0 || r - starts.back() == kTileRows || a.block_tables[r] != a.block_tables[r - 1])
+      starts.push_back(r);
+  starts.push_back(a.rows);
+  const int64_t tiles = static_cast<int64_t>(starts.size()) - 1;
+  // Decode has few (tile, KV head) tasks: split query groups until each thread has about two
+  // (more parts would leave single query vectors, which keep too few multiply-adds in flight).
+  // The arithmetic of a query vector does not depend on the split, so the result does not either.
+  const int64_t threads = pool.size(), tasks = tiles * a.Hkv;
+  const int64_t parts = threads == 1 || tasks >= 2 * threads
+                            ? 1
+                            : std::min<int64_t>(group, (2 * threads + tasks - 1) / tasks);
+  pool.parallel_for(tiles * a.Hkv * parts, 1, [&](int64_t t0, int64_t t1) {
+    thread_local tile_detail::TileScratch w;
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t tile = tiles - 1 - t / (a.Hkv * parts), g = (t / parts) % a.Hkv;
+      const int64_t part = t % parts;
+      tile_detail::TileTask<T>(a, w, starts[tile], starts[tile + 1], g, group * part / parts,
+                               group * (part + 1) / parts);
+    }
+  });
+}
+
 void PagedAttention(ThreadPool& pool, const PagedAttentionArgs& a) {
-  if (a.kv_type == DType::f16)
+  const int64_t L = static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
+  const bool tiled = a.k_transposed && a.D % L == 0 && a.block_tokens % L == 0;
+  if (a.kv_type == DType::f16) {
+    if (tiled) return PagedAttentionTiled<uint16_t>(pool, a);
     PagedAttentionTyped<uint16_t>(pool, a);
-  else
+  } else {
+    if (tiled) return PagedAttentionTiled<float>(pool, a);
     PagedAttentionTyped<float>(pool, a);
+  }
 }
 
 }  // namespace HWY_NAMESPACE
