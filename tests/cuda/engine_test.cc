@@ -148,6 +148,14 @@ TEST_P(CudaEngine, MatchesCpuEngine) {
           std::max_element(w.begin() + s * V, w.begin() + (s + 1) * V) - (w.begin() + s * V));
   }
 
+  // One sequence alone: one-row steps take the fused q/k/v and gate/up products.
+  int32_t t1 = next[1];
+  for (int step = 0; step < 4; ++step) {
+    const std::vector<float> w = cpu.forward({Feed{a1, {&t1, 1}, false}});
+    expect_close(gpu.forward({Feed{b1, {&t1, 1}, false}}), w, tol, cat("single-row step ", step));
+    t1 = static_cast<int32_t>(std::max_element(w.begin(), w.end()) - w.begin());
+  }
+
   // A freed sequence's blocks are reused by a new one, which must not see the old keys.
   cpu.free_sequence(a0);
   gpu.free_sequence(b0);
@@ -171,6 +179,37 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{model::DecoderArch::gpt2, DType::f32, DType::f16, true, true},
                       Case{model::DecoderArch::gpt2, DType::q8_0, DType::f16, false, true}),
     case_name);
+
+// A Q4_K_M-style file keeps wv and w_down in q6_k next to q4_k: the q/k/v products cannot be
+// one matrix then, and one-row steps fall back to separate products (gate/up still fuse).
+TEST(CudaEngine, MixedTypesInALayerMatchCpu) {
+  TS_REQUIRE_CUDA_DEVICE();
+  const Case c{model::DecoderArch::llama, DType::f32, DType::f16, false, false};
+  model::DecoderModel m = make_model(c);
+  auto store = std::make_shared<std::vector<std::vector<uint8_t>>>();
+  m.owners.push_back(store);
+  store->reserve(64);
+  auto convert = [&](model::WeightRef& r, DType t) {
+    std::vector<uint8_t> bytes(static_cast<size_t>(dtype_bytes(t, r.shape.numel())));
+    from_f32(t, static_cast<const float*>(r.data), bytes.data(), r.shape.numel());
+    store->push_back(std::move(bytes));
+    r = model::WeightRef{store->back().data(), t, r.shape};
+  };
+  for (model::DecoderLayer& l : m.weights.layers) {
+    for (model::WeightRef* r : {&l.wq, &l.wk, &l.wo, &l.w_gate, &l.w_up}) convert(*r, DType::q4_k);
+    for (model::WeightRef* r : {&l.wv, &l.w_down}) convert(*r, DType::q6_k);
+  }
+  Engine cpu(m, options(c, false)), gpu(m, options(c, true));
+  const std::vector<int32_t> p = tokens_for(20, m.config.vocab, 4);
+  const int32_t a = cpu.new_sequence(), b = gpu.new_sequence();
+  expect_close(gpu.forward({Feed{b, p, false}}), cpu.forward({Feed{a, p, false}}), 2e-2, "prefill");
+  int32_t t = 7;
+  for (int step = 0; step < 3; ++step) {
+    const std::vector<float> w = cpu.forward({Feed{a, {&t, 1}, false}});
+    expect_close(gpu.forward({Feed{b, {&t, 1}, false}}), w, 2e-2, cat("step ", step));
+    t = static_cast<int32_t>(std::max_element(w.begin(), w.end()) - w.begin());
+  }
+}
 
 // Chunks of 65 rows or more run their products as f16 tensor-core GEMMs over weights widened to
 // f16: a 150-token prompt in chunks of 96 takes that route, then decode takes the matvecs.

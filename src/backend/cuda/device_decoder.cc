@@ -94,6 +94,10 @@ struct DevWeight {
 struct DevLayer {
   DevWeight attn_norm, attn_norm_b, wq, wk, wv, wo, bq, bk, bv, bo;
   DevWeight ffn_norm, ffn_norm_b, w_gate, w_up, w_down, b_up, b_down;
+  // wq|wk|wv (and bq|bk|bv) and w_gate|w_up stored back to back, as one matrix each, when their
+  // types match (null otherwise): a one-row step then reads each input once and launches one
+  // product instead of three (two), and its outputs are q, k, v (gate, up) side by side.
+  DevWeight wqkv, bqkv, w_gate_up;
 };
 
 class CudaDecoder final : public DeviceDecoder {
@@ -152,7 +156,7 @@ class CudaDecoder final : public DeviceDecoder {
   int64_t w16_elems_ = 0;
   float *x_ = nullptr, *xn_ = nullptr, *tmp_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr,
         *att_ = nullptr, *ff_a_ = nullptr, *ff_b_ = nullptr, *gathered_ = nullptr,
-        *logits_ = nullptr;
+        *logits_ = nullptr, *qkv_ = nullptr, *gate_up_ = nullptr;  // one-row fused outputs
   // Device int arrays inside ints_ (same layout as the pinned staging after x).
   int32_t *pos_ = nullptr, *slot_ = nullptr, *n_keys_ = nullptr, *tables_ = nullptr,
           *logit_rows_ = nullptr;
@@ -197,9 +201,11 @@ CudaDecoder::CudaDecoder(const DecoderDesc& d, int device)
   // Activations, one allocation carved into aligned pieces.
   const int64_t R = d_.max_rows;
   const int64_t head_rows = std::min(R, kHeadRows);
-  const int64_t sizes[] = {R * d_.C, R * d_.C, R * d_.C, R * Q_,   R * KV_,         R * KV_,
-                           R * Q_,   R * d_.F, R * d_.F, R * d_.C, head_rows * d_.V};
-  float** ptrs[] = {&x_, &xn_, &tmp_, &q_, &k_, &v_, &att_, &ff_a_, &ff_b_, &gathered_, &logits_};
+  const int64_t sizes[] = {R * d_.C,         R * d_.C,     R * d_.C, R * Q_,   R * KV_,
+                           R * KV_,          R * Q_,       R * d_.F, R * d_.F, R * d_.C,
+                           head_rows * d_.V, Q_ + 2 * KV_, 2 * d_.F};
+  float** ptrs[] = {&x_,    &xn_,   &tmp_,      &q_,      &k_,   &v_,      &att_,
+                    &ff_a_, &ff_b_, &gathered_, &logits_, &qkv_, &gate_up_};
   size_t total = 0;
   for (int64_t n : sizes) total += align_up(static_cast<size_t>(n) * sizeof(float));
   acts_ = DeviceBuffer(pool_, total, s);
@@ -302,28 +308,48 @@ void CudaDecoder::validate() const {
 void CudaDecoder::upload_weights() {
   // Every distinct host tensor once (a tied output head shares the embedding's bytes), packed
   // into one allocation at 256-byte offsets.
-  std::vector<std::pair<const HostWeight*, DevWeight*>> all;
-  auto add = [&](const HostWeight& h, DevWeight& dw) {
-    if (h.present()) all.emplace_back(&h, &dw);
+  // Entries marked `glued` go right after the previous one (no alignment gap), so fusable
+  // groups form one matrix; the matvec kernels take any alignment.
+  struct Entry {
+    const HostWeight* h;
+    DevWeight* dw;
+    bool glued;
+  };
+  std::vector<Entry> all;
+  auto add = [&](const HostWeight& h, DevWeight& dw, bool glued = false) {
+    if (h.present()) all.push_back({&h, &dw, glued});
+  };
+  auto same = [](std::initializer_list<const HostWeight*> ws) {
+    for (const HostWeight* w : ws)
+      if (!w->present() || w->type != (*ws.begin())->type || w->cols != (*ws.begin())->cols)
+        return false;
+    return true;
   };
   layers_.resize(d_.layers.size());
+  std::vector<char> fuse_qkv(d_.layers.size()), fuse_bias(d_.layers.size()),
+      fuse_gu(d_.layers.size());
   for (size_t l = 0; l < d_.layers.size(); ++l) {
     const DecoderLayerWeights& h = d_.layers[l];
     DevLayer& w = layers_[l];
+    fuse_qkv[l] = same({&h.wq, &h.wk, &h.wv});
+    fuse_bias[l] = h.bq.present() && h.bk.present() && h.bv.present();
+    const bool no_bias = !h.bq.present() && !h.bk.present() && !h.bv.present();
+    fuse_qkv[l] = fuse_qkv[l] && (fuse_bias[l] || no_bias);
+    fuse_gu[l] = !d_.gpt2 && same({&h.w_gate, &h.w_up});
+    add(h.wq, w.wq);
+    add(h.wk, w.wk, fuse_qkv[l]);
+    add(h.wv, w.wv, fuse_qkv[l]);
+    add(h.bq, w.bq);
+    add(h.bk, w.bk, fuse_qkv[l] && fuse_bias[l]);
+    add(h.bv, w.bv, fuse_qkv[l] && fuse_bias[l]);
+    add(h.w_gate, w.w_gate);
+    add(h.w_up, w.w_up, fuse_gu[l]);
     for (auto [hw, dw] : {std::pair{&h.attn_norm, &w.attn_norm},
                           {&h.attn_norm_b, &w.attn_norm_b},
-                          {&h.wq, &w.wq},
-                          {&h.wk, &w.wk},
-                          {&h.wv, &w.wv},
                           {&h.wo, &w.wo},
-                          {&h.bq, &w.bq},
-                          {&h.bk, &w.bk},
-                          {&h.bv, &w.bv},
                           {&h.bo, &w.bo},
                           {&h.ffn_norm, &w.ffn_norm},
                           {&h.ffn_norm_b, &w.ffn_norm_b},
-                          {&h.w_gate, &w.w_gate},
-                          {&h.w_up, &w.w_up},
                           {&h.w_down, &w.w_down},
                           {&h.b_up, &w.b_up},
                           {&h.b_down, &w.b_down}})
@@ -333,23 +359,37 @@ void CudaDecoder::upload_weights() {
   add(d_.out_norm_b, out_norm_b_);
   add(d_.output, output_);
 
+  auto bytes_of = [](const HostWeight* h) {
+    return static_cast<size_t>(dtype_bytes(h->type, h->rows * h->cols));
+  };
   std::unordered_map<const void*, size_t> offset_of;
   size_t total = 0;
-  for (auto [h, dw] : all) {
-    if (offset_of.count(h->data)) continue;
-    offset_of[h->data] = total;
-    total += align_up(static_cast<size_t>(dtype_bytes(h->type, h->rows * h->cols)));
+  for (const Entry& e : all) {
+    if (offset_of.count(e.h->data)) continue;  // a tied head: the same bytes once
+    if (!e.glued) total = align_up(total);
+    offset_of[e.h->data] = total;
+    total += bytes_of(e.h);
   }
-  weights_ = DeviceBuffer(pool_, total, stream_.get());
+  weights_ = DeviceBuffer(pool_, align_up(total), stream_.get());
   std::unordered_map<const void*, bool> copied;
-  for (auto [h, dw] : all) {
-    const size_t off = offset_of[h->data];
-    if (!copied[h->data]) {
-      cuda::copy_to_device(weights_.as<uint8_t>() + off, h->data,
-                           static_cast<size_t>(dtype_bytes(h->type, h->rows * h->cols)));
-      copied[h->data] = true;
+  for (const Entry& e : all) {
+    const size_t off = offset_of[e.h->data];
+    if (!copied[e.h->data]) {
+      cuda::copy_to_device(weights_.as<uint8_t>() + off, e.h->data, bytes_of(e.h));
+      copied[e.h->data] = true;
     }
-    *dw = DevWeight{weights_.as<uint8_t>() + off, h->type, h->rows, h->cols};
+    *e.dw = DevWeight{weights_.as<uint8_t>() + off, e.h->type, e.h->rows, e.h->cols};
+  }
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    DevLayer& w = layers_[l];
+    if (fuse_qkv[l]) {
+      w.wqkv = DevWeight{w.wq.p, w.wq.type, w.wq.rows + w.wk.rows + w.wv.rows, w.wq.cols};
+      if (fuse_bias[l])
+        w.bqkv = DevWeight{w.bq.p, DType::f32, 1, w.bq.cols + w.bk.cols + w.bv.cols};
+    }
+    if (fuse_gu[l])
+      w.w_gate_up =
+          DevWeight{w.w_gate.p, w.w_gate.type, w.w_gate.rows + w.w_up.rows, w.w_gate.cols};
   }
 }
 
@@ -416,9 +456,17 @@ void CudaDecoder::residual_norm(float* x, float* out, const float* r, int64_t n,
 void CudaDecoder::layer(size_t l, int64_t n, int64_t max_keys) {
   const DevLayer& w = layers_[l];
   cudaStream_t s = stream_.get();
-  linear(q_, xn_, n, w.wq, w.bq);
-  linear(k_, xn_, n, w.wk, w.bk);
-  linear(v_, xn_, n, w.wv, w.bv);
+  float *q = q_, *k = k_, *v = v_;
+  if (n == 1 && w.wqkv.p) {  // one row: q, k, v side by side are each contiguous
+    linear(qkv_, xn_, 1, w.wqkv, w.bqkv);
+    q = qkv_;
+    k = qkv_ + Q_;
+    v = k + KV_;
+  } else {
+    linear(q_, xn_, n, w.wq, w.bq);
+    linear(k_, xn_, n, w.wk, w.bk);
+    linear(v_, xn_, n, w.wv, w.bv);
+  }
   if (!d_.gpt2) {
     cuda::RopeTableView t;
     t.cos = rope_.as<float>();
@@ -427,16 +475,16 @@ void CudaDecoder::layer(size_t l, int64_t n, int64_t max_keys) {
     t.rotary_dim = d_.rope_dim;
     const auto layout =
         d_.rope_interleaved ? cuda::RopeLayout::interleaved : cuda::RopeLayout::half;
-    cuda::rope_forward<float>(q_, q_, t, pos_, 0, 1, n, d_.H, d_.D, layout, s);
-    cuda::rope_forward<float>(k_, k_, t, pos_, 0, 1, n, d_.Hkv, d_.D, layout, s);
+    cuda::rope_forward<float>(q, q, t, pos_, 0, 1, n, d_.H, d_.D, layout, s);
+    cuda::rope_forward<float>(k, k, t, pos_, 0, 1, n, d_.Hkv, d_.D, layout, s);
   }
   // Layer l's keys start at element l * 2 * half_block_ of each block; values half_block_ later.
   void* layer_kv = cache_.as<uint8_t>() + static_cast<size_t>(l) * 2 * half_block_ * elem_bytes_;
-  cuda::kv_cache_append(layer_kv, d_.kv_type, k_, v_, slot_, n, d_.Hkv, d_.D, d_.block_tokens,
+  cuda::kv_cache_append(layer_kv, d_.kv_type, k, v, slot_, n, d_.Hkv, d_.D, d_.block_tokens,
                         block_stride_, half_block_, s);
   cuda::PagedDecodeArgs a;
   a.out = att_;
-  a.q = q_;
+  a.q = q;
   a.rows = n;
   a.H = d_.H;
   a.Hkv = d_.Hkv;
@@ -461,9 +509,14 @@ void CudaDecoder::layer(size_t l, int64_t n, int64_t max_keys) {
     linear(ff_a_, xn_, n, w.w_up, w.b_up);
     cuda::gelu_forward<float>(ff_a_, ff_a_, n * d_.F, s);
   } else {
-    linear(ff_a_, xn_, n, w.w_gate, {});
-    linear(ff_b_, xn_, n, w.w_up, {});
-    cuda::swiglu_forward<float>(ff_a_, ff_a_, ff_b_, n, d_.F, s);
+    if (n == 1 && w.w_gate_up.p) {
+      linear(gate_up_, xn_, 1, w.w_gate_up, {});
+      cuda::swiglu_forward<float>(ff_a_, gate_up_, gate_up_ + d_.F, 1, d_.F, s);
+    } else {
+      linear(ff_a_, xn_, n, w.w_gate, {});
+      linear(ff_b_, xn_, n, w.w_up, {});
+      cuda::swiglu_forward<float>(ff_a_, ff_a_, ff_b_, n, d_.F, s);
+    }
   }
   linear(tmp_, ff_a_, n, w.w_down, w.b_down);
   // The residual add, fused with the next norm: the next layer's attention norm, or the output
