@@ -475,8 +475,12 @@ void CudaDecoder::layer(size_t l, int64_t n, int64_t max_keys) {
     t.rotary_dim = d_.rope_dim;
     const auto layout =
         d_.rope_interleaved ? cuda::RopeLayout::interleaved : cuda::RopeLayout::half;
-    cuda::rope_forward<float>(q, q, t, pos_, 0, 1, n, d_.H, d_.D, layout, s);
-    cuda::rope_forward<float>(k, k, t, pos_, 0, 1, n, d_.Hkv, d_.D, layout, s);
+    if (k == q + Q_) {  // fused one-row q|k: one rotation over all H + Hkv heads
+      cuda::rope_forward<float>(q, q, t, pos_, 0, 1, 1, d_.H + d_.Hkv, d_.D, layout, s);
+    } else {
+      cuda::rope_forward<float>(q, q, t, pos_, 0, 1, n, d_.H, d_.D, layout, s);
+      cuda::rope_forward<float>(k, k, t, pos_, 0, 1, n, d_.Hkv, d_.D, layout, s);
+    }
   }
   // Layer l's keys start at element l * 2 * half_block_ of each block; values half_block_ later.
   void* layer_kv = cache_.as<uint8_t>() + static_cast<size_t>(l) * 2 * half_block_ * elem_bytes_;
