@@ -475,7 +475,7 @@ void CudaDecoder::layer(size_t l, int64_t n, int64_t max_keys) {
     t.rotary_dim = d_.rope_dim;
     const auto layout =
         d_.rope_interleaved ? cuda::RopeLayout::interleaved : cuda::RopeLayout::half;
-    if (k == q + Q_) {  // fused one-row q|k: one rotation over all H + Hkv heads
+    if (n == 1 && k == q + Q_) {  // one row, k right after q: one rotation over H + Hkv heads
       cuda::rope_forward<float>(q, q, t, pos_, 0, 1, 1, d_.H + d_.Hkv, d_.D, layout, s);
     } else {
       cuda::rope_forward<float>(q, q, t, pos_, 0, 1, n, d_.H, d_.D, layout, s);
