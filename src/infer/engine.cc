@@ -96,12 +96,9 @@ Engine::Engine(const model::DecoderModel& model, const EngineOptions& opts)
     // The paged decode kernel has no sliding window: a window that never binds (the context is
     // no longer than it) is fine, any other is refused rather than silently ignored.
     TS_CHECK(c.sliding_window == 0 || c.sliding_window >= opts_.max_ctx,
-             "[engine] --device cuda: "
-             "the model's sliding window of ",
-             c.sliding_window,
-             " tokens is not supported on "
-             "CUDA; use --ctx ",
-             c.sliding_window, " or less, or the CPU");
+             "[engine] --device cuda: the model's sliding window of ", c.sliding_window,
+             " tokens is not supported on CUDA; use --ctx ", c.sliding_window,
+             " or less, or the CPU");
     max_seq_blocks_ = (opts_.max_ctx + opts_.block_tokens - 1) / opts_.block_tokens;
     device_ = backend::make_cuda_decoder(device_desc());
     return;
