@@ -18,6 +18,26 @@ namespace {
 
 using test::fill_normal;
 
+// The argument block of a query batch over an f32 cache (kv_type and k_transposed left default).
+PagedAttentionArgs cache_args(const float* q, int64_t rows, int64_t H, int64_t Hkv, int64_t D,
+                              const float* kv, int64_t BT, int64_t stride, int64_t half,
+                              const int32_t* const* tables, const int32_t* n_keys) {
+  PagedAttentionArgs a;
+  a.q = q;
+  a.rows = rows;
+  a.H = H;
+  a.Hkv = Hkv;
+  a.D = D;
+  a.kv = kv;
+  a.block_tokens = BT;
+  a.block_stride = stride;
+  a.v_offset = half;
+  a.block_tables = tables;
+  a.n_keys = n_keys;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(D));
+  return a;
+}
+
 struct Case {
   int64_t rows, H, Hkv, D, BT;
   std::vector<int64_t> n_keys;  // per row
@@ -54,19 +74,8 @@ PagedSetup make(const Case& c, uint64_t seed) {
   fill_normal(s.kv.data(), static_cast<int64_t>(s.kv.size()), seed + 1);
   s.q.resize(static_cast<size_t>(c.rows * c.H * c.D));
   fill_normal(s.q.data(), static_cast<int64_t>(s.q.size()), seed + 2, 2.0f);
-  PagedAttentionArgs& a = s.args;
-  a.q = s.q.data();
-  a.rows = c.rows;
-  a.H = c.H;
-  a.Hkv = c.Hkv;
-  a.D = c.D;
-  a.kv = s.kv.data();
-  a.block_tokens = c.BT;
-  a.block_stride = stride;
-  a.v_offset = half;
-  a.block_tables = s.table_ptrs.data();
-  a.n_keys = s.n_keys.data();
-  a.scale = 1.0f / std::sqrt(static_cast<float>(c.D));
+  s.args = cache_args(s.q.data(), c.rows, c.H, c.Hkv, c.D, s.kv.data(), c.BT, stride, half,
+                      s.table_ptrs.data(), s.n_keys.data());
   return s;
 }
 
@@ -317,20 +326,9 @@ SharedSetup make_shared(const SharedCase& c, uint64_t seed) {
   from_f32(DType::f16, s.kv.data(), s.kv16.data(), static_cast<int64_t>(s.kv.size()));
   s.q.resize(static_cast<size_t>(rows * c.H * c.D));
   fill_normal(s.q.data(), static_cast<int64_t>(s.q.size()), seed + 2, 2.0f);
-  PagedAttentionArgs& a = s.args;
-  a.q = s.q.data();
-  a.rows = rows;
-  a.H = c.H;
-  a.Hkv = c.Hkv;
-  a.D = c.D;
-  a.kv = s.kv.data();
-  a.block_tokens = c.BT;
-  a.block_stride = stride;
-  a.v_offset = half;
-  a.block_tables = s.table_ptrs.data();
-  a.n_keys = s.n_keys.data();
-  if (c.window > 0) a.first_key = s.first_key.data();
-  a.scale = 1.0f / std::sqrt(static_cast<float>(c.D));
+  s.args = cache_args(s.q.data(), rows, c.H, c.Hkv, c.D, s.kv.data(), c.BT, stride, half,
+                      s.table_ptrs.data(), s.n_keys.data());
+  if (c.window > 0) s.args.first_key = s.first_key.data();
   return s;
 }
 
