@@ -233,6 +233,11 @@ int bench_generate(const std::vector<std::string>& argv) {
   for (const BatchRow& r : batch_rows)
     std::printf("batched decode, %4lld sequences: %8.1f tokens/s (%.2fx batch 1)\n",
                 (long long)r.batch, r.tps, r.tps / decode_tps);
+  if (ef.cuda) {  // the cache lives on the device; host memory holds the weights' file copy
+    std::printf("memory: %s; host peak RSS %.1f MB\n", engine.device_description().c_str(),
+                profile::peak_rss_bytes() / 1e6);
+    return 0;
+  }
   std::printf(
       "memory: peak RSS %.1f MB = weights %.1f MB + KV cache %.1f MB + %.1f MB other\n",
       profile::peak_rss_bytes() / 1e6, m.model.total_weight_bytes() / 1e6,
