@@ -24,16 +24,8 @@ namespace tessera::cpu {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// Cache elements as f32 vectors: f32 loads directly, f16 widens on the way in.
-template <class D>
-HWY_INLINE hn::Vec<D> LoadKV(D d, const float* p) {
-  return hn::LoadU(d, p);
-}
-template <class D>
-HWY_INLINE hn::Vec<D> LoadKV(D d, const uint16_t* p) {
-  const hn::Rebind<hwy::float16_t, D> dh;
-  return hn::PromoteTo(d, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p)));
-}
+// Cache elements as f32 vectors (f16 widens on the way in): the tiled kernel's loader.
+using tile_detail::LoadWide;
 HWY_INLINE float ScalarKV(const float* p) {
   return *p;
 }
@@ -48,10 +40,10 @@ float Dot(const float* a, const T* b, int64_t n) {
   auto s0 = hn::Zero(d), s1 = hn::Zero(d);
   int64_t i = 0;
   for (; i + 2 * L <= n; i += 2 * L) {
-    s0 = hn::MulAdd(hn::LoadU(d, a + i), LoadKV(d, b + i), s0);
-    s1 = hn::MulAdd(hn::LoadU(d, a + i + L), LoadKV(d, b + i + L), s1);
+    s0 = hn::MulAdd(hn::LoadU(d, a + i), LoadWide(d, b + i), s0);
+    s1 = hn::MulAdd(hn::LoadU(d, a + i + L), LoadWide(d, b + i + L), s1);
   }
-  for (; i + L <= n; i += L) s0 = hn::MulAdd(hn::LoadU(d, a + i), LoadKV(d, b + i), s0);
+  for (; i + L <= n; i += L) s0 = hn::MulAdd(hn::LoadU(d, a + i), LoadWide(d, b + i), s0);
   float s = hn::GetLane(hn::SumOfLanes(d, hn::Add(s0, s1)));
   for (; i < n; ++i) s += a[i] * ScalarKV(b + i);
   return s;
@@ -75,22 +67,22 @@ void ScoresTransposed(float* scores, const float* q, const T* kt, int64_t bt, in
       const auto qa = hn::Set(d, q[e]), qb = hn::Set(d, q[e + 1]);
       const T* ra = kt + e * bt + j;
       const T* rb = ra + bt;
-      a0 = hn::MulAdd(qa, LoadKV(d, ra), a0);
-      a1 = hn::MulAdd(qa, LoadKV(d, ra + L), a1);
-      a2 = hn::MulAdd(qa, LoadKV(d, ra + 2 * L), a2);
-      a3 = hn::MulAdd(qa, LoadKV(d, ra + 3 * L), a3);
-      b0 = hn::MulAdd(qb, LoadKV(d, rb), b0);
-      b1 = hn::MulAdd(qb, LoadKV(d, rb + L), b1);
-      b2 = hn::MulAdd(qb, LoadKV(d, rb + 2 * L), b2);
-      b3 = hn::MulAdd(qb, LoadKV(d, rb + 3 * L), b3);
+      a0 = hn::MulAdd(qa, LoadWide(d, ra), a0);
+      a1 = hn::MulAdd(qa, LoadWide(d, ra + L), a1);
+      a2 = hn::MulAdd(qa, LoadWide(d, ra + 2 * L), a2);
+      a3 = hn::MulAdd(qa, LoadWide(d, ra + 3 * L), a3);
+      b0 = hn::MulAdd(qb, LoadWide(d, rb), b0);
+      b1 = hn::MulAdd(qb, LoadWide(d, rb + L), b1);
+      b2 = hn::MulAdd(qb, LoadWide(d, rb + 2 * L), b2);
+      b3 = hn::MulAdd(qb, LoadWide(d, rb + 3 * L), b3);
     }
     if (e < D) {
       const auto qa = hn::Set(d, q[e]);
       const T* ra = kt + e * bt + j;
-      a0 = hn::MulAdd(qa, LoadKV(d, ra), a0);
-      a1 = hn::MulAdd(qa, LoadKV(d, ra + L), a1);
-      a2 = hn::MulAdd(qa, LoadKV(d, ra + 2 * L), a2);
-      a3 = hn::MulAdd(qa, LoadKV(d, ra + 3 * L), a3);
+      a0 = hn::MulAdd(qa, LoadWide(d, ra), a0);
+      a1 = hn::MulAdd(qa, LoadWide(d, ra + L), a1);
+      a2 = hn::MulAdd(qa, LoadWide(d, ra + 2 * L), a2);
+      a3 = hn::MulAdd(qa, LoadWide(d, ra + 3 * L), a3);
     }
     const auto sc = hn::Set(d, scale);
     hn::StoreU(hn::Mul(hn::Add(a0, b0), sc), d, scores + j);
@@ -101,7 +93,7 @@ void ScoresTransposed(float* scores, const float* q, const T* kt, int64_t bt, in
   for (; j + L <= count; j += L) {
     auto a0 = hn::Zero(d);
     for (int64_t e = 0; e < D; ++e)
-      a0 = hn::MulAdd(hn::Set(d, q[e]), LoadKV(d, kt + e * bt + j), a0);
+      a0 = hn::MulAdd(hn::Set(d, q[e]), LoadWide(d, kt + e * bt + j), a0);
     hn::StoreU(hn::Mul(a0, hn::Set(d, scale)), d, scores + j);
   }
   for (; j < count; ++j) {
@@ -127,10 +119,10 @@ void ScaleAccumulate(float* acc, float scale, const float* p, const T* v, int64_
     for (int64_t j = 0; j < count; ++j) {
       const auto pj = hn::Set(d, p[j]);
       const T* row = v + j * n + i;
-      a0 = hn::MulAdd(pj, LoadKV(d, row), a0);
-      a1 = hn::MulAdd(pj, LoadKV(d, row + L), a1);
-      a2 = hn::MulAdd(pj, LoadKV(d, row + 2 * L), a2);
-      a3 = hn::MulAdd(pj, LoadKV(d, row + 3 * L), a3);
+      a0 = hn::MulAdd(pj, LoadWide(d, row), a0);
+      a1 = hn::MulAdd(pj, LoadWide(d, row + L), a1);
+      a2 = hn::MulAdd(pj, LoadWide(d, row + 2 * L), a2);
+      a3 = hn::MulAdd(pj, LoadWide(d, row + 3 * L), a3);
     }
     hn::StoreU(a0, d, acc + i);
     hn::StoreU(a1, d, acc + i + L);
@@ -140,7 +132,7 @@ void ScaleAccumulate(float* acc, float scale, const float* p, const T* v, int64_
   for (; i + L <= n; i += L) {
     auto a = hn::Mul(hn::LoadU(d, acc + i), sc);
     for (int64_t j = 0; j < count; ++j)
-      a = hn::MulAdd(hn::Set(d, p[j]), LoadKV(d, v + j * n + i), a);
+      a = hn::MulAdd(hn::Set(d, p[j]), LoadWide(d, v + j * n + i), a);
     hn::StoreU(a, d, acc + i);
   }
   for (; i < n; ++i) {

@@ -35,6 +35,7 @@ namespace tile_detail {
 
 using DF = hn::ScalableTag<float>;
 
+// Cache elements as f32 vectors: f32 loads directly, f16 widens on the way in.
 template <class D>
 HWY_INLINE hn::Vec<D> LoadWide(D d, const float* p) {
   return hn::LoadU(d, p);
