@@ -160,7 +160,8 @@ class CudaDecoder final : public DeviceDecoder {
   // Device int arrays inside ints_ (same layout as the pinned staging after x).
   int32_t *pos_ = nullptr, *slot_ = nullptr, *n_keys_ = nullptr, *tables_ = nullptr,
           *logit_rows_ = nullptr;
-  size_t ints_bytes_ = 0;
+  // Staging layout: x_bytes_ of x, then the int arrays row_ints_ apart (tables last).
+  size_t x_bytes_ = 0, row_ints_ = 0;
   std::unique_ptr<PinnedBuffer> staging_;
   int64_t n_logits_ = 0;
   bool graphs_enabled_ = true;
@@ -201,34 +202,33 @@ CudaDecoder::CudaDecoder(const DecoderDesc& d, int device)
   // Activations, one allocation carved into aligned pieces.
   const int64_t R = d_.max_rows;
   const int64_t head_rows = std::min(R, kHeadRows);
-  const int64_t sizes[] = {R * d_.C,         R * d_.C,     R * d_.C, R * Q_,   R * KV_,
-                           R * KV_,          R * Q_,       R * d_.F, R * d_.F, R * d_.C,
-                           head_rows * d_.V, Q_ + 2 * KV_, 2 * d_.F};
-  float** ptrs[] = {&x_,    &xn_,   &tmp_,      &q_,      &k_,   &v_,      &att_,
-                    &ff_a_, &ff_b_, &gathered_, &logits_, &qkv_, &gate_up_};
-  size_t total = 0;
-  for (int64_t n : sizes) total += align_up(static_cast<size_t>(n) * sizeof(float));
-  acts_ = DeviceBuffer(pool_, total, s);
-  size_t off = 0;
-  for (size_t i = 0; i < std::size(sizes); ++i) {
-    *ptrs[i] = reinterpret_cast<float*>(acts_.as<uint8_t>() + off);
-    off += align_up(static_cast<size_t>(sizes[i]) * sizeof(float));
-  }
+  std::vector<std::pair<void**, size_t>> parts;
+  auto f32 = [&](float** ptr, int64_t n) {
+    parts.emplace_back(reinterpret_cast<void**>(ptr), static_cast<size_t>(n) * sizeof(float));
+  };
+  for (float** p : {&x_, &xn_, &tmp_, &gathered_}) f32(p, R * d_.C);
+  for (float** p : {&q_, &att_}) f32(p, R * Q_);
+  for (float** p : {&k_, &v_}) f32(p, R * KV_);
+  for (float** p : {&ff_a_, &ff_b_}) f32(p, R * d_.F);
+  f32(&logits_, head_rows * d_.V);
+  f32(&qkv_, Q_ + 2 * KV_);
+  f32(&gate_up_, 2 * d_.F);
+  acts_ = cuda::carve(pool_, s, parts);
 
   // Per-chunk inputs, staged in pinned memory as x (R, C) f32 then the int32 arrays pos, slot,
   // n_keys, logit_rows (R each) and tables (R, S); on the device x goes to x_, the ints to ints_.
-  const size_t x_bytes = align_up(static_cast<size_t>(R * d_.C) * sizeof(float));
-  const size_t row_ints = static_cast<size_t>(R) * sizeof(int32_t);
-  ints_bytes_ = 4 * align_up(row_ints) +
-                align_up(static_cast<size_t>(R * d_.max_seq_blocks) * sizeof(int32_t));
-  ints_ = DeviceBuffer(pool_, ints_bytes_, s);
+  x_bytes_ = align_up(static_cast<size_t>(R * d_.C) * sizeof(float));
+  row_ints_ = align_up(static_cast<size_t>(R) * sizeof(int32_t));
+  const size_t ints_bytes =
+      4 * row_ints_ + align_up(static_cast<size_t>(R * d_.max_seq_blocks) * sizeof(int32_t));
+  ints_ = DeviceBuffer(pool_, ints_bytes, s);
   uint8_t* base = ints_.as<uint8_t>();
   pos_ = reinterpret_cast<int32_t*>(base);
-  slot_ = reinterpret_cast<int32_t*>(base + align_up(row_ints));
-  n_keys_ = reinterpret_cast<int32_t*>(base + 2 * align_up(row_ints));
-  logit_rows_ = reinterpret_cast<int32_t*>(base + 3 * align_up(row_ints));
-  tables_ = reinterpret_cast<int32_t*>(base + 4 * align_up(row_ints));
-  staging_ = std::make_unique<PinnedBuffer>(x_bytes + ints_bytes_);
+  slot_ = reinterpret_cast<int32_t*>(base + row_ints_);
+  n_keys_ = reinterpret_cast<int32_t*>(base + 2 * row_ints_);
+  logit_rows_ = reinterpret_cast<int32_t*>(base + 3 * row_ints_);
+  tables_ = reinterpret_cast<int32_t*>(base + 4 * row_ints_);
+  staging_ = std::make_unique<PinnedBuffer>(x_bytes_ + ints_bytes);
 
   const int64_t attn_floats =
       cuda::paged_decode_workspace_floats(kAttnRows, d_.H, d_.D, kAttnSplits);
@@ -538,8 +538,7 @@ void CudaDecoder::forward(const DecoderChunk& c) {
   const cuda::DeviceGuard guard(device_);
   cudaStream_t s = stream_.get();
   const int64_t n = c.n, S = d_.max_seq_blocks;
-  const size_t x_bytes = align_up(static_cast<size_t>(d_.max_rows * d_.C) * sizeof(float));
-  const size_t row_ints = align_up(static_cast<size_t>(d_.max_rows) * sizeof(int32_t));
+  const size_t x_bytes = x_bytes_, row_ints = row_ints_;
   // Stage the inputs in the pinned buffer in the device layout, then one copy.
   uint8_t* st = staging_->get();
   std::memcpy(st, c.x, static_cast<size_t>(n * d_.C) * sizeof(float));

@@ -159,23 +159,16 @@ CudaGpt2::CudaGpt2(const Gpt2DeviceDesc& d, int device)
   f32(&lnf_mean_, N);
   f32(&lnf_rstd_, N);
   f32(&losses_, N);
-  f32(&norm_ws_, cuda::norm_backward_workspace_floats(N, 4 * C));
-  f32(&bias_ws_, cuda::bias_grad_workspace_floats(N, d_.Vp > 4 * C ? d_.Vp : 4 * C));
-  size_t total = 0;
-  for (auto& [ptr, bytes] : parts) total += align_up(bytes);
-  acts_ = DeviceBuffer(pool_, total, s);
-  size_t off = 0;
-  for (auto& [ptr, bytes] : parts) {
-    *ptr = acts_.as<uint8_t>() + off;
-    off += align_up(bytes);
-  }
+  f32(&norm_ws_, cuda::norm_backward_workspace_floats(N, C));
+  f32(&bias_ws_, cuda::bias_grad_workspace_floats(N, 4 * C));  // the widest bias is c_fc's
+  acts_ = cuda::carve(pool_, s, parts);
 
   // Small work buffers: token ids, the norm reduction, the attention backward workspace.
   const int64_t sizes[] = {P};
   const size_t ids = align_up(static_cast<size_t>(N) * 4);
   const size_t ss = align_up(static_cast<size_t>(cuda::global_sum_squares_workspace(sizes, 1)) * 8);
-  const size_t attn = align_up(cuda::flash_attention_backward_workspace_bytes(
-      cuda::FlashAttentionShape{d_.max_B, d_.max_T, d_.H, d_.H, D_, 1.0f, true, DType::bf16}));
+  const size_t attn =
+      align_up(cuda::flash_attention_backward_workspace_bytes(attn_shape(d_.max_B, d_.max_T)));
   work_ = DeviceBuffer(pool_, 2 * ids + kAlign + ss + attn, s);
   auto* w = work_.as<uint8_t>();
   tokens_ = reinterpret_cast<int32_t*>(w);

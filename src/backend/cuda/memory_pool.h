@@ -268,4 +268,20 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
+// One pool allocation carved into pieces at 256-byte offsets: each part is (where the piece's
+// address goes, its bytes). Returns the buffer that owns them all.
+inline DeviceBuffer carve(MemoryPool& pool, cudaStream_t stream,
+                          const std::vector<std::pair<void**, size_t>>& parts) {
+  auto aligned = [](size_t n) { return (n + 255) / 256 * 256; };
+  size_t total = 0;
+  for (const auto& part : parts) total += aligned(part.second);
+  DeviceBuffer buf(pool, total, stream);
+  size_t off = 0;
+  for (const auto& [where, bytes] : parts) {
+    *where = buf.as<uint8_t>() + off;
+    off += aligned(bytes);
+  }
+  return buf;
+}
+
 }  // namespace tessera::cuda
