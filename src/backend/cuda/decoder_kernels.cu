@@ -179,11 +179,11 @@ void dequantize_to_f16(uint16_t* dst, const void* w, DType type, int64_t N, int6
     TS_CUDA_CHECK_LAUNCH();
     return;
   }
-  const int64_t block = act_block_elems(type) > 0 ? traits(type).block_elems : 0;
+  const int64_t block = act_block_elems(type);  // the block types' block size, else 0
   TS_CHECK(block > 0 && K % block == 0, "[dequantize_to_f16] type ", dtype_name(type),
            " with K=", K,
-           " is not supported (f16, bf16, q8_0, q4_0, q4_1, q4_k, q6_k; K a "
-           "multiple of the block)");
+           " is not supported (f16, bf16, q8_0, q4_0, q4_1, q4_k, q6_k; K a multiple of the "
+           "block)");
   const int64_t groups = n / 32;
   const auto* p = static_cast<const uint8_t*>(w);
   switch (type) {
