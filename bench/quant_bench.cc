@@ -12,6 +12,7 @@
 
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/quant_matmul_avx2.h"
+#include "core/interleave.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
 #include "ops/quant.h"
@@ -20,8 +21,10 @@ namespace {
 
 using tessera::DType;
 
-constexpr DType kTypes[] = {DType::f32,  DType::f16,  DType::bf16, DType::q8_0,
-                            DType::q4_0, DType::q4_1, DType::q4_k, DType::q6_k};
+// Indices 8 and 9 are the CPU's row-interleaved layouts of q4_0 and q4_1 (core/interleave.h).
+constexpr DType kTypes[] = {DType::f32,  DType::f16,  DType::bf16, DType::q8_0,   DType::q4_0,
+                            DType::q4_1, DType::q4_k, DType::q6_k, DType::q4_0x8, DType::q4_1x8};
+constexpr int64_t kNumTypes = sizeof(kTypes) / sizeof(kTypes[0]);
 
 tessera::ThreadPool& bench_pool(int n) {
   static std::unique_ptr<tessera::ThreadPool> pools[64];
@@ -37,9 +40,11 @@ std::vector<uint8_t> make_weights(DType t, int64_t N, int64_t K) {
   std::vector<float> src(static_cast<size_t>(tile * K));
   for (auto& v : src) v = 0.02f * rng.normal();
   std::vector<uint8_t> w(static_cast<size_t>(N * row_bytes));
-  tessera::from_f32(t, src.data(), w.data(), tile * K);
+  const DType plain = tessera::plain_type(t);
+  tessera::from_f32(plain, src.data(), w.data(), tile * K);
   for (int64_t n = tile; n < N; ++n)
     std::memcpy(w.data() + n * row_bytes, w.data() + (n % tile) * row_bytes, row_bytes);
+  if (plain != t) tessera::interleave_rows(plain, w.data(), N, K);
   return w;
 }
 
@@ -99,7 +104,7 @@ void BM_MatmulWtRoute(benchmark::State& state) {
 }
 
 void route_args(benchmark::internal::Benchmark* b) {
-  for (int64_t t = 0; t < 8; ++t)
+  for (int64_t t = 0; t < kNumTypes; ++t)
     for (int64_t m : {16, 64, 128, 256, 512})
       for (int64_t route : {0, 1}) b->Args({t, m, 1, route});
 }
@@ -109,18 +114,18 @@ constexpr std::pair<int64_t, int64_t> kLlamaShapes[] = {{2048, 2048}, {5632, 204
 // SmolLM2-135M (Q4_1 blocks, Q8_0 head): q/o, k/v, gate/up, down, token_embd as the head.
 constexpr std::pair<int64_t, int64_t> kSmolShapes[] = {
     {576, 576}, {192, 576}, {1536, 576}, {576, 1536}, {49152, 576}};
-constexpr int64_t kQ8_0 = 3, kQ4_1 = 5;
+constexpr int64_t kQ8_0 = 3, kQ4_1 = 5, kQ4_1x8 = 9;
 
 void decode_args(benchmark::internal::Benchmark* b) {
-  for (int64_t t = 0; t < 8; ++t)
+  for (int64_t t = 0; t < kNumTypes; ++t)
     for (int64_t threads : {1, 2})
       for (auto nk : kLlamaShapes) b->Args({t, 1, nk.first, nk.second, threads});
-  for (int64_t t : {kQ4_1, kQ8_0})
+  for (int64_t t : {kQ4_1, kQ8_0, kQ4_1x8})
     for (int64_t threads : {1, 2})
       for (auto nk : kSmolShapes) b->Args({t, 1, nk.first, nk.second, threads});
 }
 void prefill_args(benchmark::internal::Benchmark* b) {
-  for (int64_t t = 0; t < 8; ++t)
+  for (int64_t t = 0; t < kNumTypes; ++t)
     for (int64_t threads : {1, 2})
       for (int64_t n : {2048, 5632}) b->Args({t, 512, n, 2048, threads});
   for (int64_t threads : {1, 2}) b->Args({kQ4_1, 512, 1536, 576, threads});

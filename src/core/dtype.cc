@@ -11,15 +11,17 @@ namespace tessera {
 
 namespace {
 constexpr DTypeTraits kTraits[] = {
-    {"f32", 1, 4},
-    {"bf16", 1, 2},
-    {"f16", 1, 2},
-    {"q8_0", kQK8_0, sizeof(BlockQ8_0)},
-    {"q4_0", kQK4_0, sizeof(BlockQ4_0)},
-    {"q4_1", kQK4_1, sizeof(BlockQ4_1)},
-    {"i32", 1, 4},
-    {"q4_k", kQK_K, sizeof(BlockQ4K)},
-    {"q6_k", kQK_K, sizeof(BlockQ6K)},
+    {"f32", 1, 4, 1},
+    {"bf16", 1, 2, 1},
+    {"f16", 1, 2, 1},
+    {"q8_0", kQK8_0, sizeof(BlockQ8_0), 1},
+    {"q4_0", kQK4_0, sizeof(BlockQ4_0), 1},
+    {"q4_1", kQK4_1, sizeof(BlockQ4_1), 1},
+    {"i32", 1, 4, 1},
+    {"q4_k", kQK_K, sizeof(BlockQ4K), 1},
+    {"q6_k", kQK_K, sizeof(BlockQ6K), 1},
+    {"q4_0x8", kQK4_0, sizeof(BlockQ4_0), 8},
+    {"q4_1x8", kQK4_1, sizeof(BlockQ4_1), 8},
 };
 constexpr int kNumTypes = sizeof(kTraits) / sizeof(kTraits[0]);
 }  // namespace
@@ -31,8 +33,12 @@ const DTypeTraits& traits(DType t) {
 }
 
 DType parse_dtype(std::string_view name, std::string_view what) {
-  for (int i = 0; i < kNumTypes; ++i)
-    if (kTraits[i].name == name) return static_cast<DType>(i);
+  for (int i = 0; i < kNumTypes; ++i) {
+    if (kTraits[i].name != name) continue;
+    TS_CHECK(kTraits[i].interleave_rows == 1, "[dtype] ", what, ": '", name,
+             "' is an in-memory CPU layout, not a type a file or flag can name");
+    return static_cast<DType>(i);
+  }
   fail("[dtype] ", what, ": unknown dtype '", name, "'");
 }
 
@@ -137,6 +143,8 @@ void to_f32(DType t, const void* src, float* dst, int64_t n) {
       dequantize_q6_k_blocks(static_cast<const BlockQ6K*>(src), dst, n / kQK_K);
       return;
     case DType::i32:
+    case DType::q4_0x8:
+    case DType::q4_1x8:
       break;
   }
   fail("[dtype] cannot convert ", dtype_name(t), " to f32");
@@ -219,6 +227,8 @@ void from_f32(DType t, const float* src, void* dst, int64_t n) {
       quantize_q6_k_blocks(src, static_cast<BlockQ6K*>(dst), n / kQK_K);
       return;
     case DType::i32:
+    case DType::q4_0x8:
+    case DType::q4_1x8:
       break;
   }
   fail("[dtype] cannot convert f32 to ", dtype_name(t));

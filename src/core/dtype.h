@@ -9,20 +9,24 @@
 
 namespace tessera {
 
-// Values are stable ids (appended only): i32 predates the k-quants.
-enum class DType : uint8_t { f32, bf16, f16, q8_0, q4_0, q4_1, i32, q4_k, q6_k };
+// Values are stable ids (appended only): i32 predates the k-quants. q4_0x8 and q4_1x8 are
+// in-memory CPU layouts of q4_0/q4_1 matrices with 8 rows interleaved block by block (see
+// core/interleave.h); no file stores them and parse_dtype does not accept their names.
+enum class DType : uint8_t { f32, bf16, f16, q8_0, q4_0, q4_1, i32, q4_k, q6_k, q4_0x8, q4_1x8 };
 
 struct DTypeTraits {
   std::string_view name;
-  int64_t block_elems;  // elements per block (1 for scalar types)
-  int64_t block_bytes;  // bytes per block
+  int64_t block_elems;      // elements per block (1 for scalar types)
+  int64_t block_bytes;      // bytes per block
+  int64_t interleave_rows;  // rows stored interleaved (8 for the x8 layouts, else 1)
 };
 
 const DTypeTraits& traits(DType t);
 inline std::string_view dtype_name(DType t) {
   return traits(t).name;
 }
-// Parses "f32", "bf16", ...; throws Error naming `what` on an unknown name.
+// Parses "f32", "bf16", ...; throws Error naming `what` on an unknown name or an in-memory
+// layout (q4_0x8, q4_1x8).
 DType parse_dtype(std::string_view name, std::string_view what);
 // Bytes taken by n elements; n must be a multiple of the block size (throws otherwise).
 int64_t dtype_bytes(DType t, int64_t n);
@@ -117,6 +121,8 @@ inline int64_t act_block_elems(DType t) {
     case DType::q8_0:
     case DType::q4_0:
     case DType::q4_1:
+    case DType::q4_0x8:
+    case DType::q4_1x8:
       return 32;
     case DType::q4_k:
     case DType::q6_k:
@@ -126,7 +132,8 @@ inline int64_t act_block_elems(DType t) {
   }
 }
 
-// Converts n elements of type `t` at src to f32 (dequantizes block types).
+// Converts n elements of type `t` at src to f32 (dequantizes block types). The interleaved
+// layouts have no flat element order: they throw (core/interleave.h converts their rows).
 void to_f32(DType t, const void* src, float* dst, int64_t n);
 // Converts n f32 values to type `t` (quantizes block types; n a multiple of the block size).
 void from_f32(DType t, const float* src, void* dst, int64_t n);

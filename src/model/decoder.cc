@@ -7,6 +7,8 @@
 #include <numbers>
 
 #include "core/error.h"
+#include "core/interleave.h"
+#include "ops/quant.h"
 
 namespace tessera::model {
 
@@ -120,6 +122,24 @@ DecoderModel load_decoder(const std::string& path, const DecoderLoadOptions& opt
   TS_CHECK(std::filesystem::exists(path), "[model] ", path, ": no such file or folder");
   return std::filesystem::is_directory(path) ? load_decoder_hf(path)
                                              : load_decoder_gguf(path, opts);
+}
+
+int64_t use_cpu_layout(DecoderModel& m) {
+  DecoderWeights& w = m.weights;
+  int64_t bytes = 0;
+  auto rearrange = [&](WeightRef& r) {
+    if (!r.present() || r.shape.rank() != 2 || r.data == w.tok_embd.data) return;
+    const DType t = ops::cpu_preferred_layout(r.type, r.rows());
+    if (t == r.type) return;
+    // The loaders' buffers are writable; WeightRef views them as const for everyone else.
+    interleave_rows(r.type, const_cast<void*>(r.data), r.rows(), r.cols());
+    r.type = t;
+    bytes += r.bytes();
+  };
+  for (DecoderLayer& l : w.layers)
+    for (WeightRef* r : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) rearrange(*r);
+  rearrange(w.output);
+  return bytes;
 }
 
 }  // namespace tessera::model

@@ -190,6 +190,7 @@ DecoderModel load_decoder_gguf(const std::string& path, const DecoderLoadOptions
       w.out_norm.type == DType::f32 && (!w.out_norm_b.present() || w.out_norm_b.type == DType::f32),
       "[gguf] ", path, ": output_norm must be F32");
   w.output = c.tied_embeddings ? w.tok_embd : r.tensor("output.weight", Shape({c.vocab, C}));
+  if (opts.cpu_layout && !opts.mmap) use_cpu_layout(m);
   return m;
 }
 

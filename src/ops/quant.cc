@@ -2,10 +2,14 @@
 // kernels (CUDA: not yet), costs for the profiler.
 #include "ops/quant.h"
 
+#include <vector>
+
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/quant_matmul_avx2.h"
 #include "backend/cpu/ref/ref_kernels.h"
 #include "backend/device.h"
 #include "core/error.h"
+#include "core/interleave.h"
 
 namespace tessera::ops {
 
@@ -43,9 +47,18 @@ OpCost matmul_wt_cost(int64_t M, int64_t K, int64_t N, DType w_type, bool bias) 
   return c;
 }
 
+DType cpu_preferred_layout(DType t, int64_t n_rows) {
+  if (!has_interleaved_layout(t) || n_rows % kInterleaveRows != 0) return t;
+  return cpu::quant_avx2_supported() ? interleaved_type(t) : t;
+}
+
 void dequantize_row(const void* w, DType w_type, int64_t K, int64_t row, float* dst) {
   const int64_t row_bytes = dtype_bytes(w_type, K);
-  to_f32(w_type, static_cast<const uint8_t*>(w) + row * row_bytes, dst, K);
+  if (!is_interleaved(w_type))
+    return to_f32(w_type, static_cast<const uint8_t*>(w) + row * row_bytes, dst, K);
+  std::vector<uint8_t> plain(static_cast<size_t>(row_bytes));
+  deinterleave_row(w_type, w, K, row, plain.data());
+  to_f32(plain_type(w_type), plain.data(), dst, K);
 }
 
 void dequantize_row(const void* w, DType w_type, int64_t K, int64_t N, int64_t row, float* dst) {

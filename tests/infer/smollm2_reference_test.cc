@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/quant_matmul_avx2.h"
 #include "core/file_io.h"
 #include "infer/engine.h"
 #include "model/decoder.h"
@@ -40,12 +41,23 @@ Reference load_reference(const std::string& name) {
   return r;
 }
 
+model::DecoderModel load_smollm2(bool cpu_layout) {
+  if (!file_exists(kModel))
+    throw std::runtime_error("missing " + kModel + ": run scripts/install-deps.sh");
+  model::DecoderLoadOptions o;
+  o.cpu_layout = cpu_layout;
+  return model::load_decoder_gguf(kModel, o);
+}
+
 const model::DecoderModel& smollm2() {
-  static const model::DecoderModel m = [] {
-    if (!file_exists(kModel))
-      throw std::runtime_error("missing " + kModel + ": run scripts/install-deps.sh");
-    return model::load_decoder_gguf(kModel);
-  }();
+  static const model::DecoderModel m = load_smollm2(false);
+  return m;
+}
+
+// As the CLI loads it for the CPU engine: Q4_1 matrices in the interleaved layout where the
+// AVX2 kernels run (the tied Q8_0 embedding stays as it is).
+const model::DecoderModel& smollm2_cpu_layout() {
+  static const model::DecoderModel m = load_smollm2(true);
   return m;
 }
 
@@ -60,11 +72,12 @@ struct EngineRun {
   std::vector<int32_t> greedy;
 };
 
-EngineRun run_engine(const std::vector<int32_t>& prompt, bool float_weights, int64_t steps) {
+EngineRun run_engine(const std::vector<int32_t>& prompt, bool float_weights, int64_t steps,
+                     const model::DecoderModel& model = smollm2()) {
   EngineOptions o;
   o.max_ctx = 256;
   o.float_weights = float_weights;
-  Engine e(smollm2(), o);
+  Engine e(model, o);
   const int64_t V = e.config().vocab;
   const int32_t seq = e.new_sequence();
   EngineRun r;
@@ -103,10 +116,11 @@ TEST_P(SmolLM2, FloatWeightsMatchReference) {
   EXPECT_EQ(r.greedy, want);
 }
 
-TEST_P(SmolLM2, QuantizedKernelsWithinActivationRoundingOfReference) {
-  const Reference ref = load_reference(GetParam());
+// The quantized path on `model` against the float64 reference.
+void expect_quantized_within_rounding(const model::DecoderModel& model, const std::string& name) {
+  const Reference ref = load_reference(name);
   const auto prompt = ref.j["prompt_token_ids"].get<std::vector<int32_t>>();
-  const EngineRun r = run_engine(prompt, false, 32);
+  const EngineRun r = run_engine(prompt, false, 32, model);
   // The reference measured how far 8-bit activation rounding moves these logits
   // (q8_activation_logit_rms_diff); our kernels round the same way, up to float order, which
   // the reference also measured (q8act_f32_noise_logit_rms_diff).
@@ -122,6 +136,18 @@ TEST_P(SmolLM2, QuantizedKernelsWithinActivationRoundingOfReference) {
   }
   std::printf("logit rms diff vs f64 reference %.4f (q8 effect %.4f); greedy: %s\n", got, q8_rms,
               model::Tokenizer::from_gguf(*smollm2().gguf).decode(r.greedy).c_str());
+}
+
+TEST_P(SmolLM2, QuantizedKernelsWithinActivationRoundingOfReference) {
+  expect_quantized_within_rounding(smollm2(), GetParam());
+}
+
+TEST_P(SmolLM2, InterleavedLayoutWithinActivationRoundingOfReference) {
+  const model::DecoderModel& m = smollm2_cpu_layout();
+  if (!cpu::quant_avx2_supported()) GTEST_SKIP() << "no AVX2: the CPU keeps the plain layout";
+  ASSERT_EQ(m.weights.layers[0].wq.type, DType::q4_1x8);
+  ASSERT_EQ(m.weights.output.type, smollm2().weights.output.type);  // tied embedding untouched
+  expect_quantized_within_rounding(m, GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Prompts, SmolLM2,

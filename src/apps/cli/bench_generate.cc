@@ -76,10 +76,12 @@ int bench_generate(const std::vector<std::string>& argv) {
 
   // No tokenizer needed: the prompt is random token ids (synthetic models carry none).
   LoadedModel m;
-  model::DecoderLoadOptions lo;
-  lo.mmap = ef.mmap;
-  m.model = model::is_synthetic_spec(ef.model_path) ? model::make_synthetic_decoder(ef.model_path)
-                                                    : model::load_decoder(ef.model_path, lo);
+  if (model::is_synthetic_spec(ef.model_path)) {
+    m.model = model::make_synthetic_decoder(ef.model_path);
+    if (!ef.cuda) model::use_cpu_layout(m.model);
+  } else {
+    m.model = model::load_decoder(ef.model_path, engine_load_options(ef));
+  }
   const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
   EngineFlags sized = ef;
   if (sized.ctx == 0)

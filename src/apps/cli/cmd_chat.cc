@@ -30,7 +30,7 @@ int run(const std::vector<std::string>& argv) {
   req.sampling = parse_sampling_flags(a);
   a.finish();
 
-  const LoadedModel m = load_model_and_tokenizer(ef.model_path, ef.mmap);
+  const LoadedModel m = load_model_and_tokenizer(ef.model_path, engine_load_options(ef));
   infer::Engine engine(m.model, engine_options(ef, m.model));
   infer::Session session;
   std::vector<model::ChatMessage> history;

@@ -32,7 +32,7 @@ int run(const std::vector<std::string>& argv) {
            "(IN, OUT: a .gguf file or a Hugging Face folder)");
   const std::string& in = a.positional()[0];
   const std::string& out = a.positional()[1];
-  const LoadedModel m = load_model_and_tokenizer(in, false, true);
+  const LoadedModel m = load_model_and_tokenizer(in, {}, true);
   const DType folder =
       dtype.empty() ? lossless_folder_dtype(m.model) : parse_dtype(dtype, "--dtype");
   save_model(m, m.model, out, folder);

@@ -42,7 +42,7 @@ int run(const std::vector<std::string>& argv) {
   req.sampling = parse_sampling_flags(a);
   a.finish();
 
-  const LoadedModel m = load_model_and_tokenizer(ef.model_path, ef.mmap);
+  const LoadedModel m = load_model_and_tokenizer(ef.model_path, engine_load_options(ef));
   const ChatPrompt cp = make_prompt(m, {{"user", prompt}}, system, raw, format);
   req.prompt = cp.tokens;
   req.max_new_tokens = n;

@@ -23,7 +23,7 @@ int run(const std::vector<std::string>& argv) {
   const bool json = a.has("--json");
   a.finish();
 
-  const LoadedModel m = load_model_and_tokenizer(ef.model_path, ef.mmap);
+  const LoadedModel m = load_model_and_tokenizer(ef.model_path, engine_load_options(ef));
   EngineFlags sized = ef;
   sized.ctx = po.ctx;
   infer::EngineOptions eo = engine_options(sized, m.model);

@@ -29,7 +29,7 @@ int run(const std::vector<std::string>& argv) {
   if (threads > 0) set_default_threads(static_cast<int>(threads));
   const std::string& in = a.positional()[0];
   const std::string& out = a.positional()[1];
-  const LoadedModel m = load_model_and_tokenizer(in, false, true);
+  const LoadedModel m = load_model_and_tokenizer(in, {}, true);
   compress::QuantizeOptions qo;
   qo.type = type;
   qo.keep_embedding = keep_embedding;

@@ -14,10 +14,9 @@
 
 namespace tessera::cli {
 
-LoadedModel load_model_and_tokenizer(const std::string& path, bool mmap, bool tokenizer_optional) {
+LoadedModel load_model_and_tokenizer(const std::string& path, const model::DecoderLoadOptions& opts,
+                                     bool tokenizer_optional) {
   LoadedModel m;
-  model::DecoderLoadOptions opts;
-  opts.mmap = mmap;
   m.model = model::load_decoder(path, opts);
   const bool gguf_has_tokenizer = m.model.gguf && m.model.gguf->has("tokenizer.ggml.model");
   const bool folder_has_tokenizer =
@@ -51,6 +50,13 @@ LoadedModel load_model_and_tokenizer(const std::string& path, bool mmap, bool to
   TS_CHECK(m.tok.vocab_size() <= m.model.config.vocab, "[model] ", path, ": the tokenizer has ",
            m.tok.vocab_size(), " tokens, more than the model's ", m.model.config.vocab, " rows");
   return m;
+}
+
+model::DecoderLoadOptions engine_load_options(const EngineFlags& f) {
+  model::DecoderLoadOptions o;
+  o.mmap = f.mmap;
+  o.cpu_layout = !f.cuda;
+  return o;
 }
 
 EngineFlags parse_engine_flags(Args& a) {

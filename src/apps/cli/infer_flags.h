@@ -26,7 +26,7 @@ struct LoadedModel {
 // A GGUF file (tokenizer from its metadata) or a Hugging Face folder (tokenizer.json).
 // With tokenizer_optional, a file without one loads (has_tokenizer false): quantize and convert
 // of synthetic benchmark models.
-LoadedModel load_model_and_tokenizer(const std::string& path, bool mmap,
+LoadedModel load_model_and_tokenizer(const std::string& path, const model::DecoderLoadOptions& opts,
                                      bool tokenizer_optional = false);
 
 struct EngineFlags {
@@ -37,6 +37,9 @@ struct EngineFlags {
   DType kv_type = DType::f16;  // --kv-type f16|f32
   bool cuda = false;           // --device cuda: the engine runs on GPU 0
 };
+// How the engine commands load their model: --mmap, and on the CPU the weights rearranged into
+// the CPU kernels' preferred layout (model::use_cpu_layout).
+model::DecoderLoadOptions engine_load_options(const EngineFlags& f);
 // -m/--model, --threads, --ctx, --kv-type, --device, --mmap (a switch: call Args with it listed).
 EngineFlags parse_engine_flags(Args& a);
 // Applies --threads and builds the engine options for `model` (kv capacity = ctx * sequences).

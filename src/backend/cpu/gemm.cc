@@ -322,6 +322,7 @@ void gemm_wt_target(ThreadPool& pool, float* y, int64_t ldy, const float* x, int
   pr.a = Operand{x, Src::f32, K, false};
   pr.b.p = w, pr.b.stored_weights = true, pr.b.stored = w_type;
   pr.b.row_bytes = dtype_bytes(w_type, K);
+  pr.b.k = K;
   pr.m = M, pr.n = N, pr.k = K;
   pr.c = y, pr.ldc = ldy, pr.bias = bias, pr.accumulate = false;
   auto round_up = [](int64_t v, int64_t unit) { return (v + unit - 1) / unit * unit; };
@@ -431,6 +432,8 @@ void gemm_wt_blocked(ThreadPool& pool, float* y, int64_t ldy, const float* x, in
   TS_CHECK(M >= 0 && K >= 0 && N >= 0, "[gemm_wt] negative size M=", M, " K=", K, " N=", N);
   TS_CHECK(ldy >= N, "[gemm_wt] ldy=", ldy, " is less than N=", N);
   TS_CHECK(w_type != DType::i32, "[gemm_wt] weights cannot be i32");
+  TS_CHECK(N % traits(w_type).interleave_rows == 0, "[gemm_wt] N=", N,
+           " is not a multiple of the rows a ", dtype_name(w_type), " group interleaves");
   if (M == 0 || N == 0) return;
   TS_CHECK(y != nullptr && x != nullptr && w != nullptr, "[gemm_wt] null y, x or w");
   if (K == 0) {

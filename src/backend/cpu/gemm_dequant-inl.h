@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "core/dtype.h"
+#include "core/interleave.h"
 #include "hwy/highway.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -181,6 +182,21 @@ HWY_INLINE void dequant_segment(DType t, const uint8_t* row, int64_t p0, int64_t
       return dd::widen_q6_k(reinterpret_cast<const BlockQ6K*>(src), n / kQK_K, dst);
     default:
       return to_f32(t, src, dst, n);
+  }
+}
+
+// dequant_segment for row `row` of an interleaved matrix (q4_0x8 / q4_1x8, K columns, plain
+// rows of row_bytes): its blocks are gathered into the plain layout 16 at a time, then widened
+// as q4_0 / q4_1 (so every value equals the plain matrix's, bit for bit).
+HWY_INLINE void dequant_interleaved_segment(DType t, const uint8_t* w, int64_t K, int64_t row,
+                                            int64_t p0, int64_t n, float* HWY_RESTRICT dst) {
+  constexpr int64_t kBatch = 16;
+  alignas(64) uint8_t plain[kBatch * sizeof(BlockQ4_1)];
+  const DType p = plain_type(t);
+  for (int64_t b = p0 / 32, end = (p0 + n) / 32; b < end; b += kBatch, dst += kBatch * 32) {
+    const int64_t nb = end - b < kBatch ? end - b : kBatch;
+    deinterleave_blocks(t, w, K, row, b, nb, plain);
+    dequant_segment(p, plain, 0, nb * 32, dst);
   }
 }
 

@@ -35,6 +35,7 @@ struct Operand {
   bool stored_weights = false;
   DType stored = DType::f32;
   int64_t row_bytes = 0;
+  int64_t k = 0;  // columns of W (the interleaved layouts locate a row's blocks by it)
 };
 
 inline Src operand_src(DType t, bool round_bf16) {
@@ -222,8 +223,13 @@ void pack_b_stored(const Operand& b, int64_t p0, int64_t kc, int64_t j0, int64_t
   const auto* w = static_cast<const uint8_t*>(b.p);
   for (int64_t jr = 0; jr < nc; jr += kNR, dst += kNR * kc) {
     const int64_t cols = nc - jr < kNR ? nc - jr : kNR;
-    for (int64_t c = 0; c < cols; ++c)
-      dequant_segment(b.stored, w + (j0 + jr + c) * b.row_bytes, p0, kc, stage + c * kc);
+    for (int64_t c = 0; c < cols; ++c) {
+      const int64_t row = j0 + jr + c;
+      if (is_interleaved(b.stored))
+        dequant_interleaved_segment(b.stored, w, b.k, row, p0, kc, stage + c * kc);
+      else
+        dequant_segment(b.stored, w + row * b.row_bytes, p0, kc, stage + c * kc);
+    }
     for (int64_t c = cols; c < kNR; ++c)
       for (int64_t p = 0; p < kc; ++p) stage[c * kc + p] = 0.0f;
 #if HWY_TARGET == HWY_AVX2

@@ -12,6 +12,8 @@
 #include "backend/cpu/quant_act.h"
 #include "backend/cpu/quant_matmul_avx2.h"
 #include "backend/cpu/ref/ref_kernels.h"
+#include "core/error.h"
+#include "core/interleave.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "backend/cpu/quant_matmul.cc"
@@ -362,6 +364,8 @@ HWY_EXPORT(ChosenTarget);
 
 void matmul_wt_highway(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t M,
                        int64_t K, const void* w, DType w_type, int64_t N, const float* bias) {
+  TS_CHECK(!is_interleaved(w_type), "[matmul_wt] ", dtype_name(w_type),
+           " weights need the AVX2 kernels, which this CPU or pinned target lacks");
   if (M == 0 || N == 0) return;
   QuantizedActs qa;
   const int64_t block = act_block_elems(w_type);
@@ -390,6 +394,8 @@ bool matmul_wt_takes_packed_gemm(DType w_type, int64_t M) {
       return M >= 128;
     case DType::q4_0:
     case DType::q4_1:
+    case DType::q4_0x8:
+    case DType::q4_1x8:
       return M >= 256;
     default:
       return false;
@@ -405,7 +411,9 @@ void matmul_wt(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t 
   // pinned below AVX2 (tests pin each target to exercise every Highway version). Lower target
   // bits are the wider x86 targets.
   static const bool avx2 = quant_avx2_supported();
-  if (avx2 && HWY_DYNAMIC_DISPATCH(ChosenTarget)() <= HWY_AVX2)
+  // The interleaved layouts exist only for the AVX2 kernels (the loader makes them only where
+  // those run), whatever Highway target a test pinned.
+  if (avx2 && (HWY_DYNAMIC_DISPATCH(ChosenTarget)() <= HWY_AVX2 || is_interleaved(w_type)))
     return matmul_wt_avx2(pool, y, ldy, x, M, K, w, w_type, N, bias);
   matmul_wt_highway(pool, y, ldy, x, M, K, w, w_type, N, bias);
 }
@@ -427,7 +435,10 @@ void matmul_wt_group(ThreadPool& pool, const float* x, int64_t M, int64_t K,
     return;
   }
   static const bool avx2 = quant_avx2_supported();
-  if (avx2 && HWY_DYNAMIC_DISPATCH(ChosenTarget)() <= HWY_AVX2)
+  bool any_interleaved = false;
+  for (int64_t p = 0; p < n_products; ++p)
+    any_interleaved = any_interleaved || is_interleaved(products[p].w_type);
+  if (avx2 && (HWY_DYNAMIC_DISPATCH(ChosenTarget)() <= HWY_AVX2 || any_interleaved))
     return matmul_wt_group_avx2(pool, x, M, K, products, n_products);
   for (int64_t p = 0; p < n_products; ++p) {
     const WtProduct& w = products[p];

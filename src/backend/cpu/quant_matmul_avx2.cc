@@ -89,6 +89,10 @@ RowsFn rows_fn(DType t) {
       return rows_q4_0;
     case DType::q4_1:
       return rows_q4_1;
+    case DType::q4_0x8:
+      return rows_q4_0x8;
+    case DType::q4_1x8:
+      return rows_q4_1x8;
     case DType::q4_k:
       return rows_q4_k;
     case DType::q6_k:
@@ -118,8 +122,9 @@ int64_t quant_rows_per_task(int64_t M, int64_t row_bytes, int64_t N) {
   // A decode product this small takes a few microseconds on one core, less than waking and
   // joining another thread (far less than a descheduled one on a loaded machine).
   if (M <= 4 && N * row_bytes <= (int64_t{128} << 10)) return std::max<int64_t>(N, 1);
+  // Multiples of 8 rows: the interleaved layouts' groups are never split.
   const int64_t target = M <= 4 ? (int64_t{32} << 10) : (int64_t{64} << 10);
-  return std::max<int64_t>(4, target / row_bytes / 4 * 4);
+  return std::max<int64_t>(8, target / row_bytes / 8 * 8);
 }
 
 void matmul_wt_avx2(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t M, int64_t K,
@@ -189,7 +194,7 @@ void matmul_wt_group_avx2(ThreadPool& pool, const float* x, int64_t M, int64_t K
   for (int64_t p = 0; p < n_products; ++p) {
     const int64_t N = products[p].N;
     const int64_t rows =
-        std::max<int64_t>(4, (int64_t{32} << 10) / dtype_bytes(products[p].w_type, K) / 4 * 4);
+        std::max<int64_t>(8, (int64_t{32} << 10) / dtype_bytes(products[p].w_type, K) / 8 * 8);
     for (int64_t n0 = 0; n0 < N; n0 += rows) tasks.push_back({p, n0, std::min(N, n0 + rows)});
   }
   const std::vector<Task>& all = tasks;  // the pool's threads read the caller's list

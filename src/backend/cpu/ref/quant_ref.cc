@@ -5,6 +5,7 @@
 #include "backend/cpu/quant_act.h"
 #include "backend/cpu/ref/ref_kernels.h"
 #include "core/error.h"
+#include "core/interleave.h"
 
 namespace tessera::cpu::ref {
 
@@ -121,6 +122,9 @@ void check_matmul_wt_args(int64_t ldy, int64_t M, int64_t K, DType w_type, int64
   const int64_t block = traits(w_type).block_elems;
   TS_CHECK(K % block == 0, "[matmul_wt] K=", K, " is not a multiple of the ", dtype_name(w_type),
            " block size ", block);
+  const int64_t group = traits(w_type).interleave_rows;
+  TS_CHECK(N % group == 0, "[matmul_wt] N=", N, " is not a multiple of the ", group, " rows a ",
+           dtype_name(w_type), " group interleaves");
 }
 
 void matmul_wt(float* y, int64_t ldy, const float* x, int64_t M, int64_t K, const void* w,
@@ -146,11 +150,17 @@ void matmul_wt(float* y, int64_t ldy, const float* x, int64_t M, int64_t K, cons
   QuantizedActs qa;
   qa.M = M, qa.K = K, qa.block = block, qa.q = q.data(), qa.d = d.data(), qa.sum32 = s32.data();
   quantize_act_rows(x, qa, 0, M);
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t n = 0; n < N; ++n) {
-      const float acc = dot_row(w_type, wb + n * row_bytes, qa, m);
+  // Interleaved layouts: each row back in its plain layout first.
+  const DType plain = plain_type(w_type);
+  std::vector<uint8_t> row(plain != w_type ? static_cast<size_t>(row_bytes) : 0);
+  for (int64_t n = 0; n < N; ++n) {
+    const uint8_t* wr = wb + n * row_bytes;
+    if (plain != w_type) deinterleave_row(w_type, wb, K, n, row.data()), wr = row.data();
+    for (int64_t m = 0; m < M; ++m) {
+      const float acc = dot_row(plain, wr, qa, m);
       y[m * ldy + n] = bias ? acc + bias[n] : acc;
     }
+  }
 }
 
 }  // namespace tessera::cpu::ref

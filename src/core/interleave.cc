@@ -1,0 +1,113 @@
+// The q4_0x8 / q4_1x8 row-interleaved layouts: conversion from and back to the plain rows.
+#include "core/interleave.h"
+
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+
+namespace tessera {
+
+namespace {
+
+// Byte offsets inside one interleaved chunk (8 rows x one block).
+struct ChunkLayout {
+  int64_t block_bytes;  // plain block: d [, m], 16 quant bytes
+  int64_t header;       // bytes of d (and m) per plain block: 2 or 4
+  int64_t chunk() const { return kInterleaveRows * block_bytes; }
+  int64_t quants() const { return kInterleaveRows * header; }  // where the quant slots start
+};
+
+ChunkLayout layout_of(DType plain) {
+  switch (plain) {
+    case DType::q4_0:
+      return {static_cast<int64_t>(sizeof(BlockQ4_0)), 2};
+    case DType::q4_1:
+      return {static_cast<int64_t>(sizeof(BlockQ4_1)), 4};
+    default:
+      fail("[interleave] ", dtype_name(plain), " has no interleaved layout (q4_0, q4_1)");
+  }
+}
+
+// Slot of row r (0..7) in a chunk: the inverse of kInterleaveSlotRow.
+int slot_of_row(int r) {
+  for (int s = 0; s < kInterleaveRows; ++s)
+    if (kInterleaveSlotRow[s] == r) return s;
+  return -1;
+}
+
+// Offsets of row r's scale, min (q4_1) and quants inside a chunk.
+struct RowParts {
+  int64_t d, m, q;
+};
+RowParts parts_of(const ChunkLayout& l, int r) {
+  return {2 * r, 2 * kInterleaveRows + 2 * r, l.quants() + 16 * slot_of_row(r)};
+}
+
+}  // namespace
+
+bool has_interleaved_layout(DType t) {
+  return t == DType::q4_0 || t == DType::q4_1;
+}
+
+DType interleaved_type(DType t) {
+  if (t == DType::q4_0) return DType::q4_0x8;
+  if (t == DType::q4_1) return DType::q4_1x8;
+  fail("[interleave] ", dtype_name(t), " has no interleaved layout (q4_0, q4_1)");
+}
+
+DType plain_type(DType t) {
+  if (t == DType::q4_0x8) return DType::q4_0;
+  if (t == DType::q4_1x8) return DType::q4_1;
+  return t;
+}
+
+void interleave_rows(DType t, void* w, int64_t n_rows, int64_t K) {
+  const ChunkLayout l = layout_of(t);
+  TS_CHECK(n_rows >= 0 && n_rows % kInterleaveRows == 0, "[interleave] ", n_rows,
+           " rows is not a multiple of ", kInterleaveRows);
+  const int64_t row_bytes = dtype_bytes(t, K);  // throws unless K is whole blocks
+  const int64_t nb = K / traits(t).block_elems, group_bytes = kInterleaveRows * row_bytes;
+  std::vector<uint8_t> plain(static_cast<size_t>(group_bytes));
+  auto* base = static_cast<uint8_t*>(w);
+  for (int64_t g = 0; g < n_rows / kInterleaveRows; ++g) {
+    uint8_t* group = base + g * group_bytes;
+    std::memcpy(plain.data(), group, static_cast<size_t>(group_bytes));
+    for (int64_t b = 0; b < nb; ++b)
+      for (int r = 0; r < kInterleaveRows; ++r) {
+        uint8_t* chunk = group + b * l.chunk();
+        const uint8_t* src = plain.data() + r * row_bytes + b * l.block_bytes;
+        const RowParts at = parts_of(l, r);
+        std::memcpy(chunk + at.d, src, 2);
+        if (l.header == 4) std::memcpy(chunk + at.m, src + 2, 2);
+        std::memcpy(chunk + at.q, src + l.header, 16);
+      }
+  }
+}
+
+void deinterleave_row(DType t, const void* w, int64_t K, int64_t row, void* dst) {
+  deinterleave_blocks(t, w, K, row, 0, K / traits(t).block_elems, dst);
+}
+
+void deinterleave_blocks(DType t, const void* w, int64_t K, int64_t row, int64_t b0,
+                         int64_t n_blocks, void* dst) {
+  const DType p = plain_type(t);
+  TS_CHECK(p != t, "[interleave] ", dtype_name(t), " is not an interleaved layout");
+  const ChunkLayout l = layout_of(p);
+  const int64_t row_bytes = dtype_bytes(p, K);
+  TS_CHECK(b0 >= 0 && n_blocks >= 0 && (b0 + n_blocks) * traits(p).block_elems <= K,
+           "[interleave] blocks ", b0, "+", n_blocks, " outside a row of ", K, " elements");
+  const auto* group =
+      static_cast<const uint8_t*>(w) + row / kInterleaveRows * kInterleaveRows * row_bytes;
+  const int r = static_cast<int>(row % kInterleaveRows);
+  const RowParts at = parts_of(l, r);
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const uint8_t* chunk = group + (b0 + b) * l.chunk();
+    uint8_t* out = static_cast<uint8_t*>(dst) + b * l.block_bytes;
+    std::memcpy(out, chunk + at.d, 2);
+    if (l.header == 4) std::memcpy(out + 2, chunk + at.m, 2);
+    std::memcpy(out + l.header, chunk + at.q, 16);
+  }
+}
+
+}  // namespace tessera

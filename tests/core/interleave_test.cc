@@ -1,0 +1,103 @@
+// The q4_0x8 / q4_1x8 row-interleaved layouts: interleave then deinterleave gives the rows back
+// byte for byte, the layout puts each row's pieces where the kernels read them, bad sizes and
+// types are refused in one line, and the layouts cannot be named by files or flags.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+#include "core/interleave.h"
+#include "core/rng.h"
+#include "test_util/expect_error.h"
+
+namespace tessera {
+namespace {
+
+std::vector<uint8_t> random_rows(DType t, int64_t rows, int64_t K, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<float> v(static_cast<size_t>(rows * K));
+  for (float& x : v) x = rng.normal();
+  std::vector<uint8_t> w(static_cast<size_t>(dtype_bytes(t, rows * K)));
+  from_f32(t, v.data(), w.data(), rows * K);
+  return w;
+}
+
+TEST(Interleave, RoundTripRestoresEveryRow) {
+  for (DType t : {DType::q4_0, DType::q4_1})
+    for (int64_t K : {32, 96, 576}) {
+      const int64_t rows = 24, row_bytes = dtype_bytes(t, K);
+      const std::vector<uint8_t> plain = random_rows(t, rows, K, 7 + K);
+      std::vector<uint8_t> w = plain;
+      interleave_rows(t, w.data(), rows, K);
+      EXPECT_NE(w, plain) << dtype_name(t);
+      std::vector<uint8_t> row(static_cast<size_t>(row_bytes));
+      for (int64_t r = 0; r < rows; ++r) {
+        deinterleave_row(interleaved_type(t), w.data(), K, r, row.data());
+        ASSERT_EQ(0, std::memcmp(row.data(), plain.data() + r * row_bytes, row_bytes))
+            << dtype_name(t) << " K=" << K << " row " << r;
+      }
+      // A block range of one row.
+      const int64_t nb = K / 32, b0 = nb / 2;
+      std::vector<uint8_t> part(static_cast<size_t>((nb - b0) * traits(t).block_bytes));
+      deinterleave_blocks(interleaved_type(t), w.data(), K, 13, b0, nb - b0, part.data());
+      EXPECT_EQ(0,
+                std::memcmp(part.data(), plain.data() + 13 * row_bytes + b0 * traits(t).block_bytes,
+                            part.size()));
+    }
+}
+
+TEST(Interleave, ChunkLayoutIsWhatTheKernelsRead) {
+  // Block b of group g: 8 scales in row order, q4_1's 8 mins, then 16 quant bytes per row in
+  // slot order 0 4 1 5 2 6 3 7.
+  const int64_t K = 64, rows = 8;
+  for (DType t : {DType::q4_0, DType::q4_1}) {
+    const std::vector<uint8_t> plain = random_rows(t, rows, K, 3);
+    std::vector<uint8_t> w = plain;
+    interleave_rows(t, w.data(), rows, K);
+    const int64_t bb = traits(t).block_bytes, header = bb - 16, row_bytes = dtype_bytes(t, K);
+    for (int64_t b = 0; b < K / 32; ++b) {
+      const uint8_t* chunk = w.data() + b * 8 * bb;
+      for (int s = 0; s < 8; ++s) {
+        const int r = kInterleaveSlotRow[s];
+        const uint8_t* blk = plain.data() + r * row_bytes + b * bb;
+        EXPECT_EQ(0, std::memcmp(chunk + 2 * r, blk, 2)) << "scale of row " << r;
+        if (header == 4) {
+          EXPECT_EQ(0, std::memcmp(chunk + 16 + 2 * r, blk + 2, 2)) << "min " << r;
+        }
+        EXPECT_EQ(0, std::memcmp(chunk + 8 * header + 16 * s, blk + header, 16)) << "quants " << r;
+      }
+    }
+  }
+}
+
+TEST(Interleave, BadInputIsRefusedInOneLine) {
+  std::vector<uint8_t> w(static_cast<size_t>(dtype_bytes(DType::q4_0, 16 * 64)));
+  test::expect_error([&] { interleave_rows(DType::q4_0, w.data(), 12, 64); }, "12 rows");
+  test::expect_error([&] { interleave_rows(DType::q4_0, w.data(), 8, 48); }, "48 elements");
+  test::expect_error([&] { interleave_rows(DType::q8_0, w.data(), 8, 64); }, "q8_0");
+  test::expect_error([&] { interleaved_type(DType::f16); }, "f16");
+  std::vector<uint8_t> row(64);
+  test::expect_error([&] { deinterleave_row(DType::q4_0, w.data(), 64, 0, row.data()); },
+                     "not an interleaved layout");
+  test::expect_error([&] { deinterleave_blocks(DType::q4_0x8, w.data(), 64, 0, 1, 2, row.data()); },
+                     "outside");
+}
+
+TEST(Interleave, LayoutsAreNotStorageTypes) {
+  test::expect_error([] { parse_dtype("q4_0x8", "--type"); }, "in-memory CPU layout");
+  test::expect_error([] { parse_dtype("q4_1x8", "--dtype"); }, "--dtype");
+  std::vector<uint8_t> w(static_cast<size_t>(dtype_bytes(DType::q4_0, 8 * 32)));
+  std::vector<float> f(8 * 32);
+  test::expect_error([&] { to_f32(DType::q4_0x8, w.data(), f.data(), 8 * 32); }, "q4_0x8");
+  test::expect_error([&] { from_f32(DType::q4_1x8, f.data(), w.data(), 8 * 32); }, "q4_1x8");
+  EXPECT_EQ(plain_type(DType::q4_1x8), DType::q4_1);
+  EXPECT_EQ(plain_type(DType::q8_0), DType::q8_0);
+  EXPECT_TRUE(is_interleaved(DType::q4_0x8));
+  EXPECT_FALSE(is_interleaved(DType::q4_0));
+  EXPECT_EQ(act_block_elems(DType::q4_1x8), 32);
+  EXPECT_EQ(dtype_bytes(DType::q4_0x8, 64), dtype_bytes(DType::q4_0, 64));
+}
+
+}  // namespace
+}  // namespace tessera
