@@ -78,7 +78,7 @@ int bench_generate(const std::vector<std::string>& argv) {
   LoadedModel m;
   if (model::is_synthetic_spec(ef.model_path)) {
     m.model = model::make_synthetic_decoder(ef.model_path);
-    if (!ef.cuda) model::use_cpu_layout(m.model);
+    if (engine_load_options(ef).cpu_layout) model::use_cpu_layout(m.model);
   } else {
     m.model = model::load_decoder(ef.model_path, engine_load_options(ef));
   }

@@ -4,6 +4,7 @@
 #include "backend/device.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 
 #include "core/error.h"
@@ -55,7 +56,9 @@ LoadedModel load_model_and_tokenizer(const std::string& path, const model::Decod
 model::DecoderLoadOptions engine_load_options(const EngineFlags& f) {
   model::DecoderLoadOptions o;
   o.mmap = f.mmap;
-  o.cpu_layout = !f.cuda;
+  // TESSERA_CPU_LAYOUT=0 keeps the file's layout (to measure what the rearrangement buys).
+  const char* env = std::getenv("TESSERA_CPU_LAYOUT");
+  o.cpu_layout = !f.cuda && !(env && std::string(env) == "0");
   return o;
 }
 
