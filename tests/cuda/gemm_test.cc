@@ -224,6 +224,12 @@ TEST(GemmLtHost, EmptyProblemIsANoOp) {
   gemm_lt(g, nullptr);  // returns before touching any device
 }
 
+TEST(GemmLtHost, CublasLtLoadsOnDemandWithEveryEntryPoint) {
+  // The backend does not link cuBLASLt; it loads it on first use. This needs the toolkit's
+  // library, not a GPU: every symbol the GEMMs call must resolve.
+  load_cublaslt_entry_points();
+}
+
 // ---- device tests ----
 
 struct Case {

@@ -101,6 +101,11 @@ bool check_gemm_lt_args(const LtGemmArgs& g);
 // it; later calls reuse it. A 32 MiB workspace per (device, stream) comes from the memory pool.
 void gemm_lt(const LtGemmArgs& g, cudaStream_t stream);
 
+// Loads cuBLASLt (dlopen on first use, not linked: see cublaslt_lazy.cc) and resolves every
+// entry point the backend calls; throws Error naming the library or the missing symbol. Needs
+// no GPU, so a test can check it on any machine with the toolkit.
+void load_cublaslt_entry_points();
+
 // Number of cached algorithm choices on the current device (tests check the cache is used).
 size_t gemm_lt_cached_plans();
 
