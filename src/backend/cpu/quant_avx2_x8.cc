@@ -30,11 +30,13 @@ TS_AVX2 void group_tile(const uint8_t* g, const TileArgs& t, float* out) {
   for (int a = 0; a < MR; ++a) acc[a] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* c = g + b * kChunk;
-    // The group is one contiguous stream; asking ~4 chunks ahead keeps DRAM busy while the
-    // current ones are multiplied.
-    _mm_prefetch(reinterpret_cast<const char*>(c + 4 * kChunk), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(c + 4 * kChunk + 64), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(c + 4 * kChunk + 128), _MM_HINT_T0);
+    // The rows are one contiguous stream; asking 32 chunks (4.5-5 KiB) ahead keeps enough
+    // misses in flight for DRAM latency. Measured on the 32000 x 2048 matvec (5 medians, 2
+    // alternations): 8.5-8.6 GB/s one thread at 4 chunks ahead, 9.3-10.4 at 32, 8.0 with none.
+    const char* ahead = reinterpret_cast<const char*>(c + 32 * kChunk);
+    _mm_prefetch(ahead, _MM_HINT_T0);
+    _mm_prefetch(ahead + 64, _MM_HINT_T0);
+    _mm_prefetch(ahead + 128, _MM_HINT_T0);
     __m256i lo[4], hi[4];
     for (int i = 0; i < 4; ++i) {
       const __m256i v = load32(c + kScales + 32 * i);  // rows kInterleaveSlotRow[2i], [2i+1]
