@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "core/error.h"
+#include "core/interleave.h"
 #include "ops/paged_attention.h"
 #include "ops/quant.h"
 #include "profile/timer.h"
@@ -62,7 +63,12 @@ Engine::Engine(const model::DecoderModel& model, const EngineOptions& opts)
   auto widen = [&](WeightRef& r) {
     if (!r.present() || r.type == DType::f32) return;
     auto buf = std::make_shared<std::vector<float>>(static_cast<size_t>(r.shape.numel()));
-    to_f32(r.type, r.data, buf->data(), r.shape.numel());
+    if (is_interleaved(r.type)) {  // row-interleaved CPU layouts convert row by row
+      for (int64_t row = 0; row < r.rows(); ++row)
+        ops::dequantize_row(r.data, r.type, r.cols(), row, buf->data() + row * r.cols());
+    } else {
+      to_f32(r.type, r.data, buf->data(), r.shape.numel());
+    }
     r = WeightRef{buf->data(), DType::f32, r.shape};
     model_.owners.push_back(buf);
   };

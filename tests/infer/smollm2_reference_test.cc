@@ -148,6 +148,9 @@ TEST_P(SmolLM2, InterleavedLayoutWithinActivationRoundingOfReference) {
   ASSERT_EQ(m.weights.layers[0].wq.type, DType::q4_1x8);
   ASSERT_EQ(m.weights.output.type, smollm2().weights.output.type);  // tied embedding untouched
   expect_quantized_within_rounding(m, GetParam());
+  // Widened to f32 (EngineOptions::float_weights), both layouts give the same numbers.
+  const auto prompt = load_reference(GetParam()).j["prompt_token_ids"].get<std::vector<int32_t>>();
+  EXPECT_EQ(run_engine(prompt, true, 2, m).last_logits, run_engine(prompt, true, 2).last_logits);
 }
 
 INSTANTIATE_TEST_SUITE_P(Prompts, SmolLM2,
