@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <numbers>
 
 #include "core/error.h"
@@ -127,14 +128,24 @@ DecoderModel load_decoder(const std::string& path, const DecoderLoadOptions& opt
 int64_t use_cpu_layout(DecoderModel& m) {
   DecoderWeights& w = m.weights;
   int64_t bytes = 0;
+  // Matrices already rearranged, by their first byte: a second view of the same bytes (a file
+  // may name one tensor twice) takes the new type instead of rearranging them again.
+  std::map<const void*, WeightRef> done;
   auto rearrange = [&](WeightRef& r) {
     if (!r.present() || r.shape.rank() != 2 || r.data == w.tok_embd.data) return;
+    if (const auto it = done.find(r.data); it != done.end()) {
+      TS_CHECK(it->second.shape == r.shape && plain_type(it->second.type) == r.type, "[model] ",
+               m.source, ": two weight matrices of different shapes or types share their bytes");
+      r.type = it->second.type;
+      return;
+    }
     const DType t = ops::cpu_preferred_layout(r.type, r.rows());
     if (t == r.type) return;
     // The loaders' buffers are writable; WeightRef views them as const for everyone else.
     interleave_rows(r.type, const_cast<void*>(r.data), r.rows(), r.cols());
     r.type = t;
     bytes += r.bytes();
+    done.emplace(r.data, r);
   };
   for (DecoderLayer& l : w.layers)
     for (WeightRef* r : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) rearrange(*r);

@@ -1,0 +1,74 @@
+// model::use_cpu_layout: which matrices it rearranges (q4 ones with rows in 8s, never the token
+// embedding), that the bytes hold the same rows afterwards, that it is idempotent, and that two
+// views of the same bytes are rearranged once.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "core/interleave.h"
+#include "model/decoder.h"
+#include "model/synthetic.h"
+#include "ops/quant.h"
+#include "test_util/expect_error.h"
+
+namespace tessera::model {
+namespace {
+
+std::vector<uint8_t> row_bytes_of(const WeightRef& r, int64_t row) {
+  const DType plain = plain_type(r.type);
+  std::vector<uint8_t> out(static_cast<size_t>(dtype_bytes(plain, r.cols())));
+  if (is_interleaved(r.type))
+    deinterleave_row(r.type, r.data, r.cols(), row, out.data());
+  else
+    std::memcpy(out.data(), static_cast<const uint8_t*>(r.data) + row * out.size(), out.size());
+  return out;
+}
+
+TEST(CpuLayout, RearrangesQ4MatricesButNotTheEmbedding) {
+  DecoderModel m = make_synthetic_decoder("synthetic:135m:q4_1");
+  const WeightRef wq = m.weights.layers[3].wq, wk = m.weights.layers[3].wk;
+  std::vector<std::vector<uint8_t>> rows;
+  for (int64_t r : {0, 5, 13, 575}) rows.push_back(row_bytes_of(wq, r));
+  const std::vector<uint8_t> k_row = row_bytes_of(wk, 191);
+  const int64_t bytes = use_cpu_layout(m);
+  const DType want = ops::cpu_preferred_layout(DType::q4_1, 576);
+  const DecoderLayer& l = m.weights.layers[3];
+  EXPECT_EQ(l.wq.type, want);
+  EXPECT_EQ(l.w_down.type, want);
+  EXPECT_EQ(m.weights.tok_embd.type, DType::q4_1);  // looked up by row; the tied head with it
+  EXPECT_EQ(m.weights.output.type, DType::q4_1);
+  if (want == DType::q4_1) GTEST_SKIP() << "no AVX2: the CPU keeps the plain layout";
+  int64_t matrices = 0;
+  for (const DecoderLayer& x : m.weights.layers)
+    for (const WeightRef* r : {&x.wq, &x.wk, &x.wv, &x.wo, &x.w_gate, &x.w_up, &x.w_down}) {
+      EXPECT_EQ(r->type, want);
+      matrices += r->bytes();
+    }
+  EXPECT_EQ(bytes, matrices);
+  int i = 0;
+  for (int64_t r : {0, 5, 13, 575}) EXPECT_EQ(row_bytes_of(l.wq, r), rows[i++]) << "row " << r;
+  EXPECT_EQ(row_bytes_of(l.wk, 191), k_row);
+  EXPECT_EQ(use_cpu_layout(m), 0) << "a second call must change nothing";
+}
+
+TEST(CpuLayout, SharedBytesAreRearrangedOnce) {
+  DecoderModel m = make_synthetic_decoder("synthetic:135m:q4_0");
+  if (ops::cpu_preferred_layout(DType::q4_0, 576) == DType::q4_0) GTEST_SKIP() << "no AVX2";
+  DecoderLayer& a = m.weights.layers[0];
+  DecoderLayer& b = m.weights.layers[1];
+  b.wo = a.wq;  // same shape and type: one matrix named twice
+  const std::vector<uint8_t> row = row_bytes_of(a.wq, 9);
+  use_cpu_layout(m);
+  EXPECT_EQ(b.wo.type, DType::q4_0x8);
+  EXPECT_EQ(row_bytes_of(a.wq, 9), row);
+  EXPECT_EQ(row_bytes_of(b.wo, 9), row);
+
+  DecoderModel m2 = make_synthetic_decoder("synthetic:135m:q4_0");
+  m2.weights.layers[1].w_up = m2.weights.layers[0].w_down;  // different shape, same bytes
+  m2.weights.layers[1].w_up.shape = Shape({1536, 576});
+  test::expect_error([&] { use_cpu_layout(m2); }, "share their bytes");
+}
+
+}  // namespace
+}  // namespace tessera::model
