@@ -53,6 +53,8 @@ void BM_MatmulWt(benchmark::State& state) {
   const DType t = kTypes[state.range(0)];
   const int64_t M = state.range(1), N = state.range(2), K = state.range(3);
   const int threads = static_cast<int>(state.range(4));
+  if (tessera::is_interleaved(t) && !tessera::cpu::quant_avx2_supported())
+    return state.SkipWithError("the interleaved layouts need AVX2");
   const auto w = make_weights(t, N, K);
   tessera::Rng rng(2);
   std::vector<float> x(static_cast<size_t>(M * K)), y(static_cast<size_t>(M * N));
@@ -82,6 +84,8 @@ void BM_MatmulWtRoute(benchmark::State& state) {
   const int64_t M = state.range(1), N = 2048, K = 2048;
   const int threads = static_cast<int>(state.range(2));
   const bool packed = state.range(3) == 1;
+  if (tessera::is_interleaved(t) && !packed && !tessera::cpu::quant_avx2_supported())
+    return state.SkipWithError("the interleaved layouts need AVX2");
   const auto w = make_weights(t, N, K);
   tessera::Rng rng(2);
   std::vector<float> x(static_cast<size_t>(M * K)), y(static_cast<size_t>(M * N));

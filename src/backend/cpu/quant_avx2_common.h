@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "backend/cpu/quant_act.h"
 
@@ -95,29 +96,38 @@ TS_AVX2 void run_row_group(float* y, int64_t ldy, const float* bias, int64_t n0,
   }
 }
 
+// Activation rows [m0, m1) in groups of 4 (a tail of 1-3): fn(m, std::integral_constant<int,
+// MR>) for each group starting at m, MR = its size.
+template <class Fn>
+TS_AVX2 inline void for_row_groups(int64_t m0, int64_t m1, Fn&& fn) {
+  for (int64_t m = m0; m < m1; m += 4) {
+    switch (m1 - m) {
+      case 1:
+        fn(m, std::integral_constant<int, 1>{});
+        break;
+      case 2:
+        fn(m, std::integral_constant<int, 2>{});
+        break;
+      case 3:
+        fn(m, std::integral_constant<int, 3>{});
+        break;
+      default:
+        fn(m, std::integral_constant<int, 4>{});
+        break;
+    }
+  }
+}
+
 // Activation rows [0, M) in groups of 4 (a tail of 1-3) against weight rows [n0, n1) of args.w.
 // Each output's arithmetic is the same in every tile shape, so results depend neither on M nor
 // on how N is chunked.
 template <template <int, int> class Tile>
 TS_AVX2 void run_tiles(float* y, int64_t ldy, int64_t M, const float* bias, int64_t n0, int64_t n1,
                        TileArgs args) {
-  for (int64_t m = 0; m < M; m += 4) {
+  for_row_groups(0, M, [&](int64_t m, auto mr) {
     args.m0 = m;
-    switch (M - m) {
-      case 1:
-        run_row_group<Tile, 1>(y, ldy, bias, n0, n1, args);
-        break;
-      case 2:
-        run_row_group<Tile, 2>(y, ldy, bias, n0, n1, args);
-        break;
-      case 3:
-        run_row_group<Tile, 3>(y, ldy, bias, n0, n1, args);
-        break;
-      default:
-        run_row_group<Tile, 4>(y, ldy, bias, n0, n1, args);
-        break;
-    }
-  }
+    run_row_group<Tile, decltype(mr)::value>(y, ldy, bias, n0, n1, args);
+  });
 }
 
 // Per-format entries (weight rows [n0, n1) of w, all M activation rows).

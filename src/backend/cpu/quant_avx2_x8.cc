@@ -97,23 +97,10 @@ TS_AVX2 void rows_x8(float* y, int64_t ldy, int64_t M, const float* bias, int64_
     const int64_t m1 = M - m0 < kRowBlock ? M : m0 + kRowBlock;
     for (int64_t n = n0; n < n1; n += kInterleaveRows) {
       const uint8_t* g = t.w + n * t.row_bytes;
-      for (int64_t m = m0; m < m1; m += 4) {
+      for_row_groups(m0, m1, [&](int64_t m, auto mr) {
         t.m0 = m;
-        switch (m1 - m) {
-          case 1:
-            group_rows<kHasMin, 1>(y, ldy, bias, n, g, t);
-            break;
-          case 2:
-            group_rows<kHasMin, 2>(y, ldy, bias, n, g, t);
-            break;
-          case 3:
-            group_rows<kHasMin, 3>(y, ldy, bias, n, g, t);
-            break;
-          default:
-            group_rows<kHasMin, 4>(y, ldy, bias, n, g, t);
-            break;
-        }
-      }
+        group_rows<kHasMin, decltype(mr)::value>(y, ldy, bias, n, g, t);
+      });
     }
   }
 }
