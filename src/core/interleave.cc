@@ -29,19 +29,15 @@ ChunkLayout layout_of(DType plain) {
   }
 }
 
-// Slot of row r (0..7) in a chunk: the inverse of kInterleaveSlotRow.
-int slot_of_row(int r) {
-  for (int s = 0; s < kInterleaveRows; ++s)
-    if (kInterleaveSlotRow[s] == r) return s;
-  return -1;
-}
-
-// Offsets of row r's scale, min (q4_1) and quants inside a chunk.
+// Offsets of row r's scale, min (q4_1) and quants inside a chunk. The quants sit in the slot s
+// with kInterleaveSlotRow[s] == r.
 struct RowParts {
   int64_t d, m, q;
 };
 RowParts parts_of(const ChunkLayout& l, int r) {
-  return {2 * r, 2 * kInterleaveRows + 2 * r, l.quants() + 16 * slot_of_row(r)};
+  int slot = 0;
+  while (kInterleaveSlotRow[slot] != r) ++slot;
+  return {2 * r, 2 * kInterleaveRows + 2 * r, l.quants() + 16 * slot};
 }
 
 }  // namespace
@@ -73,15 +69,16 @@ void interleave_rows(DType t, void* w, int64_t n_rows, int64_t K) {
   for (int64_t g = 0; g < n_rows / kInterleaveRows; ++g) {
     uint8_t* group = base + g * group_bytes;
     std::memcpy(plain.data(), group, static_cast<size_t>(group_bytes));
-    for (int64_t b = 0; b < nb; ++b)
-      for (int r = 0; r < kInterleaveRows; ++r) {
+    for (int r = 0; r < kInterleaveRows; ++r) {
+      const RowParts at = parts_of(l, r);
+      for (int64_t b = 0; b < nb; ++b) {
         uint8_t* chunk = group + b * l.chunk();
         const uint8_t* src = plain.data() + r * row_bytes + b * l.block_bytes;
-        const RowParts at = parts_of(l, r);
         std::memcpy(chunk + at.d, src, 2);
         if (l.header == 4) std::memcpy(chunk + at.m, src + 2, 2);
         std::memcpy(chunk + at.q, src + l.header, 16);
       }
+    }
   }
 }
 

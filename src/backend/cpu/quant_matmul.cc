@@ -419,10 +419,11 @@ void matmul_wt(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t 
 
 void matmul_wt_group(ThreadPool& pool, const float* x, int64_t M, int64_t K,
                      const WtProduct* products, int64_t n_products) {
-  bool any_packed = false;
+  bool any_packed = false, any_interleaved = false;
   for (int64_t p = 0; p < n_products; ++p) {
     ref::check_matmul_wt_args(products[p].ldy, M, K, products[p].w_type, products[p].N);
     any_packed = any_packed || matmul_wt_takes_packed_gemm(products[p].w_type, M);
+    any_interleaved = any_interleaved || is_interleaved(products[p].w_type);
   }
   // Rows enough for the packed GEMM (M >= 128): nothing is shared between products at that size
   // (the integer kernels quantize x per product for M > 4 too), so each goes its own route.
@@ -434,9 +435,6 @@ void matmul_wt_group(ThreadPool& pool, const float* x, int64_t M, int64_t K,
     return;
   }
   static const bool avx2 = quant_avx2_supported();
-  bool any_interleaved = false;
-  for (int64_t p = 0; p < n_products; ++p)
-    any_interleaved = any_interleaved || is_interleaved(products[p].w_type);
   if (avx2 && (HWY_DYNAMIC_DISPATCH(ChosenTarget)() <= HWY_AVX2 || any_interleaved))
     return matmul_wt_group_avx2(pool, x, M, K, products, n_products);
   for (int64_t p = 0; p < n_products; ++p) {

@@ -155,7 +155,10 @@ void matmul_wt(float* y, int64_t ldy, const float* x, int64_t M, int64_t K, cons
   std::vector<uint8_t> row(plain != w_type ? static_cast<size_t>(row_bytes) : 0);
   for (int64_t n = 0; n < N; ++n) {
     const uint8_t* wr = wb + n * row_bytes;
-    if (plain != w_type) deinterleave_row(w_type, wb, K, n, row.data()), wr = row.data();
+    if (plain != w_type) {
+      deinterleave_row(w_type, wb, K, n, row.data());
+      wr = row.data();
+    }
     for (int64_t m = 0; m < M; ++m) {
       const float acc = dot_row(plain, wr, qa, m);
       y[m * ldy + n] = bias ? acc + bias[n] : acc;
