@@ -21,9 +21,10 @@ namespace {
 
 using tessera::DType;
 
-// Indices 8 and 9 are the CPU's row-interleaved layouts of q4_0 and q4_1 (core/interleave.h).
-constexpr DType kTypes[] = {DType::f32,  DType::f16,  DType::bf16, DType::q8_0,   DType::q4_0,
-                            DType::q4_1, DType::q4_k, DType::q6_k, DType::q4_0x8, DType::q4_1x8};
+// Indices 8-10 are the CPU's row-interleaved layouts of q4_0, q4_1 and q8_0 (core/interleave.h).
+constexpr DType kTypes[] = {DType::f32,    DType::f16,    DType::bf16,  DType::q8_0,
+                            DType::q4_0,   DType::q4_1,   DType::q4_k,  DType::q6_k,
+                            DType::q4_0x8, DType::q4_1x8, DType::q8_0x8};
 constexpr int64_t kNumTypes = sizeof(kTypes) / sizeof(kTypes[0]);
 
 tessera::ThreadPool& bench_pool(int n) {
@@ -118,13 +119,13 @@ constexpr std::pair<int64_t, int64_t> kLlamaShapes[] = {{2048, 2048}, {5632, 204
 // SmolLM2-135M (Q4_1 blocks, Q8_0 head): q/o, k/v, gate/up, down, token_embd as the head.
 constexpr std::pair<int64_t, int64_t> kSmolShapes[] = {
     {576, 576}, {192, 576}, {1536, 576}, {576, 1536}, {49152, 576}};
-constexpr int64_t kQ8_0 = 3, kQ4_1 = 5, kQ4_1x8 = 9;
+constexpr int64_t kQ8_0 = 3, kQ4_1 = 5, kQ4_1x8 = 9, kQ8_0x8 = 10;
 
 void decode_args(benchmark::internal::Benchmark* b) {
   for (int64_t t = 0; t < kNumTypes; ++t)
     for (int64_t threads : {1, 2})
       for (auto nk : kLlamaShapes) b->Args({t, 1, nk.first, nk.second, threads});
-  for (int64_t t : {kQ4_1, kQ8_0, kQ4_1x8})
+  for (int64_t t : {kQ4_1, kQ8_0, kQ4_1x8, kQ8_0x8})
     for (int64_t threads : {1, 2})
       for (auto nk : kSmolShapes) b->Args({t, 1, nk.first, nk.second, threads});
 }

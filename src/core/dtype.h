@@ -9,10 +9,23 @@
 
 namespace tessera {
 
-// Values are stable ids (appended only): i32 predates the k-quants. q4_0x8 and q4_1x8 are
-// in-memory CPU layouts of q4_0/q4_1 matrices with 8 rows interleaved block by block (see
-// core/interleave.h); no file stores them and parse_dtype does not accept their names.
-enum class DType : uint8_t { f32, bf16, f16, q8_0, q4_0, q4_1, i32, q4_k, q6_k, q4_0x8, q4_1x8 };
+// Values are stable ids (appended only): i32 predates the k-quants. q4_0x8, q4_1x8 and q8_0x8
+// are in-memory CPU layouts of q4_0/q4_1/q8_0 matrices with 8 rows interleaved block by block
+// (see core/interleave.h); no file stores them and parse_dtype does not accept their names.
+enum class DType : uint8_t {
+  f32,
+  bf16,
+  f16,
+  q8_0,
+  q4_0,
+  q4_1,
+  i32,
+  q4_k,
+  q6_k,
+  q4_0x8,
+  q4_1x8,
+  q8_0x8
+};
 
 struct DTypeTraits {
   std::string_view name;
@@ -26,7 +39,7 @@ inline std::string_view dtype_name(DType t) {
   return traits(t).name;
 }
 // Parses "f32", "bf16", ...; throws Error naming `what` on an unknown name or an in-memory
-// layout (q4_0x8, q4_1x8).
+// layout (q4_0x8, q4_1x8, q8_0x8).
 DType parse_dtype(std::string_view name, std::string_view what);
 // Bytes taken by n elements; n must be a multiple of the block size (throws otherwise).
 int64_t dtype_bytes(DType t, int64_t n);
@@ -123,6 +136,7 @@ inline int64_t act_block_elems(DType t) {
     case DType::q4_1:
     case DType::q4_0x8:
     case DType::q4_1x8:
+    case DType::q8_0x8:
       return 32;
     case DType::q4_k:
     case DType::q6_k:

@@ -1,4 +1,4 @@
-// The q4_0x8 / q4_1x8 row-interleaved layouts: conversion from and back to the plain rows.
+// The q4_0x8 / q4_1x8 / q8_0x8 row-interleaved layouts: conversion from and back to plain rows.
 #include "core/interleave.h"
 
 #include <cstring>
@@ -12,10 +12,11 @@ namespace {
 
 // Byte offsets inside one interleaved chunk (8 rows x one block).
 struct ChunkLayout {
-  int64_t block_bytes;  // plain block: d [, m], 16 quant bytes
+  int64_t block_bytes;  // plain block: d [, m], then 16 (q4) or 32 (q8_0) quant bytes
   int64_t header;       // bytes of d (and m) per plain block: 2 or 4
   int64_t chunk() const { return kInterleaveRows * block_bytes; }
-  int64_t quants() const { return kInterleaveRows * header; }  // where the quant slots start
+  int64_t quants() const { return kInterleaveRows * header; }   // where the quant slots start
+  int64_t runs() const { return (block_bytes - header) / 16; }  // 16-byte pieces per row
 };
 
 ChunkLayout layout_of(DType plain) {
@@ -24,13 +25,15 @@ ChunkLayout layout_of(DType plain) {
       return {static_cast<int64_t>(sizeof(BlockQ4_0)), 2};
     case DType::q4_1:
       return {static_cast<int64_t>(sizeof(BlockQ4_1)), 4};
+    case DType::q8_0:
+      return {static_cast<int64_t>(sizeof(BlockQ8_0)), 2};
     default:
-      fail("[interleave] ", dtype_name(plain), " has no interleaved layout (q4_0, q4_1)");
+      fail("[interleave] ", dtype_name(plain), " has no interleaved layout (q4_0, q4_1, q8_0)");
   }
 }
 
-// Offsets of row r's scale, min (q4_1) and quants inside a chunk. The quants sit in the slot s
-// with kInterleaveSlotRow[s] == r.
+// Offsets of row r's scale, min (q4_1) and first 16 quant bytes inside a chunk: the slot s with
+// kInterleaveSlotRow[s] == r of the first run (q8_0's bytes 16-31 sit one run further).
 struct RowParts {
   int64_t d, m, q;
 };
@@ -40,21 +43,40 @@ RowParts parts_of(const ChunkLayout& l, int r) {
   return {2 * r, 2 * kInterleaveRows + 2 * r, l.quants() + 16 * slot};
 }
 
+// One 16-byte run holds 16 bytes of each of the 8 rows.
+constexpr int64_t kRunBytes = 16 * kInterleaveRows;
+
+// Copies row r's block between its plain form and its places in an interleaved chunk.
+void to_chunk(const ChunkLayout& l, const RowParts& at, const uint8_t* blk, uint8_t* chunk) {
+  std::memcpy(chunk + at.d, blk, 2);
+  if (l.header == 4) std::memcpy(chunk + at.m, blk + 2, 2);
+  for (int64_t run = 0; run < l.runs(); ++run)
+    std::memcpy(chunk + at.q + run * kRunBytes, blk + l.header + 16 * run, 16);
+}
+void from_chunk(const ChunkLayout& l, const RowParts& at, const uint8_t* chunk, uint8_t* blk) {
+  std::memcpy(blk, chunk + at.d, 2);
+  if (l.header == 4) std::memcpy(blk + 2, chunk + at.m, 2);
+  for (int64_t run = 0; run < l.runs(); ++run)
+    std::memcpy(blk + l.header + 16 * run, chunk + at.q + run * kRunBytes, 16);
+}
+
 }  // namespace
 
 bool has_interleaved_layout(DType t) {
-  return t == DType::q4_0 || t == DType::q4_1;
+  return t == DType::q4_0 || t == DType::q4_1 || t == DType::q8_0;
 }
 
 DType interleaved_type(DType t) {
   if (t == DType::q4_0) return DType::q4_0x8;
   if (t == DType::q4_1) return DType::q4_1x8;
-  fail("[interleave] ", dtype_name(t), " has no interleaved layout (q4_0, q4_1)");
+  if (t == DType::q8_0) return DType::q8_0x8;
+  fail("[interleave] ", dtype_name(t), " has no interleaved layout (q4_0, q4_1, q8_0)");
 }
 
 DType plain_type(DType t) {
   if (t == DType::q4_0x8) return DType::q4_0;
   if (t == DType::q4_1x8) return DType::q4_1;
+  if (t == DType::q8_0x8) return DType::q8_0;
   return t;
 }
 
@@ -71,13 +93,8 @@ void interleave_rows(DType t, void* w, int64_t n_rows, int64_t K) {
     std::memcpy(plain.data(), group, static_cast<size_t>(group_bytes));
     for (int r = 0; r < kInterleaveRows; ++r) {
       const RowParts at = parts_of(l, r);
-      for (int64_t b = 0; b < nb; ++b) {
-        uint8_t* chunk = group + b * l.chunk();
-        const uint8_t* src = plain.data() + r * row_bytes + b * l.block_bytes;
-        std::memcpy(chunk + at.d, src, 2);
-        if (l.header == 4) std::memcpy(chunk + at.m, src + 2, 2);
-        std::memcpy(chunk + at.q, src + l.header, 16);
-      }
+      for (int64_t b = 0; b < nb; ++b)
+        to_chunk(l, at, plain.data() + r * row_bytes + b * l.block_bytes, group + b * l.chunk());
     }
   }
 }
@@ -98,13 +115,8 @@ void deinterleave_blocks(DType t, const void* w, int64_t K, int64_t row, int64_t
       static_cast<const uint8_t*>(w) + row / kInterleaveRows * kInterleaveRows * row_bytes;
   const int r = static_cast<int>(row % kInterleaveRows);
   const RowParts at = parts_of(l, r);
-  for (int64_t b = 0; b < n_blocks; ++b) {
-    const uint8_t* chunk = group + (b0 + b) * l.chunk();
-    uint8_t* out = static_cast<uint8_t*>(dst) + b * l.block_bytes;
-    std::memcpy(out, chunk + at.d, 2);
-    if (l.header == 4) std::memcpy(out + 2, chunk + at.m, 2);
-    std::memcpy(out + l.header, chunk + at.q, 16);
-  }
+  for (int64_t b = 0; b < n_blocks; ++b)
+    from_chunk(l, at, group + (b0 + b) * l.chunk(), static_cast<uint8_t*>(dst) + b * l.block_bytes);
 }
 
 }  // namespace tessera

@@ -1,6 +1,6 @@
-// Row-interleaved layouts of q4_0 / q4_1 matrices (DType q4_0x8, q4_1x8): 8 consecutive rows
-// stored block by block, so one 32-byte load feeds the int8 dot products of two rows and one
-// 16-byte load brings 8 rows' scales. The CPU decode kernels read them; nothing else does.
+// Row-interleaved layouts of q4_0 / q4_1 / q8_0 matrices (DType q4_0x8, q4_1x8, q8_0x8): 8
+// consecutive rows stored block by block, so one 32-byte load feeds the int8 dot products of two
+// rows and one 16-byte load brings 8 rows' scales. The CPU kernels read them; nothing else does.
 #pragma once
 
 #include <cstdint>
@@ -12,27 +12,29 @@ namespace tessera {
 // Group layout. Rows 8g..8g+7 of a matrix with K columns occupy the same bytes as in the plain
 // layout (8 * dtype_bytes(base, K) from row 8g's offset). Within the group, block b is one chunk
 // of 8 * block_bytes: the 8 rows' f16 scales d (row order), for q4_1 their 8 f16 mins m, then
-// the 8 rows' 16 quant bytes in slot order kInterleaveSlotRow (slots 2i and 2i+1 share one
-// 32-byte load: rows i and i + 4, which a horizontal-add tree turns back into row order).
+// the 8 rows' quant bytes in slot order kInterleaveSlotRow, 16 bytes per row and slot (slots 2i
+// and 2i+1 share one 32-byte load: rows i and i + 4, which a horizontal-add tree turns back into
+// row order). q8_0's 32 quant bytes per row come as two such runs of 8 slots: every row's bytes
+// 0-15, then every row's bytes 16-31.
 constexpr int64_t kInterleaveRows = 8;
 constexpr int kInterleaveSlotRow[kInterleaveRows] = {0, 4, 1, 5, 2, 6, 3, 7};
 
-// True for the interleaved layouts themselves (q4_0x8, q4_1x8).
+// True for the interleaved layouts themselves (q4_0x8, q4_1x8, q8_0x8).
 inline bool is_interleaved(DType t) {
   return traits(t).interleave_rows > 1;
 }
-// True for the types that have an interleaved layout (q4_0, q4_1).
+// True for the types that have an interleaved layout (q4_0, q4_1, q8_0).
 bool has_interleaved_layout(DType t);
-// q4_0 -> q4_0x8, q4_1 -> q4_1x8 (throws for other types).
+// q4_0 -> q4_0x8, q4_1 -> q4_1x8, q8_0 -> q8_0x8 (throws for other types).
 DType interleaved_type(DType t);
-// q4_0x8 -> q4_0, q4_1x8 -> q4_1; any other type is returned unchanged.
+// The inverse of interleaved_type; any other type is returned unchanged.
 DType plain_type(DType t);
 
-// Rewrites n_rows rows of K elements of `t` (q4_0 or q4_1; n_rows a multiple of 8, K of 32) at
+// Rewrites n_rows rows of K elements of `t` (q4_0, q4_1, q8_0; n_rows a multiple of 8, K of 32) at
 // w from the plain layout to interleaved_type(t), in place. Throws Error naming the bad size.
 void interleave_rows(DType t, void* w, int64_t n_rows, int64_t K);
 
-// Row `row` of an interleaved matrix (type q4_0x8 / q4_1x8, K columns) in the plain layout of
+// Row `row` of an interleaved matrix (an interleaved type, K columns) in the plain layout of
 // plain_type(t) at dst (dtype_bytes(plain_type(t), K) bytes).
 void deinterleave_row(DType t, const void* w, int64_t K, int64_t row, void* dst);
 // Blocks [b0, b0 + n_blocks) of that row, in the plain layout at dst.

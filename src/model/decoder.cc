@@ -132,7 +132,7 @@ int64_t use_cpu_layout(DecoderModel& m) {
   // may name one tensor twice) takes the new type instead of rearranging them again.
   std::map<const void*, WeightRef> done;
   auto rearrange = [&](WeightRef& r) {
-    if (!r.present() || r.shape.rank() != 2 || r.data == w.tok_embd.data) return;
+    if (!r.present() || r.shape.rank() != 2) return;
     if (const auto it = done.find(r.data); it != done.end()) {
       TS_CHECK(it->second.shape == r.shape && plain_type(it->second.type) == r.type, "[model] ",
                m.source, ": two weight matrices of different shapes or types share their bytes");
@@ -147,6 +147,9 @@ int64_t use_cpu_layout(DecoderModel& m) {
     bytes += r.bytes();
     done.emplace(r.data, r);
   };
+  // The token embedding too: the engine looks its rows up through ops::dequantize_row, which
+  // reads every layout, and a tied head is the same bytes.
+  rearrange(w.tok_embd);
   for (DecoderLayer& l : w.layers)
     for (WeightRef* r : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) rearrange(*r);
   rearrange(w.output);

@@ -16,8 +16,9 @@ namespace tessera::ops {
 // (row stride = dtype_bytes(w_type, K)); ldy = row stride of y (>= N).
 // w_type f32/f16/bf16: float math (f16/bf16 widened). Block types q8_0/q4_0/q4_1/q4_k/q6_k:
 // x is quantized on the fly to 8-bit blocks (one scale per weight block) and the dot products
-// run in integers, as GGUF engines do; K must be a multiple of the block size. q4_0x8 / q4_1x8
-// (8 rows interleaved, see cpu_preferred_layout) need N a multiple of 8 and the AVX2 kernels.
+// run in integers, as GGUF engines do; K must be a multiple of the block size. The interleaved
+// q4_0x8 / q4_1x8 / q8_0x8 (8 rows, see cpu_preferred_layout) need N a multiple of 8 and the
+// AVX2 kernels.
 // Results do not depend on the thread count.
 void matmul_wt(const Context& ctx, float* y, int64_t ldy, const float* x, int64_t M, int64_t K,
                const void* w, DType w_type, int64_t N, const float* bias = nullptr);
@@ -29,8 +30,9 @@ using WtProduct = cpu::WtProduct;
 void matmul_wt_group(const Context& ctx, const float* x, int64_t M, int64_t K,
                      std::span<const WtProduct> products);
 // The layout the CPU matmul reads fastest for a matrix stored as t with n_rows rows: the
-// row-interleaved q4_0x8 / q4_1x8 (core/interleave.h) for q4_0 / q4_1 with a multiple of 8 rows
-// where the AVX2 kernels run, otherwise t itself. Loaders rearrange weights into it once.
+// row-interleaved q4_0x8 / q4_1x8 / q8_0x8 (core/interleave.h) for q4_0 / q4_1 / q8_0 with a
+// multiple of 8 rows where the AVX2 kernels run, otherwise t itself. Loaders rearrange weights
+// into it once.
 DType cpu_preferred_layout(DType t, int64_t n_rows);
 // flops = 2 M N K (+ M N with a bias); bytes = W once + x + y (decode reads every weight once).
 OpCost matmul_wt_cost(int64_t M, int64_t K, int64_t N, DType w_type, bool bias = false);

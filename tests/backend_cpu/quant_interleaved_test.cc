@@ -1,4 +1,4 @@
-// The matmul against row-interleaved q4_0x8 / q4_1x8 weights: the AVX2 kernel against the
+// The matmul against row-interleaved q4_0x8 / q4_1x8 / q8_0x8 weights: the AVX2 kernel against the
 // reference on the plain rows (within a rounding bound), the packed-GEMM route equal to the
 // plain layout's bit for bit, results independent of batch size and thread count, NaN
 // propagation, the int16 edge, and one-line refusals.
@@ -75,7 +75,7 @@ std::vector<double> bound(const Pair& w, const float* x, int64_t M, int64_t K, i
 
 TEST(QuantInterleaved, Avx2MatchesReferenceOnPlainRows) {
   if (!cpu::quant_avx2_supported()) GTEST_SKIP() << "no AVX2: interleaved layouts are not made";
-  for (DType t : {DType::q4_0, DType::q4_1})
+  for (DType t : {DType::q4_0, DType::q4_1, DType::q8_0})
     for (int64_t M : {1, 2, 3, 4, 5, 9, 70, 300})  // 70, 300: row blocks of 64; prefill sizes
       for (int64_t K : {32, 96, 576})
         for (int64_t N : {8, 24, 72}) {
@@ -107,7 +107,7 @@ TEST(QuantInterleaved, PackedRouteEqualsPlainLayoutBitForBit) {
   // callable) widens W while packing; the interleaved rows widen to the same values, so the GEMM
   // gives the same bits.
   const int64_t K = 320, N = 48;
-  for (DType t : {DType::q4_0, DType::q4_1})
+  for (DType t : {DType::q4_0, DType::q4_1, DType::q8_0})
     for (int64_t M : {7, 300}) {
       const Pair w(t, N, K, 5 + M);
       const Buf x = normal_buf(M * K, 0, 6);
@@ -121,7 +121,7 @@ TEST(QuantInterleaved, PackedRouteEqualsPlainLayoutBitForBit) {
 TEST(QuantInterleaved, ResultsDoNotDependOnBatchOrThreads) {
   if (!cpu::quant_avx2_supported()) GTEST_SKIP() << "no AVX2";
   const int64_t M = 7, K = 512, N = 40;
-  for (DType t : {DType::q4_0, DType::q4_1}) {
+  for (DType t : {DType::q4_0, DType::q4_1, DType::q8_0}) {
     const Pair w(t, N, K, 91);
     const Buf x = normal_buf(M * K, 0, 92);
     std::vector<float> y(static_cast<size_t>(M * N)), y1(static_cast<size_t>(N)), y3(y);
@@ -145,10 +145,13 @@ TEST(QuantInterleaved, ResultsDoNotDependOnBatchOrThreads) {
 TEST(QuantInterleaved, NonFiniteActivationsPropagateAndQuantsDoNotOverflow) {
   if (!cpu::quant_avx2_supported()) GTEST_SKIP() << "no AVX2";
   const int64_t K = 128, N = 8;
-  for (DType t : {DType::q4_0, DType::q4_1}) {
-    // Every quant 15, scales (and mins) 1: with x = 127 the pair sums reach 2 * 2 * 15 * 127.
+  for (DType t : {DType::q4_0, DType::q4_1, DType::q8_0}) {
+    // Every q4 quant 15, scales (and mins) 1: with x = 127 the pair sums reach 2 * 2 * 15 * 127.
+    // Every q8_0 quant -128 (a file may hold it; the sign trick must not negate it): pair sums
+    // 2 * 128 * 127 = 32512, the int16 edge.
     const int64_t bb = traits(t).block_bytes;
-    std::vector<uint8_t> w(static_cast<size_t>(dtype_bytes(t, N * K)), 0xff);
+    std::vector<uint8_t> w(static_cast<size_t>(dtype_bytes(t, N * K)),
+                           t == DType::q8_0 ? 0x80 : 0xff);
     for (int64_t b = 0; b < N * K / 32; ++b) {
       const uint16_t one = 0x3c00;
       std::memcpy(w.data() + b * bb, &one, 2);
@@ -161,7 +164,9 @@ TEST(QuantInterleaved, NonFiniteActivationsPropagateAndQuantsDoNotOverflow) {
     cpu::matmul_wt(pool(1), y.data(), N, x.data(), 2, K, wi.data(), interleaved_type(t), N,
                    nullptr);
     cpu::ref::matmul_wt(yr.data(), N, x.data(), 2, K, w.data(), t, N, nullptr);
-    const float want = t == DType::q4_0 ? 7.0f * 127 * K : 16.0f * 127 * K;
+    const float want = t == DType::q4_0   ? 7.0f * 127 * K
+                       : t == DType::q4_1 ? 16.0f * 127 * K
+                                          : -128.0f * 127 * K;
     for (int64_t n = 0; n < N; ++n) {
       EXPECT_EQ(y[n], want) << dtype_name(t);
       EXPECT_EQ(y[n], yr[n]);
@@ -190,6 +195,13 @@ TEST(QuantInterleaved, BadShapesAndKernelsAreRefused) {
                                nullptr);
       },
       "AVX2");
+  std::vector<uint8_t> w8(static_cast<size_t>(dtype_bytes(DType::q8_0, 12 * 64)));
+  test::expect_error(
+      [&] {
+        cpu::matmul_wt(pool(1), y.data(), 12, x.data(), 1, 64, w8.data(), DType::q8_0x8, 12,
+                       nullptr);
+      },
+      "N=12");
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// The q4_0x8 / q4_1x8 row-interleaved layouts: interleave then deinterleave gives the rows back
+// The q4_0x8 / q4_1x8 / q8_0x8 row-interleaved layouts: interleave then deinterleave gives the rows back
 // byte for byte, the layout puts each row's pieces where the kernels read them, bad sizes and
 // types are refused in one line, and the layouts cannot be named by files or flags.
 #include <gtest/gtest.h>
@@ -24,7 +24,7 @@ std::vector<uint8_t> random_rows(DType t, int64_t rows, int64_t K, uint64_t seed
 }
 
 TEST(Interleave, RoundTripRestoresEveryRow) {
-  for (DType t : {DType::q4_0, DType::q4_1})
+  for (DType t : {DType::q4_0, DType::q4_1, DType::q8_0})
     for (int64_t K : {32, 96, 576}) {
       const int64_t rows = 24, row_bytes = dtype_bytes(t, K);
       const std::vector<uint8_t> plain = random_rows(t, rows, K, 7 + K);
@@ -49,13 +49,14 @@ TEST(Interleave, RoundTripRestoresEveryRow) {
 
 TEST(Interleave, ChunkLayoutIsWhatTheKernelsRead) {
   // Block b of group g: 8 scales in row order, q4_1's 8 mins, then 16 quant bytes per row in
-  // slot order 0 4 1 5 2 6 3 7.
+  // slot order 0 4 1 5 2 6 3 7; q8_0 has a second such run of 16 bytes per row after the first.
   const int64_t K = 64, rows = 8;
-  for (DType t : {DType::q4_0, DType::q4_1}) {
+  for (DType t : {DType::q4_0, DType::q4_1, DType::q8_0}) {
     const std::vector<uint8_t> plain = random_rows(t, rows, K, 3);
     std::vector<uint8_t> w = plain;
     interleave_rows(t, w.data(), rows, K);
-    const int64_t bb = traits(t).block_bytes, header = bb - 16, row_bytes = dtype_bytes(t, K);
+    const int64_t bb = traits(t).block_bytes, row_bytes = dtype_bytes(t, K);
+    const int64_t header = t == DType::q4_1 ? 4 : 2, runs = (bb - header) / 16;
     for (int64_t b = 0; b < K / 32; ++b) {
       const uint8_t* chunk = w.data() + b * 8 * bb;
       for (int s = 0; s < 8; ++s) {
@@ -65,7 +66,10 @@ TEST(Interleave, ChunkLayoutIsWhatTheKernelsRead) {
         if (header == 4) {
           EXPECT_EQ(0, std::memcmp(chunk + 16 + 2 * r, blk + 2, 2)) << "min " << r;
         }
-        EXPECT_EQ(0, std::memcmp(chunk + 8 * header + 16 * s, blk + header, 16)) << "quants " << r;
+        for (int64_t run = 0; run < runs; ++run)
+          EXPECT_EQ(0, std::memcmp(chunk + 8 * header + 128 * run + 16 * s,
+                                   blk + header + 16 * run, 16))
+              << dtype_name(t) << " quants of row " << r << " run " << run;
       }
     }
   }
@@ -75,7 +79,7 @@ TEST(Interleave, BadInputIsRefusedInOneLine) {
   std::vector<uint8_t> w(static_cast<size_t>(dtype_bytes(DType::q4_0, 16 * 64)));
   test::expect_error([&] { interleave_rows(DType::q4_0, w.data(), 12, 64); }, "12 rows");
   test::expect_error([&] { interleave_rows(DType::q4_0, w.data(), 8, 48); }, "48 elements");
-  test::expect_error([&] { interleave_rows(DType::q8_0, w.data(), 8, 64); }, "q8_0");
+  test::expect_error([&] { interleave_rows(DType::q6_k, w.data(), 8, 256); }, "q6_k");
   test::expect_error([&] { interleaved_type(DType::f16); }, "f16");
   std::vector<uint8_t> row(64);
   test::expect_error([&] { deinterleave_row(DType::q4_0, w.data(), 64, 0, row.data()); },
@@ -91,12 +95,17 @@ TEST(Interleave, LayoutsAreNotStorageTypes) {
   std::vector<float> f(8 * 32);
   test::expect_error([&] { to_f32(DType::q4_0x8, w.data(), f.data(), 8 * 32); }, "q4_0x8");
   test::expect_error([&] { from_f32(DType::q4_1x8, f.data(), w.data(), 8 * 32); }, "q4_1x8");
+  test::expect_error([] { parse_dtype("q8_0x8", "--type"); }, "in-memory CPU layout");
+  test::expect_error([&] { to_f32(DType::q8_0x8, w.data(), f.data(), 8 * 32); }, "q8_0x8");
   EXPECT_EQ(plain_type(DType::q4_1x8), DType::q4_1);
+  EXPECT_EQ(plain_type(DType::q8_0x8), DType::q8_0);
+  EXPECT_EQ(interleaved_type(DType::q8_0), DType::q8_0x8);
   EXPECT_EQ(plain_type(DType::q8_0), DType::q8_0);
   EXPECT_TRUE(is_interleaved(DType::q4_0x8));
   EXPECT_FALSE(is_interleaved(DType::q4_0));
   EXPECT_EQ(act_block_elems(DType::q4_1x8), 32);
   EXPECT_EQ(dtype_bytes(DType::q4_0x8, 64), dtype_bytes(DType::q4_0, 64));
+  EXPECT_EQ(dtype_bytes(DType::q8_0x8, 64), dtype_bytes(DType::q8_0, 64));
 }
 
 }  // namespace

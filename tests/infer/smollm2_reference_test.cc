@@ -146,7 +146,10 @@ TEST_P(SmolLM2, InterleavedLayoutWithinActivationRoundingOfReference) {
   const model::DecoderModel& m = smollm2_cpu_layout();
   if (!cpu::quant_avx2_supported()) GTEST_SKIP() << "no AVX2: the CPU keeps the plain layout";
   ASSERT_EQ(m.weights.layers[0].wq.type, DType::q4_1x8);
-  ASSERT_EQ(m.weights.output.type, smollm2().weights.output.type);  // tied embedding untouched
+  // The tied q8_0 embedding and head: one rearranged matrix, looked up and multiplied as q8_0x8.
+  ASSERT_EQ(m.weights.tok_embd.type, DType::q8_0x8);
+  ASSERT_EQ(m.weights.output.type, DType::q8_0x8);
+  ASSERT_EQ(m.weights.output.data, m.weights.tok_embd.data);
   expect_quantized_within_rounding(m, GetParam());
   // Widened to f32 (EngineOptions::float_weights), both layouts give the same numbers.
   const auto prompt = load_reference(GetParam()).j["prompt_token_ids"].get<std::vector<int32_t>>();

@@ -1,9 +1,10 @@
-// model::use_cpu_layout: which matrices it rearranges (q4 ones with rows in 8s, never the token
-// embedding), that the bytes hold the same rows afterwards, that it is idempotent, and that two
-// views of the same bytes are rearranged once.
+// model::use_cpu_layout: which matrices it rearranges (q4_0 / q4_1 / q8_0 ones with rows in 8s,
+// the token embedding and its tied head included), that the bytes hold the same rows afterwards,
+// that it is idempotent, and that two views of the same bytes are rearranged once.
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "core/interleave.h"
@@ -25,31 +26,37 @@ std::vector<uint8_t> row_bytes_of(const WeightRef& r, int64_t row) {
   return out;
 }
 
-TEST(CpuLayout, RearrangesQ4MatricesButNotTheEmbedding) {
-  DecoderModel m = make_synthetic_decoder("synthetic:135m:q4_1");
-  const WeightRef wq = m.weights.layers[3].wq, wk = m.weights.layers[3].wk;
-  std::vector<std::vector<uint8_t>> rows;
-  for (int64_t r : {0, 5, 13, 575}) rows.push_back(row_bytes_of(wq, r));
-  const std::vector<uint8_t> k_row = row_bytes_of(wk, 191);
-  const int64_t bytes = use_cpu_layout(m);
-  const DType want = ops::cpu_preferred_layout(DType::q4_1, 576);
-  const DecoderLayer& l = m.weights.layers[3];
-  EXPECT_EQ(l.wq.type, want);
-  EXPECT_EQ(l.w_down.type, want);
-  EXPECT_EQ(m.weights.tok_embd.type, DType::q4_1);  // looked up by row; the tied head with it
-  EXPECT_EQ(m.weights.output.type, DType::q4_1);
-  if (want == DType::q4_1) GTEST_SKIP() << "no AVX2: the CPU keeps the plain layout";
-  int64_t matrices = 0;
-  for (const DecoderLayer& x : m.weights.layers)
-    for (const WeightRef* r : {&x.wq, &x.wk, &x.wv, &x.wo, &x.w_gate, &x.w_up, &x.w_down}) {
-      EXPECT_EQ(r->type, want);
-      matrices += r->bytes();
-    }
-  EXPECT_EQ(bytes, matrices);
-  int i = 0;
-  for (int64_t r : {0, 5, 13, 575}) EXPECT_EQ(row_bytes_of(l.wq, r), rows[i++]) << "row " << r;
-  EXPECT_EQ(row_bytes_of(l.wk, 191), k_row);
-  EXPECT_EQ(use_cpu_layout(m), 0) << "a second call must change nothing";
+TEST(CpuLayout, RearrangesBlockMatricesAndTheTiedEmbedding) {
+  for (DType t : {DType::q4_1, DType::q8_0}) {
+    DecoderModel m = make_synthetic_decoder("synthetic:135m:" + std::string(dtype_name(t)));
+    ASSERT_EQ(m.weights.output.data, m.weights.tok_embd.data) << "the 135m shape ties its head";
+    const WeightRef wq = m.weights.layers[3].wq, wk = m.weights.layers[3].wk;
+    std::vector<std::vector<uint8_t>> rows;
+    for (int64_t r : {0, 5, 13, 575}) rows.push_back(row_bytes_of(wq, r));
+    const std::vector<uint8_t> k_row = row_bytes_of(wk, 191);
+    const std::vector<uint8_t> embd_row = row_bytes_of(m.weights.tok_embd, 49151);
+    const int64_t bytes = use_cpu_layout(m);
+    const DType want = ops::cpu_preferred_layout(t, 576);
+    const DecoderLayer& l = m.weights.layers[3];
+    EXPECT_EQ(l.wq.type, want);
+    EXPECT_EQ(l.w_down.type, want);
+    EXPECT_EQ(m.weights.tok_embd.type, want);  // the engine looks rows up in any layout
+    EXPECT_EQ(m.weights.output.type, want);    // the tied head: the same bytes, retyped once
+    if (want == t) GTEST_SKIP() << "no AVX2: the CPU keeps the plain layout";
+    EXPECT_EQ(want, interleaved_type(t));
+    int64_t matrices = m.weights.tok_embd.bytes();
+    for (const DecoderLayer& x : m.weights.layers)
+      for (const WeightRef* r : {&x.wq, &x.wk, &x.wv, &x.wo, &x.w_gate, &x.w_up, &x.w_down}) {
+        EXPECT_EQ(r->type, want);
+        matrices += r->bytes();
+      }
+    EXPECT_EQ(bytes, matrices) << "each matrix once, the tied head not twice";
+    int i = 0;
+    for (int64_t r : {0, 5, 13, 575}) EXPECT_EQ(row_bytes_of(l.wq, r), rows[i++]) << "row " << r;
+    EXPECT_EQ(row_bytes_of(l.wk, 191), k_row);
+    EXPECT_EQ(row_bytes_of(m.weights.tok_embd, 49151), embd_row);
+    EXPECT_EQ(use_cpu_layout(m), 0) << "a second call must change nothing";
+  }
 }
 
 TEST(CpuLayout, SharedBytesAreRearrangedOnce) {

@@ -185,13 +185,13 @@ HWY_INLINE void dequant_segment(DType t, const uint8_t* row, int64_t p0, int64_t
   }
 }
 
-// dequant_segment for row `row` of an interleaved matrix (q4_0x8 / q4_1x8, K columns, plain
-// rows of row_bytes): its blocks are gathered into the plain layout 16 at a time, then widened
-// as q4_0 / q4_1 (so every value equals the plain matrix's, bit for bit).
+// dequant_segment for row `row` of an interleaved matrix (q4_0x8 / q4_1x8 / q8_0x8, K columns):
+// its blocks are gathered into the plain layout 16 at a time, then widened as the plain type (so
+// every value equals the plain matrix's, bit for bit).
 HWY_INLINE void dequant_interleaved_segment(DType t, const uint8_t* w, int64_t K, int64_t row,
                                             int64_t p0, int64_t n, float* HWY_RESTRICT dst) {
   constexpr int64_t kBatch = 16;
-  alignas(64) uint8_t plain[kBatch * sizeof(BlockQ4_1)];
+  alignas(64) uint8_t plain[kBatch * sizeof(BlockQ8_0)];  // the largest plain block
   const DType p = plain_type(t);
   for (int64_t b = p0 / 32, end = (p0 + n) / 32; b < end; b += kBatch, dst += kBatch * 32) {
     const int64_t nb = end - b < kBatch ? end - b : kBatch;

@@ -93,6 +93,8 @@ RowsFn rows_fn(DType t) {
       return rows_q4_0x8;
     case DType::q4_1x8:
       return rows_q4_1x8;
+    case DType::q8_0x8:
+      return rows_q8_0x8;
     case DType::q4_k:
       return rows_q4_k;
     case DType::q6_k:
