@@ -52,16 +52,25 @@ constexpr int Width(int nq) {
   return nq >= 3 ? 2 : 4;
 }
 
-// s[q][j .. j + NV*L) for NQ query vectors; kt is one head's keys, (D, bt).
+// Asks for the cache lines of n elements at p (nothing for a null p).
+template <typename T>
+HWY_INLINE void PrefetchRow(const T* p, int64_t n) {
+  if (p == nullptr) return;
+  for (int64_t o = 0; o < n; o += 64 / static_cast<int64_t>(sizeof(T))) __builtin_prefetch(p + o);
+}
+
+// s[q][j .. j + NV*L) for NQ query vectors; kt is one head's keys, (D, bt). With pf (the next
+// block's keys, same layout) each dimension's step also asks for that row of pf.
 template <int NQ, int NV, typename T>
 HWY_INLINE void Scores(const float* const* qs, float* const* ss, const T* kt, int64_t bt, int64_t j,
-                       int64_t D, float scale) {
+                       int64_t D, float scale, const T* pf) {
   const DF d;
   const int64_t L = static_cast<int64_t>(hn::Lanes(d));
   hn::Vec<DF> a[NQ][NV];
   for (int q = 0; q < NQ; ++q)
     for (int v = 0; v < NV; ++v) a[q][v] = hn::Zero(d);
   for (int64_t e = 0; e < D; ++e) {
+    PrefetchRow(pf ? pf + e * bt : pf, bt);
     const T* row = kt + e * bt + j;
     hn::Vec<DF> k[NV];
     for (int v = 0; v < NV; ++v) k[v] = LoadWide(d, row + v * L);
@@ -75,23 +84,26 @@ HWY_INLINE void Scores(const float* const* qs, float* const* ss, const T* kt, in
     for (int v = 0; v < NV; ++v) hn::StoreU(hn::Mul(a[q][v], sc), d, ss[q] + j + v * L);
 }
 
-// Scores of NQ query vectors over key vectors [0, nv).
+// Scores of NQ query vectors over key vectors [0, nv); the first pass over the dimensions also
+// asks for pf's rows (see Scores).
 template <int NQ, typename T>
 HWY_NOINLINE void ScoresRange(const float* const* qs, float* const* ss, const T* kt, int64_t bt,
-                              int64_t nv, int64_t D, float scale) {
+                              int64_t nv, int64_t D, float scale, const T* pf) {
   const int64_t L = static_cast<int64_t>(hn::Lanes(DF()));
   constexpr int kNV = Width(NQ);
   int64_t v = 0;
-  for (; v + kNV <= nv; v += kNV) Scores<NQ, kNV>(qs, ss, kt, bt, v * L, D, scale);
-  for (; v < nv; ++v) Scores<NQ, 1>(qs, ss, kt, bt, v * L, D, scale);
+  for (; v + kNV <= nv; v += kNV, pf = nullptr)
+    Scores<NQ, kNV>(qs, ss, kt, bt, v * L, D, scale, pf);
+  for (; v < nv; ++v, pf = nullptr) Scores<NQ, 1>(qs, ss, kt, bt, v * L, D, scale, pf);
 }
 
 // acc[q][dv + u*L ..] for NDV value vectors: keys [j0, j1) of v, (bt, D). With `rescale` the
-// chain starts from acc * corr[q] (the block's first keys).
+// chain starts from acc * corr[q] (the block's first keys). With pf (the next block's values,
+// same layout) each key's step also asks for that key's row of pf.
 template <int NQ, int NDV, typename T>
 HWY_INLINE void Accumulate(float* const* accs, const float* corr, const float* const* ps,
-                           const T* v, int64_t j0, int64_t j1, int64_t dv, int64_t D,
-                           bool rescale) {
+                           const T* v, int64_t j0, int64_t j1, int64_t dv, int64_t D, bool rescale,
+                           const T* pf) {
   const DF d;
   const int64_t L = static_cast<int64_t>(hn::Lanes(d));
   hn::Vec<DF> a[NQ][NDV];
@@ -101,6 +113,7 @@ HWY_INLINE void Accumulate(float* const* accs, const float* corr, const float* c
       if (rescale) a[q][u] = hn::Mul(a[q][u], hn::Set(d, corr[q]));
     }
   for (int64_t j = j0; j < j1; ++j) {
+    PrefetchRow(pf ? pf + j * D : pf, D);
     const T* row = v + j * D + dv;
     hn::Vec<DF> x[NDV];
     for (int u = 0; u < NDV; ++u) x[u] = LoadWide(d, row + u * L);
@@ -114,17 +127,20 @@ HWY_INLINE void Accumulate(float* const* accs, const float* corr, const float* c
 }
 
 // All D dimensions of NQ accumulators over keys [j0, j1) (a lone query vector takes 8 value
-// vectors at a time, to keep 8 chains in flight).
+// vectors at a time, to keep 8 chains in flight); the first pass over the keys also asks for
+// pf's rows (see Accumulate).
 template <int NQ, typename T>
 HWY_NOINLINE void AccumulateRange(float* const* accs, const float* corr, const float* const* ps,
-                                  const T* v, int64_t j0, int64_t j1, int64_t D, bool rescale) {
+                                  const T* v, int64_t j0, int64_t j1, int64_t D, bool rescale,
+                                  const T* pf = nullptr) {
   const int64_t L = static_cast<int64_t>(hn::Lanes(DF()));
   constexpr int kNDV = NQ == 1 ? 8 : Width(NQ);
   const int64_t nd = D / L;
   int64_t u = 0;
-  for (; u + kNDV <= nd; u += kNDV)
-    Accumulate<NQ, kNDV>(accs, corr, ps, v, j0, j1, u * L, D, rescale);
-  for (; u < nd; ++u) Accumulate<NQ, 1>(accs, corr, ps, v, j0, j1, u * L, D, rescale);
+  for (; u + kNDV <= nd; u += kNDV, pf = nullptr)
+    Accumulate<NQ, kNDV>(accs, corr, ps, v, j0, j1, u * L, D, rescale, pf);
+  for (; u < nd; ++u, pf = nullptr)
+    Accumulate<NQ, 1>(accs, corr, ps, v, j0, j1, u * L, D, rescale, pf);
 }
 
 // exp(x) for x <= 0 (a score minus the running maximum): Highway's Exp (reduction by ln 2 in
@@ -225,33 +241,35 @@ template <int NQ>
 struct ScoresChunk {
   template <typename T>
   static void run(const float* const* qs, float* const* ss, const T* kt, int64_t bt, int64_t nv,
-                  int64_t D, float scale) {
-    ScoresRange<NQ>(qs, ss, kt, bt, nv, D, scale);
+                  int64_t D, float scale, const T* pf) {
+    ScoresRange<NQ>(qs, ss, kt, bt, nv, D, scale, pf);
   }
 };
 template <int NQ>
 struct AccumulateChunk {
   template <typename T>
   static void run(float* const* accs, const float* corr, const float* const* ps, const T* v,
-                  int64_t j0, int64_t j1, int64_t D, bool rescale) {
-    AccumulateRange<NQ>(accs, corr, ps, v, j0, j1, D, rescale);
+                  int64_t j0, int64_t j1, int64_t D, bool rescale, const T* pf) {
+    AccumulateRange<NQ>(accs, corr, ps, v, j0, j1, D, rescale, pf);
   }
 };
 
 // One block for the n active query vectors of w, in chunks of up to kMaxNQ: scores, softmax
-// step, p V. kt (D, bt) and v (bt, D) are one head's keys and values.
+// step, p V. kt (D, bt) and v (bt, D) are one head's keys and values; next_k / next_v (or null)
+// the next block's, which the first chunk's loops ask for line by line as they go.
 template <typename T>
 HWY_NOINLINE void BlockStep(TileScratch& w, int64_t n, int64_t nv, const T* kt, const T* v,
-                            int64_t bt, int64_t D, float scale) {
+                            int64_t bt, int64_t D, float scale, const T* next_k, const T* next_v) {
   for (int64_t i = 0; i < n; i += kMaxNQ)
-    ForChunk<ScoresChunk>(std::min<int64_t>(kMaxNQ, n - i), &w.q[i], &w.sp[i], kt, bt, nv, D,
-                          scale);
+    ForChunk<ScoresChunk>(std::min<int64_t>(kMaxNQ, n - i), &w.q[i], &w.sp[i], kt, bt, nv, D, scale,
+                          i == 0 ? next_k : nullptr);
   SoftmaxStep(w, n, nv);
   // A chunk shares the keys all its rows have; a longer row's extra keys continue its chain.
   for (int64_t i = 0; i < n; i += kMaxNQ) {
     const int64_t nq = std::min<int64_t>(kMaxNQ, n - i);
     const int64_t c = *std::min_element(&w.count[i], &w.count[i] + nq);
-    ForChunk<AccumulateChunk>(nq, &w.accp[i], &w.corr[i], &w.p[i], v, int64_t{0}, c, D, true);
+    ForChunk<AccumulateChunk>(nq, &w.accp[i], &w.corr[i], &w.p[i], v, int64_t{0}, c, D, true,
+                              i == 0 ? next_v : nullptr);
     for (int64_t k = i; k < i + nq; ++k)
       if (w.count[k] > c)
         AccumulateRange<1>(&w.accp[k], &w.corr[k], &w.p[k], v, c, w.count[k], D, false);
@@ -312,16 +330,20 @@ HWY_NOINLINE void TileTask(const PagedAttentionArgs& a, TileScratch& w, int64_t 
     const T* kb = cache + table[b] * a.block_stride + g * BT * D;
     const T* vb = kb + a.v_offset;
     // The next block's keys and values sit elsewhere in the arena, where the hardware
-    // prefetcher cannot guess them; decode reads every block once, from L3 or memory.
+    // prefetcher cannot guess them; decode reads every block once, from L3 or memory. The
+    // block's own loops ask for them a line per step (a burst of 2 x 64 requests up front
+    // overflows the core's outstanding-miss slots); the first block is asked for here.
+    const T* next_k = nullptr;
+    const T* next_v = nullptr;
     if (b < b_hi) {
-      const T* next_k = cache + table[b + 1] * a.block_stride + g * BT * D;
-      const T* next_v = next_k + a.v_offset;
-      for (int64_t e = 0; e < BT * D; e += 64 / static_cast<int64_t>(sizeof(T))) {  // lines
-        __builtin_prefetch(next_k + e);
-        __builtin_prefetch(next_v + e);
-      }
+      next_k = cache + table[b + 1] * a.block_stride + g * BT * D;
+      next_v = next_k + a.v_offset;
     }
-    BlockStep(w, n, nv, kb, vb, BT, D, a.scale);
+    if (b == b_lo) {
+      PrefetchRow(kb, BT * D);
+      PrefetchRow(vb, BT * D);
+    }
+    BlockStep(w, n, nv, kb, vb, BT, D, a.scale, next_k, next_v);
   }
   for (int64_t r = r0; r < r1; ++r)
     for (int64_t h = 0; h < nh; ++h) {
