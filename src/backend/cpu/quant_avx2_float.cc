@@ -8,6 +8,9 @@ namespace tessera::cpu::avx2 {
 namespace {
 
 template <DType T>
+constexpr int64_t kElemBytes = T == DType::f32 ? 4 : 2;
+
+template <DType T>
 TS_AVX2 inline __m256 load_w8(const uint8_t* row, int64_t k) {
   if constexpr (T == DType::f32) {
     return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + k);
@@ -45,9 +48,18 @@ struct FloatTile {
       __m256 acc[MR][NR];
       for (int a = 0; a < MR; ++a)
         for (int j = 0; j < NR; ++j) acc[a][j] = _mm256_setzero_ps();
+      // Each weight row is its own stream of a few KiB; a new 4 KiB page stops the hardware
+      // prefetcher until it retrains, so ask for the next tile's rows (NR rows further) at the
+      // same offset, one line per row every 64 bytes of it.
+      constexpr int64_t kSteps = 64 / (8 * static_cast<int64_t>(kElemBytes<T>));
+      const int64_t ahead = NR * t.row_bytes;
       int64_t k = 0;
       for (; k + 8 <= t.K; k += 8) {
         __m256 wv[NR];
+        if ((k / 8) % kSteps == 0)
+          for (int j = 0; j < NR; ++j)
+            _mm_prefetch(reinterpret_cast<const char*>(w[j] + kElemBytes<T> * k + ahead),
+                         _MM_HINT_T0);
         for (int j = 0; j < NR; ++j) wv[j] = load_w8<T>(w[j], k);
         for (int a = 0; a < MR; ++a) {
           const __m256 xv = _mm256_loadu_ps(x[a] + k);
