@@ -1,5 +1,5 @@
-// The q4_0x8 / q4_1x8 / q8_0x8 row-interleaved layouts: interleave then deinterleave gives the rows back
-// byte for byte, the layout puts each row's pieces where the kernels read them, bad sizes and
+// The q4_0x8 / q4_1x8 / q8_0x8 row-interleaved layouts: interleave then deinterleave gives the rows
+// back byte for byte, the layout puts each row's pieces where the kernels read them, bad sizes and
 // types are refused in one line, and the layouts cannot be named by files or flags.
 #include <gtest/gtest.h>
 
@@ -67,8 +67,8 @@ TEST(Interleave, ChunkLayoutIsWhatTheKernelsRead) {
           EXPECT_EQ(0, std::memcmp(chunk + 16 + 2 * r, blk + 2, 2)) << "min " << r;
         }
         for (int64_t run = 0; run < runs; ++run)
-          EXPECT_EQ(0, std::memcmp(chunk + 8 * header + 128 * run + 16 * s,
-                                   blk + header + 16 * run, 16))
+          EXPECT_EQ(
+              0, std::memcmp(chunk + 8 * header + 128 * run + 16 * s, blk + header + 16 * run, 16))
               << dtype_name(t) << " quants of row " << r << " run " << run;
       }
     }

@@ -1,7 +1,8 @@
 // AVX2 kernels for the row-interleaved q4_0x8 / q4_1x8 / q8_0x8 layouts (core/interleave.h): one
-// 32-byte load carries two rows' quants of a block, so vpmaddubsw works on full vectors for every
-// row, the 8 rows' block sums come out of a horizontal-add tree as one vector in row order, and one
-// conversion, one multiply and one FMA handle the scales of all 8 rows together.
+// 32-byte load carries 16 quant bytes of each of two rows (a q4 block's all, half a q8_0 block's),
+// so vpmaddubsw works on full vectors for every row, the 8 rows' block sums come out of a
+// horizontal-add tree as one vector in row order, and one conversion, one multiply and one FMA
+// handle the scales of all 8 rows together.
 #include "backend/cpu/quant_avx2_common.h"
 #include "core/error.h"
 #include "core/interleave.h"
