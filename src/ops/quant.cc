@@ -56,7 +56,10 @@ void dequantize_row(const void* w, DType w_type, int64_t K, int64_t row, float* 
   const int64_t row_bytes = dtype_bytes(w_type, K);
   if (!is_interleaved(w_type))
     return to_f32(w_type, static_cast<const uint8_t*>(w) + row * row_bytes, dst, K);
-  std::vector<uint8_t> plain(static_cast<size_t>(row_bytes));
+  // Embedding lookups come here once per token row: one buffer per thread, grown once, instead
+  // of an allocation per row.
+  thread_local std::vector<uint8_t> plain;
+  plain.resize(static_cast<size_t>(row_bytes));
   deinterleave_row(w_type, w, K, row, plain.data());
   to_f32(plain_type(w_type), plain.data(), dst, K);
 }

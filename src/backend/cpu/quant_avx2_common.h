@@ -57,6 +57,13 @@ TS_AVX2 inline __m256i dot_u8_i8(__m256i w, __m256i x) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
 }
 
+// Asks for the cache line `ahead` bytes past p (the bytes a weight stream reads next). The
+// address is formed as an integer: it may lie past the weights' end, where a prefetch is
+// harmless (it never faults) but pointer arithmetic would not be.
+TS_AVX2 inline void prefetch_ahead(const void* p, int64_t ahead) {
+  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + ahead), _MM_HINT_T0);
+}
+
 TS_AVX2 inline __m256i load32(const void* p) {
   return _mm256_loadu_si256(static_cast<const __m256i*>(p));
 }

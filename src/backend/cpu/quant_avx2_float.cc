@@ -57,9 +57,7 @@ struct FloatTile {
       for (; k + 8 <= t.K; k += 8) {
         __m256 wv[NR];
         if ((k / 8) % kSteps == 0)
-          for (int j = 0; j < NR; ++j)
-            _mm_prefetch(reinterpret_cast<const char*>(w[j] + kElemBytes<T> * k + ahead),
-                         _MM_HINT_T0);
+          for (int j = 0; j < NR; ++j) prefetch_ahead(w[j] + kElemBytes<T> * k, ahead);
         for (int j = 0; j < NR; ++j) wv[j] = load_w8<T>(w[j], k);
         for (int a = 0; a < MR; ++a) {
           const __m256 xv = _mm256_loadu_ps(x[a] + k);

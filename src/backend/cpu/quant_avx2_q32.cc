@@ -6,7 +6,10 @@
 namespace tessera::cpu::avx2 {
 namespace {
 
-// Row pointers of one tile: MR activation rows, NR weight rows.
+// Row pointers of one tile: MR activation rows, NR weight rows. A tile reads NR short rows
+// (under 1 KiB each for K = 576) as interleaved streams, too short for the hardware prefetcher
+// to ramp up, so its loops ask for the next tile's bytes (prefetch_ahead by `ahead`): without
+// that, decode from DRAM runs at a fraction of its bandwidth.
 template <int MR, int NR>
 struct TileRows {
   const int8_t* xq[MR];
@@ -18,14 +21,6 @@ struct TileRows {
     for (int j = 0; j < NR; ++j) w[j] = t.w + j * t.row_bytes;
   }
 };
-
-// Asks for the weight bytes the next tile will read at the same offset. A tile reads NR short
-// rows (under 1 KiB each for K = 576) as interleaved streams, too short for the hardware
-// prefetcher to ramp up: without this, decode from DRAM runs at a fraction of its bandwidth.
-// A prefetch never faults, so running past the last row is harmless.
-TS_AVX2 inline void prefetch_ahead(const uint8_t* p, int64_t ahead) {
-  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + ahead), _MM_HINT_T0);
-}
 
 // Weight rows per tile: with few activation rows, more weight rows keep several independent FMA
 // chains in flight; with 3-4, two weight rows already give 6-8 accumulators (16 ymm registers).

@@ -89,8 +89,7 @@ TS_AVX2 void group_tile(const uint8_t* g, const TileArgs& t, float* out) {
     // misses in flight for DRAM latency. Measured on the q4_0x8 32000 x 2048 matvec, one thread
     // (medians of 5, three runs per distance): 8.5-9.0 GB/s at 4 chunks ahead, 9.2-10.4 at 32,
     // 8.0 with no prefetch.
-    const char* ahead = reinterpret_cast<const char*>(c + 32 * kChunk);
-    for (int64_t o = 0; o < kChunk; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
+    for (int64_t o = 0; o < kChunk; o += 64) prefetch_ahead(c + o, 32 * kChunk);
     const ChunkQuants<F> q(c);
     const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c)));
     __m256 m8 = _mm256_setzero_ps();

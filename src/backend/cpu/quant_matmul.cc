@@ -385,9 +385,11 @@ bool matmul_wt_takes_packed_gemm(DType w_type, int64_t M) {
   // integer kernel is the slowest), q4_0 and q4_1 from ~256; at 512 rows these run 1.1-1.9x
   // faster packed. q4_K stays on its integer kernel: at 512 rows it measured 59 ms against the
   // packed route's 67 ms (median of 5). The interleaved q4_0x8 / q4_1x8 kernels beat the packed
-  // route at every size measured (16-512 rows; 512: 56.5 vs 65.2 ms and 46.8 vs 75.8 ms), and
-  // q8_0x8 at 512 rows beats plain q8_0 through it (bench MatmulWt/prefill, medians of 3, one
-  // thread: 62.4 vs 69.6 ms at N = 2048, 146 vs 232 ms at N = 5632; two: 30.5 vs 35.4 ms).
+  // route at every size measured (16-512 rows; 512: 56.5 vs 65.2 ms and 46.8 vs 75.8 ms).
+  // q8_0x8's kernel wins up to 256 rows (MatmulWt/route, one thread: 15.8 vs 19.4 ms at 128,
+  // 31.9 vs 35.4 at 256) and is about even at 512 (70.1 vs 65.1 ms against its packed route in
+  // that run; 62.4 vs 69.6 ms and 146 vs 232 ms against plain q8_0 packed in MatmulWt/prefill),
+  // so it stays on the kernel too: its prefill rows then equal decoded rows bit for bit.
   switch (w_type) {
     case DType::f32:
     case DType::f16:
