@@ -23,7 +23,8 @@ namespace {
 KvCacheShape cache_shape(const model::DecoderConfig& c, const EngineOptions& o) {
   TS_CHECK(o.max_ctx > 0 && o.max_ctx <= c.max_ctx, "[engine] --ctx ", o.max_ctx,
            " must be in [1, ", c.max_ctx, "] (the model's context length)");
-  TS_CHECK(o.block_tokens > 0 && o.max_rows > 0, "[engine] block_tokens and max_rows must be > 0");
+  TS_CHECK(o.block_tokens > 0, "[engine] block_tokens must be > 0");
+  TS_CHECK(o.max_rows >= 0, "[engine] max_rows must be >= 0 (0 chooses from the weights)");
   TS_CHECK(o.kv_tokens >= 0, "[engine] kv_tokens must be >= 0");
   KvCacheShape s;
   s.n_layers = c.n_layers;
@@ -90,6 +91,16 @@ Engine::Engine(const model::DecoderModel& model, const EngineOptions& opts)
       widen(model_.weights.output);
   }
 
+  if (opts_.max_rows == 0) {
+    // Prefill chunks of 128 rows instead of 512 save 3/4 of the activation memory (45 MB for a
+    // 1B model) where no product gains from the extra rows.
+    for (const model::DecoderLayer& l : model_.weights.layers)
+      for (const WeightRef* r : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
+        if (r->present())
+          opts_.max_rows =
+              std::max(opts_.max_rows, ops::matmul_wt_saturating_rows(opts_.ctx, r->type));
+    if (opts_.max_rows == 0) opts_.max_rows = 512;
+  }
   const auto rows = static_cast<size_t>(opts_.max_rows);
   const auto C = static_cast<size_t>(c.d_model), F = static_cast<size_t>(c.d_ff);
   x_.resize(rows * C);

@@ -20,10 +20,13 @@
 namespace tessera::infer {
 
 struct EngineOptions {
-  int64_t max_ctx = 4096;      // longest sequence (clamped to nothing: must be <= model's)
-  int64_t kv_tokens = 0;       // cache capacity in tokens over all sequences; 0 = max_ctx
-  int64_t block_tokens = 32;   // cache block size
-  int64_t max_rows = 512;      // token rows per forward chunk (activation buffers are sized by it)
+  int64_t max_ctx = 4096;     // longest sequence (clamped to nothing: must be <= model's)
+  int64_t kv_tokens = 0;      // cache capacity in tokens over all sequences; 0 = max_ctx
+  int64_t block_tokens = 32;  // cache block size
+  // Token rows per forward chunk (the activation buffers are sized by it). 0: the fewest rows at
+  // which every layer matrix's product runs at full speed (ops::matmul_wt_saturating_rows: 512
+  // for float weights, which the packed GEMM widens once per call, 128 for the integer kernels).
+  int64_t max_rows = 0;
   DType kv_type = DType::f32;  // KV cache elements: f32, or f16 (half the memory and traffic)
   // threads; reference kernels for tests; device cuda runs the whole forward pass on the GPU
   // (weights, activations and the KV cache in device memory; backend/device_decoder.h), with

@@ -47,6 +47,12 @@ OpCost matmul_wt_cost(int64_t M, int64_t K, int64_t N, DType w_type, bool bias) 
   return c;
 }
 
+int64_t matmul_wt_saturating_rows(const Context& ctx, DType w_type) {
+  constexpr int64_t kPackedRows = 512, kKernelRows = 128;
+  if (ctx.device == Device::cuda || ctx.reference) return kPackedRows;
+  return cpu::matmul_wt_takes_packed_gemm(w_type, kPackedRows) ? kPackedRows : kKernelRows;
+}
+
 DType cpu_preferred_layout(DType t, int64_t n_rows) {
   if (!has_interleaved_layout(t) || n_rows % kInterleaveRows != 0) return t;
   return cpu::quant_avx2_supported() ? interleaved_type(t) : t;

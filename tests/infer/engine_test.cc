@@ -8,6 +8,9 @@
 
 #include "backend/device.h"
 #include "infer/engine.h"
+#include "model/decoder.h"
+#include "model/synthetic.h"
+#include "ops/quant.h"
 #include "test_util/expect_error.h"
 #include "tiny_model.h"
 
@@ -222,6 +225,30 @@ TEST(Engine, BadInputGivesOneLineErrors) {
   EngineOptions o = small_options(false);
   o.max_ctx = 1000;
   test::expect_error([&] { Engine(m, o); }, "--ctx 1000");
+}
+
+// max_rows 0 sizes the prefill chunks by the layer matrices' types: 512 rows where a product
+// takes the packed GEMM (float weights), 128 where every one takes an integer kernel (the
+// interleaved layouts); a chunk size given stays, a negative one is refused.
+TEST(Engine, ChunkRowsFollowTheWeights) {
+  EngineOptions o;
+  o.max_ctx = 64;
+  o.kv_type = DType::f16;
+  model::DecoderModel f16 = model::make_synthetic_decoder("synthetic:135m:f16");
+  EXPECT_EQ(Engine(f16, o).options().max_rows, 512);
+  model::DecoderModel q4 = model::make_synthetic_decoder("synthetic:135m:q4_0");
+  model::use_cpu_layout(q4);
+  const bool interleaved = q4.weights.layers[0].w_up.type != DType::q4_0;
+  EXPECT_EQ(Engine(q4, o).options().max_rows, interleaved ? 128 : 512);
+  EXPECT_EQ(ops::matmul_wt_saturating_rows(o.ctx, DType::q4_0), 512);
+  EXPECT_EQ(ops::matmul_wt_saturating_rows(o.ctx, DType::q4_k), 128);
+  // One float matrix among block-quantized ones: the chunk must suit it too.
+  q4.weights.layers[1].wo = f16.weights.layers[1].wo;
+  EXPECT_EQ(Engine(q4, o).options().max_rows, 512);
+  o.max_rows = 40;
+  EXPECT_EQ(Engine(q4, o).options().max_rows, 40);
+  o.max_rows = -1;
+  test::expect_error([&] { Engine(q4, o); }, "max_rows must be >= 0");
 }
 
 // Without a GPU (or without CUDA in the build) a CUDA engine is refused in one line, before any

@@ -150,15 +150,18 @@ int bench_generate(const std::vector<std::string>& argv) {
   const double kv_bytes_per_token =
       static_cast<double>(engine.cache().bytes_per_token()) * (prompt_len + gen / 2.0);
   const double decode_total_bw = (bytes_per_token + kv_bytes_per_token) * decode_tps / 1e9;
-  // Matmul FLOPs per token (2 per weight of every matrix; the embedding lookup is free).
-  const double matmul_flops =
+  // Matmul FLOPs per prompt token (2 per weight of every layer matrix; the embedding lookup is
+  // free), attention's (QK and PV over (p + 1) / 2 keys on average), and the output head's,
+  // which prefill runs once: only the last prompt row's logits are asked for.
+  const double layer_flops =
       2.0 *
       static_cast<double>((c.q_dim() * c.d_model * 2 + c.kv_dim() * c.d_model * 2 +
                            c.d_ff * c.d_model * (c.arch == model::DecoderArch::llama ? 3 : 2)) *
-                              c.n_layers +
-                          c.vocab * c.d_model);
+                          c.n_layers);
+  const double head_flops = 2.0 * static_cast<double>(c.vocab * c.d_model);
   const double attn_flops = 4.0 * c.n_layers * c.q_dim() * (prompt_len + 1) / 2.0;
-  const double prefill_gflops = prefill_tps * (matmul_flops + attn_flops) / 1e9;
+  const double prefill_flops = prompt_len * (layer_flops + attn_flops) + head_flops;
+  const double prefill_gflops = prefill_flops / median(prefill_s) / 1e9;
 
   struct BatchRow {
     int64_t batch;

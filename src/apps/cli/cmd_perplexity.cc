@@ -27,7 +27,7 @@ int run(const std::vector<std::string>& argv) {
   EngineFlags sized = ef;
   sized.ctx = po.ctx;
   infer::EngineOptions eo = engine_options(sized, m.model);
-  eo.max_rows = std::min<int64_t>(po.ctx, 512);
+  if (eo.max_rows > po.ctx) eo.max_rows = po.ctx;  // 0 (chosen by the engine) stays
   infer::Engine engine(m.model, eo);
   std::vector<int32_t> tokens;
   if (m.tok.special_tokens().add_bos && m.tok.special_tokens().bos >= 0)

@@ -79,6 +79,9 @@ EngineFlags parse_engine_flags(Args& a) {
   const std::string kv = a.str("--kv-type", "f16");
   TS_CHECK(kv == "f16" || kv == "f32", "--kv-type must be f16 or f32, not '", kv, "'");
   f.kv_type = kv == "f16" ? DType::f16 : DType::f32;
+  // The engine's activation buffers hold this many rows (about 90 KB per row for a 1B model);
+  // a longer prompt runs in chunks of it. 0 lets the engine choose (infer::EngineOptions).
+  f.chunk_rows = a.i64("--chunk-rows", f.chunk_rows, 0, 65536);
   return f;
 }
 
@@ -91,6 +94,7 @@ infer::EngineOptions engine_options(const EngineFlags& f, const model::DecoderMo
            " is longer than the model's context length ", model.config.max_ctx);
   o.kv_tokens = o.max_ctx * sequences;
   o.kv_type = f.kv_type;
+  o.max_rows = f.chunk_rows;
   if (f.cuda) o.ctx.device = ops::Device::cuda;
   return o;
 }

@@ -36,11 +36,13 @@ struct EngineFlags {
   bool mmap = false;
   DType kv_type = DType::f16;  // --kv-type f16|f32
   bool cuda = false;           // --device cuda: the engine runs on GPU 0
+  int64_t chunk_rows = 0;      // --chunk-rows: token rows per forward chunk; 0: from the weights
 };
 // How the engine commands load their model: --mmap, and on the CPU the weights rearranged into
 // the CPU kernels' preferred layout (model::use_cpu_layout).
 model::DecoderLoadOptions engine_load_options(const EngineFlags& f);
-// -m/--model, --threads, --ctx, --kv-type, --device, --mmap (a switch: call Args with it listed).
+// -m/--model, --threads, --ctx, --kv-type, --chunk-rows, --device, --mmap (a switch: call Args with
+// it listed).
 EngineFlags parse_engine_flags(Args& a);
 // Applies --threads and builds the engine options for `model` (kv capacity = ctx * sequences).
 infer::EngineOptions engine_options(const EngineFlags& f, const model::DecoderModel& model,
