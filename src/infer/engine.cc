@@ -82,7 +82,7 @@ Engine::Engine(const model::DecoderModel& model, const EngineOptions& opts)
   if (opts_.float_weights) {
     const bool tied = model_.weights.output.data == model_.weights.tok_embd.data;
     for (model::DecoderLayer& l : model_.weights.layers)
-      for (WeightRef* r : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) widen(*r);
+      for (WeightRef* r : l.matrices()) widen(*r);
     widen(model_.weights.tok_embd);
     widen(model_.weights.pos_embd);
     if (tied)
@@ -95,7 +95,7 @@ Engine::Engine(const model::DecoderModel& model, const EngineOptions& opts)
     // Prefill chunks of 128 rows instead of 512 save 3/4 of the activation memory (45 MB for a
     // 1B model) where no product gains from the extra rows.
     for (const model::DecoderLayer& l : model_.weights.layers)
-      for (const WeightRef* r : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
+      for (const WeightRef* r : l.matrices())
         if (r->present())
           opts_.max_rows =
               std::max(opts_.max_rows, ops::matmul_wt_saturating_rows(opts_.ctx, r->type));

@@ -151,7 +151,7 @@ int64_t use_cpu_layout(DecoderModel& m) {
   // reads every layout, and a tied head is the same bytes.
   rearrange(w.tok_embd);
   for (DecoderLayer& l : w.layers)
-    for (WeightRef* r : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) rearrange(*r);
+    for (WeightRef* r : l.matrices()) rearrange(*r);
   rearrange(w.output);
   return bytes;
 }

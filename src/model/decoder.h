@@ -3,6 +3,7 @@
 // q6_k), usually pointing straight into a memory-mapped GGUF or safetensors file.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -83,6 +84,12 @@ struct DecoderLayer {
   WeightRef ffn_norm, ffn_norm_b;    // (C)
   WeightRef w_gate, w_up, w_down;    // (F,C) (F,C) (C,F); gate absent for gpt2
   WeightRef b_up, b_down;            // gpt2 biases of fc and proj
+
+  // The seven matrices, for the loops that treat them alike (w_gate not present for gpt2).
+  std::array<WeightRef*, 7> matrices() { return {&wq, &wk, &wv, &wo, &w_gate, &w_up, &w_down}; }
+  std::array<const WeightRef*, 7> matrices() const {
+    return {&wq, &wk, &wv, &wo, &w_gate, &w_up, &w_down};
+  }
 };
 
 struct DecoderWeights {

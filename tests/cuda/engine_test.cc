@@ -34,8 +34,7 @@ void convert_matrices(model::DecoderModel& m, DType type) {
   };
   const bool tied = m.weights.output.data == m.weights.tok_embd.data;
   for (model::DecoderLayer& l : m.weights.layers)
-    for (model::WeightRef* r : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
-      convert(*r);
+    for (model::WeightRef* r : l.matrices()) convert(*r);
   convert(m.weights.tok_embd);
   if (tied)
     m.weights.output = m.weights.tok_embd;

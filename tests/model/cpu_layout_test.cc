@@ -46,7 +46,7 @@ TEST(CpuLayout, RearrangesBlockMatricesAndTheTiedEmbedding) {
     EXPECT_EQ(want, interleaved_type(t));
     int64_t matrices = m.weights.tok_embd.bytes();
     for (const DecoderLayer& x : m.weights.layers)
-      for (const WeightRef* r : {&x.wq, &x.wk, &x.wv, &x.wo, &x.w_gate, &x.w_up, &x.w_down}) {
+      for (const WeightRef* r : x.matrices()) {
         EXPECT_EQ(r->type, want);
         matrices += r->bytes();
       }
