@@ -21,10 +21,11 @@ namespace {
 
 using tessera::DType;
 
-// Indices 8-10 are the CPU's row-interleaved layouts of q4_0, q4_1 and q8_0 (core/interleave.h).
-constexpr DType kTypes[] = {DType::f32,    DType::f16,    DType::bf16,  DType::q8_0,
-                            DType::q4_0,   DType::q4_1,   DType::q4_k,  DType::q6_k,
-                            DType::q4_0x8, DType::q4_1x8, DType::q8_0x8};
+// Indices 8-11 are the CPU's row-interleaved layouts of q4_0, q4_1, q8_0 and f16
+// (core/interleave.h).
+constexpr DType kTypes[] = {DType::f32,    DType::f16,    DType::bf16,   DType::q8_0,
+                            DType::q4_0,   DType::q4_1,   DType::q4_k,   DType::q6_k,
+                            DType::q4_0x8, DType::q4_1x8, DType::q8_0x8, DType::f16x16};
 constexpr int64_t kNumTypes = sizeof(kTypes) / sizeof(kTypes[0]);
 
 tessera::ThreadPool& bench_pool(int n) {
@@ -110,7 +111,7 @@ void BM_MatmulWtRoute(benchmark::State& state) {
 
 void route_args(benchmark::internal::Benchmark* b) {
   for (int64_t t = 0; t < kNumTypes; ++t)
-    for (int64_t m : {16, 64, 128, 256, 512})
+    for (int64_t m : {4, 16, 32, 64, 128, 256, 512})
       for (int64_t route : {0, 1}) b->Args({t, m, 1, route});
 }
 

@@ -23,6 +23,7 @@ constexpr DTypeTraits kTraits[] = {
     {"q4_0x8", kQK4_0, sizeof(BlockQ4_0), 8},
     {"q4_1x8", kQK4_1, sizeof(BlockQ4_1), 8},
     {"q8_0x8", kQK8_0, sizeof(BlockQ8_0), 8},
+    {"f16x16", 1, 2, 16},
 };
 constexpr int kNumTypes = sizeof(kTraits) / sizeof(kTraits[0]);
 }  // namespace
@@ -147,6 +148,7 @@ void to_f32(DType t, const void* src, float* dst, int64_t n) {
     case DType::q4_0x8:
     case DType::q4_1x8:
     case DType::q8_0x8:
+    case DType::f16x16:
       break;
   }
   fail("[dtype] cannot convert ", dtype_name(t), " to f32");
@@ -232,6 +234,7 @@ void from_f32(DType t, const float* src, void* dst, int64_t n) {
     case DType::q4_0x8:
     case DType::q4_1x8:
     case DType::q8_0x8:
+    case DType::f16x16:
       break;
   }
   fail("[dtype] cannot convert f32 to ", dtype_name(t));

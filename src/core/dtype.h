@@ -10,8 +10,9 @@
 namespace tessera {
 
 // Values are stable ids (appended only): i32 predates the k-quants. q4_0x8, q4_1x8 and q8_0x8
-// are in-memory CPU layouts of q4_0/q4_1/q8_0 matrices with 8 rows interleaved block by block
-// (see core/interleave.h); no file stores them and parse_dtype does not accept their names.
+// are in-memory CPU layouts of q4_0/q4_1/q8_0 matrices with 8 rows interleaved block by block,
+// f16x16 of f16 matrices with 16 rows interleaved element by element (see core/interleave.h);
+// no file stores them and parse_dtype does not accept their names.
 enum class DType : uint8_t {
   f32,
   bf16,
@@ -24,14 +25,15 @@ enum class DType : uint8_t {
   q6_k,
   q4_0x8,
   q4_1x8,
-  q8_0x8
+  q8_0x8,
+  f16x16
 };
 
 struct DTypeTraits {
   std::string_view name;
   int64_t block_elems;      // elements per block (1 for scalar types)
   int64_t block_bytes;      // bytes per block
-  int64_t interleave_rows;  // rows stored interleaved (8 for the x8 layouts, else 1)
+  int64_t interleave_rows;  // rows stored interleaved (8 for the x8 layouts, 16 for f16x16, else 1)
 };
 
 const DTypeTraits& traits(DType t);

@@ -1,4 +1,5 @@
-// The q4_0x8 / q4_1x8 / q8_0x8 row-interleaved layouts: conversion from and back to plain rows.
+// The q4_0x8 / q4_1x8 / q8_0x8 / f16x16 row-interleaved layouts: conversion from and back to
+// plain rows.
 #include "core/interleave.h"
 
 #include <cstring>
@@ -28,7 +29,8 @@ ChunkLayout layout_of(DType plain) {
     case DType::q8_0:
       return {static_cast<int64_t>(sizeof(BlockQ8_0)), 2};
     default:
-      fail("[interleave] ", dtype_name(plain), " has no interleaved layout (q4_0, q4_1, q8_0)");
+      fail("[interleave] ", dtype_name(plain),
+           " has no interleaved layout (q4_0, q4_1, q8_0, f16)");
   }
 }
 
@@ -41,6 +43,22 @@ RowParts parts_of(const ChunkLayout& l, int r) {
   int slot = 0;
   while (kInterleaveSlotRow[slot] != r) ++slot;
   return {2 * r, 2 * kInterleaveRows + 2 * r, l.quants() + 16 * slot};
+}
+
+// f16 -> f16x16, n_rows a multiple of 16: each group transposed from a copy of its plain rows.
+void interleave_f16(void* w, int64_t n_rows, int64_t K) {
+  TS_CHECK(n_rows >= 0 && n_rows % kF16PanelRows == 0, "[interleave] ", n_rows,
+           " rows is not a multiple of ", kF16PanelRows);
+  TS_CHECK(K >= 0, "[interleave] negative row length ", K);
+  const int64_t group = kF16PanelRows * K;
+  std::vector<uint16_t> plain(static_cast<size_t>(group));
+  auto* base = static_cast<uint16_t*>(w);
+  for (int64_t g = 0; g < n_rows / kF16PanelRows; ++g) {
+    uint16_t* dst = base + g * group;
+    std::memcpy(plain.data(), dst, static_cast<size_t>(group) * 2);
+    for (int64_t r = 0; r < kF16PanelRows; ++r)
+      for (int64_t p = 0; p < K; ++p) dst[p * kF16PanelRows + r] = plain[r * K + p];
+  }
 }
 
 // One 16-byte run holds 16 bytes of each of the 8 rows.
@@ -63,24 +81,27 @@ void from_chunk(const ChunkLayout& l, const RowParts& at, const uint8_t* chunk, 
 }  // namespace
 
 bool has_interleaved_layout(DType t) {
-  return t == DType::q4_0 || t == DType::q4_1 || t == DType::q8_0;
+  return t == DType::q4_0 || t == DType::q4_1 || t == DType::q8_0 || t == DType::f16;
 }
 
 DType interleaved_type(DType t) {
   if (t == DType::q4_0) return DType::q4_0x8;
   if (t == DType::q4_1) return DType::q4_1x8;
   if (t == DType::q8_0) return DType::q8_0x8;
-  fail("[interleave] ", dtype_name(t), " has no interleaved layout (q4_0, q4_1, q8_0)");
+  if (t == DType::f16) return DType::f16x16;
+  fail("[interleave] ", dtype_name(t), " has no interleaved layout (q4_0, q4_1, q8_0, f16)");
 }
 
 DType plain_type(DType t) {
   if (t == DType::q4_0x8) return DType::q4_0;
   if (t == DType::q4_1x8) return DType::q4_1;
   if (t == DType::q8_0x8) return DType::q8_0;
+  if (t == DType::f16x16) return DType::f16;
   return t;
 }
 
 void interleave_rows(DType t, void* w, int64_t n_rows, int64_t K) {
+  if (t == DType::f16) return interleave_f16(w, n_rows, K);
   const ChunkLayout l = layout_of(t);
   TS_CHECK(n_rows >= 0 && n_rows % kInterleaveRows == 0, "[interleave] ", n_rows,
            " rows is not a multiple of ", kInterleaveRows);
@@ -107,6 +128,15 @@ void deinterleave_blocks(DType t, const void* w, int64_t K, int64_t row, int64_t
                          int64_t n_blocks, void* dst) {
   const DType p = plain_type(t);
   TS_CHECK(p != t, "[interleave] ", dtype_name(t), " is not an interleaved layout");
+  if (t == DType::f16x16) {
+    TS_CHECK(b0 >= 0 && n_blocks >= 0 && b0 + n_blocks <= K, "[interleave] elements ", b0, "+",
+             n_blocks, " outside a row of ", K, " elements");
+    const auto* group = static_cast<const uint16_t*>(w) + row / kF16PanelRows * kF16PanelRows * K;
+    auto* out = static_cast<uint16_t*>(dst);
+    for (int64_t i = 0; i < n_blocks; ++i)
+      out[i] = group[(b0 + i) * kF16PanelRows + row % kF16PanelRows];
+    return;
+  }
   const ChunkLayout l = layout_of(p);
   const int64_t row_bytes = dtype_bytes(p, K);
   TS_CHECK(b0 >= 0 && n_blocks >= 0 && (b0 + n_blocks) * traits(p).block_elems <= K,

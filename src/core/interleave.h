@@ -1,6 +1,8 @@
 // Row-interleaved layouts of q4_0 / q4_1 / q8_0 matrices (DType q4_0x8, q4_1x8, q8_0x8): 8
 // consecutive rows stored block by block, so one 32-byte load feeds the int8 dot products of two
-// rows and one 16-byte load brings 8 rows' scales. The CPU kernels read them; nothing else does.
+// rows and one 16-byte load brings 8 rows' scales. And of f16 matrices (f16x16): 16 consecutive
+// rows stored column by column, which is the packed GEMM's B micro-panel, read in place. The CPU
+// kernels read them; nothing else does.
 #pragma once
 
 #include <cstdint>
@@ -19,25 +21,31 @@ namespace tessera {
 constexpr int64_t kInterleaveRows = 8;
 constexpr int kInterleaveSlotRow[kInterleaveRows] = {0, 4, 1, 5, 2, 6, 3, 7};
 
-// True for the interleaved layouts themselves (q4_0x8, q4_1x8, q8_0x8).
+// f16x16 group layout. Rows 16g..16g+15 (K columns) occupy the same bytes as in the plain layout,
+// element (16g + r, p) at half 16p + r of the group: the 16 rows' element p are one 32-byte run.
+// With K = 2048 a group is 64 KiB, read front to back by every kernel (one sequential stream).
+constexpr int64_t kF16PanelRows = 16;
+
+// True for the interleaved layouts themselves (q4_0x8, q4_1x8, q8_0x8, f16x16).
 inline bool is_interleaved(DType t) {
   return traits(t).interleave_rows > 1;
 }
-// True for the types that have an interleaved layout (q4_0, q4_1, q8_0).
+// True for the types that have an interleaved layout (q4_0, q4_1, q8_0, f16).
 bool has_interleaved_layout(DType t);
-// q4_0 -> q4_0x8, q4_1 -> q4_1x8, q8_0 -> q8_0x8 (throws for other types).
+// q4_0 -> q4_0x8, q4_1 -> q4_1x8, q8_0 -> q8_0x8, f16 -> f16x16 (throws for other types).
 DType interleaved_type(DType t);
 // The inverse of interleaved_type; any other type is returned unchanged.
 DType plain_type(DType t);
 
-// Rewrites n_rows rows of K elements of `t` (q4_0, q4_1, q8_0; n_rows a multiple of 8, K of 32) at
-// w from the plain layout to interleaved_type(t), in place. Throws Error naming the bad size.
+// Rewrites n_rows rows of K elements of `t` (q4_0, q4_1, q8_0, f16; n_rows a multiple of the
+// group, traits(interleaved_type(t)).interleave_rows; K of the block) at w from the plain layout
+// to interleaved_type(t), in place. Throws Error naming the bad size.
 void interleave_rows(DType t, void* w, int64_t n_rows, int64_t K);
 
 // Row `row` of an interleaved matrix (an interleaved type, K columns) in the plain layout of
 // plain_type(t) at dst (dtype_bytes(plain_type(t), K) bytes).
 void deinterleave_row(DType t, const void* w, int64_t K, int64_t row, void* dst);
-// Blocks [b0, b0 + n_blocks) of that row, in the plain layout at dst.
+// Blocks [b0, b0 + n_blocks) of that row, in the plain layout at dst (f16x16: elements).
 void deinterleave_blocks(DType t, const void* w, int64_t K, int64_t row, int64_t b0,
                          int64_t n_blocks, void* dst);
 

@@ -54,7 +54,8 @@ int64_t matmul_wt_saturating_rows(const Context& ctx, DType w_type) {
 }
 
 DType cpu_preferred_layout(DType t, int64_t n_rows) {
-  if (!has_interleaved_layout(t) || n_rows % kInterleaveRows != 0) return t;
+  if (!has_interleaved_layout(t) || n_rows % traits(interleaved_type(t)).interleave_rows != 0)
+    return t;
   return cpu::quant_avx2_supported() ? interleaved_type(t) : t;
 }
 

@@ -1,6 +1,7 @@
-// The q4_0x8 / q4_1x8 / q8_0x8 row-interleaved layouts: interleave then deinterleave gives the rows
-// back byte for byte, the layout puts each row's pieces where the kernels read them, bad sizes and
-// types are refused in one line, and the layouts cannot be named by files or flags.
+// The q4_0x8 / q4_1x8 / q8_0x8 / f16x16 row-interleaved layouts: interleave then deinterleave
+// gives the rows back byte for byte, the layout puts each row's pieces where the kernels read
+// them, bad sizes and types are refused in one line, and the layouts cannot be named by files or
+// flags.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -80,7 +81,8 @@ TEST(Interleave, BadInputIsRefusedInOneLine) {
   test::expect_error([&] { interleave_rows(DType::q4_0, w.data(), 12, 64); }, "12 rows");
   test::expect_error([&] { interleave_rows(DType::q4_0, w.data(), 8, 48); }, "48 elements");
   test::expect_error([&] { interleave_rows(DType::q6_k, w.data(), 8, 256); }, "q6_k");
-  test::expect_error([&] { interleaved_type(DType::f16); }, "f16");
+  test::expect_error([&] { interleaved_type(DType::bf16); }, "bf16");
+  test::expect_error([&] { interleave_rows(DType::f16, w.data(), 8, 64); }, "multiple of 16");
   std::vector<uint8_t> row(64);
   test::expect_error([&] { deinterleave_row(DType::q4_0, w.data(), 64, 0, row.data()); },
                      "not an interleaved layout");
@@ -106,6 +108,39 @@ TEST(Interleave, LayoutsAreNotStorageTypes) {
   EXPECT_EQ(act_block_elems(DType::q4_1x8), 32);
   EXPECT_EQ(dtype_bytes(DType::q4_0x8, 64), dtype_bytes(DType::q4_0, 64));
   EXPECT_EQ(dtype_bytes(DType::q8_0x8, 64), dtype_bytes(DType::q8_0, 64));
+  test::expect_error([] { parse_dtype("f16x16", "--type"); }, "in-memory CPU layout");
+  test::expect_error([&] { to_f32(DType::f16x16, w.data(), f.data(), 16); }, "f16x16");
+  EXPECT_EQ(plain_type(DType::f16x16), DType::f16);
+  EXPECT_EQ(interleaved_type(DType::f16), DType::f16x16);
+  EXPECT_EQ(act_block_elems(DType::f16x16), 0);
+  EXPECT_EQ(dtype_bytes(DType::f16x16, 64), dtype_bytes(DType::f16, 64));
+}
+
+// f16x16: element (16g + r, p) at half 16p + r of group g, the rows given back exactly, and a
+// range of one row's elements.
+TEST(Interleave, F16GroupsHoldEachDepthsSixteenRowsSideBySide) {
+  for (int64_t K : {1, 7, 64}) {
+    const int64_t rows = 48;
+    const std::vector<uint8_t> plain = random_rows(DType::f16, rows, K, 5 + K);
+    std::vector<uint8_t> w = plain;
+    interleave_rows(DType::f16, w.data(), rows, K);
+    const auto* p16 = reinterpret_cast<const uint16_t*>(plain.data());
+    const auto* w16 = reinterpret_cast<const uint16_t*>(w.data());
+    for (int64_t n = 0; n < rows; ++n)
+      for (int64_t k = 0; k < K; ++k)
+        ASSERT_EQ(w16[n / 16 * 16 * K + 16 * k + n % 16], p16[n * K + k])
+            << "K=" << K << " row " << n << " k " << k;
+    std::vector<uint8_t> row(static_cast<size_t>(2 * K));
+    for (int64_t n = 0; n < rows; ++n) {
+      deinterleave_row(DType::f16x16, w.data(), K, n, row.data());
+      ASSERT_EQ(0, std::memcmp(row.data(), plain.data() + 2 * n * K, 2 * K)) << "row " << n;
+    }
+    std::vector<uint16_t> part(static_cast<size_t>(K));
+    deinterleave_blocks(DType::f16x16, w.data(), K, 37, K / 2, K - K / 2, part.data());
+    EXPECT_EQ(0, std::memcmp(part.data(), p16 + 37 * K + K / 2, 2 * (K - K / 2)));
+    test::expect_error(
+        [&] { deinterleave_blocks(DType::f16x16, w.data(), K, 0, K, 1, part.data()); }, "outside");
+  }
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // model::use_cpu_layout: which matrices it rearranges (q4_0 / q4_1 / q8_0 ones with rows in 8s,
-// the token embedding and its tied head included), that the bytes hold the same rows afterwards,
-// that it is idempotent, and that two views of the same bytes are rearranged once.
+// f16 ones with rows in 16s, the token embedding and its tied head included), that the bytes
+// hold the same rows afterwards, that it is idempotent, and that two views of the same bytes are
+// rearranged once.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -27,7 +28,7 @@ std::vector<uint8_t> row_bytes_of(const WeightRef& r, int64_t row) {
 }
 
 TEST(CpuLayout, RearrangesBlockMatricesAndTheTiedEmbedding) {
-  for (DType t : {DType::q4_1, DType::q8_0}) {
+  for (DType t : {DType::q4_1, DType::q8_0, DType::f16}) {
     DecoderModel m = make_synthetic_decoder("synthetic:135m:" + std::string(dtype_name(t)));
     ASSERT_EQ(m.weights.output.data, m.weights.tok_embd.data) << "the 135m shape ties its head";
     const WeightRef wq = m.weights.layers[3].wq, wk = m.weights.layers[3].wk;
@@ -35,6 +36,8 @@ TEST(CpuLayout, RearrangesBlockMatricesAndTheTiedEmbedding) {
     for (int64_t r : {0, 5, 13, 575}) rows.push_back(row_bytes_of(wq, r));
     const std::vector<uint8_t> k_row = row_bytes_of(wk, 191);
     const std::vector<uint8_t> embd_row = row_bytes_of(m.weights.tok_embd, 49151);
+    std::vector<float> embd_f32(576), embd_after(576);
+    ops::dequantize_row(m.weights.tok_embd.data, t, 576, 49152, 49151, embd_f32.data());
     const int64_t bytes = use_cpu_layout(m);
     const DType want = ops::cpu_preferred_layout(t, 576);
     const DecoderLayer& l = m.weights.layers[3];
@@ -55,8 +58,20 @@ TEST(CpuLayout, RearrangesBlockMatricesAndTheTiedEmbedding) {
     for (int64_t r : {0, 5, 13, 575}) EXPECT_EQ(row_bytes_of(l.wq, r), rows[i++]) << "row " << r;
     EXPECT_EQ(row_bytes_of(l.wk, 191), k_row);
     EXPECT_EQ(row_bytes_of(m.weights.tok_embd, 49151), embd_row);
+    ops::dequantize_row(m.weights.tok_embd.data, want, 576, 49152, 49151, embd_after.data());
+    EXPECT_EQ(embd_after, embd_f32) << "the engine's embedding lookup reads the new layout";
     EXPECT_EQ(use_cpu_layout(m), 0) << "a second call must change nothing";
   }
+}
+
+TEST(CpuLayout, GroupsNeedWholeMultiplesOfTheirRows) {
+  if (ops::cpu_preferred_layout(DType::q4_0, 576) == DType::q4_0) GTEST_SKIP() << "no AVX2";
+  EXPECT_EQ(ops::cpu_preferred_layout(DType::q4_0, 24), DType::q4_0x8);
+  EXPECT_EQ(ops::cpu_preferred_layout(DType::q4_0, 12), DType::q4_0);
+  EXPECT_EQ(ops::cpu_preferred_layout(DType::f16, 32), DType::f16x16);
+  EXPECT_EQ(ops::cpu_preferred_layout(DType::f16, 24), DType::f16);  // 8s are not 16s
+  EXPECT_EQ(ops::cpu_preferred_layout(DType::bf16, 32), DType::bf16);
+  EXPECT_EQ(ops::cpu_preferred_layout(DType::q6_k, 32), DType::q6_k);
 }
 
 TEST(CpuLayout, SharedBytesAreRearrangedOnce) {

@@ -11,10 +11,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <type_traits>
 
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/gemm.h"
 #include "core/error.h"
+#include "core/interleave.h"
 #include "ops/gemm_check.h"
 
 #undef HWY_TARGET_INCLUDE
@@ -120,61 +122,80 @@ HWY_INLINE void micro_kernel_hwy(int64_t kc, const float* HWY_RESTRICT a,
   "vbroadcastss " #P "*24+" #R "*4(%[a]), %[" AREG "]\n\t"            \
   "vfmadd231ps %[b0], %[" AREG "], %[c" #R "0]\n\t"                   \
   "vfmadd231ps %[b1], %[" AREG "], %[c" #R "1]\n\t"
-#define TS_AVX2_STEP(P)                                               \
-  "vmovaps " #P "*64(%[b]), %[b0]\n\t"                                \
-  "vmovaps " #P "*64+32(%[b]), %[b1]\n\t"                             \
+#define TS_AVX2_FMAS(P)                                               \
   TS_AVX2_ROW_FMA(P, 0, "a0") TS_AVX2_ROW_FMA(P, 1, "a1")             \
   TS_AVX2_ROW_FMA(P, 2, "a0") TS_AVX2_ROW_FMA(P, 3, "a1")             \
   TS_AVX2_ROW_FMA(P, 4, "a0") TS_AVX2_ROW_FMA(P, 5, "a1")
+// B as packed f32 (64 bytes per step) or as an f16x16 group (32 bytes per step, widened by the
+// load: vcvtph2ps runs beside the FMAs on Zen, so the f16 kernel runs at the f32 kernel's rate
+// in a micro-benchmark with the panels in L1 or L2).
+#define TS_AVX2_STEP(P)                                               \
+  "vmovaps " #P "*64(%[b]), %[b0]\n\t"                                \
+  "vmovaps " #P "*64+32(%[b]), %[b1]\n\t"                             \
+  TS_AVX2_FMAS(P)
+#define TS_AVX2_STEP_F16(P)                                           \
+  "vcvtph2ps " #P "*32(%[b]), %[b0]\n\t"                              \
+  "vcvtph2ps " #P "*32+16(%[b]), %[b1]\n\t"                           \
+  TS_AVX2_FMAS(P)
 #define TS_AVX2_ZERO(R)                                               \
   "vxorps %[c" #R "0], %[c" #R "0], %[c" #R "0]\n\t"                   \
   "vxorps %[c" #R "1], %[c" #R "1], %[c" #R "1]\n\t"
 // clang-format on
-HWY_INLINE void micro_kernel_avx2(int64_t kc, const float* HWY_RESTRICT a,
-                                  const float* HWY_RESTRICT b, float* HWY_RESTRICT c, int64_t ldc,
-                                  bool load_c, const float* HWY_RESTRICT bias) {
+// BT = uint16_t: B is an f16x16 group (16 f16 per step), read where it lies; the FMAs and hence
+// the bits are those of the f32 kernel on the same values widened.
+template <typename BT>
+HWY_INLINE void micro_kernel_avx2(int64_t kc, const float* HWY_RESTRICT a, const BT* HWY_RESTRICT b,
+                                  float* HWY_RESTRICT c, int64_t ldc, bool load_c,
+                                  const float* HWY_RESTRICT bias) {
   for (int r = 0; r < kMR; ++r) {
     _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc + 15), _MM_HINT_T0);
   }
   __m256 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51, b0, b1, a0, a1;
   int64_t n4 = kc / 4, n1 = kc % 4;
-  // A panel: 6 floats (24 B) per step; B panel: 16 floats (64 B, aligned) per step.
+  // A panel: 6 floats (24 B) per step; B panel: 16 floats (64 B, aligned) or 16 f16 (32 B) per
+  // step.
   // Accumulators are zeroed inside the asm: as outputs only they stay within GCC's 30-operand
   // limit (an in-out operand counts twice).
   // clang-format off
-  asm volatile(
-      TS_AVX2_ZERO(0) TS_AVX2_ZERO(1) TS_AVX2_ZERO(2)
-      TS_AVX2_ZERO(3) TS_AVX2_ZERO(4) TS_AVX2_ZERO(5)
-      "test %[n4], %[n4]\n\t"
-      "jz 2f\n\t"
-      ".p2align 5\n"
-      "1:\n\t"
-      "prefetcht0 384(%[a])\n\t"
-      "prefetcht0 448(%[a])\n\t"
-      TS_AVX2_STEP(0) TS_AVX2_STEP(1) TS_AVX2_STEP(2) TS_AVX2_STEP(3)
-      "add $96, %[a]\n\t"
-      "add $256, %[b]\n\t"
-      "dec %[n4]\n\t"
-      "jnz 1b\n"
-      "2:\n\t"
-      "test %[n1], %[n1]\n\t"
-      "jz 4f\n"
-      "3:\n\t"
-      TS_AVX2_STEP(0)
-      "add $24, %[a]\n\t"
-      "add $64, %[b]\n\t"
-      "dec %[n1]\n\t"
-      "jnz 3b\n"
-      "4:\n\t"
-      : [a] "+r"(a), [b] "+r"(b), [n4] "+r"(n4), [n1] "+r"(n1),
-        [c00] "=&x"(c00), [c01] "=&x"(c01), [c10] "=&x"(c10), [c11] "=&x"(c11),
-        [c20] "=&x"(c20), [c21] "=&x"(c21), [c30] "=&x"(c30), [c31] "=&x"(c31),
-        [c40] "=&x"(c40), [c41] "=&x"(c41), [c50] "=&x"(c50), [c51] "=&x"(c51),
-        [b0] "=&x"(b0), [b1] "=&x"(b1), [a0] "=&x"(a0), [a1] "=&x"(a1)
-      :
-      : "cc", "memory");
+#define TS_AVX2_KLOOP(STEP, B4, B1)                                   \
+  asm volatile(                                                       \
+      TS_AVX2_ZERO(0) TS_AVX2_ZERO(1) TS_AVX2_ZERO(2)                 \
+      TS_AVX2_ZERO(3) TS_AVX2_ZERO(4) TS_AVX2_ZERO(5)                 \
+      "test %[n4], %[n4]\n\t"                                         \
+      "jz 2f\n\t"                                                     \
+      ".p2align 5\n"                                                  \
+      "1:\n\t"                                                        \
+      "prefetcht0 384(%[a])\n\t"                                      \
+      "prefetcht0 448(%[a])\n\t"                                      \
+      STEP(0) STEP(1) STEP(2) STEP(3)                                 \
+      "add $96, %[a]\n\t"                                             \
+      "add $" #B4 ", %[b]\n\t"                                        \
+      "dec %[n4]\n\t"                                                 \
+      "jnz 1b\n"                                                      \
+      "2:\n\t"                                                        \
+      "test %[n1], %[n1]\n\t"                                         \
+      "jz 4f\n"                                                       \
+      "3:\n\t"                                                        \
+      STEP(0)                                                         \
+      "add $24, %[a]\n\t"                                             \
+      "add $" #B1 ", %[b]\n\t"                                        \
+      "dec %[n1]\n\t"                                                 \
+      "jnz 3b\n"                                                      \
+      "4:\n\t"                                                        \
+      : [a] "+r"(a), [b] "+r"(b), [n4] "+r"(n4), [n1] "+r"(n1),       \
+        [c00] "=&x"(c00), [c01] "=&x"(c01), [c10] "=&x"(c10), [c11] "=&x"(c11), \
+        [c20] "=&x"(c20), [c21] "=&x"(c21), [c30] "=&x"(c30), [c31] "=&x"(c31), \
+        [c40] "=&x"(c40), [c41] "=&x"(c41), [c50] "=&x"(c50), [c51] "=&x"(c51), \
+        [b0] "=&x"(b0), [b1] "=&x"(b1), [a0] "=&x"(a0), [a1] "=&x"(a1) \
+      :                                                               \
+      : "cc", "memory")
   // clang-format on
+  if constexpr (std::is_same_v<BT, uint16_t>)
+    TS_AVX2_KLOOP(TS_AVX2_STEP_F16, 128, 32);
+  else
+    TS_AVX2_KLOOP(TS_AVX2_STEP, 256, 64);
+#undef TS_AVX2_KLOOP
 #define TS_AVX2_ROW(R)                                                \
   {                                                                   \
     float* cr = c + (R)*ldc;                                          \
@@ -191,23 +212,29 @@ HWY_INLINE void micro_kernel_avx2(int64_t kc, const float* HWY_RESTRICT a,
 }
 #undef TS_AVX2_ZERO
 #undef TS_AVX2_STEP
+#undef TS_AVX2_STEP_F16
+#undef TS_AVX2_FMAS
 #undef TS_AVX2_ROW_FMA
 #endif  // HWY_TARGET == HWY_AVX2
 
 // The micro-kernel of the compiled target; every target's has micro_kernel_hwy's contract.
-HWY_INLINE void micro_kernel(int64_t kc, const float* HWY_RESTRICT a, const float* HWY_RESTRICT b,
+// BT = uint16_t (B read from an f16x16 group) exists on AVX2 only.
+template <typename BT>
+HWY_INLINE void micro_kernel(int64_t kc, const float* HWY_RESTRICT a, const BT* HWY_RESTRICT b,
                              float* HWY_RESTRICT c, int64_t ldc, bool load_c,
                              const float* HWY_RESTRICT bias) {
 #if HWY_TARGET == HWY_AVX2
-  micro_kernel_avx2(kc, a, b, c, ldc, load_c, bias);
+  micro_kernel_avx2<BT>(kc, a, b, c, ldc, load_c, bias);
 #else
+  static_assert(std::is_same_v<BT, float>, "f16 B panels are read by the AVX2 kernel only");
   micro_kernel_hwy(kc, a, b, c, ldc, load_c, bias);
 #endif
 }
 
 // A partial tile (rows < kMR or cols < kNR) goes through an aligned kMR x kNR scratch tile so
 // the kernel's arithmetic (and hence every output bit) is the same as for a full tile.
-void edge_tile(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, int64_t rows,
+template <typename BT>
+void edge_tile(int64_t kc, const float* a, const BT* b, float* c, int64_t ldc, int64_t rows,
                int64_t cols, bool load_c, const float* bias) {
   HWY_ALIGN float tile[kMR * kNR];
   HWY_ALIGN float bias_tile[kNR];
@@ -236,19 +263,28 @@ struct Problem {
   double b_pack_cost = 1.0;
 };
 
+// True where the micro-kernel reads B straight from f16x16 weights: on AVX2 a B micro-panel is
+// 16 columns, exactly one group, whose depths [pc, pc + kc) are one contiguous run of f16.
+HWY_INLINE bool reads_f16_groups(const Operand& b) {
+  return HWY_TARGET == HWY_AVX2 && kNR == kF16PanelRows && b.stored_weights &&
+         b.stored == DType::f16x16;
+}
+
 // Computes the rectangle C[m0:m1, n0:n1] with private pack buffers (Goto's five loops).
 void gemm_rect(const Problem& pr, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
   if (m0 >= m1 || n0 >= n1) return;
+  const bool f16_groups = reads_f16_groups(pr.b);
   const int64_t mc_max = std::min(pr.mc, (m1 - m0 + kMR - 1) / kMR * kMR);
   const int64_t nc_max = std::min(pr.nc, (n1 - n0 + kNR - 1) / kNR * kNR);
   const int64_t kc_max = std::min(pr.kc, pr.k);
   float* abuf = gemm_detail::pack_buffer(0, static_cast<size_t>(mc_max * kc_max));
-  float* bbuf = gemm_detail::pack_buffer(1, static_cast<size_t>(nc_max * kc_max));
+  float* bbuf =
+      f16_groups ? nullptr : gemm_detail::pack_buffer(1, static_cast<size_t>(nc_max * kc_max));
   for (int64_t jc = n0; jc < n1; jc += pr.nc) {
     const int64_t nc = std::min(pr.nc, n1 - jc);
     for (int64_t pc = 0; pc < pr.k; pc += pr.kc) {
       const int64_t kc = std::min(pr.kc, pr.k - pc);
-      pack_b<kNR>(pr.b, pc, kc, jc, nc, bbuf);
+      if (!f16_groups) pack_b<kNR>(pr.b, pc, kc, jc, nc, bbuf);
       // The first depth block starts from bias (+ C when accumulating); later ones from C.
       const bool load_c = pc > 0 || pr.accumulate;
       const float* bias = pc == 0 ? pr.bias : nullptr;
@@ -257,18 +293,28 @@ void gemm_rect(const Problem& pr, int64_t m0, int64_t m1, int64_t n0, int64_t n1
         pack_a<kMR>(pr.a, ic, mc, pc, kc, abuf);
         for (int64_t jr = 0; jr < nc; jr += kNR) {
           const int64_t cols = std::min<int64_t>(kNR, nc - jr);
-          const float* bp = bbuf + jr * kc;
           const float* bias_j = bias ? bias + jc + jr : nullptr;
-          for (int64_t ir = 0; ir < mc; ir += kMR) {
-            const int64_t rows = std::min<int64_t>(kMR, mc - ir);
-            float* cp = pr.c + (ic + ir) * pr.ldc + jc + jr;
-            const float* ap = abuf + ir * kc;
-            if (rows == kMR && cols == kNR) {
-              micro_kernel(kc, ap, bp, cp, pr.ldc, load_c, bias_j);
-            } else {
-              edge_tile(kc, ap, bp, cp, pr.ldc, rows, cols, load_c, bias_j);
+          auto tiles = [&](const auto* bp) {
+            for (int64_t ir = 0; ir < mc; ir += kMR) {
+              const int64_t rows = std::min<int64_t>(kMR, mc - ir);
+              float* cp = pr.c + (ic + ir) * pr.ldc + jc + jr;
+              const float* ap = abuf + ir * kc;
+              if (rows == kMR && cols == kNR) {
+                micro_kernel(kc, ap, bp, cp, pr.ldc, load_c, bias_j);
+              } else {
+                edge_tile(kc, ap, bp, cp, pr.ldc, rows, cols, load_c, bias_j);
+              }
             }
+          };
+#if HWY_TARGET == HWY_AVX2
+          if (f16_groups) {
+            // Group (jc + jr) / 16 starts at half (jc + jr) * K; depth pc at 16 * pc within it.
+            const uint16_t* bp = static_cast<const uint16_t*>(pr.b.p) + (jc + jr) * pr.k + pc * kNR;
+            tiles(bp);
+            continue;
           }
+#endif
+          tiles(bbuf + jr * kc);
         }
       }
     }
@@ -329,7 +375,9 @@ void gemm_wt_target(ThreadPool& pool, float* y, int64_t ldy, const float* x, int
   pr.mc = round_up(blk.mc > 0 ? blk.mc : kDefaultMc, kMR);
   pr.kc = round_up(blk.kc > 0 ? blk.kc : kDefaultKc, traits(w_type).block_elems);
   pr.nc = round_up(blk.nc > 0 ? blk.nc : kDefaultNc, kNR);
-  pr.b_pack_cost = 4.0;
+  // f16x16 on AVX2 packs nothing: B costs only its reads, so the grid may split M, each thread
+  // then packing only its own rows of A.
+  pr.b_pack_cost = reads_f16_groups(pr.b) ? 0.0 : 4.0;
   run_packed(pool, pr);
 }
 

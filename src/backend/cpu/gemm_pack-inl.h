@@ -11,6 +11,7 @@
 
 #include "backend/cpu/gemm.h"
 #include "core/dtype.h"
+#include "core/interleave.h"
 #include "hwy/highway.h"
 #include "ops/ops.h"
 #if HWY_ARCH_X86
@@ -227,6 +228,31 @@ void pack_b_impl(const Operand& b, int64_t p0, int64_t kc, int64_t j0, int64_t n
   }
 }
 
+// pack_b_impl's layout from f16x16 weights (core/interleave.h), whose 16-row groups already hold
+// each depth's 16 columns side by side: every depth of a panel is one or more contiguous runs of
+// f16, widened in place of the transpose. (On AVX2, where a panel is one group, the micro-kernel
+// reads the group itself and nothing is packed; this serves the other targets' panel widths.)
+template <int kNR>
+void pack_b_f16_panels(const Operand& b, int64_t p0, int64_t kc, int64_t j0, int64_t nc,
+                       float* HWY_RESTRICT dst) {
+  const auto* w = static_cast<const uint16_t*>(b.p);
+  for (int64_t jr = 0; jr < nc; jr += kNR, dst += kNR * kc) {
+    const int64_t cols = nc - jr < kNR ? nc - jr : kNR;
+    for (int64_t p = 0; p < kc; ++p) {
+      float* d = dst + p * kNR;
+      int64_t c = 0;
+      while (c < cols) {
+        const int64_t col = j0 + jr + c, r = col % kF16PanelRows;
+        const int64_t run = kF16PanelRows - r < cols - c ? kF16PanelRows - r : cols - c;
+        const uint16_t* src = w + (col - r) * b.k + (p0 + p) * kF16PanelRows + r;
+        dequant_detail::widen_half<hwy::float16_t>(src, run, d + c);
+        c += run;
+      }
+      for (; c < kNR; ++c) d[c] = 0.0f;
+    }
+  }
+}
+
 // pack_b_impl's layout for stored-type weights: each micro-panel's kNR rows of W are widened to
 // f32 over depths [p0, p0 + kc) into a per-thread staging tile (kNR x kc, 16 KiB on AVX2), then
 // transposed into the panel. Widening costs a few instructions per weight, paid once per depth
@@ -234,6 +260,7 @@ void pack_b_impl(const Operand& b, int64_t p0, int64_t kc, int64_t j0, int64_t n
 template <int kNR>
 void pack_b_stored(const Operand& b, int64_t p0, int64_t kc, int64_t j0, int64_t nc,
                    float* HWY_RESTRICT dst) {
+  if (b.stored == DType::f16x16) return pack_b_f16_panels<kNR>(b, p0, kc, j0, nc, dst);
   float* stage = gemm_detail::pack_buffer(2, static_cast<size_t>(kNR * kc));
   const auto* w = static_cast<const uint8_t*>(b.p);
   for (int64_t jr = 0; jr < nc; jr += kNR, dst += kNR * kc) {

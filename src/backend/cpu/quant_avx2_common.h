@@ -159,6 +159,9 @@ TS_AVX2 void rows_f32(float* y, int64_t ldy, int64_t M, const float* bias, int64
                       const TileArgs& args);
 TS_AVX2 void rows_f16(float* y, int64_t ldy, int64_t M, const float* bias, int64_t n0, int64_t n1,
                       const TileArgs& args);
+// f16x16 groups (quant_avx2_float.cc): n0 and n1 multiples of 16.
+TS_AVX2 void rows_f16x16(float* y, int64_t ldy, int64_t M, const float* bias, int64_t n0,
+                         int64_t n1, const TileArgs& args);
 TS_AVX2 void rows_bf16(float* y, int64_t ldy, int64_t M, const float* bias, int64_t n0, int64_t n1,
                        const TileArgs& args);
 

@@ -103,6 +103,8 @@ RowsFn rows_fn(DType t) {
       return rows_f32;
     case DType::f16:
       return rows_f16;
+    case DType::f16x16:
+      return rows_f16x16;
     default:
       return rows_bf16;
   }
@@ -120,13 +122,14 @@ void quantize_acts_q8_avx2(const float* x, const ActsQ8& qa, int64_t m0, int64_t
   avx2::quantize_rows(x, qa, m0, m1);
 }
 
-int64_t quant_rows_per_task(int64_t M, int64_t row_bytes, int64_t N) {
+int64_t quant_rows_per_task(int64_t M, int64_t row_bytes, int64_t N, int64_t group) {
   // A decode product this small takes a few microseconds on one core, less than waking and
   // joining another thread (far less than a descheduled one on a loaded machine).
   if (M <= 4 && N * row_bytes <= (int64_t{128} << 10)) return std::max<int64_t>(N, 1);
-  // Multiples of 8 rows: the interleaved layouts' groups are never split.
+  // Multiples of 8 rows, or of the group: the interleaved layouts' groups are never split.
+  const int64_t unit = std::max<int64_t>(8, group);
   const int64_t target = M <= 4 ? (int64_t{32} << 10) : (int64_t{64} << 10);
-  return std::max<int64_t>(8, target / row_bytes / 8 * 8);
+  return std::max<int64_t>(unit, target / row_bytes / unit * unit);
 }
 
 void matmul_wt_avx2(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t M, int64_t K,
@@ -148,7 +151,7 @@ void matmul_wt_avx2(ThreadPool& pool, float* y, int64_t ldy, const float* x, int
   const int64_t row_bytes = dtype_bytes(w_type, K);
   const avx2::TileArgs args{static_cast<const uint8_t*>(w), row_bytes, &acts, x, K, 0};
   const avx2::RowsFn rows = avx2::rows_fn(w_type);
-  for_each_chunk(pool, N, quant_rows_per_task(M, row_bytes, N),
+  for_each_chunk(pool, N, quant_rows_per_task(M, row_bytes, N, traits(w_type).interleave_rows),
                  [&](int64_t, int64_t n0, int64_t n1) { rows(y, ldy, M, bias, n0, n1, args); });
 }
 
@@ -195,8 +198,9 @@ void matmul_wt_group_avx2(ThreadPool& pool, const float* x, int64_t M, int64_t K
   tasks.clear();
   for (int64_t p = 0; p < n_products; ++p) {
     const int64_t N = products[p].N;
-    const int64_t rows =
-        std::max<int64_t>(8, (int64_t{32} << 10) / dtype_bytes(products[p].w_type, K) / 8 * 8);
+    const int64_t unit = std::max<int64_t>(8, traits(products[p].w_type).interleave_rows);
+    const int64_t rows = std::max<int64_t>(
+        unit, (int64_t{32} << 10) / dtype_bytes(products[p].w_type, K) / unit * unit);
     for (int64_t n0 = 0; n0 < N; n0 += rows) tasks.push_back({p, n0, std::min(N, n0 + rows)});
   }
   const std::vector<Task>& all = tasks;  // the pool's threads read the caller's list

@@ -37,8 +37,8 @@ void quantize_acts_q8_avx2(const float* x, const ActsQ8& qa, int64_t m0, int64_t
 // Weight rows per task of the row loop (N rows of row_bytes): decode (M <= 4) products under
 // 128 KiB run as one task, larger ones in ~32 KiB tasks that balance over threads; prefill uses
 // ~64 KiB tasks (a task's weights stay in L2 while all activation rows pass over them). A multiple
-// of 8 rows (an interleaved group is never split); depends on the problem only (and results do not
-// depend on it at all).
-int64_t quant_rows_per_task(int64_t M, int64_t row_bytes, int64_t N);
+// of 8 rows and of `group` (the rows an interleaved layout groups, traits().interleave_rows: a
+// group is never split); depends on the problem only (and results do not depend on it at all).
+int64_t quant_rows_per_task(int64_t M, int64_t row_bytes, int64_t N, int64_t group);
 
 }  // namespace tessera::cpu

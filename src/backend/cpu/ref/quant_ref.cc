@@ -116,7 +116,8 @@ void check_matmul_wt_args(int64_t ldy, int64_t M, int64_t K, DType w_type, int64
   TS_CHECK(N >= 0, "[matmul_wt] outputs N=", N, " must be >= 0");
   TS_CHECK(K > 0, "[matmul_wt] inner dimension K=", K, " must be positive");
   TS_CHECK(ldy >= N, "[matmul_wt] ldy=", ldy, " is smaller than N=", N);
-  const bool is_float = w_type == DType::f32 || w_type == DType::f16 || w_type == DType::bf16;
+  const DType plain_t = plain_type(w_type);
+  const bool is_float = plain_t == DType::f32 || plain_t == DType::f16 || plain_t == DType::bf16;
   TS_CHECK(is_float || act_block_elems(w_type) > 0, "[matmul_wt] weight type ", dtype_name(w_type),
            " is not supported");
   const int64_t block = traits(w_type).block_elems;
@@ -133,14 +134,23 @@ void matmul_wt(float* y, int64_t ldy, const float* x, int64_t M, int64_t K, cons
   const int64_t row_bytes = dtype_bytes(w_type, K);
   const auto* wb = static_cast<const uint8_t*>(w);
   const int64_t block = act_block_elems(w_type);
+  // Interleaved layouts: each row back in its plain layout first.
+  const DType plain = plain_type(w_type);
+  std::vector<uint8_t> row(plain != w_type ? static_cast<size_t>(row_bytes) : 0);
+  auto plain_row = [&](int64_t n) {
+    if (plain == w_type) return wb + n * row_bytes;
+    deinterleave_row(w_type, wb, K, n, row.data());
+    return static_cast<const uint8_t*>(row.data());
+  };
   if (block == 0) {
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t n = 0; n < N; ++n) {
+    for (int64_t n = 0; n < N; ++n) {
+      const uint8_t* wr = plain_row(n);
+      for (int64_t m = 0; m < M; ++m) {
         float acc = 0;
-        for (int64_t k = 0; k < K; ++k)
-          acc += x[m * K + k] * weight_f32(w_type, wb + n * row_bytes, k);
+        for (int64_t k = 0; k < K; ++k) acc += x[m * K + k] * weight_f32(plain, wr, k);
         y[m * ldy + n] = bias ? acc + bias[n] : acc;
       }
+    }
     return;
   }
   // Own buffers: the reference shares only the activation quantizer with the SIMD path.
@@ -150,15 +160,8 @@ void matmul_wt(float* y, int64_t ldy, const float* x, int64_t M, int64_t K, cons
   QuantizedActs qa;
   qa.M = M, qa.K = K, qa.block = block, qa.q = q.data(), qa.d = d.data(), qa.sum32 = s32.data();
   quantize_act_rows(x, qa, 0, M);
-  // Interleaved layouts: each row back in its plain layout first.
-  const DType plain = plain_type(w_type);
-  std::vector<uint8_t> row(plain != w_type ? static_cast<size_t>(row_bytes) : 0);
   for (int64_t n = 0; n < N; ++n) {
-    const uint8_t* wr = wb + n * row_bytes;
-    if (plain != w_type) {
-      deinterleave_row(w_type, wb, K, n, row.data());
-      wr = row.data();
-    }
+    const uint8_t* wr = plain_row(n);
     for (int64_t m = 0; m < M; ++m) {
       const float acc = dot_row(plain, wr, qa, m);
       y[m * ldy + n] = bias ? acc + bias[n] : acc;
