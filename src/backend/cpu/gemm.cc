@@ -5,7 +5,9 @@
 // has no bf16 dot product (an AVX512-BF16 `vdpbf16ps` kernel chosen by cpu_features() would be the
 // place to add one). m <= 4 (decode) takes the unpacked small-M path of gemm_small-inl.h instead.
 // gemm_wt runs the same loops with B = weights in a stored type (f16, q8_0, q4_0, ...), widened
-// to f32 while packing (gemm_dequant-inl.h): matmul_wt's route for prefill-sized products.
+// to f32 while packing (gemm_dequant-inl.h): matmul_wt's route for prefill-sized products. f16x16
+// weights (16-row groups, core/interleave.h) are B panels already: the AVX2 micro-kernel reads
+// them in place, widening on the load, and nothing of B is packed.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -359,8 +361,8 @@ void gemm_target(ThreadPool& pool, const ops::GemmArgs& g, const GemmBlocking& b
 }
 
 // y (M,N) = x (M,K) W^T [+ bias] with W (N,K) stored as w_type, through the packed kernel:
-// W is widened to f32 while its panels are packed. kc is rounded up to whole blocks of w_type
-// so every depth block starts on a block boundary.
+// W is widened to f32 while its panels are packed (f16x16 on AVX2: read in place). kc is rounded up
+// to whole blocks of w_type so every depth block starts on a block boundary.
 void gemm_wt_target(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t M, int64_t K,
                     const void* w, DType w_type, int64_t N, const float* bias,
                     const GemmBlocking& blk) {
