@@ -123,14 +123,15 @@ struct DecoderLoadOptions {
   // GGUF: map the file instead of reading it into memory (see ARCHITECTURE.md section 2: on
   // these VMs mapped weights can be dropped from the page cache and fault back in every token).
   bool mmap = false;
-  // For the CPU engine: rearrange q4_0 / q4_1 / q8_0 matrices into the CPU matmul's preferred
-  // layout (use_cpu_layout) once, after reading. Not with mmap (the mapping is read-only); the CUDA
-  // engine and the file writers take the plain layouts.
+  // For the CPU engine: rearrange q4_0 / q4_1 / q8_0 / f16 matrices into the CPU matmul's
+  // preferred layout (use_cpu_layout) once, after reading. Not with mmap (the mapping is
+  // read-only); the CUDA engine and the file writers take the plain layouts.
   bool cpu_layout = false;
 };
 
 // Rearranges, in place, every matrix of m that ops::cpu_preferred_layout would read faster in
-// another layout (q4_0 / q4_1 / q8_0 into q4_0x8 / q4_1x8 / q8_0x8 where the AVX2 kernels run),
+// another layout (q4_0 / q4_1 / q8_0 into q4_0x8 / q4_1x8 / q8_0x8, f16 into f16x16, where the
+// AVX2 kernels run),
 // and retypes its WeightRef. The token embedding is included (the engine looks its rows up with
 // ops::dequantize_row, which reads every layout); a matrix sharing its bytes, such as a tied
 // head, takes the new type without being rearranged twice. m must own writable weight bytes (a

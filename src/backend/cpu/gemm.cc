@@ -378,7 +378,8 @@ void gemm_wt_target(ThreadPool& pool, float* y, int64_t ldy, const float* x, int
   pr.kc = round_up(blk.kc > 0 ? blk.kc : kDefaultKc, traits(w_type).block_elems);
   pr.nc = round_up(blk.nc > 0 ? blk.nc : kDefaultNc, kNR);
   // f16x16 on AVX2 packs nothing: B costs only its reads, so the grid may split M, each thread
-  // then packing only its own rows of A.
+  // then packing only its own rows of A. (Splitting N instead, each thread packing all of A,
+  // measured the same: 1.1B f16 prefill on two threads, 55.7-56.8 vs 52.0-57.1 tokens/s.)
   pr.b_pack_cost = reads_f16_groups(pr.b) ? 0.0 : 4.0;
   run_packed(pool, pr);
 }
