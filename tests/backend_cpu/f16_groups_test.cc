@@ -1,7 +1,8 @@
 // The matmul against f16x16 weights (f16 rows interleaved in groups of 16, core/interleave.h):
 // the AVX2 kernel and the packed route against the reference on the plain rows (within the f32
 // rounding bound), the packed route equal to plain f16's bit for bit on every SIMD target,
-// results independent of batch size, threads and grouping, and one-line refusals.
+// results independent of batch size, threads and grouping (the refusal of rows not in 16s is
+// with the other layouts' in quant_interleaved_test.cc).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,7 +16,6 @@
 #include "core/interleave.h"
 #include "hwy/targets.h"
 #include "kernel_test_util.h"
-#include "test_util/expect_error.h"
 
 namespace tessera {
 namespace {
@@ -129,22 +129,6 @@ TEST(F16Groups, PackedRouteEqualsPlainF16BitForBitOnEveryTarget) {
   }
   hwy::SetSupportedTargetsForTest(0);
   EXPECT_GE(tested, 1);
-}
-
-TEST(F16Groups, RowsNotInSixteensAreRefused) {
-  std::vector<uint8_t> w(static_cast<size_t>(dtype_bytes(DType::f16, 24 * 32)));
-  std::vector<float> x(32), y(24);
-  test::expect_error(
-      [&] {
-        cpu::matmul_wt(pool(1), y.data(), 24, x.data(), 1, 32, w.data(), DType::f16x16, 24,
-                       nullptr);
-      },
-      "16 rows");
-  test::expect_error(
-      [&] {
-        cpu::gemm_wt(pool(1), y.data(), 24, x.data(), 1, 32, w.data(), DType::f16x16, 24, nullptr);
-      },
-      "N=24");
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/cpu_kernels.h"
@@ -195,13 +196,19 @@ TEST(QuantInterleaved, BadShapesAndKernelsAreRefused) {
                                nullptr);
       },
       "AVX2");
-  std::vector<uint8_t> w8(static_cast<size_t>(dtype_bytes(DType::q8_0, 12 * 64)));
-  test::expect_error(
-      [&] {
-        cpu::matmul_wt(pool(1), y.data(), 12, x.data(), 1, 64, w8.data(), DType::q8_0x8, 12,
-                       nullptr);
-      },
-      "N=12");
+  // Rows not a whole number of groups: 12 of q8_0x8 (groups of 8), 24 of f16x16 (groups of 16);
+  // the buffer holds 24 rows of either.
+  std::vector<uint8_t> w8(static_cast<size_t>(dtype_bytes(DType::f16, 24 * 64)));
+  std::vector<float> y24(24);
+  for (auto [t, N] : {std::pair{DType::q8_0x8, 12}, std::pair{DType::f16x16, 24}}) {
+    const std::string want = "N=" + std::to_string(N);
+    test::expect_error(
+        [&] { cpu::matmul_wt(pool(1), y24.data(), N, x.data(), 1, 64, w8.data(), t, N, nullptr); },
+        want);
+    test::expect_error(
+        [&] { cpu::gemm_wt(pool(1), y24.data(), N, x.data(), 1, 64, w8.data(), t, N, nullptr); },
+        want);
+  }
 }
 
 }  // namespace
