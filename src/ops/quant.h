@@ -37,8 +37,9 @@ DType cpu_preferred_layout(DType t, int64_t n_rows);
 // Rows per call from which matmul_wt against w_type weights runs at its full speed per row on
 // ctx's device: 512 where the CPU takes the packed GEMM for large M (it widens each weight
 // panel once per call and shares it over the rows, so more rows amortize it: f32/f16/bf16 and
-// plain q8_0/q6_K/q4_0/q4_1), 128 where the integer kernels run at every M (the interleaved
-// layouts and q4_K gain nothing from more rows), 512 on CUDA.
+// plain q8_0/q6_K/q4_0/q4_1; and f16x16, whose panels need no widening but whose packed route
+// still beats its kernel from 64 rows), 128 where the integer kernels run at every M (the
+// q4_0x8 / q4_1x8 / q8_0x8 layouts and q4_K gain nothing from more rows), 512 on CUDA.
 int64_t matmul_wt_saturating_rows(const Context& ctx, DType w_type);
 // flops = 2 M N K (+ M N with a bias); bytes = W once + x + y (decode reads every weight once).
 OpCost matmul_wt_cost(int64_t M, int64_t K, int64_t N, DType w_type, bool bias = false);

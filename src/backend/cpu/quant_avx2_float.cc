@@ -143,7 +143,8 @@ void rows_f16x16(float* y, int64_t ldy, int64_t M, const float* bias, int64_t n0
                  const TileArgs& args) {
   TS_CHECK(n0 % kF16PanelRows == 0 && n1 % kF16PanelRows == 0,
            "[matmul_wt] f16x16 rows must be split on groups of 16 (got ", n0, "..", n1, ")");
-  // Up to 3 activation rows per pass over a group (12 accumulators, 4 weight vectors); a group
+  // Up to 3 activation rows per pass over a group (12 accumulators, 2 weight vectors, 1
+  // broadcast: 15 of the 16 registers); a group
   // (64 KiB at K = 2048) stays in L2 while all rows pass over it.
   for (int64_t n = n0; n < n1; n += kF16PanelRows) {
     const auto* g = reinterpret_cast<const uint16_t*>(args.w + n * args.row_bytes);

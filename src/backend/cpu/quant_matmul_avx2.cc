@@ -122,14 +122,21 @@ void quantize_acts_q8_avx2(const float* x, const ActsQ8& qa, int64_t m0, int64_t
   avx2::quantize_rows(x, qa, m0, m1);
 }
 
+namespace {
+// Rows of row_bytes making about target_bytes of weights: a multiple of 8 rows and of `group`
+// (an interleaved layout's group is never split), at least one such unit.
+int64_t whole_group_rows(int64_t target_bytes, int64_t row_bytes, int64_t group) {
+  const int64_t unit = std::max<int64_t>(8, group);
+  return std::max<int64_t>(unit, target_bytes / row_bytes / unit * unit);
+}
+}  // namespace
+
 int64_t quant_rows_per_task(int64_t M, int64_t row_bytes, int64_t N, int64_t group) {
   // A decode product this small takes a few microseconds on one core, less than waking and
   // joining another thread (far less than a descheduled one on a loaded machine).
   if (M <= 4 && N * row_bytes <= (int64_t{128} << 10)) return std::max<int64_t>(N, 1);
-  // Multiples of 8 rows, or of the group: the interleaved layouts' groups are never split.
-  const int64_t unit = std::max<int64_t>(8, group);
   const int64_t target = M <= 4 ? (int64_t{32} << 10) : (int64_t{64} << 10);
-  return std::max<int64_t>(unit, target / row_bytes / unit * unit);
+  return whole_group_rows(target, row_bytes, group);
 }
 
 void matmul_wt_avx2(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t M, int64_t K,
@@ -198,9 +205,9 @@ void matmul_wt_group_avx2(ThreadPool& pool, const float* x, int64_t M, int64_t K
   tasks.clear();
   for (int64_t p = 0; p < n_products; ++p) {
     const int64_t N = products[p].N;
-    const int64_t unit = std::max<int64_t>(8, traits(products[p].w_type).interleave_rows);
-    const int64_t rows = std::max<int64_t>(
-        unit, (int64_t{32} << 10) / dtype_bytes(products[p].w_type, K) / unit * unit);
+    const DType t = products[p].w_type;
+    const int64_t rows =
+        whole_group_rows(int64_t{32} << 10, dtype_bytes(t, K), traits(t).interleave_rows);
     for (int64_t n0 = 0; n0 < N; n0 += rows) tasks.push_back({p, n0, std::min(N, n0 + rows)});
   }
   const std::vector<Task>& all = tasks;  // the pool's threads read the caller's list
