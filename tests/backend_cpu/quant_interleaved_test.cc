@@ -1,7 +1,7 @@
-// The matmul against row-interleaved q4_0x8 / q4_1x8 / q8_0x8 weights: the AVX2 kernel against the
-// reference on the plain rows (within a rounding bound), the packed-GEMM route equal to the
-// plain layout's bit for bit, results independent of batch size and thread count, NaN
-// propagation, the int16 edge, and one-line refusals.
+// The matmul against row-interleaved q4_0x8 / q4_1x8 / q8_0x8 weights: each kernel set (AVX2, and
+// AVX512-VNNI where the CPU has it) against the reference on the plain rows (within a rounding
+// bound), the packed-GEMM route equal to the plain layout's bit for bit, results independent of
+// batch size and thread count, NaN propagation, the integer edges, and one-line refusals.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -74,33 +74,69 @@ std::vector<double> bound(const Pair& w, const float* x, int64_t M, int64_t K, i
   return tol;
 }
 
-TEST(QuantInterleaved, Avx2MatchesReferenceOnPlainRows) {
+// Runs fn once per kernel set this CPU has for the interleaved layouts: the AVX2 kernels, then
+// the AVX512-VNNI ones where present (which matmul_wt otherwise always takes there).
+template <class Fn>
+void for_each_kernel_set(Fn fn) {
+  cpu::set_quant_avx512_vnni_allowed(false);
+  {
+    SCOPED_TRACE("AVX2 kernels");
+    fn();
+  }
+  cpu::set_quant_avx512_vnni_allowed(true);
+  if (cpu::quant_avx512_vnni_active()) {
+    SCOPED_TRACE("AVX512-VNNI kernels");
+    fn();
+  }
+}
+
+TEST(QuantInterleaved, KernelsMatchReferenceOnPlainRows) {
   if (!cpu::quant_avx2_supported()) GTEST_SKIP() << "no AVX2: interleaved layouts are not made";
-  for (DType t : {DType::q4_0, DType::q4_1, DType::q8_0})
-    for (int64_t M : {1, 2, 3, 4, 5, 9, 70, 300})  // 70, 300: row blocks of 64; prefill sizes
-      for (int64_t K : {32, 96, 576})
-        for (int64_t N : {8, 24, 72}) {
-          if (M > 9 && (K != 96 || N != 24)) continue;
-          const Pair w(t, N, K, 11 + M + K + N);
-          const Buf x = normal_buf(M * K, 1, 40 + M), bias = normal_buf(N, 0, 41);
-          const int64_t ldy = N + 3;
-          std::vector<float> y(static_cast<size_t>(M * ldy), -7.0f), yr(y);
-          cpu::matmul_wt(pool(2), y.data(), ldy, x.p, M, K, w.i.data(), w.x8, N, bias.p);
-          cpu::ref::matmul_wt(yr.data(), ldy, x.p, M, K, w.p.data(), t, N, bias.p);
-          const auto tol = bound(w, x.p, M, K, N);
-          for (int64_t m = 0; m < M; ++m) {
-            for (int64_t n = 0; n < N; ++n)
-              ASSERT_NEAR(y[m * ldy + n], yr[m * ldy + n],
-                          tol[m * N + n] + 4 * kEpsF * std::fabs(bias[n]))
-                  << dtype_name(w.x8) << " M=" << M << " K=" << K << " N=" << N << " m=" << m
-                  << " n=" << n;
-            for (int64_t n = N; n < ldy; ++n) ASSERT_EQ(y[m * ldy + n], -7.0f) << "padding";
+  for_each_kernel_set([] {
+    for (DType t : {DType::q4_0, DType::q4_1, DType::q8_0})
+      for (int64_t M : {1, 2, 3, 4, 5, 9, 70, 300})  // 70, 300: row blocks of 64; prefill sizes
+        for (int64_t K : {32, 96, 576})
+          for (int64_t N : {8, 24, 72}) {
+            if (M > 9 && (K != 96 || N != 24)) continue;
+            const Pair w(t, N, K, 11 + M + K + N);
+            const Buf x = normal_buf(M * K, 1, 40 + M), bias = normal_buf(N, 0, 41);
+            const int64_t ldy = N + 3;
+            std::vector<float> y(static_cast<size_t>(M * ldy), -7.0f), yr(y);
+            cpu::matmul_wt(pool(2), y.data(), ldy, x.p, M, K, w.i.data(), w.x8, N, bias.p);
+            cpu::ref::matmul_wt(yr.data(), ldy, x.p, M, K, w.p.data(), t, N, bias.p);
+            const auto tol = bound(w, x.p, M, K, N);
+            for (int64_t m = 0; m < M; ++m) {
+              for (int64_t n = 0; n < N; ++n)
+                ASSERT_NEAR(y[m * ldy + n], yr[m * ldy + n],
+                            tol[m * N + n] + 4 * kEpsF * std::fabs(bias[n]))
+                    << dtype_name(w.x8) << " M=" << M << " K=" << K << " N=" << N << " m=" << m
+                    << " n=" << n;
+              for (int64_t n = N; n < ldy; ++n) ASSERT_EQ(y[m * ldy + n], -7.0f) << "padding";
+            }
+            // The reference reads the interleaved matrix too (row by row, back in plain form).
+            std::vector<float> yi(y.size(), -7.0f);
+            cpu::ref::matmul_wt(yi.data(), ldy, x.p, M, K, w.i.data(), w.x8, N, bias.p);
+            ASSERT_EQ(0, std::memcmp(yi.data(), yr.data(), yr.size() * 4)) << dtype_name(w.x8);
           }
-          // The reference reads the interleaved matrix too (row by row, back in plain form).
-          std::vector<float> yi(y.size(), -7.0f);
-          cpu::ref::matmul_wt(yi.data(), ldy, x.p, M, K, w.i.data(), w.x8, N, bias.p);
-          ASSERT_EQ(0, std::memcmp(yi.data(), yr.data(), yr.size() * 4)) << dtype_name(w.x8);
-        }
+  });
+}
+
+TEST(QuantInterleaved, Avx512VnniKernelsAreTakenWherePresent) {
+  cpu::set_quant_avx512_vnni_allowed(true);
+  if (!cpu::quant_avx512_vnni_active()) GTEST_SKIP() << "no AVX512-VNNI on this CPU";
+  // The two kernel sets round in different places (per-lane f32 sums against per-block ones),
+  // so on random data some outputs differ in their last bits: the switch reaches the kernels.
+  const int64_t M = 5, K = 576, N = 72;
+  for (DType t : {DType::q4_0, DType::q4_1, DType::q8_0}) {
+    const Pair w(t, N, K, 3);
+    const Buf x = normal_buf(M * K, 1, 4);
+    std::vector<float> y(static_cast<size_t>(M * N)), y2(y);
+    cpu::matmul_wt(pool(1), y.data(), N, x.p, M, K, w.i.data(), w.x8, N, nullptr);
+    cpu::set_quant_avx512_vnni_allowed(false);
+    cpu::matmul_wt(pool(1), y2.data(), N, x.p, M, K, w.i.data(), w.x8, N, nullptr);
+    cpu::set_quant_avx512_vnni_allowed(true);
+    EXPECT_NE(0, std::memcmp(y.data(), y2.data(), y.size() * 4)) << dtype_name(t);
+  }
 }
 
 TEST(QuantInterleaved, PackedRouteEqualsPlainLayoutBitForBit) {
@@ -121,59 +157,64 @@ TEST(QuantInterleaved, PackedRouteEqualsPlainLayoutBitForBit) {
 
 TEST(QuantInterleaved, ResultsDoNotDependOnBatchOrThreads) {
   if (!cpu::quant_avx2_supported()) GTEST_SKIP() << "no AVX2";
-  const int64_t M = 7, K = 512, N = 40;
-  for (DType t : {DType::q4_0, DType::q4_1, DType::q8_0}) {
-    const Pair w(t, N, K, 91);
-    const Buf x = normal_buf(M * K, 0, 92);
-    std::vector<float> y(static_cast<size_t>(M * N)), y1(static_cast<size_t>(N)), y3(y);
-    cpu::matmul_wt(pool(2), y.data(), N, x.p, M, K, w.i.data(), w.x8, N, nullptr);
-    cpu::matmul_wt(pool(3), y3.data(), N, x.p, M, K, w.i.data(), w.x8, N, nullptr);
-    ASSERT_EQ(0, std::memcmp(y.data(), y3.data(), y.size() * 4)) << dtype_name(t);
-    for (int64_t m = 0; m < M; ++m) {
-      cpu::matmul_wt(pool(1), y1.data(), N, x.p + m * K, 1, K, w.i.data(), w.x8, N, nullptr);
-      ASSERT_EQ(0, std::memcmp(y1.data(), y.data() + m * N, N * 4)) << dtype_name(t) << " m=" << m;
+  for_each_kernel_set([] {
+    const int64_t M = 11, K = 512, N = 40;  // 11: a full VNNI tile of 8 rows and a tail of 3
+    for (DType t : {DType::q4_0, DType::q4_1, DType::q8_0}) {
+      const Pair w(t, N, K, 91);
+      const Buf x = normal_buf(M * K, 0, 92);
+      std::vector<float> y(static_cast<size_t>(M * N)), y1(static_cast<size_t>(N)), y3(y);
+      cpu::matmul_wt(pool(2), y.data(), N, x.p, M, K, w.i.data(), w.x8, N, nullptr);
+      cpu::matmul_wt(pool(3), y3.data(), N, x.p, M, K, w.i.data(), w.x8, N, nullptr);
+      ASSERT_EQ(0, std::memcmp(y.data(), y3.data(), y.size() * 4)) << dtype_name(t);
+      for (int64_t m = 0; m < M; ++m) {
+        cpu::matmul_wt(pool(1), y1.data(), N, x.p + m * K, 1, K, w.i.data(), w.x8, N, nullptr);
+        ASSERT_EQ(0, std::memcmp(y1.data(), y.data() + m * N, N * 4))
+            << dtype_name(t) << " m=" << m;
+      }
+      // Grouped with another product (q/k/v style): the same bits as alone.
+      std::vector<float> g(y.size()), g2(static_cast<size_t>(M * 16));
+      const Pair w2(t, 16, K, 93);
+      const cpu::WtProduct products[] = {{g.data(), N, w.i.data(), w.x8, N, nullptr},
+                                         {g2.data(), 16, w2.i.data(), w2.x8, 16, nullptr}};
+      cpu::matmul_wt_group(pool(2), x.p, M, K, products, 2);
+      ASSERT_EQ(0, std::memcmp(g.data(), y.data(), y.size() * 4)) << dtype_name(t);
     }
-    // Grouped with another product (q/k/v style): the same bits as alone.
-    std::vector<float> g(y.size()), g2(static_cast<size_t>(M * 16));
-    const Pair w2(t, 16, K, 93);
-    const cpu::WtProduct products[] = {{g.data(), N, w.i.data(), w.x8, N, nullptr},
-                                       {g2.data(), 16, w2.i.data(), w2.x8, 16, nullptr}};
-    cpu::matmul_wt_group(pool(2), x.p, M, K, products, 2);
-    ASSERT_EQ(0, std::memcmp(g.data(), y.data(), y.size() * 4)) << dtype_name(t);
-  }
+  });
 }
 
 TEST(QuantInterleaved, NonFiniteActivationsPropagateAndQuantsDoNotOverflow) {
   if (!cpu::quant_avx2_supported()) GTEST_SKIP() << "no AVX2";
-  const int64_t K = 128, N = 8;
-  for (DType t : {DType::q4_0, DType::q4_1, DType::q8_0}) {
-    // Every q4 quant 15, scales (and mins) 1: with x = 127 the pair sums reach 2 * 2 * 15 * 127.
-    // Every q8_0 quant -128 (a file may hold it; the sign trick must not negate it): pair sums
-    // 2 * 128 * 127 = 32512, the int16 edge.
-    const int64_t bb = traits(t).block_bytes;
-    std::vector<uint8_t> w(static_cast<size_t>(dtype_bytes(t, N * K)),
-                           t == DType::q8_0 ? 0x80 : 0xff);
-    for (int64_t b = 0; b < N * K / 32; ++b) {
-      const uint16_t one = 0x3c00;
-      std::memcpy(w.data() + b * bb, &one, 2);
-      if (t == DType::q4_1) std::memcpy(w.data() + b * bb + 2, &one, 2);
+  for_each_kernel_set([] {
+    const int64_t K = 128, N = 8;
+    for (DType t : {DType::q4_0, DType::q4_1, DType::q8_0}) {
+      // Every q4 quant 15, scales (and mins) 1: with x = 127 the pair sums reach 2 * 2 * 15 * 127.
+      // Every q8_0 quant -128 (a file may hold it; the sign trick must not negate it): pair sums
+      // 2 * 128 * 127 = 32512, the int16 edge.
+      const int64_t bb = traits(t).block_bytes;
+      std::vector<uint8_t> w(static_cast<size_t>(dtype_bytes(t, N * K)),
+                             t == DType::q8_0 ? 0x80 : 0xff);
+      for (int64_t b = 0; b < N * K / 32; ++b) {
+        const uint16_t one = 0x3c00;
+        std::memcpy(w.data() + b * bb, &one, 2);
+        if (t == DType::q4_1) std::memcpy(w.data() + b * bb + 2, &one, 2);
+      }
+      std::vector<uint8_t> wi = w;
+      interleave_rows(t, wi.data(), N, K);
+      std::vector<float> x(static_cast<size_t>(2 * K), 127.0f), y(2 * N), yr(2 * N);
+      x[K + 5] = std::numeric_limits<float>::quiet_NaN();
+      cpu::matmul_wt(pool(1), y.data(), N, x.data(), 2, K, wi.data(), interleaved_type(t), N,
+                     nullptr);
+      cpu::ref::matmul_wt(yr.data(), N, x.data(), 2, K, w.data(), t, N, nullptr);
+      const float want = t == DType::q4_0   ? 7.0f * 127 * K
+                         : t == DType::q4_1 ? 16.0f * 127 * K
+                                            : -128.0f * 127 * K;
+      for (int64_t n = 0; n < N; ++n) {
+        EXPECT_EQ(y[n], want) << dtype_name(t);
+        EXPECT_EQ(y[n], yr[n]);
+        EXPECT_TRUE(std::isnan(y[N + n])) << dtype_name(t) << " n=" << n;
+      }
     }
-    std::vector<uint8_t> wi = w;
-    interleave_rows(t, wi.data(), N, K);
-    std::vector<float> x(static_cast<size_t>(2 * K), 127.0f), y(2 * N), yr(2 * N);
-    x[K + 5] = std::numeric_limits<float>::quiet_NaN();
-    cpu::matmul_wt(pool(1), y.data(), N, x.data(), 2, K, wi.data(), interleaved_type(t), N,
-                   nullptr);
-    cpu::ref::matmul_wt(yr.data(), N, x.data(), 2, K, w.data(), t, N, nullptr);
-    const float want = t == DType::q4_0   ? 7.0f * 127 * K
-                       : t == DType::q4_1 ? 16.0f * 127 * K
-                                          : -128.0f * 127 * K;
-    for (int64_t n = 0; n < N; ++n) {
-      EXPECT_EQ(y[n], want) << dtype_name(t);
-      EXPECT_EQ(y[n], yr[n]);
-      EXPECT_TRUE(std::isnan(y[N + n])) << dtype_name(t) << " n=" << n;
-    }
-  }
+  });
 }
 
 TEST(QuantInterleaved, BadShapesAndKernelsAreRefused) {

@@ -3,6 +3,7 @@
 
 #include "apps/cli/args.h"
 #include "backend/cpu/cpu_features.h"
+#include "backend/cpu/quant_matmul_avx2.h"
 #include "backend/device.h"
 #include "profile/probe.h"
 
@@ -23,6 +24,11 @@ int run(const std::vector<std::string>& argv) {
   std::printf("cpu          %s\n", p.cpu.c_str());
   std::printf("simd         %s (Highway target %s)\n", cpu::simd_summary().c_str(),
               cpu::highway_target().c_str());
+  std::printf("int8 kernels %s\n",
+              cpu::quant_avx512_vnni_active()
+                  ? "avx512-vnni (q4_0, q4_1, q8_0 in 8-row groups), avx2 (other block types)"
+              : cpu::quant_avx2_supported() ? "avx2 (vpmaddubsw)"
+                                            : "highway (int16 multiply-add)");
   std::printf("threads      %d\n", p.threads);
   std::printf("f32 FMA peak %8.1f GFLOP/s all threads, %8.1f GFLOP/s one thread\n",
               p.f32_gflops_all, p.f32_gflops_one);

@@ -8,6 +8,7 @@
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/fixed_chunks.h"
 #include "backend/cpu/quant_avx2_common.h"
+#include "backend/cpu/quant_avx512.h"
 
 namespace tessera::cpu {
 
@@ -82,6 +83,11 @@ TS_AVX2 void quantize_rows(const float* x, const ActsQ8& qa, int64_t m0, int64_t
 using RowsFn = void (*)(float*, int64_t, int64_t, const float*, int64_t, int64_t, const TileArgs&);
 
 RowsFn rows_fn(DType t) {
+  if (quant_avx512_vnni_active()) {
+    if (t == DType::q4_0x8) return avx512::rows_q4_0x8;
+    if (t == DType::q4_1x8) return avx512::rows_q4_1x8;
+    if (t == DType::q8_0x8) return avx512::rows_q8_0x8;
+  }
   switch (t) {
     case DType::q8_0:
       return rows_q8_0;
@@ -112,6 +118,20 @@ RowsFn rows_fn(DType t) {
 
 }  // namespace
 }  // namespace avx2
+
+namespace {
+bool avx512_vnni_allowed = true;
+}  // namespace
+
+bool quant_avx512_vnni_active() {
+  const CpuFeatures& f = cpu_features();
+  return avx512_vnni_allowed && f.avx512f && f.avx512bw && f.avx512vl && f.avx512_vnni &&
+         quant_avx2_supported();
+}
+
+void set_quant_avx512_vnni_allowed(bool allowed) {
+  avx512_vnni_allowed = allowed;
+}
 
 bool quant_avx2_supported() {
   const CpuFeatures& f = cpu_features();

@@ -15,6 +15,15 @@ namespace tessera::cpu {
 // True when the CPU runs AVX2, FMA and F16C (the kernels below may be called).
 bool quant_avx2_supported();
 
+// True where the CPU also runs AVX512F/BW/VL and AVX512-VNNI and tests have not switched them
+// off: matmul_wt_avx2 and its group form then run the row-interleaved q4_0x8 / q4_1x8 / q8_0x8
+// layouts on the vpdpbusd kernels of quant_avx512_x8.cc (the other types stay on AVX2).
+bool quant_avx512_vnni_active();
+
+// Tests: false makes quant_avx512_vnni_active() false, so a CPU that has AVX512-VNNI checks the
+// AVX2 kernels too; true restores the CPU's answer. Not for use while kernels run.
+void set_quant_avx512_vnni_allowed(bool allowed);
+
 // cpu::matmul_wt's contract (arguments already checked), AVX2 kernels. Requires
 // quant_avx2_supported().
 void matmul_wt_avx2(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t M, int64_t K,
