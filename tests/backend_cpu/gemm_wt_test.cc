@@ -130,8 +130,9 @@ TEST(GemmWt, MatmulWtRoutesLargeProductsHere) {
     for (int64_t m : {128, 256, 512})
       if (M_packed == 0 && matmul_wt_takes_packed_gemm(t, m)) M_packed = m;
     EXPECT_FALSE(matmul_wt_takes_packed_gemm(t, 64)) << "decode-sized batches must stay integer";
-    // q4_K's integer kernel measured faster than the packed route at every M.
-    if (t == DType::q4_k) {
+    // q4_K's integer kernel measured faster than a 256-bit packed GEMM at every M; a 512-bit
+    // one (AVX-512 targets) beats it from 128 rows.
+    if (t == DType::q4_k && gemm_tile().nr < 32) {
       EXPECT_EQ(M_packed, 0);
       continue;
     }

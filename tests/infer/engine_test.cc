@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "backend/cpu/gemm.h"
 #include "backend/device.h"
 #include "infer/engine.h"
 #include "model/decoder.h"
@@ -241,7 +242,9 @@ TEST(Engine, ChunkRowsFollowTheWeights) {
   const bool interleaved = q4.weights.layers[0].w_up.type != DType::q4_0;
   EXPECT_EQ(Engine(q4, o).options().max_rows, interleaved ? 128 : 512);
   EXPECT_EQ(ops::matmul_wt_saturating_rows(o.ctx, DType::q4_0), 512);
-  EXPECT_EQ(ops::matmul_wt_saturating_rows(o.ctx, DType::q4_k), 128);
+  // q4_K takes the packed GEMM only where that GEMM is 512 bits wide (cpu::matmul_wt).
+  EXPECT_EQ(ops::matmul_wt_saturating_rows(o.ctx, DType::q4_k),
+            cpu::gemm_tile().nr >= 32 ? 512 : 128);
   // One float matrix among block-quantized ones: the chunk must suit it too.
   q4.weights.layers[1].wo = f16.weights.layers[1].wo;
   EXPECT_EQ(Engine(q4, o).options().max_rows, 512);

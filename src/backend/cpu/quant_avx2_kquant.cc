@@ -20,7 +20,8 @@ struct KTileRows {
   const int16_t* sum16[MR];
   const int16_t* sum32[MR];
   const uint8_t* w[NR];
-  TS_AVX2 explicit KTileRows(const TileArgs& t) {
+  int64_t ahead;  // bytes from a weight row to the same row of the next tile
+  TS_AVX2 explicit KTileRows(const TileArgs& t) : ahead(NR * t.row_bytes) {
     for (int a = 0; a < MR; ++a) {
       const int64_t m = t.m0 + a;
       xq[a] = t.acts->row_q(m), dx[a] = t.acts->row_d(m);
@@ -29,6 +30,18 @@ struct KTileRows {
     for (int j = 0; j < NR; ++j) w[j] = t.w + j * t.row_bytes;
   }
 };
+
+// Asks for the cache lines of the super-block at `blk` in the next tile's rows (`ahead` bytes on).
+// A tile reads NR rows of a few KiB as interleaved streams that end at the tile, too short for
+// the hardware prefetcher to ramp up (as in quant_avx2_q32.cc). Decode of a 1.1B Q4_K_M file, one
+// thread on a Xeon, alternated: 14.0-15.3 tokens/s with it, 7.1-7.9 without (35% of the
+// bandwidth); asking two or four tiles ahead measured the same as one.
+template <class Block>
+TS_AVX2 inline void prefetch_block(const Block* blk, int64_t ahead) {
+  const uint8_t* p = reinterpret_cast<const uint8_t*>(blk);
+  for (size_t o = 0; o < sizeof(Block); o += 64) prefetch_ahead(p + o, ahead);
+  prefetch_ahead(p + sizeof(Block) - 1, ahead);
+}
 
 // The 8 six-bit scales and mins of a Q4_K block (layout in core/dtype.h, q4_k_scale_min) as
 // 8 int16 lanes each, from three 32-bit words.
@@ -68,6 +81,7 @@ struct TileQ4K {
       __m128i mn[NR];
       for (int j = 0; j < NR; ++j) {
         blk[j] = reinterpret_cast<const BlockQ4K*>(r.w[j]) + b;
+        prefetch_block(blk[j], r.ahead);
         __m128i s;
         q4_k_scales(blk[j]->scales, &s, &mn[j]);
         _mm_store_si128(reinterpret_cast<__m128i*>(sc[j]), s);
@@ -125,6 +139,7 @@ struct TileQ6K {
       __m256i isum[MR][NR];
       for (int j = 0; j < NR; ++j) {
         blk[j] = reinterpret_cast<const BlockQ6K*>(r.w[j]) + b;
+        prefetch_block(blk[j], r.ahead);
         sc8[j] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk[j]->scales));
         const __m256i sc16 = _mm256_cvtepi8_epi16(sc8[j]);
         for (int a = 0; a < MR; ++a) {

@@ -385,15 +385,24 @@ bool matmul_wt_takes_packed_gemm(DType w_type, int64_t M) {
   // and q8_0 weights are faster through the packed GEMM from ~128 rows, q6_K from 128 (its
   // integer kernel is the slowest), q4_0 and q4_1 from ~256; at 512 rows these run 1.1-1.9x
   // faster packed. q4_K stays on its integer kernel: at 512 rows it measured 59 ms against the
-  // packed route's 67 ms (median of 5). The interleaved q4_0x8 / q4_1x8 kernels beat the packed
-  // route at every size measured (16-512 rows; 512: 56.5 vs 65.2 ms and 46.8 vs 75.8 ms).
-  // q8_0x8's kernel wins up to 256 rows (MatmulWt/route, one thread: 15.8 vs 19.4 ms at 128,
-  // 31.9 vs 35.4 at 256) and is about even at 512 (70.1 vs 65.1 ms against its packed route in
-  // that run; 62.4 vs 69.6 ms and 146 vs 232 ms against plain q8_0 packed in MatmulWt/prefill),
-  // so it stays on the kernel too: its prefill rows then equal decoded rows bit for bit. On a
-  // Xeon with AVX512-VNNI the interleaved layouts' vpdpbusd kernels widen the gap (M = 512, one
-  // thread: q4_0x8 / q4_1x8 / q8_0x8 23.4 / 25.1 / 24.8 ms against 44.5 / 34.5 / 43.2 packed).
+  // packed route's 67 ms (median of 5) on Zen (not on AVX-512: below). The interleaved q4_0x8 /
+  // q4_1x8 kernels beat the packed route at every size measured (16-512 rows; 512: 56.5 vs 65.2 ms
+  // and 46.8 vs 75.8 ms). q8_0x8's kernel wins up to 256 rows (MatmulWt/route, one thread: 15.8
+  // vs 19.4 ms at 128, 31.9 vs 35.4 at 256) and is about even at 512 (70.1 vs 65.1 ms against its
+  // packed route in that run; 62.4 vs 69.6 ms and 146 vs 232 ms against plain q8_0 packed in
+  // MatmulWt/prefill), so it stays on the kernel too: its prefill rows then equal decoded rows bit
+  // for bit. On a Xeon with AVX512-VNNI the interleaved layouts' vpdpbusd kernels widen the gap (M
+  // = 512, one thread: q4_0x8 / q4_1x8 / q8_0x8 23.4 / 25.1 / 24.8 ms against 44.5 / 34.5 / 43.2
+  // packed).
+  // Where the packed GEMM's micro-tile is 512 bits wide (32 f32 columns: Highway's AVX3 targets)
+  // while the k-quant kernels stay 256-bit, q4_K crosses too. One Xeon core, MatmulWt/route,
+  // integer vs packed: 15.0 vs 10.5 ms at 128 rows, 63.8 vs 33.7 at 512 (7.0 vs 8.1 at 64). q6_K
+  // there: 10.0 vs 7.5 ms at 64 rows, but it keeps the 128 of the other types, below which the
+  // integer kernels' rows do not depend on the batch.
+  static const bool wide_fma = gemm_tile().nr >= 32;
   switch (w_type) {
+    case DType::q4_k:
+      return wide_fma && M >= 128;
     case DType::f32:
     case DType::f16:
     case DType::bf16:
