@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "backend/cpu/quant_act.h"
+#include "backend/cpu/quant_x8_common.h"
 
 // Every function that uses AVX2 intrinsics carries this; the files are compiled without -mavx2
 // and the functions run only after a CPU feature check.
@@ -144,13 +145,9 @@ TS_AVX2 void rows_q4_0(float* y, int64_t ldy, int64_t M, const float* bias, int6
                        const TileArgs& args);
 TS_AVX2 void rows_q4_1(float* y, int64_t ldy, int64_t M, const float* bias, int64_t n0, int64_t n1,
                        const TileArgs& args);
-// Row-interleaved q4_0x8 / q4_1x8 / q8_0x8 (quant_avx2_x8.cc): n0 and n1 multiples of 8.
-TS_AVX2 void rows_q4_0x8(float* y, int64_t ldy, int64_t M, const float* bias, int64_t n0,
-                         int64_t n1, const TileArgs& args);
-TS_AVX2 void rows_q4_1x8(float* y, int64_t ldy, int64_t M, const float* bias, int64_t n0,
-                         int64_t n1, const TileArgs& args);
-TS_AVX2 void rows_q8_0x8(float* y, int64_t ldy, int64_t M, const float* bias, int64_t n0,
-                         int64_t n1, const TileArgs& args);
+// Row-interleaved q4_0x8 / q4_1x8 / q8_0x8 (quant_avx2_x8.cc): the entry of type t (n0 and n1
+// multiples of 8), nullptr for other types.
+x8::RowsFn<TileArgs> x8_rows_fn(DType t);
 TS_AVX2 void rows_q4_k(float* y, int64_t ldy, int64_t M, const float* bias, int64_t n0, int64_t n1,
                        const TileArgs& args);
 TS_AVX2 void rows_q6_k(float* y, int64_t ldy, int64_t M, const float* bias, int64_t n0, int64_t n1,

@@ -4,20 +4,14 @@
 // horizontal-add tree as one vector in row order, and one conversion, one multiply and one FMA
 // handle the scales of all 8 rows together.
 #include "backend/cpu/quant_avx2_common.h"
-#include "core/error.h"
-#include "core/interleave.h"
+#include "backend/cpu/quant_x8_common.h"
 
 namespace tessera::cpu::avx2 {
 namespace {
 
-// The three interleaved formats; they differ in the chunk header and in how a pair of rows'
-// quants becomes 8 int32 partial sums.
-enum class X8 { q4_0, q4_1, q8_0 };
-
-template <X8 F>
-constexpr int64_t kScaleBytes = F == X8::q4_1 ? 32 : 16;  // d (and m) of 8 rows
-template <X8 F>
-constexpr int64_t kChunkBytes = kScaleBytes<F> + (F == X8::q8_0 ? 256 : 128);  // 8 rows x 1 block
+using x8::kChunkBytes;
+using x8::kScaleBytes;
+using x8::X8;
 
 // One chunk's quants held in registers, pair i (rows i and i + 4) in v[.][i]: for q8_0 the two
 // 16-byte runs (elements 0-15 and 16-31 of both rows), for q4 the low nibbles (elements 0-15)
@@ -70,94 +64,48 @@ struct ChunkQuants {
 // rows. Each output's arithmetic (exact integer block sums, then one FMA per block in block
 // order) does not depend on MR, so a row computed alone equals the row in a batch.
 template <X8 F, int MR>
-TS_AVX2 void group_tile(const uint8_t* g, const TileArgs& t, float* out) {
-  constexpr int64_t kChunk = kChunkBytes<F>;
-  const int64_t nb = t.K / 32;
-  const int8_t* xq[MR];
-  const float* dx[MR];
-  const int16_t* s32[MR];
-  const float* ds[MR];
-  for (int a = 0; a < MR; ++a) {
-    xq[a] = t.acts->row_q(t.m0 + a), dx[a] = t.acts->row_d(t.m0 + a);
-    s32[a] = t.acts->row_sum32(t.m0 + a), ds[a] = t.acts->row_dsum(t.m0 + a);
-  }
-  __m256 acc[MR];
-  for (int a = 0; a < MR; ++a) acc[a] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* c = g + b * kChunk;
-    // The rows are one contiguous stream; asking 32 chunks (4.5-8.5 KiB) ahead keeps enough
-    // misses in flight for DRAM latency. Measured on the q4_0x8 32000 x 2048 matvec, one thread
-    // (medians of 5, three runs per distance): 8.5-9.0 GB/s at 4 chunks ahead, 9.2-10.4 at 32,
-    // 8.0 with no prefetch.
-    for (int64_t o = 0; o < kChunk; o += 64) prefetch_ahead(c + o, 32 * kChunk);
-    const ChunkQuants<F> q(c);
-    const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c)));
-    __m256 m8 = _mm256_setzero_ps();
-    if constexpr (F == X8::q4_1)
-      m8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 16)));
-    for (int a = 0; a < MR; ++a) {
-      __m256i s[4];
-      q.pair_sums(xq[a] + 32 * b, s);
-      // s[i] holds rows (i, i + 4) as 4 + 4 partial sums; two rounds of hadd leave row r's
-      // block sum in lane r.
-      __m256i r = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
-      if constexpr (F == X8::q4_0) r = _mm256_sub_epi32(r, _mm256_set1_epi32(8 * s32[a][b]));
-      acc[a] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(r),
-                               _mm256_mul_ps(d8, _mm256_broadcast_ss(dx[a] + b)), acc[a]);
+struct GroupTile {
+  TS_AVX2 static void run(const uint8_t* g, const TileArgs& t, int64_t m0, float* out) {
+    constexpr int64_t kChunk = kChunkBytes<F>;
+    const int64_t nb = t.K / 32;
+    const x8::ActRows<MR> x(*t.acts, m0);
+    __m256 acc[MR];
+    for (int a = 0; a < MR; ++a) acc[a] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* c = g + b * kChunk;
+      // The rows are one contiguous stream; asking 32 chunks (4.5-8.5 KiB) ahead keeps enough
+      // misses in flight for DRAM latency. Measured on the q4_0x8 32000 x 2048 matvec, one thread
+      // (medians of 5, three runs per distance): 8.5-9.0 GB/s at 4 chunks ahead, 9.2-10.4 at 32,
+      // 8.0 with no prefetch.
+      for (int64_t o = 0; o < kChunk; o += 64) prefetch_ahead(c + o, 32 * kChunk);
+      const ChunkQuants<F> q(c);
+      const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c)));
+      __m256 m8 = _mm256_setzero_ps();
       if constexpr (F == X8::q4_1)
-        acc[a] = _mm256_fmadd_ps(m8, _mm256_broadcast_ss(ds[a] + b), acc[a]);
+        m8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 16)));
+      for (int a = 0; a < MR; ++a) {
+        __m256i s[4];
+        q.pair_sums(x.q[a] + 32 * b, s);
+        // s[i] holds rows (i, i + 4) as 4 + 4 partial sums; two rounds of hadd leave row r's
+        // block sum in lane r.
+        __m256i r = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+        if constexpr (F == X8::q4_0) r = _mm256_sub_epi32(r, _mm256_set1_epi32(8 * x.sum32[a][b]));
+        acc[a] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(r),
+                                 _mm256_mul_ps(d8, _mm256_broadcast_ss(x.d[a] + b)), acc[a]);
+        if constexpr (F == X8::q4_1)
+          acc[a] = _mm256_fmadd_ps(m8, _mm256_broadcast_ss(x.dsum[a] + b), acc[a]);
+      }
     }
+    for (int a = 0; a < MR; ++a) _mm256_storeu_ps(out + 8 * a, acc[a]);
   }
-  for (int a = 0; a < MR; ++a) _mm256_storeu_ps(out + 8 * a, acc[a]);
-}
-
-template <X8 F, int MR>
-TS_AVX2 void group_rows(float* y, int64_t ldy, const float* bias, int64_t n, const uint8_t* g,
-                        const TileArgs& t) {
-  float out[MR * 8];
-  group_tile<F, MR>(g, t, out);
-  for (int a = 0; a < MR; ++a)
-    for (int r = 0; r < 8; ++r) {
-      const float v = out[8 * a + r];
-      y[(t.m0 + a) * ldy + n + r] = bias ? v + bias[n + r] : v;
-    }
-}
-
-// Weight rows [n0, n1) (whole groups of 8) against all M activation rows. Activation rows go in
-// blocks of 64 (128 KiB of int8 at K = 2048) so that a block and the task's weight rows both
-// stay in L2; inside a block each group's 8 rows (under 18 KiB at K = 4096) stay in L1 while the
-// block's rows pass over them, 4 at a time.
-template <X8 F>
-TS_AVX2 void rows_x8(float* y, int64_t ldy, int64_t M, const float* bias, int64_t n0, int64_t n1,
-                     TileArgs t) {
-  TS_CHECK(n0 % kInterleaveRows == 0 && n1 % kInterleaveRows == 0,
-           "[matmul_wt] interleaved rows must be split on groups of 8 (got ", n0, "..", n1, ")");
-  constexpr int64_t kRowBlock = 64;
-  for (int64_t m0 = 0; m0 < M; m0 += kRowBlock) {
-    const int64_t m1 = M - m0 < kRowBlock ? M : m0 + kRowBlock;
-    for (int64_t n = n0; n < n1; n += kInterleaveRows) {
-      const uint8_t* g = t.w + n * t.row_bytes;
-      for_row_groups(m0, m1, [&](int64_t m, auto mr) {
-        t.m0 = m;
-        group_rows<F, decltype(mr)::value>(y, ldy, bias, n, g, t);
-      });
-    }
-  }
-}
+};
 
 }  // namespace
 
-void rows_q4_0x8(float* y, int64_t ldy, int64_t M, const float* bias, int64_t n0, int64_t n1,
-                 const TileArgs& args) {
-  rows_x8<X8::q4_0>(y, ldy, M, bias, n0, n1, args);
-}
-void rows_q4_1x8(float* y, int64_t ldy, int64_t M, const float* bias, int64_t n0, int64_t n1,
-                 const TileArgs& args) {
-  rows_x8<X8::q4_1>(y, ldy, M, bias, n0, n1, args);
-}
-void rows_q8_0x8(float* y, int64_t ldy, int64_t M, const float* bias, int64_t n0, int64_t n1,
-                 const TileArgs& args) {
-  rows_x8<X8::q8_0>(y, ldy, M, bias, n0, n1, args);
+// Up to 4 activation rows per pass over a group: their accumulators and a chunk's quants fill
+// the 16 ymm registers.
+x8::RowsFn<TileArgs> x8_rows_fn(DType t) {
+  return x8::rows_for<GroupTile, 4, TileArgs>(t);
 }
 
 }  // namespace tessera::cpu::avx2

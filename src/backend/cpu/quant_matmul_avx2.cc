@@ -83,11 +83,8 @@ TS_AVX2 void quantize_rows(const float* x, const ActsQ8& qa, int64_t m0, int64_t
 using RowsFn = void (*)(float*, int64_t, int64_t, const float*, int64_t, int64_t, const TileArgs&);
 
 RowsFn rows_fn(DType t) {
-  if (quant_avx512_vnni_active()) {
-    if (t == DType::q4_0x8) return avx512::rows_q4_0x8;
-    if (t == DType::q4_1x8) return avx512::rows_q4_1x8;
-    if (t == DType::q8_0x8) return avx512::rows_q8_0x8;
-  }
+  if (is_interleaved(t) && t != DType::f16x16)
+    return quant_avx512_vnni_active() ? avx512::x8_rows_fn(t) : x8_rows_fn(t);
   switch (t) {
     case DType::q8_0:
       return rows_q8_0;
@@ -95,12 +92,6 @@ RowsFn rows_fn(DType t) {
       return rows_q4_0;
     case DType::q4_1:
       return rows_q4_1;
-    case DType::q4_0x8:
-      return rows_q4_0x8;
-    case DType::q4_1x8:
-      return rows_q4_1x8;
-    case DType::q8_0x8:
-      return rows_q8_0x8;
     case DType::q4_k:
       return rows_q4_k;
     case DType::q6_k:
