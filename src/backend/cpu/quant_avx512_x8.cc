@@ -2,9 +2,10 @@
 // taken instead of quant_avx2_x8.cc's where the CPU has them. One 64-byte load holds 16 quant
 // bytes of each of four rows, and vpdpbusd multiplies them against the block's activations
 // broadcast to all four 128-bit lanes, summing 4 products into each int32 lane: 4 lanes per row,
-// whose sums stay apart (scaled per block in f32) until the end of the row. No horizontal sums
-// per block, so a block costs about half the AVX2 kernel's instructions (the AVX2 one needs
-// vpmaddubsw + vpmaddwd and a horizontal-add tree per block and activation row).
+// whose sums stay apart (scaled per block in f32) until the end of the row: no horizontal sums
+// per block, where the AVX2 kernel needs vpmaddubsw + vpmaddwd and a horizontal-add tree per
+// block and activation row. One Xeon core, 512 x 2048 x 2048: 23.4 / 25.1 / 24.8 ms for q4_0x8
+// / q4_1x8 / q8_0x8 against the AVX2 kernels' 38.8 / 36.9 / 55.9 (MatmulWt/route).
 #include "backend/cpu/quant_avx2_common.h"
 #include "backend/cpu/quant_avx512.h"
 #include "backend/cpu/quant_x8_common.h"
