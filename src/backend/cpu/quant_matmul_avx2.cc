@@ -83,8 +83,8 @@ TS_AVX2 void quantize_rows(const float* x, const ActsQ8& qa, int64_t m0, int64_t
 using RowsFn = void (*)(float*, int64_t, int64_t, const float*, int64_t, int64_t, const TileArgs&);
 
 RowsFn rows_fn(DType t) {
-  if (is_interleaved(t) && t != DType::f16x16)
-    return quant_avx512_vnni_active() ? avx512::x8_rows_fn(t) : x8_rows_fn(t);
+  // The 8-row interleaved layouts (null for every other type).
+  if (RowsFn x8 = quant_avx512_vnni_active() ? avx512::x8_rows_fn(t) : x8_rows_fn(t)) return x8;
   switch (t) {
     case DType::q8_0:
       return rows_q8_0;
