@@ -22,10 +22,10 @@ namespace {
 using tessera::DType;
 
 // Indices 8-11 are the CPU's row-interleaved layouts of q4_0, q4_1, q8_0 and f16
-// (core/interleave.h).
-constexpr DType kTypes[] = {DType::f32,    DType::f16,    DType::bf16,   DType::q8_0,
-                            DType::q4_0,   DType::q4_1,   DType::q4_k,   DType::q6_k,
-                            DType::q4_0x8, DType::q4_1x8, DType::q8_0x8, DType::f16x16};
+// (core/interleave.h); 12-14 the 5-bit formats (appended, so earlier indices keep their types).
+constexpr DType kTypes[] = {DType::f32,    DType::f16,    DType::bf16, DType::q8_0,   DType::q4_0,
+                            DType::q4_1,   DType::q4_k,   DType::q6_k, DType::q4_0x8, DType::q4_1x8,
+                            DType::q8_0x8, DType::f16x16, DType::q5_0, DType::q5_1,   DType::q5_k};
 constexpr int64_t kNumTypes = sizeof(kTypes) / sizeof(kTypes[0]);
 
 tessera::ThreadPool& bench_pool(int n) {

@@ -111,10 +111,25 @@ class ModelQuantizer {
 DType quant_type_for_row(DType wanted, int64_t cols) {
   TS_CHECK(wanted != DType::i32, "[quantize] target type i32 is not a weight type");
   DType t = wanted;
-  // Super-block types (256) fall back to q8_0, which keeps their quality or better; 32-element
-  // block types fall back to f16, which fits any row.
-  while (cols % traits(t).block_elems != 0)
-    t = traits(t).block_elems > kQK8_0 ? DType::q8_0 : DType::f16;
+  // Super-block types (256) fall back to the 32-element type a bit wider than their own, which
+  // keeps their quality or better at the least size (as llama.cpp's quantizer: Q4_K -> Q5_0,
+  // Q5_K -> Q5_1, Q6_K -> Q8_0); 32-element block types fall back to f16, which fits any row.
+  while (cols % traits(t).block_elems != 0) {
+    switch (t) {
+      case DType::q4_k:
+        t = DType::q5_0;
+        break;
+      case DType::q5_k:
+        t = DType::q5_1;
+        break;
+      case DType::q6_k:
+        t = DType::q8_0;
+        break;
+      default:
+        t = DType::f16;
+        break;
+    }
+  }
   return t;
 }
 

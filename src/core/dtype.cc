@@ -1,5 +1,5 @@
-// DType traits table, f16 conversion and the reference (de)quantizers for block formats
-// (k-quants in dtype_kquant.cc).
+// DType traits table, f16 conversion and the reference (de)quantizers for the 32-element block
+// formats (q8_0, q4_0, q4_1, q5_0, q5_1; k-quants in dtype_kquant.cc).
 #include "core/dtype.h"
 
 #include <algorithm>
@@ -24,6 +24,9 @@ constexpr DTypeTraits kTraits[] = {
     {"q4_1x8", kQK4_1, sizeof(BlockQ4_1), 8},
     {"q8_0x8", kQK8_0, sizeof(BlockQ8_0), 8},
     {"f16x16", 1, 2, 16},
+    {"q5_0", kQK5_0, sizeof(BlockQ5_0), 1},
+    {"q5_1", kQK5_1, sizeof(BlockQ5_1), 1},
+    {"q5_k", kQK_K, sizeof(BlockQ5K), 1},
 };
 constexpr int kNumTypes = sizeof(kTraits) / sizeof(kTraits[0]);
 }  // namespace
@@ -136,9 +139,43 @@ void to_f32(DType t, const void* src, float* dst, int64_t n) {
       }
       return;
     }
+    case DType::q5_0: {
+      dtype_bytes(t, n);
+      auto* b = static_cast<const BlockQ5_0*>(src);
+      for (int64_t i = 0; i < n / kQK5_0; ++i) {
+        const float d = f16_to_f32(b[i].d);
+        const uint32_t qh = q5_high_bits(b[i].qh);
+        for (int j = 0; j < kQK5_0 / 2; ++j) {
+          const int q0 = (b[i].qs[j] & 0x0f) | static_cast<int>((qh >> j) & 1) << 4;
+          const int q1 = (b[i].qs[j] >> 4) | static_cast<int>((qh >> (j + 16)) & 1) << 4;
+          dst[i * kQK5_0 + j] = d * (q0 - 16);
+          dst[i * kQK5_0 + j + 16] = d * (q1 - 16);
+        }
+      }
+      return;
+    }
+    case DType::q5_1: {
+      dtype_bytes(t, n);
+      auto* b = static_cast<const BlockQ5_1*>(src);
+      for (int64_t i = 0; i < n / kQK5_1; ++i) {
+        const float d = f16_to_f32(b[i].d), m = f16_to_f32(b[i].m);
+        const uint32_t qh = q5_high_bits(b[i].qh);
+        for (int j = 0; j < kQK5_1 / 2; ++j) {
+          const int q0 = (b[i].qs[j] & 0x0f) | static_cast<int>((qh >> j) & 1) << 4;
+          const int q1 = (b[i].qs[j] >> 4) | static_cast<int>((qh >> (j + 16)) & 1) << 4;
+          dst[i * kQK5_1 + j] = d * q0 + m;
+          dst[i * kQK5_1 + j + 16] = d * q1 + m;
+        }
+      }
+      return;
+    }
     case DType::q4_k:
       dtype_bytes(t, n);
       dequantize_q4_k_blocks(static_cast<const BlockQ4K*>(src), dst, n / kQK_K);
+      return;
+    case DType::q5_k:
+      dtype_bytes(t, n);
+      dequantize_q5_k_blocks(static_cast<const BlockQ5K*>(src), dst, n / kQK_K);
       return;
     case DType::q6_k:
       dtype_bytes(t, n);
@@ -222,9 +259,57 @@ void from_f32(DType t, const float* src, void* dst, int64_t n) {
       }
       return;
     }
+    case DType::q5_0: {
+      dtype_bytes(t, n);
+      auto* b = static_cast<BlockQ5_0*>(dst);
+      for (int64_t i = 0; i < n / kQK5_0; ++i) {
+        const float* x = src + i * kQK5_0;
+        float amax = 0, maxv = 0;  // as q4_0: the value of largest magnitude maps to -16
+        for (int j = 0; j < kQK5_0; ++j)
+          if (std::fabs(x[j]) > amax) amax = std::fabs(x[j]), maxv = x[j];
+        const float d = maxv / -16.0f;
+        const float id = d != 0 ? 1.0f / d : 0.0f;
+        b[i].d = f32_to_f16(d);
+        uint32_t qh = 0;
+        for (int j = 0; j < kQK5_0 / 2; ++j) {
+          const int q0 = std::min(31, static_cast<int>(x[j] * id + 16.5f));
+          const int q1 = std::min(31, static_cast<int>(x[j + 16] * id + 16.5f));
+          b[i].qs[j] = static_cast<uint8_t>((q0 & 0x0f) | ((q1 & 0x0f) << 4));
+          qh |= static_cast<uint32_t>(q0 >> 4) << j | static_cast<uint32_t>(q1 >> 4) << (j + 16);
+        }
+        for (int k = 0; k < 4; ++k) b[i].qh[k] = static_cast<uint8_t>(qh >> (8 * k));
+      }
+      return;
+    }
+    case DType::q5_1: {
+      dtype_bytes(t, n);
+      auto* b = static_cast<BlockQ5_1*>(dst);
+      for (int64_t i = 0; i < n / kQK5_1; ++i) {
+        const float* x = src + i * kQK5_1;
+        float lo = x[0], hi = x[0];
+        for (int j = 1; j < kQK5_1; ++j) lo = std::min(lo, x[j]), hi = std::max(hi, x[j]);
+        const float d = (hi - lo) / 31.0f;
+        const float id = d > 0 ? 1.0f / d : 0.0f;
+        b[i].d = f32_to_f16(d);
+        b[i].m = f32_to_f16(lo);
+        uint32_t qh = 0;
+        for (int j = 0; j < kQK5_1 / 2; ++j) {
+          const int q0 = std::min(31, static_cast<int>((x[j] - lo) * id + 0.5f));
+          const int q1 = std::min(31, static_cast<int>((x[j + 16] - lo) * id + 0.5f));
+          b[i].qs[j] = static_cast<uint8_t>((q0 & 0x0f) | ((q1 & 0x0f) << 4));
+          qh |= static_cast<uint32_t>(q0 >> 4) << j | static_cast<uint32_t>(q1 >> 4) << (j + 16);
+        }
+        for (int k = 0; k < 4; ++k) b[i].qh[k] = static_cast<uint8_t>(qh >> (8 * k));
+      }
+      return;
+    }
     case DType::q4_k:
       dtype_bytes(t, n);
       quantize_q4_k_blocks(src, static_cast<BlockQ4K*>(dst), n / kQK_K);
+      return;
+    case DType::q5_k:
+      dtype_bytes(t, n);
+      quantize_q5_k_blocks(src, static_cast<BlockQ5K*>(dst), n / kQK_K);
       return;
     case DType::q6_k:
       dtype_bytes(t, n);

@@ -9,7 +9,8 @@
 
 namespace tessera {
 
-// Values are stable ids (appended only): i32 predates the k-quants. q4_0x8, q4_1x8 and q8_0x8
+// Values are stable ids (appended only): i32 predates the k-quants, and the 5-bit formats came
+// after the CPU layouts. q4_0x8, q4_1x8 and q8_0x8
 // are in-memory CPU layouts of q4_0/q4_1/q8_0 matrices with 8 rows interleaved block by block,
 // f16x16 of f16 matrices with 16 rows interleaved element by element (see core/interleave.h);
 // no file stores them and parse_dtype does not accept their names.
@@ -26,7 +27,10 @@ enum class DType : uint8_t {
   q4_0x8,
   q4_1x8,
   q8_0x8,
-  f16x16
+  f16x16,
+  q5_0,
+  q5_1,
+  q5_k
 };
 
 struct DTypeTraits {
@@ -88,6 +92,32 @@ struct BlockQ4_1 {
 };
 static_assert(sizeof(BlockQ4_1) == 20);
 
+// 5-bit blocks: element j (< 16) is the low nibble of qs[j] with bit j of qh (a little-endian
+// 32-bit word) as its fifth bit; element j + 16 the high nibble with bit j + 16. q5_0 stores
+// d * (q - 16), q5_1 d * q + m.
+constexpr int kQK5_0 = 32;
+struct BlockQ5_0 {
+  uint16_t d;
+  uint8_t qh[4];
+  uint8_t qs[kQK5_0 / 2];
+};
+static_assert(sizeof(BlockQ5_0) == 22);
+
+constexpr int kQK5_1 = 32;
+struct BlockQ5_1 {
+  uint16_t d;
+  uint16_t m;
+  uint8_t qh[4];
+  uint8_t qs[kQK5_1 / 2];
+};
+static_assert(sizeof(BlockQ5_1) == 24);
+
+// The fifth bits of a q5_0 / q5_1 block as one word (bit j belongs to element j).
+inline uint32_t q5_high_bits(const uint8_t* qh) {
+  return static_cast<uint32_t>(qh[0]) | static_cast<uint32_t>(qh[1]) << 8 |
+         static_cast<uint32_t>(qh[2]) << 16 | static_cast<uint32_t>(qh[3]) << 24;
+}
+
 // k-quant super-blocks of 256 elements.
 constexpr int kQK_K = 256;
 // Q4_K: 8 sub-blocks of 32; x = d * sc_j * q - dmin * m_j, q 4-bit, sc_j and m_j 6-bit.
@@ -106,6 +136,16 @@ struct BlockQ6K {
   uint16_t d;             // f16 super-block scale
 };
 static_assert(sizeof(BlockQ6K) == 210);
+// Q5_K: as Q4_K (same scales and nibble layout) with a fifth bit per element: element l of
+// sub-block j (0..7) takes bit j of qh[l] as 16. x = d * sc_j * q - dmin * m_j, q in 0..31.
+struct BlockQ5K {
+  uint16_t d;
+  uint16_t dmin;
+  uint8_t scales[12];
+  uint8_t qh[kQK_K / 8];  // bit j of byte l: the fifth bit of element 32 j + l
+  uint8_t qs[kQK_K / 2];  // low 4 bits, laid out as Q4_K's
+};
+static_assert(sizeof(BlockQ5K) == 176);
 
 // Sub-block j (0..7) of a Q4_K block: its 6-bit scale and min from the 12 packed bytes.
 // Bytes 0-3 hold sc_0..3 in bits 0-5, bytes 4-7 hold m_0..3 in bits 0-5; bytes 8-11 hold
@@ -124,23 +164,28 @@ inline void q4_k_scale_min(const uint8_t* s, int j, int* sc, int* m) {
 // k-quant (de)quantizers for n_blocks super-blocks (dtype_kquant.cc); to_f32/from_f32 call them.
 // Quantization searches each sub-block's scale (and min) for the least squared error.
 void dequantize_q4_k_blocks(const BlockQ4K* src, float* dst, int64_t n_blocks);
+void dequantize_q5_k_blocks(const BlockQ5K* src, float* dst, int64_t n_blocks);
 void dequantize_q6_k_blocks(const BlockQ6K* src, float* dst, int64_t n_blocks);
 void quantize_q4_k_blocks(const float* src, BlockQ4K* dst, int64_t n_blocks);
+void quantize_q5_k_blocks(const float* src, BlockQ5K* dst, int64_t n_blocks);
 void quantize_q6_k_blocks(const float* src, BlockQ6K* dst, int64_t n_blocks);
 
 // Elements per activation scale when x is quantized to 8 bits for a product with weights of
-// type t (32 for q8_0/q4_0/q4_1, 256 for the k-quants); 0 for float types, which take x
+// type t (32 for q8_0/q4_0/q4_1/q5_0/q5_1, 256 for the k-quants); 0 for float types, which take x
 // unquantized. Shared by the CPU and CUDA kernels so both quantize x the same way.
 inline int64_t act_block_elems(DType t) {
   switch (t) {
     case DType::q8_0:
     case DType::q4_0:
     case DType::q4_1:
+    case DType::q5_0:
+    case DType::q5_1:
     case DType::q4_0x8:
     case DType::q4_1x8:
     case DType::q8_0x8:
       return 32;
     case DType::q4_k:
+    case DType::q5_k:
     case DType::q6_k:
       return kQK_K;
     default:

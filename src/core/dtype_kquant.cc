@@ -1,5 +1,5 @@
-// k-quant (Q4_K, Q6_K) dequantizers and quantizers: per sub-block least-squares scale (and min)
-// search, then 6-bit (Q4_K) or 8-bit (Q6_K) quantization of the sub-block scales.
+// k-quant (Q4_K, Q5_K, Q6_K) dequantizers and quantizers: per sub-block least-squares scale (and
+// min) search, then 6-bit (Q4_K, Q5_K) or 8-bit (Q6_K) quantization of the sub-block scales.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -95,6 +95,24 @@ void dequantize_q4_k_blocks(const BlockQ4K* src, float* dst, int64_t n_blocks) {
   }
 }
 
+void dequantize_q5_k_blocks(const BlockQ5K* src, float* dst, int64_t n_blocks) {
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const BlockQ5K& blk = src[b];
+    const float d = f16_to_f32(blk.d), dmin = f16_to_f32(blk.dmin);
+    for (int j = 0; j < 8; ++j) {
+      int sc, m;
+      q4_k_scale_min(blk.scales, j, &sc, &m);
+      const float scale = d * static_cast<float>(sc), offset = dmin * static_cast<float>(m);
+      const uint8_t* q = blk.qs + 32 * (j / 2);
+      const int shift = 4 * (j % 2);
+      for (int l = 0; l < 32; ++l) {
+        const int v = ((q[l] >> shift) & 0x0f) | (((blk.qh[l] >> j) & 1) << 4);
+        dst[b * kQK_K + 32 * j + l] = scale * static_cast<float>(v) - offset;
+      }
+    }
+  }
+}
+
 void dequantize_q6_k_blocks(const BlockQ6K* src, float* dst, int64_t n_blocks) {
   for (int64_t b = 0; b < n_blocks; ++b) {
     const BlockQ6K& blk = src[b];
@@ -112,40 +130,73 @@ void dequantize_q6_k_blocks(const BlockQ6K* src, float* dst, int64_t n_blocks) {
   }
 }
 
+namespace {
+
+// The shared half of the Q4_K and Q5_K quantizers: fits each 32-element sub-block of x as
+// s_j q - m_j (q in [0, qmax]), stores the super-block scales d / dmin and the packed 6-bit
+// sub-block scales, and returns each sub-block's step and offset as the reader will see them.
+void fit_k_scales(const float* x, int qmax, uint16_t* d_out, uint16_t* dmin_out, uint8_t* packed,
+                  float* step, float* offset) {
+  float scale[8], mn[8], max_scale = 0, max_min = 0;
+  for (int j = 0; j < 8; ++j) {
+    fit_scale_min(x + 32 * j, 32, qmax, &scale[j], &mn[j]);
+    max_scale = std::max(max_scale, scale[j]);
+    max_min = std::max(max_min, mn[j]);
+  }
+  *d_out = f32_to_f16(max_scale / 63.0f);
+  *dmin_out = f32_to_f16(max_min / 63.0f);
+  // Quantize the scales against the stored (f16-rounded) super-block scales.
+  const float d = f16_to_f32(*d_out), dmin = f16_to_f32(*dmin_out);
+  int sc[8], m[8];
+  for (int j = 0; j < 8; ++j) {
+    sc[j] = d > 0 ? round_clamp(scale[j] / d, 0, 63) : 0;
+    m[j] = dmin > 0 ? round_clamp(mn[j] / dmin, 0, 63) : 0;
+    step[j] = d * static_cast<float>(sc[j]);
+    offset[j] = dmin * static_cast<float>(m[j]);
+  }
+  for (int j = 0; j < 4; ++j) {
+    packed[j] = static_cast<uint8_t>(sc[j] | ((sc[j + 4] >> 4) << 6));
+    packed[j + 4] = static_cast<uint8_t>(m[j] | ((m[j + 4] >> 4) << 6));
+    packed[j + 8] = static_cast<uint8_t>((sc[j + 4] & 0x0f) | ((m[j + 4] & 0x0f) << 4));
+  }
+}
+
+// Element l of sub-block j quantized against the stored step and offset (0..qmax).
+int k_quant(float x, float step, float offset, int qmax) {
+  return round_clamp((x + offset) * (step > 0 ? 1.0f / step : 0.0f), 0, qmax);
+}
+
+}  // namespace
+
 void quantize_q4_k_blocks(const float* src, BlockQ4K* dst, int64_t n_blocks) {
   for (int64_t b = 0; b < n_blocks; ++b) {
     const float* x = src + b * kQK_K;
     BlockQ4K& blk = dst[b];
-    float scale[8], mn[8], max_scale = 0, max_min = 0;
-    for (int j = 0; j < 8; ++j) {
-      fit_scale_min(x + 32 * j, 32, 15, &scale[j], &mn[j]);
-      max_scale = std::max(max_scale, scale[j]);
-      max_min = std::max(max_min, mn[j]);
-    }
-    blk.d = f32_to_f16(max_scale / 63.0f);
-    blk.dmin = f32_to_f16(max_min / 63.0f);
-    // Quantize the scales against the stored (f16-rounded) super-block scales.
-    const float d = f16_to_f32(blk.d), dmin = f16_to_f32(blk.dmin);
-    int sc[8], m[8];
-    for (int j = 0; j < 8; ++j) {
-      sc[j] = d > 0 ? round_clamp(scale[j] / d, 0, 63) : 0;
-      m[j] = dmin > 0 ? round_clamp(mn[j] / dmin, 0, 63) : 0;
-    }
-    for (int j = 0; j < 4; ++j) {
-      blk.scales[j] = static_cast<uint8_t>(sc[j] | ((sc[j + 4] >> 4) << 6));
-      blk.scales[j + 4] = static_cast<uint8_t>(m[j] | ((m[j + 4] >> 4) << 6));
-      blk.scales[j + 8] = static_cast<uint8_t>((sc[j + 4] & 0x0f) | ((m[j + 4] & 0x0f) << 4));
-    }
-    // Final quants against the scales as the reader will see them.
+    float step[8], offset[8];
+    fit_k_scales(x, 15, &blk.d, &blk.dmin, blk.scales, step, offset);
     std::fill(blk.qs, blk.qs + kQK_K / 2, 0);
-    for (int j = 0; j < 8; ++j) {
-      const float s = d * static_cast<float>(sc[j]), off = dmin * static_cast<float>(m[j]);
-      const float inv = s > 0 ? 1.0f / s : 0.0f;
+    for (int j = 0; j < 8; ++j)
       for (int l = 0; l < 32; ++l) {
-        const int q = round_clamp((x[32 * j + l] + off) * inv, 0, 15);
+        const int q = k_quant(x[32 * j + l], step[j], offset[j], 15);
         blk.qs[32 * (j / 2) + l] |= static_cast<uint8_t>(q << (4 * (j % 2)));
       }
-    }
+  }
+}
+
+void quantize_q5_k_blocks(const float* src, BlockQ5K* dst, int64_t n_blocks) {
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const float* x = src + b * kQK_K;
+    BlockQ5K& blk = dst[b];
+    float step[8], offset[8];
+    fit_k_scales(x, 31, &blk.d, &blk.dmin, blk.scales, step, offset);
+    std::fill(blk.qs, blk.qs + kQK_K / 2, 0);
+    std::fill(blk.qh, blk.qh + kQK_K / 8, 0);
+    for (int j = 0; j < 8; ++j)
+      for (int l = 0; l < 32; ++l) {
+        const int q = k_quant(x[32 * j + l], step[j], offset[j], 31);
+        blk.qs[32 * (j / 2) + l] |= static_cast<uint8_t>((q & 0x0f) << (4 * (j % 2)));
+        blk.qh[l] |= static_cast<uint8_t>((q >> 4) << j);
+      }
   }
 }
 

@@ -83,7 +83,10 @@ uint32_t gguf_file_type(DType t) {
   if (n == "q4_0") return 2;
   if (n == "q4_1") return 3;
   if (n == "q8_0") return 7;
+  if (n == "q5_0") return 8;
+  if (n == "q5_1") return 9;
   if (n == "q4_k") return 15;  // Q4_K_M
+  if (n == "q5_k") return 17;  // Q5_K_M
   if (n == "q6_k") return 18;
   if (n == "bf16") return 32;
   return 0;  // all f32

@@ -24,8 +24,11 @@ const GgmlTypeInfo kGgmlTypes[] = {
     {GgmlType::f16, "F16", 1, 2, DType::f16},
     {GgmlType::q4_0, "Q4_0", kQK4_0, sizeof(BlockQ4_0), DType::q4_0},
     {GgmlType::q4_1, "Q4_1", kQK4_1, sizeof(BlockQ4_1), DType::q4_1},
+    {GgmlType::q5_0, "Q5_0", kQK5_0, sizeof(BlockQ5_0), DType::q5_0},
+    {GgmlType::q5_1, "Q5_1", kQK5_1, sizeof(BlockQ5_1), DType::q5_1},
     {GgmlType::q8_0, "Q8_0", kQK8_0, sizeof(BlockQ8_0), DType::q8_0},
     {GgmlType::q4_k, "Q4_K", kQK_K, sizeof(BlockQ4K), DType::q4_k},
+    {GgmlType::q5_k, "Q5_K", kQK_K, sizeof(BlockQ5K), DType::q5_k},
     {GgmlType::q6_k, "Q6_K", kQK_K, sizeof(BlockQ6K), DType::q6_k},
     {GgmlType::bf16, "BF16", 1, 2, DType::bf16},
 };

@@ -93,8 +93,11 @@ enum class GgmlType : uint32_t {
   f16 = 1,
   q4_0 = 2,
   q4_1 = 3,
+  q5_0 = 6,
+  q5_1 = 7,
   q8_0 = 8,
   q4_k = 12,
+  q5_k = 13,
   q6_k = 14,
   bf16 = 30,
 };
@@ -192,7 +195,8 @@ class GgufFile {
   std::unordered_map<std::string, size_t> tensor_index_;
 };
 
-// Converts a tensor to f32 (dst holds n_elements): f32/f16/bf16/q8_0/q4_0/q4_1/q4_k/q6_k.
+// Converts a tensor to f32 (dst holds n_elements): every type with a DType (f32, f16, bf16, q8_0,
+// q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k).
 void gguf_tensor_to_f32(const GgufTensorInfo& t, float* dst);
 // Dequantizes n elements (a multiple of 256) of k-quant blocks.
 void dequantize_q4_k(const BlockQ4K* src, float* dst, int64_t n);

@@ -18,7 +18,8 @@ namespace tessera::cpu {
 namespace {
 
 constexpr DType kTypes[] = {DType::f32,  DType::f16,  DType::bf16, DType::q8_0,
-                            DType::q4_0, DType::q4_1, DType::q4_k, DType::q6_k};
+                            DType::q4_0, DType::q4_1, DType::q5_0, DType::q5_1,
+                            DType::q4_k, DType::q5_k, DType::q6_k};
 
 // N rows of K weights stored as t, and the same weights widened by core's to_f32.
 struct Weights {
@@ -74,7 +75,7 @@ TEST(GemmWt, MatchesDoubleProductOverEdgesAndStrides) {
     int64_t M, K, N;
   };
   for (DType t : kTypes) {
-    const bool kquant = t == DType::q4_k || t == DType::q6_k;
+    const bool kquant = act_block_elems(t) == kQK_K;
     for (Shape s : {Shape{1, 256, 3}, Shape{7, kquant ? 256 : 96, 17}, Shape{131, 768, 53}}) {
       SCOPED_TRACE(::testing::Message()
                    << dtype_name(t) << " M=" << s.M << " K=" << s.K << " N=" << s.N);

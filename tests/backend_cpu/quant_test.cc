@@ -27,9 +27,11 @@ using test::kEpsF;
 using test::normal_buf;
 using test::pool;
 
-const DType kBlockTypes[] = {DType::q8_0, DType::q4_0, DType::q4_1, DType::q4_k, DType::q6_k};
+const DType kBlockTypes[] = {DType::q8_0, DType::q4_0, DType::q4_1, DType::q5_0,
+                             DType::q5_1, DType::q4_k, DType::q5_k, DType::q6_k};
 const DType kAllTypes[] = {DType::f32,  DType::f16,  DType::bf16, DType::q8_0,
-                           DType::q4_0, DType::q4_1, DType::q4_k, DType::q6_k};
+                           DType::q4_0, DType::q4_1, DType::q5_0, DType::q5_1,
+                           DType::q4_k, DType::q5_k, DType::q6_k};
 
 struct TargetMock {
   explicit TargetMock(int64_t target) { hwy::SetSupportedTargetsForTest(target); }
@@ -69,8 +71,17 @@ struct Weights {
           case DType::q4_1:
             std::memset(blk + 4, 0, 16);
             break;
+          case DType::q5_0:
+            std::memset(blk + 2, 0, 20);  // qh and qs
+            break;
+          case DType::q5_1:
+            std::memset(blk + 4, 0, 20);
+            break;
           case DType::q4_k:
             std::memset(blk + 16, 0, 128);
+            break;
+          case DType::q5_k:
+            std::memset(blk + 16, 0, 160);  // qh and qs
             break;
           default:
             std::memset(blk, 0, 192);
@@ -144,17 +155,17 @@ void expect_simd_matches_reference(DType t, int64_t M, int64_t K, int64_t N, Thr
 
 TEST(Quant, RoundTripErrorWithinBand) {
   // Relative RMS error on N(0,1) data (n = 64K), pinned around what these quantizers give
-  // (q8_0 0.0054, q4_0 0.086, q4_1 0.078, q4_k 0.072, q6_k 0.0167): above the band is a worse
-  // quantizer, below it a no-op or a broken test.
+  // (q8_0 0.0054, q4_0 0.086, q4_1 0.078, q5_0 0.043, q5_1 0.038, q4_k 0.072, q5_k 0.036, q6_k
+  // 0.0167; a fifth bit halves the 4-bit formats' error): above the band is a worse quantizer,
+  // below it a no-op or a broken test.
   struct Band {
     DType t;
     double lo, hi;
   };
-  const Band bands[] = {{DType::q8_0, 0.0045, 0.0065},
-                        {DType::q4_0, 0.075, 0.100},
-                        {DType::q4_1, 0.066, 0.092},
-                        {DType::q4_k, 0.060, 0.077},
-                        {DType::q6_k, 0.014, 0.020}};
+  const Band bands[] = {{DType::q8_0, 0.0045, 0.0065}, {DType::q4_0, 0.075, 0.100},
+                        {DType::q4_1, 0.066, 0.092},   {DType::q5_0, 0.037, 0.049},
+                        {DType::q5_1, 0.033, 0.044},   {DType::q4_k, 0.060, 0.077},
+                        {DType::q5_k, 0.030, 0.041},   {DType::q6_k, 0.014, 0.020}};
   const int64_t n = 65536;
   const Buf x = normal_buf(n, 0, 7);
   for (const Band& b : bands) {
@@ -177,7 +188,7 @@ TEST(Quant, KQuantRoundTripIsStable) {
   // Quantizing dequantized data again reproduces it closely (the scales are representable).
   const int64_t n = 4096;
   const Buf x = normal_buf(n, 0, 9, 0.02f);
-  for (DType t : {DType::q4_k, DType::q6_k}) {
+  for (DType t : {DType::q4_k, DType::q5_k, DType::q6_k}) {
     std::vector<uint8_t> q(static_cast<size_t>(dtype_bytes(t, n))), q2 = q;
     std::vector<float> a(static_cast<size_t>(n)), b(static_cast<size_t>(n));
     from_f32(t, x.p, q.data(), n);
@@ -465,7 +476,8 @@ TEST(Quant, ExtremeQuantsDoNotOverflowInt16) {
       std::memset(blk, fill, bb);
       const uint16_t one = 0x3c00;  // f16 1.0 (q6_k keeps d last, the others first)
       std::memcpy(t == DType::q6_k ? blk + bb - 2 : blk, &one, 2);
-      if (t == DType::q4_1 || t == DType::q4_k) std::memcpy(blk + 2, &one, 2);
+      if (t == DType::q4_1 || t == DType::q5_1 || t == DType::q4_k || t == DType::q5_k)
+        std::memcpy(blk + 2, &one, 2);
     }
     std::vector<float> deq(N * K);
     to_f32(t, w.data(), deq.data(), N * K);

@@ -84,7 +84,8 @@ std::optional<DType> optional_dtype(const char* name) {
 // Relative RMS error bands for N(0, s) weights. Each format's step over a block is d = range /
 // levels; rounding error is ~uniform in +-d/2, RMS d/sqrt(12). For 32 Gaussian values the
 // largest magnitude is ~2.1 s: q8_0 d = 2.1 s / 127 -> 0.0048 s; q4_0 d = 2.1 s / 8 -> 0.076 s;
-// q4_1 d = 4.2 s / 15 -> 0.081 s. The bands allow a factor of ~2 either way.
+// q4_1 d = 4.2 s / 15 -> 0.081 s; q5_0 d = 2.1 s / 16 -> 0.038 s; q5_1 d = 4.2 s / 31 ->
+// 0.039 s. The bands allow a factor of ~2 either way.
 struct Band {
   const char* type;
   double lo, hi;
@@ -93,7 +94,11 @@ struct Band {
 TEST(Quantize, ErrorBandsAndTypes) {
   const DecoderModel src = tiny_model(64, 128, false);
   ThreadPool pool(2);
-  std::vector<Band> bands = {{"q8_0", 0.0025, 0.01}, {"q4_0", 0.04, 0.16}, {"q4_1", 0.04, 0.16}};
+  std::vector<Band> bands = {{"q8_0", 0.0025, 0.01},
+                             {"q4_0", 0.04, 0.16},
+                             {"q4_1", 0.04, 0.16},
+                             {"q5_0", 0.019, 0.08},
+                             {"q5_1", 0.019, 0.08}};
   for (const Band& b : bands) {
     SCOPED_TRACE(b.type);
     QuantizeOptions o;
@@ -151,10 +156,11 @@ TEST(Quantize, FallbackWhenRowsAreNotWholeBlocks) {
   EXPECT_EQ(q.weights.output.data, q.weights.tok_embd.data);
   EXPECT_EQ(q.weights.tok_embd.type, DType::q4_0);
   EXPECT_THROW(find_stats(stats, "output"), Error);
-  if (const auto q4k = optional_dtype("q4_k")) {
-    EXPECT_EQ(quant_type_for_row(*q4k, 64), DType::q8_0);
-    EXPECT_EQ(quant_type_for_row(*q4k, 512), *q4k);
-  }
+  EXPECT_EQ(quant_type_for_row(DType::q4_k, 64), DType::q5_0);
+  EXPECT_EQ(quant_type_for_row(DType::q4_k, 512), DType::q4_k);
+  EXPECT_EQ(quant_type_for_row(DType::q5_k, 576), DType::q5_1);
+  EXPECT_EQ(quant_type_for_row(DType::q6_k, 576), DType::q8_0);
+  EXPECT_EQ(quant_type_for_row(DType::q5_0, 48), DType::f16);
   tessera::test::expect_error(
       [&] {
         QuantizeOptions bad;
@@ -205,11 +211,12 @@ TEST(Quantize, SameBytesForAnyThreadCount) {
 }
 
 // k-quants: 256-element super-blocks, so rows must hold a multiple of 256 values. Bands: q4_k
-// steps ~ like q4_1 with refined scales (0.05-0.08 s measured elsewhere); q6_k has 16-element
-// blocks of 64 levels: d ~ 3.6 s / 63 -> 0.016 s.
+// steps ~ like q4_1 with refined scales (0.05-0.08 s measured elsewhere), q5_k half of that;
+// q6_k has 16-element blocks of 64 levels: d ~ 3.6 s / 63 -> 0.016 s.
 TEST(Quantize, KQuantsWhenAvailable) {
   const DecoderModel src = tiny_model(256, 512, false);
-  for (const Band& b : {Band{"q4_k", 0.02, 0.16}, Band{"q6_k", 0.005, 0.04}}) {
+  for (const Band& b :
+       {Band{"q4_k", 0.02, 0.16}, Band{"q5_k", 0.01, 0.08}, Band{"q6_k", 0.005, 0.04}}) {
     const auto t = optional_dtype(b.type);
     if (!t) continue;
     SCOPED_TRACE(b.type);

@@ -42,6 +42,25 @@ TEST(GgufKQuant, CoreCodecsAgreeWithGgufDequantizers) {
   }
 }
 
+TEST(GgufKQuant, TypeTableMapsFiveBitTypesToDTypes) {
+  const std::pair<GgmlType, DType> pairs[] = {
+      {GgmlType::q5_0, DType::q5_0}, {GgmlType::q5_1, DType::q5_1}, {GgmlType::q5_k, DType::q5_k}};
+  const char* names[] = {"Q5_0", "Q5_1", "Q5_K"};
+  for (size_t i = 0; i < std::size(pairs); ++i) {
+    const GgmlTypeInfo* info = ggml_type_info(static_cast<uint32_t>(pairs[i].first));
+    ASSERT_TRUE(info) << names[i];
+    EXPECT_EQ(info->name, names[i]);
+    EXPECT_EQ(info->dtype, pairs[i].second);
+    EXPECT_EQ(ggml_type_of(pairs[i].second), pairs[i].first);
+    EXPECT_EQ(info->block_bytes, traits(pairs[i].second).block_bytes);
+    EXPECT_EQ(info->block_elems, traits(pairs[i].second).block_elems);
+  }
+  // ggml's ids: Q5_0 6, Q5_1 7, Q5_K 13; block sizes 22, 24, 176 bytes.
+  EXPECT_EQ(ggml_type_info(6)->block_bytes, 22);
+  EXPECT_EQ(ggml_type_info(7)->block_bytes, 24);
+  EXPECT_EQ(ggml_type_info(13)->block_bytes, 176);
+}
+
 TEST(GgufKQuant, TypeTableMapsKQuantsToDTypes) {
   const GgmlTypeInfo* q4 = ggml_type_info(static_cast<uint32_t>(GgmlType::q4_k));
   const GgmlTypeInfo* q6 = ggml_type_info(static_cast<uint32_t>(GgmlType::q6_k));

@@ -245,7 +245,8 @@ TEST(Gguf, TensorToF32MatchesCore) {
   for (size_t i = 0; i < src.size(); ++i) src[i] = std::sin(0.37f * static_cast<float>(i)) * 3;
   GgufWriter w;
   std::vector<std::vector<uint8_t>> bufs;
-  const DType dts[] = {DType::f32, DType::f16, DType::bf16, DType::q8_0, DType::q4_0, DType::q4_1};
+  const DType dts[] = {DType::f32,  DType::f16,  DType::bf16, DType::q8_0,
+                       DType::q4_0, DType::q4_1, DType::q5_0, DType::q5_1};
   for (DType dt : dts) {
     bufs.emplace_back(static_cast<size_t>(dtype_bytes(dt, 128)));
     from_f32(dt, src.data(), bufs.back().data(), 128);
@@ -392,6 +393,101 @@ TEST(Gguf, Q6KMatchesGgufPy) {
                       {200, -2.60055542}, {255, 47.6101685}, {256, 15.625},     {300, 10.890625},
                       {383, -4.828125},   {400, 8.09375},    {511, -16.03125}};
   check_golden(y, bound, g, std::size(g), 82.88427734375, 7977.476593017578);
+}
+
+TEST(Gguf, Q5KMatchesGgufPy) {
+  std::vector<uint8_t> bytes;
+  const float d[2] = {0.0125f, -0.5f}, dmin[2] = {0.003f, 0.25f};
+  double bound[2];
+  const double eps = std::numeric_limits<float>::epsilon();
+  for (int b = 0; b < 2; ++b) {
+    std::vector<uint8_t> blk = golden_bytes(176, b + 5);
+    const uint16_t hd = f32_to_f16(d[b]), hm = f32_to_f16(dmin[b]);
+    std::memcpy(blk.data(), &hd, 2);
+    std::memcpy(blk.data() + 2, &hm, 2);
+    bytes.insert(bytes.end(), blk.begin(), blk.end());
+    bound[b] = 4 * eps * (std::fabs(f16_to_f32(hd)) * 63 * 31 + std::fabs(f16_to_f32(hm)) * 63);
+  }
+  std::vector<float> y(512);
+  to_f32(DType::q5_k, bytes.data(), y.data(), 512);
+  const Golden g[] = {{0, 2.77878571},    {1, 1.26665497},   {17, 0.441856384}, {31, 4.15345001},
+                      {32, 2.37241173},   {63, 16.7688961},  {64, 2.22391129},  {100, 5.74157906},
+                      {127, 17.338747},   {128, 20.2020359}, {150, 3.40613747}, {191, 2.18793297},
+                      {200, 0.241905212}, {255, 1.06268692}, {256, -11.75},     {300, -34.5},
+                      {383, -27.5},       {400, -463},       {511, -148.75}};
+  check_golden(y, bound, g, std::size(g), -63239.37484741211, 66497.33659362793);
+}
+
+// 16 q5_0 / q5_1 blocks: the first 8 with d = 0.0625 (m = -1.5), the last 8 with d = -0.013
+// (m = 0.25); block b's bytes are golden_bytes(size, seed + b).
+std::vector<float> q5_golden_blocks(DType t, int seed, double* bound) {
+  const bool has_min = t == DType::q5_1;
+  const size_t size = has_min ? sizeof(BlockQ5_1) : sizeof(BlockQ5_0);
+  const double eps = std::numeric_limits<float>::epsilon();
+  std::vector<uint8_t> bytes;
+  for (int b = 0; b < 16; ++b) {
+    std::vector<uint8_t> blk = golden_bytes(size, seed + b);
+    const uint16_t hd = f32_to_f16(b < 8 ? 0.0625f : -0.013f),
+                   hm = f32_to_f16(b < 8 ? -1.5f : 0.25f);
+    std::memcpy(blk.data(), &hd, 2);
+    if (has_min) std::memcpy(blk.data() + 2, &hm, 2);
+    bytes.insert(bytes.end(), blk.begin(), blk.end());
+    bound[b / 8] =
+        4 * eps * (std::fabs(f16_to_f32(hd)) * 31 + (has_min ? std::fabs(f16_to_f32(hm)) : 0));
+  }
+  std::vector<float> y(512);
+  to_f32(t, bytes.data(), y.data(), 512);
+  return y;
+}
+
+TEST(Gguf, Q5_0MatchesGgufPy) {
+  double bound[2];
+  const std::vector<float> y = q5_golden_blocks(DType::q5_0, 7, bound);
+  const Golden g[] = {{0, 0.6875},
+                      {1, 0},
+                      {17, -0.6875},
+                      {31, -0.625},
+                      {32, -0.625},
+                      {63, -0.625},
+                      {64, 0.0625},
+                      {100, 0.3125},
+                      {127, -0.5},
+                      {128, 0.4375},
+                      {150, -0.8125},
+                      {191, -0.4375},
+                      {200, -0.375},
+                      {255, -0.375},
+                      {256, -0.0390014648},
+                      {300, -0.0520019531},
+                      {383, 0.0390014648},
+                      {400, -0.130004883},
+                      {511, -0}};
+  check_golden(y, bound, g, std::size(g), -7.0189208984375, 149.5040283203125);
+}
+
+TEST(Gguf, Q5_1MatchesGgufPy) {
+  double bound[2];
+  const std::vector<float> y = q5_golden_blocks(DType::q5_1, 9, bound);
+  const Golden g[] = {{0, -0.5},
+                      {1, -0.1875},
+                      {17, -0.8125},
+                      {31, -0.75},
+                      {32, -0.8125},
+                      {63, -0.75},
+                      {64, -0.125},
+                      {100, -0.1875},
+                      {127, 0.375},
+                      {128, 0.25},
+                      {150, 0.0625},
+                      {191, 0.4375},
+                      {200, -0.5625},
+                      {255, -0.5},
+                      {256, -0.0620117188},
+                      {300, -0.0100097656},
+                      {383, 0.00299072266},
+                      {400, 0.0289916992},
+                      {511, 0.17199707}};
+  check_golden(y, bound, g, std::size(g), -132.36248779296875, 191.40887451171875);
 }
 
 // gguf_tensor_to_f32 reaches the k-quant dequantizers through the file's tensor table.

@@ -1,4 +1,5 @@
-// Widening of one weight-row segment (f32, f16, bf16, q8_0, q4_0, q4_1, q4_K, q6_K) to f32 for
+// Widening of one weight-row segment (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K,
+// q6_K) to f32 for
 // the packed GEMM against stored-type weights (cpu::gemm_wt); compiled once per SIMD target
 // (included from gemm.cc after hwy/foreach_target.h).
 #if defined(TESSERA_BACKEND_CPU_GEMM_DEQUANT_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -10,6 +11,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "core/dtype.h"
 #include "core/interleave.h"
@@ -99,15 +101,57 @@ HWY_INLINE void widen_q4(const Block* b, int64_t n_blocks, float* HWY_RESTRICT d
   }
 }
 
-// Whole Q4_K super-blocks: sub-block j is scale_j * q - offset_j (one rounded product, then the
-// subtraction, as core's decoder), q the low (j even) or high (j odd) nibbles of 32 bytes.
-HWY_INLINE void widen_q4_k(const BlockQ4K* b, int64_t n_blocks, float* HWY_RESTRICT dst) {
+// q5_0 (kMin = false: d * (q - 16)) and q5_1 (kMin = true: d * q + m): q4's nibbles with bit e
+// of the 32-bit qh word as element e's fifth bit. kBit32[e] selects that bit.
+alignas(64) constexpr int32_t kBit32[32] = {
+    1 << 0,  1 << 1,  1 << 2,  1 << 3,  1 << 4,  1 << 5,  1 << 6,  1 << 7,
+    1 << 8,  1 << 9,  1 << 10, 1 << 11, 1 << 12, 1 << 13, 1 << 14, 1 << 15,
+    1 << 16, 1 << 17, 1 << 18, 1 << 19, 1 << 20, 1 << 21, 1 << 22, 1 << 23,
+    1 << 24, 1 << 25, 1 << 26, 1 << 27, 1 << 28, 1 << 29, 1 << 30, INT32_MIN};
+template <bool kMin, typename Block>
+HWY_INLINE void widen_q5(const Block* b, int64_t n_blocks, float* HWY_RESTRICT dst) {
   const DF df;
   const hn::Rebind<int32_t, DF> di;
   const hn::Rebind<uint8_t, DF> d8;
   const int64_t L = static_cast<int64_t>(hn::Lanes(df));
-  if (32 % L != 0) return dequantize_q4_k_blocks(b, dst, n_blocks);
-  const auto mask = hn::Set(di, 15);
+  if (16 % L != 0) return to_f32(kMin ? DType::q5_1 : DType::q5_0, b, dst, n_blocks * 32);
+  const auto mask = hn::Set(di, 15), sixteen = hn::Set(di, 16);
+  for (int64_t i = 0; i < n_blocks; ++i, dst += 32) {
+    const float d = f16_to_f32(b[i].d);
+    float m = 0.0f;
+    if constexpr (kMin) m = f16_to_f32(b[i].m);
+    const auto qh = hn::Set(di, static_cast<int32_t>(q5_high_bits(b[i].qh)));
+    const auto vd = hn::Set(df, d), vm = hn::Set(df, m);
+    for (int64_t j = 0; j < 16; j += L) {
+      const auto q = hn::PromoteTo(di, hn::LoadU(d8, b[i].qs + j));
+      const auto lo_bit = hn::Ne(hn::And(qh, hn::LoadU(di, kBit32 + j)), hn::Zero(di));
+      const auto hi_bit = hn::Ne(hn::And(qh, hn::LoadU(di, kBit32 + 16 + j)), hn::Zero(di));
+      auto lo = hn::Or(hn::And(q, mask), hn::IfThenElseZero(lo_bit, sixteen));
+      auto hi = hn::Or(hn::ShiftRight<4>(q), hn::IfThenElseZero(hi_bit, sixteen));
+      if constexpr (kMin) {
+        hn::StoreU(hn::Add(hn::Mul(vd, hn::ConvertTo(df, lo)), vm), df, dst + j);
+        hn::StoreU(hn::Add(hn::Mul(vd, hn::ConvertTo(df, hi)), vm), df, dst + j + 16);
+      } else {
+        lo = hn::Sub(lo, sixteen), hi = hn::Sub(hi, sixteen);
+        hn::StoreU(hn::Mul(vd, hn::ConvertTo(df, lo)), df, dst + j);
+        hn::StoreU(hn::Mul(vd, hn::ConvertTo(df, hi)), df, dst + j + 16);
+      }
+    }
+  }
+}
+
+// Whole Q4_K / Q5_K super-blocks: sub-block j is scale_j * q - offset_j (one rounded product,
+// then the subtraction, as core's decoder), q the low (j even) or high (j odd) nibbles of 32
+// bytes, and for Q5_K bit j of qh[l] as 16.
+template <typename Block>
+HWY_INLINE void widen_q4_k(const Block* b, int64_t n_blocks, float* HWY_RESTRICT dst) {
+  constexpr bool kFifthBit = std::is_same_v<Block, BlockQ5K>;
+  const DF df;
+  const hn::Rebind<int32_t, DF> di;
+  const hn::Rebind<uint8_t, DF> d8;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(df));
+  if (32 % L != 0) return to_f32(kFifthBit ? DType::q5_k : DType::q4_k, b, dst, n_blocks * kQK_K);
+  const auto mask = hn::Set(di, 15), one = hn::Set(di, 1);
   for (int64_t i = 0; i < n_blocks; ++i, dst += kQK_K) {
     const float d = f16_to_f32(b[i].d), dmin = f16_to_f32(b[i].dmin);
     for (int j = 0; j < 8; ++j) {
@@ -118,7 +162,11 @@ HWY_INLINE void widen_q4_k(const BlockQ4K* b, int64_t n_blocks, float* HWY_RESTR
       const uint8_t* q = b[i].qs + 32 * (j / 2);
       for (int64_t l = 0; l < 32; l += L) {
         const auto v = hn::PromoteTo(di, hn::LoadU(d8, q + l));
-        const auto nib = (j & 1) ? hn::ShiftRight<4>(v) : hn::And(v, mask);
+        auto nib = (j & 1) ? hn::ShiftRight<4>(v) : hn::And(v, mask);
+        if constexpr (kFifthBit) {
+          const auto hb = hn::PromoteTo(di, hn::LoadU(d8, b[i].qh + l));
+          nib = hn::Or(nib, hn::ShiftLeft<4>(hn::And(hn::ShiftRightSame(hb, j), one)));
+        }
         hn::StoreU(hn::Sub(hn::Mul(vs, hn::ConvertTo(df, nib)), vo), df, dst + 32 * j + l);
       }
     }
@@ -176,8 +224,14 @@ HWY_INLINE void dequant_segment(DType t, const uint8_t* row, int64_t p0, int64_t
       return dd::widen_q4<false>(reinterpret_cast<const BlockQ4_0*>(src), n / kQK4_0, dst);
     case DType::q4_1:
       return dd::widen_q4<true>(reinterpret_cast<const BlockQ4_1*>(src), n / kQK4_1, dst);
+    case DType::q5_0:
+      return dd::widen_q5<false>(reinterpret_cast<const BlockQ5_0*>(src), n / kQK5_0, dst);
+    case DType::q5_1:
+      return dd::widen_q5<true>(reinterpret_cast<const BlockQ5_1*>(src), n / kQK5_1, dst);
     case DType::q4_k:
       return dd::widen_q4_k(reinterpret_cast<const BlockQ4K*>(src), n / kQK_K, dst);
+    case DType::q5_k:
+      return dd::widen_q4_k(reinterpret_cast<const BlockQ5K*>(src), n / kQK_K, dst);
     case DType::q6_k:
       return dd::widen_q6_k(reinterpret_cast<const BlockQ6K*>(src), n / kQK_K, dst);
     default:

@@ -44,6 +44,18 @@ TS_AVX2 inline __m256i unpack_nibbles16(const uint8_t* p) {
   return _mm256_and_si256(shifted, _mm256_set1_epi8(0x0f));
 }
 
+// The fifth bits of a q5_0 / q5_1 block (bit e of qh belongs to element e) as 0x10 in byte e:
+// byte e takes byte e / 8 of qh (a shuffle within each 128-bit half, which both hold qh), keeps
+// bit e % 8, and turns it into 16.
+TS_AVX2 inline __m256i expand_high_bits(uint32_t qh) {
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int>(qh)),
+      _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+  return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+}
+
 // The f16 at p (unaligned) in all 8 lanes as f32, exact: a 16-bit broadcast load and one
 // conversion, no trip through a scalar register.
 TS_AVX2 inline __m256 broadcast_f16(const uint8_t* p) {
@@ -145,10 +157,16 @@ TS_AVX2 void rows_q4_0(float* y, int64_t ldy, int64_t M, const float* bias, int6
                        const TileArgs& args);
 TS_AVX2 void rows_q4_1(float* y, int64_t ldy, int64_t M, const float* bias, int64_t n0, int64_t n1,
                        const TileArgs& args);
+TS_AVX2 void rows_q5_0(float* y, int64_t ldy, int64_t M, const float* bias, int64_t n0, int64_t n1,
+                       const TileArgs& args);
+TS_AVX2 void rows_q5_1(float* y, int64_t ldy, int64_t M, const float* bias, int64_t n0, int64_t n1,
+                       const TileArgs& args);
 // Row-interleaved q4_0x8 / q4_1x8 / q8_0x8 (quant_avx2_x8.cc): the entry of type t (n0 and n1
 // multiples of 8), nullptr for other types.
 x8::RowsFn<TileArgs> x8_rows_fn(DType t);
 TS_AVX2 void rows_q4_k(float* y, int64_t ldy, int64_t M, const float* bias, int64_t n0, int64_t n1,
+                       const TileArgs& args);
+TS_AVX2 void rows_q5_k(float* y, int64_t ldy, int64_t M, const float* bias, int64_t n0, int64_t n1,
                        const TileArgs& args);
 TS_AVX2 void rows_q6_k(float* y, int64_t ldy, int64_t M, const float* bias, int64_t n0, int64_t n1,
                        const TileArgs& args);

@@ -1,5 +1,6 @@
-// AVX2 tiles for the 32-element block formats (q8_0, q4_0, q4_1) against int8 activations:
-// vpmaddubsw (u8 x i8 -> i16 pair sums) then vpmaddwd with ones (-> i32), one f32 FMA per block.
+// AVX2 tiles for the 32-element block formats (q8_0, q4_0, q4_1, q5_0, q5_1) against int8
+// activations: vpmaddubsw (u8 x i8 -> i16 pair sums) then vpmaddwd with ones (-> i32), one f32
+// FMA per block.
 #include "backend/cpu/quant_avx2_common.h"
 #include "core/dtype.h"
 
@@ -62,16 +63,19 @@ struct TileQ8_0 {
   }
 };
 
-// q4_0 (kHasMin false: quants 0..15 stand for q - 8) and q4_1 (quants 0..15 plus a min m).
-// q4_0's offset stays in integers: sum (q - 8) x = sum q x - 8 sum x, subtracted as i16 pair
-// sums (|q x pairs| <= 3810, |8 x pairs| <= 2032). q4_1's min adds m * d_x * sum(x) per block,
-// accumulated separately (min_terms).
-template <bool kHasMin>
-struct Q4Tile {
+// q4_0 (kHasMin false: quants 0..15 stand for q - 8) and q4_1 (quants 0..15 plus a min m); with
+// kFifthBit, q5_0 (0..31 for q - 16) and q5_1 (0..31 plus a min), whose fifth bits come from the
+// 32-bit word before the nibbles. The offset stays in integers: sum (q - o) x = sum q x - o sum x,
+// subtracted as i16 pair sums (|q x pairs| <= 7874, |16 x pairs| <= 4064). The min adds
+// m * d_x * sum(x) per block, accumulated separately (min_terms).
+template <bool kHasMin, bool kFifthBit>
+struct Q32Tile {
   template <int MR, int NR>
   struct Tile {
     static constexpr int kNR = nr_for(MR);
-    static constexpr int64_t kBlockBytes = kHasMin ? sizeof(BlockQ4_1) : sizeof(BlockQ4_0);
+    static constexpr int64_t kQsOffset = (kHasMin ? 4 : 2) + (kFifthBit ? 4 : 0);
+    static constexpr int64_t kBlockBytes = kQsOffset + 16;
+    static constexpr int kOffset = kHasMin ? 0 : kFifthBit ? 16 : 8;
     TS_AVX2 static void run(const TileArgs& t, float* out) {
       const TileRows<MR, NR> r(t);
       const int64_t nb = t.K / 32;
@@ -84,17 +88,22 @@ struct Q4Tile {
         for (int j = 0; j < NR; ++j) {
           const uint8_t* blk = r.w[j] + b * kBlockBytes;
           if (b % 2 == 0) prefetch_ahead(blk, r.ahead);
-          wq[j] = unpack_nibbles16(blk + (kHasMin ? 4 : 2));
+          wq[j] = unpack_nibbles16(blk + kQsOffset);
+          if constexpr (kFifthBit) {
+            uint32_t qh;
+            std::memcpy(&qh, blk + kQsOffset - 4, 4);
+            wq[j] = _mm256_or_si256(wq[j], expand_high_bits(qh));
+          }
           dw[j] = broadcast_f16(blk);
         }
         for (int a = 0; a < MR; ++a) {
           const __m256i xa = load32(r.xq[a] + 32 * b);
           const __m256 dxa = _mm256_broadcast_ss(r.dx[a] + b);
-          __m256i x8;
-          if constexpr (!kHasMin) x8 = _mm256_maddubs_epi16(_mm256_set1_epi8(8), xa);
+          __m256i xo;
+          if constexpr (kOffset != 0) xo = _mm256_maddubs_epi16(_mm256_set1_epi8(kOffset), xa);
           for (int j = 0; j < NR; ++j) {
             __m256i pairs = _mm256_maddubs_epi16(wq[j], xa);
-            if constexpr (!kHasMin) pairs = _mm256_sub_epi16(pairs, x8);
+            if constexpr (kOffset != 0) pairs = _mm256_sub_epi16(pairs, xo);
             const __m256i s = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
             acc[a][j] =
                 _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw[j], dxa), acc[a][j]);
@@ -142,11 +151,19 @@ void rows_q8_0(float* y, int64_t ldy, int64_t M, const float* bias, int64_t n0, 
 }
 void rows_q4_0(float* y, int64_t ldy, int64_t M, const float* bias, int64_t n0, int64_t n1,
                const TileArgs& args) {
-  run_tiles<Q4Tile<false>::Tile>(y, ldy, M, bias, n0, n1, args);
+  run_tiles<Q32Tile<false, false>::Tile>(y, ldy, M, bias, n0, n1, args);
 }
 void rows_q4_1(float* y, int64_t ldy, int64_t M, const float* bias, int64_t n0, int64_t n1,
                const TileArgs& args) {
-  run_tiles<Q4Tile<true>::Tile>(y, ldy, M, bias, n0, n1, args);
+  run_tiles<Q32Tile<true, false>::Tile>(y, ldy, M, bias, n0, n1, args);
+}
+void rows_q5_0(float* y, int64_t ldy, int64_t M, const float* bias, int64_t n0, int64_t n1,
+               const TileArgs& args) {
+  run_tiles<Q32Tile<false, true>::Tile>(y, ldy, M, bias, n0, n1, args);
+}
+void rows_q5_1(float* y, int64_t ldy, int64_t M, const float* bias, int64_t n0, int64_t n1,
+               const TileArgs& args) {
+  run_tiles<Q32Tile<true, true>::Tile>(y, ldy, M, bias, n0, n1, args);
 }
 
 }  // namespace tessera::cpu::avx2

@@ -1,10 +1,11 @@
-// Highway matmul against weights in their stored format (f32/f16/bf16, q8_0, q4_0, q4_1, Q4_K,
-// Q6_K): y = x W^T, and cpu::matmul_wt's choice between it and the AVX2 kernels. Weight blocks are
-// unpacked to int16 in registers and multiplied against int16-held 8-bit activations with pairwise
-// multiply-add (vpmaddwd on x86), exact in int32; each block's sum is scaled in f32. A weight row
-// is decoded once for up to 4 activation rows.
+// Highway matmul against weights in their stored format (f32/f16/bf16, q8_0, q4_0, q4_1, q5_0,
+// q5_1, Q4_K, Q5_K, Q6_K): y = x W^T, and cpu::matmul_wt's choice between it and the AVX2
+// kernels. Weight blocks are unpacked to int16 in registers and multiplied against int16-held
+// 8-bit activations with pairwise multiply-add (vpmaddwd on x86), exact in int32; each block's
+// sum is scaled in f32. A weight row is decoded once for up to 4 activation rows.
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/fixed_chunks.h"
@@ -65,6 +66,25 @@ HWY_INLINE void DecodeQ4(const uint8_t* qs, int offset, V16* w) {
     const V16 bytes = LoadBytes(qs + (v * kL) % 16);
     const V16 q = v * kL < 16 ? hn::And(bytes, hn::Set(d16, 0x0f)) : hn::ShiftRight<4>(bytes);
     w[v] = hn::Sub(q, hn::Set(d16, static_cast<int16_t>(offset)));
+  }
+}
+
+// q5_0 / q5_1: the nibbles as DecodeQ4, each with its fifth bit from the 32-bit word qh (bit e
+// for element e) as 16, less `offset`. kBit[i] selects bit i of a 16-bit half of qh.
+alignas(64) constexpr uint16_t kBit[16] = {1,   2,   4,    8,    16,   32,   64,    128,
+                                           256, 512, 1024, 2048, 4096, 8192, 16384, 32768};
+HWY_INLINE void DecodeQ5(const uint8_t* qs, uint32_t qh, int offset, V16* w) {
+  const D16 d16;
+  const hn::RebindToUnsigned<D16> du16;
+  for (int v = 0; v < kV; ++v) {
+    const int e = v * kL;  // first element of this vector
+    const V16 bytes = LoadBytes(qs + e % 16);
+    const V16 q = e < 16 ? hn::And(bytes, hn::Set(d16, 0x0f)) : hn::ShiftRight<4>(bytes);
+    const auto half = hn::Set(du16, static_cast<uint16_t>(e < 16 ? qh : qh >> 16));
+    const auto bit = hn::And(half, hn::LoadU(du16, kBit + e % 16));
+    const V16 hi =
+        hn::IfThenElseZero(hn::RebindMask(d16, hn::Ne(bit, hn::Zero(du16))), hn::Set(d16, 16));
+    w[v] = hn::Sub(hn::Or(q, hi), hn::Set(d16, static_cast<int16_t>(offset)));
   }
 }
 
@@ -160,15 +180,47 @@ void DotRowQ4(const uint8_t* row, int64_t nb, const QuantizedActs& qa, int64_t m
   for (int a = 0; a < A; ++a) out[a] = acc.Sum(a);
 }
 
-// Q4_K: int32 lanes accumulate sum_j sc_j * (q . x) over the super-block (q * sc_j <= 945 fits
-// int16); the mins contribute dmin * m_j * sum(x) per sub-block, summed as an exact integer.
-template <int A>
+// q5_0 (offset 16, no min) and q5_1 (offset 0, min m times the activation block sum).
+template <int A, bool kHasMin>
+void DotRowQ5(const uint8_t* row, int64_t nb, const QuantizedActs& qa, int64_t m0, float* out) {
+  Acc<A> acc;
+  const ActRows<A> x(qa, m0);
+  constexpr int64_t kStride = kHasMin ? sizeof(BlockQ5_1) : sizeof(BlockQ5_0);
+  ForEachBlock<A>(nb, [&](int64_t b, int p) HWY_ATTR {
+    const uint8_t* blk = row + b * kStride;
+    const uint8_t* qh = blk + (kHasMin ? 4 : 2);
+    uint16_t dh;
+    std::memcpy(&dh, blk, 2);
+    V16 w[kV];
+    DecodeQ5(qh + 4, q5_high_bits(qh), kHasMin ? 0 : 16, w);
+    const float dw = f16_scale_to_f32(dh);
+    float mw = 0;
+    if constexpr (kHasMin) {
+      uint16_t mh;
+      std::memcpy(&mh, blk + 2, 2);
+      mw = f16_scale_to_f32(mh);
+    }
+    for (int a = 0; a < A; ++a) {
+      const V32 s = Dot32(w, x.q[a] + 32 * b);
+      const float dx = x.d[a][b];
+      acc.v[a][p] = hn::MulAdd(hn::ConvertTo(DF(), s), hn::Set(DF(), dw * dx), acc.v[a][p]);
+      if constexpr (kHasMin) acc.corr[a] += mw * (dx * static_cast<float>(x.s32[a][b]));
+    }
+  });
+  for (int a = 0; a < A; ++a) out[a] = acc.Sum(a);
+}
+
+// Q4_K / Q5_K: int32 lanes accumulate sum_j sc_j * (q . x) over the super-block (q * sc_j <=
+// 31 * 63 fits int16); the mins contribute dmin * m_j * sum(x) per sub-block, summed as an exact
+// integer. Q5_K's fifth bit of element l in sub-block j is bit j of qh[l].
+template <int A, class Block>
 void DotRowQ4K(const uint8_t* row, int64_t nb, const QuantizedActs& qa, int64_t m0, float* out) {
+  constexpr bool kFifthBit = std::is_same_v<Block, BlockQ5K>;
   const D16 d16;
   Acc<A> acc;
   const ActRows<A> x(qa, m0);
   ForEachBlock<A>(nb, [&](int64_t b, int p) HWY_ATTR {
-    const auto* blk = reinterpret_cast<const BlockQ4K*>(row) + b;
+    const auto* blk = reinterpret_cast<const Block*>(row) + b;
     int sc[8], mn[8];
     for (int j = 0; j < 8; ++j) q4_k_scale_min(blk->scales, j, &sc[j], &mn[j]);
     V32 isum[A];
@@ -179,7 +231,11 @@ void DotRowQ4K(const uint8_t* row, int64_t nb, const QuantizedActs& qa, int64_t 
       V16 w[kV];
       for (int v = 0; v < kV; ++v) {
         const V16 bytes = LoadBytes(qs + v * kL);
-        const V16 q = j % 2 == 0 ? hn::And(bytes, hn::Set(d16, 0x0f)) : hn::ShiftRight<4>(bytes);
+        V16 q = j % 2 == 0 ? hn::And(bytes, hn::Set(d16, 0x0f)) : hn::ShiftRight<4>(bytes);
+        if constexpr (kFifthBit) {
+          const V16 hb = LoadBytes(blk->qh + v * kL);
+          q = hn::Or(q, hn::ShiftLeft<4>(hn::And(hn::ShiftRightSame(hb, j), hn::Set(d16, 1))));
+        }
         w[v] = hn::Mul(q, scale);
       }
       for (int a = 0; a < A; ++a) isum[a] = hn::Add(isum[a], Dot32(w, x.q[a] + b * kQK_K + 32 * j));
@@ -297,8 +353,14 @@ void DotRow(DType t, const uint8_t* row, int64_t K, const float* x, const Quanti
       return DotRowQ4<A, false>(row, K / 32, qa, m0, out);
     case DType::q4_1:
       return DotRowQ4<A, true>(row, K / 32, qa, m0, out);
+    case DType::q5_0:
+      return DotRowQ5<A, false>(row, K / 32, qa, m0, out);
+    case DType::q5_1:
+      return DotRowQ5<A, true>(row, K / 32, qa, m0, out);
     case DType::q4_k:
-      return DotRowQ4K<A>(row, K / kQK_K, qa, m0, out);
+      return DotRowQ4K<A, BlockQ4K>(row, K / kQK_K, qa, m0, out);
+    case DType::q5_k:
+      return DotRowQ4K<A, BlockQ5K>(row, K / kQK_K, qa, m0, out);
     case DType::q6_k:
       return DotRowQ6K<A>(row, K / kQK_K, qa, m0, out);
     default:
@@ -402,6 +464,7 @@ bool matmul_wt_takes_packed_gemm(DType w_type, int64_t M) {
   static const bool wide_fma = gemm_tile().nr >= 32;
   switch (w_type) {
     case DType::q4_k:
+    case DType::q5_k:
       return wide_fma && M >= 128;
     case DType::f32:
     case DType::f16:
@@ -416,6 +479,8 @@ bool matmul_wt_takes_packed_gemm(DType w_type, int64_t M) {
       return M >= 64;
     case DType::q4_0:
     case DType::q4_1:
+    case DType::q5_0:
+    case DType::q5_1:
       return M >= 256;
     default:
       return false;

@@ -92,8 +92,14 @@ RowsFn rows_fn(DType t) {
       return rows_q4_0;
     case DType::q4_1:
       return rows_q4_1;
+    case DType::q5_0:
+      return rows_q5_0;
+    case DType::q5_1:
+      return rows_q5_1;
     case DType::q4_k:
       return rows_q4_k;
+    case DType::q5_k:
+      return rows_q5_k;
     case DType::q6_k:
       return rows_q6_k;
     case DType::f32:

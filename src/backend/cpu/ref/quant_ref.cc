@@ -66,6 +66,48 @@ float dot_row(DType t, const uint8_t* row, const QuantizedActs& qa, int64_t m) {
                f16_to_f32(blk->m) * (dx[b] * static_cast<float>(s32[b]));
       }
       return acc;
+    case DType::q5_0:
+    case DType::q5_1:
+      // q5_0: x = d (q - 16); q5_1: x = d q + m, the min contributing m * dx * sum(xq).
+      for (int64_t b = 0; b < qa.K / 32; ++b) {
+        const bool has_min = t == DType::q5_1;
+        const uint8_t* blk = row + b * (has_min ? sizeof(BlockQ5_1) : sizeof(BlockQ5_0));
+        uint16_t dh, mh = 0;
+        std::memcpy(&dh, blk, 2);
+        if (has_min) std::memcpy(&mh, blk + 2, 2);
+        const uint8_t* qh = blk + (has_min ? 4 : 2);
+        const uint32_t hb = q5_high_bits(qh);
+        const int16_t* x = xq + b * 32;
+        int32_t s = 0;
+        for (int j = 0; j < 16; ++j) {
+          const int q0 = (qh[4 + j] & 0x0f) | static_cast<int>((hb >> j) & 1) << 4;
+          const int q1 = (qh[4 + j] >> 4) | static_cast<int>((hb >> (j + 16)) & 1) << 4;
+          s += (has_min ? q0 : q0 - 16) * x[j] + (has_min ? q1 : q1 - 16) * x[j + 16];
+        }
+        acc += f16_to_f32(dh) * dx[b] * static_cast<float>(s);
+        if (has_min) acc += f16_to_f32(mh) * (dx[b] * static_cast<float>(s32[b]));
+      }
+      return acc;
+    case DType::q5_k:
+      // As q4_k, with the fifth bit of element l of sub-block j in bit j of qh[l].
+      for (int64_t b = 0; b < qa.K / kQK_K; ++b) {
+        const auto* blk = reinterpret_cast<const BlockQ5K*>(row) + b;
+        int32_t isum = 0, msum = 0;
+        for (int j = 0; j < 8; ++j) {
+          int sc, mn;
+          q4_k_scale_min(blk->scales, j, &sc, &mn);
+          const uint8_t* q = blk->qs + 32 * (j / 2);
+          const int16_t* x = xq + b * kQK_K + 32 * j;
+          int32_t s = 0;
+          for (int l = 0; l < 32; ++l)
+            s += (((q[l] >> (4 * (j % 2))) & 0x0f) | (((blk->qh[l] >> j) & 1) << 4)) * x[l];
+          isum += sc * s;
+          msum += mn * s32[b * 8 + j];
+        }
+        acc += f16_to_f32(blk->d) * dx[b] * static_cast<float>(isum) -
+               f16_to_f32(blk->dmin) * dx[b] * static_cast<float>(msum);
+      }
+      return acc;
     case DType::q4_k:
       // Per super-block: sum_j sc_j dot_j and sum_j m_j sum_j are exact integers.
       for (int64_t b = 0; b < qa.K / kQK_K; ++b) {
