@@ -132,8 +132,8 @@ TEST(GemmWt, MatmulWtRoutesLargeProductsHere) {
       if (M_packed == 0 && matmul_wt_takes_packed_gemm(t, m)) M_packed = m;
     EXPECT_FALSE(matmul_wt_takes_packed_gemm(t, 64)) << "decode-sized batches must stay integer";
     // q4_K's integer kernel measured faster than a 256-bit packed GEMM at every M; a 512-bit
-    // one (AVX-512 targets) beats it from 128 rows.
-    if (t == DType::q4_k && gemm_tile().nr < 32) {
+    // one (AVX-512 targets) beats it from 128 rows. Q5_K follows q4_K.
+    if ((t == DType::q4_k || t == DType::q5_k) && gemm_tile().nr < 32) {
       EXPECT_EQ(M_packed, 0);
       continue;
     }

@@ -460,7 +460,8 @@ bool matmul_wt_takes_packed_gemm(DType w_type, int64_t M) {
   // while the k-quant kernels stay 256-bit, q4_K crosses too. One Xeon core, MatmulWt/route,
   // integer vs packed: 15.0 vs 10.5 ms at 128 rows, 63.8 vs 33.7 at 512 (7.0 vs 8.1 at 64). q6_K
   // there: 10.0 vs 7.5 ms at 64 rows, but it keeps the 128 of the other types, below which the
-  // integer kernels' rows do not depend on the batch.
+  // integer kernels' rows do not depend on the batch. Q5_K there: 13.0 vs 10.7 ms at 128 rows,
+  // 51.0 vs 32.7 at 512; on 256-bit targets it stays integer with q4_K (unmeasured there).
   static const bool wide_fma = gemm_tile().nr >= 32;
   switch (w_type) {
     case DType::q4_k:
@@ -472,6 +473,13 @@ bool matmul_wt_takes_packed_gemm(DType w_type, int64_t M) {
     case DType::q8_0:
     case DType::q6_k:
       return M >= 128;
+    case DType::q5_0:
+    case DType::q5_1:
+      // Their integer kernels decode a fifth bit per element: one Xeon core, MatmulWt/route,
+      // integer vs packed: q5_0 16.6 vs 10.6 ms at 128 rows, 35.4 vs 17.4 at 256, 69.8 vs 31.5
+      // at 512 (8.6 vs 6.9 at 64, but below 128 every type stays integer: batch-invariant rows).
+      // Not measured where the packed GEMM is 256 bits wide.
+      return M >= 128;
     case DType::f16x16:
       // Its kernel reads a 16-row group per pass with vertical sums, and its packed route packs
       // no weights: MatmulWt/route, one thread, kernel vs packed: 2.9-3.1 vs 3.5 ms at 16 rows,
@@ -479,8 +487,6 @@ bool matmul_wt_takes_packed_gemm(DType w_type, int64_t M) {
       return M >= 64;
     case DType::q4_0:
     case DType::q4_1:
-    case DType::q5_0:
-    case DType::q5_1:
       return M >= 256;
     default:
       return false;
