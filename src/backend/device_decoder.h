@@ -24,7 +24,7 @@ struct HostWeight {
 };
 
 // Norm weights and biases must be f32 (the engine widens them once); matrices may be f32, f16,
-// bf16, q8_0, q4_0, q4_1, q4_k or q6_k.
+// bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k or q6_k.
 struct DecoderLayerWeights {
   HostWeight attn_norm, attn_norm_b;  // (C); _b gpt2 only
   HostWeight wq, wk, wv, wo;          // (Q,C) (KV,C) (KV,C) (C,Q)

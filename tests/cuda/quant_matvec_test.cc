@@ -58,11 +58,11 @@ std::vector<float> random_x(int64_t M, int64_t K, uint32_t seed) {
 // Per-element offset of a block's value (the part applied through the activation sums).
 template <class T>
 float element_offset(const uint8_t* blk, int e) {
-  if constexpr (T::kType == DType::q4_0) {
+  if constexpr (T::kType == DType::q4_0 || T::kType == DType::q5_0 || T::kType == DType::q5_1) {
     return T::offset(blk);
   } else if constexpr (T::kType == DType::q4_1) {
     return T::min(blk);
-  } else if constexpr (T::kType == DType::q4_k) {
+  } else if constexpr (T::kType == DType::q4_k || T::kType == DType::q5_k) {
     int sc, m;
     T::scale_min(blk, e / 32, &sc, &m);
     return -T::dmin(blk) * static_cast<float>(m);
@@ -122,6 +122,9 @@ TEST(CudaQuantBlocks, UnitsRebuildEveryBlockType) {
   check_units_rebuild_blocks<qb::Q4_1>(3);
   check_units_rebuild_blocks<qb::Q4K>(4);
   check_units_rebuild_blocks<qb::Q6K>(5);
+  check_units_rebuild_blocks<qb::Q5_0>(6);
+  check_units_rebuild_blocks<qb::Q5_1>(7);
+  check_units_rebuild_blocks<qb::Q5K>(8);
 }
 
 TEST(CudaQuantBlocks, HostByteHelpers) {
@@ -201,22 +204,10 @@ float emulate_row(const uint8_t* w, int64_t row_bytes, int64_t n, const HostActs
           std::memcpy(&xw, xb + T::x_first(u, k), 4);
           isum += sc[k] * qb::dot4(q[k], xw, 0);
         }
-        if constexpr (T::kType == DType::q4_0) {
-          if (u == 0) isum -= 8 * sums[0];
-        }
+        float f = 0.0f;
+        T::offset_terms(blk, u, sums, &isum, &f);  // the kernel's own offset code
         acc[lane] += d * dx * static_cast<float>(isum);
-        if constexpr (T::kType == DType::q4_1) {
-          if (u == 0) acc[lane] += T::min(blk) * dx * static_cast<float>(sums[0]);
-        } else if constexpr (T::kType == DType::q4_k) {
-          if (u % 2 == 0) {
-            const int p = u / 2;
-            int sc0, m0, sc1, m1;
-            T::scale_min(blk, 2 * p, &sc0, &m0);
-            T::scale_min(blk, 2 * p + 1, &sc1, &m1);
-            acc[lane] -=
-                T::dmin(blk) * dx * static_cast<float>(m0 * sums[2 * p] + m1 * sums[2 * p + 1]);
-          }
-        }
+        acc[lane] += f * dx;
       }
   }
   for (int o = 16; o > 0; o /= 2) {  // the butterfly of __shfl_xor_sync
@@ -270,6 +261,12 @@ double abs_term_sum(DType t, const uint8_t* w_row, const HostActs& a, int64_t m)
       return abs_term_sum_t<qb::Q4_1>(w_row, a, m);
     case DType::q4_k:
       return abs_term_sum_t<qb::Q4K>(w_row, a, m);
+    case DType::q5_0:
+      return abs_term_sum_t<qb::Q5_0>(w_row, a, m);
+    case DType::q5_1:
+      return abs_term_sum_t<qb::Q5_1>(w_row, a, m);
+    case DType::q5_k:
+      return abs_term_sum_t<qb::Q5K>(w_row, a, m);
     default:
       return abs_term_sum_t<qb::Q6K>(w_row, a, m);
   }
@@ -307,6 +304,9 @@ TEST(CudaQuantMatvecHost, KernelIndexMathMatchesReference) {
       check_emulation<qb::Q4_1>(2, K, 3, misalign, 12);
       check_emulation<qb::Q4K>(2, K, 3, misalign, 13);
       check_emulation<qb::Q6K>(2, K, 3, misalign, 14);
+      check_emulation<qb::Q5_0>(2, K, 3, misalign, 15);
+      check_emulation<qb::Q5_1>(2, K, 3, misalign, 16);
+      check_emulation<qb::Q5K>(2, K, 3, misalign, 17);
     }
 }
 
@@ -428,8 +428,8 @@ void check_on_device(DType t, int64_t M, int64_t K, int64_t N, bool with_bias, i
 
 TEST(CudaQuantMatvec, MatchesCpuEveryTypeAndShape) {
   TS_REQUIRE_CUDA_DEVICE();
-  const DType types[] = {DType::f16,  DType::bf16, DType::q8_0, DType::q4_0,
-                         DType::q4_1, DType::q4_k, DType::q6_k};
+  const DType types[] = {DType::f16,  DType::bf16, DType::q8_0, DType::q4_0, DType::q4_1,
+                         DType::q5_0, DType::q5_1, DType::q4_k, DType::q5_k, DType::q6_k};
   uint32_t seed = 100;
   int i = 0;
   for (DType t : types)
@@ -447,8 +447,8 @@ TEST(CudaQuantMatvec, MisalignedWeightsAndEveryM) {
   // Weights at 2 and 6 bytes past an aligned address: every chunk starts mid-line, so the
   // masked edge slots and the funnel-shifted shared-memory reads are exercised; M 4..7 cover
   // the remaining template instances.
-  const DType types[] = {DType::f16,  DType::bf16, DType::q8_0, DType::q4_0,
-                         DType::q4_1, DType::q4_k, DType::q6_k};
+  const DType types[] = {DType::f16,  DType::bf16, DType::q8_0, DType::q4_0, DType::q4_1,
+                         DType::q5_0, DType::q5_1, DType::q4_k, DType::q5_k, DType::q6_k};
   uint32_t seed = 900;
   for (DType t : types)
     for (int64_t M : {4, 5, 6, 7}) {

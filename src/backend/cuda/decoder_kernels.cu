@@ -41,8 +41,9 @@ __device__ __forceinline__ uint16_t f16_bits(float x) {
   return __half_as_ushort(__float2half_rn(x));
 }
 
-// One thread per 32 consecutive elements (a q8_0/q4_0/q4_1 block, a q4_k sub-block, a q6_k run
-// of 32); blocks are read bytewise (GGUF blocks are 18-210 bytes, not aligned). __fmul_rn and
+// One thread per 32 consecutive elements (a q8_0/q4_0/q4_1/q5_0/q5_1 block, a q4_k/q5_k
+// sub-block, a q6_k run of 32); blocks are read bytewise (GGUF blocks are 18-210 bytes, not
+// aligned). __fmul_rn and
 // __fsub_rn/__fadd_rn keep each step separately rounded, as the CPU computes it.
 template <int kType>
 __global__ void dequant_kernel(uint16_t* dst, const uint8_t* w, int64_t groups) {
@@ -68,10 +69,29 @@ __global__ void dequant_kernel(uint16_t* dst, const uint8_t* w, int64_t groups) 
         out[j] = f16_bits(__fadd_rn(__fmul_rn(d, static_cast<float>(b[4 + j] & 0x0f)), m));
         out[j + 16] = f16_bits(__fadd_rn(__fmul_rn(d, static_cast<float>(b[4 + j] >> 4)), m));
       }
-    } else if constexpr (kType == 3) {  // q4_k sub-block j of a 144-byte super-block
+    } else if constexpr (kType == 5 || kType == 6) {  // q5_0 (d (q - 16)) / q5_1 (d q + m)
+      constexpr int kQh = kType == 5 ? 2 : 4;
+      const uint8_t* b = w + g * (kQh + 20);
+      const float d = half_bits_to_f32(b), m = kType == 6 ? half_bits_to_f32(b + 2) : 0.0f;
+      const uint32_t qh = static_cast<uint32_t>(b[kQh]) | static_cast<uint32_t>(b[kQh + 1]) << 8 |
+                          static_cast<uint32_t>(b[kQh + 2]) << 16 |
+                          static_cast<uint32_t>(b[kQh + 3]) << 24;
+      for (int j = 0; j < 16; ++j) {
+        const int q0 = (b[kQh + 4 + j] & 0x0f) | static_cast<int>((qh >> j) & 1u) << 4;
+        const int q1 = (b[kQh + 4 + j] >> 4) | static_cast<int>((qh >> (j + 16)) & 1u) << 4;
+        if constexpr (kType == 5) {
+          out[j] = f16_bits(__fmul_rn(d, static_cast<float>(q0 - 16)));
+          out[j + 16] = f16_bits(__fmul_rn(d, static_cast<float>(q1 - 16)));
+        } else {
+          out[j] = f16_bits(__fadd_rn(__fmul_rn(d, static_cast<float>(q0)), m));
+          out[j + 16] = f16_bits(__fadd_rn(__fmul_rn(d, static_cast<float>(q1)), m));
+        }
+      }
+    } else if constexpr (kType == 3 || kType == 7) {  // q4_k / q5_k sub-block j
+      constexpr int kBytes = kType == 3 ? 144 : 176, kQs = kType == 3 ? 16 : 48;
       const int64_t blk = g / 8;
       const int j = static_cast<int>(g % 8);
-      const uint8_t* b = w + blk * 144;
+      const uint8_t* b = w + blk * kBytes;
       const float d = half_bits_to_f32(b), dmin = half_bits_to_f32(b + 2);
       const uint8_t* s = b + 4;
       int sc, mn;
@@ -84,11 +104,13 @@ __global__ void dequant_kernel(uint16_t* dst, const uint8_t* w, int64_t groups) 
       }
       const float scale = __fmul_rn(d, static_cast<float>(sc));
       const float offset = __fmul_rn(dmin, static_cast<float>(mn));
-      const uint8_t* q = b + 16 + 32 * (j / 2);
+      const uint8_t* q = b + kQs + 32 * (j / 2);
       const int shift = 4 * (j % 2);
-      for (int l = 0; l < 32; ++l)
-        out[l] = f16_bits(
-            __fsub_rn(__fmul_rn(scale, static_cast<float>((q[l] >> shift) & 0x0f)), offset));
+      for (int l = 0; l < 32; ++l) {
+        int v = (q[l] >> shift) & 0x0f;
+        if constexpr (kType == 7) v |= ((b[16 + l] >> j) & 1) << 4;  // qh[l] bit j: the fifth bit
+        out[l] = f16_bits(__fsub_rn(__fmul_rn(scale, static_cast<float>(v)), offset));
+      }
     } else {  // q6_k: elements 32 r' .. of a 210-byte super-block (ql, qh, scales, d)
       const int64_t blk = g / 8;
       const int part = static_cast<int>(g % 8);
@@ -182,8 +204,8 @@ void dequantize_to_f16(uint16_t* dst, const void* w, DType type, int64_t N, int6
   const int64_t block = act_block_elems(type);  // the block types' block size, else 0
   TS_CHECK(block > 0 && K % block == 0, "[dequantize_to_f16] type ", dtype_name(type),
            " with K=", K,
-           " is not supported (f16, bf16, q8_0, q4_0, q4_1, q4_k, q6_k; K a multiple of the "
-           "block)");
+           " is not supported (f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k; K a "
+           "multiple of the block)");
   const int64_t groups = n / 32;
   const auto* p = static_cast<const uint8_t*>(w);
   switch (type) {
@@ -201,6 +223,15 @@ void dequantize_to_f16(uint16_t* dst, const void* w, DType type, int64_t N, int6
       break;
     case DType::q6_k:
       dequant_kernel<4><<<grid(groups), kThreads, 0, stream>>>(dst, p, groups);
+      break;
+    case DType::q5_0:
+      dequant_kernel<5><<<grid(groups), kThreads, 0, stream>>>(dst, p, groups);
+      break;
+    case DType::q5_1:
+      dequant_kernel<6><<<grid(groups), kThreads, 0, stream>>>(dst, p, groups);
+      break;
+    case DType::q5_k:
+      dequant_kernel<7><<<grid(groups), kThreads, 0, stream>>>(dst, p, groups);
       break;
     default:
       fail("[dequantize_to_f16] type ", dtype_name(type), " is not supported");

@@ -58,7 +58,10 @@ bool matrix_type_supported(DType t) {
     case DType::q8_0:
     case DType::q4_0:
     case DType::q4_1:
+    case DType::q5_0:
+    case DType::q5_1:
     case DType::q4_k:
+    case DType::q5_k:
     case DType::q6_k:
       return true;
     default:
@@ -235,7 +238,8 @@ CudaDecoder::CudaDecoder(const DecoderDesc& d, int device)
   attn_ws_ = DeviceBuffer(pool_, static_cast<size_t>(attn_floats) * sizeof(float), s);
   size_t mv = 0;
   for (const int64_t K : {d_.C, Q_, d_.F})
-    for (const DType t : {DType::q8_0, DType::q4_0, DType::q4_1, DType::q4_k, DType::q6_k})
+    for (const DType t : {DType::q8_0, DType::q4_0, DType::q4_1, DType::q5_0, DType::q5_1,
+                          DType::q4_k, DType::q5_k, DType::q6_k})
       mv = std::max(mv, cuda::matmul_wt_workspace_bytes(cuda::kMatvecMaxRows, K, t));
   matvec_ws_ = DeviceBuffer(pool_, std::max<size_t>(mv, 1), s);
   if (R >= kGemmMinRows) {
@@ -266,7 +270,8 @@ void CudaDecoder::validate() const {
                           int64_t cols) {
     TS_CHECK(w.present(), op, " ", name, " is missing");
     TS_CHECK(matrix_type_supported(w.type), op, " ", name, " has type ", dtype_name(w.type),
-             ", which the CUDA kernels do not take (f32, f16, bf16, q8_0, q4_0, q4_1, q4_k, q6_k)");
+             ", which the CUDA kernels do not take (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, "
+             "q4_k, q5_k, q6_k)");
     TS_CHECK(w.rows == rows && w.cols == cols, op, " ", name, " is (", w.rows, ", ", w.cols,
              "), expected (", rows, ", ", cols, ")");
   };

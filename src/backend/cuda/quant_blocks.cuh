@@ -66,6 +66,20 @@ TS_HD int dot4(uint32_t a, uint32_t b, int c) {
 #endif
 }
 
+// A 32-sum of the activations (read through the read-only cache on the device).
+TS_HD int32_t ld_sum(const int32_t* p) {
+#if defined(__CUDA_ARCH__)
+  return __ldg(p);
+#else
+  return *p;
+#endif
+}
+
+// Bits 0..3 of n moved to bit 4 of bytes 0..3: the fifth bits of four 5-bit quants.
+TS_HD uint32_t spread_bits4(uint32_t n) {
+  return ((n & 1u) << 4) | ((n & 2u) << 11) | ((n & 4u) << 18) | ((n & 8u) << 25);
+}
+
 // Byte i of w as a signed value (host tests only use it to rebuild weights).
 TS_HD int byte_s8(uint32_t w, int i) {
   return static_cast<int8_t>((w >> (8 * i)) & 0xffu);
@@ -75,8 +89,11 @@ TS_HD int byte_s8(uint32_t w, int i) {
 // integers; byte i of q[w] multiplies block element x_first(u, w) + i with integer weight
 // scale sc[w]. The block's value at that element is
 //     scale(blk) * sc[w] * byte + offset(blk, element)
-// where the offset (q4_0's -8 d, q4_1's m, q4_K's -dmin m_j) is applied per 32 elements through
-// the activation sums (sum of x over those 32), never per byte.
+// where the offset (q4_0's -8 d, q5_0's -16 d, q4_1's / q5_1's m, q4_K's / q5_K's -dmin m_j) is
+// applied per 32 elements through the activation sums (sum of x over those 32), never per byte:
+// unit u's offset_terms(blk, u, sums, &isum, &f) adds its share (each 32 elements counted by
+// exactly one unit) to the integer sum, which the kernel scales by d * dx, and to f, which it
+// scales by dx. The kernel and the host emulation in the tests both call it.
 
 // Each type also names kChunkBlocks, the blocks of one weight row a warp stages per step:
 // kChunkBlocks * kUnitsPerBlock is a multiple of 32 (every lane decodes the same number of
@@ -99,6 +116,7 @@ struct Q8_0 {
     q[1] = ld_u32(blk + 6 + 8 * u);
     sc[0] = sc[1] = 1;
   }
+  TS_HD static void offset_terms(const uint8_t*, int, const int32_t*, int*, float*) {}
 };
 
 // q4_0: 18 bytes = f16 d, 16 bytes of nibbles (element j low nibble of byte j, element j+16
@@ -119,6 +137,10 @@ struct Q4_0 {
   }
   // Offset per element: -8 d.
   TS_HD static float offset(const uint8_t* blk) { return -8.0f * scale(blk); }
+  // sum (q - 8) x = sum q x - 8 sum x.
+  TS_HD static void offset_terms(const uint8_t*, int u, const int32_t* sums, int* isum, float*) {
+    if (u == 0) *isum -= 8 * ld_sum(sums);
+  }
 };
 
 // q4_1: 20 bytes = f16 d, f16 m, 16 bytes of nibbles laid out as q4_0; x = d q + m.
@@ -136,17 +158,58 @@ struct Q4_1 {
     q[1] = (raw >> 4) & 0x0f0f0f0fu;
     sc[0] = sc[1] = 1;
   }
+  TS_HD static void offset_terms(const uint8_t* blk, int u, const int32_t* sums, int*, float* f) {
+    if (u == 0) *f += min(blk) * static_cast<float>(ld_sum(sums));
+  }
 };
+
+// q5_0 / q5_1: q4_0 / q4_1 with a 32-bit word qh before the nibbles whose bit e is element e's
+// fifth bit (16): 22 bytes = f16 d, qh, 16 bytes of nibbles; 24 bytes = f16 d, f16 m, qh,
+// nibbles. Units as q4's; the quants 0..31 stay unsigned (valid int8), q5_0's -16 is the offset
+// -16 d times the x sum.
+template <bool kHasMin>
+struct Q5 {
+  static constexpr DType kType = kHasMin ? DType::q5_1 : DType::q5_0;
+  static constexpr int kQh = kHasMin ? 4 : 2;  // byte offset of qh
+  static constexpr int kBlockBytes = kQh + 20, kBlockElems = 32, kUnitsPerBlock = 4, kWords = 2;
+  static constexpr int kActBlock = 32, kXVec = 1;
+  static constexpr int kChunkBlocks = kHasMin ? 56 : 64;  // 1344 B, 1408 B
+  TS_HD static int x_first(int u, int w) { return 4 * u + 16 * w; }
+  TS_HD static float scale(const uint8_t* blk) { return f16_bits_to_f32(ld_u16(blk)); }
+  TS_HD static float min(const uint8_t* blk) { return f16_bits_to_f32(ld_u16(blk + 2)); }
+  TS_HD static float offset(const uint8_t* blk) { return kHasMin ? min(blk) : -16.0f * scale(blk); }
+  TS_HD static void unit(const uint8_t* blk, int u, uint32_t* q, int* sc) {
+    const uint32_t qh = ld_u32(blk + kQh);
+    const uint32_t raw = ld_u32(blk + kQh + 4 + 4 * u);
+    q[0] = (raw & 0x0f0f0f0fu) | spread_bits4((qh >> (4 * u)) & 0xfu);
+    q[1] = ((raw >> 4) & 0x0f0f0f0fu) | spread_bits4((qh >> (16 + 4 * u)) & 0xfu);
+    sc[0] = sc[1] = 1;
+  }
+  TS_HD static void offset_terms(const uint8_t* blk, int u, const int32_t* sums, int* isum,
+                                 float* f) {
+    if (u != 0) return;
+    if constexpr (kHasMin)
+      *f += min(blk) * static_cast<float>(ld_sum(sums));
+    else
+      *isum -= 16 * ld_sum(sums);
+  }
+};
+using Q5_0 = Q5<false>;
+using Q5_1 = Q5<true>;
 
 // q4_K: 144 bytes = f16 d, f16 dmin, 12 bytes of packed 6-bit scales/mins, 128 bytes of nibbles.
 // Sub-block j (32 elements) is in the low (j even) or high (j odd) nibbles of bytes
 // 32 (j/2) .. +31. Unit u (0..7): p = u/2, h = u%2 -> bytes 32p + 16h .. +15; its low nibbles
 // are elements 64p + 16h .. +15 (sub-block 2p), its high nibbles 64p + 32 + 16h .. (2p+1).
-struct Q4K {
-  static constexpr DType kType = DType::q4_k;
-  static constexpr int kBlockBytes = 144, kBlockElems = 256, kUnitsPerBlock = 8, kWords = 8;
+// q5_K: 176 bytes = f16 d, f16 dmin, the same 12 scale bytes, qh[32], then q4_K's 128 nibble
+// bytes; element l of sub-block j takes bit j of qh[l] as its fifth bit. Units as q4_K's.
+template <bool kFifthBit>
+struct QK4 {
+  static constexpr DType kType = kFifthBit ? DType::q5_k : DType::q4_k;
+  static constexpr int kQs = kFifthBit ? 48 : 16;  // byte offset of the nibbles
+  static constexpr int kBlockBytes = kQs + 128, kBlockElems = 256, kUnitsPerBlock = 8, kWords = 8;
   static constexpr int kActBlock = 256, kXVec = 4;
-  static constexpr int kChunkBlocks = 12;  // 1728 B
+  static constexpr int kChunkBlocks = kFifthBit ? 8 : 12;  // 1408 B, 1728 B
   TS_HD static int x_first(int u, int w) {
     return 64 * (u / 2) + 16 * (u % 2) + (w < 4 ? 4 * w : 32 + 4 * (w - 4));
   }
@@ -165,7 +228,7 @@ struct Q4K {
   }
   TS_HD static void unit(const uint8_t* blk, int u, uint32_t* q, int* sc) {
     const int p = u / 2, h = u % 2;
-    const uint8_t* qs = blk + 16 + 32 * p + 16 * h;
+    const uint8_t* qs = blk + kQs + 32 * p + 16 * h;
     int sc_lo, sc_hi, m_unused;
     scale_min(blk, 2 * p, &sc_lo, &m_unused);
     scale_min(blk, 2 * p + 1, &sc_hi, &m_unused);
@@ -173,11 +236,28 @@ struct Q4K {
       const uint32_t raw = ld_u32(qs + 4 * w);
       q[w] = raw & 0x0f0f0f0fu;
       q[w + 4] = (raw >> 4) & 0x0f0f0f0fu;
+      if constexpr (kFifthBit) {  // bytes l = 16 h + 4 w .. of qh, bits 2p and 2p + 1
+        const uint32_t qh = ld_u32(blk + 16 + 16 * h + 4 * w);
+        q[w] |= ((qh >> (2 * p)) & 0x01010101u) << 4;
+        q[w + 4] |= ((qh >> (2 * p + 1)) & 0x01010101u) << 4;
+      }
       sc[w] = sc_lo;
       sc[w + 4] = sc_hi;
     }
   }
+  // Unit pair (2p, 2p + 1) covers sub-blocks 2p, 2p + 1 once: the even unit adds their mins.
+  TS_HD static void offset_terms(const uint8_t* blk, int u, const int32_t* sums, int*, float* f) {
+    if (u % 2 != 0) return;
+    const int p = u / 2;
+    int sc0, m0, sc1, m1;
+    scale_min(blk, 2 * p, &sc0, &m0);
+    scale_min(blk, 2 * p + 1, &sc1, &m1);
+    const int msum = m0 * ld_sum(sums + 2 * p) + m1 * ld_sum(sums + 2 * p + 1);
+    *f -= dmin(blk) * static_cast<float>(msum);
+  }
 };
+using Q4K = QK4<false>;
+using Q5K = QK4<true>;
 
 // q6_K: 210 bytes = ql[128] (low 4 bits), qh[64] (high 2 bits), int8 scales[16], f16 d.
 // Element i: h = i/128, r = (i%128)/32, l = i%32; low bits from ql[64h + l + 32 (r&1)] (high
@@ -214,6 +294,7 @@ struct Q6K {
       }
     }
   }
+  TS_HD static void offset_terms(const uint8_t*, int, const int32_t*, int*, float*) {}
 };
 
 // Geometry of one staged chunk of a weight row. The chunk starts at any phase 0..15 of a

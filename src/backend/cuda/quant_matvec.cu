@@ -197,7 +197,7 @@ void check_args(int64_t ldy, int64_t M, int64_t K, DType w_type, int64_t N) {
   TS_CHECK(ldy >= N, "[cuda matmul_wt] ldy=", ldy, " is smaller than N=", N);
   const bool half = w_type == DType::f16 || w_type == DType::bf16;
   TS_CHECK(half || act_block_elems(w_type) > 0, "[cuda matmul_wt] weight type ", dtype_name(w_type),
-           " is not supported (f16, bf16, q8_0, q4_0, q4_1, q4_k, q6_k)");
+           " is not supported (f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k)");
   const int64_t block = traits(w_type).block_elems;
   TS_CHECK(K % block == 0, "[cuda matmul_wt] K=", K, " is not a multiple of the ",
            dtype_name(w_type), " block size ", block);

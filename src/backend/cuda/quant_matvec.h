@@ -1,5 +1,6 @@
 // Decode-time matmul on the GPU against weights kept in their stored type (f16, bf16 and the
-// GGUF blocks q8_0, q4_0, q4_1, q4_K, q6_K): y = x W^T for 1 to 8 activation rows.
+// GGUF blocks q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K): y = x W^T for 1 to 8 activation
+// rows.
 //
 // Design (bandwidth): a warp owns kMatvecWarpRows consecutive weight rows and streams them in
 // chunks of whole blocks (~1-2 KB per row) with 128-bit loads that cover contiguous bytes
@@ -49,8 +50,8 @@ size_t matmul_wt_workspace_bytes(int64_t M, int64_t K, DType w_type);
 // y (M, ldy) = x (M, K) W^T [+ bias (N)], W (N, K) stored as w_type with rows
 // dtype_bytes(w_type, K) apart, exactly as in the GGUF/safetensors file (any alignment).
 // x, y, bias f32; all pointers on the device. 1 <= M <= 8 (M == 0 or N == 0 does nothing);
-// K a multiple of the block size; ldy >= N. w_type one of f16, bf16, q8_0, q4_0, q4_1, q4_k,
-// q6_k. `workspace` holds matmul_wt_workspace_bytes(M, K, w_type) bytes (may be null for
+// K a multiple of the block size; ldy >= N. w_type one of f16, bf16, q8_0, q4_0, q4_1, q5_0,
+// q5_1, q4_k, q5_k, q6_k. `workspace` holds matmul_wt_workspace_bytes(M, K, w_type) bytes (may be null for
 // f16/bf16); it is used in stream order, so one workspace serves all calls on one stream.
 void matmul_wt(float* y, int64_t ldy, const float* x, int64_t M, int64_t K, const void* w,
                DType w_type, int64_t N, const float* bias, void* workspace, size_t workspace_bytes,

@@ -1,4 +1,5 @@
-// Quantized matvec kernels for the GGUF block types (q8_0, q4_0, q4_1, q4_K, q6_K): weight rows
+// Quantized matvec kernels for the GGUF block types (q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K,
+// q6_K): weight rows
 // streamed once through shared memory with 128-bit loads, __dp4a against int8 activations.
 #include <cstdint>
 
@@ -134,22 +135,10 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
           for (int k = 0; k < NW; ++k) isum += sc[r][k] * qb::dot4(q[r][k], xw[k], 0);
           const uint8_t* blk = stage[warp][r] + ph[r] + bl * BB;
-          if constexpr (T::kType == DType::q4_0) {
-            if (u == 0) isum -= 8 * __ldg(sums);  // sum (q - 8) x = sum q x - 8 sum x
-          }
+          float f = 0.0f;  // the offsets' float part (mins), in units of dx
+          T::offset_terms(blk, u, sums, &isum, &f);
           acc[r][m] += d[r] * dx * static_cast<float>(isum);
-          if constexpr (T::kType == DType::q4_1) {
-            if (u == 0) acc[r][m] += T::min(blk) * dx * static_cast<float>(__ldg(sums));
-          } else if constexpr (T::kType == DType::q4_k) {
-            if (u % 2 == 0) {  // unit pair (2p, 2p+1) covers sub-blocks 2p, 2p+1 once
-              const int p = u / 2;
-              int sc0, m0, sc1, m1;
-              T::scale_min(blk, 2 * p, &sc0, &m0);
-              T::scale_min(blk, 2 * p + 1, &sc1, &m1);
-              const int msum = m0 * __ldg(sums + 2 * p) + m1 * __ldg(sums + 2 * p + 1);
-              acc[r][m] -= T::dmin(blk) * dx * static_cast<float>(msum);
-            }
-          }
+          acc[r][m] += f * dx;
         }
       }
     }
@@ -205,8 +194,14 @@ void launch_block_matvec(float* y, int64_t ldy, const int8_t* xq, const float* x
       return launch_m<qb::Q4_0>(y, ldy, xq, xd, xs, M, K, w, N, bias, stream);
     case DType::q4_1:
       return launch_m<qb::Q4_1>(y, ldy, xq, xd, xs, M, K, w, N, bias, stream);
+    case DType::q5_0:
+      return launch_m<qb::Q5_0>(y, ldy, xq, xd, xs, M, K, w, N, bias, stream);
+    case DType::q5_1:
+      return launch_m<qb::Q5_1>(y, ldy, xq, xd, xs, M, K, w, N, bias, stream);
     case DType::q4_k:
       return launch_m<qb::Q4K>(y, ldy, xq, xd, xs, M, K, w, N, bias, stream);
+    case DType::q5_k:
+      return launch_m<qb::Q5K>(y, ldy, xq, xd, xs, M, K, w, N, bias, stream);
     case DType::q6_k:
       return launch_m<qb::Q6K>(y, ldy, xq, xd, xs, M, K, w, N, bias, stream);
     default:
