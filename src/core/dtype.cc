@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "core/error.h"
 
@@ -29,6 +30,66 @@ constexpr DTypeTraits kTraits[] = {
     {"q5_k", kQK_K, sizeof(BlockQ5K), 1},
 };
 constexpr int kNumTypes = sizeof(kTraits) / sizeof(kTraits[0]);
+
+// q5_0 stores d (q - 16), q5_1 d q + m; both keep 32 five-bit quants as q4's nibbles plus the
+// qh word of fifth bits (core/dtype.h).
+template <class Block>
+constexpr bool kQ5HasMin = std::is_same_v<Block, BlockQ5_1>;
+
+template <class Block>
+void dequantize_q5(const Block* b, float* dst, int64_t n_blocks) {
+  for (int64_t i = 0; i < n_blocks; ++i, dst += 32) {
+    const float d = f16_to_f32(b[i].d);
+    float m = 0;
+    if constexpr (kQ5HasMin<Block>) m = f16_to_f32(b[i].m);
+    const uint32_t qh = q5_high_bits(b[i].qh);
+    for (int j = 0; j < 16; ++j) {
+      const int q0 = (b[i].qs[j] & 0x0f) | static_cast<int>((qh >> j) & 1) << 4;
+      const int q1 = (b[i].qs[j] >> 4) | static_cast<int>((qh >> (j + 16)) & 1) << 4;
+      if constexpr (kQ5HasMin<Block>) {
+        dst[j] = d * q0 + m, dst[j + 16] = d * q1 + m;
+      } else {
+        dst[j] = d * (q0 - 16), dst[j + 16] = d * (q1 - 16);
+      }
+    }
+  }
+}
+
+// As q4_0 / q4_1 with 32 levels: q5_0 maps the value of largest magnitude to -16, q5_1 spans
+// [min, max] in 31 steps.
+template <class Block>
+void quantize_q5(const float* src, Block* b, int64_t n_blocks) {
+  for (int64_t i = 0; i < n_blocks; ++i) {
+    const float* x = src + i * 32;
+    float d, lo = 0;
+    if constexpr (kQ5HasMin<Block>) {
+      float hi = x[0];
+      lo = x[0];
+      for (int j = 1; j < 32; ++j) lo = std::min(lo, x[j]), hi = std::max(hi, x[j]);
+      d = (hi - lo) / 31.0f;
+      b[i].m = f32_to_f16(lo);
+    } else {
+      float amax = 0, maxv = 0;
+      for (int j = 0; j < 32; ++j)
+        if (std::fabs(x[j]) > amax) amax = std::fabs(x[j]), maxv = x[j];
+      d = maxv / -16.0f;
+    }
+    const float id = (kQ5HasMin<Block> ? d > 0 : d != 0) ? 1.0f / d : 0.0f;
+    b[i].d = f32_to_f16(d);
+    auto quant = [&](float v) {
+      const float r = kQ5HasMin<Block> ? (v - lo) * id + 0.5f : v * id + 16.5f;
+      return std::min(31, static_cast<int>(r));
+    };
+    uint32_t qh = 0;
+    for (int j = 0; j < 16; ++j) {
+      const int q0 = quant(x[j]), q1 = quant(x[j + 16]);
+      b[i].qs[j] = static_cast<uint8_t>((q0 & 0x0f) | ((q1 & 0x0f) << 4));
+      qh |= static_cast<uint32_t>(q0 >> 4) << j | static_cast<uint32_t>(q1 >> 4) << (j + 16);
+    }
+    for (int k = 0; k < 4; ++k) b[i].qh[k] = static_cast<uint8_t>(qh >> (8 * k));
+  }
+}
+
 }  // namespace
 
 const DTypeTraits& traits(DType t) {
@@ -139,36 +200,12 @@ void to_f32(DType t, const void* src, float* dst, int64_t n) {
       }
       return;
     }
-    case DType::q5_0: {
+    case DType::q5_0:
       dtype_bytes(t, n);
-      auto* b = static_cast<const BlockQ5_0*>(src);
-      for (int64_t i = 0; i < n / kQK5_0; ++i) {
-        const float d = f16_to_f32(b[i].d);
-        const uint32_t qh = q5_high_bits(b[i].qh);
-        for (int j = 0; j < kQK5_0 / 2; ++j) {
-          const int q0 = (b[i].qs[j] & 0x0f) | static_cast<int>((qh >> j) & 1) << 4;
-          const int q1 = (b[i].qs[j] >> 4) | static_cast<int>((qh >> (j + 16)) & 1) << 4;
-          dst[i * kQK5_0 + j] = d * (q0 - 16);
-          dst[i * kQK5_0 + j + 16] = d * (q1 - 16);
-        }
-      }
-      return;
-    }
-    case DType::q5_1: {
+      return dequantize_q5(static_cast<const BlockQ5_0*>(src), dst, n / kQK5_0);
+    case DType::q5_1:
       dtype_bytes(t, n);
-      auto* b = static_cast<const BlockQ5_1*>(src);
-      for (int64_t i = 0; i < n / kQK5_1; ++i) {
-        const float d = f16_to_f32(b[i].d), m = f16_to_f32(b[i].m);
-        const uint32_t qh = q5_high_bits(b[i].qh);
-        for (int j = 0; j < kQK5_1 / 2; ++j) {
-          const int q0 = (b[i].qs[j] & 0x0f) | static_cast<int>((qh >> j) & 1) << 4;
-          const int q1 = (b[i].qs[j] >> 4) | static_cast<int>((qh >> (j + 16)) & 1) << 4;
-          dst[i * kQK5_1 + j] = d * q0 + m;
-          dst[i * kQK5_1 + j + 16] = d * q1 + m;
-        }
-      }
-      return;
-    }
+      return dequantize_q5(static_cast<const BlockQ5_1*>(src), dst, n / kQK5_1);
     case DType::q4_k:
       dtype_bytes(t, n);
       dequantize_q4_k_blocks(static_cast<const BlockQ4K*>(src), dst, n / kQK_K);
@@ -259,50 +296,12 @@ void from_f32(DType t, const float* src, void* dst, int64_t n) {
       }
       return;
     }
-    case DType::q5_0: {
+    case DType::q5_0:
       dtype_bytes(t, n);
-      auto* b = static_cast<BlockQ5_0*>(dst);
-      for (int64_t i = 0; i < n / kQK5_0; ++i) {
-        const float* x = src + i * kQK5_0;
-        float amax = 0, maxv = 0;  // as q4_0: the value of largest magnitude maps to -16
-        for (int j = 0; j < kQK5_0; ++j)
-          if (std::fabs(x[j]) > amax) amax = std::fabs(x[j]), maxv = x[j];
-        const float d = maxv / -16.0f;
-        const float id = d != 0 ? 1.0f / d : 0.0f;
-        b[i].d = f32_to_f16(d);
-        uint32_t qh = 0;
-        for (int j = 0; j < kQK5_0 / 2; ++j) {
-          const int q0 = std::min(31, static_cast<int>(x[j] * id + 16.5f));
-          const int q1 = std::min(31, static_cast<int>(x[j + 16] * id + 16.5f));
-          b[i].qs[j] = static_cast<uint8_t>((q0 & 0x0f) | ((q1 & 0x0f) << 4));
-          qh |= static_cast<uint32_t>(q0 >> 4) << j | static_cast<uint32_t>(q1 >> 4) << (j + 16);
-        }
-        for (int k = 0; k < 4; ++k) b[i].qh[k] = static_cast<uint8_t>(qh >> (8 * k));
-      }
-      return;
-    }
-    case DType::q5_1: {
+      return quantize_q5(src, static_cast<BlockQ5_0*>(dst), n / kQK5_0);
+    case DType::q5_1:
       dtype_bytes(t, n);
-      auto* b = static_cast<BlockQ5_1*>(dst);
-      for (int64_t i = 0; i < n / kQK5_1; ++i) {
-        const float* x = src + i * kQK5_1;
-        float lo = x[0], hi = x[0];
-        for (int j = 1; j < kQK5_1; ++j) lo = std::min(lo, x[j]), hi = std::max(hi, x[j]);
-        const float d = (hi - lo) / 31.0f;
-        const float id = d > 0 ? 1.0f / d : 0.0f;
-        b[i].d = f32_to_f16(d);
-        b[i].m = f32_to_f16(lo);
-        uint32_t qh = 0;
-        for (int j = 0; j < kQK5_1 / 2; ++j) {
-          const int q0 = std::min(31, static_cast<int>((x[j] - lo) * id + 0.5f));
-          const int q1 = std::min(31, static_cast<int>((x[j + 16] - lo) * id + 0.5f));
-          b[i].qs[j] = static_cast<uint8_t>((q0 & 0x0f) | ((q1 & 0x0f) << 4));
-          qh |= static_cast<uint32_t>(q0 >> 4) << j | static_cast<uint32_t>(q1 >> 4) << (j + 16);
-        }
-        for (int k = 0; k < 4; ++k) b[i].qh[k] = static_cast<uint8_t>(qh >> (8 * k));
-      }
-      return;
-    }
+      return quantize_q5(src, static_cast<BlockQ5_1*>(dst), n / kQK5_1);
     case DType::q4_k:
       dtype_bytes(t, n);
       quantize_q4_k_blocks(src, static_cast<BlockQ4K*>(dst), n / kQK_K);

@@ -2,7 +2,9 @@
 // min) search, then 6-bit (Q4_K, Q5_K) or 8-bit (Q6_K) quantization of the sub-block scales.
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <limits>
+#include <type_traits>
 
 #include "core/dtype.h"
 
@@ -78,26 +80,14 @@ float fit_scale_signed(const float* x, int n) {
 
 }  // namespace
 
-void dequantize_q4_k_blocks(const BlockQ4K* src, float* dst, int64_t n_blocks) {
-  for (int64_t b = 0; b < n_blocks; ++b) {
-    const BlockQ4K& blk = src[b];
-    const float d = f16_to_f32(blk.d), dmin = f16_to_f32(blk.dmin);
-    for (int j = 0; j < 8; ++j) {
-      int sc, m;
-      q4_k_scale_min(blk.scales, j, &sc, &m);
-      const float scale = d * static_cast<float>(sc), offset = dmin * static_cast<float>(m);
-      // Sub-block j lives in the low (j even) or high (j odd) nibbles of bytes 32 (j / 2)...
-      const uint8_t* q = blk.qs + 32 * (j / 2);
-      const int shift = 4 * (j % 2);
-      for (int l = 0; l < 32; ++l)
-        dst[b * kQK_K + 32 * j + l] = scale * static_cast<float>((q[l] >> shift) & 0x0f) - offset;
-    }
-  }
-}
+namespace {
 
-void dequantize_q5_k_blocks(const BlockQ5K* src, float* dst, int64_t n_blocks) {
+// Q4_K and Q5_K decode alike: sub-block j of 32 is d sc_j q - dmin m_j, q the low (j even) or
+// high (j odd) nibbles of qs bytes 32 (j / 2).., plus for Q5_K bit j of qh[l] as 16.
+template <class Block>
+void dequantize_k4_blocks(const Block* src, float* dst, int64_t n_blocks) {
   for (int64_t b = 0; b < n_blocks; ++b) {
-    const BlockQ5K& blk = src[b];
+    const Block& blk = src[b];
     const float d = f16_to_f32(blk.d), dmin = f16_to_f32(blk.dmin);
     for (int j = 0; j < 8; ++j) {
       int sc, m;
@@ -106,11 +96,22 @@ void dequantize_q5_k_blocks(const BlockQ5K* src, float* dst, int64_t n_blocks) {
       const uint8_t* q = blk.qs + 32 * (j / 2);
       const int shift = 4 * (j % 2);
       for (int l = 0; l < 32; ++l) {
-        const int v = ((q[l] >> shift) & 0x0f) | (((blk.qh[l] >> j) & 1) << 4);
+        int v = (q[l] >> shift) & 0x0f;
+        if constexpr (std::is_same_v<Block, BlockQ5K>) v |= ((blk.qh[l] >> j) & 1) << 4;
         dst[b * kQK_K + 32 * j + l] = scale * static_cast<float>(v) - offset;
       }
     }
   }
+}
+
+}  // namespace
+
+void dequantize_q4_k_blocks(const BlockQ4K* src, float* dst, int64_t n_blocks) {
+  dequantize_k4_blocks(src, dst, n_blocks);
+}
+
+void dequantize_q5_k_blocks(const BlockQ5K* src, float* dst, int64_t n_blocks) {
+  dequantize_k4_blocks(src, dst, n_blocks);
 }
 
 void dequantize_q6_k_blocks(const BlockQ6K* src, float* dst, int64_t n_blocks) {
@@ -166,38 +167,35 @@ int k_quant(float x, float step, float offset, int qmax) {
   return round_clamp((x + offset) * (step > 0 ? 1.0f / step : 0.0f), 0, qmax);
 }
 
-}  // namespace
-
-void quantize_q4_k_blocks(const float* src, BlockQ4K* dst, int64_t n_blocks) {
+// Q4_K (qmax 15) and Q5_K (31, the fifth bit of element l of sub-block j in bit j of qh[l]).
+template <class Block>
+void quantize_k4_blocks(const float* src, Block* dst, int64_t n_blocks) {
+  constexpr bool kFifthBit = std::is_same_v<Block, BlockQ5K>;
+  constexpr int kQmax = kFifthBit ? 31 : 15;
   for (int64_t b = 0; b < n_blocks; ++b) {
     const float* x = src + b * kQK_K;
-    BlockQ4K& blk = dst[b];
+    Block& blk = dst[b];
     float step[8], offset[8];
-    fit_k_scales(x, 15, &blk.d, &blk.dmin, blk.scales, step, offset);
-    std::fill(blk.qs, blk.qs + kQK_K / 2, 0);
+    fit_k_scales(x, kQmax, &blk.d, &blk.dmin, blk.scales, step, offset);
+    std::fill(std::begin(blk.qs), std::end(blk.qs), 0);
+    if constexpr (kFifthBit) std::fill(std::begin(blk.qh), std::end(blk.qh), 0);
     for (int j = 0; j < 8; ++j)
       for (int l = 0; l < 32; ++l) {
-        const int q = k_quant(x[32 * j + l], step[j], offset[j], 15);
-        blk.qs[32 * (j / 2) + l] |= static_cast<uint8_t>(q << (4 * (j % 2)));
+        const int q = k_quant(x[32 * j + l], step[j], offset[j], kQmax);
+        blk.qs[32 * (j / 2) + l] |= static_cast<uint8_t>((q & 0x0f) << (4 * (j % 2)));
+        if constexpr (kFifthBit) blk.qh[l] |= static_cast<uint8_t>((q >> 4) << j);
       }
   }
 }
 
+}  // namespace
+
+void quantize_q4_k_blocks(const float* src, BlockQ4K* dst, int64_t n_blocks) {
+  quantize_k4_blocks(src, dst, n_blocks);
+}
+
 void quantize_q5_k_blocks(const float* src, BlockQ5K* dst, int64_t n_blocks) {
-  for (int64_t b = 0; b < n_blocks; ++b) {
-    const float* x = src + b * kQK_K;
-    BlockQ5K& blk = dst[b];
-    float step[8], offset[8];
-    fit_k_scales(x, 31, &blk.d, &blk.dmin, blk.scales, step, offset);
-    std::fill(blk.qs, blk.qs + kQK_K / 2, 0);
-    std::fill(blk.qh, blk.qh + kQK_K / 8, 0);
-    for (int j = 0; j < 8; ++j)
-      for (int l = 0; l < 32; ++l) {
-        const int q = k_quant(x[32 * j + l], step[j], offset[j], 31);
-        blk.qs[32 * (j / 2) + l] |= static_cast<uint8_t>((q & 0x0f) << (4 * (j % 2)));
-        blk.qh[l] |= static_cast<uint8_t>((q >> 4) << j);
-      }
-  }
+  quantize_k4_blocks(src, dst, n_blocks);
 }
 
 void quantize_q6_k_blocks(const float* src, BlockQ6K* dst, int64_t n_blocks) {

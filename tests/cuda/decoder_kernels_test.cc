@@ -28,9 +28,8 @@ TEST(DecoderKernels, DequantizeToF16MatchesCoreForEveryType) {
   TS_REQUIRE_CUDA_DEVICE();
   const int64_t N = 7, K = 512;
   const std::vector<float> values = random_values(N * K, 3, 0.05f);
-  for (DType t :
-       {DType::f16, DType::bf16, DType::q8_0, DType::q4_0, DType::q4_1, DType::q5_0, DType::q5_1,
-        DType::q4_k, DType::q5_k, DType::q6_k}) {
+  for (DType t : {DType::f16, DType::bf16, DType::q8_0, DType::q4_0, DType::q4_1, DType::q5_0,
+                  DType::q5_1, DType::q4_k, DType::q5_k, DType::q6_k}) {
     std::vector<uint8_t> stored(static_cast<size_t>(dtype_bytes(t, N * K)));
     from_f32(t, values.data(), stored.data(), N * K);
     std::vector<float> want_f32(static_cast<size_t>(N * K));

@@ -151,48 +151,23 @@ void DotRowQ8_0(const uint8_t* row, int64_t nb, const QuantizedActs& qa, int64_t
   for (int a = 0; a < A; ++a) out[a] = acc.Sum(a);
 }
 
-// q4_0 (offset 8, no min) and q4_1 (offset 0, min m times the activation block sum).
-template <int A, bool kHasMin>
+// q4_0 (offset 8, no min) and q4_1 (offset 0, min m times the activation block sum); with
+// kFifthBit q5_0 (offset 16) and q5_1, whose qh word sits between the scales and the nibbles.
+template <int A, bool kHasMin, bool kFifthBit = false>
 void DotRowQ4(const uint8_t* row, int64_t nb, const QuantizedActs& qa, int64_t m0, float* out) {
   Acc<A> acc;
   const ActRows<A> x(qa, m0);
-  constexpr int64_t kStride = kHasMin ? sizeof(BlockQ4_1) : sizeof(BlockQ4_0);
+  constexpr int64_t kQs = (kHasMin ? 4 : 2) + (kFifthBit ? 4 : 0);  // byte offset of the nibbles
+  constexpr int kOffset = kHasMin ? 0 : kFifthBit ? 16 : 8;
   ForEachBlock<A>(nb, [&](int64_t b, int p) HWY_ATTR {
-    const uint8_t* blk = row + b * kStride;
+    const uint8_t* blk = row + b * (kQs + 16);
     uint16_t dh;
     std::memcpy(&dh, blk, 2);
     V16 w[kV];
-    DecodeQ4(blk + (kHasMin ? 4 : 2), kHasMin ? 0 : 8, w);
-    const float dw = f16_scale_to_f32(dh);
-    float mw = 0;
-    if constexpr (kHasMin) {
-      uint16_t mh;
-      std::memcpy(&mh, blk + 2, 2);
-      mw = f16_scale_to_f32(mh);
-    }
-    for (int a = 0; a < A; ++a) {
-      const V32 s = Dot32(w, x.q[a] + 32 * b);
-      const float dx = x.d[a][b];
-      acc.v[a][p] = hn::MulAdd(hn::ConvertTo(DF(), s), hn::Set(DF(), dw * dx), acc.v[a][p]);
-      if constexpr (kHasMin) acc.corr[a] += mw * (dx * static_cast<float>(x.s32[a][b]));
-    }
-  });
-  for (int a = 0; a < A; ++a) out[a] = acc.Sum(a);
-}
-
-// q5_0 (offset 16, no min) and q5_1 (offset 0, min m times the activation block sum).
-template <int A, bool kHasMin>
-void DotRowQ5(const uint8_t* row, int64_t nb, const QuantizedActs& qa, int64_t m0, float* out) {
-  Acc<A> acc;
-  const ActRows<A> x(qa, m0);
-  constexpr int64_t kStride = kHasMin ? sizeof(BlockQ5_1) : sizeof(BlockQ5_0);
-  ForEachBlock<A>(nb, [&](int64_t b, int p) HWY_ATTR {
-    const uint8_t* blk = row + b * kStride;
-    const uint8_t* qh = blk + (kHasMin ? 4 : 2);
-    uint16_t dh;
-    std::memcpy(&dh, blk, 2);
-    V16 w[kV];
-    DecodeQ5(qh + 4, q5_high_bits(qh), kHasMin ? 0 : 16, w);
+    if constexpr (kFifthBit)
+      DecodeQ5(blk + kQs, q5_high_bits(blk + kQs - 4), kOffset, w);
+    else
+      DecodeQ4(blk + kQs, kOffset, w);
     const float dw = f16_scale_to_f32(dh);
     float mw = 0;
     if constexpr (kHasMin) {
@@ -354,9 +329,9 @@ void DotRow(DType t, const uint8_t* row, int64_t K, const float* x, const Quanti
     case DType::q4_1:
       return DotRowQ4<A, true>(row, K / 32, qa, m0, out);
     case DType::q5_0:
-      return DotRowQ5<A, false>(row, K / 32, qa, m0, out);
+      return DotRowQ4<A, false, true>(row, K / 32, qa, m0, out);
     case DType::q5_1:
-      return DotRowQ5<A, true>(row, K / 32, qa, m0, out);
+      return DotRowQ4<A, true, true>(row, K / 32, qa, m0, out);
     case DType::q4_k:
       return DotRowQ4K<A, BlockQ4K>(row, K / kQK_K, qa, m0, out);
     case DType::q5_k:

@@ -22,9 +22,10 @@ void kv_cache_append(void* layer_kv, DType kv_type, const float* k, const float*
                      cudaStream_t stream);
 
 // dst (N, K) f16 = the weight matrix w (N, K) in its stored type (f16 copies, bf16, q8_0, q4_0,
-// q4_1, q5_0, q5_1, q4_k, q5_k, q6_k decode), each element computed in f32 exactly as core/dtype.h's to_f32 (no
-// fused multiply-adds) and rounded to nearest even f16 (overflow gives inf; GGUF weights are
-// far inside the f16 range). Lets prefill run its products as f16 tensor-core GEMMs.
+// q4_1, q5_0, q5_1, q4_k, q5_k, q6_k decode), each element computed in f32 exactly as
+// core/dtype.h's to_f32 (no fused multiply-adds) and rounded to nearest even f16 (overflow gives
+// inf; GGUF weights are far inside the f16 range). Lets prefill run its products as f16 tensor-core
+// GEMMs.
 void dequantize_to_f16(uint16_t* dst, const void* w, DType type, int64_t N, int64_t K,
                        cudaStream_t stream);
 

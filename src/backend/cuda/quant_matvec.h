@@ -51,8 +51,8 @@ size_t matmul_wt_workspace_bytes(int64_t M, int64_t K, DType w_type);
 // dtype_bytes(w_type, K) apart, exactly as in the GGUF/safetensors file (any alignment).
 // x, y, bias f32; all pointers on the device. 1 <= M <= 8 (M == 0 or N == 0 does nothing);
 // K a multiple of the block size; ldy >= N. w_type one of f16, bf16, q8_0, q4_0, q4_1, q5_0,
-// q5_1, q4_k, q5_k, q6_k. `workspace` holds matmul_wt_workspace_bytes(M, K, w_type) bytes (may be null for
-// f16/bf16); it is used in stream order, so one workspace serves all calls on one stream.
+// q5_1, q4_k, q5_k, q6_k. `workspace` holds matmul_wt_workspace_bytes(M, K, w_type) bytes (may be
+// null for f16/bf16); it is used in stream order, so one workspace serves all calls on one stream.
 void matmul_wt(float* y, int64_t ldy, const float* x, int64_t M, int64_t K, const void* w,
                DType w_type, int64_t N, const float* bias, void* workspace, size_t workspace_bytes,
                cudaStream_t stream);

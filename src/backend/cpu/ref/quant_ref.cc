@@ -88,43 +88,35 @@ float dot_row(DType t, const uint8_t* row, const QuantizedActs& qa, int64_t m) {
         if (has_min) acc += f16_to_f32(mh) * (dx[b] * static_cast<float>(s32[b]));
       }
       return acc;
-    case DType::q5_k:
-      // As q4_k, with the fifth bit of element l of sub-block j in bit j of qh[l].
-      for (int64_t b = 0; b < qa.K / kQK_K; ++b) {
-        const auto* blk = reinterpret_cast<const BlockQ5K*>(row) + b;
-        int32_t isum = 0, msum = 0;
-        for (int j = 0; j < 8; ++j) {
-          int sc, mn;
-          q4_k_scale_min(blk->scales, j, &sc, &mn);
-          const uint8_t* q = blk->qs + 32 * (j / 2);
-          const int16_t* x = xq + b * kQK_K + 32 * j;
-          int32_t s = 0;
-          for (int l = 0; l < 32; ++l)
-            s += (((q[l] >> (4 * (j % 2))) & 0x0f) | (((blk->qh[l] >> j) & 1) << 4)) * x[l];
-          isum += sc * s;
-          msum += mn * s32[b * 8 + j];
-        }
-        acc += f16_to_f32(blk->d) * dx[b] * static_cast<float>(isum) -
-               f16_to_f32(blk->dmin) * dx[b] * static_cast<float>(msum);
-      }
-      return acc;
     case DType::q4_k:
-      // Per super-block: sum_j sc_j dot_j and sum_j m_j sum_j are exact integers.
+    case DType::q5_k:
+      // Per super-block: sum_j sc_j dot_j and sum_j m_j sum_j are exact integers. Q5_K shares
+      // Q4_K's scales and nibbles (after its qh), the fifth bit of element l of sub-block j in
+      // bit j of qh[l].
       for (int64_t b = 0; b < qa.K / kQK_K; ++b) {
-        const auto* blk = reinterpret_cast<const BlockQ4K*>(row) + b;
+        const bool fifth = t == DType::q5_k;
+        const uint8_t* blk = row + b * (fifth ? sizeof(BlockQ5K) : sizeof(BlockQ4K));
+        uint16_t d, dmin;
+        std::memcpy(&d, blk, 2);
+        std::memcpy(&dmin, blk + 2, 2);
+        const uint8_t* qh = blk + 16;
+        const uint8_t* qs = blk + (fifth ? 48 : 16);
         int32_t isum = 0, msum = 0;
         for (int j = 0; j < 8; ++j) {
           int sc, mn;
-          q4_k_scale_min(blk->scales, j, &sc, &mn);
-          const uint8_t* q = blk->qs + 32 * (j / 2);
+          q4_k_scale_min(blk + 4, j, &sc, &mn);
+          const uint8_t* q = qs + 32 * (j / 2);
           const int16_t* x = xq + b * kQK_K + 32 * j;
           int32_t s = 0;
-          for (int l = 0; l < 32; ++l) s += ((q[l] >> (4 * (j % 2))) & 0x0f) * x[l];
+          for (int l = 0; l < 32; ++l) {
+            const int hi = fifth ? ((qh[l] >> j) & 1) << 4 : 0;
+            s += (((q[l] >> (4 * (j % 2))) & 0x0f) | hi) * x[l];
+          }
           isum += sc * s;
           msum += mn * s32[b * 8 + j];
         }
-        acc += f16_to_f32(blk->d) * dx[b] * static_cast<float>(isum) -
-               f16_to_f32(blk->dmin) * dx[b] * static_cast<float>(msum);
+        acc += f16_to_f32(d) * dx[b] * static_cast<float>(isum) -
+               f16_to_f32(dmin) * dx[b] * static_cast<float>(msum);
       }
       return acc;
     case DType::q6_k:
