@@ -9,6 +9,7 @@
 
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/quant_matmul_avx2.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "hwy/targets.h"
@@ -132,8 +133,10 @@ TEST(GemmWt, MatmulWtRoutesLargeProductsHere) {
       if (M_packed == 0 && matmul_wt_takes_packed_gemm(t, m)) M_packed = m;
     EXPECT_FALSE(matmul_wt_takes_packed_gemm(t, 64)) << "decode-sized batches must stay integer";
     // q4_K's integer kernel measured faster than a 256-bit packed GEMM at every M; a 512-bit
-    // one (AVX-512 targets) beats it from 128 rows. Q5_K follows q4_K.
-    if ((t == DType::q4_k || t == DType::q5_k) && gemm_tile().nr < 32) {
+    // one (AVX-512 targets) beats it from 128 rows, or 256 against the AVX512-VNNI tiles. Q5_K
+    // follows q4_K.
+    if ((t == DType::q4_k || t == DType::q5_k) && gemm_tile().nr < 32 &&
+        !quant_avx512_vnni_active()) {
       EXPECT_EQ(M_packed, 0);
       continue;
     }

@@ -383,10 +383,23 @@ TEST(Quant, BadArgumentsThrowNamingThem) {
       "M=-1");
 }
 
-// The two SIMD kernels called directly: Highway everywhere, AVX2 where the CPU has it.
+// The AVX2 kernel set with its AVX512-VNNI tiles switched off (where the CPU has them, the
+// plain entry takes those for Q4_K / Q5_K).
+void matmul_wt_avx2_without_vnni(ThreadPool& tp, float* y, int64_t ldy, const float* x, int64_t M,
+                                 int64_t K, const void* w, DType t, int64_t N, const float* bias) {
+  struct Restore {
+    ~Restore() { cpu::set_quant_avx512_vnni_allowed(true); }
+  } restore;
+  cpu::set_quant_avx512_vnni_allowed(false);
+  cpu::matmul_wt_avx2(tp, y, ldy, x, M, K, w, t, N, bias);
+}
+
+// The SIMD kernels called directly: Highway everywhere, AVX2 where the CPU has it, and AVX2 with
+// and without the AVX512-VNNI tiles where it has those.
 std::vector<std::pair<std::string, MatmulWtFn>> simd_kernels() {
   std::vector<std::pair<std::string, MatmulWtFn>> k = {{"highway", cpu::matmul_wt_highway}};
   if (cpu::quant_avx2_supported()) k.emplace_back("avx2", cpu::matmul_wt_avx2);
+  if (cpu::quant_avx512_vnni_active()) k.emplace_back("avx2-no-vnni", matmul_wt_avx2_without_vnni);
   return k;
 }
 
@@ -449,14 +462,18 @@ TEST(Quant, Avx2ResultsDoNotDependOnBatchSize) {
   // row computed alone, bit for bit (batched decode gives the tokens of single decode).
   if (!cpu::quant_avx2_supported()) GTEST_SKIP() << "no AVX2";
   const int64_t M = 7, K = 512, N = 23;
-  for (DType t : kAllTypes) {
-    Weights w(t, N, K, 91);
-    const Buf x = normal_buf(M * K, 0, 92);
-    Buf y(M * N, 0), y1(N, 0);
-    cpu::matmul_wt_avx2(pool(2), y.p, N, x.p, M, K, w.p, t, N, nullptr);
-    for (int64_t m = 0; m < M; ++m) {
-      cpu::matmul_wt_avx2(pool(1), y1.p, N, x.p + m * K, 1, K, w.p, t, N, nullptr);
-      ASSERT_EQ(0, std::memcmp(y1.p, y.p + m * N, N * 4)) << dtype_name(t) << " m=" << m;
+  for (const auto& [name, fn] : simd_kernels()) {
+    if (name == "highway") continue;
+    for (DType t : kAllTypes) {
+      Weights w(t, N, K, 91);
+      const Buf x = normal_buf(M * K, 0, 92);
+      Buf y(M * N, 0), y1(N, 0);
+      fn(pool(2), y.p, N, x.p, M, K, w.p, t, N, nullptr);
+      for (int64_t m = 0; m < M; ++m) {
+        fn(pool(1), y1.p, N, x.p + m * K, 1, K, w.p, t, N, nullptr);
+        ASSERT_EQ(0, std::memcmp(y1.p, y.p + m * N, N * 4))
+            << name << " " << dtype_name(t) << " m=" << m;
+      }
     }
   }
 }

@@ -1,6 +1,6 @@
-// AVX512-VNNI kernels of the quantized matmul (quant_avx512_x8.cc): the row-interleaved block
-// layouts, int8 dot products with vpdpbusd on zmm. Taken over the AVX2 ones where
-// quant_avx512_vnni_active() (quant_matmul_avx2.h).
+// AVX512-VNNI kernels of the quantized matmul: the row-interleaved block layouts
+// (quant_avx512_x8.cc, vpdpbusd on zmm) and the k-quant tiles (quant_avx512_kquant.cc). Taken
+// over the AVX2 ones where quant_avx512_vnni_active() (quant_matmul_avx2.h).
 #pragma once
 
 #include <cstdint>
@@ -12,4 +12,10 @@ namespace tessera::cpu::avx512 {
 // Row-interleaved q4_0x8 / q4_1x8 / q8_0x8: the entry of type t, with avx2::x8_rows_fn's
 // contract; nullptr for other types. Requires quant_avx512_vnni_active() (quant_matmul_avx2.h).
 x8::RowsFn<avx2::TileArgs> x8_rows_fn(DType t);
+
+// Q4_K / Q5_K / Q6_K on zmm (quant_avx512_kquant.cc): the entry of type t with avx2::rows_q4_k's
+// contract, nullptr for other types. Requires quant_avx512_vnni_active().
+using KQuantRowsFn = void (*)(float* y, int64_t ldy, int64_t M, const float* bias, int64_t n0,
+                              int64_t n1, const avx2::TileArgs& args);
+KQuantRowsFn kquant_rows_fn(DType t);
 }  // namespace tessera::cpu::avx512

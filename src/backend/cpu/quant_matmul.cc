@@ -437,16 +437,22 @@ bool matmul_wt_takes_packed_gemm(DType w_type, int64_t M) {
   // there: 10.0 vs 7.5 ms at 64 rows, but it keeps the 128 of the other types, below which the
   // integer kernels' rows do not depend on the batch. Q5_K there: 13.0 vs 10.7 ms at 128 rows,
   // 51.0 vs 32.7 at 512; on 256-bit targets it stays integer with q4_K (unmeasured there).
+  // Where the k-quants run on the AVX512-VNNI tiles (quant_avx512_kquant.cc), their integer
+  // kernels win up to about 256 rows. One core of the third VM (model 167), integer vs packed:
+  // q4_K 8.83 vs 10.5 ms at 128 rows, 17.3 vs 17.0 at 256, 36.4 vs 33.2 at 512; Q5_K 9.86 vs
+  // 10.7, 20.5 vs 18.4, 40.8 vs 33.2; q6_K 8.48 vs 11.2, 17.6 vs 17.7, 35.9 vs 33.9.
   static const bool wide_fma = gemm_tile().nr >= 32;
+  const bool kquant_vnni = quant_avx512_vnni_active();
   switch (w_type) {
     case DType::q4_k:
     case DType::q5_k:
-      return wide_fma && M >= 128;
+      return kquant_vnni ? M >= 256 : wide_fma && M >= 128;
+    case DType::q6_k:
+      return M >= (kquant_vnni ? 256 : 128);
     case DType::f32:
     case DType::f16:
     case DType::bf16:
     case DType::q8_0:
-    case DType::q6_k:
       return M >= 128;
     case DType::q5_0:
     case DType::q5_1:

@@ -85,6 +85,8 @@ using RowsFn = void (*)(float*, int64_t, int64_t, const float*, int64_t, int64_t
 RowsFn rows_fn(DType t) {
   // The 8-row interleaved layouts (null for every other type).
   if (RowsFn x8 = quant_avx512_vnni_active() ? avx512::x8_rows_fn(t) : x8_rows_fn(t)) return x8;
+  if (quant_avx512_vnni_active())
+    if (RowsFn k = avx512::kquant_rows_fn(t)) return k;
   switch (t) {
     case DType::q8_0:
       return rows_q8_0;
