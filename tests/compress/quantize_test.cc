@@ -212,11 +212,13 @@ TEST(Quantize, SameBytesForAnyThreadCount) {
 
 // k-quants: 256-element super-blocks, so rows must hold a multiple of 256 values. Bands: q4_k
 // steps ~ like q4_1 with refined scales (0.05-0.08 s measured elsewhere), q5_k half of that;
-// q6_k has 16-element blocks of 64 levels: d ~ 3.6 s / 63 -> 0.016 s.
+// q6_k has 16-element blocks of 64 levels: d ~ 3.6 s / 63 -> 0.016 s. The 5-bit 32-element
+// types go through the same GGUF round trip (bands as in ErrorBandsAndTypes).
 TEST(Quantize, KQuantsWhenAvailable) {
   const DecoderModel src = tiny_model(256, 512, false);
   for (const Band& b :
-       {Band{"q4_k", 0.02, 0.16}, Band{"q5_k", 0.01, 0.08}, Band{"q6_k", 0.005, 0.04}}) {
+       {Band{"q4_k", 0.02, 0.16}, Band{"q5_k", 0.01, 0.08}, Band{"q6_k", 0.005, 0.04},
+        Band{"q5_0", 0.019, 0.08}, Band{"q5_1", 0.019, 0.08}}) {
     const auto t = optional_dtype(b.type);
     if (!t) continue;
     SCOPED_TRACE(b.type);

@@ -58,7 +58,7 @@ std::string case_name(const ::testing::TestParamInfo<Case>& i) {
 model::DecoderModel make_model(const Case& c) {
   test::TinyOptions o;
   o.arch = c.arch;
-  // Head dim 64 (the paged decode kernel's smallest); widths multiples of 256 for q4_k/q6_k.
+  // Head dim 64 (the paged decode kernel's smallest); widths multiples of 256 for the k-quants.
   o.width = 256;
   o.heads = 4;
   o.kv_heads = c.arch == model::DecoderArch::gpt2 ? 4 : 2;
@@ -175,6 +175,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{model::DecoderArch::llama, DType::q4_1, DType::f32, true, false},
                       Case{model::DecoderArch::llama, DType::q4_k, DType::f16, false, false},
                       Case{model::DecoderArch::llama, DType::q6_k, DType::f16, false, false},
+                      Case{model::DecoderArch::llama, DType::q5_0, DType::f16, false, true},
+                      Case{model::DecoderArch::llama, DType::q5_1, DType::f32, false, false},
+                      Case{model::DecoderArch::llama, DType::q5_k, DType::f16, true, false},
                       Case{model::DecoderArch::gpt2, DType::f32, DType::f16, true, true},
                       Case{model::DecoderArch::gpt2, DType::q8_0, DType::f16, false, true}),
     case_name);
@@ -214,7 +217,8 @@ TEST(CudaEngine, MixedTypesInALayerMatchCpu) {
 // f16: a 150-token prompt in chunks of 96 takes that route, then decode takes the matvecs.
 TEST(CudaEngine, LongPrefillThroughGemmMatchesCpu) {
   TS_REQUIRE_CUDA_DEVICE();
-  for (DType t : {DType::f16, DType::bf16, DType::q8_0, DType::q4_0, DType::q4_k, DType::q6_k}) {
+  for (DType t : {DType::f16, DType::bf16, DType::q8_0, DType::q4_0, DType::q5_0, DType::q4_k,
+                  DType::q5_k, DType::q6_k}) {
     const Case c{model::DecoderArch::llama, t, DType::f16, false, true};
     const model::DecoderModel m = make_model(c);
     EngineOptions co = options(c, false), go = options(c, true);
