@@ -10,10 +10,10 @@
 namespace tessera {
 
 // Values are stable ids (appended only): i32 predates the k-quants, and the 5-bit formats came
-// after the CPU layouts. q4_0x8, q4_1x8 and q8_0x8
-// are in-memory CPU layouts of q4_0/q4_1/q8_0 matrices with 8 rows interleaved block by block,
-// f16x16 of f16 matrices with 16 rows interleaved element by element (see core/interleave.h);
-// no file stores them and parse_dtype does not accept their names.
+// after the CPU layouts. q4_0x8, q4_1x8 and q8_0x8 are in-memory CPU layouts of q4_0/q4_1/q8_0
+// matrices with 8 rows interleaved block by block, f16x16 of f16 matrices with 16 rows
+// interleaved element by element (see core/interleave.h); no file stores them and parse_dtype
+// does not accept their names.
 enum class DType : uint8_t {
   f32,
   bf16,
