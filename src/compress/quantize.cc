@@ -112,10 +112,15 @@ DType quant_type_for_row(DType wanted, int64_t cols) {
   TS_CHECK(wanted != DType::i32, "[quantize] target type i32 is not a weight type");
   DType t = wanted;
   // Super-block types (256) fall back to the 32-element type a bit wider than their own, which
-  // keeps their quality or better at the least size (as llama.cpp's quantizer: Q4_K -> Q5_0,
-  // Q5_K -> Q5_1, Q6_K -> Q8_0); 32-element block types fall back to f16, which fits any row.
+  // keeps their quality or better at the least size (as llama.cpp's quantizer: Q2_K / Q3_K ->
+  // Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0); 32-element block types fall back to f16,
+  // which fits any row.
   while (cols % traits(t).block_elems != 0) {
     switch (t) {
+      case DType::q2_k:
+      case DType::q3_k:
+        t = DType::q4_0;
+        break;
       case DType::q4_k:
         t = DType::q5_0;
         break;

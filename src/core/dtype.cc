@@ -1,5 +1,5 @@
 // DType traits table, f16 conversion and the reference (de)quantizers for the 32-element block
-// formats (q8_0, q4_0, q4_1, q5_0, q5_1; k-quants in dtype_kquant.cc).
+// formats (q8_0, q4_0, q4_1, q5_0, q5_1; k-quants in dtype_kquant.cc and dtype_kquant_low.cc).
 #include "core/dtype.h"
 
 #include <algorithm>
@@ -28,6 +28,8 @@ constexpr DTypeTraits kTraits[] = {
     {"q5_0", kQK5_0, sizeof(BlockQ5_0), 1},
     {"q5_1", kQK5_1, sizeof(BlockQ5_1), 1},
     {"q5_k", kQK_K, sizeof(BlockQ5K), 1},
+    {"q2_k", kQK_K, sizeof(BlockQ2K), 1},
+    {"q3_k", kQK_K, sizeof(BlockQ3K), 1},
 };
 constexpr int kNumTypes = sizeof(kTraits) / sizeof(kTraits[0]);
 
@@ -214,6 +216,12 @@ void to_f32(DType t, const void* src, float* dst, int64_t n) {
       dtype_bytes(t, n);
       dequantize_q5_k_blocks(static_cast<const BlockQ5K*>(src), dst, n / kQK_K);
       return;
+    case DType::q2_k:
+      dtype_bytes(t, n);
+      return dequantize_q2_k_blocks(static_cast<const BlockQ2K*>(src), dst, n / kQK_K);
+    case DType::q3_k:
+      dtype_bytes(t, n);
+      return dequantize_q3_k_blocks(static_cast<const BlockQ3K*>(src), dst, n / kQK_K);
     case DType::q6_k:
       dtype_bytes(t, n);
       dequantize_q6_k_blocks(static_cast<const BlockQ6K*>(src), dst, n / kQK_K);
@@ -310,6 +318,12 @@ void from_f32(DType t, const float* src, void* dst, int64_t n) {
       dtype_bytes(t, n);
       quantize_q5_k_blocks(src, static_cast<BlockQ5K*>(dst), n / kQK_K);
       return;
+    case DType::q2_k:
+      dtype_bytes(t, n);
+      return quantize_q2_k_blocks(src, static_cast<BlockQ2K*>(dst), n / kQK_K);
+    case DType::q3_k:
+      dtype_bytes(t, n);
+      return quantize_q3_k_blocks(src, static_cast<BlockQ3K*>(dst), n / kQK_K);
     case DType::q6_k:
       dtype_bytes(t, n);
       quantize_q6_k_blocks(src, static_cast<BlockQ6K*>(dst), n / kQK_K);

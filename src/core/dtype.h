@@ -30,7 +30,9 @@ enum class DType : uint8_t {
   f16x16,
   q5_0,
   q5_1,
-  q5_k
+  q5_k,
+  q2_k,
+  q3_k
 };
 
 struct DTypeTraits {
@@ -147,6 +149,37 @@ struct BlockQ5K {
 };
 static_assert(sizeof(BlockQ5K) == 176);
 
+// Q2_K: 16 groups of 16; x = d * (scales[g] & 15) * q - dmin * (scales[g] >> 4), q 2-bit.
+// Element e = 128 h + 32 j + l (h 0..1, j 0..3, l 0..31) is bits 2j..2j+1 of qs[32 h + l].
+struct BlockQ2K {
+  uint8_t scales[kQK_K / 16];  // per group: 4-bit scale (low nibble), 4-bit min (high)
+  uint8_t qs[kQK_K / 4];
+  uint16_t d;
+  uint16_t dmin;
+};
+static_assert(sizeof(BlockQ2K) == 84);
+// Q3_K: 16 groups of 16; x = d * s_g * q with s_g a 6-bit scale less 32 and q in -4..3: element
+// e = 128 h + 32 j + l takes bits 2j..2j+1 of qs[32 h + l], less 4 unless bit 4h + j of
+// hmask[l] is set.
+struct BlockQ3K {
+  uint8_t hmask[kQK_K / 8];
+  uint8_t qs[kQK_K / 4];
+  uint8_t scales[12];  // 16 six-bit scales, packed (see q3_k_scales)
+  uint16_t d;
+};
+static_assert(sizeof(BlockQ3K) == 110);
+
+// The 16 scales of a Q3_K block, less their bias of 32. Bytes 0-7 hold the low 4 bits (scale g
+// in the low nibble of byte g % 8 for g < 8, the high nibble for g >= 8), bytes 8-11 the top 2
+// bits (scale g in bits 2 (g / 4) and 2 (g / 4) + 1 of byte 8 + g % 4).
+inline void q3_k_scales(const uint8_t* s, int* out) {
+  for (int g = 0; g < 16; ++g) {
+    const int low = (s[g % 8] >> (g < 8 ? 0 : 4)) & 0x0f;
+    const int high = (s[8 + g % 4] >> (2 * (g / 4))) & 3;
+    out[g] = (low | (high << 4)) - 32;
+  }
+}
+
 // Sub-block j (0..7) of a Q4_K block: its 6-bit scale and min from the 12 packed bytes.
 // Bytes 0-3 hold sc_0..3 in bits 0-5, bytes 4-7 hold m_0..3 in bits 0-5; bytes 8-11 hold
 // sc_4..7 (low nibble) and m_4..7 (high nibble), whose top 2 bits are bits 6-7 of bytes 0-3
@@ -169,6 +202,10 @@ void dequantize_q6_k_blocks(const BlockQ6K* src, float* dst, int64_t n_blocks);
 void quantize_q4_k_blocks(const float* src, BlockQ4K* dst, int64_t n_blocks);
 void quantize_q5_k_blocks(const float* src, BlockQ5K* dst, int64_t n_blocks);
 void quantize_q6_k_blocks(const float* src, BlockQ6K* dst, int64_t n_blocks);
+void dequantize_q2_k_blocks(const BlockQ2K* src, float* dst, int64_t n_blocks);
+void dequantize_q3_k_blocks(const BlockQ3K* src, float* dst, int64_t n_blocks);
+void quantize_q2_k_blocks(const float* src, BlockQ2K* dst, int64_t n_blocks);
+void quantize_q3_k_blocks(const float* src, BlockQ3K* dst, int64_t n_blocks);
 
 // Elements per activation scale when x is quantized to 8 bits for a product with weights of
 // type t (32 for q8_0/q4_0/q4_1/q5_0/q5_1, 256 for the k-quants); 0 for float types, which take x
@@ -184,6 +221,8 @@ inline int64_t act_block_elems(DType t) {
     case DType::q4_1x8:
     case DType::q8_0x8:
       return 32;
+    case DType::q2_k:
+    case DType::q3_k:
     case DType::q4_k:
     case DType::q5_k:
     case DType::q6_k:

@@ -7,18 +7,17 @@
 #include <type_traits>
 
 #include "core/dtype.h"
+#include "core/kquant_fit.h"
 
 namespace tessera {
 
-namespace {
+namespace kquant_fit {
 
 int round_clamp(float v, int lo, int hi) {
   return std::clamp(static_cast<int>(std::nearbyint(v)), lo, hi);
 }
 
-// Fits x (n values) as s * q - m with q in [0, qmax], s >= 0, m >= 0 (the format stores a
-// non-negative min that is subtracted). Tries several step sizes around the range / qmax, and
-// for each refits (s, -m) by least squares to the chosen quants; keeps the smallest error.
+// The searches are described in core/kquant_fit.h.
 void fit_scale_min(const float* x, int n, int qmax, float* scale, float* min_out) {
   float lo = 0, hi = x[0];
   for (int i = 0; i < n; ++i) lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
@@ -51,20 +50,19 @@ void fit_scale_min(const float* x, int n, int qmax, float* scale, float* min_out
   }
 }
 
-// Fits x (n values) as s * q with q in [-32, 31] (s of either sign). The value of largest
-// magnitude maps near -32, where the range reaches furthest; least squares refits s.
-float fit_scale_signed(const float* x, int n) {
+float fit_scale_signed(const float* x, int n, int qmin) {
   float amax = 0, vmax = 0;
   for (int i = 0; i < n; ++i)
     if (std::fabs(x[i]) > amax) amax = std::fabs(x[i]), vmax = x[i];
   if (amax == 0) return 0;
-  float best_s = vmax / -32.0f, best = std::numeric_limits<float>::infinity();
+  const float lo = static_cast<float>(qmin);
+  float best_s = vmax / lo, best = std::numeric_limits<float>::infinity();
   for (int step = 0; step <= 8; ++step) {
-    const float s0 = vmax / (-32.0f + 0.5f * static_cast<float>(step));
+    const float s0 = vmax / (lo * (1.0f - static_cast<float>(step) / 64.0f));
     double sqq = 0, sqx = 0;
     int q[16];
     for (int i = 0; i < n; ++i) {
-      q[i] = round_clamp(x[i] / s0, -32, 31);
+      q[i] = round_clamp(x[i] / s0, qmin, -qmin - 1);
       sqq += double(q[i]) * q[i], sqx += double(q[i]) * x[i];
     }
     const double s = sqq > 0 ? sqx / sqq : 0;
@@ -78,7 +76,11 @@ float fit_scale_signed(const float* x, int n) {
   return best_s;
 }
 
-}  // namespace
+}  // namespace kquant_fit
+
+using kquant_fit::fit_scale_min;
+using kquant_fit::fit_scale_signed;
+using kquant_fit::round_clamp;
 
 namespace {
 
@@ -204,7 +206,7 @@ void quantize_q6_k_blocks(const float* src, BlockQ6K* dst, int64_t n_blocks) {
     BlockQ6K& blk = dst[b];
     float scale[16], amax = 0;
     for (int g = 0; g < 16; ++g) {
-      scale[g] = fit_scale_signed(x + 16 * g, 16);
+      scale[g] = fit_scale_signed(x + 16 * g, 16, -32);
       amax = std::max(amax, std::fabs(scale[g]));
     }
     blk.d = f32_to_f16(amax / 127.0f);

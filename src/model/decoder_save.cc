@@ -85,6 +85,8 @@ uint32_t gguf_file_type(DType t) {
   if (n == "q8_0") return 7;
   if (n == "q5_0") return 8;
   if (n == "q5_1") return 9;
+  if (n == "q2_k") return 10;
+  if (n == "q3_k") return 12;  // Q3_K_M
   if (n == "q4_k") return 15;  // Q4_K_M
   if (n == "q5_k") return 17;  // Q5_K_M
   if (n == "q6_k") return 18;

@@ -27,6 +27,8 @@ const GgmlTypeInfo kGgmlTypes[] = {
     {GgmlType::q5_0, "Q5_0", kQK5_0, sizeof(BlockQ5_0), DType::q5_0},
     {GgmlType::q5_1, "Q5_1", kQK5_1, sizeof(BlockQ5_1), DType::q5_1},
     {GgmlType::q8_0, "Q8_0", kQK8_0, sizeof(BlockQ8_0), DType::q8_0},
+    {GgmlType::q2_k, "Q2_K", kQK_K, sizeof(BlockQ2K), DType::q2_k},
+    {GgmlType::q3_k, "Q3_K", kQK_K, sizeof(BlockQ3K), DType::q3_k},
     {GgmlType::q4_k, "Q4_K", kQK_K, sizeof(BlockQ4K), DType::q4_k},
     {GgmlType::q5_k, "Q5_K", kQK_K, sizeof(BlockQ5K), DType::q5_k},
     {GgmlType::q6_k, "Q6_K", kQK_K, sizeof(BlockQ6K), DType::q6_k},

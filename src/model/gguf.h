@@ -96,6 +96,8 @@ enum class GgmlType : uint32_t {
   q5_0 = 6,
   q5_1 = 7,
   q8_0 = 8,
+  q2_k = 10,
+  q3_k = 11,
   q4_k = 12,
   q5_k = 13,
   q6_k = 14,
@@ -196,7 +198,7 @@ class GgufFile {
 };
 
 // Converts a tensor to f32 (dst holds n_elements): every type with a DType (f32, f16, bf16, q8_0,
-// q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k).
+// q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k).
 void gguf_tensor_to_f32(const GgufTensorInfo& t, float* dst);
 // Dequantizes n elements (a multiple of 256) of k-quant blocks.
 void dequantize_q4_k(const BlockQ4K* src, float* dst, int64_t n);

@@ -18,8 +18,8 @@
 namespace tessera::cpu {
 namespace {
 
-constexpr DType kTypes[] = {DType::f32,  DType::f16,  DType::bf16, DType::q8_0,
-                            DType::q4_0, DType::q4_1, DType::q5_0, DType::q5_1,
+constexpr DType kTypes[] = {DType::f32,  DType::f16,  DType::bf16, DType::q8_0, DType::q4_0,
+                            DType::q4_1, DType::q5_0, DType::q5_1, DType::q2_k, DType::q3_k,
                             DType::q4_k, DType::q5_k, DType::q6_k};
 
 // N rows of K weights stored as t, and the same weights widened by core's to_f32.

@@ -27,10 +27,10 @@ using test::kEpsF;
 using test::normal_buf;
 using test::pool;
 
-const DType kBlockTypes[] = {DType::q8_0, DType::q4_0, DType::q4_1, DType::q5_0,
-                             DType::q5_1, DType::q4_k, DType::q5_k, DType::q6_k};
-const DType kAllTypes[] = {DType::f32,  DType::f16,  DType::bf16, DType::q8_0,
-                           DType::q4_0, DType::q4_1, DType::q5_0, DType::q5_1,
+const DType kBlockTypes[] = {DType::q8_0, DType::q4_0, DType::q4_1, DType::q5_0, DType::q5_1,
+                             DType::q2_k, DType::q3_k, DType::q4_k, DType::q5_k, DType::q6_k};
+const DType kAllTypes[] = {DType::f32,  DType::f16,  DType::bf16, DType::q8_0, DType::q4_0,
+                           DType::q4_1, DType::q5_0, DType::q5_1, DType::q2_k, DType::q3_k,
                            DType::q4_k, DType::q5_k, DType::q6_k};
 
 struct TargetMock {
@@ -82,6 +82,12 @@ struct Weights {
             break;
           case DType::q5_k:
             std::memset(blk + 16, 0, 160);  // qh and qs
+            break;
+          case DType::q2_k:
+            std::memset(blk + 16, 0, 64);  // qs: every value -dmin m_g
+            break;
+          case DType::q3_k:
+            std::memset(blk, 0, 96);  // hmask and qs: every quant -4
             break;
           default:
             std::memset(blk, 0, 192);
@@ -156,8 +162,8 @@ void expect_simd_matches_reference(DType t, int64_t M, int64_t K, int64_t N, Thr
 TEST(Quant, RoundTripErrorWithinBand) {
   // Relative RMS error on N(0,1) data (n = 64K), pinned around what these quantizers give
   // (q8_0 0.0054, q4_0 0.086, q4_1 0.078, q5_0 0.043, q5_1 0.038, q4_k 0.072, q5_k 0.036, q6_k
-  // 0.0167; a fifth bit halves the 4-bit formats' error): above the band is a worse quantizer,
-  // below it a no-op or a broken test.
+  // 0.0167, q3_k 0.148, q2_k 0.270; a fifth bit halves the 4-bit formats' error): above the band
+  // is a worse quantizer, below it a no-op or a broken test.
   struct Band {
     DType t;
     double lo, hi;
@@ -165,7 +171,8 @@ TEST(Quant, RoundTripErrorWithinBand) {
   const Band bands[] = {{DType::q8_0, 0.0045, 0.0065}, {DType::q4_0, 0.075, 0.100},
                         {DType::q4_1, 0.066, 0.092},   {DType::q5_0, 0.037, 0.049},
                         {DType::q5_1, 0.033, 0.044},   {DType::q4_k, 0.060, 0.077},
-                        {DType::q5_k, 0.030, 0.041},   {DType::q6_k, 0.014, 0.020}};
+                        {DType::q5_k, 0.030, 0.041},   {DType::q6_k, 0.014, 0.020},
+                        {DType::q2_k, 0.24, 0.30},     {DType::q3_k, 0.13, 0.165}};
   const int64_t n = 65536;
   const Buf x = normal_buf(n, 0, 7);
   for (const Band& b : bands) {
@@ -188,7 +195,7 @@ TEST(Quant, KQuantRoundTripIsStable) {
   // Quantizing dequantized data again reproduces it closely (the scales are representable).
   const int64_t n = 4096;
   const Buf x = normal_buf(n, 0, 9, 0.02f);
-  for (DType t : {DType::q4_k, DType::q5_k, DType::q6_k}) {
+  for (DType t : {DType::q2_k, DType::q3_k, DType::q4_k, DType::q5_k, DType::q6_k}) {
     std::vector<uint8_t> q(static_cast<size_t>(dtype_bytes(t, n))), q2 = q;
     std::vector<float> a(static_cast<size_t>(n)), b(static_cast<size_t>(n));
     from_f32(t, x.p, q.data(), n);
@@ -492,9 +499,14 @@ TEST(Quant, ExtremeQuantsDoNotOverflowInt16) {
       const uint8_t fill = b % 3 == 0 ? 0x80 : b % 3 == 1 ? 0xff : 0x7f;  // -128, all ones, 127
       std::memset(blk, fill, bb);
       const uint16_t one = 0x3c00;  // f16 1.0 (q6_k keeps d last, the others first)
-      std::memcpy(t == DType::q6_k ? blk + bb - 2 : blk, &one, 2);
+      // d: last for q6_k and q3_k, before dmin at the end for q2_k, first for the others.
+      const int64_t d_at = t == DType::q6_k || t == DType::q3_k ? bb - 2
+                           : t == DType::q2_k                   ? bb - 4
+                                                                : 0;
+      std::memcpy(blk + d_at, &one, 2);
       if (t == DType::q4_1 || t == DType::q5_1 || t == DType::q4_k || t == DType::q5_k)
         std::memcpy(blk + 2, &one, 2);
+      if (t == DType::q2_k) std::memcpy(blk + bb - 2, &one, 2);
     }
     std::vector<float> deq(N * K);
     to_f32(t, w.data(), deq.data(), N * K);

@@ -160,6 +160,8 @@ TEST(Quantize, FallbackWhenRowsAreNotWholeBlocks) {
   EXPECT_EQ(quant_type_for_row(DType::q4_k, 512), DType::q4_k);
   EXPECT_EQ(quant_type_for_row(DType::q5_k, 576), DType::q5_1);
   EXPECT_EQ(quant_type_for_row(DType::q6_k, 576), DType::q8_0);
+  EXPECT_EQ(quant_type_for_row(DType::q3_k, 576), DType::q4_0);
+  EXPECT_EQ(quant_type_for_row(DType::q2_k, 96), DType::q4_0);
   EXPECT_EQ(quant_type_for_row(DType::q5_0, 48), DType::f16);
   tessera::test::expect_error(
       [&] {
@@ -218,7 +220,8 @@ TEST(Quantize, KQuantsWhenAvailable) {
   const DecoderModel src = tiny_model(256, 512, false);
   for (const Band& b :
        {Band{"q4_k", 0.02, 0.16}, Band{"q5_k", 0.01, 0.08}, Band{"q6_k", 0.005, 0.04},
-        Band{"q5_0", 0.019, 0.08}, Band{"q5_1", 0.019, 0.08}}) {
+        Band{"q5_0", 0.019, 0.08}, Band{"q5_1", 0.019, 0.08}, Band{"q2_k", 0.15, 0.40},
+        Band{"q3_k", 0.08, 0.25}}) {
     const auto t = optional_dtype(b.type);
     if (!t) continue;
     SCOPED_TRACE(b.type);

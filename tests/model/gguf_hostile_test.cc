@@ -300,15 +300,18 @@ TEST(GgufHostile, TensorInfos) {
   s = baseline();
   s.tensors[1].dims = {16, 4};  // Q8_0 rows must be whole 32-element blocks
   expect_rejected(build(s), {"row length 16", "Q8_0", "tensor 'b'"});
-  // Ids ggml retired (4, 5), k-quants this reader does not take (Q2_K 10, Q3_K 11), and beyond.
-  for (uint32_t t : {4u, 5u, 10u, 11u, 31u, 1000u}) {
+  // Ids ggml retired (4, 5), types this reader does not take (Q8_K 15, IQ2_XXS 16, IQ4_NL 20),
+  // and beyond.
+  for (uint32_t t : {4u, 5u, 15u, 16u, 20u, 31u, 1000u}) {
     s = baseline();
     s.tensors[0].type = t;
     expect_rejected(build(s), {"unsupported ggml type " + std::to_string(t), "tensor 'a'"});
   }
-  // The 5-bit types are known, and their rows must be whole blocks too (tensor 'a' has 5).
-  for (const auto& [t, name] : {std::pair{6u, "Q5_0 block size 32"}, std::pair{7u, "Q5_1"},
-                                std::pair{13u, "Q5_K block size 256"}}) {
+  // The 5-bit and low-bit k-quant types are known, and their rows must be whole blocks too
+  // (tensor 'a' has 5).
+  for (const auto& [t, name] :
+       {std::pair{6u, "Q5_0 block size 32"}, std::pair{7u, "Q5_1"},
+        std::pair{13u, "Q5_K block size 256"}, std::pair{10u, "Q2_K"}, std::pair{11u, "Q3_K"}}) {
     s = baseline();
     s.tensors[0].type = t;
     expect_rejected(build(s), {"row length 5", name, "tensor 'a'"});

@@ -42,10 +42,13 @@ TEST(GgufKQuant, CoreCodecsAgreeWithGgufDequantizers) {
   }
 }
 
-TEST(GgufKQuant, TypeTableMapsFiveBitTypesToDTypes) {
-  const std::pair<GgmlType, DType> pairs[] = {
-      {GgmlType::q5_0, DType::q5_0}, {GgmlType::q5_1, DType::q5_1}, {GgmlType::q5_k, DType::q5_k}};
-  const char* names[] = {"Q5_0", "Q5_1", "Q5_K"};
+TEST(GgufKQuant, TypeTableMapsNewerBlockTypesToDTypes) {
+  const std::pair<GgmlType, DType> pairs[] = {{GgmlType::q5_0, DType::q5_0},
+                                              {GgmlType::q5_1, DType::q5_1},
+                                              {GgmlType::q5_k, DType::q5_k},
+                                              {GgmlType::q2_k, DType::q2_k},
+                                              {GgmlType::q3_k, DType::q3_k}};
+  const char* names[] = {"Q5_0", "Q5_1", "Q5_K", "Q2_K", "Q3_K"};
   for (size_t i = 0; i < std::size(pairs); ++i) {
     const GgmlTypeInfo* info = ggml_type_info(static_cast<uint32_t>(pairs[i].first));
     ASSERT_TRUE(info) << names[i];
@@ -55,7 +58,9 @@ TEST(GgufKQuant, TypeTableMapsFiveBitTypesToDTypes) {
     EXPECT_EQ(info->block_bytes, traits(pairs[i].second).block_bytes);
     EXPECT_EQ(info->block_elems, traits(pairs[i].second).block_elems);
   }
-  // ggml's ids: Q5_0 6, Q5_1 7, Q5_K 13; block sizes 22, 24, 176 bytes.
+  // ggml's ids: Q5_0 6, Q5_1 7, Q5_K 13, Q2_K 10, Q3_K 11; blocks of 22, 24, 176, 84, 110 bytes.
+  EXPECT_EQ(ggml_type_info(10)->block_bytes, 84);
+  EXPECT_EQ(ggml_type_info(11)->block_bytes, 110);
   EXPECT_EQ(ggml_type_info(6)->block_bytes, 22);
   EXPECT_EQ(ggml_type_info(7)->block_bytes, 24);
   EXPECT_EQ(ggml_type_info(13)->block_bytes, 176);

@@ -418,6 +418,66 @@ TEST(Gguf, Q5KMatchesGgufPy) {
   check_golden(y, bound, g, std::size(g), -63239.37484741211, 66497.33659362793);
 }
 
+// Q2_K / Q3_K: two blocks each with the super-block scales set (Q2_K d, dmin at 80; Q3_K d at
+// 108), the other bytes golden_bytes.
+std::vector<float> low_k_golden_blocks(DType t, double* bound) {
+  const bool q2 = t == DType::q2_k;
+  const size_t size = q2 ? sizeof(BlockQ2K) : sizeof(BlockQ3K);
+  const float d[2] = {q2 ? 0.0125f : 0.02f, q2 ? -0.5f : -0.0078125f}, dmin[2] = {0.003f, 0.25f};
+  const double eps = std::numeric_limits<float>::epsilon();
+  std::vector<uint8_t> bytes;
+  for (int b = 0; b < 2; ++b) {
+    std::vector<uint8_t> blk = golden_bytes(size, b + (q2 ? 11 : 13));
+    const uint16_t hd = f32_to_f16(d[b]), hm = f32_to_f16(dmin[b]);
+    std::memcpy(blk.data() + (q2 ? 80 : 108), &hd, 2);
+    if (q2) std::memcpy(blk.data() + 82, &hm, 2);
+    bytes.insert(bytes.end(), blk.begin(), blk.end());
+    bound[b] = 4 * eps *
+               (q2 ? std::fabs(f16_to_f32(hd)) * 15 * 3 + std::fabs(f16_to_f32(hm)) * 15
+                   : std::fabs(f16_to_f32(hd)) * 32 * 4);
+  }
+  std::vector<float> y(512);
+  to_f32(t, bytes.data(), y.data(), 512);
+  return y;
+}
+
+TEST(Gguf, Q2KMatchesGgufPy) {
+  double bound[2];
+  const std::vector<float> y = low_k_golden_blocks(DType::q2_k, bound);
+  const Golden g[] = {
+      {0, 0.316415787},    {1, -0.0210018158},  {17, 0.322912216},  {31, 0.147954941},
+      {32, -0.0360031128}, {63, 0.257923126},   {64, 0.162460327},  {100, 0.0724773407},
+      {127, 0.128961563},  {128, 0.194942474},  {150, 0.376396179}, {191, -0.0030002594},
+      {200, 0.365907669},  {255, -0.030002594}, {256, -6},          {300, -24},
+      {383, -5.5},         {400, -3.25},        {511, -2.75}};
+  check_golden(y, bound, g, std::size(g), -1832.1427001953125, 1899.8776473999023);
+}
+
+TEST(Gguf, Q3KMatchesGgufPy) {
+  double bound[2];
+  const std::vector<float> y = low_k_golden_blocks(DType::q3_k, bound);
+  const Golden g[] = {{0, -1.26026917},
+                      {1, 1.68035889},
+                      {17, 0.640136719},
+                      {31, -0.320068359},
+                      {32, 0},
+                      {63, -0.520111084},
+                      {64, 0},
+                      {100, 0.460098267},
+                      {127, -0.120025635},
+                      {128, 0.120025635},
+                      {150, -0.580123901},
+                      {191, 2.48052979},
+                      {200, -0.760162354},
+                      {255, 0.24005127},
+                      {256, 0.34375},
+                      {300, 0.375},
+                      {383, -0.1796875},
+                      {400, 0},
+                      {511, -0.078125}};
+  check_golden(y, bound, g, std::size(g), -15.822494506835938, 248.7788543701172);
+}
+
 // 16 q5_0 / q5_1 blocks: the first 8 with d = 0.0625 (m = -1.5), the last 8 with d = -0.013
 // (m = 0.25); block b's bytes are golden_bytes(size, seed + b).
 std::vector<float> q5_golden_blocks(DType t, int seed, double* bound) {

@@ -50,7 +50,7 @@ TEST(Synthetic, PresetHasTheNamedShapeAndType) {
 
 TEST(Synthetic, BadSpecsNameThePart) {
   test::expect_error([] { make_synthetic_decoder("synthetic:3b:q4_0"); }, "unknown shape '3b'");
-  test::expect_error([] { make_synthetic_decoder("synthetic:1b:q3_k"); }, "q3_k");
+  test::expect_error([] { make_synthetic_decoder("synthetic:1b:iq4_nl"); }, "iq4_nl");
   test::expect_error([] { make_synthetic_decoder("synthetic:1b"); }, "synthetic:<shape>:<type>");
   test::expect_error([] { make_synthetic_decoder("synthetic:135m:q4_k"); }, "multiples of 256");
   test::expect_error([] { make_synthetic_decoder("synthetic:1b:i32"); }, "not a weight type");

@@ -1,6 +1,6 @@
 // `tessera quantize IN OUT --type T`: converts every weight matrix to T (q8_0, q4_0, q4_1, q5_0,
-// q5_1, q4_k, q5_k, q6_k, f16, bf16, f32) and reports the error of each tensor against its source
-// values.
+// q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, f16, bf16, f32) and reports the error of each tensor against
+// its source values.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -60,9 +60,9 @@ int run(const std::vector<std::string>& argv) {
   return 0;
 }
 
-const Registrar reg(
-    {"quantize", "quantize a model's weights (q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, f16)",
-     &run});
+const Registrar reg({"quantize",
+                     "quantize a model's weights (q8_0, q4_0, q4_1, q5_0, q5_1, q2_k..q6_k, f16)",
+                     &run});
 
 }  // namespace
 }  // namespace tessera::cli

@@ -1,6 +1,6 @@
 // Highway matmul against weights in their stored format (f32/f16/bf16, q8_0, q4_0, q4_1, q5_0,
-// q5_1, Q4_K, Q5_K, Q6_K): y = x W^T, and cpu::matmul_wt's choice between it and the AVX2
-// kernels. Weight blocks are unpacked to int16 in registers and multiplied against int16-held
+// q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K): y = x W^T, and cpu::matmul_wt's choice between it and the
+// AVX2 kernels. Weight blocks are unpacked to int16 in registers and multiplied against int16-held
 // 8-bit activations with pairwise multiply-add (vpmaddwd on x86), exact in int32; each block's
 // sum is scaled in f32. A weight row is decoded once for up to 4 activation rows.
 #include <algorithm>
@@ -88,11 +88,12 @@ HWY_INLINE void DecodeQ5(const uint8_t* qs, uint32_t qh, int offset, V16* w) {
   }
 }
 
-// The per-row accumulators: A activation rows, P independent f32 chains each (P = 2 for
-// A <= 2 hides the FMA latency when only one row is active).
+// The per-row accumulators: A activation rows, P = 2 independent f32 chains each (hides the FMA
+// latency when only one row is active; the same for every A, so a row's result does not depend
+// on how many rows share its pass).
 template <int A>
 struct Acc {
-  static constexpr int P = A <= 2 ? 2 : 1;
+  static constexpr int P = 2;
   VF v[A][P];
   float corr[A];  // scalar terms (mins) added at the end
   Acc() {
@@ -260,6 +261,62 @@ void DotRowQ6K(const uint8_t* row, int64_t nb, const QuantizedActs& qa, int64_t 
   for (int a = 0; a < A; ++a) out[a] = acc.Sum(a);
 }
 
+// Q2_K / Q3_K: 32-element chunk c of a super-block is bit plane j = c % 4 of qs bytes
+// 32 (c / 4).. (Q3_K: less 4 where bit 4 (c / 4) + j of hmask[l] is clear); each 16-element
+// group has its own scale (q * scale fits int16: at most 4 * 32). Q2_K's mins multiply the
+// activations' 16-sums, formed as a second dot product against the groups' mins.
+template <int A, bool kQ3>
+void DotRowLowK(const uint8_t* row, int64_t nb, const QuantizedActs& qa, int64_t m0, float* out) {
+  using Block = std::conditional_t<kQ3, BlockQ3K, BlockQ2K>;
+  const D16 d16;
+  Acc<A> acc;
+  const ActRows<A> x(qa, m0);
+  ForEachBlock<A>(nb, [&](int64_t b, int p) HWY_ATTR {
+    const auto* blk = reinterpret_cast<const Block*>(row) + b;
+    int sc[16], mn[16] = {};
+    if constexpr (kQ3) {
+      q3_k_scales(blk->scales, sc);
+    } else {
+      for (int g = 0; g < 16; ++g) sc[g] = blk->scales[g] & 15, mn[g] = blk->scales[g] >> 4;
+    }
+    V32 isum[A], msum[A];
+    for (int a = 0; a < A; ++a) isum[a] = msum[a] = hn::Zero(D32());
+    for (int c = 0; c < 8; ++c) {
+      const int h = c / 4, j = c % 4;
+      V16 w[kV], mv[kV];
+      for (int v = 0; v < kV; ++v) {
+        const int l = v * kL;  // first byte of this vector within the 32
+        V16 q =
+            hn::And(hn::ShiftRightSame(LoadBytes(blk->qs + 32 * h + l), 2 * j), hn::Set(d16, 3));
+        if constexpr (kQ3) {
+          const V16 hb =
+              hn::And(hn::ShiftRightSame(LoadBytes(blk->hmask + l), 4 * h + j), hn::Set(d16, 1));
+          q = hn::Sub(q, hn::ShiftLeft<2>(hn::Xor(hb, hn::Set(d16, 1))));
+        }
+        const int g = 2 * c + l / 16;
+        w[v] = hn::Mul(q, hn::Set(d16, static_cast<int16_t>(sc[g])));
+        mv[v] = hn::Set(d16, static_cast<int16_t>(mn[g]));
+      }
+      for (int a = 0; a < A; ++a) {
+        const int16_t* xc = x.q[a] + b * kQK_K + 32 * c;
+        isum[a] = hn::Add(isum[a], Dot32(w, xc));
+        if constexpr (!kQ3) msum[a] = hn::Add(msum[a], Dot32(mv, xc));
+      }
+    }
+    const float d = f16_scale_to_f32(blk->d);
+    float dmin = 0;
+    if constexpr (!kQ3) dmin = f16_scale_to_f32(blk->dmin);
+    for (int a = 0; a < A; ++a) {
+      const float dx = x.d[a][b];
+      acc.v[a][p] = hn::MulAdd(hn::ConvertTo(DF(), isum[a]), hn::Set(DF(), d * dx), acc.v[a][p]);
+      if constexpr (!kQ3)
+        acc.v[a][p] =
+            hn::NegMulAdd(hn::ConvertTo(DF(), msum[a]), hn::Set(DF(), dmin * dx), acc.v[a][p]);
+    }
+  });
+  for (int a = 0; a < A; ++a) out[a] = acc.Sum(a);
+}
+
 // f32 / f16 / bf16 weights: 8 (or fewer) weights widened to f32 per step, one FMA per row.
 template <int A, DType T>
 void DotRowFloat(const uint8_t* row, int64_t K, const float* x, int64_t m0, float* out) {
@@ -338,6 +395,10 @@ void DotRow(DType t, const uint8_t* row, int64_t K, const float* x, const Quanti
       return DotRowQ4K<A, BlockQ5K>(row, K / kQK_K, qa, m0, out);
     case DType::q6_k:
       return DotRowQ6K<A>(row, K / kQK_K, qa, m0, out);
+    case DType::q2_k:
+      return DotRowLowK<A, false>(row, K / kQK_K, qa, m0, out);
+    case DType::q3_k:
+      return DotRowLowK<A, true>(row, K / kQK_K, qa, m0, out);
     default:
       break;
   }
@@ -454,6 +515,9 @@ bool matmul_wt_takes_packed_gemm(DType w_type, int64_t M) {
     case DType::bf16:
     case DType::q8_0:
       return M >= 128;
+    case DType::q2_k:
+    case DType::q3_k:
+      return M >= 128;  // Highway kernels only, slower than the AVX2 ones; not measured
     case DType::q5_0:
     case DType::q5_1:
       // Their integer kernels decode a fifth bit per element: one Xeon core, MatmulWt/route,

@@ -110,8 +110,10 @@ RowsFn rows_fn(DType t) {
       return rows_f16;
     case DType::f16x16:
       return rows_f16x16;
-    default:
+    case DType::bf16:
       return rows_bf16;
+    default:
+      return nullptr;  // Q2_K, Q3_K: no AVX2 tiles (matmul_wt_avx2 hands them to Highway)
   }
 }
 
@@ -161,6 +163,7 @@ int64_t quant_rows_per_task(int64_t M, int64_t row_bytes, int64_t N, int64_t gro
 void matmul_wt_avx2(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t M, int64_t K,
                     const void* w, DType w_type, int64_t N, const float* bias) {
   if (M == 0 || N == 0) return;
+  if (!avx2::rows_fn(w_type)) return matmul_wt_highway(pool, y, ldy, x, M, K, w, w_type, N, bias);
   ActsQ8 acts;
   const int64_t block = act_block_elems(w_type);
   if (block > 0) {
@@ -190,7 +193,9 @@ void matmul_wt_group_avx2(ThreadPool& pool, const float* x, int64_t M, int64_t K
   int64_t total_bytes = 0;
   bool shared = true;
   for (int64_t p = 0; p < n_products; ++p) {
-    shared = shared && act_block_elems(products[p].w_type) == block;
+    // A type without AVX2 tiles goes through matmul_wt_avx2's hand-off to Highway.
+    shared = shared && act_block_elems(products[p].w_type) == block &&
+             avx2::rows_fn(products[p].w_type) != nullptr;
     total_bytes += products[p].N * dtype_bytes(products[p].w_type, K);
   }
   if (!shared || M > 4) {

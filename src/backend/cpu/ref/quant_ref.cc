@@ -119,6 +119,40 @@ float dot_row(DType t, const uint8_t* row, const QuantizedActs& qa, int64_t m) {
                f16_to_f32(dmin) * dx[b] * static_cast<float>(msum);
       }
       return acc;
+    case DType::q2_k:
+    case DType::q3_k:
+      // 16 groups of 16: sum_g s_g dot_g exact in integers; Q2_K's mins m_g sum_g as well
+      // (the 16-element sums from the 32-element ones are not at hand: summed here).
+      for (int64_t b = 0; b < qa.K / kQK_K; ++b) {
+        const int16_t* x = xq + b * kQK_K;
+        int sc[16], mn[16] = {};
+        const uint8_t *qs, *hmask = nullptr;
+        uint16_t d, dmin = 0;
+        if (t == DType::q2_k) {
+          const auto* blk = reinterpret_cast<const BlockQ2K*>(row) + b;
+          for (int g = 0; g < 16; ++g) sc[g] = blk->scales[g] & 15, mn[g] = blk->scales[g] >> 4;
+          qs = blk->qs, d = blk->d, dmin = blk->dmin;
+        } else {
+          const auto* blk = reinterpret_cast<const BlockQ3K*>(row) + b;
+          q3_k_scales(blk->scales, sc);
+          qs = blk->qs, hmask = blk->hmask, d = blk->d;
+        }
+        int32_t isum = 0, msum = 0;
+        for (int g = 0; g < 16; ++g) {
+          int32_t s = 0, xs = 0;
+          for (int e = 16 * g; e < 16 * g + 16; ++e) {
+            const int h = e / 128, j = (e % 128) / 32, l = e % 32;
+            int q = (qs[32 * h + l] >> (2 * j)) & 3;
+            if (hmask && !((hmask[l] >> (4 * h + j)) & 1)) q -= 4;
+            s += q * x[e], xs += x[e];
+          }
+          isum += sc[g] * s;
+          msum += mn[g] * xs;
+        }
+        acc += f16_to_f32(d) * dx[b] * static_cast<float>(isum) -
+               f16_to_f32(dmin) * dx[b] * static_cast<float>(msum);
+      }
+      return acc;
     case DType::q6_k:
       for (int64_t b = 0; b < qa.K / kQK_K; ++b) {
         const auto* blk = reinterpret_cast<const BlockQ6K*>(row) + b;
