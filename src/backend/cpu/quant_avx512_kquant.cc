@@ -31,17 +31,22 @@ constexpr int nr_for(int mr) {
   return mr == 1 ? 4 : 2;
 }
 
-// Lanes 0-15 pick int16 lane 2c of a scale vector, lanes 16-31 lane 2c + 1.
-TS_AVX512 inline __m512i pair_index(int c) {
-  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(static_cast<short>(2 * c))),
-                            _mm256_set1_epi16(static_cast<short>(2 * c + 1)), 1);
+// lo in the lower 256 bits, hi in the upper.
+TS_AVX512 inline __m512i halves(__m256i lo, __m256i hi) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+// Int16 lanes 0-15 set to lo, 16-31 to hi.
+TS_AVX512 inline __m512i halves16(int lo, int hi) {
+  return halves(_mm256_set1_epi16(static_cast<short>(lo)),
+                _mm256_set1_epi16(static_cast<short>(hi)));
 }
 
 // The 32 bytes at p in the lower half and the same bytes shifted right by 4 (per 16-bit lane)
 // in the upper half.
 TS_AVX512 inline __m512i low_high(const uint8_t* p) {
   const __m256i v = avx2::load32(p);
-  return _mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1);
+  return halves(v, _mm256_srli_epi16(v, 4));
 }
 
 // Q4_K and Q5_K (kFifthBit: element l of sub-block j takes bit j of qh[l] as 16).
@@ -73,14 +78,15 @@ struct KTile {
         for (int a = 0; a < MR; ++a)
           for (int j = 0; j < NR; ++j) isum[a][j] = _mm512_setzero_si512();
         for (int c = 0; c < 4; ++c) {  // sub-blocks 2c (low nibbles) and 2c + 1 (high)
-          const __m512i pick = pair_index(c);
+          // Lanes 0-15 pick int16 lane 2c of a scale vector, lanes 16-31 lane 2c + 1.
+          const __m512i pick = halves16(2 * c, 2 * c + 1);
           __m512i wq[NR], scale[NR];
           for (int j = 0; j < NR; ++j) {
             wq[j] = _mm512_and_si512(low_high(blk[j]->qs + 32 * c), low4);
             if constexpr (kFifthBit) {
               // Bits 2c (lower half) and 2c + 1 (upper) of each qh byte, moved to bit 4.
               const __m256i h = avx2::load32(blk[j]->qh);
-              const __m512i hh = _mm512_inserti64x4(_mm512_castsi256_si512(h), h, 1);
+              const __m512i hh = halves(h, h);
               // pick's lanes are also the shift counts: 2c below, 2c + 1 above.
               const __m512i bit =
                   _mm512_and_si512(_mm512_srlv_epi16(hh, pick), _mm512_set1_epi8(1));
@@ -157,18 +163,15 @@ struct TileQ6K {
       for (int p = 0; p < 4; ++p) {  // elements 64p..: half h = p / 2, quarters 2 (p % 2), + 1
         const int h = p / 2, r0 = 2 * (p % 2);
         const __m512i pick = _mm512_add_epi16(group_of_lane, _mm512_set1_epi16(4 * p));
-        const __m512i shift = _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_set1_epi16(static_cast<short>(2 * r0))),
-            _mm256_set1_epi16(static_cast<short>(2 * r0 + 2)), 1);
+        const __m512i shift = halves16(2 * r0, 2 * r0 + 2);
         __m512i wq[NR], scale[NR];
         for (int j = 0; j < NR; ++j) {
           const __m512i lo_bytes =
-              _mm512_inserti64x4(_mm512_castsi256_si512(avx2::load32(blk[j]->ql + 64 * h)),
-                                 avx2::load32(blk[j]->ql + 64 * h + 32), 1);
+              halves(avx2::load32(blk[j]->ql + 64 * h), avx2::load32(blk[j]->ql + 64 * h + 32));
           const __m512i lo =
               _mm512_and_si512(r0 == 0 ? lo_bytes : _mm512_srli_epi16(lo_bytes, 4), low4);
           const __m256i hb = avx2::load32(blk[j]->qh + 32 * h);
-          const __m512i hh = _mm512_inserti64x4(_mm512_castsi256_si512(hb), hb, 1);
+          const __m512i hh = halves(hb, hb);
           const __m512i hi = _mm512_and_si512(_mm512_srlv_epi16(hh, shift), low2);
           wq[j] = _mm512_or_si512(lo, _mm512_slli_epi16(hi, 4));
           scale[j] = _mm512_permutexvar_epi16(pick, sc16[j]);

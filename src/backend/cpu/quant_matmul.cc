@@ -295,7 +295,7 @@ void DotRowLowK(const uint8_t* row, int64_t nb, const QuantizedActs& qa, int64_t
         }
         const int g = 2 * c + l / 16;
         w[v] = hn::Mul(q, hn::Set(d16, static_cast<int16_t>(sc[g])));
-        mv[v] = hn::Set(d16, static_cast<int16_t>(mn[g]));
+        if constexpr (!kQ3) mv[v] = hn::Set(d16, static_cast<int16_t>(mn[g]));
       }
       for (int a = 0; a < A; ++a) {
         const int16_t* xc = x.q[a] + b * kQK_K + 32 * c;
