@@ -30,6 +30,7 @@ constexpr DTypeTraits kTraits[] = {
     {"q5_k", kQK_K, sizeof(BlockQ5K), 1},
     {"q2_k", kQK_K, sizeof(BlockQ2K), 1},
     {"q3_k", kQK_K, sizeof(BlockQ3K), 1},
+    {"q4_kx8", kQK_K, sizeof(BlockQ4K), 8},
 };
 constexpr int kNumTypes = sizeof(kTraits) / sizeof(kTraits[0]);
 
@@ -231,6 +232,7 @@ void to_f32(DType t, const void* src, float* dst, int64_t n) {
     case DType::q4_1x8:
     case DType::q8_0x8:
     case DType::f16x16:
+    case DType::q4_kx8:
       break;
   }
   fail("[dtype] cannot convert ", dtype_name(t), " to f32");
@@ -333,6 +335,7 @@ void from_f32(DType t, const float* src, void* dst, int64_t n) {
     case DType::q4_1x8:
     case DType::q8_0x8:
     case DType::f16x16:
+    case DType::q4_kx8:
       break;
   }
   fail("[dtype] cannot convert f32 to ", dtype_name(t));

@@ -1,5 +1,5 @@
-// The q4_0x8 / q4_1x8 / q8_0x8 / f16x16 row-interleaved layouts: conversion from and back to
-// plain rows.
+// The q4_0x8 / q4_1x8 / q8_0x8 / q4_kx8 / f16x16 row-interleaved layouts: conversion from and back
+// to plain rows.
 #include "core/interleave.h"
 
 #include <cstring>
@@ -13,11 +13,14 @@ namespace {
 
 // Byte offsets inside one interleaved chunk (8 rows x one block).
 struct ChunkLayout {
-  int64_t block_bytes;  // plain block: d [, m], then 16 (q4) or 32 (q8_0) quant bytes
-  int64_t header;       // bytes of d (and m) per plain block: 2 or 4
+  int64_t block_bytes;      // plain block: d [, m] [, scales], then the quant bytes
+  int64_t header;           // bytes of d (and m or dmin) per plain block: 2 or 4
+  int64_t scale_bytes = 0;  // q4_K's packed sub-block scales and mins: 12
   int64_t chunk() const { return kInterleaveRows * block_bytes; }
-  int64_t quants() const { return kInterleaveRows * header; }   // where the quant slots start
-  int64_t runs() const { return (block_bytes - header) / 16; }  // 16-byte pieces per row
+  // Where the quant slots start.
+  int64_t quants() const { return kInterleaveRows * (header + scale_bytes); }
+  // 16-byte pieces per row.
+  int64_t runs() const { return (block_bytes - header - scale_bytes) / 16; }
 };
 
 ChunkLayout layout_of(DType plain) {
@@ -28,21 +31,25 @@ ChunkLayout layout_of(DType plain) {
       return {static_cast<int64_t>(sizeof(BlockQ4_1)), 4};
     case DType::q8_0:
       return {static_cast<int64_t>(sizeof(BlockQ8_0)), 2};
+    case DType::q4_k:
+      return {static_cast<int64_t>(sizeof(BlockQ4K)), 4, 12};
     default:
       fail("[interleave] ", dtype_name(plain),
-           " has no interleaved layout (q4_0, q4_1, q8_0, f16)");
+           " has no interleaved layout (q4_0, q4_1, q8_0, q4_k, f16)");
   }
 }
 
-// Offsets of row r's scale, min (q4_1) and first 16 quant bytes inside a chunk: the slot s with
-// kInterleaveSlotRow[s] == r of the first run (q8_0's bytes 16-31 sit one run further).
+// Offsets of row r's scale, min (q4_1, q4_K), packed scales (q4_K) and first 16 quant bytes
+// inside a chunk: the slot s with kInterleaveSlotRow[s] == r of the first run (later 16-byte
+// pieces sit one run further each).
 struct RowParts {
-  int64_t d, m, q;
+  int64_t d, m, s, q;
 };
 RowParts parts_of(const ChunkLayout& l, int r) {
   int slot = 0;
   while (kInterleaveSlotRow[slot] != r) ++slot;
-  return {2 * r, 2 * kInterleaveRows + 2 * r, l.quants() + 16 * slot};
+  return {2 * r, 2 * kInterleaveRows + 2 * r, kInterleaveRows * l.header + l.scale_bytes * slot,
+          l.quants() + 16 * slot};
 }
 
 // f16 -> f16x16, n_rows a multiple of 16: each group transposed from a copy of its plain rows.
@@ -68,34 +75,41 @@ constexpr int64_t kRunBytes = 16 * kInterleaveRows;
 void to_chunk(const ChunkLayout& l, const RowParts& at, const uint8_t* blk, uint8_t* chunk) {
   std::memcpy(chunk + at.d, blk, 2);
   if (l.header == 4) std::memcpy(chunk + at.m, blk + 2, 2);
+  std::memcpy(chunk + at.s, blk + l.header, static_cast<size_t>(l.scale_bytes));
+  const uint8_t* q = blk + l.header + l.scale_bytes;
   for (int64_t run = 0; run < l.runs(); ++run)
-    std::memcpy(chunk + at.q + run * kRunBytes, blk + l.header + 16 * run, 16);
+    std::memcpy(chunk + at.q + run * kRunBytes, q + 16 * run, 16);
 }
 void from_chunk(const ChunkLayout& l, const RowParts& at, const uint8_t* chunk, uint8_t* blk) {
   std::memcpy(blk, chunk + at.d, 2);
   if (l.header == 4) std::memcpy(blk + 2, chunk + at.m, 2);
+  std::memcpy(blk + l.header, chunk + at.s, static_cast<size_t>(l.scale_bytes));
+  uint8_t* q = blk + l.header + l.scale_bytes;
   for (int64_t run = 0; run < l.runs(); ++run)
-    std::memcpy(blk + l.header + 16 * run, chunk + at.q + run * kRunBytes, 16);
+    std::memcpy(q + 16 * run, chunk + at.q + run * kRunBytes, 16);
 }
 
 }  // namespace
 
 bool has_interleaved_layout(DType t) {
-  return t == DType::q4_0 || t == DType::q4_1 || t == DType::q8_0 || t == DType::f16;
+  return t == DType::q4_0 || t == DType::q4_1 || t == DType::q8_0 || t == DType::q4_k ||
+         t == DType::f16;
 }
 
 DType interleaved_type(DType t) {
   if (t == DType::q4_0) return DType::q4_0x8;
   if (t == DType::q4_1) return DType::q4_1x8;
   if (t == DType::q8_0) return DType::q8_0x8;
+  if (t == DType::q4_k) return DType::q4_kx8;
   if (t == DType::f16) return DType::f16x16;
-  fail("[interleave] ", dtype_name(t), " has no interleaved layout (q4_0, q4_1, q8_0, f16)");
+  fail("[interleave] ", dtype_name(t), " has no interleaved layout (q4_0, q4_1, q8_0, q4_k, f16)");
 }
 
 DType plain_type(DType t) {
   if (t == DType::q4_0x8) return DType::q4_0;
   if (t == DType::q4_1x8) return DType::q4_1;
   if (t == DType::q8_0x8) return DType::q8_0;
+  if (t == DType::q4_kx8) return DType::q4_k;
   if (t == DType::f16x16) return DType::f16;
   return t;
 }

@@ -1,13 +1,14 @@
 // model::use_cpu_layout: which matrices it rearranges (q4_0 / q4_1 / q8_0 ones with rows in 8s,
-// f16 ones with rows in 16s, the token embedding and its tied head included), that the bytes
-// hold the same rows afterwards, that it is idempotent, and that two views of the same bytes are
-// rearranged once.
+// q4_K ones too where the AVX512-VNNI kernels run, f16 ones with rows in 16s, the token embedding
+// and its tied head included), that the bytes hold the same rows afterwards, that it is idempotent,
+// and that two views of the same bytes are rearranged once.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "backend/cpu/quant_matmul_avx2.h"
 #include "core/interleave.h"
 #include "model/decoder.h"
 #include "model/synthetic.h"
@@ -72,6 +73,13 @@ TEST(CpuLayout, GroupsNeedWholeMultiplesOfTheirRows) {
   EXPECT_EQ(ops::cpu_preferred_layout(DType::f16, 24), DType::f16);  // 8s are not 16s
   EXPECT_EQ(ops::cpu_preferred_layout(DType::bf16, 32), DType::bf16);
   EXPECT_EQ(ops::cpu_preferred_layout(DType::q6_k, 32), DType::q6_k);
+  // q4_kx8 has AVX512-VNNI kernels only.
+  const bool vnni = cpu::quant_avx512_vnni_active();
+  EXPECT_EQ(ops::cpu_preferred_layout(DType::q4_k, 32), vnni ? DType::q4_kx8 : DType::q4_k);
+  EXPECT_EQ(ops::cpu_preferred_layout(DType::q4_k, 36), DType::q4_k);
+  cpu::set_quant_avx512_vnni_allowed(false);
+  EXPECT_EQ(ops::cpu_preferred_layout(DType::q4_k, 32), DType::q4_k);
+  cpu::set_quant_avx512_vnni_allowed(true);
 }
 
 TEST(CpuLayout, SharedBytesAreRearrangedOnce) {

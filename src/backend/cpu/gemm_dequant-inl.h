@@ -239,18 +239,19 @@ HWY_INLINE void dequant_segment(DType t, const uint8_t* row, int64_t p0, int64_t
   }
 }
 
-// dequant_segment for row `row` of an interleaved matrix (q4_0x8 / q4_1x8 / q8_0x8, K columns):
-// its blocks are gathered into the plain layout 16 at a time, then widened as the plain type (so
-// every value equals the plain matrix's, bit for bit).
+// dequant_segment for row `row` of an interleaved matrix (q4_0x8 / q4_1x8 / q8_0x8 / q4_kx8, K
+// columns): its blocks are gathered into the plain layout 16 (q4_kx8: 2) at a time, then widened
+// as the plain type (so every value equals the plain matrix's, bit for bit).
 HWY_INLINE void dequant_interleaved_segment(DType t, const uint8_t* w, int64_t K, int64_t row,
                                             int64_t p0, int64_t n, float* HWY_RESTRICT dst) {
-  constexpr int64_t kBatch = 16;
-  alignas(64) uint8_t plain[kBatch * sizeof(BlockQ8_0)];  // the largest plain block
+  alignas(64) uint8_t plain[2 * sizeof(BlockQ4K)];  // 16 q8_0 blocks (544 bytes) fit too
   const DType p = plain_type(t);
-  for (int64_t b = p0 / 32, end = (p0 + n) / 32; b < end; b += kBatch, dst += kBatch * 32) {
-    const int64_t nb = end - b < kBatch ? end - b : kBatch;
+  const int64_t block = traits(p).block_elems;
+  const int64_t batch = static_cast<int64_t>(sizeof plain) / traits(p).block_bytes;
+  for (int64_t b = p0 / block, end = (p0 + n) / block; b < end; b += batch, dst += batch * block) {
+    const int64_t nb = end - b < batch ? end - b : batch;
     deinterleave_blocks(t, w, K, row, b, nb, plain);
-    dequant_segment(p, plain, 0, nb * 32, dst);
+    dequant_segment(p, plain, 0, nb * block, dst);
   }
 }
 

@@ -76,6 +76,11 @@ TS_AVX2 inline __m256i dot_u8_i8(__m256i w, __m256i x) {
 TS_AVX2 inline void prefetch_ahead(const void* p, int64_t ahead) {
   _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + ahead), _MM_HINT_T0);
 }
+// The same into L2 only (_MM_HINT_T1): a distant prefetch then holds an L2 miss slot instead of
+// one of L1's fewer fill buffers, which the kernel's own loads need.
+TS_AVX2 inline void prefetch_ahead_l2(const void* p, int64_t ahead) {
+  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + ahead), _MM_HINT_T1);
+}
 
 TS_AVX2 inline __m256i load32(const void* p) {
   return _mm256_loadu_si256(static_cast<const __m256i*>(p));

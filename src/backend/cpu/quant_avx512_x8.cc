@@ -79,7 +79,7 @@ template <X8 F, int MR>
 struct GroupTile {
   TS_AVX512 static void run(const uint8_t* g, const TileArgs& t, int64_t m0, float* out) {
     constexpr int64_t kChunk = kChunkBytes<F>;
-    constexpr int64_t kAheadBytes = (int64_t{16} << 10) / kChunk * kChunk;
+    constexpr int64_t kAheadBytes = (int64_t{32} << 10) / kChunk * kChunk;
     const int64_t nb = t.K / 32;
     const x8::ActRows<MR> xr(*t.acts, m0);
     const __m512i rows0 = lane_rows(0), rows1 = lane_rows(1);
@@ -92,12 +92,15 @@ struct GroupTile {
     }
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* c = g + b * kChunk;
-      // One stream per group, asked for about 16 KiB ahead. On the third Xeon VM (model 167),
-      // 1.1B decode, one / two threads: q4_0x8 15.8-16.1 / 28.7-30.0 tokens/s at 32 chunks
-      // ahead (4.6 KiB, the AVX2 kernel's distance), 18.0-18.2 / 34.0-34.2 at 128 (18 KiB),
-      // 17.3-17.7 at 256; q8_0x8 11.1-11.6 at 32 chunks (8.5 KiB), 11.6 at 64 (17 KiB), 11.0
-      // at 128 (34 KiB).
-      for (int64_t o = 0; o < kChunk; o += 64) avx2::prefetch_ahead(c + o, kAheadBytes);
+      // One stream per group, asked for about 32 KiB ahead into L2. On the third Xeon VM (model
+      // 167), 1.1B decode, one / two threads, into L1 (T0): q4_0x8 15.8-16.1 / 28.7-30.0
+      // tokens/s at 32 chunks ahead (4.6 KiB, the AVX2 kernel's distance), 18.0-18.2 /
+      // 34.0-34.2 at 128 (18 KiB), 17.3-17.7 at 256; q8_0x8 11.1-11.6 at 32 chunks (8.5 KiB),
+      // 11.6 at 64 (17 KiB), 11.0 at 128 (34 KiB). Into L2 (T1) at 32 KiB, alternated with T0 at
+      // 16 KiB in one window (same VM, 2 Dec): q4_0 18.3 / 34.4 against 15.8 / 29.7 and 15.3 /
+      // 29.2 against 14.2 / 27.2, q8_0 10.1-10.8 / 19.5-19.6 against 9.3-10.2 / 18.4-19.4: far
+      // prefetches held L1 fill buffers the kernel's loads wait for.
+      for (int64_t o = 0; o < kChunk; o += 64) avx2::prefetch_ahead_l2(c + o, kAheadBytes);
       __m512i q[2][2];
       load_quants<F>(c, q);
       const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c)));

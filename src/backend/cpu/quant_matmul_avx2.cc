@@ -9,6 +9,7 @@
 #include "backend/cpu/fixed_chunks.h"
 #include "backend/cpu/quant_avx2_common.h"
 #include "backend/cpu/quant_avx512.h"
+#include "core/interleave.h"
 
 namespace tessera::cpu {
 
@@ -82,11 +83,28 @@ TS_AVX2 void quantize_rows(const float* x, const ActsQ8& qa, int64_t m0, int64_t
 
 using RowsFn = void (*)(float*, int64_t, int64_t, const float*, int64_t, int64_t, const TileArgs&);
 
+// q4_kx8 where the AVX512-VNNI kernels are switched off (tests; the loader makes q4_kx8 only where
+// they run): each group of 8 rows is read back into plain rows and run on the q4_K tiles.
+void rows_q4_kx8_as_plain(float* y, int64_t ldy, int64_t M, const float* bias, int64_t n0,
+                          int64_t n1, const TileArgs& args) {
+  thread_local std::vector<uint8_t> plain;
+  plain.resize(static_cast<size_t>(kInterleaveRows * args.row_bytes));
+  for (int64_t n = n0; n < n1; n += kInterleaveRows) {
+    for (int64_t r = 0; r < kInterleaveRows; ++r)
+      deinterleave_row(DType::q4_kx8, args.w, args.K, n + r, plain.data() + r * args.row_bytes);
+    TileArgs group = args;
+    group.w = plain.data();
+    rows_q4_k(y + n, ldy, M, bias ? bias + n : nullptr, 0, kInterleaveRows, group);
+  }
+}
+
 RowsFn rows_fn(DType t) {
   // The 8-row interleaved layouts (null for every other type).
   if (RowsFn x8 = quant_avx512_vnni_active() ? avx512::x8_rows_fn(t) : x8_rows_fn(t)) return x8;
-  if (quant_avx512_vnni_active())
+  if (quant_avx512_vnni_active()) {
+    if (RowsFn k = avx512::kquant_x8_rows_fn(t)) return k;
     if (RowsFn k = avx512::kquant_rows_fn(t)) return k;
+  }
   switch (t) {
     case DType::q8_0:
       return rows_q8_0;
@@ -100,6 +118,8 @@ RowsFn rows_fn(DType t) {
       return rows_q5_1;
     case DType::q4_k:
       return rows_q4_k;
+    case DType::q4_kx8:
+      return rows_q4_kx8_as_plain;
     case DType::q5_k:
       return rows_q5_k;
     case DType::q6_k:

@@ -1,0 +1,171 @@
+// AVX512-VNNI kernel for the row-interleaved q4_kx8 layout (core/interleave.h): q4_K matrices in
+// groups of 8 rows, one super-block of all 8 rows per 1152-byte chunk. As in q4_0x8, one 64-byte
+// load holds 16 quant bytes of four rows, each 128-bit lane one row; the block's activations are
+// broadcast to all four lanes. vpmaddubsw forms u8 x s8 pair sums, two runs of one sub-block are
+// added in int16, and vpdpwssd multiplies them by the lane's row's sub-block scale (spread by
+// vpermw) into int32, exact over the whole super-block. Against the plain q4_K tiles
+// (quant_avx512_kquant.cc), which unpack one row's scales with scalar code and read each row as
+// its own stream, a group is one sequential stream and its 8 rows' scales decode in a few vector
+// instructions.
+#include "backend/cpu/quant_avx2_common.h"
+#include "backend/cpu/quant_avx512.h"
+#include "backend/cpu/quant_x8_common.h"
+#include "core/interleave.h"
+
+// GCC 12's AVX-512 intrinsics pass an intentionally undefined vector (`__m512 __Y = __Y`) as the
+// unused merge source of several instructions, and -Wmaybe-uninitialized reports each use.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#define TS_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+
+namespace tessera::cpu::avx512 {
+namespace {
+
+using avx2::TileArgs;
+
+// The most activation rows one pass over a group serves: 2 int32 sums and 2 f32 accumulators
+// each, beside the chunk's 8 nibble vectors and 4 scale vectors, within the 32 zmm registers.
+constexpr int kMaxRows = 4;
+
+// As in quant_avx512_x8.cc: lane l of a half's vectors belongs to the row of slot 4 * half + l / 4
+// (slots 0-7 are rows 0, 4, 1, 5, 2, 6, 3, 7); these spread 8 row-order scales that way.
+TS_AVX512 inline __m512i lane_rows(int half) {
+  return half == 0 ? _mm512_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4, 1, 1, 1, 1, 5, 5, 5, 5)
+                   : _mm512_setr_epi32(2, 2, 2, 2, 6, 6, 6, 6, 3, 3, 3, 3, 7, 7, 7, 7);
+}
+
+TS_AVX512 inline __m512i broadcast16(const int8_t* p) {
+  return _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// The packed 6-bit scales and mins of four rows (12 bytes each, contiguous at p) as int16: in
+// *sc, 128-bit lane L holds the 8 sub-block scales of the p's L-th row, in *mn its 8 mins. The
+// bit layout is q4_k_scale_min's (core/dtype.h), for all four rows at once: per lane the words
+// u0, u1, u2 give scales 0-3 = u0 & 0x3f.., mins 0-3 = u1 & 0x3f.., scales 4-7 = (u2 & 0x0f..) |
+// ((u0 >> 2) & 0x30..), mins 4-7 = ((u2 >> 4) & 0x0f..) | ((u1 >> 2) & 0x30..).
+TS_AVX512 inline void decode_scales(const uint8_t* p, __m512i* sc, __m512i* mn) {
+  const __m512i raw = _mm512_loadu_si512(p);  // 64 bytes: 48 used, the rest is the chunk's own
+  const __m512i words =
+      _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 1, 2, 2, 3, 4, 5, 5, 6, 7, 8, 8, 9, 10, 11, 11),
+                               raw);                                                // u0 u1 u2 u2
+  const __m512i a = _mm512_shuffle_epi32(words, static_cast<_MM_PERM_ENUM>(0x98));  // u0 u2 u1 u2
+  const __m512i b = _mm512_shuffle_epi32(words, static_cast<_MM_PERM_ENUM>(0x50));  // u0 u0 u1 u1
+  const __m512i low = _mm512_and_si512(a, _mm512_set1_epi32(0x3f3f3f3f));
+  const __m512i high = _mm512_or_si512(
+      _mm512_and_si512(
+          _mm512_srlv_epi32(a, _mm512_setr_epi32(0, 0, 0, 4, 0, 0, 0, 4, 0, 0, 0, 4, 0, 0, 0, 4)),
+          _mm512_set1_epi32(0x0f0f0f0f)),
+      _mm512_and_si512(_mm512_srli_epi32(b, 2), _mm512_set1_epi32(0x30303030)));
+  // Per lane: scales 0-3, 4-7, mins 0-3, 4-7 (bytes).
+  const __m512i bytes = _mm512_mask_blend_epi32(0xAAAA, low, high);
+  // The scale qwords (0, 2, 4, 6) to the lower half, the min qwords to the upper.
+  const __m512i split = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), bytes);
+  *sc = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(split));
+  *mn = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(split, 1));
+}
+
+// out[a * 8 + r] = dot(weight row r of the group at g, activation row m0 + a), MR rows. Per
+// super-block, activation row and half, each int32 lane sums its row's sc_j * q * x_q exactly;
+// the lanes are scaled by d_w * d_x and the mins' term dmin_w * d_x * sum_j m_j sum32_j taken
+// off in f32, super-blocks in order; a row's 4 lanes are added at the end in a fixed order.
+// Nothing depends on MR, so a row computed alone equals the row in a batch.
+template <int MR>
+struct GroupTileQ4K {
+  TS_AVX512 static void run(const uint8_t* g, const TileArgs& t, int64_t m0, float* out) {
+    constexpr int64_t kChunk = kQ4KX8ChunkBytes;
+    // About 32 KiB ahead into L2, as the q4_0x8 kernels (MatmulWt/decode-dram, one / two
+    // threads, alternated: 8.5-10.0 / 17.0-18.1 GB/s against 8.2-8.9 / 16.1-17.1 into L1 at 16
+    // KiB).
+    constexpr int64_t kAheadBytes = (int64_t{32} << 10) / kChunk * kChunk;
+    const int64_t nb = t.K / kQK_K;
+    const x8::ActRows<MR> xr(*t.acts, m0);
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    // Int16 lane i of a scale vector takes lane (i / 8) * 8 + sub-block: its row's scale.
+    const __m512i lane_base =
+        _mm512_setr_epi64(0, 0, 0x0008000800080008, 0x0008000800080008, 0x0010001000100010,
+                          0x0010001000100010, 0x0018001800180018, 0x0018001800180018);
+    __m512 acc[MR][2];
+    for (int a = 0; a < MR; ++a) acc[a][0] = acc[a][1] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* c = g + b * kChunk;
+      for (int64_t o = 0; o < kChunk; o += 64) avx2::prefetch_ahead_l2(c + o, kAheadBytes);
+      __m512i sc[2], mn[2];
+      decode_scales(c + kQ4KX8ScalesAt, &sc[0], &mn[0]);
+      decode_scales(c + kQ4KX8ScalesAt + 48, &sc[1], &mn[1]);
+      __m512i isum[MR][2];
+      for (int a = 0; a < MR; ++a) isum[a][0] = isum[a][1] = _mm512_setzero_si512();
+      for (int s = 0; s < 4; ++s) {  // sub-blocks 2s (low nibbles) and 2s + 1 (high)
+        const uint8_t* q = c + kQ4KX8QuantsAt + 256 * s;
+        __m512i lo[2][2], hi[2][2], scale_lo[2], scale_hi[2];  // [half][run]
+        const __m512i pick_lo = _mm512_add_epi16(lane_base, _mm512_set1_epi16(2 * s));
+        const __m512i pick_hi = _mm512_add_epi16(lane_base, _mm512_set1_epi16(2 * s + 1));
+        for (int h = 0; h < 2; ++h) {
+          for (int run = 0; run < 2; ++run) {
+            const __m512i w = _mm512_loadu_si512(q + 128 * run + 64 * h);
+            lo[h][run] = _mm512_and_si512(w, low4);
+            hi[h][run] = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
+          }
+          scale_lo[h] = _mm512_permutexvar_epi16(pick_lo, sc[h]);
+          scale_hi[h] = _mm512_permutexvar_epi16(pick_hi, sc[h]);
+        }
+        for (int a = 0; a < MR; ++a) {
+          const int8_t* x = xr.q[a] + kQK_K * b + 64 * s;
+          const __m512i x0 = broadcast16(x), x1 = broadcast16(x + 16);
+          const __m512i x2 = broadcast16(x + 32), x3 = broadcast16(x + 48);
+          for (int h = 0; h < 2; ++h) {
+            // q <= 15: each pair sum <= 3810 and two runs' <= 7620, no int16 saturation; times
+            // a 6-bit scale and summed over a super-block, exact in int32.
+            const __m512i plo = _mm512_add_epi16(_mm512_maddubs_epi16(lo[h][0], x0),
+                                                 _mm512_maddubs_epi16(lo[h][1], x1));
+            const __m512i phi = _mm512_add_epi16(_mm512_maddubs_epi16(hi[h][0], x2),
+                                                 _mm512_maddubs_epi16(hi[h][1], x3));
+            isum[a][h] = _mm512_dpwssd_epi32(isum[a][h], plo, scale_lo[h]);
+            isum[a][h] = _mm512_dpwssd_epi32(isum[a][h], phi, scale_hi[h]);
+          }
+        }
+      }
+      const __m512 d16 = _mm512_zextps256_ps512(
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c))));
+      const __m512 m16 = _mm512_zextps256_ps512(
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 16))));
+      for (int h = 0; h < 2; ++h) {
+        const __m512 dw = _mm512_permutexvar_ps(lane_rows(h), d16);
+        const __m512 dm = _mm512_permutexvar_ps(lane_rows(h), m16);
+        for (int a = 0; a < MR; ++a) {
+          // The 8 sub-block sums of the activations in every lane: the mins' integer dot.
+          const __m512i xs = _mm512_broadcast_i32x4(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(xr.sum32[a] + 8 * b)));
+          const __m512 sx = _mm512_set1_ps(xr.d[a][b]);
+          const __m512 mins = _mm512_cvtepi32_ps(_mm512_madd_epi16(mn[h], xs));
+          acc[a][h] =
+              _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[a][h]), _mm512_mul_ps(dw, sx), acc[a][h]);
+          acc[a][h] = _mm512_fnmadd_ps(mins, _mm512_mul_ps(dm, sx), acc[a][h]);
+        }
+      }
+    }
+    for (int a = 0; a < MR; ++a) {
+      alignas(64) float lanes[32];
+      _mm512_store_ps(lanes, acc[a][0]);
+      _mm512_store_ps(lanes + 16, acc[a][1]);
+      for (int slot = 0; slot < 8; ++slot) {
+        const float* l = lanes + 4 * slot;
+        out[a * 8 + kInterleaveSlotRow[slot]] = (l[0] + l[1]) + (l[2] + l[3]);
+      }
+    }
+  }
+};
+
+void rows_q4_kx8(float* y, int64_t ldy, int64_t M, const float* bias, int64_t n0, int64_t n1,
+                 const TileArgs& args) {
+  static constexpr std::array<x8::GroupTile<TileArgs>, kMaxRows> tiles = {
+      &GroupTileQ4K<1>::run, &GroupTileQ4K<2>::run, &GroupTileQ4K<3>::run, &GroupTileQ4K<4>::run};
+  x8::run_groups(tiles, y, ldy, M, bias, n0, n1, args);
+}
+
+}  // namespace
+
+KQuantRowsFn kquant_x8_rows_fn(DType t) {
+  return t == DType::q4_kx8 ? &rows_q4_kx8 : nullptr;
+}
+
+}  // namespace tessera::cpu::avx512
