@@ -97,9 +97,9 @@ struct GroupTile {
       // tokens/s at 32 chunks ahead (4.6 KiB, the AVX2 kernel's distance), 18.0-18.2 /
       // 34.0-34.2 at 128 (18 KiB), 17.3-17.7 at 256; q8_0x8 11.1-11.6 at 32 chunks (8.5 KiB),
       // 11.6 at 64 (17 KiB), 11.0 at 128 (34 KiB). Into L2 (T1) at 32 KiB, alternated with T0 at
-      // 16 KiB in one window (same VM, 2 Dec): q4_0 18.3 / 34.4 against 15.8 / 29.7 and 15.3 /
-      // 29.2 against 14.2 / 27.2, q8_0 10.1-10.8 / 19.5-19.6 against 9.3-10.2 / 18.4-19.4: far
-      // prefetches held L1 fill buffers the kernel's loads wait for.
+      // 16 KiB in one window (same VM, 1 Dec 23:50 UTC): q4_0 18.3 / 34.4 against 15.8 / 29.7
+      // and 15.3 / 29.2 against 14.2 / 27.2, q8_0 10.1-10.8 / 19.5-19.6 against 9.3-10.2
+      // / 18.4-19.4: far prefetches held L1 fill buffers the kernel's loads wait for.
       for (int64_t o = 0; o < kChunk; o += 64) avx2::prefetch_ahead_l2(c + o, kAheadBytes);
       __m512i q[2][2];
       load_quants<F>(c, q);
