@@ -31,6 +31,7 @@ constexpr DTypeTraits kTraits[] = {
     {"q2_k", kQK_K, sizeof(BlockQ2K), 1},
     {"q3_k", kQK_K, sizeof(BlockQ3K), 1},
     {"q4_kx8", kQK_K, sizeof(BlockQ4K), 8},
+    {"q5_kx8", kQK_K, sizeof(BlockQ5K), 8},
 };
 constexpr int kNumTypes = sizeof(kTraits) / sizeof(kTraits[0]);
 
@@ -233,6 +234,7 @@ void to_f32(DType t, const void* src, float* dst, int64_t n) {
     case DType::q8_0x8:
     case DType::f16x16:
     case DType::q4_kx8:
+    case DType::q5_kx8:
       break;
   }
   fail("[dtype] cannot convert ", dtype_name(t), " to f32");
@@ -336,6 +338,7 @@ void from_f32(DType t, const float* src, void* dst, int64_t n) {
     case DType::q8_0x8:
     case DType::f16x16:
     case DType::q4_kx8:
+    case DType::q5_kx8:
       break;
   }
   fail("[dtype] cannot convert f32 to ", dtype_name(t));

@@ -1,5 +1,5 @@
-// The q4_0x8 / q4_1x8 / q8_0x8 / q4_kx8 / f16x16 row-interleaved layouts: conversion from and back
-// to plain rows.
+// The q4_0x8 / q4_1x8 / q8_0x8 / q4_kx8 / q5_kx8 / f16x16 row-interleaved layouts: conversion from
+// and back to plain rows.
 #include "core/interleave.h"
 
 #include <cstring>
@@ -33,9 +33,11 @@ ChunkLayout layout_of(DType plain) {
       return {static_cast<int64_t>(sizeof(BlockQ8_0)), 2};
     case DType::q4_k:
       return {static_cast<int64_t>(sizeof(BlockQ4K)), 4, 12};
+    case DType::q5_k:  // qh and qs follow the scales: 2 + 8 runs
+      return {static_cast<int64_t>(sizeof(BlockQ5K)), 4, 12};
     default:
       fail("[interleave] ", dtype_name(plain),
-           " has no interleaved layout (q4_0, q4_1, q8_0, q4_k, f16)");
+           " has no interleaved layout (q4_0, q4_1, q8_0, q4_k, q5_k, f16)");
   }
 }
 
@@ -93,7 +95,7 @@ void from_chunk(const ChunkLayout& l, const RowParts& at, const uint8_t* chunk, 
 
 bool has_interleaved_layout(DType t) {
   return t == DType::q4_0 || t == DType::q4_1 || t == DType::q8_0 || t == DType::q4_k ||
-         t == DType::f16;
+         t == DType::q5_k || t == DType::f16;
 }
 
 DType interleaved_type(DType t) {
@@ -101,8 +103,10 @@ DType interleaved_type(DType t) {
   if (t == DType::q4_1) return DType::q4_1x8;
   if (t == DType::q8_0) return DType::q8_0x8;
   if (t == DType::q4_k) return DType::q4_kx8;
+  if (t == DType::q5_k) return DType::q5_kx8;
   if (t == DType::f16) return DType::f16x16;
-  fail("[interleave] ", dtype_name(t), " has no interleaved layout (q4_0, q4_1, q8_0, q4_k, f16)");
+  fail("[interleave] ", dtype_name(t),
+       " has no interleaved layout (q4_0, q4_1, q8_0, q4_k, q5_k, f16)");
 }
 
 DType plain_type(DType t) {
@@ -110,6 +114,7 @@ DType plain_type(DType t) {
   if (t == DType::q4_1x8) return DType::q4_1;
   if (t == DType::q8_0x8) return DType::q8_0;
   if (t == DType::q4_kx8) return DType::q4_k;
+  if (t == DType::q5_kx8) return DType::q5_k;
   if (t == DType::f16x16) return DType::f16;
   return t;
 }

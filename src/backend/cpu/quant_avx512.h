@@ -1,6 +1,6 @@
 // AVX512-VNNI kernels of the quantized matmul: the row-interleaved block layouts
-// (quant_avx512_x8.cc, vpdpbusd on zmm; quant_avx512_kquant_x8.cc, q4_kx8) and the k-quant tiles
-// (quant_avx512_kquant.cc). Taken
+// (quant_avx512_x8.cc, vpdpbusd on zmm; quant_avx512_kquant_x8.cc, q4_kx8 / q5_kx8) and the
+// k-quant tiles (quant_avx512_kquant.cc). Taken
 // over the AVX2 ones where quant_avx512_vnni_active() (quant_matmul_avx2.h).
 #pragma once
 
@@ -20,7 +20,7 @@ using KQuantRowsFn = void (*)(float* y, int64_t ldy, int64_t M, const float* bia
                               int64_t n1, const avx2::TileArgs& args);
 KQuantRowsFn kquant_rows_fn(DType t);
 
-// Row-interleaved q4_kx8 (quant_avx512_kquant_x8.cc): its entry (n0 and n1 multiples of 8) for
-// t == q4_kx8, nullptr for other types. Requires quant_avx512_vnni_active().
+// Row-interleaved q4_kx8 / q5_kx8 (quant_avx512_kquant_x8.cc): the entry of type t (n0 and n1
+// multiples of 8), nullptr for other types. Requires quant_avx512_vnni_active().
 KQuantRowsFn kquant_x8_rows_fn(DType t);
 }  // namespace tessera::cpu::avx512

@@ -1,9 +1,11 @@
-// AVX512-VNNI kernel for the row-interleaved q4_kx8 layout (core/interleave.h): q4_K matrices in
-// groups of 8 rows, one super-block of all 8 rows per 1152-byte chunk. As in q4_0x8, one 64-byte
+// AVX512-VNNI kernels for the row-interleaved q4_kx8 and q5_kx8 layouts (core/interleave.h): q4_K
+// / Q5_K matrices in groups of 8 rows, one super-block of all 8 rows per chunk (1152 / 1408
+// bytes). As in q4_0x8, one 64-byte
 // load holds 16 quant bytes of four rows, each 128-bit lane one row; the block's activations are
 // broadcast to all four lanes. vpmaddubsw forms u8 x s8 pair sums, two runs of one sub-block are
 // added in int16, and vpdpwssd multiplies them by the lane's row's sub-block scale (spread by
-// vpermw) into int32, exact over the whole super-block. Against the plain q4_K tiles
+// vpermw) into int32, exact over the whole super-block. Q5_K ORs each element's fifth bit (bit j
+// of its qh byte, moved to bit 4) into the nibbles first. Against the plain q4_K tiles
 // (quant_avx512_kquant.cc), which unpack one row's scales with scalar code and read each row as
 // its own stream, a group is one sequential stream and its 8 rows' scales decode in a few vector
 // instructions.
@@ -69,10 +71,21 @@ TS_AVX512 inline void decode_scales(const uint8_t* p, __m512i* sc, __m512i* mn) 
 // the lanes are scaled by d_w * d_x and the mins' term dmin_w * d_x * sum_j m_j sum32_j taken
 // off in f32, super-blocks in order; a row's 4 lanes are added at the end in a fixed order.
 // Nothing depends on MR, so a row computed alone equals the row in a batch.
-template <int MR>
-struct GroupTileQ4K {
+template <bool kFifthBit>
+struct KGroup {
+  static constexpr int64_t kChunk = kFifthBit ? kQ5KX8ChunkBytes : kQ4KX8ChunkBytes;
+  static constexpr int64_t kQuantsAt = kFifthBit ? kQ5KX8QuantsAt : kQ4KX8QuantsAt;
+
+  // Bit `bit` of each byte of v moved to bit 4, the rest cleared (16-bit shifts: the bit that
+  // lands on bit 4 of either byte comes from the same byte).
+  TS_AVX512 static __m512i bit_to_16(__m512i v, int bit) {
+    const __m512i m = _mm512_set1_epi8(0x10);
+    if (bit <= 4) return _mm512_and_si512(_mm512_slli_epi16(v, 4 - bit), m);
+    return _mm512_and_si512(_mm512_srli_epi16(v, bit - 4), m);
+  }
+
+  template <int MR>
   TS_AVX512 static void run(const uint8_t* g, const TileArgs& t, int64_t m0, float* out) {
-    constexpr int64_t kChunk = kQ4KX8ChunkBytes;
     // About 32 KiB ahead into L2, as the q4_0x8 kernels (MatmulWt/decode-dram, one / two
     // threads, alternated: 8.5-10.0 / 17.0-18.1 GB/s against 8.2-8.9 / 16.1-17.1 into L1 at 16
     // KiB).
@@ -95,7 +108,7 @@ struct GroupTileQ4K {
       __m512i isum[MR][2];
       for (int a = 0; a < MR; ++a) isum[a][0] = isum[a][1] = _mm512_setzero_si512();
       for (int s = 0; s < 4; ++s) {  // sub-blocks 2s (low nibbles) and 2s + 1 (high)
-        const uint8_t* q = c + kQ4KX8QuantsAt + 256 * s;
+        const uint8_t* q = c + kQuantsAt + 256 * s;
         __m512i lo[2][2], hi[2][2], scale_lo[2], scale_hi[2];  // [half][run]
         const __m512i pick_lo = _mm512_add_epi16(lane_base, _mm512_set1_epi16(2 * s));
         const __m512i pick_hi = _mm512_add_epi16(lane_base, _mm512_set1_epi16(2 * s + 1));
@@ -104,6 +117,13 @@ struct GroupTileQ4K {
             const __m512i w = _mm512_loadu_si512(q + 128 * run + 64 * h);
             lo[h][run] = _mm512_and_si512(w, low4);
             hi[h][run] = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
+            if constexpr (kFifthBit) {
+              // qh run `run` holds the fifth bits of the same elements: bit 2s for the low
+              // nibbles' sub-block, 2s + 1 for the high ones'.
+              const __m512i qh = _mm512_loadu_si512(c + kQ5KX8HighBitsAt + 128 * run + 64 * h);
+              lo[h][run] = _mm512_or_si512(lo[h][run], bit_to_16(qh, 2 * s));
+              hi[h][run] = _mm512_or_si512(hi[h][run], bit_to_16(qh, 2 * s + 1));
+            }
           }
           scale_lo[h] = _mm512_permutexvar_epi16(pick_lo, sc[h]);
           scale_hi[h] = _mm512_permutexvar_epi16(pick_hi, sc[h]);
@@ -113,8 +133,9 @@ struct GroupTileQ4K {
           const __m512i x0 = broadcast16(x), x1 = broadcast16(x + 16);
           const __m512i x2 = broadcast16(x + 32), x3 = broadcast16(x + 48);
           for (int h = 0; h < 2; ++h) {
-            // q <= 15: each pair sum <= 3810 and two runs' <= 7620, no int16 saturation; times
-            // a 6-bit scale and summed over a super-block, exact in int32.
+            // q <= 15 (Q5_K: 31): each pair sum <= 3810 (7874) and two runs' <= 7620 (15748),
+            // no int16 saturation; times a 6-bit scale and summed over a super-block, exact in
+            // int32.
             const __m512i plo = _mm512_add_epi16(_mm512_maddubs_epi16(lo[h][0], x0),
                                                  _mm512_maddubs_epi16(lo[h][1], x1));
             const __m512i phi = _mm512_add_epi16(_mm512_maddubs_epi16(hi[h][0], x2),
@@ -155,17 +176,21 @@ struct GroupTileQ4K {
   }
 };
 
-void rows_q4_kx8(float* y, int64_t ldy, int64_t M, const float* bias, int64_t n0, int64_t n1,
-                 const TileArgs& args) {
+template <bool kFifthBit>
+void rows_k_x8(float* y, int64_t ldy, int64_t M, const float* bias, int64_t n0, int64_t n1,
+               const TileArgs& args) {
+  using G = KGroup<kFifthBit>;
   static constexpr std::array<x8::GroupTile<TileArgs>, kMaxRows> tiles = {
-      &GroupTileQ4K<1>::run, &GroupTileQ4K<2>::run, &GroupTileQ4K<3>::run, &GroupTileQ4K<4>::run};
+      &G::template run<1>, &G::template run<2>, &G::template run<3>, &G::template run<4>};
   x8::run_groups(tiles, y, ldy, M, bias, n0, n1, args);
 }
 
 }  // namespace
 
 KQuantRowsFn kquant_x8_rows_fn(DType t) {
-  return t == DType::q4_kx8 ? &rows_q4_kx8 : nullptr;
+  if (t == DType::q4_kx8) return &rows_k_x8<false>;
+  if (t == DType::q5_kx8) return &rows_k_x8<true>;
+  return nullptr;
 }
 
 }  // namespace tessera::cpu::avx512

@@ -83,18 +83,20 @@ TS_AVX2 void quantize_rows(const float* x, const ActsQ8& qa, int64_t m0, int64_t
 
 using RowsFn = void (*)(float*, int64_t, int64_t, const float*, int64_t, int64_t, const TileArgs&);
 
-// q4_kx8 where the AVX512-VNNI kernels are switched off (tests; the loader makes q4_kx8 only where
-// they run): each group of 8 rows is read back into plain rows and run on the q4_K tiles.
-void rows_q4_kx8_as_plain(float* y, int64_t ldy, int64_t M, const float* bias, int64_t n0,
-                          int64_t n1, const TileArgs& args) {
+// q4_kx8 / q5_kx8 where the AVX512-VNNI kernels are switched off (tests; the loader makes them
+// only where those run): each group of 8 rows is read back into plain rows and run on the plain
+// type's tiles.
+template <DType kX8, RowsFn kPlainRows>
+void rows_as_plain(float* y, int64_t ldy, int64_t M, const float* bias, int64_t n0, int64_t n1,
+                   const TileArgs& args) {
   thread_local std::vector<uint8_t> plain;
   plain.resize(static_cast<size_t>(kInterleaveRows * args.row_bytes));
   for (int64_t n = n0; n < n1; n += kInterleaveRows) {
     for (int64_t r = 0; r < kInterleaveRows; ++r)
-      deinterleave_row(DType::q4_kx8, args.w, args.K, n + r, plain.data() + r * args.row_bytes);
+      deinterleave_row(kX8, args.w, args.K, n + r, plain.data() + r * args.row_bytes);
     TileArgs group = args;
     group.w = plain.data();
-    rows_q4_k(y + n, ldy, M, bias ? bias + n : nullptr, 0, kInterleaveRows, group);
+    kPlainRows(y + n, ldy, M, bias ? bias + n : nullptr, 0, kInterleaveRows, group);
   }
 }
 
@@ -119,7 +121,9 @@ RowsFn rows_fn(DType t) {
     case DType::q4_k:
       return rows_q4_k;
     case DType::q4_kx8:
-      return rows_q4_kx8_as_plain;
+      return rows_as_plain<DType::q4_kx8, rows_q4_k>;
+    case DType::q5_kx8:
+      return rows_as_plain<DType::q5_kx8, rows_q5_k>;
     case DType::q5_k:
       return rows_q5_k;
     case DType::q6_k:
