@@ -23,11 +23,12 @@ using tessera::DType;
 
 // Indices 8-11 are the CPU's row-interleaved layouts of q4_0, q4_1, q8_0 and f16
 // (core/interleave.h); 12-14 the 5-bit formats, 15 q4_K's interleaved layout (appended, so
-// earlier indices keep their types; q4_kx8 needs AVX512-VNNI for its own kernel), 16 Q5_K's.
-constexpr DType kTypes[] = {DType::f32,    DType::f16,    DType::bf16, DType::q8_0,   DType::q4_0,
-                            DType::q4_1,   DType::q4_k,   DType::q6_k, DType::q4_0x8, DType::q4_1x8,
-                            DType::q8_0x8, DType::f16x16, DType::q5_0, DType::q5_1,   DType::q5_k,
-                            DType::q4_kx8, DType::q5_kx8};
+// earlier indices keep their types; q4_kx8 needs AVX512-VNNI for its own kernel), 16 Q5_K's,
+// 17 Q6_K's.
+constexpr DType kTypes[] = {
+    DType::f32,  DType::f16,  DType::bf16,   DType::q8_0,   DType::q4_0,   DType::q4_1,
+    DType::q4_k, DType::q6_k, DType::q4_0x8, DType::q4_1x8, DType::q8_0x8, DType::f16x16,
+    DType::q5_0, DType::q5_1, DType::q5_k,   DType::q4_kx8, DType::q5_kx8, DType::q6_kx8};
 constexpr int64_t kNumTypes = sizeof(kTypes) / sizeof(kTypes[0]);
 
 tessera::ThreadPool& bench_pool(int n) {

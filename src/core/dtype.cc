@@ -32,6 +32,7 @@ constexpr DTypeTraits kTraits[] = {
     {"q3_k", kQK_K, sizeof(BlockQ3K), 1},
     {"q4_kx8", kQK_K, sizeof(BlockQ4K), 8},
     {"q5_kx8", kQK_K, sizeof(BlockQ5K), 8},
+    {"q6_kx8", kQK_K, sizeof(BlockQ6K), 8},
 };
 constexpr int kNumTypes = sizeof(kTraits) / sizeof(kTraits[0]);
 
@@ -235,6 +236,7 @@ void to_f32(DType t, const void* src, float* dst, int64_t n) {
     case DType::f16x16:
     case DType::q4_kx8:
     case DType::q5_kx8:
+    case DType::q6_kx8:
       break;
   }
   fail("[dtype] cannot convert ", dtype_name(t), " to f32");
@@ -339,6 +341,7 @@ void from_f32(DType t, const float* src, void* dst, int64_t n) {
     case DType::f16x16:
     case DType::q4_kx8:
     case DType::q5_kx8:
+    case DType::q6_kx8:
       break;
   }
   fail("[dtype] cannot convert f32 to ", dtype_name(t));

@@ -12,8 +12,8 @@ namespace tessera {
 // Values are stable ids (appended only): i32 predates the k-quants, and the 5-bit formats came
 // after the CPU layouts. q4_0x8, q4_1x8 and q8_0x8 are in-memory CPU layouts of q4_0/q4_1/q8_0
 // matrices with 8 rows interleaved block by block, f16x16 of f16 matrices with 16 rows
-// interleaved element by element, and q4_kx8 / q5_kx8 of q4_K / Q5_K matrices with 8 rows
-// interleaved super-block by super-block (see core/interleave.h); no file stores them and
+// interleaved element by element, and q4_kx8 / q5_kx8 / q6_kx8 of q4_K / Q5_K / Q6_K matrices with
+// 8 rows interleaved super-block by super-block (see core/interleave.h); no file stores them and
 // parse_dtype does not accept their names.
 enum class DType : uint8_t {
   f32,
@@ -35,7 +35,8 @@ enum class DType : uint8_t {
   q2_k,
   q3_k,
   q4_kx8,
-  q5_kx8
+  q5_kx8,
+  q6_kx8
 };
 
 struct DTypeTraits {
@@ -231,6 +232,7 @@ inline int64_t act_block_elems(DType t) {
     case DType::q6_k:
     case DType::q4_kx8:
     case DType::q5_kx8:
+    case DType::q6_kx8:
       return kQK_K;
     default:
       return 0;

@@ -1,7 +1,8 @@
-// The q4_0x8 / q4_1x8 / q8_0x8 / q4_kx8 / q5_kx8 / f16x16 row-interleaved layouts: conversion from
-// and back to plain rows.
+// The q4_0x8 / q4_1x8 / q8_0x8 / q4_kx8 / q5_kx8 / q6_kx8 / f16x16 row-interleaved layouts:
+// conversion from and back to plain rows.
 #include "core/interleave.h"
 
+#include <cstddef>
 #include <cstring>
 #include <vector>
 
@@ -15,7 +16,12 @@ namespace {
 struct ChunkLayout {
   int64_t block_bytes;      // plain block: d [, m] [, scales], then the quant bytes
   int64_t header;           // bytes of d (and m or dmin) per plain block: 2 or 4
-  int64_t scale_bytes = 0;  // q4_K's packed sub-block scales and mins: 12
+  int64_t scale_bytes = 0;  // q4_K's packed sub-block scales and mins: 12; Q6_K's scales: 16
+  // Where d, the scales and the quants sit in the plain block, when not in that order (Q6_K
+  // stores quants, scales, then d).
+  int64_t d_at = 0, s_at = -1, q_at = -1;
+  int64_t scales_at() const { return s_at >= 0 ? s_at : header; }
+  int64_t quants_at() const { return q_at >= 0 ? q_at : header + scale_bytes; }
   int64_t chunk() const { return kInterleaveRows * block_bytes; }
   // Where the quant slots start.
   int64_t quants() const { return kInterleaveRows * (header + scale_bytes); }
@@ -35,9 +41,16 @@ ChunkLayout layout_of(DType plain) {
       return {static_cast<int64_t>(sizeof(BlockQ4K)), 4, 12};
     case DType::q5_k:  // qh and qs follow the scales: 2 + 8 runs
       return {static_cast<int64_t>(sizeof(BlockQ5K)), 4, 12};
+    case DType::q6_k:  // ql then qh: 8 + 4 runs
+      return {static_cast<int64_t>(sizeof(BlockQ6K)),
+              2,
+              16,
+              offsetof(BlockQ6K, d),
+              offsetof(BlockQ6K, scales),
+              offsetof(BlockQ6K, ql)};
     default:
       fail("[interleave] ", dtype_name(plain),
-           " has no interleaved layout (q4_0, q4_1, q8_0, q4_k, q5_k, f16)");
+           " has no interleaved layout (q4_0, q4_1, q8_0, q4_k, q5_k, q6_k, f16)");
   }
 }
 
@@ -75,18 +88,18 @@ constexpr int64_t kRunBytes = 16 * kInterleaveRows;
 
 // Copies row r's block between its plain form and its places in an interleaved chunk.
 void to_chunk(const ChunkLayout& l, const RowParts& at, const uint8_t* blk, uint8_t* chunk) {
-  std::memcpy(chunk + at.d, blk, 2);
-  if (l.header == 4) std::memcpy(chunk + at.m, blk + 2, 2);
-  std::memcpy(chunk + at.s, blk + l.header, static_cast<size_t>(l.scale_bytes));
-  const uint8_t* q = blk + l.header + l.scale_bytes;
+  std::memcpy(chunk + at.d, blk + l.d_at, 2);
+  if (l.header == 4) std::memcpy(chunk + at.m, blk + l.d_at + 2, 2);
+  std::memcpy(chunk + at.s, blk + l.scales_at(), static_cast<size_t>(l.scale_bytes));
+  const uint8_t* q = blk + l.quants_at();
   for (int64_t run = 0; run < l.runs(); ++run)
     std::memcpy(chunk + at.q + run * kRunBytes, q + 16 * run, 16);
 }
 void from_chunk(const ChunkLayout& l, const RowParts& at, const uint8_t* chunk, uint8_t* blk) {
-  std::memcpy(blk, chunk + at.d, 2);
-  if (l.header == 4) std::memcpy(blk + 2, chunk + at.m, 2);
-  std::memcpy(blk + l.header, chunk + at.s, static_cast<size_t>(l.scale_bytes));
-  uint8_t* q = blk + l.header + l.scale_bytes;
+  std::memcpy(blk + l.d_at, chunk + at.d, 2);
+  if (l.header == 4) std::memcpy(blk + l.d_at + 2, chunk + at.m, 2);
+  std::memcpy(blk + l.scales_at(), chunk + at.s, static_cast<size_t>(l.scale_bytes));
+  uint8_t* q = blk + l.quants_at();
   for (int64_t run = 0; run < l.runs(); ++run)
     std::memcpy(q + 16 * run, chunk + at.q + run * kRunBytes, 16);
 }
@@ -95,7 +108,7 @@ void from_chunk(const ChunkLayout& l, const RowParts& at, const uint8_t* chunk, 
 
 bool has_interleaved_layout(DType t) {
   return t == DType::q4_0 || t == DType::q4_1 || t == DType::q8_0 || t == DType::q4_k ||
-         t == DType::q5_k || t == DType::f16;
+         t == DType::q5_k || t == DType::q6_k || t == DType::f16;
 }
 
 DType interleaved_type(DType t) {
@@ -104,9 +117,10 @@ DType interleaved_type(DType t) {
   if (t == DType::q8_0) return DType::q8_0x8;
   if (t == DType::q4_k) return DType::q4_kx8;
   if (t == DType::q5_k) return DType::q5_kx8;
+  if (t == DType::q6_k) return DType::q6_kx8;
   if (t == DType::f16) return DType::f16x16;
   fail("[interleave] ", dtype_name(t),
-       " has no interleaved layout (q4_0, q4_1, q8_0, q4_k, q5_k, f16)");
+       " has no interleaved layout (q4_0, q4_1, q8_0, q4_k, q5_k, q6_k, f16)");
 }
 
 DType plain_type(DType t) {
@@ -115,6 +129,7 @@ DType plain_type(DType t) {
   if (t == DType::q8_0x8) return DType::q8_0;
   if (t == DType::q4_kx8) return DType::q4_k;
   if (t == DType::q5_kx8) return DType::q5_k;
+  if (t == DType::q6_kx8) return DType::q6_k;
   if (t == DType::f16x16) return DType::f16;
   return t;
 }

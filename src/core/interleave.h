@@ -1,8 +1,8 @@
-// Row-interleaved layouts of q4_0 / q4_1 / q8_0 / q4_K / Q5_K matrices (DType q4_0x8, q4_1x8,
-// q8_0x8, q4_kx8, q5_kx8): 8 consecutive rows stored block by block, so one 32-byte load feeds the
-// int8 dot products of two rows and one 16-byte load brings 8 rows' scales. And of f16 matrices
-// (f16x16): 16 consecutive rows stored column by column, which is the packed GEMM's B micro-panel,
-// read in place. The CPU kernels read them; nothing else does.
+// Row-interleaved layouts of q4_0 / q4_1 / q8_0 / q4_K / Q5_K / Q6_K matrices (DType q4_0x8,
+// q4_1x8, q8_0x8, q4_kx8, q5_kx8, q6_kx8): 8 consecutive rows stored block by block, so one 32-byte
+// load feeds the int8 dot products of two rows and one 16-byte load brings 8 rows' scales. And of
+// f16 matrices (f16x16): 16 consecutive rows stored column by column, which is the packed GEMM's B
+// micro-panel, read in place. The CPU kernels read them; nothing else does.
 #pragma once
 
 #include <cstdint>
@@ -38,26 +38,35 @@ constexpr int64_t kQ4KX8QuantsAt = kQ4KX8ScalesAt + 12 * kInterleaveRows;
 constexpr int64_t kQ5KX8HighBitsAt = kQ4KX8QuantsAt;
 constexpr int64_t kQ5KX8QuantsAt = kQ5KX8HighBitsAt + 32 * kInterleaveRows;
 
+// q6_kx8 group layout: per super-block a chunk of 8 x 210 bytes: the 8 rows' f16 d (row order),
+// their 16 int8 group scales in slot order (16 bytes per row), then 8 runs of 128 bytes of ql
+// (run k: bytes 16k .. 16k + 15 of every row's ql, slot order) and 4 of qh, as in q4_kx8.
+constexpr int64_t kQ6KX8ChunkBytes = kInterleaveRows * sizeof(BlockQ6K);
+constexpr int64_t kQ6KX8ScalesAt = 2 * kInterleaveRows;
+constexpr int64_t kQ6KX8LowAt = kQ6KX8ScalesAt + 16 * kInterleaveRows;
+constexpr int64_t kQ6KX8HighAt = kQ6KX8LowAt + 128 * kInterleaveRows;
+
 // f16x16 group layout. Rows 16g..16g+15 (K columns) occupy the same bytes as in the plain layout,
 // element (16g + r, p) at half 16p + r of the group: the 16 rows' element p are one 32-byte run.
 // With K = 2048 a group is 64 KiB, read front to back by every kernel (one sequential stream).
 constexpr int64_t kF16PanelRows = 16;
 
-// True for the interleaved layouts themselves (q4_0x8, q4_1x8, q8_0x8, q4_kx8, q5_kx8, f16x16).
+// True for the interleaved layouts themselves (q4_0x8, q4_1x8, q8_0x8, q4_kx8, q5_kx8, q6_kx8,
+// f16x16).
 inline bool is_interleaved(DType t) {
   return traits(t).interleave_rows > 1;
 }
-// True for the types that have an interleaved layout (q4_0, q4_1, q8_0, q4_k, q5_k, f16).
+// True for the types that have an interleaved layout (q4_0, q4_1, q8_0, q4_k, q5_k, q6_k, f16).
 bool has_interleaved_layout(DType t);
-// q4_0 -> q4_0x8, q4_1 -> q4_1x8, q8_0 -> q8_0x8, q4_k -> q4_kx8, q5_k -> q5_kx8, f16 -> f16x16
-// (throws for other types).
+// q4_0 -> q4_0x8, q4_1 -> q4_1x8, q8_0 -> q8_0x8, q4_k -> q4_kx8, q5_k -> q5_kx8, q6_k ->
+// q6_kx8, f16 -> f16x16 (throws for other types).
 DType interleaved_type(DType t);
 // The inverse of interleaved_type; any other type is returned unchanged.
 DType plain_type(DType t);
 
-// Rewrites n_rows rows of K elements of `t` (q4_0, q4_1, q8_0, q4_k, q5_k, f16; n_rows a multiple
-// of the group, traits(interleaved_type(t)).interleave_rows; K of the block) at w from the plain
-// layout to interleaved_type(t), in place. Throws Error naming the bad size.
+// Rewrites n_rows rows of K elements of `t` (q4_0, q4_1, q8_0, q4_k, q5_k, q6_k, f16; n_rows a
+// multiple of the group, traits(interleaved_type(t)).interleave_rows; K of the block) at w from the
+// plain layout to interleaved_type(t), in place. Throws Error naming the bad size.
 void interleave_rows(DType t, void* w, int64_t n_rows, int64_t K);
 
 // Row `row` of an interleaved matrix (an interleaved type, K columns) in the plain layout of

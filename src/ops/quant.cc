@@ -56,9 +56,9 @@ int64_t matmul_wt_saturating_rows(const Context& ctx, DType w_type) {
 DType cpu_preferred_layout(DType t, int64_t n_rows) {
   if (!has_interleaved_layout(t) || n_rows % traits(interleaved_type(t)).interleave_rows != 0)
     return t;
-  // q4_kx8 and q5_kx8 have AVX512-VNNI kernels only (elsewhere their groups would be read back
+  // The k-quant layouts have AVX512-VNNI kernels only (elsewhere their groups would be read back
   // into plain rows first: slower than the plain types' own AVX2 tiles).
-  if (t == DType::q4_k || t == DType::q5_k)
+  if (t == DType::q4_k || t == DType::q5_k || t == DType::q6_k)
     return cpu::quant_avx512_vnni_active() ? interleaved_type(t) : t;
   return cpu::quant_avx2_supported() ? interleaved_type(t) : t;
 }

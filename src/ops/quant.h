@@ -17,9 +17,9 @@ namespace tessera::ops {
 // w_type f32/f16/bf16: float math (f16/bf16 widened). Block types q8_0/q4_0/q4_1/q4_k/q6_k:
 // x is quantized on the fly to 8-bit blocks (one scale per weight block) and the dot products
 // run in integers, as GGUF engines do; K must be a multiple of the block size. The interleaved
-// q4_0x8 / q4_1x8 / q8_0x8 / q4_kx8 / q5_kx8 (8 rows, see cpu_preferred_layout) and f16x16 (16
-// rows) need N a multiple of their group and the AVX2 kernels. Results do not depend on the thread
-// count.
+// q4_0x8 / q4_1x8 / q8_0x8 / q4_kx8 / q5_kx8 / q6_kx8 (8 rows, see cpu_preferred_layout) and f16x16
+// (16 rows) need N a multiple of their group and the AVX2 kernels. Results do not depend on the
+// thread count.
 void matmul_wt(const Context& ctx, float* y, int64_t ldy, const float* x, int64_t M, int64_t K,
                const void* w, DType w_type, int64_t N, const float* bias = nullptr);
 // Several products of the same x (M,K), e.g. a layer's q/k/v or gate/up projections: each y
@@ -32,9 +32,8 @@ void matmul_wt_group(const Context& ctx, const float* x, int64_t M, int64_t K,
 // The layout the CPU matmul reads fastest for a matrix stored as t with n_rows rows: the
 // row-interleaved q4_0x8 / q4_1x8 / q8_0x8 (core/interleave.h) for q4_0 / q4_1 / q8_0 with a
 // multiple of 8 rows, f16x16 for f16 with a multiple of 16, where the AVX2 kernels run; q4_kx8 /
-// q5_kx8 for q4_K / Q5_K with a multiple of 8 rows where the AVX512-VNNI kernels run; otherwise
-// t itself.
-// Loaders rearrange weights into it once.
+// q5_kx8 / q6_kx8 for q4_K / Q5_K / Q6_K with a multiple of 8 rows where the AVX512-VNNI kernels
+// run; otherwise t itself. Loaders rearrange weights into it once.
 DType cpu_preferred_layout(DType t, int64_t n_rows);
 // Rows per call from which matmul_wt against w_type weights runs at its full speed per row on
 // ctx's device: 512 where the CPU takes the packed GEMM for large M (it widens each weight

@@ -1,11 +1,12 @@
-// The row-interleaved q4_kx8 and q5_kx8 layouts: conversion both ways, their AVX512-VNNI kernel
-// (and the plain q4_K / Q5_K tiles it falls back to when those are off) against the reference on
-// the plain rows within a rounding bound, results independent of batch size, threads and grouping,
-// the integer edges, NaN propagation (the loader's choice of layout:
+// The row-interleaved q4_kx8, q5_kx8 and q6_kx8 layouts: conversion both ways, their AVX512-VNNI
+// kernels (and the plain k-quant tiles they fall back to when those are off) against the reference
+// on the plain rows within a rounding bound, results independent of batch size, threads and
+// grouping, the integer edges, NaN propagation (the loader's choice of layout:
 // tests/model/cpu_layout_test.cc).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -27,10 +28,11 @@ using test::kEpsF;
 using test::normal_buf;
 using test::pool;
 
-constexpr DType kPlainTypes[] = {DType::q4_k, DType::q5_k};
+constexpr DType kPlainTypes[] = {DType::q4_k, DType::q5_k, DType::q6_k};
 
-// W (N, K) of plain type t (q4_K or Q5_K) from Gaussian data, the same matrix interleaved, W as
-// f32 and each element's min term dmin * m_j (what a kernel subtracts apart from d * sc_j * q).
+// W (N, K) of plain type t (q4_K, Q5_K or Q6_K) from Gaussian data, the same matrix interleaved,
+// W as f32 and each element's offset term (what a kernel subtracts apart from d * sc_j * q):
+// dmin * m_j, or Q6_K's d * sc_g * 32.
 struct KPair {
   DType plain, x8;
   std::vector<uint8_t> p, i;
@@ -44,8 +46,16 @@ struct KPair {
     deq.resize(static_cast<size_t>(N * K));
     to_f32(t, p.data(), deq.data(), N * K);
     mins.resize(deq.size());
-    // Both block types start d, dmin, scales[12].
     const int64_t bb = traits(t).block_bytes;
+    if (t == DType::q6_k) {
+      const auto* blocks = reinterpret_cast<const BlockQ6K*>(p.data());
+      for (int64_t b = 0; b < N * K / kQK_K; ++b)
+        for (int e = 0; e < kQK_K; ++e)
+          mins[static_cast<size_t>(b * kQK_K + e)] =
+              32.0f * f16_to_f32(blocks[b].d) * static_cast<float>(blocks[b].scales[e / 16]);
+      return;
+    }
+    // q4_K and Q5_K blocks both start d, dmin, scales[12].
     for (int64_t b = 0; b < N * K / kQK_K; ++b) {
       const uint8_t* blk = p.data() + b * bb;
       uint16_t dmin;
@@ -121,6 +131,7 @@ TEST(QuantInterleavedKQuant, LayoutRoundTripsRowByRow) {
   }
   EXPECT_EQ(interleaved_type(DType::q4_k), DType::q4_kx8);
   EXPECT_EQ(interleaved_type(DType::q5_k), DType::q5_kx8);
+  EXPECT_EQ(interleaved_type(DType::q6_k), DType::q6_kx8);
 }
 
 TEST(QuantInterleavedKQuant, KernelsMatchReferenceOnPlainRows) {
@@ -201,14 +212,20 @@ TEST(QuantInterleavedKQuant, IntegerEdgesAreExactAndNaNPropagates) {
   for_each_kernel_set([] {
     // Every byte 0xff but d = dmin = 1: every scale and min 63, every quant 15 (Q5_K, with all
     // fifth bits set: 31), so each weight is 63 * 15 - 63 = 882 (63 * 31 - 63 = 1890); with
-    // x = 127 the int16 sums of two runs reach 2 * 2 * 15 * 127 = 7620 (15748).
+    // x = 127 the int16 sums of two runs reach 2 * 2 * 15 * 127 = 7620 (15748). Q6_K: every
+    // quant 63 (pair sums 2 * 63 * 127 = 16002) and every scale -1: each weight -31.
     const int64_t K = kQK_K, N = 8;
     for (DType t : kPlainTypes) {
       std::vector<uint8_t> w(static_cast<size_t>(dtype_bytes(t, N * K)), 0xff);
       const uint16_t one = 0x3c00;
       for (int64_t b = 0; b < N; ++b) {
-        std::memcpy(w.data() + b * traits(t).block_bytes, &one, 2);
-        std::memcpy(w.data() + b * traits(t).block_bytes + 2, &one, 2);
+        uint8_t* blk = w.data() + b * traits(t).block_bytes;
+        if (t == DType::q6_k) {
+          std::memcpy(blk + offsetof(BlockQ6K, d), &one, 2);
+        } else {
+          std::memcpy(blk, &one, 2);
+          std::memcpy(blk + 2, &one, 2);
+        }
       }
       std::vector<uint8_t> wi = w;
       interleave_rows(t, wi.data(), N, K);
@@ -217,7 +234,7 @@ TEST(QuantInterleavedKQuant, IntegerEdgesAreExactAndNaNPropagates) {
       cpu::matmul_wt(pool(1), y.data(), N, x.data(), 2, K, wi.data(), interleaved_type(t), N,
                      nullptr);
       cpu::ref::matmul_wt(yr.data(), N, x.data(), 2, K, w.data(), t, N, nullptr);
-      const float weight = t == DType::q4_k ? 882.0f : 1890.0f;
+      const float weight = t == DType::q4_k ? 882.0f : t == DType::q5_k ? 1890.0f : -31.0f;
       for (int64_t n = 0; n < N; ++n) {
         EXPECT_EQ(y[n], weight * 127 * K) << dtype_name(t) << " n=" << n;
         EXPECT_EQ(y[n], yr[n]);

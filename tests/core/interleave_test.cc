@@ -80,7 +80,7 @@ TEST(Interleave, BadInputIsRefusedInOneLine) {
   std::vector<uint8_t> w(static_cast<size_t>(dtype_bytes(DType::q4_0, 16 * 64)));
   test::expect_error([&] { interleave_rows(DType::q4_0, w.data(), 12, 64); }, "12 rows");
   test::expect_error([&] { interleave_rows(DType::q4_0, w.data(), 8, 48); }, "48 elements");
-  test::expect_error([&] { interleave_rows(DType::q6_k, w.data(), 8, 256); }, "q6_k");
+  test::expect_error([&] { interleave_rows(DType::q3_k, w.data(), 8, 256); }, "q3_k");
   test::expect_error([&] { interleaved_type(DType::bf16); }, "bf16");
   test::expect_error([&] { interleave_rows(DType::f16, w.data(), 8, 64); }, "multiple of 16");
   std::vector<uint8_t> row(64);

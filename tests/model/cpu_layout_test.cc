@@ -1,5 +1,5 @@
 // model::use_cpu_layout: which matrices it rearranges (q4_0 / q4_1 / q8_0 ones with rows in 8s,
-// q4_K / Q5_K ones too where the AVX512-VNNI kernels run, f16 ones with rows in 16s, the token
+// k-quant ones too where the AVX512-VNNI kernels run, f16 ones with rows in 16s, the token
 // embedding and its tied head included), that the bytes hold the same rows afterwards, that it is
 // idempotent, and that two views of the same bytes are rearranged once.
 #include <gtest/gtest.h>
@@ -72,15 +72,16 @@ TEST(CpuLayout, GroupsNeedWholeMultiplesOfTheirRows) {
   EXPECT_EQ(ops::cpu_preferred_layout(DType::f16, 32), DType::f16x16);
   EXPECT_EQ(ops::cpu_preferred_layout(DType::f16, 24), DType::f16);  // 8s are not 16s
   EXPECT_EQ(ops::cpu_preferred_layout(DType::bf16, 32), DType::bf16);
-  EXPECT_EQ(ops::cpu_preferred_layout(DType::q6_k, 32), DType::q6_k);
-  // q4_kx8 and q5_kx8 have AVX512-VNNI kernels only.
+  // The k-quant layouts have AVX512-VNNI kernels only.
   const bool vnni = cpu::quant_avx512_vnni_active();
   EXPECT_EQ(ops::cpu_preferred_layout(DType::q4_k, 32), vnni ? DType::q4_kx8 : DType::q4_k);
   EXPECT_EQ(ops::cpu_preferred_layout(DType::q5_k, 32), vnni ? DType::q5_kx8 : DType::q5_k);
+  EXPECT_EQ(ops::cpu_preferred_layout(DType::q6_k, 32), vnni ? DType::q6_kx8 : DType::q6_k);
   EXPECT_EQ(ops::cpu_preferred_layout(DType::q4_k, 36), DType::q4_k);
   cpu::set_quant_avx512_vnni_allowed(false);
   EXPECT_EQ(ops::cpu_preferred_layout(DType::q4_k, 32), DType::q4_k);
   EXPECT_EQ(ops::cpu_preferred_layout(DType::q5_k, 32), DType::q5_k);
+  EXPECT_EQ(ops::cpu_preferred_layout(DType::q6_k, 32), DType::q6_k);
   cpu::set_quant_avx512_vnni_allowed(true);
 }
 

@@ -26,7 +26,8 @@ int run(const std::vector<std::string>& argv) {
               cpu::highway_target().c_str());
   std::printf("int8 kernels %s\n",
               cpu::quant_avx512_vnni_active()
-                  ? "avx512-vnni (q4_0, q4_1, q8_0 in 8-row groups), avx2 (other block types)"
+                  ? "avx512-vnni (q4_0, q4_1, q8_0, q4_K, Q5_K in 8-row groups; Q6_K), "
+                    "avx2 (other block types)"
               : cpu::quant_avx2_supported() ? "avx2 (vpmaddubsw)"
                                             : "highway (int16 multiply-add)");
   std::printf("threads      %d\n", p.threads);

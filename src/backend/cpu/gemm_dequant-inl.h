@@ -240,11 +240,11 @@ HWY_INLINE void dequant_segment(DType t, const uint8_t* row, int64_t p0, int64_t
 }
 
 // dequant_segment for row `row` of an interleaved matrix (q4_0x8 / q4_1x8 / q8_0x8 / q4_kx8 /
-// q5_kx8, K columns): its blocks are gathered into the plain layout 16 (q4_kx8: 2) at a time, then
-// widened as the plain type (so every value equals the plain matrix's, bit for bit).
+// q5_kx8 / q6_kx8, K columns): its blocks are gathered into the plain layout 16 (q4_kx8: 2) at a
+// time, then widened as the plain type (so every value equals the plain matrix's, bit for bit).
 HWY_INLINE void dequant_interleaved_segment(DType t, const uint8_t* w, int64_t K, int64_t row,
                                             int64_t p0, int64_t n, float* HWY_RESTRICT dst) {
-  alignas(64) uint8_t plain[2 * sizeof(BlockQ4K)];  // 16 q8_0 blocks (544 bytes), 1 Q5_K fit
+  alignas(64) uint8_t plain[2 * sizeof(BlockQ4K)];  // 16 q8_0 blocks (544 bytes), 1 Q5_K / Q6_K fit
   const DType p = plain_type(t);
   const int64_t block = traits(p).block_elems;
   const int64_t batch = static_cast<int64_t>(sizeof plain) / traits(p).block_bytes;

@@ -83,9 +83,9 @@ TS_AVX2 void quantize_rows(const float* x, const ActsQ8& qa, int64_t m0, int64_t
 
 using RowsFn = void (*)(float*, int64_t, int64_t, const float*, int64_t, int64_t, const TileArgs&);
 
-// q4_kx8 / q5_kx8 where the AVX512-VNNI kernels are switched off (tests; the loader makes them
-// only where those run): each group of 8 rows is read back into plain rows and run on the plain
-// type's tiles.
+// q4_kx8 / q5_kx8 / q6_kx8 where the AVX512-VNNI kernels are switched off (tests; the loader makes
+// them only where those run): each group of 8 rows is read back into plain rows and run on the
+// plain type's tiles.
 template <DType kX8, RowsFn kPlainRows>
 void rows_as_plain(float* y, int64_t ldy, int64_t M, const float* bias, int64_t n0, int64_t n1,
                    const TileArgs& args) {
@@ -124,6 +124,8 @@ RowsFn rows_fn(DType t) {
       return rows_as_plain<DType::q4_kx8, rows_q4_k>;
     case DType::q5_kx8:
       return rows_as_plain<DType::q5_kx8, rows_q5_k>;
+    case DType::q6_kx8:
+      return rows_as_plain<DType::q6_kx8, rows_q6_k>;
     case DType::q5_k:
       return rows_q5_k;
     case DType::q6_k:
