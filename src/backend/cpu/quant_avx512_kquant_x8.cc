@@ -1,11 +1,11 @@
 // AVX512-VNNI kernels for the row-interleaved q4_kx8, q5_kx8 and q6_kx8 layouts
 // (core/interleave.h): q4_K / Q5_K / Q6_K matrices in groups of 8 rows, one super-block of all
-// 8 rows per chunk (1152 / 1408 / 1680 bytes). As in q4_0x8, one 64-byte
-// load holds 16 quant bytes of four rows, each 128-bit lane one row; the block's activations are
-// broadcast to all four lanes. vpmaddubsw forms u8 x s8 pair sums, two runs of one sub-block are
-// added in int16, and vpdpwssd multiplies them by the lane's row's sub-block scale (spread by
-// vpermw) into int32, exact over the whole super-block. Q5_K ORs each element's fifth bit (bit j
-// of its qh byte, added as 16) into the nibbles first. Against the plain q4_K tiles
+// 8 rows per chunk (1152 / 1408 / 1680 bytes). As in q4_0x8, one 64-byte load holds 16 quant
+// bytes of four rows, each 128-bit lane one row; the block's activations are broadcast to all
+// four lanes. vpmaddubsw forms u8 x s8 pair sums and vpdpwssd multiplies them by the lane's row's
+// sub-block scale (spread by vpermw) into int32, exact over the whole super-block (q4_K / Q5_K
+// add a sub-block's two runs in int16 first; Q5_K adds each element's fifth bit as 16, Q6_K
+// builds its 6-bit quants from a ql and a qh run). Against the plain tiles
 // (quant_avx512_kquant.cc), which unpack one row's scales with scalar code and read each row as
 // its own stream, a group is one sequential stream and its 8 rows' scales decode in a few vector
 // instructions.
