@@ -136,9 +136,9 @@ void decode_args(benchmark::internal::Benchmark* b) {
 // One matvec over a matrix larger than any last-level cache we run on (q4: 604 MB, above the
 // 480 MiB L3 of the third Xeon VM), so the weights come from DRAM as in a large model's decode;
 // the shapes above fit in such an L3 and measure the kernels' own speed.
-constexpr int64_t kQ4_0x8 = 8, kQ4_K = 6, kQ6_K = 7, kQ4_Kx8 = 15;
+constexpr int64_t kQ4_0x8 = 8, kQ4_K = 6, kQ6_K = 7, kQ4_Kx8 = 15, kQ6_Kx8 = 17;
 void dram_args(benchmark::internal::Benchmark* b) {
-  for (int64_t t : {kQ4_0x8, kQ4_K, kQ4_Kx8, kQ6_K})
+  for (int64_t t : {kQ4_0x8, kQ4_K, kQ4_Kx8, kQ6_K, kQ6_Kx8})
     for (int64_t threads : {1, 2}) b->Args({t, 1, 524288, 2048, threads});
 }
 void prefill_args(benchmark::internal::Benchmark* b) {
