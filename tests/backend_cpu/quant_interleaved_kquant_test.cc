@@ -17,6 +17,7 @@
 #include "backend/cpu/quant_matmul_avx2.h"
 #include "backend/cpu/ref/ref_kernels.h"
 #include "core/interleave.h"
+#include "kernel_sets.h"
 #include "kernel_test_util.h"
 #include "test_util/expect_error.h"
 
@@ -93,20 +94,11 @@ std::vector<double> bound(const KPair& w, const float* x, int64_t M, int64_t K, 
   return tol;
 }
 
-// fn once with the plain-tile fallback (AVX512-VNNI switched off), then with the VNNI kernel
-// where the CPU has it.
+// fn once with the plain-tile fallback (AVX512-VNNI switched off), then with the VNNI kernels
+// where the CPU has them (kernel_sets.h).
 template <class Fn>
 void for_each_kernel_set(Fn fn) {
-  cpu::set_quant_avx512_vnni_allowed(false);
-  {
-    SCOPED_TRACE("plain tiles on plain copies");
-    fn();
-  }
-  cpu::set_quant_avx512_vnni_allowed(true);
-  if (cpu::quant_avx512_vnni_active()) {
-    SCOPED_TRACE("AVX512-VNNI interleaved kernel");
-    fn();
-  }
+  test::for_each_kernel_set("plain tiles on plain copies", "AVX512-VNNI interleaved kernels", fn);
 }
 
 TEST(QuantInterleavedKQuant, LayoutRoundTripsRowByRow) {

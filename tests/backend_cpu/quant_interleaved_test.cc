@@ -17,6 +17,7 @@
 #include "backend/cpu/quant_matmul_avx2.h"
 #include "backend/cpu/ref/ref_kernels.h"
 #include "core/interleave.h"
+#include "kernel_sets.h"
 #include "kernel_test_util.h"
 #include "test_util/expect_error.h"
 
@@ -74,20 +75,10 @@ std::vector<double> bound(const Pair& w, const float* x, int64_t M, int64_t K, i
   return tol;
 }
 
-// Runs fn once per kernel set this CPU has for the interleaved layouts: the AVX2 kernels, then
-// the AVX512-VNNI ones where present (which matmul_wt otherwise always takes there).
+// fn once per kernel set this CPU has for the interleaved layouts (kernel_sets.h).
 template <class Fn>
 void for_each_kernel_set(Fn fn) {
-  cpu::set_quant_avx512_vnni_allowed(false);
-  {
-    SCOPED_TRACE("AVX2 kernels");
-    fn();
-  }
-  cpu::set_quant_avx512_vnni_allowed(true);
-  if (cpu::quant_avx512_vnni_active()) {
-    SCOPED_TRACE("AVX512-VNNI kernels");
-    fn();
-  }
+  test::for_each_kernel_set("AVX2 kernels", "AVX512-VNNI kernels", fn);
 }
 
 TEST(QuantInterleaved, KernelsMatchReferenceOnPlainRows) {

@@ -11,14 +11,13 @@
 // instructions.
 #include "backend/cpu/quant_avx2_common.h"
 #include "backend/cpu/quant_avx512.h"
+#include "backend/cpu/quant_avx512_lanes.h"
 #include "backend/cpu/quant_x8_common.h"
 #include "core/interleave.h"
 
 // GCC 12's AVX-512 intrinsics pass an intentionally undefined vector (`__m512 __Y = __Y`) as the
 // unused merge source of several instructions, and -Wmaybe-uninitialized reports each use.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-
-#define TS_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 
 namespace tessera::cpu::avx512 {
 namespace {
@@ -29,16 +28,8 @@ using avx2::TileArgs;
 // each, beside the chunk's 8 nibble vectors and 4 scale vectors, within the 32 zmm registers.
 constexpr int kMaxRows = 4;
 
-// As in quant_avx512_x8.cc: lane l of a half's vectors belongs to the row of slot 4 * half + l / 4
-// (slots 0-7 are rows 0, 4, 1, 5, 2, 6, 3, 7); these spread 8 row-order scales that way.
-TS_AVX512 inline __m512i lane_rows(int half) {
-  return half == 0 ? _mm512_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4, 1, 1, 1, 1, 5, 5, 5, 5)
-                   : _mm512_setr_epi32(2, 2, 2, 2, 6, 6, 6, 6, 3, 3, 3, 3, 7, 7, 7, 7);
-}
-
-TS_AVX512 inline __m512i broadcast16(const int8_t* p) {
-  return _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
+using lanes::broadcast16;
+using lanes::lane_rows;
 
 // The packed 6-bit scales and mins of four rows (12 bytes each, contiguous at p) as int16: in
 // *sc, 128-bit lane L holds the 8 sub-block scales of the p's L-th row, in *mn its 8 mins. The
@@ -164,15 +155,7 @@ struct KGroup {
         }
       }
     }
-    for (int a = 0; a < MR; ++a) {
-      alignas(64) float lanes[32];
-      _mm512_store_ps(lanes, acc[a][0]);
-      _mm512_store_ps(lanes + 16, acc[a][1]);
-      for (int slot = 0; slot < 8; ++slot) {
-        const float* l = lanes + 4 * slot;
-        out[a * 8 + kInterleaveSlotRow[slot]] = (l[0] + l[1]) + (l[2] + l[3]);
-      }
-    }
+    for (int a = 0; a < MR; ++a) lanes::sum_rows(acc[a][0], acc[a][1], out + 8 * a);
   }
 };
 
@@ -251,15 +234,7 @@ struct GroupTileQ6K {
                                        _mm512_mul_ps(dw, _mm512_set1_ps(xr.d[a][b])), acc[a][hh]);
       }
     }
-    for (int a = 0; a < MR; ++a) {
-      alignas(64) float lanes[32];
-      _mm512_store_ps(lanes, acc[a][0]);
-      _mm512_store_ps(lanes + 16, acc[a][1]);
-      for (int slot = 0; slot < 8; ++slot) {
-        const float* l = lanes + 4 * slot;
-        out[a * 8 + kInterleaveSlotRow[slot]] = (l[0] + l[1]) + (l[2] + l[3]);
-      }
-    }
+    for (int a = 0; a < MR; ++a) lanes::sum_rows(acc[a][0], acc[a][1], out + 8 * a);
   }
 };
 

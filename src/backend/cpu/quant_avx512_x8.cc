@@ -8,13 +8,12 @@
 // / q4_1x8 / q8_0x8 against the AVX2 kernels' 38.8 / 36.9 / 55.9 (MatmulWt/route).
 #include "backend/cpu/quant_avx2_common.h"
 #include "backend/cpu/quant_avx512.h"
+#include "backend/cpu/quant_avx512_lanes.h"
 #include "backend/cpu/quant_x8_common.h"
 
 // GCC 12's AVX-512 intrinsics pass an intentionally undefined vector (`__m512 __Y = __Y`) as the
 // unused merge source of several instructions, and -Wmaybe-uninitialized reports each use.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-
-#define TS_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 
 namespace tessera::cpu::avx512 {
 namespace {
@@ -29,18 +28,8 @@ using x8::X8;
 // 4 quant vectors, 2 scale vectors and temporaries, within the 32 zmm registers.
 constexpr int kMaxRows = 8;
 
-// Within a chunk the rows' 16-byte slots run 0, 4, 1, 5, 2, 6, 3, 7 (kInterleaveSlotRow), so
-// the first 64 bytes hold rows 0, 4, 1, 5 and the next 64 rows 2, 6, 3, 7. Lane l of a vpdpbusd
-// result belongs to the row of slot l / 4; these spread the 8 row scales (row order) that way.
-TS_AVX512 inline __m512i lane_rows(int half) {
-  return half == 0 ? _mm512_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4, 1, 1, 1, 1, 5, 5, 5, 5)
-                   : _mm512_setr_epi32(2, 2, 2, 2, 6, 6, 6, 6, 3, 3, 3, 3, 7, 7, 7, 7);
-}
-
-// The 16 bytes at p in all four 128-bit lanes.
-TS_AVX512 inline __m512i broadcast16(const int8_t* p) {
-  return _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
+using lanes::broadcast16;
+using lanes::lane_rows;
 
 TS_AVX512 inline __m512i load64(const uint8_t* p) {
   return _mm512_loadu_si512(p);
@@ -131,16 +120,10 @@ struct GroupTile {
       }
     }
     for (int a = 0; a < MR; ++a) {
-      alignas(64) float lanes[32];
-      _mm512_store_ps(lanes, acc[a][0]);
-      _mm512_store_ps(lanes + 16, acc[a][1]);
+      lanes::sum_rows(acc[a][0], acc[a][1], out + 8 * a);
       alignas(32) float m[8];
       _mm256_store_ps(m, mins[a]);
-      for (int slot = 0; slot < 8; ++slot) {
-        const float* l = lanes + 4 * slot;
-        const int r = kInterleaveSlotRow[slot];
-        out[a * 8 + r] = ((l[0] + l[1]) + (l[2] + l[3])) + m[r];
-      }
+      for (int r = 0; r < 8; ++r) out[a * 8 + r] += m[r];
     }
   }
 };
