@@ -3,11 +3,13 @@
 // reference and SIMD kernels; and its cache bookkeeping and errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "backend/cpu/gemm.h"
 #include "backend/device.h"
+#include "compress/quantize.h"
 #include "infer/engine.h"
 #include "model/decoder.h"
 #include "model/synthetic.h"
@@ -252,6 +254,46 @@ TEST(Engine, ChunkRowsFollowTheWeights) {
   EXPECT_EQ(Engine(q4, o).options().max_rows, 40);
   o.max_rows = -1;
   test::expect_error([&] { Engine(q4, o); }, "max_rows must be >= 0");
+}
+
+// The k-quant matrices in the CPU's interleaved layouts (q4_kx8 / q5_kx8 / q6_kx8, where the
+// AVX512-VNNI kernels run): the engine's logits match the same model in the file's layout to
+// within the kernels' different rounding, and its greedy tokens are the same; the reference
+// path, which reads both layouts back as plain rows, gives the same bits for both.
+TEST(Engine, InterleavedKQuantLayoutsDecodeAsThePlainOnes) {
+  TinyOptions tiny;
+  tiny.width = 256, tiny.heads = 4, tiny.kv_heads = 2, tiny.ffn = 512;  // whole super-blocks
+  const model::DecoderModel src = test::make_tiny_model(tiny);
+  const std::vector<int32_t> toks = tokens_for(21, src.config.vocab, 5);
+  const int64_t V = src.config.vocab, n = static_cast<int64_t>(toks.size());
+  for (DType t : {DType::q4_k, DType::q5_k, DType::q6_k}) {
+    compress::QuantizeOptions q;
+    q.type = t;
+    const model::DecoderModel plain = compress::quantize_decoder(src, q, nullptr);
+    model::DecoderModel x8 = compress::quantize_decoder(src, q, nullptr);
+    model::use_cpu_layout(x8);
+    const DType laid = x8.weights.layers[1].w_down.type;
+    EXPECT_EQ(laid, ops::cpu_preferred_layout(t, 256)) << dtype_name(t);
+    ASSERT_EQ(plain.weights.layers[1].w_down.type, t);
+    for (bool reference : {false, true}) {
+      Engine a(plain, small_options(reference)), b(x8, small_options(reference));
+      const std::vector<float> la = a.forward({Feed{a.new_sequence(), toks, true}});
+      const std::vector<float> lb = b.forward({Feed{b.new_sequence(), toks, true}});
+      if (reference) {
+        EXPECT_EQ(la, lb) << dtype_name(t) << ": the reference reads both layouts as plain rows";
+        continue;
+      }
+      for (int64_t i = 0; i < n * V; ++i)
+        ASSERT_NEAR(la[i], lb[i], 1e-3 * (1 + std::fabs(la[i])))
+            << dtype_name(laid) << " logit " << i;
+      for (int64_t r = 0; r < n; ++r) {
+        const auto row_a = la.begin() + r * V, row_b = lb.begin() + r * V;
+        EXPECT_EQ(std::max_element(row_a, row_a + V) - row_a,
+                  std::max_element(row_b, row_b + V) - row_b)
+            << dtype_name(laid) << " position " << r;
+      }
+    }
+  }
 }
 
 // Without a GPU (or without CUDA in the build) a CUDA engine is refused in one line, before any
