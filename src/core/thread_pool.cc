@@ -147,14 +147,23 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
   const int64_t chunks = (n + chunk - 1) / chunk;
   TS_CHECK(chunks < (int64_t{1} << 31), "[threads] parallel_for over too many chunks: ", chunks);
   error_ = nullptr;
-  loop_fn_.store(&fn, std::memory_order_relaxed);
-  loop_n_.store(n, std::memory_order_relaxed);
-  loop_chunk_.store(chunk, std::memory_order_relaxed);
-  loop_chunks_.store(chunks, std::memory_order_relaxed);
-  loop_done_.store(0, std::memory_order_relaxed);
   const uint64_t counter = (generation_.load(std::memory_order_relaxed) >> 1) + 1;
-  ticket_.store(static_cast<uint64_t>(static_cast<uint32_t>(counter)) << 32,
-                std::memory_order_release);
+  const uint64_t epoch = static_cast<uint64_t>(static_cast<uint32_t>(counter)) << 32;
+  // Close the ticket before the loop's fields change: a worker still in the previous loop's
+  // claim_chunks may have read that loop's ticket (every chunk taken) and then this loop's
+  // larger chunk count; its claim must fail on the ticket, or it would run a chunk of this loop
+  // that the ticket hands out again, and its late done count would leave loop_done_ past
+  // `chunks` (the caller then waited forever). The closed ticket is this epoch with an index no
+  // loop reaches.
+  // The fields are stored with release, so a worker that reads any new one (acquire) also sees
+  // the closed ticket, and its compare-exchange against the old ticket fails.
+  ticket_.store(epoch | 0xffffffffu, std::memory_order_seq_cst);
+  loop_fn_.store(&fn, std::memory_order_release);
+  loop_n_.store(n, std::memory_order_release);
+  loop_chunk_.store(chunk, std::memory_order_release);
+  loop_chunks_.store(chunks, std::memory_order_release);
+  loop_done_.store(0, std::memory_order_release);
+  ticket_.store(epoch, std::memory_order_release);
   publish(1);
   claim_chunks(static_cast<uint32_t>(counter));
   // Every chunk is claimed; wait for the ones other threads are still running (they are

@@ -48,7 +48,8 @@ class ThreadPool {
   std::atomic<uint64_t> generation_{0};
   // The current loop: its chunks are claimed through ticket_ = (epoch << 32) | next chunk, where
   // epoch is the low 32 bits of the loop's counter; a claim only succeeds for the current epoch,
-  // so a late worker never touches a finished loop's (caller-owned) function.
+  // so a late worker never touches a finished loop's (caller-owned) function. The caller closes
+  // the ticket (its epoch, index 0xffffffff) before it changes the loop's fields.
   std::atomic<uint64_t> ticket_{0};
   std::atomic<const std::function<void(int64_t, int64_t)>*> loop_fn_{nullptr};
   std::atomic<int64_t> loop_n_{0}, loop_chunk_{1}, loop_chunks_{0}, loop_done_{0};

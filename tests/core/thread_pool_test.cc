@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <stdexcept>
 #include <vector>
@@ -18,6 +19,27 @@ TEST(ThreadPool, ParallelForCoversEveryIndexOnce) {
       for (int64_t i = b; i < e; ++i) hits[static_cast<size_t>(i)]++;
     });
     for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[static_cast<size_t>(i)].load(), 1);
+  }
+}
+
+// Loops back to back, their chunk counts changing from one to the next: a worker still in the
+// previous loop's claim while the caller sets up the next must not claim a chunk with the new
+// loop's fields (it would run a chunk twice and leave the done count past the chunk count, so
+// the caller would wait forever; seen as a hang in a CI perplexity run). Each loop checks that
+// every index ran exactly once; a hang fails the test by its timeout.
+TEST(ThreadPool, BackToBackLoopsOfChangingSizeRunEachIndexOnce) {
+  for (int threads : {2, 3}) {
+    ThreadPool pool(threads);
+    std::vector<int> hits(64);
+    for (int loop = 0; loop < 200000; ++loop) {
+      const int64_t n = 2 + loop % 61;
+      std::fill(hits.begin(), hits.begin() + n, 0);
+      pool.parallel_for(n, 1, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) ++hits[static_cast<size_t>(i)];
+      });
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_EQ(hits[static_cast<size_t>(i)], 1) << "loop " << loop << " index " << i;
+    }
   }
 }
 
