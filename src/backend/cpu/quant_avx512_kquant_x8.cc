@@ -31,6 +31,13 @@ constexpr int kMaxRows = 4;
 using lanes::broadcast16;
 using lanes::lane_rows;
 
+// vpermw indices that give int16 lane i of a scale vector lane (i / 8) * 8, the first of its
+// row's 8 scales (each 128-bit lane holds one row's); adding k picks that row's scale k.
+TS_AVX512 inline __m512i scale_lane_base() {
+  return _mm512_setr_epi64(0, 0, 0x0008000800080008, 0x0008000800080008, 0x0010001000100010,
+                           0x0010001000100010, 0x0018001800180018, 0x0018001800180018);
+}
+
 // The packed 6-bit scales and mins of four rows (12 bytes each, contiguous at p) as int16: in
 // *sc, 128-bit lane L holds the 8 sub-block scales of the p's L-th row, in *mn its 8 mins. The
 // bit layout is q4_k_scale_min's (core/dtype.h), for all four rows at once: per lane the words
@@ -84,10 +91,7 @@ struct KGroup {
     const int64_t nb = t.K / kQK_K;
     const x8::ActRows<MR> xr(*t.acts, m0);
     const __m512i low4 = _mm512_set1_epi8(0x0f);
-    // Int16 lane i of a scale vector takes lane (i / 8) * 8 + sub-block: its row's scale.
-    const __m512i lane_base =
-        _mm512_setr_epi64(0, 0, 0x0008000800080008, 0x0008000800080008, 0x0010001000100010,
-                          0x0010001000100010, 0x0018001800180018, 0x0018001800180018);
+    const __m512i lane_base = scale_lane_base();
     __m512 acc[MR][2];
     for (int a = 0; a < MR; ++a) acc[a][0] = acc[a][1] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
@@ -174,9 +178,7 @@ struct GroupTileQ6K {
     const int64_t nb = t.K / kQK_K;
     const x8::ActRows<MR> xr(*t.acts, m0);
     const __m512i low4 = _mm512_set1_epi8(0x0f), bits45 = _mm512_set1_epi8(0x30);
-    const __m512i lane_base =
-        _mm512_setr_epi64(0, 0, 0x0008000800080008, 0x0008000800080008, 0x0010001000100010,
-                          0x0010001000100010, 0x0018001800180018, 0x0018001800180018);
+    const __m512i lane_base = scale_lane_base();
     const int16_t* sum16[MR];
     for (int a = 0; a < MR; ++a) sum16[a] = t.acts->row_sum16(m0 + a);
     __m512 acc[MR][2];
