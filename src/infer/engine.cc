@@ -262,15 +262,35 @@ const std::vector<float>& Engine::forward(const std::vector<Feed>& feeds) {
   return logits_;
 }
 
-void Engine::linear(float* y, const float* x, int64_t n, const WeightRef& w, const WeightRef& b) {
+const char* stage_name(Stage s) {
+  static constexpr const char* kNames[kNumStages] = {"qkv",      "attn_out", "mlp_in",
+                                                     "mlp_down", "head",     "attention"};
+  return kNames[static_cast<int>(s)];
+}
+
+void Engine::count_stage(Stage stage, double seconds, int64_t weight_bytes) {
+  StageStats& s = stats_.stages[static_cast<int>(stage)];
+  s.seconds += seconds;
+  s.weight_bytes += weight_bytes;
+  s.calls += 1;
+  if (stage == Stage::attention)
+    stats_.attention_seconds += seconds;
+  else
+    stats_.matmul_seconds += seconds;
+}
+
+void Engine::linear(Stage stage, float* y, const float* x, int64_t n, const WeightRef& w,
+                    const WeightRef& b) {
   const profile::Timer t;
   ops::matmul_wt(opts_.ctx, y, w.rows(), x, n, w.cols(), w.data, w.type, w.rows(),
                  b.present() ? static_cast<const float*>(b.data) : nullptr);
-  stats_.matmul_seconds += t.seconds();
+  count_stage(stage, t.seconds(), w.bytes());
 }
 
-void Engine::linear_group(const float* x, int64_t n, std::initializer_list<LinearOut> outs) {
+void Engine::linear_group(Stage stage, const float* x, int64_t n,
+                          std::initializer_list<LinearOut> outs) {
   const profile::Timer t;
+  int64_t bytes = 0;
   ops::WtProduct products[4];
   int64_t count = 0;
   int64_t K = 0;
@@ -283,9 +303,10 @@ void Engine::linear_group(const float* x, int64_t n, std::initializer_list<Linea
     p.N = o.w->rows();
     p.bias = o.b && o.b->present() ? static_cast<const float*>(o.b->data) : nullptr;
     K = o.w->cols();
+    bytes += o.w->bytes();
   }
   ops::matmul_wt_group(opts_.ctx, x, n, K, {products, static_cast<size_t>(count)});
-  stats_.matmul_seconds += t.seconds();
+  count_stage(stage, t.seconds(), bytes);
 }
 
 void Engine::norm(float* out, const float* inp, int64_t n, const WeightRef& w, const WeightRef& b) {
@@ -332,7 +353,7 @@ void Engine::run_chunk(const Row* rows, int64_t n) {
   if (m == 0) return;
   norm(xn_.data(), tmp_.data(), m, w.out_norm, w.out_norm_b);
   float* dst = logits_.data() + logit_rows_done_ * c.vocab;
-  linear(dst, xn_.data(), m, w.output, {});
+  linear(Stage::head, dst, xn_.data(), m, w.output, {});
   logit_rows_done_ += m;
 }
 
@@ -369,7 +390,7 @@ void Engine::layer(int64_t l, const Row* rows, int64_t n) {
 
   norm(xn_.data(), x_.data(), n, w.attn_norm, w.attn_norm_b);
   // q, k and v read the same input: one grouped product (one hand-off, x quantized once).
-  linear_group(xn_.data(), n,
+  linear_group(Stage::qkv, xn_.data(), n,
                {{q_.data(), &w.wq, &w.bq}, {k_.data(), &w.wk, &w.bk}, {v_.data(), &w.wv, &w.bv}});
   if (c.arch == DecoderArch::llama) {
     ops::rope_forward(ctx, q_.data(), q_.data(), rope_, positions_.data(), 0, 1, n, H, D,
@@ -413,20 +434,20 @@ void Engine::layer(int64_t l, const Row* rows, int64_t n) {
   if (c.sliding_window > 0) a.first_key = first_key_.data();
   a.scale = 1.0f / std::sqrt(static_cast<float>(D));
   ops::paged_attention(ctx, a);
-  stats_.attention_seconds += attn_timer.seconds();
+  count_stage(Stage::attention, attn_timer.seconds(), 0);
 
-  linear(tmp_.data(), att_.data(), n, w.wo, w.bo);
+  linear(Stage::attn_out, tmp_.data(), att_.data(), n, w.wo, w.bo);
   ops::add(ctx, x_.data(), x_.data(), tmp_.data(), n * C);
   norm(xn_.data(), x_.data(), n, w.ffn_norm, w.ffn_norm_b);
   if (c.arch == DecoderArch::llama) {
-    linear_group(xn_.data(), n,
+    linear_group(Stage::mlp_in, xn_.data(), n,
                  {{ff_a_.data(), &w.w_gate, nullptr}, {ff_b_.data(), &w.w_up, nullptr}});
     ops::swiglu_forward(ctx, ff_a_.data(), ff_a_.data(), ff_b_.data(), n, c.d_ff);
   } else {
-    linear(ff_a_.data(), xn_.data(), n, w.w_up, w.b_up);
+    linear(Stage::mlp_in, ff_a_.data(), xn_.data(), n, w.w_up, w.b_up);
     ops::gelu_forward(ctx, ff_a_.data(), ff_a_.data(), n * c.d_ff);
   }
-  linear(tmp_.data(), ff_a_.data(), n, w.w_down, w.b_down);
+  linear(Stage::mlp_down, tmp_.data(), ff_a_.data(), n, w.w_down, w.b_down);
   ops::add(ctx, x_.data(), x_.data(), tmp_.data(), n * C);
 }
 

@@ -44,10 +44,26 @@ struct Feed {
   bool all_logits = false;          // logits for every token, not only the last
 };
 
-// Where time went in forward calls since the last reset.
+// The parts of a forward pass timed apart: the weight products by the matrices they read (q/k/v
+// together, the attention output, the MLP's input matrices (gate and up, or GPT-2's up), its down
+// matrix, the output head), and attention over the cache.
+enum class Stage { qkv, attn_out, mlp_in, mlp_down, head, attention };
+inline constexpr int kNumStages = 6;
+const char* stage_name(Stage s);
+
+struct StageStats {
+  double seconds = 0;
+  int64_t weight_bytes = 0;  // weight bytes read (one pass over each matrix per call)
+  int64_t calls = 0;
+};
+
+// Where time went in forward calls since the last reset (CPU: host wall time around each op; a
+// device decoder's forward is one launch sequence, so only `seconds` and `rows` are filled).
 struct EngineStats {
   double seconds = 0, matmul_seconds = 0, attention_seconds = 0;
   int64_t rows = 0, forward_calls = 0;
+  StageStats stages[kNumStages];
+  const StageStats& stage(Stage s) const { return stages[static_cast<int>(s)]; }
 };
 
 class Engine {
@@ -94,7 +110,7 @@ class Engine {
   void run_chunk_device(const Row* rows, int64_t n);
   backend::DecoderDesc device_desc() const;
   void layer(int64_t l, const Row* rows, int64_t n);
-  void linear(float* y, const float* x, int64_t n, const model::WeightRef& w,
+  void linear(Stage stage, float* y, const float* x, int64_t n, const model::WeightRef& w,
               const model::WeightRef& bias);
   // Several linears of the same input x (n rows); each out gets x W^T [+ b].
   struct LinearOut {
@@ -102,7 +118,8 @@ class Engine {
     const model::WeightRef* w;
     const model::WeightRef* b;  // may be null
   };
-  void linear_group(const float* x, int64_t n, std::initializer_list<LinearOut> outs);
+  void linear_group(Stage stage, const float* x, int64_t n, std::initializer_list<LinearOut> outs);
+  void count_stage(Stage stage, double seconds, int64_t weight_bytes);
   void norm(float* out, const float* inp, int64_t n, const model::WeightRef& w,
             const model::WeightRef& b);
 

@@ -120,6 +120,7 @@ int bench_generate(const std::vector<std::string>& argv) {
   std::vector<double> prefill_s, decode_s;
   double split_total = 0, split_matmul = 0, split_attention = 0;
   double pre_total = 0, pre_matmul = 0, pre_attention = 0;
+  infer::StageStats decode_stages[infer::kNumStages];
   for (int64_t r = 0; r < reps; ++r) {
     const int32_t seq = engine.new_sequence();
     engine.reset_stats();
@@ -134,6 +135,11 @@ int bench_generate(const std::vector<std::string>& argv) {
     split_total += engine.stats().seconds;
     split_matmul += engine.stats().matmul_seconds;
     split_attention += engine.stats().attention_seconds;
+    for (int i = 0; i < infer::kNumStages; ++i) {
+      decode_stages[i].seconds += engine.stats().stages[i].seconds;
+      decode_stages[i].weight_bytes += engine.stats().stages[i].weight_bytes;
+      decode_stages[i].calls += engine.stats().stages[i].calls;
+    }
     engine.free_sequence(seq);
   }
   const double pre_frac_matmul = pre_matmul / pre_total;
@@ -207,8 +213,22 @@ int bench_generate(const std::vector<std::string>& argv) {
                     at, 1 - mm - at);
       return std::string(buf);
     };
+    // Per stage of decode: its share of the forward time and the weight bytes it read per second
+    // of its own time (attention reads the cache, not weights: no rate).
+    std::printf("], \"decode_stages\": ");
+    if (ef.cuda) {
+      std::printf("null");
+    } else {
+      for (int i = 0; i < infer::kNumStages; ++i) {
+        const infer::StageStats& st = decode_stages[i];
+        std::printf("%s\"%s\": {\"time_fraction\": %.4f, \"weight_gbs\": %.3f}", i ? ", " : "{",
+                    infer::stage_name(static_cast<infer::Stage>(i)), st.seconds / split_total,
+                    st.seconds > 0 ? st.weight_bytes / st.seconds / 1e9 : 0.0);
+      }
+      std::printf("}");
+    }
     std::printf(
-        "], \"decode_time_split\": %s, \"prefill_time_split\": %s, "
+        ", \"decode_time_split\": %s, \"prefill_time_split\": %s, "
         "\"kv_cache_bytes\": %lld, \"file_weight_bytes\": %lld, \"peak_rss_bytes\": %lld}\n",
         split(frac_matmul, frac_attention).c_str(),
         split(pre_frac_matmul, pre_frac_attention).c_str(),
@@ -234,6 +254,17 @@ int bench_generate(const std::vector<std::string>& argv) {
                 100 * (1 - pre_frac_matmul - pre_frac_attention));
     std::printf("decode time: %.0f%% matmuls, %.0f%% attention, %.0f%% other\n", 100 * frac_matmul,
                 100 * frac_attention, 100 * (1 - frac_matmul - frac_attention));
+    // Each stage's rate over its own time shows which products fall short of the roofline.
+    const double tokens = static_cast<double>(gen * reps);
+    std::printf("decode stages:");
+    for (int i = 0; i < infer::kNumStages; ++i) {
+      const infer::StageStats& st = decode_stages[i];
+      std::printf(" %s %.0f%% %.0f us", infer::stage_name(static_cast<infer::Stage>(i)),
+                  100 * st.seconds / split_total, 1e6 * st.seconds / tokens);
+      if (st.weight_bytes > 0 && st.seconds > 0)
+        std::printf(" %.1f GB/s", st.weight_bytes / st.seconds / 1e9);
+      std::printf(i + 1 < infer::kNumStages ? ";" : "\n");
+    }
   }
   for (const BatchRow& r : batch_rows)
     std::printf("batched decode, %4lld sequences: %8.1f tokens/s (%.2fx batch 1)\n",
