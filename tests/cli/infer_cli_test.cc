@@ -120,6 +120,18 @@ TEST_F(InferCli, BenchGenerateJson) {
     EXPECT_NEAR(sum, 1.0, 1e-3) << split;
     EXPECT_GT(j[split]["matmul"].get<double>(), 0) << split;
   }
+  // Decode's stages: fractions of its time that add up to the matmul and attention parts of the
+  // split; every product read weights at a positive rate, attention reads none.
+  const auto& stages = j["decode_stages"];
+  double products = 0;
+  for (const char* s : {"qkv", "attn_out", "mlp_in", "mlp_down", "head"}) {
+    EXPECT_GT(stages[s]["weight_gbs"].get<double>(), 0) << s;
+    products += stages[s]["time_fraction"].get<double>();
+  }
+  EXPECT_NEAR(products, j["decode_time_split"]["matmul"].get<double>(), 1e-3);
+  EXPECT_NEAR(stages["attention"]["time_fraction"].get<double>(),
+              j["decode_time_split"]["attention"].get<double>(), 1e-3);
+  EXPECT_EQ(stages["attention"]["weight_gbs"].get<double>(), 0);
 }
 
 TEST_F(InferCli, BadInputIsOneLine) {
