@@ -16,7 +16,7 @@ namespace {
 
 using tessera::DType;
 
-constexpr int64_t kH = 9, kHkv = 3, kD = 64, kBT = 32;
+constexpr int64_t kD = 64, kBT = 32;
 
 // One layer's cache for `seqs` sequences of `len` tokens each, blocks interleaved between the
 // sequences (as an engine serving several of them would place them), and `rows` query rows.
@@ -32,7 +32,9 @@ struct Setup {
   // sequence, each over all `len` keys.
   int64_t layer_elems = 0;  // one layer's cache; `layers` of them follow each other
 
-  Setup(int64_t seqs, int64_t len, bool causal, DType type, int64_t layers = 1) {
+  // kH query heads sharing kHkv key/value heads: SmolLM2-135M's 9 / 3 unless given.
+  Setup(int64_t seqs, int64_t len, bool causal, DType type, int64_t layers = 1, int64_t kH = 9,
+        int64_t kHkv = 3) {
     const int64_t nb = (len + kBT - 1) / kBT, half = kHkv * kBT * kD, stride = 2 * half;
     layer_elems = nb * seqs * stride;
     tables.assign(static_cast<size_t>(seqs), {});
@@ -71,8 +73,8 @@ struct Setup {
 
 // Calls cycle through the layers' caches, as a decode step does (a cache larger than L2 then
 // streams from L3 or memory).
-void run(benchmark::State& state, Setup& s, int64_t layers = 1) {
-  tessera::ThreadPool pool(static_cast<int>(state.range(2)));
+void run(benchmark::State& state, Setup& s, int64_t layers = 1, int64_t threads_arg = 2) {
+  tessera::ThreadPool pool(static_cast<int>(state.range(threads_arg)));
   tessera::ops::Context ctx;
   ctx.pool = &pool;
   const size_t elem = s.a.kv_type == DType::f16 ? 2 : 4;
@@ -118,6 +120,20 @@ BENCHMARK(BM_PagedAttentionDecode)
     // weights read between two layers' attention evict it from L3.
     ->Args({512, 1, 1, 1, 300})
     ->Args({512, 1, 2, 1, 300})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
+// The synthetic 1.1B Llama's attention (32 query heads over 4 key/value heads: groups of 8),
+// one row over 544 keys (a 512-token prompt and half of 64 generated), 22 layers' caches in
+// turn; args: f16 (1) or f32 (0), threads.
+void BM_PagedAttentionDecodeLlama1B(benchmark::State& state) {
+  constexpr int64_t kLayers = 22;
+  Setup s(1, 544, false, state.range(0) ? DType::f16 : DType::f32, kLayers, 32, 4);
+  run(state, s, kLayers, 1);
+}
+BENCHMARK(BM_PagedAttentionDecodeLlama1B)
+    ->Args({1, 1})
+    ->Args({1, 2})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 

@@ -342,10 +342,11 @@ void add_prefill(SharedCase& c, int64_t seq, int64_t pos0, int64_t rows) {
 
 TEST(PagedAttention, RowsSharingASequence) {
   std::vector<SharedCase> cases;
-  // Groups of 3 (SmolLM2), 4 and 1; 13 and 7 rows (not multiples of a tile); chunks starting
-  // inside a block; block sizes 16 and 32; head dims 32 and 64.
+  // Groups of 3 (SmolLM2), 8 (Llama 1B: one chunk of the AVX-512 kernels), 4 and 1; 13 and 7
+  // rows (not multiples of a tile); chunks starting inside a block; block sizes 16 and 32; head
+  // dims 32 and 64.
   for (const auto& [H, Hkv, D, BT] : std::vector<std::array<int64_t, 4>>{
-           {9, 3, 64, 32}, {8, 2, 32, 16}, {4, 4, 32, 16}, {3, 1, 64, 16}})
+           {9, 3, 64, 32}, {32, 4, 64, 32}, {8, 2, 32, 16}, {4, 4, 32, 16}, {3, 1, 64, 16}})
     for (int64_t window : {0, 20}) {
       SharedCase c{H, Hkv, D, BT, {}, {}, window};
       add_prefill(c, 0, 0, 13);  // a first chunk: keys 1 .. 13
