@@ -206,8 +206,14 @@ void matmul_wt_avx2(ThreadPool& pool, float* y, int64_t ldy, const float* x, int
   const int64_t row_bytes = dtype_bytes(w_type, K);
   const avx2::TileArgs args{static_cast<const uint8_t*>(w), row_bytes, &acts, x, K, 0};
   const avx2::RowsFn rows = avx2::rows_fn(w_type);
-  for_each_chunk(pool, N, quant_rows_per_task(M, row_bytes, N, traits(w_type).interleave_rows),
-                 [&](int64_t, int64_t n0, int64_t n1) { rows(y, ldy, M, bias, n0, n1, args); });
+  const int64_t rows_per_task =
+      quant_rows_per_task(M, row_bytes, N, traits(w_type).interleave_rows);
+  auto task = [&](int64_t, int64_t n0, int64_t n1) { rows(y, ldy, M, bias, n0, n1, args); };
+  // Decode streams the matrix from memory: one lane per thread (see for_each_chunk_in_lanes).
+  if (M <= 4)
+    for_each_chunk_in_lanes(pool, N, rows_per_task, task);
+  else
+    for_each_chunk(pool, N, rows_per_task, task);
 }
 
 void matmul_wt_group_avx2(ThreadPool& pool, const float* x, int64_t M, int64_t K,
@@ -261,12 +267,13 @@ void matmul_wt_group_avx2(ThreadPool& pool, const float* x, int64_t M, int64_t K
     for (int64_t n0 = 0; n0 < N; n0 += rows) tasks.push_back({p, n0, std::min(N, n0 + rows)});
   }
   const std::vector<Task>& all = tasks;  // the pool's threads read the caller's list
-  for_each_chunk(pool, static_cast<int64_t>(all.size()), 1, [&](int64_t, int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const Task& task = all[static_cast<size_t>(t)];
-      run(products[task.p], task.n0, task.n1);
-    }
-  });
+  for_each_chunk_in_lanes(pool, static_cast<int64_t>(all.size()), 1,
+                          [&](int64_t, int64_t t0, int64_t t1) {
+                            for (int64_t t = t0; t < t1; ++t) {
+                              const Task& task = all[static_cast<size_t>(t)];
+                              run(products[task.p], task.n0, task.n1);
+                            }
+                          });
 }
 
 }  // namespace tessera::cpu
