@@ -1,10 +1,11 @@
-// Arena allocation (aligned_alloc, zero-filled) and plan bookkeeping.
+// Arena allocation (alloc_large, zero-filled) and plan bookkeeping.
 #include "core/arena.h"
 
 #include <cstdlib>
 #include <cstring>
 
 #include "core/error.h"
+#include "core/large_alloc.h"
 
 namespace tessera {
 
@@ -17,15 +18,15 @@ size_t ArenaPlan::reserve(const std::string& name, size_t bytes) {
 }
 
 void Arena::Free::operator()(char* p) const {
-  std::free(p);
+  free_large(p);
 }
 
 Arena::Arena(size_t bytes) : bytes_(bytes) {
   if (bytes == 0) return;
-  const size_t rounded = (bytes + kArenaAlign - 1) / kArenaAlign * kArenaAlign;
-  char* p = static_cast<char*>(std::aligned_alloc(kArenaAlign, rounded));
-  TS_CHECK(p != nullptr, "[arena] cannot allocate ", bytes, " bytes");
-  std::memset(p, 0, rounded);
+  // Large arenas (the KV cache, parameters, optimizer state) go on huge pages: they are
+  // streamed every step.
+  char* p = static_cast<char*>(alloc_large(bytes, kArenaAlign, "an arena"));
+  std::memset(p, 0, bytes);
   data_.reset(p);
 }
 

@@ -9,6 +9,7 @@
 #include <new>
 
 #include "core/error.h"
+#include "core/large_alloc.h"
 #include "model/gguf.h"
 
 namespace tessera::model {
@@ -165,9 +166,9 @@ uint64_t align_up(uint64_t x, uint64_t a) {
 }  // namespace
 
 // Reads the whole file into one page-aligned buffer (so tensor alignment in the file is pointer
-// alignment, as with mmap). Returns the size.
+// alignment, as with mmap), on huge pages where the kernel offers them (alloc_large: decode
+// streams these bytes every token). Returns the size.
 static size_t read_aligned(const std::string& path, std::shared_ptr<uint8_t>* out) {
-  constexpr std::align_val_t kPage{4096};
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
   TS_CHECK(f, "[gguf] ", path, ": cannot open: ", std::strerror(errno));
   TS_CHECK(std::fseek(f.get(), 0, SEEK_END) == 0, "[gguf] ", path, ": cannot seek");
@@ -176,8 +177,8 @@ static size_t read_aligned(const std::string& path, std::shared_ptr<uint8_t>* ou
            ": cannot get the file size");
   if (size == 0) return 0;
   const auto n = static_cast<size_t>(size);
-  out->reset(static_cast<uint8_t*>(::operator new(n, kPage)),
-             [](uint8_t* p) { ::operator delete(p, kPage); });
+  out->reset(static_cast<uint8_t*>(alloc_large(n, 4096, path.c_str())),
+             [](uint8_t* p) { free_large(p); });
   TS_CHECK(std::fread(out->get(), 1, n, f.get()) == n, "[gguf] ", path, ": short read of ", n,
            " bytes");
   return n;
