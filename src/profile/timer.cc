@@ -39,4 +39,15 @@ long long current_rss_bytes() {
   return pages_resident * sysconf(_SC_PAGESIZE);
 }
 
+long long huge_page_bytes() {
+  FILE* f = std::fopen("/proc/self/smaps_rollup", "r");
+  if (!f) return 0;
+  char line[256];
+  long long kib = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "AnonHugePages: %lld kB", &kib) == 1) break;
+  std::fclose(f);
+  return kib * 1024;
+}
+
 }  // namespace tessera::profile

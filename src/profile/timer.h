@@ -27,5 +27,8 @@ long long peak_rss_bytes();
 void reset_peak_rss();
 // Current resident set size in bytes (from /proc/self/statm).
 long long current_rss_bytes();
+// Bytes of this process's memory on transparent huge pages now (AnonHugePages of
+// /proc/self/smaps_rollup; 0 where unknown).
+long long huge_page_bytes();
 
 }  // namespace tessera::profile

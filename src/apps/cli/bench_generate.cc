@@ -229,12 +229,14 @@ int bench_generate(const std::vector<std::string>& argv) {
     }
     std::printf(
         ", \"decode_time_split\": %s, \"prefill_time_split\": %s, "
-        "\"kv_cache_bytes\": %lld, \"file_weight_bytes\": %lld, \"peak_rss_bytes\": %lld}\n",
+        "\"kv_cache_bytes\": %lld, \"file_weight_bytes\": %lld, \"peak_rss_bytes\": %lld, "
+        "\"huge_page_bytes\": %lld}\n",
         split(frac_matmul, frac_attention).c_str(),
         split(pre_frac_matmul, pre_frac_attention).c_str(),
         static_cast<long long>(engine.cache().bytes()),
         static_cast<long long>(m.model.total_weight_bytes()),
-        static_cast<long long>(profile::peak_rss_bytes()));
+        static_cast<long long>(profile::peak_rss_bytes()),
+        static_cast<long long>(profile::huge_page_bytes()));
     return 0;
   }
   std::printf("model %s (%s) on %s, %d threads; peaks: %.1f GB/s %s, %.1f GFLOP/s %s\n",
@@ -275,10 +277,12 @@ int bench_generate(const std::vector<std::string>& argv) {
     return 0;
   }
   std::printf(
-      "memory: peak RSS %.1f MB = weights %.1f MB + KV cache %.1f MB + %.1f MB other\n",
+      "memory: peak RSS %.1f MB = weights %.1f MB + KV cache %.1f MB + %.1f MB other; %.1f MB "
+      "on huge pages\n",
       profile::peak_rss_bytes() / 1e6, m.model.total_weight_bytes() / 1e6,
       engine.cache().bytes() / 1e6,
-      (profile::peak_rss_bytes() - m.model.total_weight_bytes() - engine.cache().bytes()) / 1e6);
+      (profile::peak_rss_bytes() - m.model.total_weight_bytes() - engine.cache().bytes()) / 1e6,
+      profile::huge_page_bytes() / 1e6);
   return 0;
 }
 
