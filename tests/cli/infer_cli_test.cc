@@ -132,6 +132,9 @@ TEST_F(InferCli, BenchGenerateJson) {
   EXPECT_NEAR(stages["attention"]["time_fraction"].get<double>(),
               j["decode_time_split"]["attention"].get<double>(), 1e-3);
   EXPECT_EQ(stages["attention"]["weight_gbs"].get<double>(), 0);
+  // Memory on huge pages is a reading of the process: never negative, never past its peak.
+  EXPECT_GE(j["huge_page_bytes"].get<double>(), 0);
+  EXPECT_LE(j["huge_page_bytes"].get<double>(), j["peak_rss_bytes"].get<double>());
 }
 
 TEST_F(InferCli, BadInputIsOneLine) {
