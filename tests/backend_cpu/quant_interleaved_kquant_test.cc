@@ -173,7 +173,7 @@ TEST(QuantInterleavedKQuant, Avx512KernelIsTakenWherePresent) {
 TEST(QuantInterleavedKQuant, ResultsDoNotDependOnBatchThreadsOrGrouping) {
   if (!cpu::quant_avx2_supported()) GTEST_SKIP() << "no AVX2";
   for_each_kernel_set([] {
-    const int64_t M = 11, K = 512, N = 40;  // 11: two full passes of 4 rows and a tail of 3
+    const int64_t M = 11, K = 512, N = 40;  // 11: a full pass of 8 rows and a tail of 3
     for (DType t : kPlainTypes) {
       const KPair w(t, N, K, 91), w2(t, 16, K, 93);
       const Buf x = normal_buf(M * K, 0, 92);
