@@ -26,7 +26,8 @@ Arena::Arena(size_t bytes) : bytes_(bytes) {
   // Large arenas (the KV cache, parameters, optimizer state) go on huge pages: they are
   // streamed every step.
   char* p = static_cast<char*>(alloc_large(bytes, kArenaAlign, "an arena"));
-  std::memset(p, 0, bytes);
+  // Zero up to the 64-byte boundary too: vector loops may read a region's padded tail.
+  std::memset(p, 0, (bytes + kArenaAlign - 1) / kArenaAlign * kArenaAlign);
   data_.reset(p);
 }
 
