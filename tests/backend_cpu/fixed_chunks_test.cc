@@ -10,8 +10,6 @@
 #include <mutex>
 #include <vector>
 
-#include "kernel_test_util.h"
-
 namespace tessera::cpu {
 namespace {
 
@@ -39,7 +37,7 @@ std::vector<Visit> visits(ThreadPool& pool, int64_t n, int64_t chunk, bool lanes
 
 TEST(FixedChunks, LanesHandOutForEachChunksChunksOnce) {
   for (int threads : {1, 2, 3, 5}) {
-    ThreadPool& pool = test::pool(threads);
+    ThreadPool pool(threads);
     for (int64_t n :
          {int64_t{1}, int64_t{2}, int64_t{7}, int64_t{64}, int64_t{1000}, int64_t{4099}})
       for (int64_t chunk : {int64_t{1}, int64_t{3}, int64_t{8}, int64_t{5000}}) {
