@@ -268,15 +268,28 @@ const char* stage_name(Stage s) {
   return kNames[static_cast<int>(s)];
 }
 
+double EngineStats::matmul_seconds() const {
+  double s = 0;
+  for (int i = 0; i < kNumStages; ++i)
+    if (static_cast<Stage>(i) != Stage::attention) s += stages[i].seconds;
+  return s;
+}
+
+EngineStats& EngineStats::operator+=(const EngineStats& o) {
+  seconds += o.seconds;
+  rows += o.rows;
+  forward_calls += o.forward_calls;
+  for (int i = 0; i < kNumStages; ++i) {
+    stages[i].seconds += o.stages[i].seconds;
+    stages[i].weight_bytes += o.stages[i].weight_bytes;
+  }
+  return *this;
+}
+
 void Engine::count_stage(Stage stage, double seconds, int64_t weight_bytes) {
   StageStats& s = stats_.stages[static_cast<int>(stage)];
   s.seconds += seconds;
   s.weight_bytes += weight_bytes;
-  s.calls += 1;
-  if (stage == Stage::attention)
-    stats_.attention_seconds += seconds;
-  else
-    stats_.matmul_seconds += seconds;
 }
 
 void Engine::linear(Stage stage, float* y, const float* x, int64_t n, const WeightRef& w,

@@ -54,16 +54,20 @@ const char* stage_name(Stage s);
 struct StageStats {
   double seconds = 0;
   int64_t weight_bytes = 0;  // weight bytes read (one pass over each matrix per call)
-  int64_t calls = 0;
 };
 
 // Where time went in forward calls since the last reset (CPU: host wall time around each op; a
 // device decoder's forward is one launch sequence, so only `seconds` and `rows` are filled).
 struct EngineStats {
-  double seconds = 0, matmul_seconds = 0, attention_seconds = 0;
+  double seconds = 0;
   int64_t rows = 0, forward_calls = 0;
   StageStats stages[kNumStages];
   const StageStats& stage(Stage s) const { return stages[static_cast<int>(s)]; }
+  // Every weight product's time (all stages but attention), and attention's.
+  double matmul_seconds() const;
+  double attention_seconds() const { return stage(Stage::attention).seconds; }
+  // Adds o's figures to these (totals over several runs).
+  EngineStats& operator+=(const EngineStats& o);
 };
 
 class Engine {

@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
-#include <new>
 
 #include "core/error.h"
 #include "core/large_alloc.h"

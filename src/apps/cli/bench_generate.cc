@@ -118,34 +118,23 @@ int bench_generate(const std::vector<std::string>& argv) {
   // Where decode time goes (all reps): matmuls, attention, the rest (norms, RoPE, adds, the
   // cache append, thread hand-offs).
   std::vector<double> prefill_s, decode_s;
-  double split_total = 0, split_matmul = 0, split_attention = 0;
-  double pre_total = 0, pre_matmul = 0, pre_attention = 0;
-  infer::StageStats decode_stages[infer::kNumStages];
+  infer::EngineStats pre, dec;  // totals over the reps
   for (int64_t r = 0; r < reps; ++r) {
     const int32_t seq = engine.new_sequence();
     engine.reset_stats();
     const profile::Timer t;
     engine.forward({infer::Feed{seq, prompt, false}});
     prefill_s.push_back(t.seconds());
-    pre_total += engine.stats().seconds;
-    pre_matmul += engine.stats().matmul_seconds;
-    pre_attention += engine.stats().attention_seconds;
+    pre += engine.stats();
     engine.reset_stats();
     decode_s.push_back(timed_decode(engine, {seq}, gen));
-    split_total += engine.stats().seconds;
-    split_matmul += engine.stats().matmul_seconds;
-    split_attention += engine.stats().attention_seconds;
-    for (int i = 0; i < infer::kNumStages; ++i) {
-      decode_stages[i].seconds += engine.stats().stages[i].seconds;
-      decode_stages[i].weight_bytes += engine.stats().stages[i].weight_bytes;
-      decode_stages[i].calls += engine.stats().stages[i].calls;
-    }
+    dec += engine.stats();
     engine.free_sequence(seq);
   }
-  const double pre_frac_matmul = pre_matmul / pre_total;
-  const double pre_frac_attention = pre_attention / pre_total;
-  const double frac_matmul = split_matmul / split_total;
-  const double frac_attention = split_attention / split_total;
+  const double pre_frac_matmul = pre.matmul_seconds() / pre.seconds;
+  const double pre_frac_attention = pre.attention_seconds() / pre.seconds;
+  const double frac_matmul = dec.matmul_seconds() / dec.seconds;
+  const double frac_attention = dec.attention_seconds() / dec.seconds;
   const double prefill_tps = prompt_len / median(prefill_s);
   const double decode_tps = gen / median(decode_s);
   const double bytes_per_token = static_cast<double>(m.model.weight_bytes_per_token());
@@ -220,9 +209,9 @@ int bench_generate(const std::vector<std::string>& argv) {
       std::printf("null");
     } else {
       for (int i = 0; i < infer::kNumStages; ++i) {
-        const infer::StageStats& st = decode_stages[i];
+        const infer::StageStats& st = dec.stages[i];
         std::printf("%s\"%s\": {\"time_fraction\": %.4f, \"weight_gbs\": %.3f}", i ? ", " : "{",
-                    infer::stage_name(static_cast<infer::Stage>(i)), st.seconds / split_total,
+                    infer::stage_name(static_cast<infer::Stage>(i)), st.seconds / dec.seconds,
                     st.seconds > 0 ? st.weight_bytes / st.seconds / 1e9 : 0.0);
       }
       std::printf("}");
@@ -260,9 +249,9 @@ int bench_generate(const std::vector<std::string>& argv) {
     const double tokens = static_cast<double>(gen * reps);
     std::printf("decode stages:");
     for (int i = 0; i < infer::kNumStages; ++i) {
-      const infer::StageStats& st = decode_stages[i];
+      const infer::StageStats& st = dec.stages[i];
       std::printf(" %s %.0f%% %.0f us", infer::stage_name(static_cast<infer::Stage>(i)),
-                  100 * st.seconds / split_total, 1e6 * st.seconds / tokens);
+                  100 * st.seconds / dec.seconds, 1e6 * st.seconds / tokens);
       if (st.weight_bytes > 0 && st.seconds > 0)
         std::printf(" %.1f GB/s", st.weight_bytes / st.seconds / 1e9);
       std::printf(i + 1 < infer::kNumStages ? ";" : "\n");

@@ -26,6 +26,12 @@ void for_each_chunk(ThreadPool& pool, int64_t n, int64_t chunk, const Fn& fn) {
   });
 }
 
+// The piece that claim c takes: lane c % lanes, then its place c / lanes in that lane, so claims
+// l, l + lanes, l + 2 * lanes, ... walk lane l's pieces in order.
+constexpr int64_t lane_piece(int64_t c, int64_t lanes, int64_t per_lane) {
+  return (c % lanes) * per_lane + c / lanes;
+}
+
 // As for_each_chunk, for streams of memory (decode's weight matrices): the chunks are cut into
 // one contiguous lane per thread, and the pool's claims go round the lanes (claim c takes the
 // next piece of lane c % threads), so while the threads keep pace each walks its own lane front
@@ -33,12 +39,6 @@ void for_each_chunk(ThreadPool& pool, int64_t n, int64_t chunk, const Fn& fn) {
 // jumping to wherever the next claim falls. A thread that falls behind simply takes fewer
 // pieces (any thread may run any piece), so the load still balances. Chunk boundaries, and so
 // results, are for_each_chunk's.
-// The piece that claim c takes: lane c % lanes, then its place c / lanes in that lane, so claims
-// l, l + lanes, l + 2 * lanes, ... walk lane l's pieces in order.
-constexpr int64_t lane_piece(int64_t c, int64_t lanes, int64_t per_lane) {
-  return (c % lanes) * per_lane + c / lanes;
-}
-
 template <class Fn>
 void for_each_chunk_in_lanes(ThreadPool& pool, int64_t n, int64_t chunk, const Fn& fn) {
   if (n <= 0) return;
