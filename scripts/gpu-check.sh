@@ -168,14 +168,16 @@ log "tests: passed $pass, failed $fail, skipped $skip, binaries failing/missing 
 : >"$out/bench.log"
 if ((${#engine[@]})) && [[ -x "$build/tessera" ]]; then
   # Each line: a name, extra environment, the tessera command. The 1b q4_0 decode repeats
-  # without CUDA graphs (every launch eager) to show what the graphs save; the last line is the
-  # GPT-2 small training step of the issue's MFU target.
+  # without CUDA graphs (every launch eager) to show what the graphs save; the last two lines are
+  # the GPT-2 small training step of the issue's MFU target, then the same step under
+  # --recompute block (its device memory and its cost in time).
   runs=("generate 1b q4_0||bench generate -m synthetic:1b:q4_0 --prompt 512 --gen 128 --reps 3 --batch 1,8,64"
         "generate 1b q8_0||bench generate -m synthetic:1b:q8_0 --prompt 512 --gen 128 --reps 3 --batch 1,8"
         "generate 8b q4_0||bench generate -m synthetic:8b:q4_0 --prompt 512 --gen 64 --reps 2 --batch 1,8"
         "generate 8b q8_0||bench generate -m synthetic:8b:q8_0 --prompt 512 --gen 64 --reps 2 --batch 1"
         "generate 1b q4_0 no graphs|TESSERA_CUDA_GRAPHS=0|bench generate -m synthetic:1b:q4_0 --prompt 512 --gen 64 --reps 2 --batch 1"
-        "train gpt2-small||bench train --model gpt2-small --batch 16 --seq 1024 --precision bf16 --steps 5")
+        "train gpt2-small||bench train --model gpt2-small --batch 16 --seq 1024 --precision bf16 --steps 5"
+        "train gpt2-small recompute block||bench train --model gpt2-small --batch 16 --seq 1024 --precision bf16 --recompute block --steps 3")
   for r in "${runs[@]}"; do
     IFS='|' read -r name envs cmd <<<"$r"
     limit=$(stage_limit 75 60)

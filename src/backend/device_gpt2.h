@@ -16,10 +16,17 @@ struct Gpt2BlockOffsets {
   int64_t ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w, fcproj_b;
 };
 
+// Which activations the device keeps for backward (model::Recompute's twin: backend/ sits below
+// model/). none: every block's; gelu: every block's but the GELU outputs, recomputed in backward
+// from the saved c_fc outputs; block: only each block's input (the residual stream), the block
+// replayed up to c_fc in backward into one shared set.
+enum class DeviceRecompute : uint8_t { none, gelu, block };
+
 struct Gpt2DeviceDesc {
   int64_t L = 0, H = 0, C = 0, V = 0, Vp = 0, max_seq = 0;
   int64_t max_B = 0, max_T = 0;  // activations are sized for (max_B, max_T)
-  int64_t n_params = 0;          // elements of the flat buffer (alignment gaps included)
+  DeviceRecompute recompute = DeviceRecompute::none;
+  int64_t n_params = 0;  // elements of the flat buffer (alignment gaps included)
   int64_t wte = 0, wpe = 0, lnf_w = 0, lnf_b = 0;
   std::vector<Gpt2BlockOffsets> blocks;
 };

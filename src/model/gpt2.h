@@ -77,7 +77,8 @@ class Gpt2 {
   double flops_per_token_train(int64_t T) const;
 
   // This model's layout for a device twin (backend::make_cuda_gpt2) sized for batches up to
-  // (B, T): the same flat parameter buffer, so params() uploads as is.
+  // (B, T): the same flat parameter buffer, so params() uploads as is, and the recompute policy
+  // of the last plan() (none if never planned).
   backend::Gpt2DeviceDesc device_desc(int64_t B, int64_t T) const;
 
  private:

@@ -17,7 +17,7 @@ struct TrainOptions {
   std::string data_dir, out_dir;
   int64_t batch = 8, seq = 512, grad_accum = 1;
   std::string precision = "f32", recompute = "none";
-  // cpu, or cuda: the whole step on GPU 0 (backend/device_gpt2.h; bf16, recompute none). May
+  // cpu, or cuda: the whole step on GPU 0 (backend/device_gpt2.h; bf16, any recompute). May
   // change on --resume (checkpoints are the same either way).
   std::string device = "cpu";
 

@@ -1,7 +1,8 @@
 // GPT-2 training on the GPU (backend::DeviceGpt2: bf16 activations, f32 master weights and
 // gradients) against the CPU model in bf16 precision on a tiny model: the loss, every tensor's
 // gradient, and the loss curve over AdamW steps (with clipping and weight-decay runs) agree
-// within bf16 tolerances; and bad batches are refused in one line.
+// within bf16 tolerances; the recompute policies give the same gradients in less device memory;
+// and bad batches are refused in one line.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -155,6 +156,62 @@ TEST(CudaGpt2, TrainerLearnsOnTheGpu) {
     return train::Trainer(c, false).evaluate();
   }();
   EXPECT_NEAR(cpu_val, r.last_val, 0.05 + 0.05 * r.last_val);
+}
+
+// The recompute policies change what the device keeps, not what it computes: the loss is the
+// same bits (the forward is the same launches), every gradient agrees with the policy `none`
+// within the run-to-run spread of the attention backward's f32 atomics, the evaluation forward
+// still works, and the device holds less (block < gelu < none).
+TEST(CudaGpt2, RecomputePoliciesGiveTheSameGradientsInLessMemory) {
+  TS_REQUIRE_CUDA_DEVICE();
+  const ops::Context ctx;
+  std::vector<int32_t> inp, tgt;
+  batch(5, inp, tgt);
+  struct Run {
+    float loss = 0, eval = 0;
+    int64_t bytes = 0;
+    std::vector<float> grads;
+  };
+  auto run = [&](model::Recompute rc) {
+    model::Gpt2 m(tiny_config(), ctx);
+    m.init_weights(4);
+    m.plan(kB, kT, model::Precision::bf16, rc);
+    m.params_updated();
+    std::unique_ptr<backend::DeviceGpt2> gpu = backend::make_cuda_gpt2(m.device_desc(kB, kT));
+    gpu->upload_params(m.params());
+    gpu->zero_grads();
+    Run r;
+    r.loss = gpu->forward_backward(inp.data(), tgt.data(), kB, kT, 1.0f);
+    r.grads.resize(static_cast<size_t>(m.num_params()));
+    gpu->download_grads(r.grads.data());
+    r.eval = gpu->forward(inp.data(), tgt.data(), kB, kT);
+    r.bytes = gpu->device_bytes();
+    return r;
+  };
+  const Run none = run(model::Recompute::none);
+  const Run gelu = run(model::Recompute::gelu);
+  const Run block = run(model::Recompute::block);
+  EXPECT_LT(gelu.bytes, none.bytes);
+  EXPECT_LT(block.bytes, gelu.bytes);
+  model::Gpt2 layout(tiny_config(), ctx);
+  for (const Run* r : {&gelu, &block}) {
+    EXPECT_EQ(r->loss, none.loss);
+    EXPECT_EQ(r->eval, none.eval);
+    for (const TensorInfo& t : layout.tensors().tensors()) {
+      double err = 0, ref = 0;
+      for (int64_t i = t.offset; i < t.offset + t.shape.numel(); ++i) {
+        const double d = r->grads[static_cast<size_t>(i)] - none.grads[static_cast<size_t>(i)];
+        err += d * d;
+        ref += static_cast<double>(none.grads[static_cast<size_t>(i)]) *
+               none.grads[static_cast<size_t>(i)];
+      }
+      if (ref == 0) {
+        EXPECT_EQ(err, 0) << t.name;
+        continue;
+      }
+      EXPECT_LT(std::sqrt(err / ref), 0.01) << t.name << (r == &gelu ? " (gelu)" : " (block)");
+    }
+  }
 }
 
 TEST(CudaGpt2, RefusesBadShapesAndBatches) {

@@ -1,7 +1,8 @@
 // GPT-2 training on CUDA: the CPU model's forward and backward (model/gpt2_step.cc) as launches
 // on one stream, with bf16 activations and GEMM inputs (cuBLASLt, f32 accumulation), f32 weight
 // gradients, FlashAttention-2 forward/backward, fused residual + LayerNorm, fused softmax +
-// cross-entropy, and AdamW on f32 master weights that also refreshes their bf16 copy.
+// cross-entropy, AdamW on f32 master weights that also refreshes their bf16 copy, and the CPU
+// model's recompute policies (GELU outputs, or whole blocks, recomputed in backward).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -31,7 +32,9 @@ size_t align_up(size_t n) {
   return (n + kAlign - 1) / kAlign * kAlign;
 }
 
-// One block's saved activations (bf16 unless noted), N = B*T rows.
+// One block's saved activations (bf16 unless noted), N = B*T rows. With DeviceRecompute::block
+// every block points at one shared set; with gelu (and block) `gelu` is dbig, the backward's
+// (N, 4C) scratch, which is free during the forward.
 struct BlockActs {
   bf16 *ln1, *qkv, *atty, *resid_mid, *ln2, *fch, *gelu;
   float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *lse;
@@ -62,6 +65,11 @@ class CudaGpt2 final : public DeviceGpt2 {
   float run_forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
                     float loss_scale, bool backward);
   void backward(int64_t B, int64_t T);
+  // Block l on resid[l] (and, for l > 0, the previous block's MLP output left in scratch_c, whose
+  // residual add is fused with ln_1 and writes resid[l]). Leaves the block's MLP output in
+  // scratch_c. A replay (backward under DeviceRecompute::block) rebuilds the block's saved set
+  // from resid[l] alone and stops after c_fc: the backward recomputes GELU itself.
+  void block_forward(int64_t l, int64_t B, int64_t T, bool replay);
   // y (n, n_out) = x (n, n_in) W^T [+ b], all bf16; W at parameter offset w_off.
   void linear_forward(bf16* y, const bf16* x, int64_t w_off, int64_t b_off, int64_t n, int64_t n_in,
                       int64_t n_out);
@@ -126,7 +134,13 @@ CudaGpt2::CudaGpt2(const Gpt2DeviceDesc& d, int device)
   params16_ = reinterpret_cast<bf16*>(base + 4 * pf);
   TS_CUDA_CHECK(cudaMemsetAsync(state_.get(), 0, state_.size(), s));
 
-  // Activations: one allocation carved in order (bf16 counts, then f32 counts).
+  // Activations: one allocation carved in order (bf16 counts, then f32 counts): a full set per
+  // block (none, gelu: without the GELU outputs) or one shared set (block).
+  const DeviceRecompute rc = d_.recompute;
+  TS_CHECK(
+      rc == DeviceRecompute::none || rc == DeviceRecompute::gelu || rc == DeviceRecompute::block,
+      op, " unknown recompute policy ", static_cast<int>(rc));
+  const int64_t n_sets = rc == DeviceRecompute::block ? 1 : L;
   std::vector<std::pair<void**, size_t>> parts;
   auto bf = [&](bf16** ptr, int64_t n) {
     parts.emplace_back(reinterpret_cast<void**>(ptr), static_cast<size_t>(n) * 2);
@@ -135,7 +149,7 @@ CudaGpt2::CudaGpt2(const Gpt2DeviceDesc& d, int device)
     parts.emplace_back(reinterpret_cast<void**>(ptr), static_cast<size_t>(n) * 4);
   };
   resid_.assign(static_cast<size_t>(L + 1), nullptr);
-  blocks_.assign(static_cast<size_t>(L), BlockActs{});
+  blocks_.assign(static_cast<size_t>(n_sets), BlockActs{});
   for (bf16*& r : resid_) bf(&r, N * C);
   for (BlockActs& a : blocks_) {
     bf(&a.ln1, N * C);
@@ -144,7 +158,7 @@ CudaGpt2::CudaGpt2(const Gpt2DeviceDesc& d, int device)
     bf(&a.resid_mid, N * C);
     bf(&a.ln2, N * C);
     bf(&a.fch, N * 4 * C);
-    bf(&a.gelu, N * 4 * C);
+    if (rc == DeviceRecompute::none) bf(&a.gelu, N * 4 * C);
     f32(&a.ln1_mean, N);
     f32(&a.ln1_rstd, N);
     f32(&a.ln2_mean, N);
@@ -162,6 +176,10 @@ CudaGpt2::CudaGpt2(const Gpt2DeviceDesc& d, int device)
   f32(&norm_ws_, cuda::norm_backward_workspace_floats(N, C));
   f32(&bias_ws_, cuda::bias_grad_workspace_floats(N, 4 * C));  // the widest bias is c_fc's
   acts_ = cuda::carve(pool_, s, parts);
+  if (rc != DeviceRecompute::none)
+    for (BlockActs& a : blocks_) a.gelu = dbig_;
+  // Every block names its set (the shared one under block), so the passes index blocks_[l].
+  if (rc == DeviceRecompute::block) blocks_.resize(static_cast<size_t>(L), blocks_[0]);
 
   // Small work buffers: token ids, the norm reduction, the attention backward workspace.
   const int64_t sizes[] = {P};
@@ -251,6 +269,41 @@ void CudaGpt2::linear_backward(bf16* dx, const bf16* dy, const bf16* x, int64_t 
                   s);
 }
 
+void CudaGpt2::block_forward(int64_t l, int64_t B, int64_t T, bool replay) {
+  cudaStream_t s = stream_.get();
+  const int64_t N = B * T, C = d_.C;
+  const Gpt2BlockOffsets& o = d_.blocks[static_cast<size_t>(l)];
+  const BlockActs& a = blocks_[static_cast<size_t>(l)];
+  bf16* in = resid_[static_cast<size_t>(l)];
+  // resid[l] = resid_mid[l-1] + MLP output (in scratch_c), fused with ln_1; a replay reads the
+  // saved resid[l] instead. The fused kernel normalizes the bf16-rounded sum, so both give the
+  // same ln_1 bits.
+  if (l == 0 || replay)
+    cuda::layernorm_forward<bf16>(a.ln1, a.ln1_mean, a.ln1_rstd, in, p(o.ln1_w), p(o.ln1_b), N, C,
+                                  s);
+  else
+    cuda::layernorm_residual_forward<bf16>(in, a.ln1, a.ln1_mean, a.ln1_rstd,
+                                           blocks_[static_cast<size_t>(l - 1)].resid_mid,
+                                           scratch_c_, p(o.ln1_w), p(o.ln1_b), N, C, s);
+  linear_forward(a.qkv, a.ln1, o.qkv_w, o.qkv_b, N, C, 3 * C);
+  const cuda::AttnLayout packed = cuda::packed_qkv_layout(T, d_.H, D_);
+  cuda::FlashForwardArgs f;
+  f.shape = attn_shape(B, T);
+  f.q = {a.qkv, packed};
+  f.k = {a.qkv + C, packed};
+  f.v = {a.qkv + 2 * C, packed};
+  f.out = {a.atty, cuda::contiguous_layout(T, d_.H, D_)};
+  f.lse = a.lse;
+  cuda::flash_attention_forward(f, s);
+  linear_forward(scratch_c_, a.atty, o.proj_w, o.proj_b, N, C, C);
+  cuda::layernorm_residual_forward<bf16>(a.resid_mid, a.ln2, a.ln2_mean, a.ln2_rstd, in, scratch_c_,
+                                         p(o.ln2_w), p(o.ln2_b), N, C, s);
+  linear_forward(a.fch, a.ln2, o.fc_w, o.fc_b, N, C, 4 * C);
+  if (replay) return;
+  cuda::gelu_forward<bf16>(a.gelu, a.fch, N * 4 * C, s);
+  linear_forward(scratch_c_, a.gelu, o.fcproj_w, o.fcproj_b, N, 4 * C, C);
+}
+
 float CudaGpt2::run_forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
                             float loss_scale, bool backward) {
   TS_CHECK(B > 0 && T > 0 && B <= d_.max_B && T <= d_.max_T && B * T <= N_, "[cuda gpt2] batch (",
@@ -271,37 +324,7 @@ float CudaGpt2::run_forward(const int32_t* tokens, const int32_t* targets, int64
   cuda::copy_to_device_async(targets_, targets, static_cast<size_t>(N) * 4, s);
 
   cuda::embedding_forward<bf16>(resid_[0], tokens_, w16(d_.wte), w16(d_.wpe), B, T, C, d_.V, s);
-  const cuda::FlashAttentionShape shape = attn_shape(B, T);
-  const cuda::AttnLayout packed = cuda::packed_qkv_layout(T, d_.H, D_);
-  for (int64_t l = 0; l < L; ++l) {
-    const Gpt2BlockOffsets& o = d_.blocks[static_cast<size_t>(l)];
-    BlockActs& a = blocks_[static_cast<size_t>(l)];
-    // resid[l] = resid_mid[l-1] + MLP output (in scratch_c), fused with ln_1.
-    if (l == 0)
-      cuda::layernorm_forward<bf16>(a.ln1, a.ln1_mean, a.ln1_rstd, resid_[0], p(o.ln1_w),
-                                    p(o.ln1_b), N, C, s);
-    else
-      cuda::layernorm_residual_forward<bf16>(resid_[static_cast<size_t>(l)], a.ln1, a.ln1_mean,
-                                             a.ln1_rstd,
-                                             blocks_[static_cast<size_t>(l - 1)].resid_mid,
-                                             scratch_c_, p(o.ln1_w), p(o.ln1_b), N, C, s);
-    linear_forward(a.qkv, a.ln1, o.qkv_w, o.qkv_b, N, C, 3 * C);
-    cuda::FlashForwardArgs f;
-    f.shape = shape;
-    f.q = {a.qkv, packed};
-    f.k = {a.qkv + C, packed};
-    f.v = {a.qkv + 2 * C, packed};
-    f.out = {a.atty, cuda::contiguous_layout(T, d_.H, D_)};
-    f.lse = a.lse;
-    cuda::flash_attention_forward(f, s);
-    linear_forward(scratch_c_, a.atty, o.proj_w, o.proj_b, N, C, C);
-    cuda::layernorm_residual_forward<bf16>(a.resid_mid, a.ln2, a.ln2_mean, a.ln2_rstd,
-                                           resid_[static_cast<size_t>(l)], scratch_c_, p(o.ln2_w),
-                                           p(o.ln2_b), N, C, s);
-    linear_forward(a.fch, a.ln2, o.fc_w, o.fc_b, N, C, 4 * C);
-    cuda::gelu_forward<bf16>(a.gelu, a.fch, N * 4 * C, s);
-    linear_forward(scratch_c_, a.gelu, o.fcproj_w, o.fcproj_b, N, 4 * C, C);
-  }
+  for (int64_t l = 0; l < L; ++l) block_forward(l, B, T, /*replay=*/false);
   cuda::layernorm_residual_forward<bf16>(resid_[static_cast<size_t>(L)], lnf_, lnf_mean_, lnf_rstd_,
                                          blocks_[static_cast<size_t>(L - 1)].resid_mid, scratch_c_,
                                          p(d_.lnf_w), p(d_.lnf_b), N, C, s);
@@ -333,7 +356,13 @@ void CudaGpt2::backward(int64_t B, int64_t T) {
   for (int64_t l = L - 1; l >= 0; --l) {
     const Gpt2BlockOffsets& o = d_.blocks[static_cast<size_t>(l)];
     const BlockActs& a = blocks_[static_cast<size_t>(l)];
-    // MLP branch.
+    // scratch_c is free here (the previous norm backward consumed it): the replay may use it.
+    if (d_.recompute == DeviceRecompute::block) block_forward(l, B, T, /*replay=*/true);
+    // GELU outputs: kept per block under none, else recomputed into dbig (a.gelu == dbig).
+    if (d_.recompute != DeviceRecompute::none)
+      cuda::gelu_forward<bf16>(a.gelu, a.fch, N * 4 * C, s);
+    // MLP branch. a.gelu may be dbig itself: the dW GEMM reads it before the dx GEMM writes dbig
+    // (one stream, in order).
     linear_backward(dbig_, dresid_, a.gelu, o.fcproj_w, o.fcproj_b, N, 4 * C, C);
     cuda::gelu_backward<bf16>(dbig_, a.fch, dbig_, N * 4 * C, s);
     linear_backward(scratch_c_, dbig_, a.ln2, o.fc_w, o.fc_b, N, C, 4 * C);
