@@ -3,7 +3,9 @@
 # packages carried in .gpu-deps/ (made by scripts/gpu-prepare.sh) into a prefix under /tmp,
 # configures a Release build for sm_90a, builds the CUDA tests, benches and the tessera binary,
 # runs every test binary, `tessera bench generate --device cuda` on synthetic 1B/8B Llamas and
-# `tessera bench train --device cuda` on GPT-2 small, then every bench (all of them, whatever fails), and writes logs and a summary to $OUT
+# `tessera bench train --device cuda` on GPT-2 small, then every bench (all of them, whatever
+# fails), then the yardsticks (cuDNN / PyTorch attention and torch.matmul through the image's
+# PyTorch, bench/cuda/torch_yardstick.py), and writes logs and a summary to $OUT
 # (./gpu-out when OUT is unset). Stages are bounded so the whole run ends within ~8 minutes.
 #
 # Usage: scripts/gpu-check.sh [--dry-run]
@@ -202,7 +204,7 @@ for b in "${benches[@]}"; do
     log "bench $b: NOT BUILT"
     continue
   fi
-  limit=$(stage_limit 90 0)
+  limit=$(stage_limit 90 45)  # keeps time for the yardsticks below
   echo "===== $b" >>"$out/bench.log"
   timeout "$limit" "$bin" >"$out/.bench_one.out" 2>>"$out/bench.log"
   rc=$?
@@ -211,6 +213,18 @@ for b in "${benches[@]}"; do
   log "bench $b: rc=$rc ($(elapsed) s)"
 done
 rm -f "$out/.bench_one.out"
+
+# ---- yardsticks in the same run: cuDNN's fused attention, PyTorch's FlashAttention and
+# torch.matmul (the image's PyTorch), then tessera's figures against them ----
+limit=$(stage_limit 60 0)
+echo "===== torch_yardstick.py" >>"$out/bench.log"
+timeout "$limit" python3 "$root/bench/cuda/torch_yardstick.py" >"$out/.yard.out" 2>>"$out/bench.log"
+rc=$?
+cat "$out/.yard.out" >>"$out/bench.log"
+grep '^{' "$out/.yard.out" >>"$out/bench.jsonl"
+rm -f "$out/.yard.out"
+log "yardsticks: rc=$rc ($(elapsed) s)"
+python3 "$root/bench/cuda/torch_yardstick.py" --compare "$out/bench.jsonl" | tee -a "$summary"
 log "bench results (bench.jsonl):"
 cat "$out/bench.jsonl" | tee -a "$summary" >/dev/null
 cat "$out/bench.jsonl"
