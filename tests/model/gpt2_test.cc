@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/device_gpt2.h"
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/rng.h"
@@ -236,6 +237,13 @@ TEST(Gpt2, BlockRecomputeCutsActivationMemory) {
   EXPECT_LT(block, 0.4 * none);
   // Lower bound: the logits (N x Vp f32) must be in every plan.
   EXPECT_GT(block, 8.0 * 512 * 50304 * 4);
+
+  // The device twin keeps what the last plan keeps.
+  EXPECT_EQ(m.device_desc(8, 512).recompute, backend::DeviceRecompute::block);
+  m.plan(8, 512, Precision::bf16, Recompute::gelu);
+  EXPECT_EQ(m.device_desc(8, 512).recompute, backend::DeviceRecompute::gelu);
+  EXPECT_EQ(Gpt2(cfg, ops::Context{}).device_desc(8, 512).recompute,
+            backend::DeviceRecompute::none);
 
   // FLOPs: 6 * (non-embedding params 85,056,000 + lm head 50257*768) + 6*L*T*C.
   const double expect = 6.0 * (85056000.0 + 50257.0 * 768) + 6.0 * 12 * 1024 * 768;
