@@ -141,9 +141,10 @@ std::vector<uint16_t> to_16bit(const std::vector<float>& x, DType t) {
 float from_16bit(uint16_t h, DType t) {
   return t == DType::bf16 ? bf16_to_f32(h) : f16_to_f32(h);
 }
-// Unit roundoff of the 16-bit type: 2^-9 for bf16 (8 stored mantissa bits), 2^-12 for f16.
+// Unit roundoff (half an ulp of 1) of the 16-bit type: bf16 keeps 8 significant bits (7 stored
+// plus the implicit one), so 2^-8; f16 keeps 11, so 2^-11.
 double unit_roundoff(DType t) {
-  return t == DType::bf16 ? 0x1p-9 : 0x1p-12;
+  return t == DType::bf16 ? 0x1p-8 : 0x1p-11;
 }
 
 // ---- Host-only checks of the index math (these run without a GPU) ----
