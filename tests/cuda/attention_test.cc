@@ -8,6 +8,7 @@
 #include <memory>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backend/cpu/paged_attention.h"
@@ -614,6 +615,20 @@ TEST(CudaFlashAttention, RejectsBadArguments) {
   EXPECT_THROW(cuda::flash_attention_forward(a, nullptr), Error);
   a.shape = {1, 16, 4, 2, 96, 0.125f, true, DType::bf16};  // unsupported head dim
   EXPECT_THROW(cuda::flash_attention_forward(a, nullptr), Error);
+  // Paged decode: the argument checks run before any device access (the pointers are never
+  // read), so a zero head count is named, not left to fail at launch.
+  cuda::PagedDecodeArgs d;
+  float dummy[4] = {};
+  int32_t ids[1] = {};
+  d.out = dummy, d.q = dummy, d.kv = dummy, d.block_tables = ids, d.n_keys = ids;
+  d.rows = 1, d.H = 0, d.Hkv = 1, d.D = 64, d.block_tokens = 16, d.table_stride = 1;
+  d.max_keys = 1;
+  try {
+    cuda::paged_decode_attention(d, nullptr);
+    ADD_FAILURE() << "H=0 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("heads H=0"), std::string::npos) << e.what();
+  }
 }
 
 // ---- Paged decode ----

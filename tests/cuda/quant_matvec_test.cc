@@ -337,6 +337,13 @@ TEST(CudaQuantMatvecHost, RejectsBadArguments) {
               cuda::matmul_wt(p, 4, p, 1, 256, p, DType::q8_0, 8, nullptr, nullptr);
             }).find("ldy=4"),
             std::string::npos);
+  // Block types without a kernel here are refused by name before anything touches the device.
+  for (DType t : {DType::q2_k, DType::q3_k, DType::q4_0x8, DType::q4_kx8})
+    EXPECT_NE(msg([&] {
+                cuda::matmul_wt(p, 8, p, 1, 256, p, t, 8, nullptr, nullptr);
+              }).find(std::string(dtype_name(t)) + " is not supported"),
+              std::string::npos)
+        << dtype_name(t);
   EXPECT_NE(msg([&] {
               cuda::matmul_wt(p, 8, p, 1, 256, p, DType::f32, 8, nullptr, nullptr);
             }).find("f32"),

@@ -228,7 +228,7 @@ void paged_decode_attention(const PagedDecodeArgs& a, cudaStream_t stream) {
            "] out, q, kv, block_tables and n_keys must be device pointers");
   TS_CHECK(a.rows >= 1 && a.rows <= (int64_t{1} << 31) - 1, "[", op, "] rows=", a.rows,
            " out of range");
-  TS_CHECK(a.Hkv >= 1 && a.H % a.Hkv == 0, "[", op, "] heads H=", a.H,
+  TS_CHECK(a.Hkv >= 1 && a.H >= a.Hkv && a.H % a.Hkv == 0, "[", op, "] heads H=", a.H,
            " must be a positive multiple of Hkv=", a.Hkv);
   TS_CHECK(a.D == 64 || a.D == 128, "[", op, "] head dim D=", a.D, " must be 64 or 128");
   TS_CHECK(a.kv_dtype == DType::f32 || a.kv_dtype == DType::f16 || a.kv_dtype == DType::bf16, "[",

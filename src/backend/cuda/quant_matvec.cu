@@ -195,8 +195,14 @@ void check_args(int64_t ldy, int64_t M, int64_t K, DType w_type, int64_t N) {
   TS_CHECK(N >= 0, "[cuda matmul_wt] outputs N=", N, " must be >= 0");
   TS_CHECK(K > 0, "[cuda matmul_wt] inner dimension K=", K, " must be positive");
   TS_CHECK(ldy >= N, "[cuda matmul_wt] ldy=", ldy, " is smaller than N=", N);
-  const bool half = w_type == DType::f16 || w_type == DType::bf16;
-  TS_CHECK(half || act_block_elems(w_type) > 0, "[cuda matmul_wt] weight type ", dtype_name(w_type),
+  // The types the kernels decode, named one by one: act_block_elems also answers for block
+  // types without a kernel here (q2_k, q3_k, the CPU's row-interleaved layouts), which must be
+  // refused before any activation is quantized or scratch allocated.
+  bool supported = false;
+  for (DType t : {DType::f16, DType::bf16, DType::q8_0, DType::q4_0, DType::q4_1, DType::q5_0,
+                  DType::q5_1, DType::q4_k, DType::q5_k, DType::q6_k})
+    supported = supported || w_type == t;
+  TS_CHECK(supported, "[cuda matmul_wt] weight type ", dtype_name(w_type),
            " is not supported (f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k)");
   const int64_t block = traits(w_type).block_elems;
   TS_CHECK(K % block == 0, "[cuda matmul_wt] K=", K, " is not a multiple of the ",
