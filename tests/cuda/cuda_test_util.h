@@ -28,6 +28,9 @@ class DeviceArray {
   explicit DeviceArray(size_t n) : n_(n) {
     TS_CUDA_CHECK(cudaMalloc(&p_, (n ? n : 1) * sizeof(T)));
     TS_CUDA_CHECK(cudaMemset(p_, 0, (n ? n : 1) * sizeof(T)));
+    // cudaMemset may return before it is done, and the kernels under test run on non-blocking
+    // streams that do not wait for the default stream.
+    TS_CUDA_CHECK(cudaDeviceSynchronize());
   }
   explicit DeviceArray(const std::vector<T>& host) : DeviceArray(host.size()) { upload(host); }
   ~DeviceArray() { cudaFree(p_); }
@@ -36,6 +39,8 @@ class DeviceArray {
 
   void upload(const std::vector<T>& host) {
     TS_CUDA_CHECK(cudaMemcpy(p_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+    // From pageable memory cudaMemcpy may return once the bytes are staged, before they land.
+    TS_CUDA_CHECK(cudaDeviceSynchronize());
   }
   std::vector<T> download() const {
     std::vector<T> host(n_);

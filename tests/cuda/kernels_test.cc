@@ -670,6 +670,21 @@ TEST(CudaKernelsConvert, F32ToBf16MatchesCoreBitForBit) {
   }
 }
 
+// The trainer sizes the norm backward's workspace once, for its largest batch, and then runs
+// smaller ones (the last batch of an epoch, evaluation): the size must never shrink as N grows.
+// (It did: 512 rows needed 512 chunks, 513 rows only 257.) Host-only, runs without a GPU.
+TEST(CudaKernelsArgs, NormBackwardWorkspaceCoversEverySmallerBatch) {
+  for (int64_t C : {64, 768}) {
+    int64_t prev = 0;
+    for (int64_t N = 1; N <= 5000; ++N) {
+      const int64_t w = cuda::norm_backward_workspace_floats(N, C);
+      ASSERT_GE(w, prev) << "N=" << N << " C=" << C;
+      ASSERT_GE(w, 2 * C) << "N=" << N;
+      prev = w;
+    }
+  }
+}
+
 TEST(CudaKernelsArgs, BadArgumentsThrowNamingTheParameter) {
   // Host-side checks run before any device call, so they are tested without a GPU.
   EXPECT_THROW(cuda::layernorm_forward<float>(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,

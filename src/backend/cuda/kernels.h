@@ -58,7 +58,8 @@ template <typename E>
 void rmsnorm_residual_forward(E* res_out, E* out, float* rstd, const E* a, const E* r,
                               const float* w, int64_t N, int64_t C, float eps, cudaStream_t stream);
 
-// f32 scratch the norm backward needs for its deterministic two-stage dw/db reduction.
+// f32 scratch the norm backward needs for its deterministic two-stage dw/db reduction; enough for
+// any batch of up to N rows (so a buffer sized for the largest batch serves every smaller one).
 int64_t norm_backward_workspace_floats(int64_t N, int64_t C);
 
 // dinp (N,C) += d/dinp, dw (C) += sum_n dout * xhat, db (C) += sum_n dout; dout, inp (N,C);
@@ -123,7 +124,8 @@ void rope_backward(E* dinp, const E* dout, const RopeTableView& table, const int
 // on the device, < 0 means ignore (loss 0, gradient row 0). If dlogits_scale != 0 the logits are
 // overwritten in place by dlogits_scale * (softmax - onehot(target)), padded columns [V, Vp)
 // zeroed. One block per row reads the row twice (online max/sum, then the gradient) and writes
-// it once. A target >= V yields a NaN loss and a NaN gradient row.
+// it once. A target >= V yields a NaN loss and NaN gradients over the real columns (the padded
+// columns [V, Vp) stay 0).
 template <typename E>
 void softmax_xent(float* losses, E* logits, const int32_t* targets, int64_t N, int64_t V,
                   int64_t Vp, float dlogits_scale, cudaStream_t stream);

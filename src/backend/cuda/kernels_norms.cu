@@ -332,7 +332,10 @@ void launch_norm_backward(const char* op, E* dinp, float* dw, float* db, const E
 int64_t norm_backward_workspace_floats(int64_t N, int64_t C) {
   TS_CHECK(N >= 0 && C > 0, "[norm_backward_workspace_floats] bad shape N=", N, " C=", C);
   if (N == 0) return 0;
-  return ceil_div(N, rows_per_chunk(N)) * 2 * C;
+  // Sized for every batch up to N rows, not only N: the chunk count ceil(N / rows_per_chunk(N))
+  // is not monotone (513 rows take 257 chunks of 2, 512 rows 512 chunks of 1), and callers size
+  // the workspace once for their largest batch. It never exceeds min(N, kMaxChunks).
+  return std::min<int64_t>(N, kMaxChunks) * 2 * C;
 }
 
 template <typename E>

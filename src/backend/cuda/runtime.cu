@@ -157,7 +157,13 @@ float Event::elapsed_ms_since(const Event& start) const {
 }
 
 void copy_to_device(void* dst, const void* src, size_t bytes) {
-  if (bytes) TS_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+  if (bytes) {
+    TS_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    // From pageable host memory cudaMemcpy may return once the bytes are staged for DMA, before
+    // they reach the device, and our streams are non-blocking (they do not wait for the default
+    // stream's copy): wait for it, as "blocking" promises.
+    TS_CUDA_CHECK(cudaDeviceSynchronize());
+  }
 }
 
 void copy_to_host(void* dst, const void* src, size_t bytes) {
