@@ -70,11 +70,28 @@ struct DecoderChunk {
   float* logits = nullptr;
 };
 
+// Device time of forward calls by part, summed while stage timing is on: the weight products by
+// the matrices they read, in infer::Stage's order (q/k/v, attention output, MLP in, MLP down,
+// output head), attention over the cache, and the rest (norms, RoPE, cache appends, activation
+// quantization, element-wise ops, the chunk's copies in and out). Events are recorded between
+// parts on the stream, so each part's time includes the gaps between its own launches.
+inline constexpr int kDeviceStages = 7;
+inline constexpr int kDeviceStageOther = 6;
+struct DeviceStageTimes {
+  double seconds[kDeviceStages] = {};
+  int64_t weight_bytes[kDeviceStages] = {};  // stored bytes of the weights each part's calls read
+};
+
 class DeviceDecoder {
  public:
   virtual ~DeviceDecoder() = default;
   // Runs the chunk and returns when its logits are in host memory.
   virtual void forward(const DecoderChunk& chunk) = 0;
+  // On: every chunk runs as eager launches (no CUDA graphs) with an event between parts, and the
+  // parts' times add up in stage_times(). Off (the default): no events.
+  virtual void set_stage_timing(bool on) = 0;
+  virtual const DeviceStageTimes& stage_times() const = 0;
+  virtual void reset_stage_times() = 0;
   // "NVIDIA H200 (sm_90): weights 0.62 GB, KV cache 0.05 GB, activations 0.02 GB"
   virtual std::string describe() const = 0;
   // Device memory in use by this decoder, bytes.

@@ -170,6 +170,20 @@ backend::DecoderDesc Engine::device_desc() const {
   return d;
 }
 
+// The device reports its parts in infer::Stage's order, then "other" (which EngineStats leaves
+// implicit: the forward time outside the stages).
+static_assert(backend::kDeviceStages == kNumStages + 1 && backend::kDeviceStageOther == kNumStages);
+static_assert(static_cast<int>(Stage::qkv) == 0 && static_cast<int>(Stage::attn_out) == 1 &&
+              static_cast<int>(Stage::mlp_in) == 2 && static_cast<int>(Stage::mlp_down) == 3 &&
+              static_cast<int>(Stage::head) == 4 && static_cast<int>(Stage::attention) == 5);
+
+void Engine::set_stage_timing(bool on) {
+  if (!device_) return;  // the CPU path always times its stages
+  device_->set_stage_timing(on);
+  device_->reset_stage_times();
+  device_stage_timing_ = on;
+}
+
 std::string Engine::device_description() const {
   return device_ ? device_->describe() : std::string("cpu");
 }
@@ -392,6 +406,12 @@ void Engine::run_chunk_device(const Row* rows, int64_t n) {
   chunk.logits = logits_.data() + logit_rows_done_ * config().vocab;
   device_->forward(chunk);
   logit_rows_done_ += chunk.n_logits;
+  if (device_stage_timing_) {
+    const backend::DeviceStageTimes& t = device_->stage_times();
+    for (int i = 0; i < kNumStages; ++i)
+      count_stage(static_cast<Stage>(i), t.seconds[i], t.weight_bytes[i]);
+    device_->reset_stage_times();
+  }
 }
 
 void Engine::layer(int64_t l, const Row* rows, int64_t n) {

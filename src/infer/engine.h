@@ -57,7 +57,8 @@ struct StageStats {
 };
 
 // Where time went in forward calls since the last reset (CPU: host wall time around each op; a
-// device decoder's forward is one launch sequence, so only `seconds` and `rows` are filled).
+// device decoder: `seconds` and `rows`, and the stages only while set_stage_timing is on, as
+// device time between events).
 struct EngineStats {
   double seconds = 0;
   int64_t rows = 0, forward_calls = 0;
@@ -96,6 +97,10 @@ class Engine {
 
   const EngineStats& stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }
+  // The per-stage figures of stats(): always kept on the CPU (host timers around each op); on a
+  // device only while this is on, from events between the stages, with eager launches instead
+  // of CUDA graphs (so a timed decode is slower than an untimed one).
+  void set_stage_timing(bool on);
 
  private:
   struct Sequence {
@@ -144,6 +149,7 @@ class Engine {
   int64_t max_seq_blocks_ = 0;
   std::vector<int32_t> slots_, chunk_tables_, logit_index_;
   int64_t logit_rows_done_ = 0;
+  bool device_stage_timing_ = false;
   int64_t calls_ = 0;
   EngineStats stats_;
 };

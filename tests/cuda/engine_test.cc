@@ -311,6 +311,43 @@ TEST(CudaEngine, GraphReplayEqualsEagerLaunches) {
   }
 }
 
+// Stage timing on the GPU (events between stages, eager launches): the logits stay exactly the
+// graphed engine's, every stage gets device time, the stages sum to less than the forward's
+// wall time, and each stage's weight bytes are the CPU engine's for the same steps. Untimed, a
+// device engine reports no stages.
+TEST(CudaEngine, StageTimingSplitsDecodeAndKeepsResults) {
+  TS_REQUIRE_CUDA_DEVICE();
+  const Case c{model::DecoderArch::llama, DType::q4_0, DType::f16, false, false};
+  const model::DecoderModel m = make_model(c);
+  Engine cpu(m, options(c, false)), graphed(m, options(c, true)), timed(m, options(c, true));
+  timed.set_stage_timing(true);
+  const std::vector<int32_t> p = tokens_for(30, m.config.vocab, 6);
+  const int32_t a = cpu.new_sequence(), b = graphed.new_sequence(), t = timed.new_sequence();
+  cpu.forward({Feed{a, p, false}});
+  EXPECT_EQ(timed.forward({Feed{t, p, false}}), graphed.forward({Feed{b, p, false}}));
+  cpu.reset_stats();
+  graphed.reset_stats();
+  timed.reset_stats();
+  int32_t next = 3;
+  for (int step = 0; step < 4; ++step) {
+    cpu.forward({Feed{a, {&next, 1}, false}});
+    const std::vector<float> want = graphed.forward({Feed{b, {&next, 1}, false}});
+    ASSERT_EQ(timed.forward({Feed{t, {&next, 1}, false}}), want) << "decode step " << step;
+    next = static_cast<int32_t>(std::max_element(want.begin(), want.end()) - want.begin());
+  }
+  double sum = 0;
+  for (int i = 0; i < kNumStages; ++i) {
+    const StageStats& g = timed.stats().stages[i];
+    const char* name = stage_name(static_cast<Stage>(i));
+    EXPECT_GT(g.seconds, 0) << name;
+    EXPECT_EQ(g.weight_bytes, cpu.stats().stages[i].weight_bytes) << name;
+    EXPECT_EQ(graphed.stats().stages[i].seconds, 0) << name;
+    sum += g.seconds;
+  }
+  EXPECT_LT(sum, timed.stats().seconds);
+  EXPECT_GT(timed.stats().matmul_seconds(), 0);
+}
+
 TEST(CudaEngine, RefusesWhatTheKernelsCannotTake) {
   TS_REQUIRE_CUDA_DEVICE();
   // Head dim 8: the paged attention kernel takes 64 or 128.

@@ -45,6 +45,8 @@ constexpr size_t kMaxGraphs = 256;
 // 0.56 bytes per element, so 8 passes are 4.5), while the GEMM route reads the stored weight,
 // writes and reads its f16 copy (4.5 bytes per element plus the GEMM's own traffic).
 constexpr int64_t kGemmMinRows = 65;
+// Stage timing's parts (DeviceStageTimes), in infer::Stage's order; kDeviceStageOther the rest.
+constexpr int kQkv = 0, kAttnOut = 1, kMlpIn = 2, kMlpDown = 3, kHead = 4, kAttention = 5;
 
 size_t align_up(size_t n) {
   return (n + kAlign - 1) / kAlign * kAlign;
@@ -111,8 +113,12 @@ class CudaDecoder final : public DeviceDecoder {
     cudaStreamSynchronize(stream_.get());
     for (auto& [key, exec] : graphs_)
       if (exec) cudaGraphExecDestroy(exec);
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
   }
   void forward(const DecoderChunk& chunk) override;
+  void set_stage_timing(bool on) override { timing_ = on; }
+  const DeviceStageTimes& stage_times() const override { return times_; }
+  void reset_stage_times() override { times_ = {}; }
   std::string describe() const override;
   int64_t device_bytes() const override {
     return static_cast<int64_t>(weights_.size() + cache_.size() + acts_.size() + ints_.size() +
@@ -130,6 +136,11 @@ class CudaDecoder final : public DeviceDecoder {
   void residual_norm(float* x, float* out, const float* r, int64_t n, const DevWeight& w,
                      const DevWeight& b);
   void layer(size_t l, int64_t n, int64_t max_keys);
+  // Stage timing: from here on the stream's work belongs to `stage` (an event marks the switch;
+  // nothing happens while timing is off). collect_stage_times adds the finished chunk's
+  // intervals to times_ once the stream has synchronized.
+  void mark(int stage);
+  void collect_stage_times();
   // The whole forward pass of n rows on the stream, ending with the first head piece in logits_.
   void run_layers(int64_t n, int64_t max_keys);
   struct GraphKey {
@@ -169,6 +180,13 @@ class CudaDecoder final : public DeviceDecoder {
   int64_t n_logits_ = 0;
   bool graphs_enabled_ = true;
   std::map<GraphKey, cudaGraphExec_t> graphs_;  // null until captured
+  // Stage timing (off by default): events_[i] starts an interval of stage marked_[i].
+  bool timing_ = false;
+  DeviceStageTimes times_;
+  std::vector<cudaEvent_t> events_;
+  std::vector<int> marked_;
+  size_t n_marks_ = 0;
+  int stage_ = kDeviceStageOther;
 };
 
 CudaDecoder::CudaDecoder(const DecoderDesc& d, int device)
@@ -404,9 +422,33 @@ std::string CudaDecoder::describe() const {
              " GB, activations ", gb(acts_.size() + ints_.size() + attn_ws_.size()), " GB");
 }
 
+void CudaDecoder::mark(int stage) {
+  if (!timing_) return;
+  if (n_marks_ == events_.size()) {
+    cudaEvent_t e = nullptr;
+    TS_CUDA_CHECK(cudaEventCreate(&e));
+    events_.push_back(e);
+    marked_.push_back(0);
+  }
+  TS_CUDA_CHECK(cudaEventRecord(events_[n_marks_], stream_.get()));
+  marked_[n_marks_++] = stage;
+  stage_ = stage;
+}
+
+void CudaDecoder::collect_stage_times() {
+  for (size_t i = 0; i + 1 < n_marks_; ++i) {
+    float ms = 0;
+    TS_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[i], events_[i + 1]));
+    times_.seconds[marked_[i]] += 1e-3 * ms;
+  }
+  n_marks_ = 0;
+  stage_ = kDeviceStageOther;
+}
+
 void CudaDecoder::linear(float* y, const float* x, int64_t n, const DevWeight& w,
                          const DevWeight& bias) {
   cudaStream_t s = stream_.get();
+  if (timing_) times_.weight_bytes[stage_] += dtype_bytes(w.type, w.rows * w.cols);
   const float* b = bias.p ? bias.f() : nullptr;
   void* bias_arg = const_cast<float*>(b);
   if (w.type == DType::f32) {
@@ -461,6 +503,7 @@ void CudaDecoder::residual_norm(float* x, float* out, const float* r, int64_t n,
 void CudaDecoder::layer(size_t l, int64_t n, int64_t max_keys) {
   const DevLayer& w = layers_[l];
   cudaStream_t s = stream_.get();
+  mark(kQkv);
   float *q = q_, *k = k_, *v = v_;
   if (n == 1 && w.wqkv.p) {  // one row: q, k, v side by side are each contiguous
     linear(qkv_, xn_, 1, w.wqkv, w.bqkv);
@@ -472,6 +515,7 @@ void CudaDecoder::layer(size_t l, int64_t n, int64_t max_keys) {
     linear(k_, xn_, n, w.wk, w.bk);
     linear(v_, xn_, n, w.wv, w.bv);
   }
+  mark(kDeviceStageOther);
   if (!d_.gpt2) {
     cuda::RopeTableView t;
     t.cos = rope_.as<float>();
@@ -491,6 +535,7 @@ void CudaDecoder::layer(size_t l, int64_t n, int64_t max_keys) {
   void* layer_kv = cache_.as<uint8_t>() + static_cast<size_t>(l) * 2 * half_block_ * elem_bytes_;
   cuda::kv_cache_append(layer_kv, d_.kv_type, k, v, slot_, n, d_.Hkv, d_.D, d_.block_tokens,
                         block_stride_, half_block_, s);
+  mark(kAttention);
   cuda::PagedDecodeArgs a;
   a.out = att_;
   a.q = q;
@@ -512,22 +557,32 @@ void CudaDecoder::layer(size_t l, int64_t n, int64_t max_keys) {
   a.workspace_floats = static_cast<int64_t>(attn_ws_.size() / sizeof(float));
   cuda::paged_decode_attention(a, s);
 
+  mark(kAttnOut);
   linear(tmp_, att_, n, w.wo, w.bo);
+  mark(kDeviceStageOther);
   residual_norm(x_, xn_, tmp_, n, w.ffn_norm, w.ffn_norm_b);
   if (d_.gpt2) {
+    mark(kMlpIn);
     linear(ff_a_, xn_, n, w.w_up, w.b_up);
+    mark(kDeviceStageOther);
     cuda::gelu_forward<float>(ff_a_, ff_a_, n * d_.F, s);
   } else {
     if (n == 1 && w.w_gate_up.p) {
+      mark(kMlpIn);
       linear(gate_up_, xn_, 1, w.w_gate_up, {});
+      mark(kDeviceStageOther);
       cuda::swiglu_forward<float>(ff_a_, gate_up_, gate_up_ + d_.F, 1, d_.F, s);
     } else {
+      mark(kMlpIn);
       linear(ff_a_, xn_, n, w.w_gate, {});
       linear(ff_b_, xn_, n, w.w_up, {});
+      mark(kDeviceStageOther);
       cuda::swiglu_forward<float>(ff_a_, ff_a_, ff_b_, n, d_.F, s);
     }
   }
+  mark(kMlpDown);
   linear(tmp_, ff_a_, n, w.w_down, w.b_down);
+  mark(kDeviceStageOther);
   // The residual add, fused with the next norm: the next layer's attention norm, or the output
   // norm after the last layer.
   const bool last = l + 1 == layers_.size();
@@ -576,6 +631,8 @@ void CudaDecoder::forward(const DecoderChunk& c) {
   }
   n_logits_ = c.n_logits;
   // x, then the int arrays up to the tables actually used (n rows of S entries).
+  n_marks_ = 0;  // a chunk that threw may have left marks behind
+  mark(kDeviceStageOther);
   cuda::copy_to_device_async(x_, st, static_cast<size_t>(n * d_.C) * sizeof(float), s);
   cuda::copy_to_device_async(pos_, st + x_bytes,
                              4 * row_ints + static_cast<size_t>(n * S) * sizeof(int32_t), s);
@@ -585,7 +642,9 @@ void CudaDecoder::forward(const DecoderChunk& c) {
   // launch gaps would otherwise cost more than reading the weights. The key's attention bound
   // is rounded up so a growing sequence reuses its graph for kGraphKeysRound tokens (the
   // kernel reads each row's own n_keys from the device; extra splits stay empty).
-  const bool graphable = graphs_enabled_ && n <= kGraphMaxRows && c.n_logits <= kHeadRows;
+  // Stage timing records events between launches: eager launches only.
+  const bool graphable =
+      graphs_enabled_ && !timing_ && n <= kGraphMaxRows && c.n_logits <= kHeadRows;
   if (graphable) {
     const int64_t bound = std::min(
         S * d_.block_tokens, (max_keys + kGraphKeysRound - 1) / kGraphKeysRound * kGraphKeysRound);
@@ -599,13 +658,19 @@ void CudaDecoder::forward(const DecoderChunk& c) {
     const int64_t piece = std::min(d_.max_rows, kHeadRows);
     for (int64_t r0 = 0; r0 < c.n_logits; r0 += piece) {
       const int64_t m = std::min(piece, c.n_logits - r0);
-      if (r0 > 0) linear(logits_, gathered_ + r0 * d_.C, m, output_, {});
+      if (r0 > 0) {
+        mark(kHead);
+        linear(logits_, gathered_ + r0 * d_.C, m, output_, {});
+        mark(kDeviceStageOther);
+      }
       cuda::copy_to_host_async(c.logits + r0 * d_.V, logits_,
                                static_cast<size_t>(m * d_.V) * sizeof(float), s);
     }
   }
+  mark(kDeviceStageOther);  // closes the last interval
   // The staging buffer and the host logits must not be touched before the stream is done.
   stream_.synchronize();
+  if (timing_) collect_stage_times();
 }
 
 void CudaDecoder::run_layers(int64_t n, int64_t max_keys) {
@@ -615,7 +680,9 @@ void CudaDecoder::run_layers(int64_t n, int64_t max_keys) {
   // xn_ holds the output norm of every row: gather the wanted rows, then the first head piece.
   if (n_logits_ > 0) {
     cuda::gather_rows(gathered_, xn_, logit_rows_, n_logits_, d_.C, s);
+    mark(kHead);
     linear(logits_, gathered_, std::min({n_logits_, d_.max_rows, kHeadRows}), output_, {});
+    mark(kDeviceStageOther);
   }
 }
 
