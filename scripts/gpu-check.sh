@@ -2,10 +2,11 @@
 # Runs ON the device machine (NVIDIA H200, nvcc, CMake, ninja, no network): unpacks the .deb
 # packages carried in .gpu-deps/ (made by scripts/gpu-prepare.sh) into a prefix under /tmp,
 # configures a Release build for sm_90a, builds the CUDA tests, benches and the tessera binary,
-# runs every test binary, `tessera bench generate --device cuda` on synthetic 1B/8B Llamas and
-# `tessera bench train --device cuda` on GPT-2 small, then every bench (all of them, whatever
-# fails), then the yardsticks (cuDNN / PyTorch attention and torch.matmul through the image's
-# PyTorch, bench/cuda/torch_yardstick.py), and writes logs and a summary to $OUT
+# runs every test binary, then every bench (all of them, whatever fails), the yardsticks (cuDNN
+# and PyTorch attention and torch.matmul through the image's PyTorch,
+# bench/cuda/torch_yardstick.py), then `tessera bench generate --device cuda` on synthetic
+# 1B/8B Llamas and `tessera bench train --device cuda` on GPT-2 small, and writes logs and a
+# summary to $OUT
 # (./gpu-out when OUT is unset). Stages are bounded so the whole run ends within ~8 minutes.
 #
 # Usage: scripts/gpu-check.sh [--dry-run]
@@ -42,6 +43,9 @@ stage_limit() {
   ((left < 5)) && left=5
   ((cap < left)) && echo "$cap" || echo "$left"
 }
+# Whether a measuring stage may start at all: one given a few seconds would only time out, and
+# many such stages would run past the budget.
+can_start() { ((budget - $(elapsed) >= 15)); }
 
 log "== tessera gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname)"
 nvcc_bin="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
@@ -50,7 +54,7 @@ log "cmake:   $(cmake --version 2>/dev/null | head -1 || echo missing)"
 log "ninja:   $(ninja --version 2>/dev/null || echo missing)"
 log "c++:     $(c++ --version 2>/dev/null | head -1 || echo missing)"
 if command -v nvidia-smi >/dev/null; then
-  log "gpu:     $(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv,noheader 2>&1 | head -4)"
+  log "gpu:     $(timeout -k 2 10 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv,noheader 2>&1 | head -4)"
 else
   log "gpu:     nvidia-smi not found"
 fi
@@ -88,7 +92,7 @@ log "nccl:    ${nccl_args[*]:-toolkit default search}"
 # ---- configure ----
 [[ "${GPU_CHECK_REUSE_BUILD:-0}" == 1 ]] || rm -rf "$build"
 limit=$(stage_limit 120 300)
-timeout "$limit" cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+timeout -k 5 "$limit" cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA_COMPILER="$nvcc_bin" -DCMAKE_CUDA_ARCHITECTURES="$arch" -DTESSERA_CUDA=on \
   -DTESSERA_FUZZ=OFF -DTESSERA_BENCH=ON -DTESSERA_WERROR=OFF \
   -DCMAKE_PREFIX_PATH="$prefix/usr" "${nccl_args[@]}" >"$out/configure.log" 2>&1
@@ -128,7 +132,7 @@ fi
 
 # ---- build (keep going past failures: one broken kernel must not hide the other results) ----
 limit=$(stage_limit 330 90)
-timeout "$limit" ninja -C "$build" -k 0 -j "$jobs" "${tests[@]}" "${benches[@]}" "${engine[@]}" \
+timeout -k 5 "$limit" ninja -C "$build" -k 0 -j "$jobs" "${tests[@]}" "${benches[@]}" "${engine[@]}" \
   >"$out/build.log" 2>&1
 rc=$?
 log "build: rc=$rc ($(elapsed) s, limit $limit s)"
@@ -148,45 +152,97 @@ for t in "${tests[@]}"; do
   fi
   limit=$(stage_limit 120 60)
   echo "===== $t" >>"$out/tests.log"
-  timeout "$limit" "$bin" --gtest_brief=1 --gtest_color=no >"$out/.test_one.log" 2>&1
+  # Full gtest output (not --gtest_brief: brief mode prints neither the failed-test count nor the
+  # RUN lines that name the test a timeout or a crash stopped in).
+  timeout -k 5 "$limit" "$bin" --gtest_color=no >"$out/.test_one.log" 2>&1
   rc=$?
   cat "$out/.test_one.log" >>"$out/tests.log"
-  p=$(grep -oE '^\[  PASSED  \] [0-9]+' "$out/.test_one.log" | grep -oE '[0-9]+$' || echo 0)
-  f=$(grep -oE '^\[  FAILED  \] [0-9]+ test' "$out/.test_one.log" | grep -oE '[0-9]+' || echo 0)
-  s=$(grep -oE '^\[  SKIPPED \] [0-9]+' "$out/.test_one.log" | grep -oE '[0-9]+$' || echo 0)
-  pass=$((pass + ${p:-0})) fail=$((fail + ${f:-0})) skip=$((skip + ${s:-0}))
+  # One number each (tail -1: a stray second summary line must not break the arithmetic).
+  p=$(grep -oE '^\[  PASSED  \] [0-9]+' "$out/.test_one.log" | grep -oE '[0-9]+$' | tail -1)
+  f=$(grep -oE '^\[  FAILED  \] [0-9]+ tests?,' "$out/.test_one.log" | grep -oE '[0-9]+' | tail -1)
+  s=$(grep -oE '^\[  SKIPPED \] [0-9]+' "$out/.test_one.log" | grep -oE '[0-9]+$' | tail -1)
+  [[ "$p" =~ ^[0-9]+$ ]] || p=0
+  [[ "$f" =~ ^[0-9]+$ ]] || f=0
+  [[ "$s" =~ ^[0-9]+$ ]] || s=0
+  pass=$((pass + p)) fail=$((fail + f)) skip=$((skip + s))
   status=ok
   ((rc == 124)) && status="TIMEOUT after $limit s"
   ((rc != 0 && rc != 124)) && status="FAILED rc=$rc"
   ((rc != 0)) && broken=$((broken + 1))
-  log "test $t: $status, passed ${p:-0}, failed ${f:-0}, skipped ${s:-0} ($(elapsed) s)"
-  grep -E '^\[  FAILED  \] [A-Za-z]' "$out/.test_one.log" | sort -u | head -20 | tee -a "$summary"
+  log "test $t: $status, passed $p, failed $f, skipped $s ($(elapsed) s)"
+  grep -E '^\[  FAILED  \] [A-Za-z]' "$out/.test_one.log" | sed 's/ ([0-9]* ms)$//' | sort -u |
+    head -20 | tee -a "$summary"
+  if ((rc != 0)); then
+    log "  last test started: $(grep -E '^\[ RUN      \]' "$out/.test_one.log" | tail -1)"
+  fi
 done
 rm -f "$out/.test_one.log"
 log "tests: passed $pass, failed $fail, skipped $skip, binaries failing/missing $broken"
 
-# ---- tessera on the GPU: generation of synthetic Llama shapes, GPT-2 small training ----
+# ---- benches first (each issue target has one; each takes seconds), then the yardsticks, then
+# the whole engine and trainer; a stage starts only with 15 s of budget left ----
 : >"$out/bench.jsonl"
 : >"$out/bench.log"
+for b in "${benches[@]}"; do
+  bin="$build/bench/$b"
+  if [[ ! -x "$bin" ]]; then
+    log "bench $b: NOT BUILT"
+    continue
+  fi
+  if ! can_start; then
+    log "bench $b: skipped, budget spent ($(elapsed) s)"
+    continue
+  fi
+  limit=$(stage_limit 90 120)  # keeps time for the yardsticks and the engine runs below
+  echo "===== $b" >>"$out/bench.log"
+  timeout -k 5 "$limit" "$bin" >"$out/.bench_one.out" 2>>"$out/bench.log"
+  rc=$?
+  cat "$out/.bench_one.out" >>"$out/bench.log"
+  grep '^{' "$out/.bench_one.out" >>"$out/bench.jsonl"
+  log "bench $b: rc=$rc ($(elapsed) s)"
+done
+rm -f "$out/.bench_one.out"
+
+# Yardsticks in the same run: cuDNN's fused attention, PyTorch's FlashAttention and torch.matmul
+# (the image's PyTorch).
+if can_start; then
+  limit=$(stage_limit 60 90)
+  echo "===== torch_yardstick.py" >>"$out/bench.log"
+  timeout -k 5 "$limit" python3 "$root/bench/cuda/torch_yardstick.py" >"$out/.yard.out" \
+    2>>"$out/bench.log"
+  rc=$?
+  cat "$out/.yard.out" >>"$out/bench.log"
+  grep '^{' "$out/.yard.out" >>"$out/bench.jsonl"
+  rm -f "$out/.yard.out"
+  log "yardsticks: rc=$rc ($(elapsed) s)"
+else
+  log "yardsticks: skipped, budget spent ($(elapsed) s)"
+fi
+
+# tessera on the GPU: generation of synthetic Llama shapes, GPT-2 small training.
 if ((${#engine[@]})) && [[ -x "$build/tessera" ]]; then
-  # Each line: a name, extra environment, the tessera command. The 1b q4_0 decode repeats
-  # without CUDA graphs (every launch eager) to show what the graphs save; the last two lines are
-  # the GPT-2 small training step of the issue's MFU target, then the same step under
-  # --recompute block (its device memory and its cost in time).
+  # Each line: a name, extra environment, the tessera command, in the order of what the issue's
+  # targets need most: 1b decode, the GPT-2 small training step (MFU), 8b decode; then the rest.
+  # The 1b q4_0 decode repeats without CUDA graphs (every launch eager) to show what the graphs
+  # save; the last line is GPT-2 small under --recompute block (its device memory and its cost).
   runs=("generate 1b q4_0||bench generate -m synthetic:1b:q4_0 --prompt 512 --gen 128 --reps 3 --batch 1,8,64"
-        "generate 1b q8_0||bench generate -m synthetic:1b:q8_0 --prompt 512 --gen 128 --reps 3 --batch 1,8"
+        "train gpt2-small||bench train --model gpt2-small --batch 16 --seq 1024 --precision bf16 --steps 5"
         "generate 8b q4_0||bench generate -m synthetic:8b:q4_0 --prompt 512 --gen 64 --reps 2 --batch 1,8"
+        "generate 1b q8_0||bench generate -m synthetic:1b:q8_0 --prompt 512 --gen 128 --reps 3 --batch 1,8"
         "generate 8b q8_0||bench generate -m synthetic:8b:q8_0 --prompt 512 --gen 64 --reps 2 --batch 1"
         "generate 1b q4_0 no graphs|TESSERA_CUDA_GRAPHS=0|bench generate -m synthetic:1b:q4_0 --prompt 512 --gen 64 --reps 2 --batch 1"
-        "train gpt2-small||bench train --model gpt2-small --batch 16 --seq 1024 --precision bf16 --steps 5"
         "train gpt2-small recompute block||bench train --model gpt2-small --batch 16 --seq 1024 --precision bf16 --recompute block --steps 3")
   for r in "${runs[@]}"; do
     IFS='|' read -r name envs cmd <<<"$r"
-    limit=$(stage_limit 75 60)
+    if ! can_start; then
+      log "tessera $name: skipped, budget spent ($(elapsed) s)"
+      continue
+    fi
+    limit=$(stage_limit 75 0)
     echo "===== tessera $cmd ($envs)" >>"$out/bench.log"
     # shellcheck disable=SC2086
-    env $envs timeout "$limit" "$build/tessera" $cmd --device cuda --json >"$out/.engine.out" \
-      2>>"$out/bench.log"
+    env $envs timeout -k 5 "$limit" "$build/tessera" $cmd --device cuda --json \
+      >"$out/.engine.out" 2>>"$out/bench.log"
     rc=$?
     cat "$out/.engine.out" >>"$out/bench.log"
     grep '^{' "$out/.engine.out" | sed "s/^{/{\"name\": \"$name\", /" >>"$out/bench.jsonl"
@@ -197,34 +253,9 @@ else
   log "engine: tessera NOT BUILT (or not selected)"
 fi
 
-# ---- benches ----
-for b in "${benches[@]}"; do
-  bin="$build/bench/$b"
-  if [[ ! -x "$bin" ]]; then
-    log "bench $b: NOT BUILT"
-    continue
-  fi
-  limit=$(stage_limit 90 45)  # keeps time for the yardsticks below
-  echo "===== $b" >>"$out/bench.log"
-  timeout "$limit" "$bin" >"$out/.bench_one.out" 2>>"$out/bench.log"
-  rc=$?
-  cat "$out/.bench_one.out" >>"$out/bench.log"
-  grep '^{' "$out/.bench_one.out" >>"$out/bench.jsonl"
-  log "bench $b: rc=$rc ($(elapsed) s)"
-done
-rm -f "$out/.bench_one.out"
-
-# ---- yardsticks in the same run: cuDNN's fused attention, PyTorch's FlashAttention and
-# torch.matmul (the image's PyTorch), then tessera's figures against them ----
-limit=$(stage_limit 60 0)
-echo "===== torch_yardstick.py" >>"$out/bench.log"
-timeout "$limit" python3 "$root/bench/cuda/torch_yardstick.py" >"$out/.yard.out" 2>>"$out/bench.log"
-rc=$?
-cat "$out/.yard.out" >>"$out/bench.log"
-grep '^{' "$out/.yard.out" >>"$out/bench.jsonl"
-rm -f "$out/.yard.out"
-log "yardsticks: rc=$rc ($(elapsed) s)"
-python3 "$root/bench/cuda/torch_yardstick.py" --compare "$out/bench.jsonl" | tee -a "$summary"
+# Tessera's figures against the yardsticks, then every figure.
+timeout -k 2 20 python3 "$root/bench/cuda/torch_yardstick.py" --compare "$out/bench.jsonl" |
+  tee -a "$summary"
 log "bench results (bench.jsonl):"
 cat "$out/bench.jsonl" | tee -a "$summary" >/dev/null
 cat "$out/bench.jsonl"
