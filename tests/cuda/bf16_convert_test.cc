@@ -55,6 +55,17 @@ TEST(CudaBf16Convert, SpecialValuesMatchCore) {
     std::memcpy(&u, &f, 4);
     EXPECT_EQ(cuda_fn(f), core_fn(f)) << std::hex << "bits 0x" << u;
   }
+  // The bits themselves, not only agreement with core (both could share a mistake).
+  EXPECT_EQ(cuda_fn(1.0f), 0x3f80u);
+  EXPECT_EQ(cuda_fn(-1.0f), 0xbf80u);
+  EXPECT_EQ(cuda_fn(-0.0f), 0x8000u);
+  EXPECT_EQ(cuda_fn(from_bits(0x7f7fffffu)), 0x7f80u);  // FLT_MAX rounds up to +inf
+  EXPECT_EQ(cuda_fn(from_bits(0x3f808000u)), 0x3f80u);  // tie, even below: stays
+  EXPECT_EQ(cuda_fn(from_bits(0x3f818000u)), 0x3f82u);  // tie, odd below: rounds up
+  EXPECT_EQ(cuda_fn(from_bits(0x3f808001u)), 0x3f81u);  // just above the tie: up
+  EXPECT_EQ(cuda_fn(from_bits(0x3f807fffu)), 0x3f80u);  // just below the tie: down
+  EXPECT_EQ(cuda_fn(std::numeric_limits<float>::infinity()), 0x7f80u);
+  EXPECT_EQ(cuda_fn(from_bits(0x807fffffu)), 0x8080u);  // largest negative subnormal rounds up
   // NaN stays NaN even when only low payload bits are set (truncation alone would give inf).
   const uint16_t h = cuda_fn(from_bits(0x7f800001u));
   EXPECT_EQ(h & 0x7f80u, 0x7f80u);

@@ -78,6 +78,7 @@ TEST(DecoderKernels, KvAppendWritesPagedSlotsAndGatherPicksRows) {
     kv_cache_append(layer, t, dk.get(), dv.get(), ds.get(), rows, Hkv, D, BT, stride, half,
                     nullptr);
     const std::vector<uint8_t> got = cache.download();
+    std::vector<bool> written(got.size(), false);  // bytes the append may touch
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t g = 0; g < Hkv; ++g)
         for (int64_t d = 0; d < D; ++d) {
@@ -86,6 +87,7 @@ TEST(DecoderKernels, KvAppendWritesPagedSlotsAndGatherPicksRows) {
           const int64_t src = (r * Hkv + g) * D + d;
           for (int which = 0; which < 2; ++which) {
             const int64_t at = (e + which * half) * eb;
+            for (int64_t i = 0; i < eb; ++i) written[static_cast<size_t>(at + i)] = true;
             const float want = (which ? v : k)[static_cast<size_t>(src)];
             if (t == DType::f16) {
               uint16_t h;
@@ -98,6 +100,11 @@ TEST(DecoderKernels, KvAppendWritesPagedSlotsAndGatherPicksRows) {
             }
           }
         }
+    // Nothing else in the cache changed (it started zeroed): no stray slot, head or layer.
+    for (size_t i = 0; i < got.size(); ++i)
+      if (!written[i]) {
+        ASSERT_EQ(got[i], 0) << dtype_name(t) << " byte " << i;
+      }
   }
   // Gather rows 3, 0, 3 of a (5, 7) matrix.
   const std::vector<float> m = random_values(35, 7, 1.0f);
