@@ -191,6 +191,12 @@ TEST(GemmLtHost, ArgumentChecksNameTheParameter) {
   g.epilogue = LtEpilogue::bias_gelu, g.bias = g.c, g.gelu_input = g.c, g.ld_gelu_input = 4;
   expect_error_mentions(g, "ld_gelu_input");
   g = valid_args();
+  g.bias = g.c;  // a bias with no epilogue would be silently ignored
+  expect_error_mentions(g, "epilogue is none");
+  g = valid_args();
+  g.epilogue = LtEpilogue::bias_grad, g.bias = g.c;  // without trans_a
+  expect_error_mentions(g, "needs trans_a");
+  g = valid_args();
   g.a = nullptr;
   expect_error_mentions(g, "a is null");
   g = valid_args();

@@ -81,6 +81,12 @@ bool check_gemm_lt_args(const LtGemmArgs& g) {
   TS_CHECK(g.c != nullptr, "[gemm_lt] c is null");
   TS_CHECK(g.epilogue == LtEpilogue::none || g.bias != nullptr, "[gemm_lt] epilogue ",
            lt_epilogue_name(g.epilogue), " needs bias");
+  TS_CHECK(g.epilogue != LtEpilogue::none || g.bias == nullptr,
+           "[gemm_lt] bias is set but the epilogue is none (it would be ignored)");
+  // cuBLASLt's BGRADB reduces its B operand (our a) over k, which it supports only with B
+  // transposed: our a stored (K, M), the wgrad form dW = dy^T x.
+  TS_CHECK(g.epilogue != LtEpilogue::bias_grad || g.trans_a,
+           "[gemm_lt] epilogue bias_grad needs trans_a (the dW = dy^T x form)");
   TS_CHECK(g.gelu_input == nullptr || g.epilogue == LtEpilogue::bias_gelu,
            "[gemm_lt] gelu_input is only written by the bias_gelu epilogue");
   if (g.gelu_input)
@@ -279,8 +285,10 @@ std::unique_ptr<Plan> make_plan(DeviceState& st, const LtGemmArgs& g) {
   int found = 0;
   const cublasStatus_t st_h = cublasLtMatmulAlgoGetHeuristic(
       st.handle, plan->op, plan->a, plan->b, plan->c, plan->c, pref, 1, &result, &found);
-  TS_CHECK(st_h == CUBLAS_STATUS_SUCCESS && found > 0, "[gemm_lt] cuBLASLt has no algorithm for ",
-           describe(g), " (status ", static_cast<int>(st_h), ", sm_", st.sm, ")");
+  TS_CHECK(st_h == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS,
+           "[gemm_lt] cuBLASLt has no algorithm for ", describe(g), " (status ",
+           static_cast<int>(st_h), ", result state ", static_cast<int>(result.state), ", sm_",
+           st.sm, ")");
   plan->algo = result.algo;
   plan->workspace = result.workspaceSize;
   return plan;

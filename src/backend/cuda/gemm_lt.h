@@ -23,11 +23,13 @@ enum class LtEpilogue : uint8_t {
   bias_gelu,  // c = gelu_tanh(op(a) op(b) + bias); optionally saves the pre-activation
   bias_grad,  // c = op(a) op(b) as usual, and bias (M) = row sums of op(a) (overwritten): with
               // a = dy (T, K) transposed this is the bias gradient of the wgrad dW = dy^T x.
+              // Needs trans_a (cuBLASLt's BGRADB takes its B operand transposed only).
 };
 const char* lt_epilogue_name(LtEpilogue e);
 
-// c (M,N) = alpha * op(a) (M,K) * op(b) (K,N) [epilogue] [+ c if accumulate], row-major with
-// leading dimensions in elements; op(x) = x^T when trans_x. The three training forms:
+// c (M,N) = epilogue(alpha * op(a) (M,K) * op(b) (K,N) [+ c if accumulate]), row-major with
+// leading dimensions in elements; op(x) = x^T when trans_x (cuBLASLt adds beta * c before the
+// bias and the GELU). The three training forms:
 // y = x W^T (trans_b), dx = dy W (neither), dW += dy^T x (trans_a, accumulate).
 // Types: a and b alike; bf16 -> c bf16 or f32; f16 -> c f16 or f32; f32 -> c f32 (no TF32);
 // e4m3 -> c bf16, f16 or f32 (sm_89+, only the y = x W^T form, K and lda/ldb multiples of 16,
