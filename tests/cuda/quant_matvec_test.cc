@@ -1,6 +1,7 @@
 // CUDA quantized matvec (matmul_wt, M <= 8) against the CPU: dequantize-then-double and the
-// reference kernel that quantizes x the same way; host-side checks of the block decoders and of
-// the kernel's chunk/slot/unit index math (those run without a GPU).
+// reference kernel that quantizes x the same way; the norm that quantizes its output against
+// the norm then matmul_wt; host-side checks of the block decoders and of the kernel's
+// chunk/slot/unit index math (those run without a GPU).
 #include "backend/cuda/quant_matvec.h"
 
 #include <gtest/gtest.h>
@@ -15,6 +16,7 @@
 
 #include "backend/cpu/quant_act.h"
 #include "backend/cpu/ref/ref_kernels.h"
+#include "backend/cuda/kernels.h"
 #include "backend/cuda/quant_blocks.cuh"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -337,6 +339,28 @@ TEST(CudaQuantMatvecHost, RejectsBadArguments) {
               cuda::matmul_wt(p, 4, p, 1, 256, p, DType::q8_0, 8, nullptr, nullptr);
             }).find("ldy=4"),
             std::string::npos);
+  // Pre-quantized activations: a float weight type has none, a workspace must hold them all,
+  // and a norm must quantize the rows it normalizes (all host-side checks).
+  static uint8_t ws_host[4096];
+  EXPECT_NE(msg([&] {
+              cuda::quantized_acts_view(ws_host, sizeof ws_host, 1, 256, DType::f16);
+            }).find("nothing to quantize"),
+            std::string::npos);
+  EXPECT_NE(
+      msg([&] { cuda::quantized_acts_view(ws_host, 100, 1, 256, DType::q8_0); }).find("smaller"),
+      std::string::npos);
+  cuda::QuantizedActs qa;
+  qa.M = 2, qa.K = 256, qa.block = 32;
+  qa.q = reinterpret_cast<int8_t*>(ws_host), qa.d = p, qa.s = reinterpret_cast<int32_t*>(ws_host);
+  EXPECT_NE(msg([&] {
+              cuda::norm_quantize_f32(false, nullptr, p, p, nullptr, p, nullptr, 1, 256, 1e-6f, qa,
+                                      nullptr);
+            }).find("not the (1, 256)"),
+            std::string::npos);
+  EXPECT_NE(msg([&] {
+              cuda::matmul_wt_quantized(p, 8, qa, p, DType::q4_k, 8, nullptr, nullptr);
+            }).find("blocks of 32"),
+            std::string::npos);
   // Block types without a kernel here are refused by name before anything touches the device.
   for (DType t : {DType::q2_k, DType::q3_k, DType::q4_0x8, DType::q4_kx8})
     EXPECT_NE(msg([&] {
@@ -506,6 +530,63 @@ TEST(CudaQuantMatvec, NonFiniteActivationGivesNaN) {
     EXPECT_TRUE(std::isfinite(y[n])) << n;
     EXPECT_TRUE(std::isnan(y[N + n])) << n;
   }
+}
+
+// The decoder's norm in front of block-typed products, fused with their activation quantizer
+// (norm_quantize_f32) and followed by matmul_wt_quantized, against the plain norm followed by
+// matmul_wt with its own quantizer: the same normalized rows, the same residual sum, the same
+// workspace bytes (integers, scales, sums) and the same products, bit for bit, for RMSNorm and
+// LayerNorm, with and without the residual add, both activation block sizes and M = 1..8.
+TEST(CudaQuantMatvec, NormQuantizeMatchesNormThenMatmul) {
+  TS_REQUIRE_CUDA_DEVICE();
+  const int64_t C = 768, N = 70;
+  const float eps = 1e-6f;
+  uint32_t seed = 500;
+  for (DType t : {DType::q4_0, DType::q8_0, DType::q4_k, DType::q6_k})
+    for (bool layer : {false, true})
+      for (bool residual : {false, true})
+        for (int64_t M : {1, 3, 8}) {
+          SCOPED_TRACE(std::string(dtype_name(t)) + (layer ? " layernorm" : " rmsnorm") +
+                       (residual ? " +residual" : "") + " M=" + std::to_string(M));
+          const auto w = random_weights(t, N, C, seed++);
+          const auto x = random_x(M, C, seed++), r = random_x(M, C, seed++);
+          const auto gain = random_x(1, C, seed++), shift = random_x(1, C, seed++);
+          cuda::test::DeviceArray<uint8_t> dw(w);
+          cuda::test::DeviceArray<float> dr(r), dg(gain), db(shift);
+          const size_t bytes = cuda::matmul_wt_workspace_bytes(M, C, t);
+          // Reference: the plain norm, then matmul_wt quantizing into ws1.
+          cuda::test::DeviceArray<float> x1(x), out1(static_cast<size_t>(M * C)),
+              y1(static_cast<size_t>(M * N));
+          cuda::test::DeviceArray<uint8_t> ws1(bytes);
+          if (layer && residual)
+            cuda::layernorm_residual_forward<float>(x1.get(), out1.get(), nullptr, nullptr,
+                                                    x1.get(), dr.get(), dg.get(), db.get(), M, C,
+                                                    nullptr);
+          else if (layer)
+            cuda::layernorm_forward<float>(out1.get(), nullptr, nullptr, x1.get(), dg.get(),
+                                           db.get(), M, C, nullptr);
+          else if (residual)
+            cuda::rmsnorm_residual_forward<float>(x1.get(), out1.get(), nullptr, x1.get(), dr.get(),
+                                                  dg.get(), M, C, eps, nullptr);
+          else
+            cuda::rmsnorm_forward<float>(out1.get(), nullptr, x1.get(), dg.get(), M, C, eps,
+                                         nullptr);
+          cuda::matmul_wt(y1.get(), N, out1.get(), M, C, dw.get(), t, N, nullptr, ws1.get(), bytes,
+                          nullptr);
+          // Fused: the norm quantizes into ws2, the products read it.
+          cuda::test::DeviceArray<float> x2(x), out2(static_cast<size_t>(M * C)),
+              y2(static_cast<size_t>(M * N));
+          cuda::test::DeviceArray<uint8_t> ws2(bytes);
+          const cuda::QuantizedActs q = cuda::quantized_acts_view(ws2.get(), bytes, M, C, t);
+          cuda::norm_quantize_f32(layer, residual ? x2.get() : nullptr, out2.get(), x2.get(),
+                                  residual ? dr.get() : nullptr, dg.get(),
+                                  layer ? db.get() : nullptr, M, C, eps, q, nullptr);
+          cuda::matmul_wt_quantized(y2.get(), N, q, dw.get(), t, N, nullptr, nullptr);
+          ASSERT_EQ(out2.download(), out1.download());
+          ASSERT_EQ(x2.download(), x1.download());
+          ASSERT_EQ(ws2.download(), ws1.download());
+          ASSERT_EQ(y2.download(), y1.download());
+        }
 }
 
 }  // namespace

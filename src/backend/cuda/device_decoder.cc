@@ -130,11 +130,19 @@ class CudaDecoder final : public DeviceDecoder {
   void validate() const;
   void upload_weights();
   void linear(float* y, const float* x, int64_t n, const DevWeight& w, const DevWeight& bias);
-  // out = norm(inp) with layer weights w, b (b gpt2 only).
-  void norm(float* out, const float* inp, int64_t n, const DevWeight& w, const DevWeight& b);
-  // x += r, then out = norm(x).
+  // out = norm(inp) with layer weights w, b (b gpt2 only). With quant_block > 0 (out is xn_)
+  // the rows are also quantized in those blocks into matvec_ws_ for the products that read xn_
+  // next (see xn_quant_block_): one launch instead of a norm and a quantizer per product.
+  void norm(float* out, const float* inp, int64_t n, const DevWeight& w, const DevWeight& b,
+            int64_t quant_block = 0);
+  // x += r, then out = norm(x) (quant_block as for norm).
   void residual_norm(float* x, float* out, const float* r, int64_t n, const DevWeight& w,
-                     const DevWeight& b);
+                     const DevWeight& b, int64_t quant_block = 0);
+  // The activation block every one of `next` (the products about to read xn_) quantizes x in,
+  // when they all are block types with one block size and n rows take the matvec route; else 0.
+  int64_t shared_act_block(int64_t n, std::initializer_list<const DevWeight*> next) const;
+  int64_t attn_norm_block(size_t l, int64_t n) const;  // for layer l's q/k/v products
+  int64_t ffn_norm_block(size_t l, int64_t n) const;   // for layer l's MLP input products
   void layer(size_t l, int64_t n, int64_t max_keys);
   // Stage timing: from here on the stream's work belongs to `stage` (an event marks the switch;
   // nothing happens while timing is off). collect_stage_times adds the finished chunk's
@@ -178,6 +186,10 @@ class CudaDecoder final : public DeviceDecoder {
   size_t x_bytes_ = 0, row_ints_ = 0;
   std::unique_ptr<PinnedBuffer> staging_;
   int64_t n_logits_ = 0;
+  // xn_'s rows already quantized in matvec_ws_ (in blocks of xn_quant_block_ for
+  // xn_quant_rows_ rows; 0 when not): set by a quantizing norm, cleared by any norm that does
+  // not quantize and by any product that quantizes another input into the same workspace.
+  int64_t xn_quant_block_ = 0, xn_quant_rows_ = 0;
   bool graphs_enabled_ = true;
   std::map<GraphKey, cudaGraphExec_t> graphs_;  // null until captured
   // Stage timing (off by default): events_[i] starts an interval of stage marked_[i].
@@ -473,6 +485,16 @@ void CudaDecoder::linear(float* y, const float* x, int64_t n, const DevWeight& w
                   s);
     return;
   }
+  const int64_t block = act_block_elems(w.type);
+  if (x == xn_ && block > 0 && block == xn_quant_block_ && n == xn_quant_rows_ && w.cols == d_.C) {
+    // The norm that wrote xn_ quantized it already (norm_quantize_f32).
+    const cuda::QuantizedActs q =
+        cuda::quantized_acts_view(matvec_ws_.get(), matvec_ws_.size(), n, d_.C, w.type);
+    cuda::matmul_wt_quantized(y, w.rows, q, w.p, w.type, w.rows, b, s);
+    return;
+  }
+  // The calls below quantize x into matvec_ws_, over whatever a norm left there.
+  if (block > 0) xn_quant_block_ = 0;
   // At most kMatvecMaxRows rows per call: each call reads the weight once for its rows.
   for (int64_t r0 = 0; r0 < n; r0 += cuda::kMatvecMaxRows) {
     const int64_t m = std::min(cuda::kMatvecMaxRows, n - r0);
@@ -481,8 +503,45 @@ void CudaDecoder::linear(float* y, const float* x, int64_t n, const DevWeight& w
   }
 }
 
+int64_t CudaDecoder::shared_act_block(int64_t n,
+                                      std::initializer_list<const DevWeight*> next) const {
+  if (n > cuda::kMatvecMaxRows) return 0;
+  int64_t block = 0;
+  for (const DevWeight* w : next) {
+    if (!w->p) continue;
+    const int64_t b = act_block_elems(w->type);
+    if (b == 0 || w->cols != d_.C || (block != 0 && b != block)) return 0;
+    block = b;
+  }
+  return block;
+}
+
+int64_t CudaDecoder::attn_norm_block(size_t l, int64_t n) const {
+  const DevLayer& w = layers_[l];
+  if (n == 1 && w.wqkv.p) return shared_act_block(n, {&w.wqkv});
+  return shared_act_block(n, {&w.wq, &w.wk, &w.wv});
+}
+
+int64_t CudaDecoder::ffn_norm_block(size_t l, int64_t n) const {
+  const DevLayer& w = layers_[l];
+  if (d_.gpt2) return shared_act_block(n, {&w.w_up});
+  if (n == 1 && w.w_gate_up.p) return shared_act_block(n, {&w.w_gate_up});
+  return shared_act_block(n, {&w.w_gate, &w.w_up});
+}
+
 void CudaDecoder::norm(float* out, const float* inp, int64_t n, const DevWeight& w,
-                       const DevWeight& b) {
+                       const DevWeight& b, int64_t quant_block) {
+  xn_quant_block_ = 0;
+  if (quant_block > 0 && out == xn_) {
+    // Any block type with this activation block gives the same workspace layout.
+    const DType t = quant_block == 32 ? DType::q8_0 : DType::q4_k;
+    const cuda::QuantizedActs q =
+        cuda::quantized_acts_view(matvec_ws_.get(), matvec_ws_.size(), n, d_.C, t);
+    cuda::norm_quantize_f32(d_.gpt2, nullptr, out, inp, nullptr, w.f(), d_.gpt2 ? b.f() : nullptr,
+                            n, d_.C, d_.norm_eps, q, stream_.get());
+    xn_quant_block_ = quant_block, xn_quant_rows_ = n;
+    return;
+  }
   if (d_.gpt2)
     cuda::layernorm_forward<float>(out, nullptr, nullptr, inp, w.f(), b.f(), n, d_.C,
                                    stream_.get());
@@ -491,7 +550,17 @@ void CudaDecoder::norm(float* out, const float* inp, int64_t n, const DevWeight&
 }
 
 void CudaDecoder::residual_norm(float* x, float* out, const float* r, int64_t n, const DevWeight& w,
-                                const DevWeight& b) {
+                                const DevWeight& b, int64_t quant_block) {
+  xn_quant_block_ = 0;
+  if (quant_block > 0 && out == xn_) {
+    const DType t = quant_block == 32 ? DType::q8_0 : DType::q4_k;
+    const cuda::QuantizedActs q =
+        cuda::quantized_acts_view(matvec_ws_.get(), matvec_ws_.size(), n, d_.C, t);
+    cuda::norm_quantize_f32(d_.gpt2, x, out, x, r, w.f(), d_.gpt2 ? b.f() : nullptr, n, d_.C,
+                            d_.norm_eps, q, stream_.get());
+    xn_quant_block_ = quant_block, xn_quant_rows_ = n;
+    return;
+  }
   if (d_.gpt2)
     cuda::layernorm_residual_forward<float>(x, out, nullptr, nullptr, x, r, w.f(), b.f(), n, d_.C,
                                             stream_.get());
@@ -560,7 +629,7 @@ void CudaDecoder::layer(size_t l, int64_t n, int64_t max_keys) {
   mark(kAttnOut);
   linear(tmp_, att_, n, w.wo, w.bo);
   mark(kDeviceStageOther);
-  residual_norm(x_, xn_, tmp_, n, w.ffn_norm, w.ffn_norm_b);
+  residual_norm(x_, xn_, tmp_, n, w.ffn_norm, w.ffn_norm_b, ffn_norm_block(l, n));
   if (d_.gpt2) {
     mark(kMlpIn);
     linear(ff_a_, xn_, n, w.w_up, w.b_up);
@@ -586,8 +655,10 @@ void CudaDecoder::layer(size_t l, int64_t n, int64_t max_keys) {
   // The residual add, fused with the next norm: the next layer's attention norm, or the output
   // norm after the last layer.
   const bool last = l + 1 == layers_.size();
+  // (The output head reads gathered rows, not xn_: its norm quantizes nothing.)
   residual_norm(x_, xn_, tmp_, n, last ? out_norm_ : layers_[l + 1].attn_norm,
-                last ? out_norm_b_ : layers_[l + 1].attn_norm_b);
+                last ? out_norm_b_ : layers_[l + 1].attn_norm_b,
+                last ? 0 : attn_norm_block(l + 1, n));
 }
 
 void CudaDecoder::forward(const DecoderChunk& c) {
@@ -675,7 +746,7 @@ void CudaDecoder::forward(const DecoderChunk& c) {
 
 void CudaDecoder::run_layers(int64_t n, int64_t max_keys) {
   cudaStream_t s = stream_.get();
-  norm(xn_, x_, n, layers_[0].attn_norm, layers_[0].attn_norm_b);
+  norm(xn_, x_, n, layers_[0].attn_norm, layers_[0].attn_norm_b, attn_norm_block(0, n));
   for (size_t l = 0; l < layers_.size(); ++l) layer(l, n, max_keys);
   // xn_ holds the output norm of every row: gather the wanted rows, then the first head piece.
   if (n_logits_ > 0) {

@@ -18,6 +18,8 @@
 
 #include <cstdint>
 
+#include "backend/cuda/quant_matvec.h"
+
 namespace tessera::cuda {
 
 // ---- Embedding ----
@@ -57,6 +59,15 @@ void rmsnorm_forward(E* out, float* rstd, const E* inp, const float* w, int64_t 
 template <typename E>
 void rmsnorm_residual_forward(E* res_out, E* out, float* rstd, const E* a, const E* r,
                               const float* w, int64_t N, int64_t C, float eps, cudaStream_t stream);
+
+// The decoder's norms in front of block-typed products (f32 rows, N <= 8): rmsnorm_forward,
+// rmsnorm_residual_forward (r and res_out set), layernorm_forward or layernorm_residual_forward
+// (layer_norm: b set, eps 1e-5) into out, whose rows are then also quantized into q (q.M == N,
+// q.K == C; its block that of the products' weight type) exactly as matmul_wt would quantize out:
+// the products then run through matmul_wt_quantized, one launch fewer per norm.
+void norm_quantize_f32(bool layer_norm, float* res_out, float* out, const float* a, const float* r,
+                       const float* w, const float* b, int64_t N, int64_t C, float eps,
+                       const QuantizedActs& q, cudaStream_t stream);
 
 // f32 scratch the norm backward needs for its deterministic two-stage dw/db reduction; enough for
 // any batch of up to N rows (so a buffer sized for the largest batch serves every smaller one).

@@ -1,9 +1,12 @@
 // LayerNorm and RMSNorm on CUDA: forward (optionally fused with the residual add) and backward
 // with a deterministic two-stage reduction of the weight gradients.
 #include <algorithm>
+#include <type_traits>
 
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kernels_common.cuh"
+#include "backend/cuda/matvec_common.cuh"
+#include "core/error.h"
 
 namespace tessera::cuda {
 namespace {
@@ -27,11 +30,15 @@ constexpr int kPartialThreads = 64;
 
 enum class Norm { layer, rms };
 
-// Thread i owns vectors i, i + blockDim.x, ... (at most SLOTS) of the row.
-template <typename E, int VEC, int SLOTS, Norm kNorm, bool kResidual>
+// Thread i owns vectors i, i + blockDim.x, ... (at most SLOTS) of the row. kQBlock > 0 (f32
+// only): the output row is also quantized in blocks of kQBlock for the matvec kernels, into
+// xq (N, C), xd (N, C / kQBlock), xs (N, C / 32), as matmul_wt's own quantizer would.
+template <typename E, int VEC, int SLOTS, Norm kNorm, bool kResidual, int kQBlock>
 __global__ void __launch_bounds__(kMaxRowThreads)
     norm_forward_kernel(E* res_out, E* out, float* mean_out, float* rstd_out, const E* inp,
-                        const E* r, const float* w, const float* b, int64_t C, float eps) {
+                        const E* r, const float* w, const float* b, int64_t C, float eps,
+                        int8_t* xq, float* xd, int32_t* xs) {
+  static_assert(kQBlock == 0 || std::is_same_v<E, float>, "only f32 rows are quantized");
   __shared__ float smem[32];
   const int64_t row = blockIdx.x;
   const int64_t nvec = C / VEC;
@@ -98,6 +105,24 @@ __global__ void __launch_bounds__(kMaxRowThreads)
         for (int i = 0; i < VEC; ++i) y[i] = x[s][i] * rstd * wv[i];
       }
       store_vec<E, VEC>(out + row * C + j * VEC, y);
+    }
+  }
+  if constexpr (kQBlock > 0) {
+    // The row as stored, in the quantizer's blocks, one warp per block. __syncthreads makes the
+    // block's stores visible to all its threads; __ldcg reads them through L2, never through a
+    // read-only path that could hold older bytes.
+    __syncthreads();
+    constexpr int kGroups = kQBlock / 32;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int warps = static_cast<int>(blockDim.x / 32);  // blockDim.x is a multiple of 32
+    const int64_t nb = C / kQBlock;
+    for (int64_t q = warp; q < nb; q += warps) {
+      const float* xb = out + row * C + q * kQBlock;
+      float v[kGroups];
+#pragma unroll
+      for (int e = 0; e < kGroups; ++e) v[e] = __ldcg(xb + lane + 32 * e);
+      quantize_act_block<kQBlock>(v, lane, xq + row * C + q * kQBlock, xd + row * nb + q,
+                                  xs + row * (C / 32) + q * kGroups);
     }
   }
 }
@@ -231,10 +256,10 @@ void check_rows(const char* op, int64_t N, int64_t C) {
   TS_CHECK(N <= 0x7fffffff, "[", op, "] rows N=", N, " exceed the grid limit 2^31-1");
 }
 
-template <typename E, Norm kNorm, bool kResidual>
+template <typename E, Norm kNorm, bool kResidual, int kQBlock = 0>
 void launch_norm_forward(const char* op, E* res_out, E* out, float* mean, float* rstd, const E* inp,
                          const E* r, const float* w, const float* b, int64_t N, int64_t C,
-                         float eps, cudaStream_t stream) {
+                         float eps, cudaStream_t stream, const QuantizedActs* q = nullptr) {
   check_rows(op, N, C);
   TS_CHECK(out != nullptr, "[", op, "] out is null");
   TS_CHECK(inp != nullptr, "[", op, "] input is null");
@@ -250,9 +275,12 @@ void launch_norm_forward(const char* op, E* res_out, E* out, float* mean, float*
                    (!kResidual || (aligned_to(r, 16) && aligned_to(res_out, 16)));
   const RowLaunch l = row_launch(op, vec ? C / kVec : C, C);
   const dim3 grid(static_cast<unsigned>(N));
-#define TS_NORM_FWD(V, S)                        \
-  norm_forward_kernel<E, V, S, kNorm, kResidual> \
-      <<<grid, l.threads, 0, stream>>>(res_out, out, mean, rstd, inp, r, w, b, C, eps)
+  int8_t* xq = q ? q->q : nullptr;
+  float* xd = q ? q->d : nullptr;
+  int32_t* xs = q ? q->s : nullptr;
+#define TS_NORM_FWD(V, S)                                 \
+  norm_forward_kernel<E, V, S, kNorm, kResidual, kQBlock> \
+      <<<grid, l.threads, 0, stream>>>(res_out, out, mean, rstd, inp, r, w, b, C, eps, xq, xd, xs)
   if (vec && l.slots == 1)
     TS_NORM_FWD(kVec, 1);
   else if (vec)
@@ -366,6 +394,42 @@ void rmsnorm_residual_forward(E* res_out, E* out, float* rstd, const E* a, const
                               cudaStream_t stream) {
   launch_norm_forward<E, Norm::rms, true>("rmsnorm_residual_forward", res_out, out, nullptr, rstd,
                                           a, r, w, nullptr, N, C, eps, stream);
+}
+
+void norm_quantize_f32(bool layer_norm, float* res_out, float* out, const float* a, const float* r,
+                       const float* w, const float* b, int64_t N, int64_t C, float eps,
+                       const QuantizedActs& q, cudaStream_t stream) {
+  const char* op = "norm_quantize_f32";
+  TS_CHECK(q.M == N && q.K == C && q.q && q.d && q.s, "[", op, "] quantized activations for (", q.M,
+           ", ", q.K, ") rows, not the (", N, ", ", C, ") being normalized");
+  TS_CHECK((r == nullptr) == (res_out == nullptr), "[", op,
+           "] the residual input and res_out come together");
+  TS_CHECK(q.block > 0 && C % q.block == 0, "[", op, "] width C=", C,
+           " is not a multiple of the activation block ", q.block);
+  const float e = layer_norm ? kLayerNormEps : eps;
+  const bool res = r != nullptr;
+  // One instantiation per (norm, residual, block): the block types' activation blocks.
+#define TS_NQ(NORM, RES, BLOCK)                                                                   \
+  launch_norm_forward<float, NORM, RES, BLOCK>(op, res_out, out, nullptr, nullptr, a, r, w, b, N, \
+                                               C, e, stream, &q)
+#define TS_NQ_BLOCK(BLOCK)            \
+  if (layer_norm && res)              \
+    TS_NQ(Norm::layer, true, BLOCK);  \
+  else if (layer_norm)                \
+    TS_NQ(Norm::layer, false, BLOCK); \
+  else if (res)                       \
+    TS_NQ(Norm::rms, true, BLOCK);    \
+  else                                \
+    TS_NQ(Norm::rms, false, BLOCK)
+  if (q.block == 32) {
+    TS_NQ_BLOCK(32);
+  } else if (q.block == kQK_K) {
+    TS_NQ_BLOCK(kQK_K);
+  } else {
+    fail("[", op, "] activation block ", q.block, " (the block types take 32 or ", kQK_K, ")");
+  }
+#undef TS_NQ_BLOCK
+#undef TS_NQ
 }
 
 template <typename E>

@@ -36,15 +36,11 @@ ActLayout act_layout(int64_t M, int64_t K, int64_t block) {
   return l;
 }
 
-// One warp per (row m, activation block): d = max|x| / 127, q = rint(x / d) clamped to +-127,
-// as cpu::quantize_act_rows computes it (IEEE division and rint, round to nearest even), so
-// the integers and scales are the CPU's bit for bit. A non-finite x makes the block's scale
-// NaN (and its q zero), which then shows in y as a float matmul would show it.
+// One warp per (row m, activation block), quantized by quantize_act_block (matvec_common.cuh).
 template <int kBlock>
 __global__ void __launch_bounds__(256)
     quantize_acts_kernel(const float* __restrict__ x, int64_t M, int64_t K, int8_t* __restrict__ xq,
                          float* __restrict__ xd, int32_t* __restrict__ xs) {
-  static_assert(kBlock % 32 == 0, "one element per lane per group of 32");
   constexpr int E = kBlock / 32;
   const int lane = threadIdx.x % 32;
   const int64_t nb = K / kBlock;
@@ -53,30 +49,10 @@ __global__ void __launch_bounds__(256)
   const int64_t m = g / nb, b = g % nb;
   const float* xb = x + m * K + b * kBlock;
   float v[E];
-  float amax = 0.0f;
-  bool finite = true;
 #pragma unroll
-  for (int e = 0; e < E; ++e) {
-    v[e] = xb[lane + 32 * e];
-    amax = fmaxf(amax, fabsf(v[e]));
-    finite = finite && isfinite(v[e]);
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  finite = __all_sync(0xffffffffu, finite);
-  const float d = finite ? amax / 127.0f : __int_as_float(0x7fc00000);
-  const float id = finite && d > 0.0f ? 1.0f / d : 0.0f;
-  int8_t* qb = xq + m * K + b * kBlock;
-#pragma unroll
-  for (int e = 0; e < E; ++e) {
-    const int q = finite ? static_cast<int>(fminf(fmaxf(rintf(v[e] * id), -127.0f), 127.0f)) : 0;
-    qb[lane + 32 * e] = static_cast<int8_t>(q);
-    int s = q;
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (lane == 0) xs[m * (K / 32) + b * E + e] = s;  // element lane + 32e is in group e
-  }
-  if (lane == 0) xd[m * nb + b] = d;
+  for (int e = 0; e < E; ++e) v[e] = xb[lane + 32 * e];
+  quantize_act_block<kBlock>(v, lane, xq + m * K + b * kBlock, xd + m * nb + b,
+                             xs + m * (K / 32) + b * E);
 }
 
 // Two packed 16-bit weights to f32.
@@ -251,6 +227,42 @@ void matmul_wt(float* y, int64_t ldy, const float* x, int64_t M, int64_t K, cons
         <<<static_cast<unsigned>(grid), 256, 0, stream>>>(x, M, K, xq, xd, xs);
   TS_CUDA_CHECK_LAUNCH();
   detail::launch_block_matvec(y, ldy, xq, xd, xs, M, K, w, w_type, N, bias, stream);
+}
+
+QuantizedActs quantized_acts_view(void* workspace, size_t workspace_bytes, int64_t M, int64_t K,
+                                  DType w_type) {
+  TS_CHECK(M >= 1 && M <= kMatvecMaxRows && K > 0, "[cuda quantized_acts_view] M=", M, " K=", K,
+           " out of range");
+  const int64_t block = act_block_elems(w_type);
+  TS_CHECK(block > 0, "[cuda quantized_acts_view] weight type ", dtype_name(w_type),
+           " takes float activations (nothing to quantize)");
+  TS_CHECK(K % block == 0, "[cuda quantized_acts_view] K=", K, " is not a multiple of the ",
+           dtype_name(w_type), " activation block ", block);
+  const ActLayout l = act_layout(M, K, block);
+  TS_CHECK(workspace != nullptr && workspace_bytes >= l.total,
+           "[cuda quantized_acts_view] workspace of ", workspace_bytes,
+           " bytes is smaller than the ", l.total, " bytes M=", M, " K=", K, " needs");
+  TS_CHECK(reinterpret_cast<uintptr_t>(workspace) % 16 == 0,
+           "[cuda quantized_acts_view] workspace must be 16-byte aligned");
+  auto* base = static_cast<uint8_t*>(workspace);
+  QuantizedActs a;
+  a.q = reinterpret_cast<int8_t*>(base + l.q);
+  a.d = reinterpret_cast<float*>(base + l.d);
+  a.s = reinterpret_cast<int32_t*>(base + l.s);
+  a.M = M, a.K = K, a.block = block;
+  return a;
+}
+
+void matmul_wt_quantized(float* y, int64_t ldy, const QuantizedActs& x, const void* w, DType w_type,
+                         int64_t N, const float* bias, cudaStream_t stream) {
+  check_args(ldy, x.M, x.K, w_type, N);
+  TS_CHECK(x.block > 0 && x.block == act_block_elems(w_type), "[cuda matmul_wt_quantized] ",
+           dtype_name(w_type), " takes activation blocks of ", act_block_elems(w_type),
+           ", the activations were quantized in blocks of ", x.block);
+  if (x.M == 0 || N == 0) return;
+  TS_CHECK(y && w && x.q && x.d && x.s,
+           "[cuda matmul_wt_quantized] y, w and the activations must be device pointers");
+  detail::launch_block_matvec(y, ldy, x.q, x.d, x.s, x.M, x.K, w, w_type, N, bias, stream);
 }
 
 void matmul_wt(float* y, int64_t ldy, const float* x, int64_t M, int64_t K, const void* w,

@@ -63,6 +63,28 @@ void matmul_wt(float* y, int64_t ldy, const float* x, int64_t M, int64_t K, cons
 void matmul_wt(float* y, int64_t ldy, const float* x, int64_t M, int64_t K, const void* w,
                DType w_type, int64_t N, const float* bias, cudaStream_t stream);
 
+// Activations quantized for the block types' kernels, as matmul_wt's workspace holds them:
+// q (M, K) int8, d (M, K / block) f32 scales, s (M, K / 32) int32 sums of each 32 q; block is
+// the weight type's activation block (act_block_elems: 32, or 256 for the k-quants).
+struct QuantizedActs {
+  int8_t* q = nullptr;
+  float* d = nullptr;
+  int32_t* s = nullptr;
+  int64_t M = 0, K = 0, block = 0;
+};
+
+// The view of `workspace` (at least matmul_wt_workspace_bytes(M, K, w_type) bytes, 16-byte
+// aligned) in which matmul_wt quantizes its x; throws for f16/bf16 (nothing to quantize) or a
+// workspace too small. Host-only (touches no device memory).
+QuantizedActs quantized_acts_view(void* workspace, size_t workspace_bytes, int64_t M, int64_t K,
+                                  DType w_type);
+
+// y (M, ldy) = x W^T [+ bias] with x already quantized into `x` (by matmul_wt's quantizer or a
+// kernel that quantizes its output, such as norm_quantize_f32): the same products, bit for bit,
+// as matmul_wt on the float x, one launch fewer. x.block must be w_type's activation block.
+void matmul_wt_quantized(float* y, int64_t ldy, const QuantizedActs& x, const void* w, DType w_type,
+                         int64_t N, const float* bias, cudaStream_t stream);
+
 namespace detail {
 // Launches of the block-type kernels (quant_matvec_blocks.cu) on pre-quantized activations:
 // xq (M, K) int8, xd (M, K / block) f32 scales, xs (M, K / 32) int32 sums of xq.
