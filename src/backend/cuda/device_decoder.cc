@@ -141,6 +141,10 @@ class CudaDecoder final : public DeviceDecoder {
   // The activation block every one of `next` (the products about to read xn_) quantizes x in,
   // when they all are block types with one block size and n rows take the matvec route; else 0.
   int64_t shared_act_block(int64_t n, std::initializer_list<const DevWeight*> next) const;
+  // The quantizing form of both (res_out and r null for norm): runs it and returns true when
+  // quant_block > 0 and out is xn_; else only marks xn_ as not quantized and returns false.
+  bool quantizing_norm(float* res_out, float* out, const float* a, const float* r, int64_t n,
+                       const DevWeight& w, const DevWeight& b, int64_t quant_block);
   int64_t attn_norm_block(size_t l, int64_t n) const;  // for layer l's q/k/v products
   int64_t ffn_norm_block(size_t l, int64_t n) const;   // for layer l's MLP input products
   void layer(size_t l, int64_t n, int64_t max_keys);
@@ -529,19 +533,24 @@ int64_t CudaDecoder::ffn_norm_block(size_t l, int64_t n) const {
   return shared_act_block(n, {&w.w_gate, &w.w_up});
 }
 
+bool CudaDecoder::quantizing_norm(float* res_out, float* out, const float* a, const float* r,
+                                  int64_t n, const DevWeight& w, const DevWeight& b,
+                                  int64_t quant_block) {
+  xn_quant_block_ = 0;  // xn_ is about to change either way
+  if (quant_block == 0 || out != xn_) return false;
+  // Any block type with this activation block gives the same workspace layout.
+  const DType t = quant_block == 32 ? DType::q8_0 : DType::q4_k;
+  const cuda::QuantizedActs q =
+      cuda::quantized_acts_view(matvec_ws_.get(), matvec_ws_.size(), n, d_.C, t);
+  cuda::norm_quantize_f32(d_.gpt2, res_out, out, a, r, w.f(), d_.gpt2 ? b.f() : nullptr, n, d_.C,
+                          d_.norm_eps, q, stream_.get());
+  xn_quant_block_ = quant_block, xn_quant_rows_ = n;
+  return true;
+}
+
 void CudaDecoder::norm(float* out, const float* inp, int64_t n, const DevWeight& w,
                        const DevWeight& b, int64_t quant_block) {
-  xn_quant_block_ = 0;
-  if (quant_block > 0 && out == xn_) {
-    // Any block type with this activation block gives the same workspace layout.
-    const DType t = quant_block == 32 ? DType::q8_0 : DType::q4_k;
-    const cuda::QuantizedActs q =
-        cuda::quantized_acts_view(matvec_ws_.get(), matvec_ws_.size(), n, d_.C, t);
-    cuda::norm_quantize_f32(d_.gpt2, nullptr, out, inp, nullptr, w.f(), d_.gpt2 ? b.f() : nullptr,
-                            n, d_.C, d_.norm_eps, q, stream_.get());
-    xn_quant_block_ = quant_block, xn_quant_rows_ = n;
-    return;
-  }
+  if (quantizing_norm(nullptr, out, inp, nullptr, n, w, b, quant_block)) return;
   if (d_.gpt2)
     cuda::layernorm_forward<float>(out, nullptr, nullptr, inp, w.f(), b.f(), n, d_.C,
                                    stream_.get());
@@ -551,16 +560,7 @@ void CudaDecoder::norm(float* out, const float* inp, int64_t n, const DevWeight&
 
 void CudaDecoder::residual_norm(float* x, float* out, const float* r, int64_t n, const DevWeight& w,
                                 const DevWeight& b, int64_t quant_block) {
-  xn_quant_block_ = 0;
-  if (quant_block > 0 && out == xn_) {
-    const DType t = quant_block == 32 ? DType::q8_0 : DType::q4_k;
-    const cuda::QuantizedActs q =
-        cuda::quantized_acts_view(matvec_ws_.get(), matvec_ws_.size(), n, d_.C, t);
-    cuda::norm_quantize_f32(d_.gpt2, x, out, x, r, w.f(), d_.gpt2 ? b.f() : nullptr, n, d_.C,
-                            d_.norm_eps, q, stream_.get());
-    xn_quant_block_ = quant_block, xn_quant_rows_ = n;
-    return;
-  }
+  if (quantizing_norm(x, out, x, r, n, w, b, quant_block)) return;
   if (d_.gpt2)
     cuda::layernorm_residual_forward<float>(x, out, nullptr, nullptr, x, r, w.f(), b.f(), n, d_.C,
                                             stream_.get());
