@@ -1,7 +1,7 @@
 // CUDA quantized matvec (matmul_wt, M <= 8) against the CPU: dequantize-then-double and the
-// reference kernel that quantizes x the same way; the norm that quantizes its output against
-// the norm then matmul_wt; host-side checks of the block decoders and of the kernel's
-// chunk/slot/unit index math (those run without a GPU).
+// reference kernel that quantizes x the same way; the norm and the SwiGLU that quantize their
+// output against each followed by matmul_wt; host-side checks of the block decoders and of the
+// kernel's chunk/slot/unit index math (those run without a GPU).
 #include "backend/cuda/quant_matvec.h"
 
 #include <gtest/gtest.h>
@@ -361,6 +361,11 @@ TEST(CudaQuantMatvecHost, RejectsBadArguments) {
               cuda::matmul_wt_quantized(p, 8, qa, p, DType::q4_k, 8, nullptr, nullptr);
             }).find("blocks of 32"),
             std::string::npos);
+  float f_host[4] = {};  // never read: the checks come first
+  EXPECT_NE(msg([&] {
+              cuda::swiglu_quantize_f32(f_host, f_host, f_host, 1, 256, qa, nullptr);
+            }).find("not the (1, 256)"),
+            std::string::npos);
   // Block types without a kernel here are refused by name before anything touches the device.
   for (DType t : {DType::q2_k, DType::q3_k, DType::q4_0x8, DType::q4_kx8})
     EXPECT_NE(msg([&] {
@@ -587,6 +592,43 @@ TEST(CudaQuantMatvec, NormQuantizeMatchesNormThenMatmul) {
           ASSERT_EQ(ws2.download(), ws1.download());
           ASSERT_EQ(y2.download(), y1.download());
         }
+}
+
+// The decoder's SwiGLU in front of a block-typed down product, fused with its quantizer, against
+// swiglu_forward then matmul_wt: the same activations, workspace bytes and products, bit for bit,
+// in place (out == gate, as the decoder runs it for several rows) and into a separate buffer.
+TEST(CudaQuantMatvec, SwigluQuantizeMatchesSwigluThenMatmul) {
+  TS_REQUIRE_CUDA_DEVICE();
+  const int64_t F = 1536, N = 40;
+  uint32_t seed = 900;
+  for (DType t : {DType::q4_0, DType::q8_0, DType::q4_k, DType::q6_k})
+    for (bool in_place : {false, true})
+      for (int64_t M : {1, 3, 8}) {
+        SCOPED_TRACE(std::string(dtype_name(t)) + (in_place ? " in place" : "") +
+                     " M=" + std::to_string(M));
+        const auto w = random_weights(t, N, F, seed++);
+        const auto gate = random_x(M, F, seed++), up = random_x(M, F, seed++);
+        cuda::test::DeviceArray<uint8_t> dw(w);
+        cuda::test::DeviceArray<float> dup(up);
+        const size_t bytes = cuda::matmul_wt_workspace_bytes(M, F, t);
+        cuda::test::DeviceArray<float> g1(gate), out1(static_cast<size_t>(M * F)),
+            y1(static_cast<size_t>(M * N));
+        cuda::test::DeviceArray<uint8_t> ws1(bytes);
+        float* o1 = in_place ? g1.get() : out1.get();
+        cuda::swiglu_forward<float>(o1, g1.get(), dup.get(), M, F, nullptr);
+        cuda::matmul_wt(y1.get(), N, o1, M, F, dw.get(), t, N, nullptr, ws1.get(), bytes, nullptr);
+        cuda::test::DeviceArray<float> g2(gate), out2(static_cast<size_t>(M * F)),
+            y2(static_cast<size_t>(M * N));
+        cuda::test::DeviceArray<uint8_t> ws2(bytes);
+        float* o2 = in_place ? g2.get() : out2.get();
+        const cuda::QuantizedActs q = cuda::quantized_acts_view(ws2.get(), bytes, M, F, t);
+        cuda::swiglu_quantize_f32(o2, g2.get(), dup.get(), M, F, q, nullptr);
+        cuda::matmul_wt_quantized(y2.get(), N, q, dw.get(), t, N, nullptr, nullptr);
+        ASSERT_EQ(g2.download(), g1.download());
+        ASSERT_EQ(out2.download(), out1.download());
+        ASSERT_EQ(ws2.download(), ws1.download());
+        ASSERT_EQ(y2.download(), y1.download());
+      }
 }
 
 }  // namespace

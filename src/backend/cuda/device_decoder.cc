@@ -132,7 +132,7 @@ class CudaDecoder final : public DeviceDecoder {
   void linear(float* y, const float* x, int64_t n, const DevWeight& w, const DevWeight& bias);
   // out = norm(inp) with layer weights w, b (b gpt2 only). With quant_block > 0 (out is xn_)
   // the rows are also quantized in those blocks into matvec_ws_ for the products that read xn_
-  // next (see xn_quant_block_): one launch instead of a norm and a quantizer per product.
+  // next (see quant_): one launch instead of a norm and a quantizer per product.
   void norm(float* out, const float* inp, int64_t n, const DevWeight& w, const DevWeight& b,
             int64_t quant_block = 0);
   // x += r, then out = norm(x) (quant_block as for norm).
@@ -142,11 +142,14 @@ class CudaDecoder final : public DeviceDecoder {
   // when they all are block types with one block size and n rows take the matvec route; else 0.
   int64_t shared_act_block(int64_t n, std::initializer_list<const DevWeight*> next) const;
   // The quantizing form of both (res_out and r null for norm): runs it and returns true when
-  // quant_block > 0 and out is xn_; else only marks xn_ as not quantized and returns false.
+  // quant_block > 0 and out is xn_; else only clears quant_ and returns false.
   bool quantizing_norm(float* res_out, float* out, const float* a, const float* r, int64_t n,
                        const DevWeight& w, const DevWeight& b, int64_t quant_block);
   int64_t attn_norm_block(size_t l, int64_t n) const;  // for layer l's q/k/v products
   int64_t ffn_norm_block(size_t l, int64_t n) const;   // for layer l's MLP input products
+  // out (ff_a_) = silu(gate) * up, quantized for `down` as a norm is (quant_) when it is a block
+  // type and n rows take the matvecs.
+  void swiglu(float* out, const float* gate, const float* up, int64_t n, const DevWeight& down);
   void layer(size_t l, int64_t n, int64_t max_keys);
   // Stage timing: from here on the stream's work belongs to `stage` (an event marks the switch;
   // nothing happens while timing is off). collect_stage_times adds the finished chunk's
@@ -190,10 +193,13 @@ class CudaDecoder final : public DeviceDecoder {
   size_t x_bytes_ = 0, row_ints_ = 0;
   std::unique_ptr<PinnedBuffer> staging_;
   int64_t n_logits_ = 0;
-  // xn_'s rows already quantized in matvec_ws_ (in blocks of xn_quant_block_ for
-  // xn_quant_rows_ rows; 0 when not): set by a quantizing norm, cleared by any norm that does
-  // not quantize and by any product that quantizes another input into the same workspace.
-  int64_t xn_quant_block_ = 0, xn_quant_rows_ = 0;
+  // Which activations matvec_ws_ holds quantized, for the products that read them next: xn_
+  // after a quantizing norm, ff_a_ after a quantizing SwiGLU (null when none). Cleared when
+  // anything else writes the workspace or those rows.
+  struct QuantState {
+    const float* x = nullptr;
+    int64_t rows = 0, K = 0, block = 0;
+  } quant_;
   bool graphs_enabled_ = true;
   std::map<GraphKey, cudaGraphExec_t> graphs_;  // null until captured
   // Stage timing (off by default): events_[i] starts an interval of stage marked_[i].
@@ -490,15 +496,18 @@ void CudaDecoder::linear(float* y, const float* x, int64_t n, const DevWeight& w
     return;
   }
   const int64_t block = act_block_elems(w.type);
-  if (x == xn_ && block > 0 && block == xn_quant_block_ && n == xn_quant_rows_ && w.cols == d_.C) {
-    // The norm that wrote xn_ quantized it already (norm_quantize_f32).
+  if (block > 0 && x == quant_.x && n == quant_.rows && w.cols == quant_.K &&
+      block == quant_.block) {
+    // The norm or SwiGLU that wrote x quantized it already.
     const cuda::QuantizedActs q =
-        cuda::quantized_acts_view(matvec_ws_.get(), matvec_ws_.size(), n, d_.C, w.type);
+        cuda::quantized_acts_view(matvec_ws_.get(), matvec_ws_.size(), n, w.cols, w.type);
     cuda::matmul_wt_quantized(y, w.rows, q, w.p, w.type, w.rows, b, s);
+    if (y == quant_.x) quant_ = {};
     return;
   }
-  // The calls below quantize x into matvec_ws_, over whatever a norm left there.
-  if (block > 0) xn_quant_block_ = 0;
+  // The calls below quantize x into matvec_ws_, over whatever was left there; and y may be the
+  // quantized rows' own buffer.
+  if (block > 0 || y == quant_.x) quant_ = {};
   // At most kMatvecMaxRows rows per call: each call reads the weight once for its rows.
   for (int64_t r0 = 0; r0 < n; r0 += cuda::kMatvecMaxRows) {
     const int64_t m = std::min(cuda::kMatvecMaxRows, n - r0);
@@ -536,7 +545,7 @@ int64_t CudaDecoder::ffn_norm_block(size_t l, int64_t n) const {
 bool CudaDecoder::quantizing_norm(float* res_out, float* out, const float* a, const float* r,
                                   int64_t n, const DevWeight& w, const DevWeight& b,
                                   int64_t quant_block) {
-  xn_quant_block_ = 0;  // xn_ is about to change either way
+  quant_ = {};  // xn_ and (when quantizing) the workspace are about to change either way
   if (quant_block == 0 || out != xn_) return false;
   // Any block type with this activation block gives the same workspace layout.
   const DType t = quant_block == 32 ? DType::q8_0 : DType::q4_k;
@@ -544,8 +553,22 @@ bool CudaDecoder::quantizing_norm(float* res_out, float* out, const float* a, co
       cuda::quantized_acts_view(matvec_ws_.get(), matvec_ws_.size(), n, d_.C, t);
   cuda::norm_quantize_f32(d_.gpt2, res_out, out, a, r, w.f(), d_.gpt2 ? b.f() : nullptr, n, d_.C,
                           d_.norm_eps, q, stream_.get());
-  xn_quant_block_ = quant_block, xn_quant_rows_ = n;
+  quant_ = QuantState{out, n, d_.C, quant_block};
   return true;
+}
+
+void CudaDecoder::swiglu(float* out, const float* gate, const float* up, int64_t n,
+                         const DevWeight& down) {
+  quant_ = {};  // out and (when quantizing) the workspace are about to change either way
+  const int64_t block = act_block_elems(down.type);
+  if (n <= cuda::kMatvecMaxRows && block > 0 && down.cols == d_.F && out == ff_a_) {
+    const cuda::QuantizedActs q =
+        cuda::quantized_acts_view(matvec_ws_.get(), matvec_ws_.size(), n, d_.F, down.type);
+    cuda::swiglu_quantize_f32(out, gate, up, n, d_.F, q, stream_.get());
+    quant_ = QuantState{out, n, d_.F, block};
+    return;
+  }
+  cuda::swiglu_forward<float>(out, gate, up, n, d_.F, stream_.get());
 }
 
 void CudaDecoder::norm(float* out, const float* inp, int64_t n, const DevWeight& w,
@@ -640,13 +663,13 @@ void CudaDecoder::layer(size_t l, int64_t n, int64_t max_keys) {
       mark(kMlpIn);
       linear(gate_up_, xn_, 1, w.w_gate_up, {});
       mark(kDeviceStageOther);
-      cuda::swiglu_forward<float>(ff_a_, gate_up_, gate_up_ + d_.F, 1, d_.F, s);
+      swiglu(ff_a_, gate_up_, gate_up_ + d_.F, 1, w.w_down);
     } else {
       mark(kMlpIn);
       linear(ff_a_, xn_, n, w.w_gate, {});
       linear(ff_b_, xn_, n, w.w_up, {});
       mark(kDeviceStageOther);
-      cuda::swiglu_forward<float>(ff_a_, ff_a_, ff_b_, n, d_.F, s);
+      swiglu(ff_a_, ff_a_, ff_b_, n, w.w_down);
     }
   }
   mark(kMlpDown);

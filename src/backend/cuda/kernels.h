@@ -69,6 +69,12 @@ void norm_quantize_f32(bool layer_norm, float* res_out, float* out, const float*
                        const float* w, const float* b, int64_t N, int64_t C, float eps,
                        const QuantizedActs& q, cudaStream_t stream);
 
+// The decoder's SwiGLU in front of a block-typed down product (f32, N <= 8 rows of F; gate, up
+// and out rows F apart): out = silu(gate) * up as swiglu_forward computes it, whose rows are
+// then also quantized into q (q.M == N, q.K == F) as matmul_wt would quantize out.
+void swiglu_quantize_f32(float* out, const float* gate, const float* up, int64_t N, int64_t F,
+                         const QuantizedActs& q, cudaStream_t stream);
+
 // f32 scratch the norm backward needs for its deterministic two-stage dw/db reduction; enough for
 // any batch of up to N rows (so a buffer sized for the largest batch serves every smaller one).
 int64_t norm_backward_workspace_floats(int64_t N, int64_t C);

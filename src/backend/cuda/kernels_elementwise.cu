@@ -1,6 +1,9 @@
-// Elementwise CUDA kernels: GELU and SwiGLU forward/backward, scale, f32 <-> bf16 conversion.
+// Elementwise CUDA kernels: GELU and SwiGLU forward/backward (and SwiGLU fused with the next
+// product's activation quantizer), scale, f32 <-> bf16 conversion.
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kernels_common.cuh"
+#include "backend/cuda/matvec_common.cuh"
+#include "core/error.h"
 
 namespace tessera::cuda {
 namespace {
@@ -57,6 +60,10 @@ __global__ void gelu_backward_kernel(E* dinp, const E* inp, const E* dout, int64
   });
 }
 
+__device__ __forceinline__ float swiglu_value(float g, float u) {
+  return g / (1.0f + expf(-g)) * u;
+}
+
 template <typename E, int VEC>
 __global__ void swiglu_forward_kernel(E* out, const E* gate, const E* up, int64_t n) {
   for_each_vec<VEC>(n, [&](auto width, int64_t off) {
@@ -65,9 +72,31 @@ __global__ void swiglu_forward_kernel(E* out, const E* gate, const E* up, int64_
     load_vec<E, K>(g, gate + off);
     load_vec<E, K>(u, up + off);
 #pragma unroll
-    for (int i = 0; i < K; ++i) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    for (int i = 0; i < K; ++i) g[i] = swiglu_value(g[i], u[i]);
     store_vec<E, K>(out + off, g);
   });
+}
+
+// One warp per (row m, activation block): out = silu(gate) * up for the block's elements (the
+// same expression as swiglu_forward_kernel), then quantized as matmul_wt would quantize out.
+template <int kBlock>
+__global__ void __launch_bounds__(256)
+    swiglu_quantize_kernel(float* out, const float* gate, const float* up, int64_t M, int64_t F,
+                           int8_t* xq, float* xd, int32_t* xs) {
+  constexpr int kGroups = kBlock / 32;
+  const int lane = threadIdx.x % 32;
+  const int64_t nb = F / kBlock;
+  const int64_t g = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (g >= M * nb) return;
+  const int64_t m = g / nb, b = g % nb, base = m * F + b * kBlock;
+  float v[kGroups];
+#pragma unroll
+  for (int e = 0; e < kGroups; ++e) {
+    const int64_t i = base + lane + 32 * e;
+    v[e] = swiglu_value(gate[i], up[i]);
+    out[i] = v[e];
+  }
+  quantize_act_block<kBlock>(v, lane, xq + base, xd + m * nb + b, xs + m * (F / 32) + b * kGroups);
 }
 
 // silu'(g) = s (1 + g (1 - s)), with s and 1 - s each computed without cancellation.
@@ -170,6 +199,27 @@ void swiglu_forward(E* out, const E* gate, const E* up, int64_t N, int64_t F, cu
     swiglu_forward_kernel<E, kVec<E>><<<grid, kThreads, 0, stream>>>(out, gate, up, n);
   else
     swiglu_forward_kernel<E, 1><<<grid, kThreads, 0, stream>>>(out, gate, up, n);
+  TS_CUDA_CHECK_LAUNCH();
+}
+
+void swiglu_quantize_f32(float* out, const float* gate, const float* up, int64_t N, int64_t F,
+                         const QuantizedActs& q, cudaStream_t stream) {
+  const char* op = "swiglu_quantize_f32";
+  TS_CHECK(N >= 1 && F > 0, "[", op, "] rows N=", N, " and width F=", F, " must be positive");
+  TS_CHECK(out && gate && up, "[", op, "] out, gate or up is null");
+  TS_CHECK(q.M == N && q.K == F && q.q && q.d && q.s, "[", op, "] quantized activations for (", q.M,
+           ", ", q.K, ") rows, not the (", N, ", ", F, ") being computed");
+  TS_CHECK(q.block > 0 && F % q.block == 0, "[", op, "] width F=", F,
+           " is not a multiple of the activation block ", q.block);
+  const int64_t warps = N * (F / q.block);
+  TS_CHECK((warps + 7) / 8 <= 0x7fffffff, "[", op, "] F=", F, " needs too many thread blocks");
+  const unsigned grid = static_cast<unsigned>((warps + 7) / 8);
+  if (q.block == 32)
+    swiglu_quantize_kernel<32><<<grid, 256, 0, stream>>>(out, gate, up, N, F, q.q, q.d, q.s);
+  else if (q.block == kQK_K)
+    swiglu_quantize_kernel<kQK_K><<<grid, 256, 0, stream>>>(out, gate, up, N, F, q.q, q.d, q.s);
+  else
+    fail("[", op, "] activation block ", q.block, " (the block types take 32 or ", kQK_K, ")");
   TS_CUDA_CHECK_LAUNCH();
 }
 
