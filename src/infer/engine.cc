@@ -181,7 +181,6 @@ void Engine::set_stage_timing(bool on) {
   if (!device_) return;  // the CPU path always times its stages
   device_->set_stage_timing(on);
   device_->reset_stage_times();
-  device_stage_timing_ = on;
 }
 
 std::string Engine::device_description() const {
@@ -406,12 +405,11 @@ void Engine::run_chunk_device(const Row* rows, int64_t n) {
   chunk.logits = logits_.data() + logit_rows_done_ * config().vocab;
   device_->forward(chunk);
   logit_rows_done_ += chunk.n_logits;
-  if (device_stage_timing_) {
-    const backend::DeviceStageTimes& t = device_->stage_times();
-    for (int i = 0; i < kNumStages; ++i)
-      count_stage(static_cast<Stage>(i), t.seconds[i], t.weight_bytes[i]);
-    device_->reset_stage_times();
-  }
+  // All zero unless stage timing is on.
+  const backend::DeviceStageTimes& t = device_->stage_times();
+  for (int i = 0; i < kNumStages; ++i)
+    count_stage(static_cast<Stage>(i), t.seconds[i], t.weight_bytes[i]);
+  device_->reset_stage_times();
 }
 
 void Engine::layer(int64_t l, const Row* rows, int64_t n) {

@@ -149,7 +149,6 @@ class Engine {
   int64_t max_seq_blocks_ = 0;
   std::vector<int32_t> slots_, chunk_tables_, logit_index_;
   int64_t logit_rows_done_ = 0;
-  bool device_stage_timing_ = false;
   int64_t calls_ = 0;
   EngineStats stats_;
 };
