@@ -223,13 +223,15 @@ fi
 if ((${#engine[@]})) && [[ -x "$build/tessera" ]]; then
   # Each line: a name, extra environment, the tessera command, in the order of what the issue's
   # targets need most: 1b decode, the GPT-2 small training step (MFU), 8b decode; then the rest.
-  # The 1b q4_0 decode repeats without CUDA graphs (every launch eager) to show what the graphs
-  # save; the last line is GPT-2 small under --recompute block (its device memory and its cost).
+  # The 1b q4_0 decode repeats without programmatic dependent launch (each kernel waits for the
+  # one before to end) and without CUDA graphs (every launch eager) to show what each saves;
+  # the last line is GPT-2 small under --recompute block (its device memory and its cost).
   runs=("generate 1b q4_0||bench generate -m synthetic:1b:q4_0 --prompt 512 --gen 128 --reps 3 --batch 1,8,64"
         "train gpt2-small||bench train --model gpt2-small --batch 16 --seq 1024 --precision bf16 --steps 5"
         "generate 8b q4_0||bench generate -m synthetic:8b:q4_0 --prompt 512 --gen 64 --reps 2 --batch 1,8"
         "generate 1b q8_0||bench generate -m synthetic:1b:q8_0 --prompt 512 --gen 128 --reps 3 --batch 1,8"
         "generate 8b q8_0||bench generate -m synthetic:8b:q8_0 --prompt 512 --gen 64 --reps 2 --batch 1"
+        "generate 1b q4_0 no PDL|TESSERA_CUDA_PDL=0|bench generate -m synthetic:1b:q4_0 --prompt 512 --gen 64 --reps 2 --batch 1"
         "generate 1b q4_0 no graphs|TESSERA_CUDA_GRAPHS=0|bench generate -m synthetic:1b:q4_0 --prompt 512 --gen 64 --reps 2 --batch 1"
         "train gpt2-small recompute block||bench train --model gpt2-small --batch 16 --seq 1024 --precision bf16 --recompute block --steps 3")
   for r in "${runs[@]}"; do

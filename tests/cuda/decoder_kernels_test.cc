@@ -1,9 +1,12 @@
 // The device decoder's glue kernels against host computations: weight dequantization to f16
 // (equal to core's to_f32 rounded to f16, bit for bit, for every type), f32 -> f16 conversion,
-// the KV cache append into paged blocks, and the row gather.
+// the KV cache append into paged blocks (alone, and fused with RoPE: the same bits as RoPE then
+// the append), and the row gather.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/decoder_kernels.h"
@@ -116,6 +119,100 @@ TEST(DecoderKernels, KvAppendWritesPagedSlotsAndGatherPicksRows) {
     for (int c = 0; c < 7; ++c)
       EXPECT_EQ(g[static_cast<size_t>(r * 7 + c)],
                 m[static_cast<size_t>((r == 1 ? 0 : 3) * 7 + c)]);
+}
+
+// The fused decode launch against rope_forward on q and k followed by kv_cache_append: every
+// bit of q, k and the cache, for both pair layouts, partial and full rotary dims, f32 and f16
+// caches; one position outside the table (NaN in both).
+TEST(DecoderKernels, RopeAppendMatchesRopeThenAppend) {
+  TS_REQUIRE_CUDA_DEVICE();
+  const int64_t rows = 4, H = 6, Hkv = 2, BT = 16, blocks = 4, max_pos = 64;
+  const std::vector<int32_t> pos = {0, 5, 63, 70};  // 70 is past the table
+  const std::vector<int32_t> slot = {3, 17, 40, 62};
+  for (int64_t D : {int64_t{64}, int64_t{128}})
+    for (int64_t R : {D, D / 2})
+      for (RopeLayout layout : {RopeLayout::half, RopeLayout::interleaved})
+        for (DType t : {DType::f32, DType::f16}) {
+          const int64_t eb = t == DType::f16 ? 2 : 4;
+          const int64_t half = Hkv * BT * D, stride = 2 * 2 * half;  // 2 layers per block
+          std::vector<float> cos_tab(static_cast<size_t>(max_pos * R / 2)), sin_tab(cos_tab);
+          for (int64_t p = 0; p < max_pos; ++p)
+            for (int64_t j = 0; j < R / 2; ++j) {
+              const double a = p * std::pow(10000.0, -2.0 * j / R);
+              cos_tab[static_cast<size_t>(p * R / 2 + j)] = static_cast<float>(std::cos(a));
+              sin_tab[static_cast<size_t>(p * R / 2 + j)] = static_cast<float>(std::sin(a));
+            }
+          DeviceArray<float> dcos(cos_tab), dsin(sin_tab);
+          RopeTableView table;
+          table.cos = dcos.get(), table.sin = dsin.get(), table.max_pos = max_pos;
+          table.rotary_dim = R;
+          const std::vector<float> q = random_values(rows * H * D, 11, 1.0f);
+          const std::vector<float> k = random_values(rows * Hkv * D, 12, 1.0f);
+          const std::vector<float> v = random_values(rows * Hkv * D, 13, 1.0f);
+          DeviceArray<int32_t> dpos(pos), dslot(slot);
+          DeviceArray<float> v_dev(v);
+          // Separate launches.
+          DeviceArray<float> q1(q), k1(k);
+          DeviceArray<uint8_t> cache1(static_cast<size_t>(blocks * stride * eb));
+          uint8_t* layer1 = cache1.get() + 2 * half * eb;  // layer 1 of 2
+          rope_forward<float>(q1.get(), q1.get(), table, dpos.get(), 0, 1, rows, H, D, layout,
+                              nullptr);
+          rope_forward<float>(k1.get(), k1.get(), table, dpos.get(), 0, 1, rows, Hkv, D, layout,
+                              nullptr);
+          kv_cache_append(layer1, t, k1.get(), v_dev.get(), dslot.get(), rows, Hkv, D, BT, stride,
+                          half, nullptr);
+          // One launch.
+          DeviceArray<float> q2(q), k2(k);
+          DeviceArray<uint8_t> cache2(static_cast<size_t>(blocks * stride * eb));
+          RopeAppendArgs a;
+          a.q = q2.get(), a.k = k2.get(), a.v = v_dev.get();
+          a.rows = rows, a.H = H, a.Hkv = Hkv, a.D = D;
+          a.table = table, a.layout = layout, a.positions = dpos.get();
+          a.layer_kv = cache2.get() + 2 * half * eb, a.kv_type = t, a.slot = dslot.get();
+          a.block_tokens = BT, a.block_stride = stride, a.v_offset = half;
+          rope_kv_append(a, nullptr);
+          const std::string what = "D=" + std::to_string(D) + " R=" + std::to_string(R) +
+                                   (layout == RopeLayout::half ? " half " : " interleaved ") +
+                                   std::string(dtype_name(t));
+          const auto bits = [](const std::vector<float>& x) {
+            std::vector<uint32_t> b(x.size());
+            std::memcpy(b.data(), x.data(), x.size() * 4);
+            return b;
+          };
+          const std::vector<float> q_got = q2.download(), k_got = k2.download();
+          ASSERT_EQ(bits(q_got), bits(q1.download())) << what << ": q";
+          ASSERT_EQ(bits(k_got), bits(k1.download())) << what << ": k";
+          ASSERT_EQ(cache2.download(), cache1.download()) << what << ": cache";
+          // The rotation did something, and the bad position gave NaN.
+          ASSERT_NE(q_got[static_cast<size_t>(H * D)], q[static_cast<size_t>(H * D)]) << what;
+          ASSERT_TRUE(std::isnan(q_got[static_cast<size_t>(3 * H * D)])) << what;
+        }
+}
+
+TEST(DecoderKernels, RopeAppendRefusesBadShapes) {
+  // Checked on the host before any launch: runs without a device.
+  auto* fake = reinterpret_cast<float*>(uintptr_t{256});
+  auto* ints = reinterpret_cast<int32_t*>(uintptr_t{256});
+  RopeAppendArgs a;
+  a.q = fake, a.k = fake, a.v = fake, a.positions = ints, a.slot = ints, a.layer_kv = fake;
+  a.table.cos = fake, a.table.sin = fake, a.table.max_pos = 16, a.table.rotary_dim = 64;
+  a.rows = 1, a.H = 4, a.Hkv = 2, a.D = 64, a.block_tokens = 16;
+  a.v_offset = 2 * 16 * 64, a.block_stride = 2 * a.v_offset;
+  RopeAppendArgs odd = a;
+  odd.D = 63;
+  tessera::test::expect_error([&] { rope_kv_append(odd, nullptr); }, "D=63");
+  RopeAppendArgs wide = a;
+  wide.table.rotary_dim = 96;
+  tessera::test::expect_error([&] { rope_kv_append(wide, nullptr); }, "rotary_dim=96");
+  RopeAppendArgs bf16 = a;
+  bf16.kv_type = DType::bf16;
+  tessera::test::expect_error([&] { rope_kv_append(bf16, nullptr); }, "kv_type bf16");
+  RopeAppendArgs overlap = a;
+  overlap.v_offset = 16;
+  tessera::test::expect_error([&] { rope_kv_append(overlap, nullptr); }, "overlap");
+  RopeAppendArgs no_table = a;
+  no_table.table.sin = nullptr;
+  tessera::test::expect_error([&] { rope_kv_append(no_table, nullptr); }, "rope table");
 }
 
 }  // namespace

@@ -1,9 +1,12 @@
-// The device decoder's glue kernels: cache append (f32 -> f32/f16), weight dequantization and
-// activation conversion to f16, row gather.
+// The device decoder's glue kernels: cache append (f32 -> f32/f16), alone or fused with RoPE,
+// weight dequantization and activation conversion to f16, row gather. The decode-path ones
+// (append, rope + append, gather) are programmatic dependents (dependent_launch.cuh).
 #include <cuda_fp16.h>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/decoder_kernels.h"
+#include "backend/cuda/dependent_launch.cuh"
+#include "backend/cuda/kernels_common.cuh"
 
 namespace tessera::cuda {
 namespace {
@@ -22,6 +25,8 @@ template <typename T>
 __global__ void append_kernel(T* kv, const float* k, const float* v, const int32_t* slot,
                               int64_t rows, int64_t Hkv, int64_t D, int64_t bt, int64_t stride,
                               int64_t v_off) {
+  allow_dependent_launch();
+  grid_dependency_wait();  // k and v come from the products before
   const int64_t per_row = Hkv * D, total = rows * per_row;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -30,6 +35,55 @@ __global__ void append_kernel(T* kv, const float* k, const float* v, const int32
     T* dst = kv + b * stride + (g * bt + t) * D + d;
     store_kv(dst, k[i]);
     store_kv(dst + v_off, v[i]);
+  }
+}
+
+// One thread per (row, head, pair p of dims) over the H query heads, then the Hkv key heads,
+// then the Hkv value heads (D / 2 pairs each). Query and key heads rotate pair p < R/2 (dims per
+// the layout) in place; key pairs p >= R/2 carry dims R + 2 (p - R/2) and the next unchanged.
+// Key and value pairs then go to the row's cache slot as append_kernel stores them.
+template <typename T, bool kInterleaved>
+__global__ void rope_append_kernel(T* kv, float* q, float* k, const float* v, const float* cos_tab,
+                                   const float* sin_tab, int64_t max_pos, const int32_t* positions,
+                                   const int32_t* slot, int64_t rows, int64_t H, int64_t Hkv,
+                                   int64_t D, int64_t R, int64_t bt, int64_t stride,
+                                   int64_t v_off) {
+  allow_dependent_launch();
+  grid_dependency_wait();  // q, k and v come from the products before
+  const int64_t pairs = D / 2, half = R / 2, heads = H + 2 * Hkv;
+  const int64_t total = rows * heads * pairs;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / (heads * pairs), e = i - r * (heads * pairs);
+    const int64_t h = e / pairs, p = e - h * pairs;
+    const bool is_q = h < H, is_k = !is_q && h < H + Hkv;
+    int64_t ia, ib;  // the two dims this thread handles
+    if (!is_q && !is_k) {
+      ia = 2 * p, ib = 2 * p + 1;
+    } else if (p < half) {
+      ia = kInterleaved ? 2 * p : p;
+      ib = kInterleaved ? 2 * p + 1 : p + half;
+    } else {
+      ia = R + 2 * (p - half), ib = ia + 1;
+    }
+    float* x = is_q ? q + (r * H + h) * D : is_k ? k + (r * Hkv + (h - H)) * D : nullptr;
+    float ya, yb;
+    if (x == nullptr) {
+      const float* vr = v + (r * Hkv + (h - H - Hkv)) * D;
+      ya = vr[ia], yb = vr[ib];
+    } else if (p < half) {
+      detail::rope_rotate_pair(x[ia], x[ib], cos_tab, sin_tab, max_pos, positions[r], half, p, 1.0f,
+                               &ya, &yb);
+      x[ia] = ya, x[ib] = yb;
+    } else {
+      ya = x[ia], yb = x[ib];  // beyond the rotary dims: unchanged
+    }
+    if (is_q) continue;
+    const int64_t g = is_k ? h - H : h - H - Hkv;
+    const int64_t s = slot[r], b = s / bt, t = s - b * bt;
+    T* dst = kv + b * stride + (g * bt + t) * D + (is_k ? 0 : v_off);
+    store_kv(dst + ia, ya);
+    store_kv(dst + ib, yb);
   }
 }
 
@@ -145,6 +199,8 @@ __global__ void f32_to_f16_kernel(uint16_t* dst, const float* src, int64_t n) {
 
 __global__ void gather_kernel(float* dst, const float* src, const int32_t* index, int64_t n,
                               int64_t C) {
+  allow_dependent_launch();
+  grid_dependency_wait();
   const int64_t total = n * C;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -175,14 +231,52 @@ void kv_cache_append(void* layer_kv, DType kv_type, const float* k, const float*
   if (rows == 0) return;
   const int64_t total = rows * Hkv * D;
   if (kv_type == DType::f16)
-    append_kernel<<<grid(total), kThreads, 0, stream>>>(static_cast<__half*>(layer_kv), k, v, slot,
-                                                        rows, Hkv, D, block_tokens, block_stride,
-                                                        v_offset);
+    launch_dependent(append_kernel<__half>, dim3(grid(total)), dim3(kThreads), 0, stream,
+                     static_cast<__half*>(layer_kv), k, v, slot, rows, Hkv, D, block_tokens,
+                     block_stride, v_offset);
   else
-    append_kernel<<<grid(total), kThreads, 0, stream>>>(static_cast<float*>(layer_kv), k, v, slot,
-                                                        rows, Hkv, D, block_tokens, block_stride,
-                                                        v_offset);
-  TS_CUDA_CHECK_LAUNCH();
+    launch_dependent(append_kernel<float>, dim3(grid(total)), dim3(kThreads), 0, stream,
+                     static_cast<float*>(layer_kv), k, v, slot, rows, Hkv, D, block_tokens,
+                     block_stride, v_offset);
+}
+
+void rope_kv_append(const RopeAppendArgs& a, cudaStream_t stream) {
+  const char* op = "rope_kv_append";
+  TS_CHECK(a.q && a.k && a.v && a.positions && a.layer_kv && a.slot, "[", op,
+           "] q, k, v, positions, layer_kv and slot must be set");
+  TS_CHECK(a.table.cos && a.table.sin, "[", op, "] rope table is null");
+  TS_CHECK(a.kv_type == DType::f32 || a.kv_type == DType::f16, "[", op, "] kv_type ",
+           dtype_name(a.kv_type), " must be f32 or f16");
+  TS_CHECK(a.rows >= 0 && a.H > 0 && a.Hkv > 0 && a.D > 0 && a.D % 2 == 0 && a.block_tokens > 0,
+           "[", op, "] rows=", a.rows, " H=", a.H, " Hkv=", a.Hkv, " D=", a.D,
+           " block_tokens=", a.block_tokens, " must be positive (D even)");
+  const int64_t R = a.table.rotary_dim;
+  TS_CHECK(R > 0 && R % 2 == 0 && R <= a.D, "[", op, "] rotary_dim=", R,
+           " must be positive, even and at most D=", a.D);
+  TS_CHECK(a.table.max_pos >= 0, "[", op, "] table max_pos=", a.table.max_pos, " must be >= 0");
+  TS_CHECK(a.v_offset >= a.Hkv * a.block_tokens * a.D &&
+               a.block_stride >= 2 * a.Hkv * a.block_tokens * a.D,
+           "[", op, "] v_offset=", a.v_offset, " and block_stride=", a.block_stride,
+           " overlap a block's keys");
+  if (a.rows == 0) return;
+  const int64_t total = a.rows * (a.H + 2 * a.Hkv) * (a.D / 2);
+  const bool inter = a.layout == RopeLayout::interleaved;
+  const bool f16 = a.kv_type == DType::f16;
+  auto launch = [&](auto kernel, auto* kv) {
+    launch_dependent(kernel, dim3(grid(total)), dim3(kThreads), 0, stream, kv, a.q, a.k, a.v,
+                     a.table.cos, a.table.sin, a.table.max_pos, a.positions, a.slot, a.rows, a.H,
+                     a.Hkv, a.D, R, a.block_tokens, a.block_stride, a.v_offset);
+  };
+  auto* kv16 = static_cast<__half*>(a.layer_kv);
+  auto* kv32 = static_cast<float*>(a.layer_kv);
+  if (f16 && inter)
+    launch(rope_append_kernel<__half, true>, kv16);
+  else if (f16)
+    launch(rope_append_kernel<__half, false>, kv16);
+  else if (inter)
+    launch(rope_append_kernel<float, true>, kv32);
+  else
+    launch(rope_append_kernel<float, false>, kv32);
 }
 
 void dequantize_to_f16(uint16_t* dst, const void* w, DType type, int64_t N, int64_t K,
@@ -251,8 +345,8 @@ void gather_rows(float* dst, const float* src, const int32_t* index, int64_t n, 
   TS_CHECK(dst && src && index, "[gather_rows] dst, src and index must be set");
   TS_CHECK(n >= 0 && C > 0, "[gather_rows] n=", n, " C=", C, " out of range");
   if (n == 0) return;
-  gather_kernel<<<grid(n * C), kThreads, 0, stream>>>(dst, src, index, n, C);
-  TS_CUDA_CHECK_LAUNCH();
+  launch_dependent(gather_kernel, dim3(grid(n * C)), dim3(kThreads), 0, stream, dst, src, index, n,
+                   C);
 }
 
 }  // namespace tessera::cuda

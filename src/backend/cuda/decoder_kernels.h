@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "backend/cuda/kernels.h"
 #include "core/dtype.h"
 
 namespace tessera::cuda {
@@ -20,6 +21,25 @@ void kv_cache_append(void* layer_kv, DType kv_type, const float* k, const float*
                      const int32_t* slot, int64_t rows, int64_t Hkv, int64_t D,
                      int64_t block_tokens, int64_t block_stride, int64_t v_offset,
                      cudaStream_t stream);
+
+// The decode step's RoPE and cache append in one launch: q (rows, H, D) and k (rows, Hkv, D) f32
+// rotated in place at positions[r] (device array) exactly as rope_forward rotates them (same
+// bits), then k and v (rows, Hkv, D) written to the cache exactly as kv_cache_append writes
+// them. D must be even; the rotary dims come from the table (R <= D).
+struct RopeAppendArgs {
+  float* q = nullptr;
+  float* k = nullptr;
+  const float* v = nullptr;
+  int64_t rows = 0, H = 0, Hkv = 0, D = 0;
+  RopeTableView table;
+  RopeLayout layout = RopeLayout::half;
+  const int32_t* positions = nullptr;
+  void* layer_kv = nullptr;  // as kv_cache_append's
+  DType kv_type = DType::f16;
+  const int32_t* slot = nullptr;
+  int64_t block_tokens = 0, block_stride = 0, v_offset = 0;
+};
+void rope_kv_append(const RopeAppendArgs& a, cudaStream_t stream);
 
 // dst (N, K) f16 = the weight matrix w (N, K) in its stored type (f16 copies, bf16, q8_0, q4_0,
 // q4_1, q5_0, q5_1, q4_k, q5_k, q6_k decode), each element computed in f32 exactly as

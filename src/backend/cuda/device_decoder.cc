@@ -173,25 +173,26 @@ void CudaDecoder::layer(size_t l, int64_t n, int64_t max_keys) {
     linear(v_, xn_, n, w.wv, w.bv);
   }
   mark(kDeviceStageOther);
-  if (!d_.gpt2) {
-    cuda::RopeTableView t;
-    t.cos = rope_.as<float>();
-    t.sin = rope_.as<float>() + d_.rope_max_pos * (d_.rope_dim / 2);
-    t.max_pos = d_.rope_max_pos;
-    t.rotary_dim = d_.rope_dim;
-    const auto layout =
-        d_.rope_interleaved ? cuda::RopeLayout::interleaved : cuda::RopeLayout::half;
-    if (n == 1 && k == q + Q_) {  // one row, k right after q: one rotation over H + Hkv heads
-      cuda::rope_forward<float>(q, q, t, pos_, 0, 1, 1, d_.H + d_.Hkv, d_.D, layout, s);
-    } else {
-      cuda::rope_forward<float>(q, q, t, pos_, 0, 1, n, d_.H, d_.D, layout, s);
-      cuda::rope_forward<float>(k, k, t, pos_, 0, 1, n, d_.Hkv, d_.D, layout, s);
-    }
-  }
   // Layer l's keys start at element l * 2 * half_block_ of each block; values half_block_ later.
   void* layer_kv = cache_.as<uint8_t>() + static_cast<size_t>(l) * 2 * half_block_ * elem_bytes_;
-  cuda::kv_cache_append(layer_kv, d_.kv_type, k, v, slot_, n, d_.Hkv, d_.D, d_.block_tokens,
-                        block_stride_, half_block_, s);
+  if (d_.gpt2) {
+    cuda::kv_cache_append(layer_kv, d_.kv_type, k, v, slot_, n, d_.Hkv, d_.D, d_.block_tokens,
+                          block_stride_, half_block_, s);
+  } else {
+    // RoPE on q and k and the cache append in one launch.
+    cuda::RopeAppendArgs ra;
+    ra.q = q, ra.k = k, ra.v = v;
+    ra.rows = n, ra.H = d_.H, ra.Hkv = d_.Hkv, ra.D = d_.D;
+    ra.table.cos = rope_.as<float>();
+    ra.table.sin = rope_.as<float>() + d_.rope_max_pos * (d_.rope_dim / 2);
+    ra.table.max_pos = d_.rope_max_pos;
+    ra.table.rotary_dim = d_.rope_dim;
+    ra.layout = d_.rope_interleaved ? cuda::RopeLayout::interleaved : cuda::RopeLayout::half;
+    ra.positions = pos_;
+    ra.layer_kv = layer_kv, ra.kv_type = d_.kv_type, ra.slot = slot_;
+    ra.block_tokens = d_.block_tokens, ra.block_stride = block_stride_, ra.v_offset = half_block_;
+    cuda::rope_kv_append(ra, s);
+  }
   mark(kAttention);
   cuda::PagedDecodeArgs a;
   a.out = att_;

@@ -98,6 +98,24 @@ __device__ __forceinline__ void for_each_vec(int64_t n, F&& f) {
   }
 }
 
+// One RoPE pair (xa, xb) rotated by the angle with cosine c and sine s: the single expression
+// the rope kernel and the decoder's fused rope + cache append share, so both give the same bits.
+// A position outside the table gives NaN (a bad position must not pass unnoticed).
+__device__ __forceinline__ void rope_rotate_pair(float xa, float xb, const float* cos_tab,
+                                                 const float* sin_tab, int64_t max_pos, int64_t pos,
+                                                 int64_t half, int64_t j, float sign, float* ya,
+                                                 float* yb) {
+  if (pos < 0 || pos >= max_pos) {
+    *ya = *yb = __int_as_float(0x7fc00000);
+    return;
+  }
+  const float c = cos_tab[pos * half + j], s = sign * sin_tab[pos * half + j];
+  // Each product and sum rounded on its own (no contraction into FMAs), so no inlining context
+  // can change the bits.
+  *ya = __fsub_rn(__fmul_rn(xa, c), __fmul_rn(xb, s));
+  *yb = __fadd_rn(__fmul_rn(xb, c), __fmul_rn(xa, s));
+}
+
 // Butterfly sum: every lane ends with the same bits (IEEE addition is commutative, and each
 // step adds the same two values on both partners).
 __device__ __forceinline__ float warp_sum(float x) {

@@ -1,5 +1,6 @@
 // Elementwise CUDA kernels: GELU and SwiGLU forward/backward (and SwiGLU fused with the next
 // product's activation quantizer), scale, f32 <-> bf16 conversion.
+#include "backend/cuda/dependent_launch.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kernels_common.cuh"
 #include "backend/cuda/matvec_common.cuh"
@@ -37,6 +38,8 @@ __device__ __forceinline__ float gelu_grad(float x) {
 
 template <typename E, int VEC>
 __global__ void gelu_forward_kernel(E* out, const E* inp, int64_t n) {
+  allow_dependent_launch();
+  grid_dependency_wait();  // inp comes from the kernel before (dependent_launch.cuh)
   for_each_vec<VEC>(n, [&](auto width, int64_t off) {
     constexpr int K = decltype(width)::value;
     float x[K];
@@ -66,6 +69,8 @@ __device__ __forceinline__ float swiglu_value(float g, float u) {
 
 template <typename E, int VEC>
 __global__ void swiglu_forward_kernel(E* out, const E* gate, const E* up, int64_t n) {
+  allow_dependent_launch();
+  grid_dependency_wait();
   for_each_vec<VEC>(n, [&](auto width, int64_t off) {
     constexpr int K = decltype(width)::value;
     float g[K], u[K];
@@ -84,6 +89,8 @@ __global__ void __launch_bounds__(256)
     swiglu_quantize_kernel(float* out, const float* gate, const float* up, int64_t M, int64_t F,
                            int8_t* xq, float* xd, int32_t* xs) {
   constexpr int kGroups = kBlock / 32;
+  allow_dependent_launch();
+  grid_dependency_wait();
   const int lane = threadIdx.x % 32;
   const int64_t nb = F / kBlock;
   const int64_t g = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
@@ -165,11 +172,9 @@ void gelu_forward(E* out, const E* inp, int64_t n, cudaStream_t stream) {
   TS_CHECK(out != nullptr && inp != nullptr, "[gelu_forward] out or inp is null");
   if (n == 0) return;
   const unsigned grid = grid_for(n / kVec<E> + 1, kThreads);
-  if (all_aligned16({out, inp}))
-    gelu_forward_kernel<E, kVec<E>><<<grid, kThreads, 0, stream>>>(out, inp, n);
-  else
-    gelu_forward_kernel<E, 1><<<grid, kThreads, 0, stream>>>(out, inp, n);
-  TS_CUDA_CHECK_LAUNCH();
+  launch_dependent(
+      all_aligned16({out, inp}) ? gelu_forward_kernel<E, kVec<E>> : gelu_forward_kernel<E, 1>,
+      dim3(grid), dim3(kThreads), 0, stream, out, inp, n);
 }
 
 template <typename E>
@@ -195,11 +200,9 @@ void swiglu_forward(E* out, const E* gate, const E* up, int64_t N, int64_t F, cu
   const int64_t n = N * F;
   if (n == 0) return;
   const unsigned grid = grid_for(n / kVec<E> + 1, kThreads);
-  if (all_aligned16({out, gate, up}))
-    swiglu_forward_kernel<E, kVec<E>><<<grid, kThreads, 0, stream>>>(out, gate, up, n);
-  else
-    swiglu_forward_kernel<E, 1><<<grid, kThreads, 0, stream>>>(out, gate, up, n);
-  TS_CUDA_CHECK_LAUNCH();
+  launch_dependent(all_aligned16({out, gate, up}) ? swiglu_forward_kernel<E, kVec<E>>
+                                                  : swiglu_forward_kernel<E, 1>,
+                   dim3(grid), dim3(kThreads), 0, stream, out, gate, up, n);
 }
 
 void swiglu_quantize_f32(float* out, const float* gate, const float* up, int64_t N, int64_t F,
@@ -214,13 +217,10 @@ void swiglu_quantize_f32(float* out, const float* gate, const float* up, int64_t
   const int64_t warps = N * (F / q.block);
   TS_CHECK((warps + 7) / 8 <= 0x7fffffff, "[", op, "] F=", F, " needs too many thread blocks");
   const unsigned grid = static_cast<unsigned>((warps + 7) / 8);
-  if (q.block == 32)
-    swiglu_quantize_kernel<32><<<grid, 256, 0, stream>>>(out, gate, up, N, F, q.q, q.d, q.s);
-  else if (q.block == kQK_K)
-    swiglu_quantize_kernel<kQK_K><<<grid, 256, 0, stream>>>(out, gate, up, N, F, q.q, q.d, q.s);
-  else
+  if (q.block != 32 && q.block != kQK_K)
     fail("[", op, "] activation block ", q.block, " (the block types take 32 or ", kQK_K, ")");
-  TS_CUDA_CHECK_LAUNCH();
+  launch_dependent(q.block == 32 ? swiglu_quantize_kernel<32> : swiglu_quantize_kernel<kQK_K>,
+                   dim3(grid), dim3(256), 0, stream, out, gate, up, N, F, q.q, q.d, q.s);
 }
 
 template <typename E>

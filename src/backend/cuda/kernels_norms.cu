@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "backend/cuda/dependent_launch.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kernels_common.cuh"
 #include "backend/cuda/matvec_common.cuh"
@@ -39,6 +40,8 @@ __global__ void __launch_bounds__(kMaxRowThreads)
                         const E* r, const float* w, const float* b, int64_t C, float eps,
                         int8_t* xq, float* xd, int32_t* xs) {
   static_assert(kQBlock == 0 || std::is_same_v<E, float>, "only f32 rows are quantized");
+  allow_dependent_launch();
+  grid_dependency_wait();  // the rows come from the kernel before (dependent_launch.cuh)
   __shared__ float smem[32];
   const int64_t row = blockIdx.x;
   const int64_t nvec = C / VEC;
@@ -278,9 +281,9 @@ void launch_norm_forward(const char* op, E* res_out, E* out, float* mean, float*
   int8_t* xq = q ? q->q : nullptr;
   float* xd = q ? q->d : nullptr;
   int32_t* xs = q ? q->s : nullptr;
-#define TS_NORM_FWD(V, S)                                 \
-  norm_forward_kernel<E, V, S, kNorm, kResidual, kQBlock> \
-      <<<grid, l.threads, 0, stream>>>(res_out, out, mean, rstd, inp, r, w, b, C, eps, xq, xd, xs)
+#define TS_NORM_FWD(V, S)                                                                          \
+  launch_dependent(norm_forward_kernel<E, V, S, kNorm, kResidual, kQBlock>, grid, dim3(l.threads), \
+                   0, stream, res_out, out, mean, rstd, inp, r, w, b, C, eps, xq, xd, xs)
   if (vec && l.slots == 1)
     TS_NORM_FWD(kVec, 1);
   else if (vec)

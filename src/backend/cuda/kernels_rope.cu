@@ -33,13 +33,7 @@ __global__ void rope_kernel(E* out, const E* inp, const float* cos_tab, const fl
       const int64_t ib = kInterleaved ? 2 * j + 1 : j + half;
       const float xa = to_f32(inp[base + ia]), xb = to_f32(inp[base + ib]);
       float ya, yb;
-      if (pos < 0 || pos >= max_pos) {
-        ya = yb = __int_as_float(0x7fc00000);  // NaN: a bad position must not pass unnoticed
-      } else {
-        const float c = cos_tab[pos * half + j], s = sign * sin_tab[pos * half + j];
-        ya = xa * c - xb * s;
-        yb = xb * c + xa * s;
-      }
+      detail::rope_rotate_pair(xa, xb, cos_tab, sin_tab, max_pos, pos, half, j, sign, &ya, &yb);
       out[base + ia] = from_f32<E>(ya);
       out[base + ib] = from_f32<E>(yb);
     } else {

@@ -9,6 +9,7 @@
 
 #include "backend/cuda/attention.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/dependent_launch.cuh"
 #include "core/error.h"
 
 namespace tessera::cuda {
@@ -69,6 +70,8 @@ __global__ void __launch_bounds__(kDecodeThreads) paged_decode_kernel(DecodePara
 
   __shared__ float s_m[kSubs][kG], s_l[kSubs][kG];
   __shared__ float s_acc[kSubs][kG][kD];
+  allow_dependent_launch();
+  grid_dependency_wait();  // q and the cache come from the kernels before (dependent_launch.cuh)
 
   const int row = blockIdx.x;
   const int hk = blockIdx.y / p.chunks_per_kv;
@@ -169,6 +172,8 @@ __global__ void __launch_bounds__(kDecodeThreads) paged_decode_kernel(DecodePara
 // out[row, h] = sum_s w_s o_s / sum_s w_s with w_s = 2^(lse_s - max lse); one block per (row, h).
 __global__ void paged_decode_combine_kernel(float* out, const float* part_o, const float* part_lse,
                                             int splits, int D) {
+  allow_dependent_launch();
+  grid_dependency_wait();
   const int64_t rh = blockIdx.x;
   const float* lse = part_lse + rh * splits;
   float mx = -INFINITY;
@@ -189,8 +194,7 @@ template <typename T, int kD, int kG>
 void launch_decode(const DecodeParams& p, int64_t rows, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(p.Hkv * p.chunks_per_kv),
                   static_cast<unsigned>(p.splits));
-  paged_decode_kernel<T, kD, kG><<<grid, kDecodeThreads, 0, stream>>>(p);
-  TS_CUDA_CHECK_LAUNCH();
+  launch_dependent(paged_decode_kernel<T, kD, kG>, grid, dim3(kDecodeThreads), 0, stream, p);
 }
 
 template <typename T, int kD>
@@ -287,9 +291,9 @@ void paged_decode_attention(const PagedDecodeArgs& a, cudaStream_t stream) {
       break;
   }
   if (p.splits > 1) {
-    paged_decode_combine_kernel<<<static_cast<unsigned>(a.rows * a.H), 128, 0, stream>>>(
-        a.out, p.part_o, p.part_lse, p.splits, static_cast<int>(a.D));
-    TS_CUDA_CHECK_LAUNCH();
+    launch_dependent(paged_decode_combine_kernel, dim3(static_cast<unsigned>(a.rows * a.H)),
+                     dim3(128), 0, stream, a.out, p.part_o, p.part_lse, p.splits,
+                     static_cast<int>(a.D));
   }
 }
 

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/dependent_launch.cuh"
 #include "backend/cuda/matvec_common.cuh"
 #include "core/error.h"
 
@@ -42,6 +43,8 @@ __global__ void __launch_bounds__(256)
     quantize_acts_kernel(const float* __restrict__ x, int64_t M, int64_t K, int8_t* __restrict__ xq,
                          float* __restrict__ xd, int32_t* __restrict__ xs) {
   constexpr int E = kBlock / 32;
+  allow_dependent_launch();
+  grid_dependency_wait();  // x comes from the kernel before
   const int lane = threadIdx.x % 32;
   const int64_t nb = K / kBlock;
   const int64_t g = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
@@ -82,16 +85,25 @@ __global__ void __launch_bounds__(kWarps * 32)
     half_matvec_kernel(float* __restrict__ y, int64_t ldy, const float* __restrict__ x, int64_t K,
                        const uint16_t* __restrict__ w, int64_t N, const float* __restrict__ bias,
                        bool vec) {
+  allow_dependent_launch();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * kRows;
   if (n0 >= N) return;
+  const int64_t k_vec = vec ? K / 8 * 8 : 0;
+  // The first 512 bytes of each of the warp's rows towards L2 while the kernel before finishes
+  // (weights only: no kernel writes them).
+  if (8 * lane < k_vec) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+      if (n0 + r < N) prefetch_l2(w + (n0 + r) * K + 8 * lane);
+  }
+  grid_dependency_wait();
   float acc[kRows][M];
 #pragma unroll
   for (int r = 0; r < kRows; ++r)
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
 
-  const int64_t k_vec = vec ? K / 8 * 8 : 0;
 #pragma unroll 2
   for (int64_t k = 8 * lane; k < k_vec; k += 256) {
     float wf[kRows][8];
@@ -138,9 +150,9 @@ void launch_half(float* y, int64_t ldy, const float* x, int64_t K, const void* w
                    reinterpret_cast<uintptr_t>(x) % 16 == 0;
   const int64_t grid = (N + kWarps * kRows - 1) / (kWarps * kRows);
   TS_CHECK(grid <= 0x7fffffff, "[cuda matmul_wt] N=", N, " needs too many thread blocks");
-  half_matvec_kernel<kBf16, M><<<static_cast<unsigned>(grid), kWarps * 32, 0, stream>>>(
-      y, ldy, x, K, static_cast<const uint16_t*>(w), N, bias, vec);
-  TS_CUDA_CHECK_LAUNCH();
+  launch_dependent(half_matvec_kernel<kBf16, M>, dim3(static_cast<unsigned>(grid)),
+                   dim3(kWarps * 32), 0, stream, y, ldy, x, K, static_cast<const uint16_t*>(w), N,
+                   bias, vec);
 }
 
 template <bool kBf16>
@@ -220,12 +232,8 @@ void matmul_wt(float* y, int64_t ldy, const float* x, int64_t M, int64_t K, cons
   const int64_t warps = M * (K / block);
   const int64_t grid = (warps + 7) / 8;
   TS_CHECK(grid <= 0x7fffffff, "[cuda matmul_wt] K=", K, " needs too many thread blocks");
-  if (block == 32)
-    quantize_acts_kernel<32><<<static_cast<unsigned>(grid), 256, 0, stream>>>(x, M, K, xq, xd, xs);
-  else
-    quantize_acts_kernel<kQK_K>
-        <<<static_cast<unsigned>(grid), 256, 0, stream>>>(x, M, K, xq, xd, xs);
-  TS_CUDA_CHECK_LAUNCH();
+  launch_dependent(block == 32 ? quantize_acts_kernel<32> : quantize_acts_kernel<kQK_K>,
+                   dim3(static_cast<unsigned>(grid)), dim3(256), 0, stream, x, M, K, xq, xd, xs);
   detail::launch_block_matvec(y, ldy, xq, xd, xs, M, K, w, w_type, N, bias, stream);
 }
 

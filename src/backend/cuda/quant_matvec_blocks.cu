@@ -1,9 +1,12 @@
 // Quantized matvec kernels for the GGUF block types (q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K,
 // q6_K): weight rows
 // streamed once through shared memory with 128-bit loads, __dp4a against int8 activations.
+// Launched as programmatic dependents: the first chunk of weights is in flight before the wait
+// for the kernel that wrote the activations.
 #include <cstdint>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/dependent_launch.cuh"
 #include "backend/cuda/matvec_common.cuh"
 #include "backend/cuda/quant_blocks.cuh"
 #include "backend/cuda/quant_matvec.h"
@@ -47,6 +50,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 
   __shared__ __align__(16) uint8_t stage[kWarps][kRows][kRowBuf];
 
+  allow_dependent_launch();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * kRows;
   if (n0 >= N) return;  // the whole warp leaves together; the kernel has no block-wide barrier
@@ -82,7 +86,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
 
-  load_chunk(0);
+  load_chunk(0);           // weights only: no kernel writes them
+  grid_dependency_wait();  // xq, xd, xs (and y's old readers) belong to earlier kernels
   for (int64_t c = 0; c < nchunks; ++c) {
     int ph[kRows];
 #pragma unroll
@@ -155,9 +160,9 @@ void launch_typed(float* y, int64_t ldy, const int8_t* xq, const float* xd, cons
   const int64_t grid = (N + rows_per_cta - 1) / rows_per_cta;
   TS_CHECK(grid <= 0x7fffffff, "[cuda matmul_wt] N=", N, " needs too many thread blocks");
   const int64_t row_bytes = static_cast<int64_t>(K / T::kBlockElems) * T::kBlockBytes;
-  block_matvec_kernel<T, M><<<static_cast<unsigned>(grid), kWarps * 32, 0, stream>>>(
-      y, ldy, xq, xd, xs, K, static_cast<const uint8_t*>(w), row_bytes, N, bias);
-  TS_CUDA_CHECK_LAUNCH();
+  launch_dependent(block_matvec_kernel<T, M>, dim3(static_cast<unsigned>(grid)), dim3(kWarps * 32),
+                   0, stream, y, ldy, xq, xd, xs, K, static_cast<const uint8_t*>(w), row_bytes, N,
+                   bias);
 }
 
 template <class T>
