@@ -618,7 +618,7 @@ TEST(CudaFlashAttention, RejectsBadArguments) {
   // Paged decode: the argument checks run before any device access (the pointers are never
   // read), so a zero head count is named, not left to fail at launch.
   cuda::PagedDecodeArgs d;
-  float dummy[4] = {};
+  alignas(16) float dummy[4] = {};
   int32_t ids[1] = {};
   d.out = dummy, d.q = dummy, d.kv = dummy, d.block_tables = ids, d.n_keys = ids;
   d.rows = 1, d.H = 0, d.Hkv = 1, d.D = 64, d.block_tokens = 16, d.table_stride = 1;
@@ -628,6 +628,27 @@ TEST(CudaFlashAttention, RejectsBadArguments) {
     ADD_FAILURE() << "H=0 accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("heads H=0"), std::string::npos) << e.what();
+  }
+  // quantize_out must match the output's shape and take blocks of 32.
+  d.H = 2, d.v_offset = 16 * 64, d.block_stride = 2 * 16 * 64;
+  int8_t qbytes[4] = {};
+  int32_t sums[1] = {};
+  cuda::QuantizedActs qa;
+  qa.q = qbytes, qa.d = dummy, qa.s = sums, qa.M = 1, qa.K = 64, qa.block = 32;
+  d.quantize_out = &qa;
+  try {
+    cuda::paged_decode_attention(d, nullptr);
+    ADD_FAILURE() << "quantize_out of the wrong width accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("quantize_out is for (1, 64)"), std::string::npos)
+        << e.what();
+  }
+  qa.K = 128, qa.block = 256;
+  try {
+    cuda::paged_decode_attention(d, nullptr);
+    ADD_FAILURE() << "quantize_out in blocks of 256 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("blocks of 32"), std::string::npos) << e.what();
   }
 }
 
@@ -737,6 +758,29 @@ void run_paged_case(const PagedCase& c) {
                     << ", want " << want[i];
     }
   }
+  if (rows > cuda::kMatvecMaxRows) return;
+  // Once more quantizing the output for a q4_0 product (split and unsplit paths): the same
+  // output bits, and the workspace bytes and product matmul_wt gives from that output.
+  const int64_t K = H * D, N = 24;
+  std::vector<float> wf(size_t(N * K));
+  for (auto& x : wf) x = u(rng);
+  std::vector<uint8_t> wq(size_t(dtype_bytes(DType::q4_0, N * K)));
+  from_f32(DType::q4_0, wf.data(), wq.data(), N * K);
+  DeviceArray<uint8_t> d_w(wq);
+  const size_t ws_bytes = cuda::matmul_wt_workspace_bytes(rows, K, DType::q4_0);
+  DeviceArray<uint8_t> ws1(ws_bytes), ws2(ws_bytes);
+  DeviceArray<float> y1(size_t(rows * N)), y2(size_t(rows * N)), d_out2(q.size());
+  cuda::matmul_wt(y1.get(), N, d_out.get(), rows, K, d_w.get(), DType::q4_0, N, nullptr, ws1.get(),
+                  ws_bytes, nullptr);
+  const cuda::QuantizedActs qa =
+      cuda::quantized_acts_view(ws2.get(), ws_bytes, rows, K, DType::q4_0);
+  a.out = d_out2.get();
+  a.quantize_out = &qa;
+  cuda::paged_decode_attention(a, nullptr);
+  cuda::matmul_wt_quantized(y2.get(), N, qa, d_w.get(), DType::q4_0, N, nullptr, nullptr);
+  ASSERT_EQ(d_out2.download(), got) << "quantizing changed the output";
+  ASSERT_EQ(ws2.download(), ws1.download()) << "quantized output differs from matmul_wt's";
+  ASSERT_EQ(y2.download(), y1.download());
 }
 
 class CudaPagedDecode : public ::testing::TestWithParam<PagedCase> {};

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/cuda/quant_matvec.h"
 #include "core/dtype.h"
 
 namespace tessera::cuda {
@@ -89,6 +90,10 @@ struct PagedDecodeArgs {
   float scale = 1.0f;
   float* workspace = nullptr;  // optional: partial results of the splits
   int64_t workspace_floats = 0;
+  // Optional: out also quantized for the next product's matvec (blocks of 32 only, M = rows,
+  // K = H * D), the same bits as matmul_wt's own quantizer would give from out: saves the
+  // decoder the quantizer's launch in front of the attention output product.
+  const QuantizedActs* quantize_out = nullptr;
 };
 // Workspace floats that allow up to max_splits splits per (row, head).
 int64_t paged_decode_workspace_floats(int64_t rows, int64_t H, int64_t D, int64_t max_splits);

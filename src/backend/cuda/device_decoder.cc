@@ -213,7 +213,18 @@ void CudaDecoder::layer(size_t l, int64_t n, int64_t max_keys) {
   a.scale = 1.0f / std::sqrt(static_cast<float>(d_.D));
   a.workspace = attn_ws_.as<float>();
   a.workspace_floats = static_cast<int64_t>(attn_ws_.size() / sizeof(float));
+  // A matvec-sized chunk in front of a 32-block attention output product: the attention
+  // quantizes its own output (the matvec workspace's xn_ rows were used by q/k/v already).
+  const int64_t HD = d_.H * d_.D;
+  cuda::QuantizedActs att_q;
+  if (n <= cuda::kMatvecMaxRows && act_block_elems(w.wo.type) == 32 && w.wo.cols == HD &&
+      cuda::matmul_wt_workspace_bytes(n, HD, w.wo.type) <= matvec_ws_.size()) {
+    att_q = cuda::quantized_acts_view(matvec_ws_.get(), matvec_ws_.size(), n, HD, w.wo.type);
+    a.quantize_out = &att_q;
+  }
+  quant_ = {};
   cuda::paged_decode_attention(a, s);
+  if (a.quantize_out) quant_ = QuantState{att_, n, HD, 32};
 
   mark(kAttnOut);
   linear(tmp_, att_, n, w.wo, w.bo);

@@ -1,6 +1,7 @@
 // Decode attention over the paged KV cache: one block per (query row, group of query heads
 // sharing a KV head, key split), online softmax per lane group, flash-decoding partials merged
-// by a combine kernel when the keys are split.
+// by a combine kernel when the keys are split; whichever writes the output can also quantize it
+// for the next product.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -10,6 +11,7 @@
 #include "backend/cuda/attention.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/dependent_launch.cuh"
+#include "backend/cuda/matvec_common.cuh"
 #include "core/error.h"
 
 namespace tessera::cuda {
@@ -32,7 +34,18 @@ struct DecodeParams {
   int splits, keys_per_split;
   float* part_o;    // (rows, H, splits, D) normalised partial outputs
   float* part_lse;  // (rows, H, splits) log2-domain log-sum-exp of each split
+  // Non-null: out quantized in blocks of 32 as well (QuantizedActs layout, K = H * D).
+  int8_t* xq;
+  float* xd;
+  int32_t* xs;
 };
+
+// Quantizes the 32 outputs starting at flat element e0 of out (rows, H * D); lane holds v.
+__device__ __forceinline__ void quantize_out_block(const DecodeParams& p, int64_t e0, float v,
+                                                   int lane) {
+  const float vals[1] = {v};
+  quantize_act_block<32>(vals, lane, p.xq + e0, p.xd + e0 / 32, p.xs + e0 / 32);
+}
 
 // kVec consecutive cache elements (16 bytes) to f32.
 template <typename T, int kVec>
@@ -146,7 +159,14 @@ __global__ void __launch_bounds__(kDecodeThreads) paged_decode_kernel(DecodePara
   }
   __syncthreads();
 
-  for (int idx = threadIdx.x; idx < kG * kD; idx += kDecodeThreads) {
+  // Each thread's outputs, kept for the quantizer (which needs a block of 32 in one warp).
+  constexpr int kPer = (kG * kD + kDecodeThreads - 1) / kDecodeThreads;
+  float kept[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    kept[i] = 0.f;
+    const int idx = threadIdx.x + i * kDecodeThreads;
+    if (idx >= kG * kD) continue;  // (not break: kept stays in registers only if fully unrolled)
     const int g = idx / kD, d = idx % kD;
     float mx = -INFINITY;
     for (int s = 0; s < kSubs; ++s) mx = fmaxf(mx, s_m[s][g]);
@@ -159,6 +179,7 @@ __global__ void __launch_bounds__(kDecodeThreads) paged_decode_kernel(DecodePara
       }
     }
     const float o = sum > 0.f ? a / sum : 0.f;
+    kept[i] = o;
     const int64_t rh = static_cast<int64_t>(row) * p.H + h0 + g;
     if (p.splits == 1) {
       p.out[rh * kD + d] = o;
@@ -167,26 +188,49 @@ __global__ void __launch_bounds__(kDecodeThreads) paged_decode_kernel(DecodePara
       if (d == 0) p.part_lse[rh * p.splits + split] = sum > 0.f ? mx + log2f(sum) : -INFINITY;
     }
   }
+  if (p.splits == 1 && p.xq != nullptr) {  // uniform over the grid
+    // The group's kG heads are contiguous in out: stage their outputs in s_acc (everyone has
+    // finished reading it), then one warp per block of 32.
+    float* s_o = &s_acc[0][0][0];
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int idx = threadIdx.x + i * kDecodeThreads;
+      if (idx < kG * kD) s_o[idx] = kept[i];
+    }
+    __syncthreads();
+    const int64_t e_group = (static_cast<int64_t>(row) * p.H + h0) * kD;
+    for (int blk = warp; blk < kG * kD / 32; blk += kDecodeWarps)
+      quantize_out_block(p, e_group + 32 * blk, s_o[32 * blk + lane], lane);
+  }
 }
 
 // out[row, h] = sum_s w_s o_s / sum_s w_s with w_s = 2^(lse_s - max lse); one block per (row, h).
-__global__ void paged_decode_combine_kernel(float* out, const float* part_o, const float* part_lse,
-                                            int splits, int D) {
+// With p.xq set, each warp whose 32 dims are all inside D also quantizes them (D % 32 == 0).
+__global__ void paged_decode_combine_kernel(DecodeParams p, int D) {
   allow_dependent_launch();
   grid_dependency_wait();
   const int64_t rh = blockIdx.x;
-  const float* lse = part_lse + rh * splits;
+  const int splits = p.splits;
+  const float* lse = p.part_lse + rh * splits;
   float mx = -INFINITY;
   for (int s = 0; s < splits; ++s) mx = fmaxf(mx, lse[s]);
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float sum = 0.f, a = 0.f;
-    for (int s = 0; s < splits; ++s) {
-      if (lse[s] == -INFINITY) continue;
-      const float w = exp2f(lse[s] - mx);
-      sum += w;
-      a += w * part_o[(rh * splits + s) * D + d];
+  const int lane = threadIdx.x % 32, warp_d = threadIdx.x / 32 * 32;
+  for (int d0 = 0; d0 < D; d0 += blockDim.x) {
+    const int d = d0 + threadIdx.x;
+    float o = 0.f;
+    if (d < D) {
+      float sum = 0.f, a = 0.f;
+      for (int s = 0; s < splits; ++s) {
+        if (lse[s] == -INFINITY) continue;
+        const float w = exp2f(lse[s] - mx);
+        sum += w;
+        a += w * p.part_o[(rh * splits + s) * D + d];
+      }
+      o = sum > 0.f ? a / sum : 0.f;
+      p.out[rh * D + d] = o;
     }
-    out[rh * D + d] = sum > 0.f ? a / sum : 0.f;
+    if (p.xq != nullptr && d0 + warp_d < D) quantize_out_block(p, rh * D + d0 + warp_d, o, lane);
   }
 }
 
@@ -249,6 +293,13 @@ void paged_decode_attention(const PagedDecodeArgs& a, cudaStream_t stream) {
   TS_CHECK(a.v_offset >= a.Hkv * a.block_tokens * a.D && a.block_stride >= 1, "[", op,
            "] v_offset=", a.v_offset, " overlaps the keys of a block");
   TS_CHECK(std::isfinite(a.scale), "[", op, "] scale must be finite");
+  if (const QuantizedActs* qo = a.quantize_out) {
+    TS_CHECK(qo->block == 32, "[", op, "] quantize_out takes activation blocks of 32, not ",
+             qo->block);
+    TS_CHECK(qo->M == a.rows && qo->K == a.H * a.D && qo->q && qo->d && qo->s, "[", op,
+             "] quantize_out is for (", qo->M, ", ", qo->K, ") activations, the output is (",
+             a.rows, ", ", a.H * a.D, ")");
+  }
 
   const int kg = attn_index::decode_heads_per_block(a.H / a.Hkv);
   DecodeParams p{};
@@ -278,6 +329,9 @@ void paged_decode_attention(const PagedDecodeArgs& a, cudaStream_t stream) {
   p.keys_per_split = static_cast<int>(plan.keys_per_split);
   p.part_o = a.workspace;
   p.part_lse = a.workspace ? a.workspace + a.rows * a.H * p.splits * a.D : nullptr;
+  p.xq = a.quantize_out ? a.quantize_out->q : nullptr;
+  p.xd = a.quantize_out ? a.quantize_out->d : nullptr;
+  p.xs = a.quantize_out ? a.quantize_out->s : nullptr;
 
   switch (a.kv_dtype) {
     case DType::f32:
@@ -292,8 +346,7 @@ void paged_decode_attention(const PagedDecodeArgs& a, cudaStream_t stream) {
   }
   if (p.splits > 1) {
     launch_dependent(paged_decode_combine_kernel, dim3(static_cast<unsigned>(a.rows * a.H)),
-                     dim3(128), 0, stream, a.out, p.part_o, p.part_lse, p.splits,
-                     static_cast<int>(a.D));
+                     dim3(128), 0, stream, p, static_cast<int>(a.D));
   }
 }
 
