@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -137,6 +138,12 @@ std::string cpu_brand() {
   return "unknown CPU";
 }
 
+int64_t unix_seconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 std::string cache_path() {
   const char* xdg = std::getenv("XDG_CACHE_HOME");
   const char* home = std::getenv("HOME");
@@ -166,6 +173,7 @@ MachinePeaks probe_machine(int threads) {
   }
   p.triad_gbs_one = measure_triad(1);
   p.triad_gbs_all = measure_triad(threads);
+  p.probed_at = unix_seconds();
   return p;
 }
 
@@ -177,7 +185,8 @@ std::string peaks_to_json(const MachinePeaks& p) {
                       {"bf16_gflops_all", p.bf16_gflops_all},
                       {"bf16_gflops_one", p.bf16_gflops_one},
                       {"triad_gbs_all", p.triad_gbs_all},
-                      {"triad_gbs_one", p.triad_gbs_one}};
+                      {"triad_gbs_one", p.triad_gbs_one},
+                      {"probed_at", p.probed_at}};
   return j.dump(2);
 }
 
@@ -193,6 +202,8 @@ MachinePeaks peaks_from_json(const std::string& text) {
     p.bf16_gflops_one = j.at("bf16_gflops_one").get<double>();
     p.triad_gbs_all = j.at("triad_gbs_all").get<double>();
     p.triad_gbs_one = j.at("triad_gbs_one").get<double>();
+    // Caches written before the field existed have no date: treated as stale.
+    p.probed_at = j.contains("probed_at") ? j.at("probed_at").get<int64_t>() : 0;
   } catch (const nlohmann::json::exception& e) {
     fail("[probe] malformed probe cache: ", e.what());
   }
@@ -201,8 +212,18 @@ MachinePeaks peaks_from_json(const std::string& text) {
   return p;
 }
 
-MachinePeaks cached_peaks(int threads) {
+double measure_triad_gbs(int threads) {
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return measure_triad(threads);
+}
+
+bool probe_is_fresh(const MachinePeaks& p, int64_t now) {
+  return p.probed_at > 0 && p.probed_at <= now && now - p.probed_at <= kProbeMaxAgeSeconds;
+}
+
+MachinePeaks cached_peaks(int threads, int64_t now) {
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (now == 0) now = unix_seconds();
   const std::string path = cache_path();
   std::ifstream in(path);
   if (in) {
@@ -210,17 +231,25 @@ MachinePeaks cached_peaks(int threads) {
     ss << in.rdbuf();
     try {
       MachinePeaks p = peaks_from_json(ss.str());
-      if (p.threads == threads && p.cpu == cpu_brand()) return p;
+      if (p.threads == threads && p.cpu == cpu_brand() && probe_is_fresh(p, now)) return p;
     } catch (const Error&) {
       // A corrupt cache is simply re-measured and overwritten.
     }
   }
   MachinePeaks p = probe_machine(threads);
+  p.probed_at = now;
+  save_peaks(p);
+  return p;
+}
+
+bool save_peaks(const MachinePeaks& p) {
+  const std::string path = cache_path();
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
   std::ofstream out(path);
-  if (out) out << peaks_to_json(p) << "\n";
-  return p;
+  if (!out) return false;
+  out << peaks_to_json(p) << "\n";
+  return static_cast<bool>(out);
 }
 
 }  // namespace tessera::profile

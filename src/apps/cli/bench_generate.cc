@@ -103,8 +103,11 @@ int bench_generate(const std::vector<std::string>& argv) {
     peaks.gbs = backend::cuda_read_bandwidth() / 1e9;
     peaks.gflops = backend::cuda_bf16_peak_flops() / 1e9;
   } else {
+    // The bandwidth is measured now, beside the run: a cached reading from another hour of a
+    // shared machine can be far off (one read 14.8 GB/s on two threads against 21.6-27.5
+    // fresh). The FMA peak moves little and comes from the cache.
     const profile::MachinePeaks p = profile::cached_peaks(threads);
-    peaks.gbs = p.triad_gbs_all;
+    peaks.gbs = profile::measure_triad_gbs(threads);
     peaks.gflops = p.f32_gflops_all;
   }
   profile::reset_peak_rss();  // the probe's arrays are freed; they are not the model's memory
@@ -244,7 +247,8 @@ int bench_generate(const std::vector<std::string>& argv) {
   }
   std::printf("model %s (%s) on %s, %d threads; peaks: %.1f GB/s %s, %.1f GFLOP/s %s\n",
               c.name.c_str(), ef.model_path.c_str(), engine.device_description().c_str(), threads,
-              peaks.gbs, ef.cuda ? "read" : "triad", peaks.gflops, ef.cuda ? "bf16 tensor" : "f32");
+              peaks.gbs, ef.cuda ? "read" : "triad (measured now)", peaks.gflops,
+              ef.cuda ? "bf16 tensor" : "f32");
   std::printf("prefill %lld tokens: %.1f tokens/s, %.1f GFLOP/s (%.0f%% of peak)\n",
               (long long)prompt_len, prefill_tps, prefill_gflops,
               100 * prefill_gflops / peaks.gflops);

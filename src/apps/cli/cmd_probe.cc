@@ -1,5 +1,6 @@
 // `tessera probe`: measures (or shows the cached) peak FMA throughput and memory bandwidth.
 #include <cstdio>
+#include <ctime>
 
 #include "apps/cli/args.h"
 #include "backend/cpu/cpu_features.h"
@@ -15,8 +16,13 @@ int run(const std::vector<std::string>& argv) {
   const int threads = static_cast<int>(args.i64("--threads", 0, 0, 1024));
   const bool json = args.has("--json"), force = args.has("--force");
   args.finish();
-  const profile::MachinePeaks p =
-      force ? profile::probe_machine(threads) : profile::cached_peaks(threads);
+  profile::MachinePeaks p;
+  if (force) {
+    p = profile::probe_machine(threads);
+    profile::save_peaks(p);  // later commands use the new reading
+  } else {
+    p = profile::cached_peaks(threads);
+  }
   if (json) {
     std::printf("%s\n", profile::peaks_to_json(p).c_str());
     return 0;
@@ -40,6 +46,11 @@ int run(const std::vector<std::string>& argv) {
     std::printf("bf16 peak    n/a (no AVX512-BF16 on this CPU: bf16 matmuls run as f32 FMAs)\n");
   std::printf("triad        %8.1f GB/s all threads,     %8.1f GB/s one thread\n", p.triad_gbs_all,
               p.triad_gbs_one);
+  const std::time_t at = static_cast<std::time_t>(p.probed_at);
+  char when[32] = "unknown";
+  if (p.probed_at > 0) std::strftime(when, sizeof when, "%Y-%m-%d %H:%M UTC", std::gmtime(&at));
+  std::printf("probed       %s (re-measured when older than %lld days; --force now)\n", when,
+              static_cast<long long>(profile::kProbeMaxAgeSeconds / 86400));
   std::printf("ridge point  %8.1f FLOP/byte (f32 peak / bandwidth)\n",
               p.f32_gflops_all / p.triad_gbs_all);
   std::printf("cuda         %s\n", backend::cuda_device_summary().c_str());
