@@ -14,7 +14,7 @@ namespace {
 // -1: not decided yet; 0 off; 1 on (where the GPU has it).
 std::atomic<int> g_setting{-1};
 
-// Compute capability >= 9.0, per device (up to 64), cached: 0 unknown, 1 no, 2 yes.
+// Compute capability 9.x, per device (up to 64), cached: 0 unknown, 1 no, 2 yes.
 constexpr int kMaxDevices = 64;
 std::atomic<int> g_capable[kMaxDevices] = {};
 
@@ -35,7 +35,9 @@ bool device_capable() {
   if (c == 0) {
     int major = 0;
     TS_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    c = major >= 9 ? 2 : 1;
+    // Only sm_90 runs our sm_90a code, the one build with the device-side wait: newer GPUs
+    // JIT the compute_80 PTX (no wait), where a dependent launch would race.
+    c = major == 9 ? 2 : 1;
     g_capable[dev].store(c, std::memory_order_relaxed);
   }
   return c == 2;

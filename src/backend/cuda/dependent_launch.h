@@ -5,7 +5,7 @@
 
 namespace tessera::cuda {
 
-// On by default on compute capability 9.0 and newer; TESSERA_CUDA_PDL=0 turns it off (to
+// On by default on compute capability 9.x (the sm_90a code has the device-side wait); TESSERA_CUDA_PDL=0 turns it off (to
 // measure what it saves), TESSERA_CUDA_PDL=1 keeps it on. Any other value of the variable is
 // refused with an error naming it, at the first launch that asks.
 bool dependent_launch_enabled();
