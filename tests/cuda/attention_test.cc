@@ -1,5 +1,6 @@
-// CUDA attention kernels (FlashAttention-2 forward/backward, paged decode) against float64 host
-// references and the CPU reference kernels; host-only checks of the tiling and split math.
+// CUDA FlashAttention-2 forward/backward against float64 host references and the CPU reference
+// kernels; host-only checks of the tiling and split math (the paged decode kernel's tests are in
+// paged_attention_test.cc).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,7 +12,6 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/paged_attention.h"
 #include "backend/cpu/ref/ref_kernels.h"
 #include "backend/cuda/attention.h"
 #include "core/dtype.h"
@@ -22,6 +22,8 @@ namespace {
 
 using cuda::AttnLayout;
 using cuda::test::DeviceArray;
+using cuda::test::random_16bit;
+using cuda::test::to_16bit;
 namespace ai = cuda::attn_index;
 
 // ---- float64 host references (general: GQA, causal or not, any scale) ----
@@ -122,23 +124,6 @@ BwdRef ref_backward(const std::vector<float>& q, const std::vector<float>& k,
   return r;
 }
 
-// Random values already representable in 16 bits (bf16 or f16), so host and device see the
-// same inputs and only the accumulation differs.
-std::vector<float> random_16bit(size_t n, float lo, float hi, DType t, std::mt19937& rng) {
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> x(n);
-  for (auto& e : x) {
-    const float f = u(rng);
-    e = t == DType::bf16 ? bf16_to_f32(f32_to_bf16(f)) : f16_to_f32(f32_to_f16(f));
-  }
-  return x;
-}
-std::vector<uint16_t> to_16bit(const std::vector<float>& x, DType t) {
-  std::vector<uint16_t> h(x.size());
-  for (size_t i = 0; i < x.size(); ++i)
-    h[i] = t == DType::bf16 ? f32_to_bf16(x[i]) : f32_to_f16(x[i]);
-  return h;
-}
 float from_16bit(uint16_t h, DType t) {
   return t == DType::bf16 ? bf16_to_f32(h) : f16_to_f32(h);
 }
@@ -615,198 +600,7 @@ TEST(CudaFlashAttention, RejectsBadArguments) {
   EXPECT_THROW(cuda::flash_attention_forward(a, nullptr), Error);
   a.shape = {1, 16, 4, 2, 96, 0.125f, true, DType::bf16};  // unsupported head dim
   EXPECT_THROW(cuda::flash_attention_forward(a, nullptr), Error);
-  // Paged decode: the argument checks run before any device access (the pointers are never
-  // read), so a zero head count is named, not left to fail at launch.
-  cuda::PagedDecodeArgs d;
-  alignas(16) float dummy[4] = {};
-  int32_t ids[1] = {};
-  d.out = dummy, d.q = dummy, d.kv = dummy, d.block_tables = ids, d.n_keys = ids;
-  d.rows = 1, d.H = 0, d.Hkv = 1, d.D = 64, d.block_tokens = 16, d.table_stride = 1;
-  d.max_keys = 1;
-  try {
-    cuda::paged_decode_attention(d, nullptr);
-    ADD_FAILURE() << "H=0 accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("heads H=0"), std::string::npos) << e.what();
-  }
-  // quantize_out must match the output's shape and take blocks of 32.
-  d.H = 2, d.v_offset = 16 * 64, d.block_stride = 2 * 16 * 64;
-  int8_t qbytes[4] = {};
-  int32_t sums[1] = {};
-  cuda::QuantizedActs qa;
-  qa.q = qbytes, qa.d = dummy, qa.s = sums, qa.M = 1, qa.K = 64, qa.block = 32;
-  d.quantize_out = &qa;
-  try {
-    cuda::paged_decode_attention(d, nullptr);
-    ADD_FAILURE() << "quantize_out of the wrong width accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("quantize_out is for (1, 64)"), std::string::npos)
-        << e.what();
-  }
-  qa.K = 128, qa.block = 256;
-  try {
-    cuda::paged_decode_attention(d, nullptr);
-    ADD_FAILURE() << "quantize_out in blocks of 256 accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("blocks of 32"), std::string::npos) << e.what();
-  }
 }
-
-// ---- Paged decode ----
-
-struct PagedCase {
-  DType kv_dtype;
-  int64_t D, block_tokens;
-  std::vector<int32_t> n_keys;
-  bool workspace;
-};
-
-// Tolerance: cache values are the same on both sides (the reference reads them as f32), so
-// only f32 accumulation differs: score errors ~D * 2^-24 * scale * sum|q||k| (~1e-5 here) move
-// each weight by that relative amount, and the running sums over up to 32k keys (split into
-// many short runs) add ~1e-6 relative; 1e-4 * max|v| covers both with margin while a wrong key,
-// block or split would be off by O(max|v|).
-void run_paged_case(const PagedCase& c) {
-  std::mt19937 rng(static_cast<uint32_t>(c.D + c.block_tokens + c.n_keys.size()));
-  const int64_t rows = static_cast<int64_t>(c.n_keys.size()), H = 8, Hkv = 2, D = c.D;
-  const int64_t bt = c.block_tokens;
-  const int64_t max_keys = *std::max_element(c.n_keys.begin(), c.n_keys.end());
-  const int64_t table_stride = (max_keys + bt - 1) / bt;
-  int64_t total_blocks = 0;
-  for (int32_t nk : c.n_keys) total_blocks += (nk + bt - 1) / bt;
-  total_blocks += 5;  // unused blocks in between
-  const int64_t half = Hkv * bt * D, block_stride = 2 * half;
-  // Cache values rounded to the cache type; the host copy is f32 for the CPU reference.
-  std::vector<float> kv_f = random_16bit(size_t(total_blocks * block_stride), -1, 1,
-                                         c.kv_dtype == DType::f16 ? DType::f16 : DType::bf16, rng);
-  std::vector<float> q(size_t(rows * H * D));
-  std::uniform_real_distribution<float> u(-2, 2);
-  for (auto& x : q) x = u(rng);
-  // Random block tables: a shuffled pool, each row takes what it needs. Rows with a shared
-  // prefix (multi-token decode) are not needed for correctness: each row is independent.
-  std::vector<int32_t> pool(static_cast<size_t>(total_blocks));
-  std::iota(pool.begin(), pool.end(), 0);
-  std::shuffle(pool.begin(), pool.end(), rng);
-  std::vector<int32_t> tables(size_t(rows * table_stride), -1);
-  size_t next = 0;
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t b = 0; b < (c.n_keys[size_t(r)] + bt - 1) / bt; ++b)
-      tables[size_t(r * table_stride + b)] = pool[next++];
-  // Rows that share a table (a small multi-token step): the last row reuses row 0's blocks.
-  if (rows >= 2 && c.n_keys.back() <= c.n_keys[0])
-    std::copy(tables.begin(), tables.begin() + table_stride, tables.end() - table_stride);
-
-  std::vector<const int32_t*> table_ptrs(static_cast<size_t>(rows));
-  for (int64_t r = 0; r < rows; ++r) table_ptrs[size_t(r)] = &tables[size_t(r * table_stride)];
-  std::vector<float> want(q.size());
-  cpu::PagedAttentionArgs ra;
-  ra.out = want.data();
-  ra.q = q.data();
-  ra.rows = rows;
-  ra.H = H;
-  ra.Hkv = Hkv;
-  ra.D = D;
-  ra.kv = kv_f.data();
-  ra.block_tokens = bt;
-  ra.block_stride = block_stride;
-  ra.v_offset = half;
-  ra.block_tables = table_ptrs.data();
-  ra.n_keys = c.n_keys.data();
-  ra.scale = 1.0f / std::sqrt(float(D));
-  cpu::ref::paged_attention(ra);
-
-  std::unique_ptr<DeviceArray<float>> d_f32;
-  std::unique_ptr<DeviceArray<uint16_t>> d_16;
-  const void* kv_dev = nullptr;
-  if (c.kv_dtype == DType::f32) {
-    d_f32 = std::make_unique<DeviceArray<float>>(kv_f);
-    kv_dev = d_f32->get();
-  } else {
-    d_16 = std::make_unique<DeviceArray<uint16_t>>(to_16bit(kv_f, c.kv_dtype));
-    kv_dev = d_16->get();
-  }
-  DeviceArray<float> d_q(q), d_out(q.size());
-  DeviceArray<int32_t> d_tables(tables), d_nk(c.n_keys);
-  const int64_t ws_floats = c.workspace ? cuda::paged_decode_workspace_floats(rows, H, D, 64) : 0;
-  DeviceArray<float> d_ws(size_t(std::max<int64_t>(ws_floats, 1)));
-  cuda::PagedDecodeArgs a;
-  a.out = d_out.get();
-  a.q = d_q.get();
-  a.rows = rows;
-  a.H = H;
-  a.Hkv = Hkv;
-  a.D = D;
-  a.kv = kv_dev;
-  a.kv_dtype = c.kv_dtype;
-  a.block_tokens = bt;
-  a.block_stride = block_stride;
-  a.v_offset = half;
-  a.block_tables = d_tables.get();
-  a.table_stride = table_stride;
-  a.n_keys = d_nk.get();
-  a.max_keys = max_keys;
-  a.scale = ra.scale;
-  a.workspace = c.workspace ? d_ws.get() : nullptr;
-  a.workspace_floats = ws_floats;
-  cuda::paged_decode_attention(a, nullptr);
-  const auto got = d_out.download();
-  int bad = 0;
-  for (size_t i = 0; i < got.size() && bad < 10; ++i) {
-    if (!(std::fabs(got[i] - want[i]) <= 1e-4)) {
-      ++bad;
-      ADD_FAILURE() << "out[" << i << "] (row " << i / size_t(H * D) << ") = " << got[i]
-                    << ", want " << want[i];
-    }
-  }
-  if (rows > cuda::kMatvecMaxRows) return;
-  // Once more quantizing the output for a q4_0 product (split and unsplit paths): the same
-  // output bits, and the workspace bytes and product matmul_wt gives from that output.
-  const int64_t K = H * D, N = 24;
-  std::vector<float> wf(size_t(N * K));
-  for (auto& x : wf) x = u(rng);
-  std::vector<uint8_t> wq(size_t(dtype_bytes(DType::q4_0, N * K)));
-  from_f32(DType::q4_0, wf.data(), wq.data(), N * K);
-  DeviceArray<uint8_t> d_w(wq);
-  const size_t ws_bytes = cuda::matmul_wt_workspace_bytes(rows, K, DType::q4_0);
-  DeviceArray<uint8_t> ws1(ws_bytes), ws2(ws_bytes);
-  DeviceArray<float> y1(size_t(rows * N)), y2(size_t(rows * N)), d_out2(q.size());
-  cuda::matmul_wt(y1.get(), N, d_out.get(), rows, K, d_w.get(), DType::q4_0, N, nullptr, ws1.get(),
-                  ws_bytes, nullptr);
-  const cuda::QuantizedActs qa =
-      cuda::quantized_acts_view(ws2.get(), ws_bytes, rows, K, DType::q4_0);
-  a.out = d_out2.get();
-  a.quantize_out = &qa;
-  cuda::paged_decode_attention(a, nullptr);
-  cuda::matmul_wt_quantized(y2.get(), N, qa, d_w.get(), DType::q4_0, N, nullptr, nullptr);
-  ASSERT_EQ(d_out2.download(), got) << "quantizing changed the output";
-  ASSERT_EQ(ws2.download(), ws1.download()) << "quantized output differs from matmul_wt's";
-  ASSERT_EQ(y2.download(), y1.download());
-}
-
-class CudaPagedDecode : public ::testing::TestWithParam<PagedCase> {};
-TEST_P(CudaPagedDecode, MatchesCpuReference) {
-  TS_REQUIRE_CUDA_DEVICE();
-  run_paged_case(GetParam());
-}
-std::vector<PagedCase> paged_cases() {
-  std::vector<PagedCase> cases;
-  for (DType t : {DType::f32, DType::f16, DType::bf16})
-    for (int64_t D : {64, 128})
-      for (bool ws : {false, true}) {
-        // Contexts ending mid-block, a single key, and a long one that forces splits; the last
-        // row shares row 0's blocks with one key fewer (a multi-token step).
-        cases.push_back({t, D, 16, {1000, 1, 37, 517, 999}, ws});
-        cases.push_back({t, D, 32, {5000, 4097, 33}, ws});
-      }
-  return cases;
-}
-INSTANTIATE_TEST_SUITE_P(Caches, CudaPagedDecode, ::testing::ValuesIn(paged_cases()),
-                         [](const auto& info) {
-                           const PagedCase& c = info.param;
-                           return std::string(dtype_name(c.kv_dtype)) + "_D" + std::to_string(c.D) +
-                                  "_bt" + std::to_string(c.block_tokens) +
-                                  (c.workspace ? "_split" : "_nosplit");
-                         });
 
 }  // namespace
 }  // namespace tessera

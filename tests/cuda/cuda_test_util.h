@@ -1,15 +1,18 @@
-// Helpers for CUDA kernel tests: skip with the reason when no device is present, and a small
-// device array that copies to and from host vectors.
+// Helpers for CUDA kernel tests: skip with the reason when no device is present, a small
+// device array that copies to and from host vectors, and 16-bit (bf16/f16) test inputs.
 #pragma once
 
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <random>
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/device.h"
+#include "core/dtype.h"
 
 // Every CUDA test starts with this: on a machine without a GPU the test is reported as SKIPPED
 // (ctest shows it as skipped, never as passed) with the reason printed.
@@ -57,4 +60,21 @@ class DeviceArray {
   size_t n_ = 0;
 };
 
+// Random values already representable in 16 bits (bf16 or f16), so host and device see the
+// same inputs and only the accumulation differs.
+inline std::vector<float> random_16bit(size_t n, float lo, float hi, DType t, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> x(n);
+  for (auto& e : x) {
+    const float f = u(rng);
+    e = t == DType::bf16 ? bf16_to_f32(f32_to_bf16(f)) : f16_to_f32(f32_to_f16(f));
+  }
+  return x;
+}
+inline std::vector<uint16_t> to_16bit(const std::vector<float>& x, DType t) {
+  std::vector<uint16_t> h(x.size());
+  for (size_t i = 0; i < x.size(); ++i)
+    h[i] = t == DType::bf16 ? f32_to_bf16(x[i]) : f32_to_f16(x[i]);
+  return h;
+}
 }  // namespace tessera::cuda::test
