@@ -138,6 +138,12 @@ std::string cpu_brand() {
   return "unknown CPU";
 }
 
+// threads <= 0 means every core.
+int all_cores_if_zero(int threads) {
+  return threads > 0 ? threads
+                     : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
 int64_t unix_seconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -154,7 +160,7 @@ std::string cache_path() {
 }  // namespace
 
 MachinePeaks probe_machine(int threads) {
-  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  threads = all_cores_if_zero(threads);
   __builtin_cpu_init();
   const bool avx512 = __builtin_cpu_supports("avx512f");
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -213,8 +219,7 @@ MachinePeaks peaks_from_json(const std::string& text) {
 }
 
 double measure_triad_gbs(int threads) {
-  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return measure_triad(threads);
+  return measure_triad(all_cores_if_zero(threads));
 }
 
 bool probe_is_fresh(const MachinePeaks& p, int64_t now) {
@@ -222,7 +227,7 @@ bool probe_is_fresh(const MachinePeaks& p, int64_t now) {
 }
 
 MachinePeaks cached_peaks(int threads, int64_t now) {
-  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  threads = all_cores_if_zero(threads);
   if (now == 0) now = unix_seconds();
   const std::string path = cache_path();
   std::ifstream in(path);

@@ -20,6 +20,14 @@ __device__ __forceinline__ void store_kv(__half* p, float x) {
   *p = __float2half_rn(x);
 }
 
+// Where head g's key of the token in cache slot `slot` starts (its value is v_off further).
+template <typename T>
+__device__ __forceinline__ T* cache_key_row(T* kv, int64_t slot, int64_t g, int64_t D, int64_t bt,
+                                            int64_t stride) {
+  const int64_t b = slot / bt, t = slot - b * bt;
+  return kv + b * stride + (g * bt + t) * D;
+}
+
 // One thread per (row, head, dim) of k and of v: consecutive threads write consecutive dims.
 template <typename T>
 __global__ void append_kernel(T* kv, const float* k, const float* v, const int32_t* slot,
@@ -31,8 +39,7 @@ __global__ void append_kernel(T* kv, const float* k, const float* v, const int32
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = i / per_row, e = i - r * per_row, g = e / D, d = e - g * D;
-    const int64_t s = slot[r], b = s / bt, t = s - b * bt;
-    T* dst = kv + b * stride + (g * bt + t) * D + d;
+    T* dst = cache_key_row(kv, slot[r], g, D, bt, stride) + d;
     store_kv(dst, k[i]);
     store_kv(dst + v_off, v[i]);
   }
@@ -57,7 +64,8 @@ __global__ void rope_append_kernel(T* kv, float* q, float* k, const float* v, co
     const int64_t r = i / (heads * pairs), e = i - r * (heads * pairs);
     const int64_t h = e / pairs, p = e - h * pairs;
     const bool is_q = h < H, is_k = !is_q && h < H + Hkv;
-    int64_t ia, ib;  // the two dims this thread handles
+    if (is_q && p >= half) continue;  // q beyond the rotary dims: unchanged, not cached
+    int64_t ia, ib;                   // the two dims this thread handles
     if (!is_q && !is_k) {
       ia = 2 * p, ib = 2 * p + 1;
     } else if (p < half) {
@@ -76,12 +84,11 @@ __global__ void rope_append_kernel(T* kv, float* q, float* k, const float* v, co
                                &ya, &yb);
       x[ia] = ya, x[ib] = yb;
     } else {
-      ya = x[ia], yb = x[ib];  // beyond the rotary dims: unchanged
+      ya = x[ia], yb = x[ib];  // k beyond the rotary dims: unchanged
     }
     if (is_q) continue;
     const int64_t g = is_k ? h - H : h - H - Hkv;
-    const int64_t s = slot[r], b = s / bt, t = s - b * bt;
-    T* dst = kv + b * stride + (g * bt + t) * D + (is_k ? 0 : v_off);
+    T* dst = cache_key_row(kv, slot[r], g, D, bt, stride) + (is_k ? 0 : v_off);
     store_kv(dst + ia, ya);
     store_kv(dst + ib, yb);
   }
@@ -214,6 +221,17 @@ unsigned grid(int64_t total) {
   return static_cast<unsigned>(blocks < 65535 * 8 ? blocks : 65535 * 8);
 }
 
+// The checks kv_cache_append and rope_kv_append share: the cache type and a block layout in
+// which a block's keys, values and the next block do not overlap.
+void check_cache_layout(const char* op, DType kv_type, int64_t Hkv, int64_t D, int64_t block_tokens,
+                        int64_t block_stride, int64_t v_offset) {
+  TS_CHECK(kv_type == DType::f32 || kv_type == DType::f16, "[", op, "] kv_type ",
+           dtype_name(kv_type), " must be f32 or f16");
+  TS_CHECK(v_offset >= Hkv * block_tokens * D && block_stride >= 2 * Hkv * block_tokens * D, "[",
+           op, "] v_offset=", v_offset, " and block_stride=", block_stride,
+           " overlap a block's keys");
+}
+
 }  // namespace
 
 void kv_cache_append(void* layer_kv, DType kv_type, const float* k, const float* v,
@@ -221,13 +239,9 @@ void kv_cache_append(void* layer_kv, DType kv_type, const float* k, const float*
                      int64_t block_tokens, int64_t block_stride, int64_t v_offset,
                      cudaStream_t stream) {
   TS_CHECK(layer_kv && k && v && slot, "[kv_cache_append] layer_kv, k, v and slot must be set");
-  TS_CHECK(kv_type == DType::f32 || kv_type == DType::f16, "[kv_cache_append] kv_type ",
-           dtype_name(kv_type), " must be f32 or f16");
   TS_CHECK(rows >= 0 && Hkv > 0 && D > 0 && block_tokens > 0, "[kv_cache_append] rows=", rows,
            " Hkv=", Hkv, " D=", D, " block_tokens=", block_tokens, " must be positive");
-  TS_CHECK(v_offset >= Hkv * block_tokens * D && block_stride >= 2 * Hkv * block_tokens * D,
-           "[kv_cache_append] v_offset=", v_offset, " and block_stride=", block_stride,
-           " overlap a block's keys");
+  check_cache_layout("kv_cache_append", kv_type, Hkv, D, block_tokens, block_stride, v_offset);
   if (rows == 0) return;
   const int64_t total = rows * Hkv * D;
   if (kv_type == DType::f16)
@@ -245,8 +259,6 @@ void rope_kv_append(const RopeAppendArgs& a, cudaStream_t stream) {
   TS_CHECK(a.q && a.k && a.v && a.positions && a.layer_kv && a.slot, "[", op,
            "] q, k, v, positions, layer_kv and slot must be set");
   TS_CHECK(a.table.cos && a.table.sin, "[", op, "] rope table is null");
-  TS_CHECK(a.kv_type == DType::f32 || a.kv_type == DType::f16, "[", op, "] kv_type ",
-           dtype_name(a.kv_type), " must be f32 or f16");
   TS_CHECK(a.rows >= 0 && a.H > 0 && a.Hkv > 0 && a.D > 0 && a.D % 2 == 0 && a.block_tokens > 0,
            "[", op, "] rows=", a.rows, " H=", a.H, " Hkv=", a.Hkv, " D=", a.D,
            " block_tokens=", a.block_tokens, " must be positive (D even)");
@@ -254,10 +266,7 @@ void rope_kv_append(const RopeAppendArgs& a, cudaStream_t stream) {
   TS_CHECK(R > 0 && R % 2 == 0 && R <= a.D, "[", op, "] rotary_dim=", R,
            " must be positive, even and at most D=", a.D);
   TS_CHECK(a.table.max_pos >= 0, "[", op, "] table max_pos=", a.table.max_pos, " must be >= 0");
-  TS_CHECK(a.v_offset >= a.Hkv * a.block_tokens * a.D &&
-               a.block_stride >= 2 * a.Hkv * a.block_tokens * a.D,
-           "[", op, "] v_offset=", a.v_offset, " and block_stride=", a.block_stride,
-           " overlap a block's keys");
+  check_cache_layout(op, a.kv_type, a.Hkv, a.D, a.block_tokens, a.block_stride, a.v_offset);
   if (a.rows == 0) return;
   const int64_t total = a.rows * (a.H + 2 * a.Hkv) * (a.D / 2);
   const bool inter = a.layout == RopeLayout::interleaved;
