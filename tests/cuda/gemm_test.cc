@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -499,6 +500,31 @@ TEST(GemmLt, AlgorithmChoiceIsCached) {
   EXPECT_EQ(gemm_lt_cached_plans(), after_first);
   run_case({.tb = true, .m = 48, .n = 80, .k = 112});
   EXPECT_EQ(gemm_lt_cached_plans(), after_first + 1);
+}
+
+// Every Stream the tests make runs a GEMM; a destroyed stream's cuBLASLt workspace (32 MiB)
+// must go back, or a process making streams would grow by one per stream.
+TEST(GemmLt, StreamDestructionReleasesItsWorkspace) {
+  TS_REQUIRE_CUDA_DEVICE();
+  const size_t before = gemm_lt_workspaces();
+  for (int i = 0; i < 3; ++i) {
+    // Long K: the heuristic's split-K choices are the ones that ask for a workspace.
+    run_case({.tb = true, .m = 64, .n = 64, .k = 8192});
+    EXPECT_EQ(gemm_lt_workspaces(), before) << "round " << i;
+  }
+  size_t during = 0;
+  {
+    Stream s;
+    std::vector<uint8_t> zeros(64 * 8192 * 2, 0);
+    test::DeviceArray<uint8_t> a(zeros), b(zeros), c(std::vector<uint8_t>(64 * 64 * 4, 0));
+    LtGemmArgs g = lt_linear(c.get(), LtType::f32, a.get(), b.get(), LtType::bf16, 64, 64, 8192);
+    gemm_lt(g, s.get());
+    during = gemm_lt_workspaces();
+    EXPECT_LE(during, before + 1);
+  }
+  EXPECT_EQ(gemm_lt_workspaces(), before);
+  std::printf("[ info ] cuBLASLt %s a workspace for 64x64x8192\n",
+              during > before ? "took" : "did not need");
 }
 
 // e4m3 byte from sign, 4-bit exponent field (bias 7) and 3-bit mantissa; normal values only.

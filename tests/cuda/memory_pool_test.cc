@@ -87,6 +87,29 @@ TEST(BlockCacheHost, OtherStreamReusesOnlyAfterSynchronize) {
   EXPECT_EQ(c.stats().device_allocs, 2);
 }
 
+TEST(BlockCacheHost, RetiredStreamsBlocksGoToEveryStream) {
+  Cache c{FakeBackend{}};
+  void* a = c.allocate(4096, kS1);
+  void* b = c.allocate(8192, kS1);
+  void* live = c.allocate(4096, kS1);  // still in use when S1 retires
+  void* other = c.allocate(4096, kS2);
+  c.free(a);
+  c.free(b);
+  c.free(other);
+  c.retire_stream(kS1);
+  EXPECT_EQ(c.stats().bytes_cached, 4096u + 8192u + 4096u) << "retiring frees nothing";
+  // S1's blocks now serve a third stream; S2's cached block stays S2's.
+  constexpr Cache::StreamKey kS3 = 3;
+  EXPECT_EQ(c.allocate(4096, kS3), a);
+  EXPECT_EQ(c.allocate(8192, kS3), b);
+  void* fresh = c.allocate(4096, kS3);
+  EXPECT_NE(fresh, other);
+  EXPECT_EQ(c.stats().device_allocs, 5);
+  c.retire_stream(Cache::kAnyStream);  // no-op, not a stream
+  c.free(live);
+  EXPECT_EQ(c.allocate(4096, kS1), live) << "a block freed after retirement returns to its list";
+}
+
 TEST(BlockCacheHost, StatsTrackInUsePeakAndCached) {
   Cache c{FakeBackend{}};
   void* a = c.allocate(size_t{3} << 20, kS1);  // 4 MiB class
@@ -200,6 +223,22 @@ TEST(MemoryPoolDevice, HugeRequestThrowsWithStats) {
   DeviceBuffer ok(pool, 4096, nullptr);
   EXPECT_NE(ok.get(), nullptr);
   pool.synchronize();
+}
+
+// A Stream's destructor waits for its work and hands its cached blocks to every stream.
+TEST(MemoryPoolDevice, DestroyedStreamsBlocksServeOtherStreams) {
+  TS_REQUIRE_CUDA_DEVICE();
+  MemoryPool& pool = MemoryPool::for_device(0);
+  void* first = nullptr;
+  {
+    Stream s;
+    DeviceBuffer buf(pool, size_t{6} << 20, s.get());
+    first = buf.get();
+    ASSERT_EQ(cudaMemsetAsync(buf.get(), 1, buf.size(), s.get()), cudaSuccess);
+  }  // buf freed to s's list, then s retires
+  Stream t;
+  DeviceBuffer again(pool, size_t{6} << 20, t.get());
+  EXPECT_EQ(again.get(), first);
 }
 
 TEST(MemoryPoolDevice, PerDevicePoolIsShared) {

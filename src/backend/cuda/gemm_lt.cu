@@ -206,12 +206,20 @@ struct DeviceState {
 
 // One state per device, created on first use and never destroyed (handles must not be torn
 // down during static destruction, after the runtime may be gone).
+struct AllStates {
+  std::mutex mu;
+  std::map<int, std::unique_ptr<DeviceState>> by_device;
+};
+AllStates& all_states() {
+  static auto* states = new AllStates();
+  return *states;
+}
+
 DeviceState& state_for_current_device() {
-  static std::mutex mu;
-  static auto* states = new std::map<int, std::unique_ptr<DeviceState>>();
+  AllStates& all = all_states();
   const int dev = current_device();
-  std::lock_guard<std::mutex> lock(mu);
-  auto& s = (*states)[dev];
+  std::lock_guard<std::mutex> lock(all.mu);
+  auto& s = all.by_device[dev];
   if (!s) {
     auto st = std::make_unique<DeviceState>();
     st->device = dev;
@@ -335,6 +343,21 @@ void gemm_lt(const LtGemmArgs& g, cudaStream_t stream) {
   TS_CUBLAS_CHECK(cublasLtMatmul(st.handle, plan.op, &alpha, g.b, plan.a, g.a, plan.b, &beta, g.c,
                                  plan.c, g.c, plan.c, &plan.algo, workspace,
                                  workspace ? kWorkspaceBytes : 0, stream));
+}
+
+void gemm_lt_retire_stream(cudaStream_t stream) noexcept {
+  AllStates& all = all_states();
+  std::lock_guard<std::mutex> lock(all.mu);
+  for (auto& [dev, st] : all.by_device) {
+    std::lock_guard<std::mutex> st_lock(st->mu);
+    st->workspaces.erase(stream);  // back to the pool, under the stream's own key
+  }
+}
+
+size_t gemm_lt_workspaces() {
+  DeviceState& st = state_for_current_device();
+  std::lock_guard<std::mutex> lock(st.mu);
+  return st.workspaces.size();
 }
 
 size_t gemm_lt_cached_plans() {

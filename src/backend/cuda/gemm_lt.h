@@ -110,6 +110,12 @@ void load_cublaslt_entry_points();
 
 // Number of cached algorithm choices on the current device (tests check the cache is used).
 size_t gemm_lt_cached_plans();
+// Number of per-stream workspaces (kWorkspaceBytes each) held on the current device.
+size_t gemm_lt_workspaces();
+// Drops the workspace of a stream whose work has finished and which is being destroyed, on every
+// device (Stream's destructor calls this; a long-lived server creating streams would otherwise
+// keep one workspace per stream it ever used).
+void gemm_lt_retire_stream(cudaStream_t stream) noexcept;
 
 // The row-major problem in cuBLAS's column-major terms. A row-major (R, C) matrix with leading
 // dimension ld is the column-major (C, R) matrix with the same ld, so row-major C = op(A) op(B)

@@ -119,6 +119,21 @@ class BlockCache {
     }
   }
 
+  // Call once `stream`'s work has finished and the stream is going away: its cached blocks become
+  // reusable by any stream (otherwise they would wait under a dead key for a later stream that
+  // happens to get the same handle, or for the next synchronize()).
+  void retire_stream(StreamKey stream) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = free_.begin(); it != free_.end();) {
+      if (it->first.first != stream || stream == kAnyStream) {
+        ++it;
+        continue;
+      }
+      auto& dst = free_[{kAnyStream, it->first.second}];
+      dst.insert(dst.end(), it->second.begin(), it->second.end());
+      it = free_.erase(it);
+    }
+  }
   // Gives every cached block back to the backend.
   void release_cached() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -212,6 +227,11 @@ class MemoryPool {
   void free(void* p) { cache_.free(p); }
   // Waits for the device, then lets any stream reuse every cached block.
   void synchronize();
+  // For a stream whose work has finished and which is being destroyed (Stream's destructor):
+  // its cached blocks become reusable by any stream.
+  void retire_stream(cudaStream_t stream) {
+    cache_.retire_stream(reinterpret_cast<uintptr_t>(stream));
+  }
   void release_cached() { cache_.release_cached(); }
   PoolStats stats() const { return cache_.stats(); }
   int device() const { return cache_.backend().device(); }

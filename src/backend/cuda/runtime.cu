@@ -2,6 +2,8 @@
 #include <cuda_runtime.h>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gemm_lt.h"
+#include "backend/cuda/memory_pool.h"
 #include "backend/cuda/runtime.h"
 #include "backend/device.h"
 #include "core/error.h"
@@ -104,17 +106,38 @@ DeviceGuard::~DeviceGuard() {
 }
 
 Stream::Stream() {
+  TS_CUDA_CHECK(cudaGetDevice(&device_));
   TS_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
 }
 
+void Stream::retire() noexcept {
+  if (!s_) return;
+  int previous = -1;
+  const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device_ &&
+                        cudaSetDevice(device_) == cudaSuccess;
+  // Only a stream whose work has finished may give its blocks to other streams; if the wait
+  // fails (a sticky device error) they stay under its key, which is merely wasteful.
+  if (cudaStreamSynchronize(s_) == cudaSuccess) {
+    gemm_lt_retire_stream(s_);
+    try {
+      MemoryPool::for_device(device_).retire_stream(s_);
+    } catch (...) {  // the pool exists whenever it holds blocks of this stream; never throw here
+    }
+  }
+  cudaStreamDestroy(s_);
+  s_ = nullptr;
+  if (switched) cudaSetDevice(previous);
+}
+
 Stream::~Stream() {
-  if (s_) cudaStreamDestroy(s_);
+  retire();
 }
 
 Stream& Stream::operator=(Stream&& o) noexcept {
   if (this != &o) {
-    if (s_) cudaStreamDestroy(s_);
+    retire();
     s_ = o.s_;
+    device_ = o.device_;
     o.s_ = nullptr;
   }
   return *this;

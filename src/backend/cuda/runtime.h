@@ -58,12 +58,14 @@ class DeviceGuard {
   int previous_ = -1;
 };
 
-// A non-blocking stream (does not serialize with the legacy default stream), owned.
+// A non-blocking stream (does not serialize with the legacy default stream), owned, on the
+// device current at construction. Destruction waits for the stream's work, then hands what was
+// kept per stream (cuBLASLt workspace, cached pool blocks) back for any stream to use.
 class Stream {
  public:
   Stream();
   ~Stream();
-  Stream(Stream&& o) noexcept : s_(o.s_) { o.s_ = nullptr; }
+  Stream(Stream&& o) noexcept : s_(o.s_), device_(o.device_) { o.s_ = nullptr; }
   Stream& operator=(Stream&& o) noexcept;
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
@@ -72,7 +74,10 @@ class Stream {
   void synchronize() const;
 
  private:
+  void retire() noexcept;
+
   cudaStream_t s_ = nullptr;
+  int device_ = 0;
 };
 
 // A timing event, owned.
