@@ -328,8 +328,15 @@ TEST(CudaEngine, DependentLaunchesKeepTheLogitsBitForBit) {
   cuda::set_dependent_launch(true);
   if (!cuda::dependent_launch_enabled())
     GTEST_SKIP() << "this GPU takes no programmatic dependent launches (sm_90 only)";
+  // Block-typed, 16-bit (the L2-prefetching matvec), f32 (no prefetch) and k-quant weights.
   for (const Case& c : {Case{model::DecoderArch::llama, DType::q4_0, DType::f16, false, false},
-                        Case{model::DecoderArch::gpt2, DType::q8_0, DType::f16, false, false}}) {
+                        Case{model::DecoderArch::llama, DType::f16, DType::f16, true, false},
+                        Case{model::DecoderArch::llama, DType::bf16, DType::f32, false, true},
+                        Case{model::DecoderArch::llama, DType::q6_k, DType::f16, false, false},
+                        Case{model::DecoderArch::gpt2, DType::q8_0, DType::f16, false, false},
+                        Case{model::DecoderArch::gpt2, DType::f32, DType::f16, true, true}}) {
+    SCOPED_TRACE(cat(c.arch == model::DecoderArch::gpt2 ? "gpt2 " : "llama ", dtype_name(c.weights),
+                     " kv ", dtype_name(c.kv)));
     const model::DecoderModel m = make_model(c);
     Engine plain(m, options(c, true)), dependent(m, options(c, true));
     // The switch is read at each launch (and baked into a graph when captured): flip it

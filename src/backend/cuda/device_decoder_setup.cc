@@ -1,6 +1,7 @@
 // The CUDA device decoder, set up: the description checked, the weights uploaded once in their
 // stored types (q/k/v and gate/up back to back when their types match), and the KV cache,
 // activation and scratch buffers allocated for the largest chunk.
+#include "backend/cuda/dependent_launch.h"
 #include "backend/cuda/device_decoder_impl.h"
 
 namespace tessera::backend {
@@ -94,6 +95,8 @@ void CudaDecoder::validate() const {
   TS_CHECK(d_.D == 64 || d_.D == 128, op, " head dim ", d_.D,
            " is not supported on CUDA (the paged attention kernel takes 64 or 128)");
   TS_CHECK(!d_.layers.empty(), op, " the model has no layers");
+  // Reads TESSERA_CUDA_PDL now, so a bad value fails at set-up rather than inside a forward.
+  (void)cuda::dependent_launch_enabled();
   TS_CHECK(d_.kv_type == DType::f32 || d_.kv_type == DType::f16, op, " --kv-type ",
            dtype_name(d_.kv_type), " must be f16 or f32");
   TS_CHECK(d_.block_tokens > 0 && d_.n_blocks > 0 && d_.max_rows > 0 && d_.max_seq_blocks > 0, op,

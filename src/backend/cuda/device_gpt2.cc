@@ -11,6 +11,7 @@
 
 #include "backend/cuda/attention.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/dependent_launch.h"
 #include "backend/cuda/gemm_lt.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/memory_pool.h"
@@ -119,6 +120,8 @@ CudaGpt2::CudaGpt2(const Gpt2DeviceDesc& d, int device)
            " is not supported on CUDA (the flash attention kernels take 64 or 128)");
   TS_CHECK(d_.max_B > 0 && d_.max_T > 0 && d_.max_T <= d_.max_seq, op, " batch (", d_.max_B, ", ",
            d_.max_T, ") out of range (T <= ", d_.max_seq, ")");
+  // Reads TESSERA_CUDA_PDL now (the norm and GELU kernels consult it), failing at set-up.
+  (void)cuda::dependent_launch_enabled();
   N_ = d_.max_B * d_.max_T;
   const int64_t C = d_.C, L = d_.L, N = N_, P = d_.n_params;
   cudaStream_t s = stream_.get();
