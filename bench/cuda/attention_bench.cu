@@ -105,17 +105,26 @@ void bench_flash(const std::string& gpu, int64_t B, int64_t H, int64_t T, int64_
   const double fwd_flops = 0.5 * 4.0 * B * H * double(T) * T * D;  // causal: half of dense
   const double peak = bf16_peak(gpu);
   const int reps = T >= 4096 ? 10 : 20;
+  f.kernel = cuda::FlashForwardKernel::mma_sync;
   const double fwd_ms = median_ms([&] { cuda::flash_attention_forward(f, nullptr); }, 3, reps);
+  // The Hopper kernel, where it runs (-1: not measured).
+  double wgmma_ms = -1;
+  if (cuda::flash_forward_wgmma_available()) {
+    f.kernel = cuda::FlashForwardKernel::wgmma;
+    wgmma_ms = median_ms([&] { cuda::flash_attention_forward(f, nullptr); }, 3, reps);
+  }
   const double bwd_ms = median_ms([&] { cuda::flash_attention_backward(bw, nullptr); }, 3, reps);
-  for (int pass = 0; pass < 2; ++pass) {
-    const double ms = pass == 0 ? fwd_ms : bwd_ms;
-    const double flops = pass == 0 ? fwd_flops : 2.5 * fwd_flops;
+  const char* names[3] = {"forward", "forward_wgmma", "backward"};
+  for (int pass = 0; pass < 3; ++pass) {
+    const double ms = pass == 0 ? fwd_ms : pass == 1 ? wgmma_ms : bwd_ms;
+    if (ms < 0) continue;
+    const double flops = pass < 2 ? fwd_flops : 2.5 * fwd_flops;
     const double tflops = flops / (ms * 1e-3) / 1e12;
     std::printf(
         "{\"name\": \"flash_attention_%s\", \"shape\": \"B=%lld H=%lld T=%lld D=%lld causal "
         "bf16\", \"median_ms\": %.4f, \"tflops\": %.2f, \"peak_fraction\": %s, \"gpu\": "
         "\"%s\"}\n",
-        pass == 0 ? "forward" : "backward", static_cast<long long>(B), static_cast<long long>(H),
+        names[pass], static_cast<long long>(B), static_cast<long long>(H),
         static_cast<long long>(T), static_cast<long long>(D), ms, tflops,
         peak_fraction(tflops * 1e12, peak).c_str(), gpu.c_str());
   }

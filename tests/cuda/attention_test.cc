@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -14,6 +15,7 @@
 
 #include "backend/cpu/ref/ref_kernels.h"
 #include "backend/cuda/attention.h"
+#include "backend/cuda/wgmma.cuh"
 #include "core/dtype.h"
 #include "cuda_test_util.h"
 
@@ -363,7 +365,7 @@ struct AttnCase {
 // We allow 2x on the first term and add 1e-6 for the f32 softmax sums.
 // LSE: the f32 score dot products err by <= D * 2^-24 * scale * sum |q||k| and lse moves by at
 // most the largest score error; logf/exp2f add a few f32 ulps of |lse|.
-void run_forward_case(const AttnCase& c) {
+void run_forward_case(const AttnCase& c, cuda::FlashForwardKernel kernel) {
   std::mt19937 rng(static_cast<uint32_t>(c.T * 131 + c.D + c.causal));
   const size_t nq = size_t(c.B * c.T * c.Hq * c.D), nk = size_t(c.B * c.T * c.Hkv * c.D);
   const auto q = random_16bit(nq, -3, 3, c.dtype, rng);
@@ -382,6 +384,7 @@ void run_forward_case(const AttnCase& c) {
   a.v = {dv.get(), cuda::contiguous_layout(c.T, c.Hkv, c.D)};
   a.out = {dout.get(), cuda::contiguous_layout(c.T, c.Hq, c.D)};
   a.lse = dlse.get();
+  a.kernel = kernel;
   cuda::flash_attention_forward(a, nullptr);
   const auto out = dout.download();
   const auto lse = dlse.download();
@@ -406,18 +409,34 @@ void run_forward_case(const AttnCase& c) {
   }
 }
 
+// Skips (with the reason) where the sm_90a wgmma kernel cannot run.
+#define TS_REQUIRE_WGMMA()                                                                   \
+  do {                                                                                       \
+    TS_REQUIRE_CUDA_DEVICE();                                                                \
+    if (!cuda::flash_forward_wgmma_available())                                              \
+      GTEST_SKIP() << "the wgmma forward needs sm_90a code on a compute capability 9.0 GPU"; \
+  } while (0)
+
 class CudaFlashForward : public ::testing::TestWithParam<AttnCase> {};
 TEST_P(CudaFlashForward, MatchesFloat64Reference) {
   TS_REQUIRE_CUDA_DEVICE();
-  run_forward_case(GetParam());
+  run_forward_case(GetParam(), cuda::FlashForwardKernel::mma_sync);
+}
+// The Hopper kernel (128 x 128 tiles, two warpgroups): same arithmetic, same tolerance.
+TEST_P(CudaFlashForward, WgmmaMatchesFloat64Reference) {
+  TS_REQUIRE_WGMMA();
+  run_forward_case(GetParam(), cuda::FlashForwardKernel::wgmma);
 }
 std::vector<AttnCase> forward_cases() {
   std::vector<AttnCase> cases;
+  // Lengths around both kernels' tiles (64 and 128 rows / keys).
   for (int64_t D : {64, 128})
-    for (int64_t T : {1, 63, 64, 129, 300})
+    for (int64_t T : {1, 63, 64, 129, 256, 300})
       for (bool causal : {true, false}) cases.push_back({2, T, 8, 2, D, causal, DType::bf16});
   cases.push_back({1, 129, 4, 4, 128, true, DType::f16});
   cases.push_back({1, 77, 4, 1, 64, false, DType::f16});
+  cases.push_back({1, 1000, 2, 1, 128, true, DType::bf16});  // many K tiles per query tile
+  cases.push_back({1, 383, 2, 2, 64, true, DType::f16});
   return cases;
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaFlashForward, ::testing::ValuesIn(forward_cases()),
@@ -541,20 +560,30 @@ TEST(CudaFlashAttention, PackedQkvMatchesCpuReference) {
   fa.v = {base + 2 * C, packed};
   fa.out = {d_out.get(), cuda::contiguous_layout(T, H, D)};
   fa.lse = d_lse.get();
-  cuda::flash_attention_forward(fa, nullptr);
-  const auto got_out = d_out.download();
-  const auto got_lse = d_lse.download();
   const double u = unit_roundoff(t);
   int bad = 0;
-  for (size_t i = 0; i < out.size() && bad < 10; ++i) {
-    const double tol = 2 * u * fr.absw[i] + u * std::fabs(out[i]) + 1e-6;
-    if (!(std::fabs(from_16bit(got_out[i], t) - out[i]) <= tol)) {
-      ++bad;
-      ADD_FAILURE() << "out[" << i << "] = " << from_16bit(got_out[i], t) << ", cpu " << out[i];
+  for (cuda::FlashForwardKernel kernel :
+       {cuda::FlashForwardKernel::mma_sync, cuda::FlashForwardKernel::wgmma}) {
+    if (kernel == cuda::FlashForwardKernel::wgmma && !cuda::flash_forward_wgmma_available()) {
+      std::printf("[ info ] packed qkv: no wgmma forward on this GPU, mma.sync only\n");
+      continue;
     }
+    SCOPED_TRACE(cuda::flash_forward_kernel_name(kernel));
+    fa.kernel = kernel;
+    cuda::flash_attention_forward(fa, nullptr);
+    const auto got_out = d_out.download();
+    const auto got_lse = d_lse.download();
+    for (size_t i = 0; i < out.size() && bad < 10; ++i) {
+      const double tol = 2 * u * fr.absw[i] + u * std::fabs(out[i]) + 1e-6;
+      if (!(std::fabs(from_16bit(got_out[i], t) - out[i]) <= tol)) {
+        ++bad;
+        ADD_FAILURE() << "out[" << i << "] = " << from_16bit(got_out[i], t) << ", cpu " << out[i];
+      }
+    }
+    for (size_t i = 0; i < lse.size(); ++i)
+      EXPECT_NEAR(got_lse[i], lse[i],
+                  D * 0x1p-23 * fr.score_abs[i] + 4e-6 * (1 + std::fabs(lse[i])));
   }
-  for (size_t i = 0; i < lse.size(); ++i)
-    EXPECT_NEAR(got_lse[i], lse[i], D * 0x1p-23 * fr.score_abs[i] + 4e-6 * (1 + std::fabs(lse[i])));
 
   // Backward from the CPU forward's O (rounded to bf16) and LSE.
   std::vector<float> o16(out.size());
@@ -592,6 +621,48 @@ TEST(CudaFlashAttention, PackedQkvMatchesCpuReference) {
                         << ", cpu " << dqkv[i] << " +- " << tol;
         }
       }
+}
+
+// The 128-byte swizzle the wgmma kernel stores its tiles in: within each 1024-byte group of 8
+// rows every 16-byte chunk lands once, a row's chunks stay in the row, and chunk 0 of row r
+// moves to chunk r % 8 (the pattern wgmma decodes from address bits 4-6 ^ 7-9).
+TEST(WgmmaLayout, Sw128OffsetsPermuteChunksInsideEachRow) {
+  for (int group = 0; group < 4; ++group) {
+    std::vector<int> seen(64, 0);
+    for (int r = group * 8; r < group * 8 + 8; ++r)
+      for (int c = 0; c < 8; ++c) {
+        const uint32_t off = cuda::wgmma::sw128_offset(r, c);
+        ASSERT_EQ(off % 16, 0u);
+        ASSERT_EQ(off / 128, static_cast<uint32_t>(r)) << "row " << r << " chunk " << c;
+        const uint32_t in_group = off - group * 1024;
+        ASSERT_LT(in_group, 1024u);
+        ++seen[in_group / 16];
+        // Address bits 4-6 hold the logical chunk XOR bits 7-9 (the row within the group).
+        EXPECT_EQ((off >> 4) & 7, static_cast<uint32_t>(c ^ ((off >> 7) & 7)));
+      }
+    for (int i = 0; i < 64; ++i) EXPECT_EQ(seen[i], 1) << "group " << group << " slot " << i;
+  }
+}
+
+// Descriptor fields (PTX ISA "matrix descriptor"): start address, leading and stride byte
+// offsets in 16-byte units, swizzle mode 1 (128 bytes) in bits 62-63, base offset 0.
+TEST(WgmmaLayout, DescriptorPacksItsFields) {
+  const uint64_t d = cuda::wgmma::sw128_desc(0x12340, 16384, 1024);
+  EXPECT_EQ(d & 0x3FFF, 0x1234u);
+  EXPECT_EQ((d >> 16) & 0x3FFF, 16384u / 16);
+  EXPECT_EQ((d >> 32) & 0x3FFF, 1024u / 16);
+  EXPECT_EQ((d >> 49) & 7, 0u);
+  EXPECT_EQ(d >> 62, 1u);
+  EXPECT_EQ(d & ((uint64_t{3} << 14) | (uint64_t{3} << 30) | (uint64_t{7} << 46)), 0u)
+      << "reserved bits stay clear";
+  // The largest shared address of a block (227 KiB) still fits the 14-bit start field.
+  EXPECT_EQ(cuda::wgmma::sw128_desc(227 * 1024 - 16, 16, 1024) & 0x3FFF, (227u * 1024 - 16) / 16);
+}
+
+TEST(CudaFlashAttention, ExplicitMmaKernelNeedsNoProbe) {
+  EXPECT_EQ(cuda::resolve_flash_forward_kernel(cuda::FlashForwardKernel::mma_sync),
+            cuda::FlashForwardKernel::mma_sync);
+  EXPECT_STREQ(cuda::flash_forward_kernel_name(cuda::FlashForwardKernel::wgmma), "wgmma");
 }
 
 TEST(CudaFlashAttention, RejectsBadArguments) {

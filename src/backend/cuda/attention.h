@@ -47,14 +47,28 @@ struct FlashAttentionShape {
   DType dtype = DType::bf16;  // bf16 or f16: q, k, v, out, and all gradients
 };
 
+// Which forward kernel runs. mma_sync: 64 x 64 tiles, four warps, mma.sync (any sm_80+ GPU).
+// wgmma: 128 x 128 tiles, two warpgroups, Hopper's wgmma.mma_async (sm_90a code on a compute
+// capability 9.0 GPU). automatic: the environment's TESSERA_CUDA_FLASH_FWD (mma, the default;
+// wgmma; auto = wgmma where available), read once per process.
+enum class FlashForwardKernel : uint8_t { automatic, mma_sync, wgmma };
+const char* flash_forward_kernel_name(FlashForwardKernel k);
+
 // Elements cross this API as raw 16-bit patterns (bf16 or f16 per FlashAttentionShape::dtype).
 struct FlashForwardArgs {
   FlashAttentionShape shape;
   AttnInput q, k, v;
   AttnOutput out;        // (B,T,Hq,D)
   float* lse = nullptr;  // (B,Hq,T) natural-log log-sum-exp of the scaled scores
+  FlashForwardKernel kernel = FlashForwardKernel::automatic;
 };
 void flash_attention_forward(const FlashForwardArgs& a, cudaStream_t stream);
+// Whether the wgmma forward can run on the current device: compute capability 9.0 and a build
+// holding sm_90a code (asked of the code itself, once per device).
+bool flash_forward_wgmma_available();
+// The kernel `automatic` resolves to on the current device (throws on a bad environment value,
+// or when wgmma is asked for where it cannot run).
+FlashForwardKernel resolve_flash_forward_kernel(FlashForwardKernel k);
 
 // dq (B,T,Hq,D), dk and dv (B,T,Hkv,D) are overwritten. dQ is accumulated with f32 atomics into
 // an f32 workspace (one K tile per thread block, all query tiles) and converted in a last pass;

@@ -20,20 +20,10 @@ using flash::b_frag_addr_nk;
 using flash::ldmatrix_x4;
 using flash::ldmatrix_x4_trans;
 
+using flash::FwdParams;
+
 constexpr int kFwdWarps = kFwdBlockM / 16;  // each warp owns 16 query rows
 constexpr int kFwdThreads = kFwdWarps * 32;
-
-struct FwdParams {
-  const void* q;
-  const void* k;
-  const void* v;
-  void* out;
-  float* lse;
-  AttnLayout ql, kl, vl, ol;
-  int T, Hq, group;
-  float scale;
-  bool causal;
-};
 
 template <int kD>
 constexpr int fwd_smem_bytes() {
@@ -259,6 +249,10 @@ void flash_attention_forward(const FlashForwardArgs& a, cudaStream_t stream) {
               static_cast<int>(s.Hq / s.Hkv),
               s.scale,
               s.causal};
+  if (resolve_flash_forward_kernel(a.kernel) == FlashForwardKernel::wgmma) {
+    flash::launch_fwd_wgmma(p, static_cast<int>(s.D), s.dtype, s.B, stream);
+    return;
+  }
   const bool bf16 = s.dtype == DType::bf16;
   if (s.D == 64) {
     bf16 ? launch_fwd<__nv_bfloat16, 64>(p, s.B, stream) : launch_fwd<__half, 64>(p, s.B, stream);

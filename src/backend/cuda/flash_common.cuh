@@ -140,6 +140,21 @@ __device__ inline float quad_sum(float x) {
 
 inline constexpr float kLog2e = 1.4426950408889634f;
 
+// Forward kernel arguments (both the mma.sync and the sm_90a wgmma kernel).
+struct FwdParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* out;
+  float* lse;
+  AttnLayout ql, kl, vl, ol;
+  int T, Hq, group;
+  float scale;
+  bool causal;
+};
+// The wgmma forward (flash_attention_fwd_sm90.cu); B is the batch (the grid's z).
+void launch_fwd_wgmma(const FwdParams& p, int D, DType dtype, int64_t B, cudaStream_t stream);
+
 // Host-side argument checks shared by forward and backward (defined in flash_attention_fwd.cu);
 // each throws naming the op and the offending parameter.
 void check_shape(const char* op, const FlashAttentionShape& s);

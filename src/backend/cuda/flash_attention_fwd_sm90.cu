@@ -1,0 +1,340 @@
+// FlashAttention forward for Hopper (sm_90a): one thread block per 128-row query tile and head,
+// two warpgroups of 64 rows each, K/V tiles of 128 keys streamed through 128-byte-swizzled shared
+// memory with cp.async double buffering, S = Q K^T and O += P V on wgmma.mma_async (Q, K, V read
+// by the tensor cores straight from shared memory, P from registers), online softmax in f32,
+// log-sum-exp saved for the backward. Same arithmetic as the mma.sync kernel (f32 scores,
+// P rounded to 16 bits, f32 O), on tiles four times larger.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include "backend/cuda/attention.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/flash_common.cuh"
+#include "backend/cuda/wgmma.cuh"
+#include "core/error.h"
+
+namespace tessera::cuda {
+namespace {
+
+using flash::FwdParams;
+
+constexpr int kBM = 128, kBN = 128;    // query rows, keys per tile
+constexpr int kWarpgroups = kBM / 64;  // each warpgroup owns 64 query rows
+constexpr int kThreads = kWarpgroups * 128;
+constexpr int kAlign = 1024;  // the 128-byte swizzle repeats every 1024 bytes
+
+template <int kD>
+constexpr int smem_bytes() {
+  // Q, then 2 stages of K and of V, plus slack to align the base.
+  return (kBM + 4 * kBN) * kD * 2 + kAlign;
+}
+
+// Copies rows [0, kRows) of a (rows x kD) global tile into the swizzled layout of wgmma.cuh
+// (kD / 64 column blocks of kRows x 128 bytes); rows >= valid_rows become zeros.
+template <int kRows, int kD, typename T>
+__device__ inline void load_tile_sw128(uint32_t smem, const T* gmem, int64_t row_stride,
+                                       int valid_rows) {
+  constexpr int kChunksPerRow = kD / 8;
+  constexpr int kChunks = kRows * kChunksPerRow;
+  static_assert(kChunks % kThreads == 0, "every thread copies the same number of chunks");
+#pragma unroll
+  for (int it = 0; it < kChunks / kThreads; ++it) {
+    const int i = it * kThreads + static_cast<int>(threadIdx.x);
+    const int r = i / kChunksPerRow;
+    const int c = i % kChunksPerRow;
+    const bool valid = r < valid_rows;
+    const T* src = valid ? gmem + r * row_stride + c * 8 : gmem;
+    const uint32_t dst = smem + (c / 8) * (kRows * 128) + wgmma::sw128_offset(r, c % 8);
+    flash::cp_async_16(dst, src, valid);
+  }
+}
+
+template <typename T, int kD>
+__global__ void __launch_bounds__(kThreads, 1) flash_fwd_wgmma_kernel(FwdParams p) {
+  static_assert(kD == 64 || kD == 128, "head dim 64 or 128");
+#if TESSERA_HAS_WGMMA
+  using E = flash::Elem<T>;
+  using M = wgmma::Mma<T>;
+  constexpr int kTileBytes = kBN * kD * 2;  // one K or V stage
+  constexpr int kBlockBytes = kBN * 128;    // one 64-wide column block of a K/V stage
+
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t base = (flash::smem_u32(smem_raw) + kAlign - 1) & ~uint32_t(kAlign - 1);
+  const uint32_t sQ = base;
+  const uint32_t sK = sQ + kBM * kD * 2;  // 2 stages
+  const uint32_t sV = sK + 2 * kTileBytes;
+
+  const int T_len = p.T;
+  // Heaviest causal tiles (last rows) first, so the long blocks do not form the tail.
+  const int q_tile = static_cast<int>(gridDim.x - 1 - blockIdx.x);
+  const int hq = blockIdx.y;
+  const int b = blockIdx.z;
+  const int hk = hq / p.group;
+  const int wg = threadIdx.x / 128;
+  const int warp = (threadIdx.x % 128) / 32;  // in the warpgroup
+  const int lane = threadIdx.x % 32;
+  const int q0 = q_tile * kBM;
+  const int row0 = q0 + wg * 64 + warp * 16 + lane / 4;  // this lane's rows: row0, row0 + 8
+
+  const T* q_ptr = static_cast<const T*>(p.q) + b * p.ql.batch + hq * p.ql.head + q0 * p.ql.token;
+  const T* k_ptr = static_cast<const T*>(p.k) + b * p.kl.batch + hk * p.kl.head;
+  const T* v_ptr = static_cast<const T*>(p.v) + b * p.vl.batch + hk * p.vl.head;
+
+  const int n_tiles = attn_index::kv_tiles_for_q_tile(q_tile, T_len, kBM, kBN, p.causal);
+
+  load_tile_sw128<kBM, kD>(sQ, q_ptr, p.ql.token, T_len - q0);
+  load_tile_sw128<kBN, kD>(sK, k_ptr, p.kl.token, T_len);
+  load_tile_sw128<kBN, kD>(sV, v_ptr, p.vl.token, T_len);
+  flash::cp_async_commit();
+
+  float o[kD / 8][4];
+#pragma unroll
+  for (int n = 0; n < kD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  // Each tile's first k-step overwrites S (scale-d 0); zeroed once so no register is read unset.
+  float s[kBN / 8][4];
+#pragma unroll
+  for (int n = 0; n < kBN / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY};  // raw (unscaled) scores
+  float row_sum[2] = {0.f, 0.f};              // this lane's share; quad-reduced at the end
+  const float scale_log2 = p.scale * flash::kLog2e;
+  // This warpgroup's 64 rows of Q: column block kk / 4, k-step kk % 4 inside it.
+  const uint32_t q_wg = sQ + wg * 64 * 128;
+
+  for (int t = 0; t < n_tiles; ++t) {
+    const int stage = t & 1;
+    if (t + 1 < n_tiles) {
+      // The stage written here was last read in iteration t-1, whose wgmma were waited for
+      // before the barrier that ended it.
+      const int k_next = (t + 1) * kBN;
+      load_tile_sw128<kBN, kD>(sK + (stage ^ 1) * kTileBytes, k_ptr + k_next * p.kl.token,
+                               p.kl.token, T_len - k_next);
+      load_tile_sw128<kBN, kD>(sV + (stage ^ 1) * kTileBytes, v_ptr + k_next * p.vl.token,
+                               p.vl.token, T_len - k_next);
+      flash::cp_async_commit();
+      flash::cp_async_wait<1>();
+    } else {
+      flash::cp_async_wait<0>();
+    }
+    wgmma::fence_async_shared();  // this thread's copies, visible to the tensor cores
+    __syncthreads();
+
+    const uint32_t sKs = sK + stage * kTileBytes;
+    const uint32_t sVs = sV + stage * kTileBytes;
+
+    // S (64 x 128 per warpgroup) = Q K^T, accumulated over kD / 16 k-steps.
+    wgmma::fence_operands(s);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const uint32_t off = (kk % 4) * 32;
+      const uint64_t da = wgmma::sw128_desc(q_wg + (kk / 4) * (kBM * 128) + off, 16, 1024);
+      const uint64_t db = wgmma::sw128_desc(sKs + (kk / 4) * kBlockBytes + off, 16, 1024);
+      M::ss_n128(s, da, db, kk > 0 ? 1 : 0);
+    }
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::fence_operands(s);
+
+    const int k0 = t * kBN;
+    if (attn_index::tile_needs_mask(q_tile, t, T_len, kBM, kBN, p.causal)) {
+#pragma unroll
+      for (int n = 0; n < kBN / 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = row0 + (e >= 2 ? 8 : 0);
+          const int col = k0 + n * 8 + (lane % 4) * 2 + (e & 1);
+          if (col >= T_len || (p.causal && col > row)) s[n][e] = -INFINITY;
+        }
+      }
+    }
+
+    // Online softmax for the lane's two rows (row0 and row0 + 8).
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = row_max[r];
+#pragma unroll
+      for (int n = 0; n < kBN / 8; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+      mx = flash::quad_max(mx);
+      // A row with every score masked so far keeps p = 0 without forming inf - inf.
+      const float base_r = (mx == -INFINITY ? 0.f : mx) * scale_log2;
+      const float corr = exp2f(row_max[r] * scale_log2 - base_r);
+      row_max[r] = mx;
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < kBN / 8; ++n) {
+#pragma unroll
+        for (int e = 2 * r; e < 2 * r + 2; ++e) {
+          const float pe = exp2f(fmaf(s[n][e], scale_log2, -base_r));
+          s[n][e] = pe;
+          sum += pe;
+        }
+      }
+      row_sum[r] = row_sum[r] * corr + sum;
+#pragma unroll
+      for (int n = 0; n < kD / 8; ++n) {
+        o[n][2 * r] *= corr;
+        o[n][2 * r + 1] *= corr;
+      }
+    }
+
+    // O += P V: P rounded to 16 bits straight from the S accumulators (k-step j = pair 2j, 2j+1).
+    uint32_t pa[kBN / 16][4];
+#pragma unroll
+    for (int j = 0; j < kBN / 16; ++j) {
+      pa[j][0] = E::pack(s[2 * j][0], s[2 * j][1]);
+      pa[j][1] = E::pack(s[2 * j][2], s[2 * j][3]);
+      pa[j][2] = E::pack(s[2 * j + 1][0], s[2 * j + 1][1]);
+      pa[j][3] = E::pack(s[2 * j + 1][2], s[2 * j + 1][3]);
+    }
+    wgmma::fence_operands(o);
+    wgmma::fence();
+#pragma unroll
+    for (int j = 0; j < kBN / 16; ++j) {
+      // Keys 16j..16j+15 (rows of V, 128 bytes apart in each column block); column blocks of D
+      // kBlockBytes apart.
+      const uint64_t dv = wgmma::sw128_desc(sVs + j * 16 * 128, kBlockBytes, 1024);
+      if constexpr (kD == 128) {
+        M::rs_n128(o, pa[j], dv, 1);
+      } else {
+        M::rs_n64(o, pa[j], dv, 1);
+      }
+    }
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::fence_operands(o);
+    __syncthreads();  // both warpgroups are done with this stage before it is refilled
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float l = flash::quad_sum(row_sum[r]);
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const int row = row0 + r * 8;
+    if (row < T_len) {
+      T* out_row = static_cast<T*>(p.out) + b * p.ol.batch + row * p.ol.token + hq * p.ol.head;
+#pragma unroll
+      for (int n = 0; n < kD / 8; ++n) {
+        const int col = n * 8 + (lane % 4) * 2;
+        *reinterpret_cast<uint32_t*>(out_row + col) =
+            E::pack(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+      }
+      if (lane % 4 == 0) {
+        p.lse[(static_cast<int64_t>(b) * p.Hq + hq) * T_len + row] =
+            l > 0.f ? row_max[r] * p.scale + logf(l) : -INFINITY;
+      }
+    }
+  }
+#else
+  // Built without sm_90a code: the host never launches this (flash_forward_wgmma_available).
+  __trap();
+#endif
+}
+
+// Writes 1 where the code running on this device was compiled with the sm_90a features.
+__global__ void wgmma_probe_kernel(int* out) {
+  *out = TESSERA_HAS_WGMMA;
+}
+
+template <typename T, int kD>
+void launch(const FwdParams& p, int64_t B, cudaStream_t stream) {
+  constexpr int smem = smem_bytes<kD>();
+  TS_CUDA_CHECK(cudaFuncSetAttribute(flash_fwd_wgmma_kernel<T, kD>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const dim3 grid(attn_index::ceil_div(p.T, kBM), p.Hq, static_cast<unsigned>(B));
+  flash_fwd_wgmma_kernel<T, kD><<<grid, kThreads, smem, stream>>>(p);
+  TS_CUDA_CHECK_LAUNCH();
+}
+
+// Per device (up to 64): 0 not asked yet, 1 no, 2 yes.
+constexpr int kMaxDevices = 64;
+std::atomic<int> g_wgmma_ok[kMaxDevices] = {};
+
+bool ask_device() {
+  int dev = 0, major = 0, minor = 0;
+  TS_CUDA_CHECK(cudaGetDevice(&dev));
+  TS_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  TS_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  // sm_90a code runs only on compute capability 9.0; elsewhere the PTX would be JIT'd.
+  if (major != 9 || minor != 0) return false;
+  int* d = nullptr;
+  int h = 0;
+  TS_CUDA_CHECK(cudaMalloc(&d, sizeof(int)));
+  wgmma_probe_kernel<<<1, 1>>>(d);
+  const cudaError_t launched = cudaGetLastError();
+  const cudaError_t copied = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost);
+  cudaFree(d);
+  TS_CUDA_CHECK(launched);
+  TS_CUDA_CHECK(copied);
+  return h == 1;
+}
+
+FlashForwardKernel setting_from_env() {
+  const char* v = std::getenv("TESSERA_CUDA_FLASH_FWD");
+  if (v == nullptr) return FlashForwardKernel::mma_sync;
+  const std::string s(v);
+  if (s == "mma") return FlashForwardKernel::mma_sync;
+  if (s == "wgmma") return FlashForwardKernel::wgmma;
+  if (s == "auto") return FlashForwardKernel::automatic;
+  fail("[flash_attention_forward] TESSERA_CUDA_FLASH_FWD=", s, " must be mma, wgmma or auto");
+}
+
+}  // namespace
+
+const char* flash_forward_kernel_name(FlashForwardKernel k) {
+  switch (k) {
+    case FlashForwardKernel::automatic:
+      return "automatic";
+    case FlashForwardKernel::mma_sync:
+      return "mma_sync";
+    case FlashForwardKernel::wgmma:
+      return "wgmma";
+  }
+  return "?";
+}
+
+bool flash_forward_wgmma_available() {
+  int dev = 0;
+  TS_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= kMaxDevices) return false;
+  int c = g_wgmma_ok[dev].load(std::memory_order_relaxed);
+  if (c == 0) {
+    c = ask_device() ? 2 : 1;
+    g_wgmma_ok[dev].store(c, std::memory_order_relaxed);
+  }
+  return c == 2;
+}
+
+FlashForwardKernel resolve_flash_forward_kernel(FlashForwardKernel k) {
+  bool from_env = false;
+  if (k == FlashForwardKernel::automatic) {
+    static const FlashForwardKernel env = setting_from_env();
+    k = env;
+    from_env = true;
+    if (k == FlashForwardKernel::automatic)
+      return flash_forward_wgmma_available() ? FlashForwardKernel::wgmma
+                                             : FlashForwardKernel::mma_sync;
+  }
+  if (k == FlashForwardKernel::wgmma)
+    TS_CHECK(flash_forward_wgmma_available(), "[flash_attention_forward] ",
+             from_env ? "TESSERA_CUDA_FLASH_FWD=wgmma" : "kernel wgmma",
+             " needs sm_90a code on a compute capability 9.0 GPU (this device or build has none)");
+  return k;
+}
+
+namespace flash {
+void launch_fwd_wgmma(const FwdParams& p, int D, DType dtype, int64_t B, cudaStream_t stream) {
+  const bool bf16 = dtype == DType::bf16;
+  if (D == 64) {
+    bf16 ? launch<__nv_bfloat16, 64>(p, B, stream) : launch<__half, 64>(p, B, stream);
+  } else {
+    bf16 ? launch<__nv_bfloat16, 128>(p, B, stream) : launch<__half, 128>(p, B, stream);
+  }
+}
+}  // namespace flash
+
+}  // namespace tessera::cuda
