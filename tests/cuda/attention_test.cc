@@ -659,6 +659,23 @@ TEST(WgmmaLayout, DescriptorPacksItsFields) {
   EXPECT_EQ(cuda::wgmma::sw128_desc(227 * 1024 - 16, 16, 1024) & 0x3FFF, (227u * 1024 - 16) / 16);
 }
 
+TEST(CudaFlashAttention, ForwardKernelEnvironmentValues) {
+  using K = cuda::FlashForwardKernel;
+  EXPECT_EQ(cuda::parse_flash_forward_env(nullptr), K::mma_sync);
+  EXPECT_EQ(cuda::parse_flash_forward_env("mma"), K::mma_sync);
+  EXPECT_EQ(cuda::parse_flash_forward_env("wgmma"), K::wgmma);
+  EXPECT_EQ(cuda::parse_flash_forward_env("auto"), K::automatic);
+  for (const char* bad : {"", "WGMMA", "1", "mma "}) {
+    try {
+      cuda::parse_flash_forward_env(bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("TESSERA_CUDA_FLASH_FWD"), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 TEST(CudaFlashAttention, ExplicitMmaKernelNeedsNoProbe) {
   EXPECT_EQ(cuda::resolve_flash_forward_kernel(cuda::FlashForwardKernel::mma_sync),
             cuda::FlashForwardKernel::mma_sync);

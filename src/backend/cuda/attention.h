@@ -66,6 +66,9 @@ void flash_attention_forward(const FlashForwardArgs& a, cudaStream_t stream);
 // Whether the wgmma forward can run on the current device: compute capability 9.0 and a build
 // holding sm_90a code (asked of the code itself, once per device).
 bool flash_forward_wgmma_available();
+// TESSERA_CUDA_FLASH_FWD's value (null: unset) as a kernel: mma (or unset) -> mma_sync, wgmma,
+// auto -> automatic (wgmma where available); anything else throws naming the variable.
+FlashForwardKernel parse_flash_forward_env(const char* value);
 // The kernel `automatic` resolves to on the current device (throws on a bad environment value,
 // or when wgmma is asked for where it cannot run).
 FlashForwardKernel resolve_flash_forward_kernel(FlashForwardKernel k);

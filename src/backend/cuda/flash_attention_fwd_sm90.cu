@@ -95,10 +95,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_wgmma_kernel(FwdParams 
   float o[kD / 8][4];
 #pragma unroll
   for (int n = 0; n < kD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-  // Each tile's first k-step overwrites S (scale-d 0); zeroed once so no register is read unset.
   float s[kBN / 8][4];
-#pragma unroll
-  for (int n = 0; n < kBN / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
   float row_max[2] = {-INFINITY, -INFINITY};  // raw (unscaled) scores
   float row_sum[2] = {0.f, 0.f};              // this lane's share; quad-reduced at the end
   const float scale_log2 = p.scale * flash::kLog2e;
@@ -126,7 +123,11 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_wgmma_kernel(FwdParams 
     const uint32_t sKs = sK + stage * kTileBytes;
     const uint32_t sVs = sV + stage * kTileBytes;
 
-    // S (64 x 128 per warpgroup) = Q K^T, accumulated over kD / 16 k-steps.
+    // S (64 x 128 per warpgroup) = Q K^T, accumulated over kD / 16 k-steps. The first k-step
+    // overwrites S (scale-d 0); zeroing it here still ends the last tile's S live range (it is
+    // an in-out operand) and leaves no register read unset.
+#pragma unroll
+    for (int n = 0; n < kBN / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
     wgmma::fence_operands(s);
     wgmma::fence();
 #pragma unroll
@@ -191,6 +192,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_wgmma_kernel(FwdParams 
       pa[j][2] = E::pack(s[2 * j + 1][0], s[2 * j + 1][1]);
       pa[j][3] = E::pack(s[2 * j + 1][2], s[2 * j + 1][3]);
     }
+    wgmma::fence_operands(pa);
     wgmma::fence_operands(o);
     wgmma::fence();
 #pragma unroll
@@ -207,6 +209,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_wgmma_kernel(FwdParams 
     wgmma::commit();
     wgmma::wait<0>();
     wgmma::fence_operands(o);
+    wgmma::fence_operands(pa);
     __syncthreads();  // both warpgroups are done with this stage before it is refilled
   }
 
@@ -261,29 +264,41 @@ bool ask_device() {
   TS_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
   // sm_90a code runs only on compute capability 9.0; elsewhere the PTX would be JIT'd.
   if (major != 9 || minor != 0) return false;
+  // The first call may come while this thread captures a graph: relaxed mode lets the probe's
+  // allocation and its own stream run beside the capture instead of invalidating it.
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  TS_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+  struct RestoreMode {
+    cudaStreamCaptureMode m;
+    ~RestoreMode() { cudaThreadExchangeStreamCaptureMode(&m); }
+  } restore{mode};
+  cudaStream_t st = nullptr;
+  TS_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   int* d = nullptr;
   int h = 0;
-  TS_CUDA_CHECK(cudaMalloc(&d, sizeof(int)));
-  wgmma_probe_kernel<<<1, 1>>>(d);
-  const cudaError_t launched = cudaGetLastError();
-  const cudaError_t copied = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost);
-  cudaFree(d);
-  TS_CUDA_CHECK(launched);
-  TS_CUDA_CHECK(copied);
+  cudaError_t err = cudaMalloc(&d, sizeof(int));
+  if (err == cudaSuccess) {
+    wgmma_probe_kernel<<<1, 1, 0, st>>>(d);
+    err = cudaGetLastError();
+    if (err == cudaSuccess) err = cudaMemcpyAsync(&h, d, sizeof(int), cudaMemcpyDeviceToHost, st);
+    if (err == cudaSuccess) err = cudaStreamSynchronize(st);
+    cudaFree(d);
+  }
+  cudaStreamDestroy(st);
+  TS_CUDA_CHECK(err);
   return h == 1;
 }
 
-FlashForwardKernel setting_from_env() {
-  const char* v = std::getenv("TESSERA_CUDA_FLASH_FWD");
-  if (v == nullptr) return FlashForwardKernel::mma_sync;
-  const std::string s(v);
+}  // namespace
+
+FlashForwardKernel parse_flash_forward_env(const char* value) {
+  if (value == nullptr) return FlashForwardKernel::mma_sync;
+  const std::string s(value);
   if (s == "mma") return FlashForwardKernel::mma_sync;
   if (s == "wgmma") return FlashForwardKernel::wgmma;
   if (s == "auto") return FlashForwardKernel::automatic;
   fail("[flash_attention_forward] TESSERA_CUDA_FLASH_FWD=", s, " must be mma, wgmma or auto");
 }
-
-}  // namespace
 
 const char* flash_forward_kernel_name(FlashForwardKernel k) {
   switch (k) {
@@ -300,7 +315,7 @@ const char* flash_forward_kernel_name(FlashForwardKernel k) {
 bool flash_forward_wgmma_available() {
   int dev = 0;
   TS_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= kMaxDevices) return false;
+  if (dev < 0 || dev >= kMaxDevices) return ask_device();  // past the cache: ask each time
   int c = g_wgmma_ok[dev].load(std::memory_order_relaxed);
   if (c == 0) {
     c = ask_device() ? 2 : 1;
@@ -312,7 +327,8 @@ bool flash_forward_wgmma_available() {
 FlashForwardKernel resolve_flash_forward_kernel(FlashForwardKernel k) {
   bool from_env = false;
   if (k == FlashForwardKernel::automatic) {
-    static const FlashForwardKernel env = setting_from_env();
+    static const FlashForwardKernel env =
+        parse_flash_forward_env(std::getenv("TESSERA_CUDA_FLASH_FWD"));
     k = env;
     from_env = true;
     if (k == FlashForwardKernel::automatic)
