@@ -1,6 +1,7 @@
 // FlashAttention forward for Hopper (sm_90a): one thread block per 128-row query tile and head,
 // two warpgroups of 64 rows each, K/V tiles of 128 keys streamed through 128-byte-swizzled shared
-// memory with cp.async double buffering, S = Q K^T and O += P V on wgmma.mma_async (Q, K, V read
+// memory by cp.async in three stages (two tiles in flight while one is computed, one barrier per
+// tile), S = Q K^T and O += P V on wgmma.mma_async (Q, K, V read
 // by the tensor cores straight from shared memory, P from registers), online softmax in f32,
 // log-sum-exp saved for the backward. Same arithmetic as the mma.sync kernel (f32 scores,
 // P rounded to 16 bits, f32 O), on tiles four times larger.
@@ -27,11 +28,13 @@ constexpr int kBM = 128, kBN = 128;    // query rows, keys per tile
 constexpr int kWarpgroups = kBM / 64;  // each warpgroup owns 64 query rows
 constexpr int kThreads = kWarpgroups * 128;
 constexpr int kAlign = 1024;  // the 128-byte swizzle repeats every 1024 bytes
+constexpr int kStages = 3;
 
 template <int kD>
 constexpr int smem_bytes() {
-  // Q, then 2 stages of K and of V, plus slack to align the base.
-  return (kBM + 4 * kBN) * kD * 2 + kAlign;
+  // Q, then the stages of K and of V, plus slack to align the base: 230,400 B at D=128, within
+  // Hopper's 227 KiB per block.
+  return (kBM + 2 * kStages * kBN) * kD * 2 + kAlign;
 }
 
 // Copies rows [0, kRows) of a (rows x kD) global tile into the swizzled layout of wgmma.cuh
@@ -66,8 +69,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_wgmma_kernel(FwdParams 
   extern __shared__ unsigned char smem_raw[];
   const uint32_t base = (flash::smem_u32(smem_raw) + kAlign - 1) & ~uint32_t(kAlign - 1);
   const uint32_t sQ = base;
-  const uint32_t sK = sQ + kBM * kD * 2;  // 2 stages
-  const uint32_t sV = sK + 2 * kTileBytes;
+  const uint32_t sK = sQ + kBM * kD * 2;  // kStages stages
+  const uint32_t sV = sK + kStages * kTileBytes;
 
   const int T_len = p.T;
   // Heaviest causal tiles (last rows) first, so the long blocks do not form the tail.
@@ -87,10 +90,20 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_wgmma_kernel(FwdParams 
 
   const int n_tiles = attn_index::kv_tiles_for_q_tile(q_tile, T_len, kBM, kBN, p.causal);
 
+  // Copy group j holds K/V tile j (group 0 also Q); tile j is issued in iteration j - 2, tiles 0
+  // and 1 here.
+  auto load_kv = [&](int tile) {
+    const int k_first = tile * kBN;
+    const int st = tile % kStages;
+    load_tile_sw128<kBN, kD>(sK + st * kTileBytes, k_ptr + k_first * p.kl.token, p.kl.token,
+                             T_len - k_first);
+    load_tile_sw128<kBN, kD>(sV + st * kTileBytes, v_ptr + k_first * p.vl.token, p.vl.token,
+                             T_len - k_first);
+    flash::cp_async_commit();
+  };
   load_tile_sw128<kBM, kD>(sQ, q_ptr, p.ql.token, T_len - q0);
-  load_tile_sw128<kBN, kD>(sK, k_ptr, p.kl.token, T_len);
-  load_tile_sw128<kBN, kD>(sV, v_ptr, p.vl.token, T_len);
-  flash::cp_async_commit();
+  load_kv(0);
+  if (n_tiles > 1) load_kv(1);
 
   float o[kD / 8][4];
 #pragma unroll
@@ -103,22 +116,18 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_wgmma_kernel(FwdParams 
   const uint32_t q_wg = sQ + wg * 64 * 128;
 
   for (int t = 0; t < n_tiles; ++t) {
-    const int stage = t & 1;
+    const int stage = t % kStages;
+    // Groups up to min(t + 1, n_tiles - 1) are committed; tile t's must be complete.
     if (t + 1 < n_tiles) {
-      // The stage written here was last read in iteration t-1, whose wgmma were waited for
-      // before the barrier that ended it.
-      const int k_next = (t + 1) * kBN;
-      load_tile_sw128<kBN, kD>(sK + (stage ^ 1) * kTileBytes, k_ptr + k_next * p.kl.token,
-                               p.kl.token, T_len - k_next);
-      load_tile_sw128<kBN, kD>(sV + (stage ^ 1) * kTileBytes, v_ptr + k_next * p.vl.token,
-                               p.vl.token, T_len - k_next);
-      flash::cp_async_commit();
       flash::cp_async_wait<1>();
     } else {
       flash::cp_async_wait<0>();
     }
     wgmma::fence_async_shared();  // this thread's copies, visible to the tensor cores
+    // Past this barrier every thread has its tile-t copies landed and has finished iteration
+    // t - 1, whose wgmma (waited for) were the last readers of the stage tile t + 2 refills.
     __syncthreads();
+    if (t + 2 < n_tiles) load_kv(t + 2);
 
     const uint32_t sKs = sK + stage * kTileBytes;
     const uint32_t sVs = sV + stage * kTileBytes;
@@ -210,7 +219,6 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_wgmma_kernel(FwdParams 
     wgmma::wait<0>();
     wgmma::fence_operands(o);
     wgmma::fence_operands(pa);
-    __syncthreads();  // both warpgroups are done with this stage before it is refilled
   }
 
 #pragma unroll
