@@ -1,7 +1,8 @@
 // FlashAttention-2 backward: D = rowsum(dO * O) pre-pass, one thread block per 64-key tile and
 // KV head that recomputes P from Q, K and the saved LSE for every query tile (and every query
 // head of the GQA group), keeps dK/dV in registers, adds dQ with f32 atomics; a last pass
-// converts dQ to 16 bits.
+// converts dQ to 16 bits. The next step's Q, dO, LSE and D_i are fetched into a second buffer
+// while the current step computes.
 #include <type_traits>
 
 #include "backend/cuda/attention.h"
@@ -74,9 +75,10 @@ __global__ void convert_dq_kernel(T* dq, AttnLayout l, const float* acc, int64_t
 
 template <int kD>
 constexpr int bwd_smem_bytes() {
-  // K, V (kBN x D), Q, dO (kBM x D), dS (kBM x kBN), all 16-bit; LSE and D_i (kBM floats each).
-  return (2 * kBwdBlockN * kD + 2 * kBwdBlockM * kD + kBwdBlockM * kBwdBlockN) * 2 +
-         2 * kBwdBlockM * 4;
+  // K, V (kBN x D), 2 stages of Q and dO (kBM x D), dS (kBM x kBN), all 16-bit; 2 stages of LSE
+  // and D_i (kBM floats each).
+  return (2 * kBwdBlockN * kD + 4 * kBwdBlockM * kD + kBwdBlockM * kBwdBlockN) * 2 +
+         4 * kBwdBlockM * 4;
 }
 
 template <typename T, int kD>
@@ -90,11 +92,11 @@ __global__ void __launch_bounds__(kBwdThreads) flash_bwd_kernel(BwdParams p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sK = reinterpret_cast<T*>(smem_raw);
   T* sV = sK + kBN * kD;
-  T* sQ = sV + kBN * kD;
-  T* sdO = sQ + kBM * kD;
-  T* sdS = sdO + kBM * kD;                                  // dS as [query][key]
-  float* sLse = reinterpret_cast<float*>(sdS + kBM * kBN);  // LSE * log2(e)
-  float* sDsum = sLse + kBM;
+  T* sQ2 = sV + kBN * kD;                                    // 2 stages
+  T* sdO2 = sQ2 + 2 * kBM * kD;                              // 2 stages
+  T* sdS = sdO2 + 2 * kBM * kD;                              // dS as [query][key]
+  float* sLse2 = reinterpret_cast<float*>(sdS + kBM * kBN);  // LSE * log2(e), 2 stages
+  float* sDsum2 = sLse2 + 2 * kBM;                           // 2 stages
 
   const int T_len = p.T;
   const int kv_tile = blockIdx.x;
@@ -123,26 +125,47 @@ __global__ void __launch_bounds__(kBwdThreads) flash_bwd_kernel(BwdParams p) {
 
   const int n_q_tiles = attn_index::ceil_div(T_len, kBM);
   const int first_q_tile = attn_index::first_q_tile_for_kv_tile(kv_tile, kBM, kBN, p.causal);
-
-  for (int hq = hk * p.group; hq < (hk + 1) * p.group; ++hq) {
+  // Steps run over (query head of the group, query tile) pairs, head-major.
+  const int tiles_per_head = n_q_tiles - first_q_tile;
+  const int n_steps = p.group * tiles_per_head;
+  // Fetches step `step`'s Q, dO (cp.async, one commit group) and LSE, D_i (plain loads) into
+  // buffer `buf`.
+  auto fetch = [&](int step, int buf) {
+    const int hq = hk * p.group + step / tiles_per_head;
+    const int q0 = (first_q_tile + step % tiles_per_head) * kBM;
     const T* q_head = static_cast<const T*>(p.q) + b * p.ql.batch + hq * p.ql.head;
     const T* do_head = static_cast<const T*>(p.dout) + b * p.dol.batch + hq * p.dol.head;
-    const float* lse_row = p.lse + (static_cast<int64_t>(b) * p.Hq + hq) * T_len;
-    const float* dsum_row = p.dsum + (static_cast<int64_t>(b) * p.Hq + hq) * T_len;
-    for (int qt = first_q_tile; qt < n_q_tiles; ++qt) {
-      const int q0 = qt * kBM;
-      flash::load_tile_async<kBM, kD, kBwdThreads>(sQ, q_head + q0 * p.ql.token, p.ql.token,
-                                                   T_len - q0);
-      flash::load_tile_async<kBM, kD, kBwdThreads>(sdO, do_head + q0 * p.dol.token, p.dol.token,
-                                                   T_len - q0);
-      flash::cp_async_commit();
-      if (threadIdx.x < kBM) {
-        const int row = q0 + static_cast<int>(threadIdx.x);
-        sLse[threadIdx.x] = row < T_len ? lse_row[row] * flash::kLog2e : 0.f;
-        sDsum[threadIdx.x] = row < T_len ? dsum_row[row] : 0.f;
-      }
+    flash::load_tile_async<kBM, kD, kBwdThreads>(sQ2 + buf * kBM * kD, q_head + q0 * p.ql.token,
+                                                 p.ql.token, T_len - q0);
+    flash::load_tile_async<kBM, kD, kBwdThreads>(sdO2 + buf * kBM * kD, do_head + q0 * p.dol.token,
+                                                 p.dol.token, T_len - q0);
+    flash::cp_async_commit();
+    if (threadIdx.x < kBM) {
+      const int64_t row_base = (static_cast<int64_t>(b) * p.Hq + hq) * T_len;
+      const int row = q0 + static_cast<int>(threadIdx.x);
+      sLse2[buf * kBM + threadIdx.x] = row < T_len ? p.lse[row_base + row] * flash::kLog2e : 0.f;
+      sDsum2[buf * kBM + threadIdx.x] = row < T_len ? p.dsum[row_base + row] : 0.f;
+    }
+  };
+  if (n_steps > 0) fetch(0, 0);  // commit group 1 (K and V are group 0)
+
+  for (int step = 0; step < n_steps; ++step) {
+    const int buf = step & 1;
+    const int hq = hk * p.group + step / tiles_per_head;
+    const int q0 = (first_q_tile + step % tiles_per_head) * kBM;
+    // The other buffer was last read in step - 1, which ended with a barrier.
+    if (step + 1 < n_steps) {
+      fetch(step + 1, buf ^ 1);
+      flash::cp_async_wait<1>();
+    } else {
       flash::cp_async_wait<0>();
-      __syncthreads();
+    }
+    __syncthreads();
+    {
+      const T* sQ = sQ2 + buf * kBM * kD;
+      const T* sdO = sdO2 + buf * kBM * kD;
+      const float* sLse = sLse2 + buf * kBM;
+      const float* sDsum = sDsum2 + buf * kBM;
 
       // S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys x kBM queries.
       float st[kBM / 8][4], dpt[kBM / 8][4];
@@ -260,8 +283,8 @@ __global__ void __launch_bounds__(kBwdThreads) flash_bwd_kernel(BwdParams p) {
           }
         }
       }
-      __syncthreads();  // sQ, sdO, sdS, sLse are refilled next
     }
+    __syncthreads();  // sdS and this step's buffer are rewritten next
   }
 
   // dK, dV rows of this warp's keys.
