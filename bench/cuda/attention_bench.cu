@@ -105,18 +105,25 @@ void bench_flash(const std::string& gpu, int64_t B, int64_t H, int64_t T, int64_
   const double fwd_flops = 0.5 * 4.0 * B * H * double(T) * T * D;  // causal: half of dense
   const double peak = bf16_peak(gpu);
   const int reps = T >= 4096 ? 10 : 20;
-  f.kernel = cuda::FlashForwardKernel::mma_sync;
+  f.kernel = cuda::FlashKernel::mma_sync;
   const double fwd_ms = median_ms([&] { cuda::flash_attention_forward(f, nullptr); }, 3, reps);
   // The Hopper kernel, where it runs (-1: not measured).
   double wgmma_ms = -1;
-  if (cuda::flash_forward_wgmma_available()) {
-    f.kernel = cuda::FlashForwardKernel::wgmma;
+  if (cuda::flash_wgmma_available()) {
+    f.kernel = cuda::FlashKernel::wgmma;
     wgmma_ms = median_ms([&] { cuda::flash_attention_forward(f, nullptr); }, 3, reps);
   }
+  bw.kernel = cuda::FlashKernel::mma_sync;
   const double bwd_ms = median_ms([&] { cuda::flash_attention_backward(bw, nullptr); }, 3, reps);
-  const char* names[3] = {"forward", "forward_wgmma", "backward"};
-  for (int pass = 0; pass < 3; ++pass) {
-    const double ms = pass == 0 ? fwd_ms : pass == 1 ? wgmma_ms : bwd_ms;
+  double bwd_wgmma_ms = -1;
+  if (cuda::flash_wgmma_available()) {
+    bw.kernel = cuda::FlashKernel::wgmma;
+    bwd_wgmma_ms = median_ms([&] { cuda::flash_attention_backward(bw, nullptr); }, 3, reps);
+  }
+  const char* names[4] = {"forward", "forward_wgmma", "backward", "backward_wgmma"};
+  const double times[4] = {fwd_ms, wgmma_ms, bwd_ms, bwd_wgmma_ms};
+  for (int pass = 0; pass < 4; ++pass) {
+    const double ms = times[pass];
     if (ms < 0) continue;
     const double flops = pass < 2 ? fwd_flops : 2.5 * fwd_flops;
     const double tflops = flops / (ms * 1e-3) / 1e12;

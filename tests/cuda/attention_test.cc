@@ -365,7 +365,7 @@ struct AttnCase {
 // We allow 2x on the first term and add 1e-6 for the f32 softmax sums.
 // LSE: the f32 score dot products err by <= D * 2^-24 * scale * sum |q||k| and lse moves by at
 // most the largest score error; logf/exp2f add a few f32 ulps of |lse|.
-void run_forward_case(const AttnCase& c, cuda::FlashForwardKernel kernel) {
+void run_forward_case(const AttnCase& c, cuda::FlashKernel kernel) {
   std::mt19937 rng(static_cast<uint32_t>(c.T * 131 + c.D + c.causal));
   const size_t nq = size_t(c.B * c.T * c.Hq * c.D), nk = size_t(c.B * c.T * c.Hkv * c.D);
   const auto q = random_16bit(nq, -3, 3, c.dtype, rng);
@@ -410,22 +410,22 @@ void run_forward_case(const AttnCase& c, cuda::FlashForwardKernel kernel) {
 }
 
 // Skips (with the reason) where the sm_90a wgmma kernel cannot run.
-#define TS_REQUIRE_WGMMA()                                                                   \
-  do {                                                                                       \
-    TS_REQUIRE_CUDA_DEVICE();                                                                \
-    if (!cuda::flash_forward_wgmma_available())                                              \
-      GTEST_SKIP() << "the wgmma forward needs sm_90a code on a compute capability 9.0 GPU"; \
+#define TS_REQUIRE_WGMMA()                                                                  \
+  do {                                                                                      \
+    TS_REQUIRE_CUDA_DEVICE();                                                               \
+    if (!cuda::flash_wgmma_available())                                                     \
+      GTEST_SKIP() << "the wgmma kernels need sm_90a code on a compute capability 9.0 GPU"; \
   } while (0)
 
 class CudaFlashForward : public ::testing::TestWithParam<AttnCase> {};
 TEST_P(CudaFlashForward, MatchesFloat64Reference) {
   TS_REQUIRE_CUDA_DEVICE();
-  run_forward_case(GetParam(), cuda::FlashForwardKernel::mma_sync);
+  run_forward_case(GetParam(), cuda::FlashKernel::mma_sync);
 }
 // The Hopper kernel (128 x 128 tiles, two warpgroups): same arithmetic, same tolerance.
 TEST_P(CudaFlashForward, WgmmaMatchesFloat64Reference) {
   TS_REQUIRE_WGMMA();
-  run_forward_case(GetParam(), cuda::FlashForwardKernel::wgmma);
+  run_forward_case(GetParam(), cuda::FlashKernel::wgmma);
 }
 std::vector<AttnCase> forward_cases() {
   std::vector<AttnCase> cases;
@@ -464,7 +464,7 @@ void check_grad(const char* name, const std::vector<uint16_t>& got, const std::v
   }
 }
 
-void run_backward_case(const AttnCase& c) {
+void run_backward_case(const AttnCase& c, cuda::FlashKernel kernel) {
   std::mt19937 rng(static_cast<uint32_t>(c.T * 17 + c.D + c.causal));
   const size_t nq = size_t(c.B * c.T * c.Hq * c.D), nk = size_t(c.B * c.T * c.Hkv * c.D);
   const auto q = random_16bit(nq, -3, 3, c.dtype, rng);
@@ -500,6 +500,7 @@ void run_backward_case(const AttnCase& c) {
   a.dk = {dk.get(), lk};
   a.dv = {dv.get(), lk};
   a.workspace = ws.get();
+  a.kernel = kernel;
   cuda::flash_attention_backward(a, nullptr);
   int bad = 0;
   check_grad("dq", dq.download(), ref.dq, ref.dq_abs, c.dtype, bad);
@@ -510,14 +511,21 @@ void run_backward_case(const AttnCase& c) {
 class CudaFlashBackward : public ::testing::TestWithParam<AttnCase> {};
 TEST_P(CudaFlashBackward, MatchesFloat64Reference) {
   TS_REQUIRE_CUDA_DEVICE();
-  run_backward_case(GetParam());
+  run_backward_case(GetParam(), cuda::FlashKernel::mma_sync);
+}
+// The Hopper main pass (128-key blocks, 64-query steps, two warpgroups): same tolerance.
+TEST_P(CudaFlashBackward, WgmmaMatchesFloat64Reference) {
+  TS_REQUIRE_WGMMA();
+  run_backward_case(GetParam(), cuda::FlashKernel::wgmma);
 }
 std::vector<AttnCase> backward_cases() {
   std::vector<AttnCase> cases;
+  // Lengths around both kernels' tiles (keys 64 / 128, queries 32 / 64).
   for (int64_t D : {64, 128})
-    for (int64_t T : {1, 63, 129, 300})
+    for (int64_t T : {1, 63, 129, 256, 300})
       for (bool causal : {true, false}) cases.push_back({2, T, 8, 2, D, causal, DType::bf16});
   cases.push_back({1, 100, 4, 4, 64, true, DType::f16});
+  cases.push_back({1, 383, 4, 1, 128, true, DType::f16});  // GQA group of 4, several key tiles
   return cases;
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaFlashBackward, ::testing::ValuesIn(backward_cases()),
@@ -562,13 +570,12 @@ TEST(CudaFlashAttention, PackedQkvMatchesCpuReference) {
   fa.lse = d_lse.get();
   const double u = unit_roundoff(t);
   int bad = 0;
-  for (cuda::FlashForwardKernel kernel :
-       {cuda::FlashForwardKernel::mma_sync, cuda::FlashForwardKernel::wgmma}) {
-    if (kernel == cuda::FlashForwardKernel::wgmma && !cuda::flash_forward_wgmma_available()) {
+  for (cuda::FlashKernel kernel : {cuda::FlashKernel::mma_sync, cuda::FlashKernel::wgmma}) {
+    if (kernel == cuda::FlashKernel::wgmma && !cuda::flash_wgmma_available()) {
       std::printf("[ info ] packed qkv: no wgmma forward on this GPU, mma.sync only\n");
       continue;
     }
-    SCOPED_TRACE(cuda::flash_forward_kernel_name(kernel));
+    SCOPED_TRACE(cuda::flash_kernel_name(kernel));
     fa.kernel = kernel;
     cuda::flash_attention_forward(fa, nullptr);
     const auto got_out = d_out.download();
@@ -606,21 +613,26 @@ TEST(CudaFlashAttention, PackedQkvMatchesCpuReference) {
   ba.dv = {d_dqkv.get() + 2 * C, packed};
   DeviceArray<unsigned char> ws(cuda::flash_attention_backward_workspace_bytes(ba.shape));
   ba.workspace = ws.get();
-  cuda::flash_attention_backward(ba, nullptr);
-  const auto got = d_dqkv.download();
   const std::vector<double>* abs_terms[3] = {&br.dq_abs, &br.dk_abs, &br.dv_abs};
-  for (int64_t bt = 0; bt < B * T; ++bt)
-    for (int which = 0; which < 3; ++which)
-      for (int64_t c = 0; c < C && bad < 20; ++c) {
-        const size_t i = size_t(bt * 3 * C + which * C + c);
-        const double tol =
-            2 * u * (*abs_terms[which])[size_t(bt * C + c)] + u * std::fabs(dqkv[i]) + 2e-6;
-        if (!(std::fabs(from_16bit(got[i], t) - dqkv[i]) <= tol)) {
-          ++bad;
-          ADD_FAILURE() << "dqkv[" << i << "] (part " << which << ") = " << from_16bit(got[i], t)
-                        << ", cpu " << dqkv[i] << " +- " << tol;
+  for (cuda::FlashKernel kernel : {cuda::FlashKernel::mma_sync, cuda::FlashKernel::wgmma}) {
+    if (kernel == cuda::FlashKernel::wgmma && !cuda::flash_wgmma_available()) continue;
+    SCOPED_TRACE(cuda::flash_kernel_name(kernel));
+    ba.kernel = kernel;
+    cuda::flash_attention_backward(ba, nullptr);
+    const auto got = d_dqkv.download();
+    for (int64_t bt = 0; bt < B * T; ++bt)
+      for (int which = 0; which < 3; ++which)
+        for (int64_t c = 0; c < C && bad < 20; ++c) {
+          const size_t i = size_t(bt * 3 * C + which * C + c);
+          const double tol =
+              2 * u * (*abs_terms[which])[size_t(bt * C + c)] + u * std::fabs(dqkv[i]) + 2e-6;
+          if (!(std::fabs(from_16bit(got[i], t) - dqkv[i]) <= tol)) {
+            ++bad;
+            ADD_FAILURE() << "dqkv[" << i << "] (part " << which << ") = " << from_16bit(got[i], t)
+                          << ", cpu " << dqkv[i] << " +- " << tol;
+          }
         }
-      }
+  }
 }
 
 // The 128-byte swizzle the wgmma kernel stores its tiles in: within each 1024-byte group of 8
@@ -660,26 +672,26 @@ TEST(WgmmaLayout, DescriptorPacksItsFields) {
 }
 
 TEST(CudaFlashAttention, ForwardKernelEnvironmentValues) {
-  using K = cuda::FlashForwardKernel;
-  EXPECT_EQ(cuda::parse_flash_forward_env(nullptr), K::mma_sync);
-  EXPECT_EQ(cuda::parse_flash_forward_env("mma"), K::mma_sync);
-  EXPECT_EQ(cuda::parse_flash_forward_env("wgmma"), K::wgmma);
-  EXPECT_EQ(cuda::parse_flash_forward_env("auto"), K::automatic);
+  using K = cuda::FlashKernel;
+  EXPECT_EQ(cuda::parse_flash_kernel_env("TESSERA_CUDA_FLASH_FWD", nullptr), K::mma_sync);
+  EXPECT_EQ(cuda::parse_flash_kernel_env("TESSERA_CUDA_FLASH_FWD", "mma"), K::mma_sync);
+  EXPECT_EQ(cuda::parse_flash_kernel_env("TESSERA_CUDA_FLASH_FWD", "wgmma"), K::wgmma);
+  EXPECT_EQ(cuda::parse_flash_kernel_env("TESSERA_CUDA_FLASH_FWD", "auto"), K::automatic);
   for (const char* bad : {"", "WGMMA", "1", "mma "}) {
     try {
-      cuda::parse_flash_forward_env(bad);
+      cuda::parse_flash_kernel_env("TESSERA_CUDA_FLASH_BWD", bad);
       ADD_FAILURE() << "accepted '" << bad << "'";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("TESSERA_CUDA_FLASH_FWD"), std::string::npos)
+      EXPECT_NE(std::string(e.what()).find("TESSERA_CUDA_FLASH_BWD"), std::string::npos)
           << e.what();
     }
   }
 }
 
 TEST(CudaFlashAttention, ExplicitMmaKernelNeedsNoProbe) {
-  EXPECT_EQ(cuda::resolve_flash_forward_kernel(cuda::FlashForwardKernel::mma_sync),
-            cuda::FlashForwardKernel::mma_sync);
-  EXPECT_STREQ(cuda::flash_forward_kernel_name(cuda::FlashForwardKernel::wgmma), "wgmma");
+  EXPECT_EQ(cuda::resolve_flash_kernel(cuda::FlashKernel::mma_sync, cuda::FlashPass::forward),
+            cuda::FlashKernel::mma_sync);
+  EXPECT_STREQ(cuda::flash_kernel_name(cuda::FlashKernel::wgmma), "wgmma");
 }
 
 TEST(CudaFlashAttention, RejectsBadArguments) {

@@ -47,12 +47,24 @@ struct FlashAttentionShape {
   DType dtype = DType::bf16;  // bf16 or f16: q, k, v, out, and all gradients
 };
 
-// Which forward kernel runs. mma_sync: 64 x 64 tiles, four warps, mma.sync (any sm_80+ GPU).
-// wgmma: 128 x 128 tiles, two warpgroups, Hopper's wgmma.mma_async (sm_90a code on a compute
-// capability 9.0 GPU). automatic: the environment's TESSERA_CUDA_FLASH_FWD (mma, the default;
-// wgmma; auto = wgmma where available), read once per process.
-enum class FlashForwardKernel : uint8_t { automatic, mma_sync, wgmma };
-const char* flash_forward_kernel_name(FlashForwardKernel k);
+// Which FlashAttention kernel runs. mma_sync: mma.sync tiles (forward 64 x 64 with four warps,
+// backward 64 keys x 32 queries), any sm_80+ GPU. wgmma: Hopper's wgmma.mma_async with two
+// warpgroups (forward 128 x 128 tiles; backward 128 keys x 64 queries), sm_90a code on a compute
+// capability 9.0 GPU. automatic: the environment's TESSERA_CUDA_FLASH_FWD (forward) or
+// TESSERA_CUDA_FLASH_BWD (backward): mma, the default; wgmma; auto = wgmma where available;
+// read once per process.
+enum class FlashKernel : uint8_t { automatic, mma_sync, wgmma };
+enum class FlashPass : uint8_t { forward, backward };
+const char* flash_kernel_name(FlashKernel k);
+// Whether the wgmma kernels can run on the current device: compute capability 9.0 and a build
+// holding sm_90a code (asked of the code itself, once per device).
+bool flash_wgmma_available();
+// An environment value (null: unset) as a kernel: mma (or unset) -> mma_sync, wgmma, auto ->
+// automatic; anything else throws naming `variable`.
+FlashKernel parse_flash_kernel_env(const char* variable, const char* value);
+// The kernel a call with `k` runs on the current device (throws on a bad environment value, or
+// when wgmma is asked for where it cannot run).
+FlashKernel resolve_flash_kernel(FlashKernel k, FlashPass pass);
 
 // Elements cross this API as raw 16-bit patterns (bf16 or f16 per FlashAttentionShape::dtype).
 struct FlashForwardArgs {
@@ -60,18 +72,9 @@ struct FlashForwardArgs {
   AttnInput q, k, v;
   AttnOutput out;        // (B,T,Hq,D)
   float* lse = nullptr;  // (B,Hq,T) natural-log log-sum-exp of the scaled scores
-  FlashForwardKernel kernel = FlashForwardKernel::automatic;
+  FlashKernel kernel = FlashKernel::automatic;
 };
 void flash_attention_forward(const FlashForwardArgs& a, cudaStream_t stream);
-// Whether the wgmma forward can run on the current device: compute capability 9.0 and a build
-// holding sm_90a code (asked of the code itself, once per device).
-bool flash_forward_wgmma_available();
-// TESSERA_CUDA_FLASH_FWD's value (null: unset) as a kernel: mma (or unset) -> mma_sync, wgmma,
-// auto -> automatic (wgmma where available); anything else throws naming the variable.
-FlashForwardKernel parse_flash_forward_env(const char* value);
-// The kernel `automatic` resolves to on the current device (throws on a bad environment value,
-// or when wgmma is asked for where it cannot run).
-FlashForwardKernel resolve_flash_forward_kernel(FlashForwardKernel k);
 
 // dq (B,T,Hq,D), dk and dv (B,T,Hkv,D) are overwritten. dQ is accumulated with f32 atomics into
 // an f32 workspace (one K tile per thread block, all query tiles) and converted in a last pass;
@@ -82,6 +85,7 @@ struct FlashBackwardArgs {
   const float* lse = nullptr;  // (B,Hq,T) from the forward
   AttnOutput dq, dk, dv;
   void* workspace = nullptr;  // flash_attention_backward_workspace_bytes(shape) bytes, device
+  FlashKernel kernel = FlashKernel::automatic;
 };
 size_t flash_attention_backward_workspace_bytes(const FlashAttentionShape& s);
 void flash_attention_backward(const FlashBackwardArgs& a, cudaStream_t stream);

@@ -24,17 +24,7 @@ using flash::ldmatrix_x4_trans;
 constexpr int kBwdWarps = kBwdBlockN / 16;  // each warp owns 16 keys
 constexpr int kBwdThreads = kBwdWarps * 32;
 
-struct BwdParams {
-  const void *q, *k, *v, *dout;
-  const float* lse;
-  float* dsum;    // (B,Hq,T)
-  float* dq_acc;  // (B,T,Hq,D) f32, zeroed
-  void *dk, *dv;
-  AttnLayout ql, kl, vl, dol, dkl, dvl;
-  int T, Hq, group;
-  float scale;
-  bool causal;
-};
+using flash::BwdParams;
 
 // dsum[b,h,t] = sum_d dO * O, one warp per (b, t, h) row.
 template <typename T>
@@ -305,7 +295,8 @@ __global__ void __launch_bounds__(kBwdThreads) flash_bwd_kernel(BwdParams p) {
 }
 
 template <typename T, int kD>
-void launch_bwd(const FlashBackwardArgs& a, const BwdParams& p, cudaStream_t stream) {
+void launch_bwd(const FlashBackwardArgs& a, const BwdParams& p, FlashKernel kernel,
+                cudaStream_t stream) {
   const FlashAttentionShape& s = a.shape;
   const int64_t rows = s.B * s.T * s.Hq;
   {
@@ -317,13 +308,17 @@ void launch_bwd(const FlashBackwardArgs& a, const BwdParams& p, cudaStream_t str
     TS_CUDA_CHECK_LAUNCH();
   }
   TS_CUDA_CHECK(cudaMemsetAsync(p.dq_acc, 0, rows * kD * sizeof(float), stream));
-  constexpr int smem = bwd_smem_bytes<kD>();
-  TS_CUDA_CHECK(cudaFuncSetAttribute(flash_bwd_kernel<T, kD>,
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  const dim3 grid(attn_index::ceil_div(p.T, kBwdBlockN), static_cast<unsigned>(s.Hkv),
-                  static_cast<unsigned>(s.B));
-  flash_bwd_kernel<T, kD><<<grid, kBwdThreads, smem, stream>>>(p);
-  TS_CUDA_CHECK_LAUNCH();
+  if (kernel == FlashKernel::wgmma) {
+    flash::launch_bwd_wgmma(p, kD, s.dtype, s.B, s.Hkv, stream);
+  } else {
+    constexpr int smem = bwd_smem_bytes<kD>();
+    TS_CUDA_CHECK(cudaFuncSetAttribute(flash_bwd_kernel<T, kD>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    const dim3 grid(attn_index::ceil_div(p.T, kBwdBlockN), static_cast<unsigned>(s.Hkv),
+                    static_cast<unsigned>(s.B));
+    flash_bwd_kernel<T, kD><<<grid, kBwdThreads, smem, stream>>>(p);
+    TS_CUDA_CHECK_LAUNCH();
+  }
   {
     const int64_t n = rows * kD;
     const int threads = 256;
@@ -379,11 +374,15 @@ void flash_attention_backward(const FlashBackwardArgs& a, cudaStream_t stream) {
               static_cast<int>(s.Hq / s.Hkv),
               s.scale,
               s.causal};
+  // Chosen before anything is queued, so a refused choice leaves the stream untouched.
+  const FlashKernel kernel = resolve_flash_kernel(a.kernel, FlashPass::backward);
   const bool bf16 = s.dtype == DType::bf16;
   if (s.D == 64) {
-    bf16 ? launch_bwd<__nv_bfloat16, 64>(a, p, stream) : launch_bwd<__half, 64>(a, p, stream);
+    bf16 ? launch_bwd<__nv_bfloat16, 64>(a, p, kernel, stream)
+         : launch_bwd<__half, 64>(a, p, kernel, stream);
   } else {
-    bf16 ? launch_bwd<__nv_bfloat16, 128>(a, p, stream) : launch_bwd<__half, 128>(a, p, stream);
+    bf16 ? launch_bwd<__nv_bfloat16, 128>(a, p, kernel, stream)
+         : launch_bwd<__half, 128>(a, p, kernel, stream);
   }
 }
 

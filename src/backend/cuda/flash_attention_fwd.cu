@@ -249,7 +249,7 @@ void flash_attention_forward(const FlashForwardArgs& a, cudaStream_t stream) {
               static_cast<int>(s.Hq / s.Hkv),
               s.scale,
               s.causal};
-  if (resolve_flash_forward_kernel(a.kernel) == FlashForwardKernel::wgmma) {
+  if (resolve_flash_kernel(a.kernel, FlashPass::forward) == FlashKernel::wgmma) {
     flash::launch_fwd_wgmma(p, static_cast<int>(s.D), s.dtype, s.B, stream);
     return;
   }

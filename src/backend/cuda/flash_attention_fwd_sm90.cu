@@ -8,10 +8,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <atomic>
 #include <cmath>
-#include <cstdlib>
-#include <string>
 
 #include "backend/cuda/attention.h"
 #include "backend/cuda/cuda_check.h"
@@ -35,26 +32,6 @@ constexpr int smem_bytes() {
   // Q, then the stages of K and of V, plus slack to align the base: 230,400 B at D=128, within
   // Hopper's 227 KiB per block.
   return (kBM + 2 * kStages * kBN) * kD * 2 + kAlign;
-}
-
-// Copies rows [0, kRows) of a (rows x kD) global tile into the swizzled layout of wgmma.cuh
-// (kD / 64 column blocks of kRows x 128 bytes); rows >= valid_rows become zeros.
-template <int kRows, int kD, typename T>
-__device__ inline void load_tile_sw128(uint32_t smem, const T* gmem, int64_t row_stride,
-                                       int valid_rows) {
-  constexpr int kChunksPerRow = kD / 8;
-  constexpr int kChunks = kRows * kChunksPerRow;
-  static_assert(kChunks % kThreads == 0, "every thread copies the same number of chunks");
-#pragma unroll
-  for (int it = 0; it < kChunks / kThreads; ++it) {
-    const int i = it * kThreads + static_cast<int>(threadIdx.x);
-    const int r = i / kChunksPerRow;
-    const int c = i % kChunksPerRow;
-    const bool valid = r < valid_rows;
-    const T* src = valid ? gmem + r * row_stride + c * 8 : gmem;
-    const uint32_t dst = smem + (c / 8) * (kRows * 128) + wgmma::sw128_offset(r, c % 8);
-    flash::cp_async_16(dst, src, valid);
-  }
 }
 
 template <typename T, int kD>
@@ -95,13 +72,13 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_wgmma_kernel(FwdParams 
   auto load_kv = [&](int tile) {
     const int k_first = tile * kBN;
     const int st = tile % kStages;
-    load_tile_sw128<kBN, kD>(sK + st * kTileBytes, k_ptr + k_first * p.kl.token, p.kl.token,
-                             T_len - k_first);
-    load_tile_sw128<kBN, kD>(sV + st * kTileBytes, v_ptr + k_first * p.vl.token, p.vl.token,
-                             T_len - k_first);
+    flash::load_tile_sw128<kBN, kD, kThreads>(sK + st * kTileBytes, k_ptr + k_first * p.kl.token,
+                                              p.kl.token, T_len - k_first);
+    flash::load_tile_sw128<kBN, kD, kThreads>(sV + st * kTileBytes, v_ptr + k_first * p.vl.token,
+                                              p.vl.token, T_len - k_first);
     flash::cp_async_commit();
   };
-  load_tile_sw128<kBM, kD>(sQ, q_ptr, p.ql.token, T_len - q0);
+  flash::load_tile_sw128<kBM, kD, kThreads>(sQ, q_ptr, p.ql.token, T_len - q0);
   load_kv(0);
   if (n_tiles > 1) load_kv(1);
 
@@ -241,14 +218,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_wgmma_kernel(FwdParams 
     }
   }
 #else
-  // Built without sm_90a code: the host never launches this (flash_forward_wgmma_available).
+  // Built without sm_90a code: the host never launches this (flash_wgmma_available).
   __trap();
 #endif
-}
-
-// Writes 1 where the code running on this device was compiled with the sm_90a features.
-__global__ void wgmma_probe_kernel(int* out) {
-  *out = TESSERA_HAS_WGMMA;
 }
 
 template <typename T, int kD>
@@ -261,94 +233,7 @@ void launch(const FwdParams& p, int64_t B, cudaStream_t stream) {
   TS_CUDA_CHECK_LAUNCH();
 }
 
-// Per device (up to 64): 0 not asked yet, 1 no, 2 yes.
-constexpr int kMaxDevices = 64;
-std::atomic<int> g_wgmma_ok[kMaxDevices] = {};
-
-bool ask_device() {
-  int dev = 0, major = 0, minor = 0;
-  TS_CUDA_CHECK(cudaGetDevice(&dev));
-  TS_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  TS_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-  // sm_90a code runs only on compute capability 9.0; elsewhere the PTX would be JIT'd.
-  if (major != 9 || minor != 0) return false;
-  // The first call may come while this thread captures a graph: relaxed mode lets the probe's
-  // allocation and its own stream run beside the capture instead of invalidating it.
-  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  TS_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
-  struct RestoreMode {
-    cudaStreamCaptureMode m;
-    ~RestoreMode() { cudaThreadExchangeStreamCaptureMode(&m); }
-  } restore{mode};
-  cudaStream_t st = nullptr;
-  TS_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  int* d = nullptr;
-  int h = 0;
-  cudaError_t err = cudaMalloc(&d, sizeof(int));
-  if (err == cudaSuccess) {
-    wgmma_probe_kernel<<<1, 1, 0, st>>>(d);
-    err = cudaGetLastError();
-    if (err == cudaSuccess) err = cudaMemcpyAsync(&h, d, sizeof(int), cudaMemcpyDeviceToHost, st);
-    if (err == cudaSuccess) err = cudaStreamSynchronize(st);
-    cudaFree(d);
-  }
-  cudaStreamDestroy(st);
-  TS_CUDA_CHECK(err);
-  return h == 1;
-}
-
 }  // namespace
-
-FlashForwardKernel parse_flash_forward_env(const char* value) {
-  if (value == nullptr) return FlashForwardKernel::mma_sync;
-  const std::string s(value);
-  if (s == "mma") return FlashForwardKernel::mma_sync;
-  if (s == "wgmma") return FlashForwardKernel::wgmma;
-  if (s == "auto") return FlashForwardKernel::automatic;
-  fail("[flash_attention_forward] TESSERA_CUDA_FLASH_FWD=", s, " must be mma, wgmma or auto");
-}
-
-const char* flash_forward_kernel_name(FlashForwardKernel k) {
-  switch (k) {
-    case FlashForwardKernel::automatic:
-      return "automatic";
-    case FlashForwardKernel::mma_sync:
-      return "mma_sync";
-    case FlashForwardKernel::wgmma:
-      return "wgmma";
-  }
-  return "?";
-}
-
-bool flash_forward_wgmma_available() {
-  int dev = 0;
-  TS_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= kMaxDevices) return ask_device();  // past the cache: ask each time
-  int c = g_wgmma_ok[dev].load(std::memory_order_relaxed);
-  if (c == 0) {
-    c = ask_device() ? 2 : 1;
-    g_wgmma_ok[dev].store(c, std::memory_order_relaxed);
-  }
-  return c == 2;
-}
-
-FlashForwardKernel resolve_flash_forward_kernel(FlashForwardKernel k) {
-  bool from_env = false;
-  if (k == FlashForwardKernel::automatic) {
-    static const FlashForwardKernel env =
-        parse_flash_forward_env(std::getenv("TESSERA_CUDA_FLASH_FWD"));
-    k = env;
-    from_env = true;
-    if (k == FlashForwardKernel::automatic)
-      return flash_forward_wgmma_available() ? FlashForwardKernel::wgmma
-                                             : FlashForwardKernel::mma_sync;
-  }
-  if (k == FlashForwardKernel::wgmma)
-    TS_CHECK(flash_forward_wgmma_available(), "[flash_attention_forward] ",
-             from_env ? "TESSERA_CUDA_FLASH_FWD=wgmma" : "kernel wgmma",
-             " needs sm_90a code on a compute capability 9.0 GPU (this device or build has none)");
-  return k;
-}
 
 namespace flash {
 void launch_fwd_wgmma(const FwdParams& p, int D, DType dtype, int64_t B, cudaStream_t stream) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "backend/cuda/attention.h"
+#include "backend/cuda/wgmma.cuh"
 
 namespace tessera::cuda::flash {
 
@@ -107,6 +108,27 @@ __device__ inline void load_tile_async(T* smem, const T* gmem, int64_t row_strid
   }
 }
 
+// Copies rows [0, kRows) of a (rows x kD) global tile into the swizzled layout of wgmma.cuh
+// (kD / 64 column blocks of kRows x 128 bytes); rows >= valid_rows become zeros. smem is a
+// shared-space address, 1024-byte aligned.
+template <int kRows, int kD, int kThreads, typename T>
+__device__ inline void load_tile_sw128(uint32_t smem, const T* gmem, int64_t row_stride,
+                                       int valid_rows) {
+  constexpr int kChunksPerRow = kD / 8;
+  constexpr int kChunks = kRows * kChunksPerRow;
+  static_assert(kChunks % kThreads == 0, "every thread copies the same number of chunks");
+#pragma unroll
+  for (int it = 0; it < kChunks / kThreads; ++it) {
+    const int i = it * kThreads + static_cast<int>(threadIdx.x);
+    const int r = i / kChunksPerRow;
+    const int c = i % kChunksPerRow;
+    const bool valid = r < valid_rows;
+    const T* src = valid ? gmem + r * row_stride + c * 8 : gmem;
+    const uint32_t dst = smem + (c / 8) * (kRows * 128) + wgmma::sw128_offset(r, c % 8);
+    cp_async_16(dst, src, valid);
+  }
+}
+
 // Address of the row a lane supplies for an A-operand ldmatrix_x4 of the 16x16 block at
 // (row0, col0) of a row-major tile: lanes 0-15 rows 0-15 at col0, lanes 16-31 at col0 + 8.
 template <int kCols, typename T>
@@ -154,6 +176,23 @@ struct FwdParams {
 };
 // The wgmma forward (flash_attention_fwd_sm90.cu); B is the batch (the grid's z).
 void launch_fwd_wgmma(const FwdParams& p, int D, DType dtype, int64_t B, cudaStream_t stream);
+
+// Backward main-pass arguments (both kernels); dsum and dq_acc live in the caller's workspace.
+struct BwdParams {
+  const void *q, *k, *v, *dout;
+  const float* lse;
+  float* dsum;    // (B,Hq,T)
+  float* dq_acc;  // (B,T,Hq,D) f32, zeroed
+  void *dk, *dv;
+  AttnLayout ql, kl, vl, dol, dkl, dvl;
+  int T, Hq, group;
+  float scale;
+  bool causal;
+};
+// The wgmma backward main pass (flash_attention_bwd_sm90.cu), after the D_i pre-pass and the
+// zeroing of dq_acc, before the dQ conversion.
+void launch_bwd_wgmma(const BwdParams& p, int D, DType dtype, int64_t B, int64_t Hkv,
+                      cudaStream_t stream);
 
 // Host-side argument checks shared by forward and backward (defined in flash_attention_fwd.cu);
 // each throws naming the op and the offending parameter.

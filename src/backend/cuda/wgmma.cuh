@@ -87,10 +87,26 @@ __device__ inline void fence_operands(uint32_t (&a)[kSteps][4]) {
 }
 
 // The asm statements, once each; TY is the PTX input type ("bf16" or "f16"). SS: d (64 x N) =
-// [d +] A (64 x 16, shared, K-major) B (16 x N, shared, K-major), scale-a = scale-b = 1, no
-// transposes. RS: d = [d +] A (64 x 16, registers) B (16 x N, shared, MN-major: trans-b = 1).
-// `accumulate` 0 drops d's old value (scale-d false).
-#define TESSERA_WGMMA_SS_N128(TY)                                                                 \
+// [d +] A (64 x 16, shared, K-major) B (16 x N, shared; TB "0" K-major, "1" MN-major),
+// scale-a = scale-b = 1. RS: d = [d +] A (64 x 16, registers) B (16 x N, shared, MN-major: trans-b
+// = 1). `accumulate` 0 drops d's old value (scale-d false).
+#define TESSERA_WGMMA_SS_N64(TY, TB)                                                              \
+  asm volatile(                                                                                   \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY                                     \
+      " "                                                                                         \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, "              \
+      "%17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "              \
+      "%32, %33, p, 1, 1, 0, " TB ";\n}\n"                                                        \
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), \
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), \
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), \
+        "+f"(d[7][2]), "+f"(d[7][3])                                                              \
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate))
+
+#define TESSERA_WGMMA_SS_N128(TY, TB)                                                             \
   asm volatile(                                                                                   \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                \
       "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY                                    \
@@ -100,7 +116,7 @@ __device__ inline void fence_operands(uint32_t (&a)[kSteps][4]) {
       "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, "               \
       "%47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "               \
       "%62, %63}, "                                                                               \
-      "%64, %65, p, 1, 1, 0, 0;\n}\n"                                                             \
+      "%64, %65, p, 1, 1, 0, " TB ";\n}\n"                                                        \
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), \
         "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
         "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), \
@@ -161,9 +177,24 @@ struct Mma;
 
 template <>
 struct Mma<__nv_bfloat16> {
+  // kTransB false: B (16 x N) stored K-major; true: MN-major.
+  template <bool kTransB = false>
+  __device__ static void ss_n64(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b,
+                                int accumulate) {
+    if constexpr (kTransB) {
+      TESSERA_WGMMA_SS_N64("bf16", "1");
+    } else {
+      TESSERA_WGMMA_SS_N64("bf16", "0");
+    }
+  }
+  template <bool kTransB = false>
   __device__ static void ss_n128(float (&d)[16][4], uint64_t desc_a, uint64_t desc_b,
                                  int accumulate) {
-    TESSERA_WGMMA_SS_N128("bf16");
+    if constexpr (kTransB) {
+      TESSERA_WGMMA_SS_N128("bf16", "1");
+    } else {
+      TESSERA_WGMMA_SS_N128("bf16", "0");
+    }
   }
   __device__ static void rs_n64(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc_b,
                                 int accumulate) {
@@ -177,9 +208,24 @@ struct Mma<__nv_bfloat16> {
 
 template <>
 struct Mma<__half> {
+  // kTransB false: B (16 x N) stored K-major; true: MN-major.
+  template <bool kTransB = false>
+  __device__ static void ss_n64(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b,
+                                int accumulate) {
+    if constexpr (kTransB) {
+      TESSERA_WGMMA_SS_N64("f16", "1");
+    } else {
+      TESSERA_WGMMA_SS_N64("f16", "0");
+    }
+  }
+  template <bool kTransB = false>
   __device__ static void ss_n128(float (&d)[16][4], uint64_t desc_a, uint64_t desc_b,
                                  int accumulate) {
-    TESSERA_WGMMA_SS_N128("f16");
+    if constexpr (kTransB) {
+      TESSERA_WGMMA_SS_N128("f16", "1");
+    } else {
+      TESSERA_WGMMA_SS_N128("f16", "0");
+    }
   }
   __device__ static void rs_n64(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc_b,
                                 int accumulate) {
@@ -191,6 +237,7 @@ struct Mma<__half> {
   }
 };
 
+#undef TESSERA_WGMMA_SS_N64
 #undef TESSERA_WGMMA_SS_N128
 #undef TESSERA_WGMMA_RS_N64
 #undef TESSERA_WGMMA_RS_N128
