@@ -257,9 +257,10 @@ else
   log "engine: tessera NOT BUILT (or not selected)"
 fi
 
-# Tessera's figures against the yardsticks, then every figure.
+# Tessera's figures against the yardsticks, the targets, then every figure.
 timeout -k 2 20 python3 "$root/bench/cuda/torch_yardstick.py" --compare "$out/bench.jsonl" |
   tee -a "$summary"
+timeout -k 2 20 python3 "$root/bench/cuda/targets.py" "$out/bench.jsonl" | tee -a "$summary"
 log "bench results (bench.jsonl):"
 cat "$out/bench.jsonl" | tee -a "$summary" >/dev/null
 cat "$out/bench.jsonl"
