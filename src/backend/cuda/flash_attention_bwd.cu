@@ -113,16 +113,13 @@ __global__ void __launch_bounds__(kBwdThreads) flash_bwd_kernel(BwdParams p) {
     for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.f;
   }
 
-  const int n_q_tiles = attn_index::ceil_div(T_len, kBM);
-  const int first_q_tile = attn_index::first_q_tile_for_kv_tile(kv_tile, kBM, kBN, p.causal);
-  // Steps run over (query head of the group, query tile) pairs, head-major.
-  const int tiles_per_head = n_q_tiles - first_q_tile;
-  const int n_steps = p.group * tiles_per_head;
+  const flash::BwdSteps steps(kv_tile, T_len, kBM, kBN, p.causal, hk, p.group);
+  const int n_steps = steps.count;
   // Fetches step `step`'s Q, dO (cp.async, one commit group) and LSE, D_i (plain loads) into
   // buffer `buf`.
   auto fetch = [&](int step, int buf) {
-    const int hq = hk * p.group + step / tiles_per_head;
-    const int q0 = (first_q_tile + step % tiles_per_head) * kBM;
+    const int hq = steps.head(step);
+    const int q0 = steps.q0(step, kBM);
     const T* q_head = static_cast<const T*>(p.q) + b * p.ql.batch + hq * p.ql.head;
     const T* do_head = static_cast<const T*>(p.dout) + b * p.dol.batch + hq * p.dol.head;
     flash::load_tile_async<kBM, kD, kBwdThreads>(sQ2 + buf * kBM * kD, q_head + q0 * p.ql.token,
@@ -141,8 +138,8 @@ __global__ void __launch_bounds__(kBwdThreads) flash_bwd_kernel(BwdParams p) {
 
   for (int step = 0; step < n_steps; ++step) {
     const int buf = step & 1;
-    const int hq = hk * p.group + step / tiles_per_head;
-    const int q0 = (first_q_tile + step % tiles_per_head) * kBM;
+    const int hq = steps.head(step);
+    const int q0 = steps.q0(step, kBM);
     // The other buffer was last read in step - 1, which ended with a barrier.
     if (step + 1 < n_steps) {
       fetch(step + 1, buf ^ 1);
@@ -181,21 +178,9 @@ __global__ void __launch_bounds__(kBwdThreads) flash_bwd_kernel(BwdParams p) {
         }
       }
 
-      // P^T = exp(S^T * scale - LSE), dS^T = P^T (dP^T - D_i) * scale (scale folded in here so
-      // dQ and dK need no further scaling). Masked or out-of-range entries get P = dS = 0.
-#pragma unroll
-      for (int n = 0; n < kBM / 8; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = k0 + warp * 16 + g + (e >= 2 ? 8 : 0);
-          const int q_local = n * 8 + c * 2 + (e & 1);
-          const int row = q0 + q_local;
-          const bool valid = key < T_len && row < T_len && (!p.causal || key <= row);
-          const float pe = valid ? exp2f(fmaf(st[n][e], scale_log2, -sLse[q_local])) : 0.f;
-          st[n][e] = pe;
-          dpt[n][e] = pe * (dpt[n][e] - sDsum[q_local]) * p.scale;
-        }
-      }
+      // P^T and dS^T in place (flash_common.cuh).
+      flash::backward_p_ds(st, dpt, k0 + warp * 16 + g, q0, c, sLse, sDsum, T_len, p.causal,
+                           scale_log2, p.scale);
 
       // dV += P^T dO and dK += dS^T Q (k = this tile's queries).
 #pragma unroll

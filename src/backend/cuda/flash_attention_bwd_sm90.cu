@@ -84,15 +84,12 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_wgmma_kernel(BwdParams 
       p.vl.token, T_len - k0);
   flash::cp_async_commit();
 
-  const int n_q_tiles = attn_index::ceil_div(T_len, kBM);
-  const int first_q_tile = attn_index::first_q_tile_for_kv_tile(kv_tile, kBM, kBN, p.causal);
-  // Steps run over (query head of the group, query tile) pairs, head-major.
-  const int tiles_per_head = n_q_tiles - first_q_tile;
-  const int n_steps = p.group * tiles_per_head;
+  const flash::BwdSteps steps(kv_tile, T_len, kBM, kBN, p.causal, hk, p.group);
+  const int n_steps = steps.count;
   // Step `step`'s Q and dO: cp.async into buffer `buf`, one commit group.
   auto fetch_tiles = [&](int step, int buf) {
-    const int hq = hk * p.group + step / tiles_per_head;
-    const int q0 = (first_q_tile + step % tiles_per_head) * kBM;
+    const int hq = steps.head(step);
+    const int q0 = steps.q0(step, kBM);
     const T* q_head = static_cast<const T*>(p.q) + b * p.ql.batch + hq * p.ql.head;
     const T* do_head = static_cast<const T*>(p.dout) + b * p.dol.batch + hq * p.dol.head;
     flash::load_tile_sw128<kBM, kD, kThreads>(sQ + buf * kQBytes, q_head + q0 * p.ql.token,
@@ -104,8 +101,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_wgmma_kernel(BwdParams 
   // Step `step`'s LSE * log2(e) and D_i for query threadIdx.x (threads < kBM), read into
   // registers ahead of the barrier so their latency hides behind it.
   auto read_row_stats = [&](int step, float& lse_v, float& dsum_v) {
-    const int hq = hk * p.group + step / tiles_per_head;
-    const int row = (first_q_tile + step % tiles_per_head) * kBM + static_cast<int>(threadIdx.x);
+    const int hq = steps.head(step);
+    const int row = steps.q0(step, kBM) + static_cast<int>(threadIdx.x);
     const int64_t at = (static_cast<int64_t>(b) * p.Hq + hq) * T_len + row;
     lse_v = row < T_len ? p.lse[at] * flash::kLog2e : 0.f;
     dsum_v = row < T_len ? p.dsum[at] : 0.f;
@@ -133,8 +130,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_wgmma_kernel(BwdParams 
 
   for (int step = 0; step < n_steps; ++step) {
     const int buf = step & 1;
-    const int hq = hk * p.group + step / tiles_per_head;
-    const int q0 = (first_q_tile + step % tiles_per_head) * kBM;
+    const int hq = steps.head(step);
+    const int q0 = steps.q0(step, kBM);
     const bool more = step + 1 < n_steps;
     float lse_next = 0.f, dsum_next = 0.f;
     if (more && threadIdx.x < kBM) read_row_stats(step + 1, lse_next, dsum_next);
@@ -178,22 +175,16 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_wgmma_kernel(BwdParams 
     wgmma::fence_operands(st);
     wgmma::fence_operands(dpt);
 
-    // P^T = exp(S^T * scale - LSE), dS^T = P^T (dP^T - D_i) * scale (the scale folded in here so
-    // dQ and dK need none). Masked or out-of-range entries get P = dS = 0. dS also goes to
-    // shared memory as [query][key], the K-major A operand of dQ = dS K.
+    // P^T and dS^T in place (flash_common.cuh); dS also goes to shared memory as [query][key],
+    // the K-major A operand of dQ = dS K.
+    flash::backward_p_ds(st, dpt, key0, q0, c, lse, dsum, T_len, p.causal, scale_log2, p.scale);
     unsigned char* ds_generic = smem_raw + (ds_wg - raw);
 #pragma unroll
     for (int n = 0; n < 8; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key_local = key_local0 + (e >= 2 ? 8 : 0);
-        const int key = key0 + (e >= 2 ? 8 : 0);
         const int q_local = n * 8 + c * 2 + (e & 1);
-        const int row = q0 + q_local;
-        const bool valid = key < T_len && row < T_len && (!p.causal || key <= row);
-        const float pe = valid ? exp2f(fmaf(st[n][e], scale_log2, -lse[q_local])) : 0.f;
-        st[n][e] = pe;
-        dpt[n][e] = pe * (dpt[n][e] - dsum[q_local]) * p.scale;
         const uint32_t at = wgmma::sw128_offset(q_local, key_local / 8) + (key_local % 8) * 2;
         *reinterpret_cast<T*>(ds_generic + at) = to_elem<T>(dpt[n][e]);
       }

@@ -112,46 +112,10 @@ __global__ void __launch_bounds__(kFwdThreads) flash_fwd_kernel(FwdParams p) {
     }
 
     const int k0 = t * kBN;
-    if (attn_index::tile_needs_mask(q_tile, t, T_len, kBM, kBN, p.causal)) {
-#pragma unroll
-      for (int n = 0; n < kBN / 8; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int row = q0 + warp * 16 + lane / 4 + (e >= 2 ? 8 : 0);
-          const int col = k0 + n * 8 + (lane % 4) * 2 + (e & 1);
-          if (col >= T_len || (p.causal && col > row)) s[n][e] = -INFINITY;
-        }
-      }
-    }
+    if (attn_index::tile_needs_mask(q_tile, t, T_len, kBM, kBN, p.causal))
+      flash::mask_scores(s, q0 + warp * 16 + lane / 4, k0 + (lane % 4) * 2, T_len, p.causal);
 
-    // Online softmax for the lane's two rows (g and g+8).
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = row_max[r];
-#pragma unroll
-      for (int n = 0; n < kBN / 8; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
-      mx = flash::quad_max(mx);
-      // A row with every score masked so far keeps p = 0 without forming inf - inf.
-      const float base = (mx == -INFINITY ? 0.f : mx) * scale_log2;
-      const float corr = exp2f(row_max[r] * scale_log2 - base);
-      row_max[r] = mx;
-      float sum = 0.f;
-#pragma unroll
-      for (int n = 0; n < kBN / 8; ++n) {
-#pragma unroll
-        for (int e = 2 * r; e < 2 * r + 2; ++e) {
-          const float pe = exp2f(fmaf(s[n][e], scale_log2, -base));
-          s[n][e] = pe;
-          sum += pe;
-        }
-      }
-      row_sum[r] = row_sum[r] * corr + sum;
-#pragma unroll
-      for (int n = 0; n < kD / 8; ++n) {
-        o[n][2 * r] *= corr;
-        o[n][2 * r + 1] *= corr;
-      }
-    }
+    flash::online_softmax_step(s, o, row_max, row_sum, scale_log2);
 
     // O += P V, P rounded to 16 bits straight from the S accumulators.
 #pragma unroll
@@ -170,25 +134,7 @@ __global__ void __launch_bounds__(kFwdThreads) flash_fwd_kernel(FwdParams p) {
     __syncthreads();  // every warp is done with this stage before it is refilled
   }
 
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float l = flash::quad_sum(row_sum[r]);
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    const int row = q0 + warp * 16 + lane / 4 + r * 8;
-    if (row < T_len) {
-      T* out_row = static_cast<T*>(p.out) + b * p.ol.batch + row * p.ol.token + hq * p.ol.head;
-#pragma unroll
-      for (int n = 0; n < kD / 8; ++n) {
-        const int col = n * 8 + (lane % 4) * 2;
-        *reinterpret_cast<uint32_t*>(out_row + col) =
-            E::pack(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
-      }
-      if (lane % 4 == 0) {
-        p.lse[(static_cast<int64_t>(b) * p.Hq + hq) * T_len + row] =
-            l > 0.f ? row_max[r] * p.scale + logf(l) : -INFINITY;
-      }
-    }
-  }
+  flash::store_forward_rows<T>(p, o, row_max, row_sum, q0 + warp * 16 + lane / 4, b, hq, lane);
 }
 
 template <typename T, int kD>

@@ -128,46 +128,10 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_wgmma_kernel(FwdParams 
     wgmma::fence_operands(s);
 
     const int k0 = t * kBN;
-    if (attn_index::tile_needs_mask(q_tile, t, T_len, kBM, kBN, p.causal)) {
-#pragma unroll
-      for (int n = 0; n < kBN / 8; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int row = row0 + (e >= 2 ? 8 : 0);
-          const int col = k0 + n * 8 + (lane % 4) * 2 + (e & 1);
-          if (col >= T_len || (p.causal && col > row)) s[n][e] = -INFINITY;
-        }
-      }
-    }
+    if (attn_index::tile_needs_mask(q_tile, t, T_len, kBM, kBN, p.causal))
+      flash::mask_scores(s, row0, k0 + (lane % 4) * 2, T_len, p.causal);
 
-    // Online softmax for the lane's two rows (row0 and row0 + 8).
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = row_max[r];
-#pragma unroll
-      for (int n = 0; n < kBN / 8; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
-      mx = flash::quad_max(mx);
-      // A row with every score masked so far keeps p = 0 without forming inf - inf.
-      const float base_r = (mx == -INFINITY ? 0.f : mx) * scale_log2;
-      const float corr = exp2f(row_max[r] * scale_log2 - base_r);
-      row_max[r] = mx;
-      float sum = 0.f;
-#pragma unroll
-      for (int n = 0; n < kBN / 8; ++n) {
-#pragma unroll
-        for (int e = 2 * r; e < 2 * r + 2; ++e) {
-          const float pe = exp2f(fmaf(s[n][e], scale_log2, -base_r));
-          s[n][e] = pe;
-          sum += pe;
-        }
-      }
-      row_sum[r] = row_sum[r] * corr + sum;
-#pragma unroll
-      for (int n = 0; n < kD / 8; ++n) {
-        o[n][2 * r] *= corr;
-        o[n][2 * r + 1] *= corr;
-      }
-    }
+    flash::online_softmax_step(s, o, row_max, row_sum, scale_log2);
 
     // O += P V: P rounded to 16 bits straight from the S accumulators (k-step j = pair 2j, 2j+1).
     uint32_t pa[kBN / 16][4];
@@ -198,25 +162,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_wgmma_kernel(FwdParams 
     wgmma::fence_operands(pa);
   }
 
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float l = flash::quad_sum(row_sum[r]);
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    const int row = row0 + r * 8;
-    if (row < T_len) {
-      T* out_row = static_cast<T*>(p.out) + b * p.ol.batch + row * p.ol.token + hq * p.ol.head;
-#pragma unroll
-      for (int n = 0; n < kD / 8; ++n) {
-        const int col = n * 8 + (lane % 4) * 2;
-        *reinterpret_cast<uint32_t*>(out_row + col) =
-            E::pack(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
-      }
-      if (lane % 4 == 0) {
-        p.lse[(static_cast<int64_t>(b) * p.Hq + hq) * T_len + row] =
-            l > 0.f ? row_max[r] * p.scale + logf(l) : -INFINITY;
-      }
-    }
-  }
+  flash::store_forward_rows<T>(p, o, row_max, row_sum, row0, b, hq, lane);
 #else
   // Built without sm_90a code: the host never launches this (flash_wgmma_available).
   __trap();

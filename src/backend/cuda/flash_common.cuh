@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cmath>
 #include <cstdint>
 
 #include "backend/cuda/attention.h"
@@ -88,33 +89,13 @@ __device__ inline void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
-// Copies rows [0, kRows) x cols [0, kCols) of a global tile (row r at gmem + r * row_stride)
-// into a swizzled shared tile; rows >= valid_rows become zeros. gmem itself must be readable
-// (valid_rows >= 1), it stands in as the address of the zero-filled chunks.
-template <int kRows, int kCols, int kThreads, typename T>
-__device__ inline void load_tile_async(T* smem, const T* gmem, int64_t row_stride, int valid_rows) {
-  static_assert(kCols % 64 == 0, "swizzle needs rows of a multiple of 128 bytes");
+// The thread-strided chunk loop both tile loaders share: 16-byte chunk c (kCols / 8 per row) of
+// row r goes to shared address smem + dst_bytes(r, c); rows >= valid_rows become zeros (gmem
+// itself must be readable: it stands in as the address of the zero-filled chunks).
+template <int kRows, int kCols, int kThreads, typename T, typename DstBytes>
+__device__ inline void copy_tile_async(uint32_t smem, const T* gmem, int64_t row_stride,
+                                       int valid_rows, DstBytes dst_bytes) {
   constexpr int kChunksPerRow = kCols / 8;
-  constexpr int kChunks = kRows * kChunksPerRow;
-  static_assert(kChunks % kThreads == 0, "every thread copies the same number of chunks");
-#pragma unroll
-  for (int it = 0; it < kChunks / kThreads; ++it) {
-    const int i = it * kThreads + static_cast<int>(threadIdx.x);
-    const int r = i / kChunksPerRow;
-    const int c = (i % kChunksPerRow) * 8;
-    const bool valid = r < valid_rows;
-    const T* src = valid ? gmem + r * row_stride + c : gmem;
-    cp_async_16(smem_u32(smem + attn_index::swizzle(r, c, kCols)), src, valid);
-  }
-}
-
-// Copies rows [0, kRows) of a (rows x kD) global tile into the swizzled layout of wgmma.cuh
-// (kD / 64 column blocks of kRows x 128 bytes); rows >= valid_rows become zeros. smem is a
-// shared-space address, 1024-byte aligned.
-template <int kRows, int kD, int kThreads, typename T>
-__device__ inline void load_tile_sw128(uint32_t smem, const T* gmem, int64_t row_stride,
-                                       int valid_rows) {
-  constexpr int kChunksPerRow = kD / 8;
   constexpr int kChunks = kRows * kChunksPerRow;
   static_assert(kChunks % kThreads == 0, "every thread copies the same number of chunks");
 #pragma unroll
@@ -124,9 +105,31 @@ __device__ inline void load_tile_sw128(uint32_t smem, const T* gmem, int64_t row
     const int c = i % kChunksPerRow;
     const bool valid = r < valid_rows;
     const T* src = valid ? gmem + r * row_stride + c * 8 : gmem;
-    const uint32_t dst = smem + (c / 8) * (kRows * 128) + wgmma::sw128_offset(r, c % 8);
-    cp_async_16(dst, src, valid);
+    cp_async_16(smem + dst_bytes(r, c), src, valid);
   }
+}
+
+// Copies rows [0, kRows) x cols [0, kCols) of a global tile (row r at gmem + r * row_stride)
+// into a swizzled shared tile; rows >= valid_rows become zeros. gmem itself must be readable
+// (valid_rows >= 1), it stands in as the address of the zero-filled chunks.
+template <int kRows, int kCols, int kThreads, typename T>
+__device__ inline void load_tile_async(T* smem, const T* gmem, int64_t row_stride, int valid_rows) {
+  static_assert(kCols % 64 == 0, "swizzle needs rows of a multiple of 128 bytes");
+  copy_tile_async<kRows, kCols, kThreads>(
+      smem_u32(smem), gmem, row_stride, valid_rows, [](int r, int c) {
+        return static_cast<uint32_t>(attn_index::swizzle(r, c * 8, kCols) * sizeof(T));
+      });
+}
+
+// Copies rows [0, kRows) of a (rows x kD) global tile into the swizzled layout of wgmma.cuh
+// (kD / 64 column blocks of kRows x 128 bytes); rows >= valid_rows become zeros. smem is a
+// shared-space address, 1024-byte aligned.
+template <int kRows, int kD, int kThreads, typename T>
+__device__ inline void load_tile_sw128(uint32_t smem, const T* gmem, int64_t row_stride,
+                                       int valid_rows) {
+  copy_tile_async<kRows, kD, kThreads>(smem, gmem, row_stride, valid_rows, [](int r, int c) {
+    return static_cast<uint32_t>((c / 8) * (kRows * 128)) + wgmma::sw128_offset(r, c % 8);
+  });
 }
 
 // Address of the row a lane supplies for an A-operand ldmatrix_x4 of the 16x16 block at
@@ -174,8 +177,126 @@ struct FwdParams {
   float scale;
   bool causal;
 };
+// ---- Forward steps shared by the mma.sync and wgmma kernels (the same accumulator layout) ----
+// A lane holds scores s[n][e] of rows row0 (e < 2) and row0 + 8 (e >= 2), keys col0 + 8n + (e & 1),
+// with col0 = the tile's first key + 2 * (lane % 4).
+
+// Masks keys past T and (causal) keys after the query with -inf.
+template <int kN>
+__device__ inline void mask_scores(float (&s)[kN][4], int row0, int col0, int T, bool causal) {
+#pragma unroll
+  for (int n = 0; n < kN; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = row0 + (e >= 2 ? 8 : 0);
+      const int col = col0 + n * 8 + (e & 1);
+      if (col >= T || (causal && col > row)) s[n][e] = -INFINITY;
+    }
+  }
+}
+
+// One online-softmax step for the lane's two rows: the running max (raw scores) moves to this
+// tile's, s becomes P = exp(scale * (s - max)) in place, the lane's running sums and O rows are
+// rescaled by the correction.
+template <int kN, int kDn>
+__device__ inline void online_softmax_step(float (&s)[kN][4], float (&o)[kDn][4],
+                                           float (&row_max)[2], float (&row_sum)[2],
+                                           float scale_log2) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = row_max[r];
+#pragma unroll
+    for (int n = 0; n < kN; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+    mx = quad_max(mx);
+    // A row with every score masked so far keeps p = 0 without forming inf - inf.
+    const float base = (mx == -INFINITY ? 0.f : mx) * scale_log2;
+    const float corr = exp2f(row_max[r] * scale_log2 - base);
+    row_max[r] = mx;
+    float sum = 0.f;
+#pragma unroll
+    for (int n = 0; n < kN; ++n) {
+#pragma unroll
+      for (int e = 2 * r; e < 2 * r + 2; ++e) {
+        const float pe = exp2f(fmaf(s[n][e], scale_log2, -base));
+        s[n][e] = pe;
+        sum += pe;
+      }
+    }
+    row_sum[r] = row_sum[r] * corr + sum;
+#pragma unroll
+    for (int n = 0; n < kDn; ++n) {
+      o[n][2 * r] *= corr;
+      o[n][2 * r + 1] *= corr;
+    }
+  }
+}
+
+// Writes the lane's two rows of O / l (16 bits) and, from lane 0 of each quad, their LSE.
+template <typename T, int kDn>
+__device__ inline void store_forward_rows(const FwdParams& p, const float (&o)[kDn][4],
+                                          const float (&row_max)[2], const float (&row_sum)[2],
+                                          int row0, int b, int hq, int lane) {
+  using E = Elem<T>;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float l = quad_sum(row_sum[r]);
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const int row = row0 + r * 8;
+    if (row < p.T) {
+      T* out_row = static_cast<T*>(p.out) + b * p.ol.batch + row * p.ol.token + hq * p.ol.head;
+#pragma unroll
+      for (int n = 0; n < kDn; ++n) {
+        const int col = n * 8 + (lane % 4) * 2;
+        *reinterpret_cast<uint32_t*>(out_row + col) =
+            E::pack(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+      }
+      if (lane % 4 == 0) {
+        p.lse[(static_cast<int64_t>(b) * p.Hq + hq) * p.T + row] =
+            l > 0.f ? row_max[r] * p.scale + logf(l) : -INFINITY;
+      }
+    }
+  }
+}
+
 // The wgmma forward (flash_attention_fwd_sm90.cu); B is the batch (the grid's z).
 void launch_fwd_wgmma(const FwdParams& p, int D, DType dtype, int64_t B, cudaStream_t stream);
+
+// ---- Backward steps shared by the mma.sync and wgmma kernels ----
+// A key-tile block's steps: (query head of the GQA group, query tile of bm rows) pairs,
+// head-major, from the first query tile that sees any of the tile's keys.
+struct BwdSteps {
+  int first_q_tile, tiles_per_head, count, first_head;
+  __device__ BwdSteps(int kv_tile, int T, int bm, int bn, bool causal, int hk, int group)
+      : first_q_tile(attn_index::first_q_tile_for_kv_tile(kv_tile, bm, bn, causal)),
+        tiles_per_head(attn_index::ceil_div(T, bm) - first_q_tile),
+        count(group * tiles_per_head),
+        first_head(hk * group) {}
+  __device__ int head(int step) const { return first_head + step / tiles_per_head; }
+  __device__ int q0(int step, int bm) const { return (first_q_tile + step % tiles_per_head) * bm; }
+};
+
+// P^T = exp(S^T * scale - LSE), dS^T = P^T (dP^T - D_i) * scale, in place, for a lane holding
+// keys key0 (e < 2) and key0 + 8 (e >= 2) by queries q0 + 8n + 2c + (e & 1) (c = lane % 4);
+// lse (already times log2(e)) and dsum indexed by query within the step. The scale is folded
+// into dS so dQ and dK need none; masked or out-of-range entries get P = dS = 0.
+template <int kN>
+__device__ inline void backward_p_ds(float (&st)[kN][4], float (&dpt)[kN][4], int key0, int q0,
+                                     int c, const float* lse, const float* dsum, int T, bool causal,
+                                     float scale_log2, float scale) {
+#pragma unroll
+  for (int n = 0; n < kN; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = key0 + (e >= 2 ? 8 : 0);
+      const int q_local = n * 8 + c * 2 + (e & 1);
+      const int row = q0 + q_local;
+      const bool valid = key < T && row < T && (!causal || key <= row);
+      const float pe = valid ? exp2f(fmaf(st[n][e], scale_log2, -lse[q_local])) : 0.f;
+      st[n][e] = pe;
+      dpt[n][e] = pe * (dpt[n][e] - dsum[q_local]) * scale;
+    }
+  }
+}
 
 // Backward main-pass arguments (both kernels); dsum and dq_acc live in the caller's workspace.
 struct BwdParams {

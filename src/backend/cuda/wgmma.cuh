@@ -86,157 +86,115 @@ __device__ inline void fence_operands(uint32_t (&a)[kSteps][4]) {
     asm volatile("" : "+r"(a[j][0]), "+r"(a[j][1]), "+r"(a[j][2]), "+r"(a[j][3])::"memory");
 }
 
+// Operand lists: the accumulator registers as the asm string names them (%0..) and as
+// in-out operands, for 32 (N = 64) and 64 (N = 128) accumulators.
+#define TESSERA_WGMMA_LIST32                                                         \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
+  "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define TESSERA_WGMMA_REGS32 "{" TESSERA_WGMMA_LIST32 "}, "
+#define TESSERA_WGMMA_REGS64                                                           \
+  "{" TESSERA_WGMMA_LIST32                                                             \
+  ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+#define TESSERA_WGMMA_OUT32                                                                     \
+  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),     \
+      "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
+      "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), \
+      "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
+      "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), \
+      "+f"(d[7][2]), "+f"(d[7][3])
+#define TESSERA_WGMMA_OUT64                                                                        \
+  TESSERA_WGMMA_OUT32, "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]),  \
+      "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), \
+      "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),              \
+      "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]),              \
+      "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]),              \
+      "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]),              \
+      "+f"(d[15][3])
+
 // The asm statements, once each; TY is the PTX input type ("bf16" or "f16"). SS: d (64 x N) =
 // [d +] A (64 x 16, shared, K-major) B (16 x N, shared; TB "0" K-major, "1" MN-major),
-// scale-a = scale-b = 1. RS: d = [d +] A (64 x 16, registers) B (16 x N, shared, MN-major: trans-b
-// = 1). `accumulate` 0 drops d's old value (scale-d false).
-#define TESSERA_WGMMA_SS_N64(TY, TB)                                                              \
-  asm volatile(                                                                                   \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY                                     \
-      " "                                                                                         \
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, "              \
-      "%17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "              \
-      "%32, %33, p, 1, 1, 0, " TB ";\n}\n"                                                        \
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), \
-        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), \
-        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
-        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), \
-        "+f"(d[7][2]), "+f"(d[7][3])                                                              \
+// scale-a = scale-b = 1. RS: d = [d +] A (64 x 16, registers) B (16 x N, shared, MN-major:
+// trans-b = 1). `accumulate` 0 drops d's old value (scale-d false).
+#define TESSERA_WGMMA_SS_N64(TY, TB)                                                   \
+  asm volatile(                                                                        \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                     \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " TESSERA_WGMMA_REGS32 \
+      "%32, %33, p, 1, 1, 0, " TB ";\n}\n"                                             \
+      : TESSERA_WGMMA_OUT32                                                            \
       : "l"(desc_a), "l"(desc_b), "r"(accumulate))
 
-#define TESSERA_WGMMA_SS_N128(TY, TB)                                                             \
-  asm volatile(                                                                                   \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                \
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY                                    \
-      " "                                                                                         \
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, "              \
-      "%17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "               \
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, "               \
-      "%47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "               \
-      "%62, %63}, "                                                                               \
-      "%64, %65, p, 1, 1, 0, " TB ";\n}\n"                                                        \
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), \
-        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), \
-        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
-        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), \
-        "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), \
-        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]),               \
-        "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]),           \
-        "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]),           \
-        "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),           \
-        "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]),           \
-        "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])                                            \
+#define TESSERA_WGMMA_SS_N128(TY, TB)                                                   \
+  asm volatile(                                                                         \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                      \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " TESSERA_WGMMA_REGS64 \
+      "%64, %65, p, 1, 1, 0, " TB ";\n}\n"                                              \
+      : TESSERA_WGMMA_OUT64                                                             \
       : "l"(desc_a), "l"(desc_b), "r"(accumulate))
 
-#define TESSERA_WGMMA_RS_N64(TY)                                                                  \
-  asm volatile(                                                                                   \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY                                     \
-      " "                                                                                         \
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, "              \
-      "%17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "              \
-      "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                                               \
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), \
-        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), \
-        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
-        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), \
-        "+f"(d[7][2]), "+f"(d[7][3])                                                              \
+#define TESSERA_WGMMA_RS_N64(TY)                                                       \
+  asm volatile(                                                                        \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                     \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " TESSERA_WGMMA_REGS32 \
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                                    \
+      : TESSERA_WGMMA_OUT32                                                            \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
 
-#define TESSERA_WGMMA_RS_N128(TY)                                                                 \
-  asm volatile(                                                                                   \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                                \
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY                                    \
-      " "                                                                                         \
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, "              \
-      "%17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "               \
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, "               \
-      "%47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "               \
-      "%62, %63}, "                                                                               \
-      "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"                                               \
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), \
-        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), \
-        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
-        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), \
-        "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), \
-        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]),               \
-        "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]),           \
-        "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]),           \
-        "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),           \
-        "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]),           \
-        "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])                                            \
+#define TESSERA_WGMMA_RS_N128(TY)                                                       \
+  asm volatile(                                                                         \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                      \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " TESSERA_WGMMA_REGS64 \
+      "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"                                     \
+      : TESSERA_WGMMA_OUT64                                                             \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
+
+// The member functions of Mma<T>, written once for both input types (TY as above).
+#define TESSERA_WGMMA_MEMBERS(TY)                                                          \
+  /* kTransB false: B (16 x N) stored K-major; true: MN-major. */                          \
+  template <bool kTransB = false>                                                          \
+  __device__ static void ss_n64(float(&d)[8][4], uint64_t desc_a, uint64_t desc_b,         \
+                                int accumulate) {                                          \
+    if constexpr (kTransB) {                                                               \
+      TESSERA_WGMMA_SS_N64(TY, "1");                                                       \
+    } else {                                                                               \
+      TESSERA_WGMMA_SS_N64(TY, "0");                                                       \
+    }                                                                                      \
+  }                                                                                        \
+  template <bool kTransB = false>                                                          \
+  __device__ static void ss_n128(float(&d)[16][4], uint64_t desc_a, uint64_t desc_b,       \
+                                 int accumulate) {                                         \
+    if constexpr (kTransB) {                                                               \
+      TESSERA_WGMMA_SS_N128(TY, "1");                                                      \
+    } else {                                                                               \
+      TESSERA_WGMMA_SS_N128(TY, "0");                                                      \
+    }                                                                                      \
+  }                                                                                        \
+  __device__ static void rs_n64(float(&d)[8][4], const uint32_t(&a)[4], uint64_t desc_b,   \
+                                int accumulate) {                                          \
+    TESSERA_WGMMA_RS_N64(TY);                                                              \
+  }                                                                                        \
+  __device__ static void rs_n128(float(&d)[16][4], const uint32_t(&a)[4], uint64_t desc_b, \
+                                 int accumulate) {                                         \
+    TESSERA_WGMMA_RS_N128(TY);                                                             \
+  }
 
 template <typename T>
 struct Mma;
-
 template <>
 struct Mma<__nv_bfloat16> {
-  // kTransB false: B (16 x N) stored K-major; true: MN-major.
-  template <bool kTransB = false>
-  __device__ static void ss_n64(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b,
-                                int accumulate) {
-    if constexpr (kTransB) {
-      TESSERA_WGMMA_SS_N64("bf16", "1");
-    } else {
-      TESSERA_WGMMA_SS_N64("bf16", "0");
-    }
-  }
-  template <bool kTransB = false>
-  __device__ static void ss_n128(float (&d)[16][4], uint64_t desc_a, uint64_t desc_b,
-                                 int accumulate) {
-    if constexpr (kTransB) {
-      TESSERA_WGMMA_SS_N128("bf16", "1");
-    } else {
-      TESSERA_WGMMA_SS_N128("bf16", "0");
-    }
-  }
-  __device__ static void rs_n64(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc_b,
-                                int accumulate) {
-    TESSERA_WGMMA_RS_N64("bf16");
-  }
-  __device__ static void rs_n128(float (&d)[16][4], const uint32_t (&a)[4], uint64_t desc_b,
-                                 int accumulate) {
-    TESSERA_WGMMA_RS_N128("bf16");
-  }
+  TESSERA_WGMMA_MEMBERS("bf16")
 };
-
 template <>
 struct Mma<__half> {
-  // kTransB false: B (16 x N) stored K-major; true: MN-major.
-  template <bool kTransB = false>
-  __device__ static void ss_n64(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b,
-                                int accumulate) {
-    if constexpr (kTransB) {
-      TESSERA_WGMMA_SS_N64("f16", "1");
-    } else {
-      TESSERA_WGMMA_SS_N64("f16", "0");
-    }
-  }
-  template <bool kTransB = false>
-  __device__ static void ss_n128(float (&d)[16][4], uint64_t desc_a, uint64_t desc_b,
-                                 int accumulate) {
-    if constexpr (kTransB) {
-      TESSERA_WGMMA_SS_N128("f16", "1");
-    } else {
-      TESSERA_WGMMA_SS_N128("f16", "0");
-    }
-  }
-  __device__ static void rs_n64(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc_b,
-                                int accumulate) {
-    TESSERA_WGMMA_RS_N64("f16");
-  }
-  __device__ static void rs_n128(float (&d)[16][4], const uint32_t (&a)[4], uint64_t desc_b,
-                                 int accumulate) {
-    TESSERA_WGMMA_RS_N128("f16");
-  }
+  TESSERA_WGMMA_MEMBERS("f16")
 };
 
+#undef TESSERA_WGMMA_MEMBERS
+#undef TESSERA_WGMMA_LIST32
+#undef TESSERA_WGMMA_REGS32
+#undef TESSERA_WGMMA_REGS64
+#undef TESSERA_WGMMA_OUT32
+#undef TESSERA_WGMMA_OUT64
 #undef TESSERA_WGMMA_SS_N64
 #undef TESSERA_WGMMA_SS_N128
 #undef TESSERA_WGMMA_RS_N64
