@@ -138,7 +138,9 @@ double unit_roundoff(DType t) {
 // ---- Host-only checks of the index math (these run without a GPU) ----
 
 TEST(CudaAttentionIndex, CausalTileSkipAndMaskRulesMatchBruteForce) {
-  for (const auto& [bm, bn] : {std::pair{64, 64}, std::pair{32, 64}, std::pair{64, 32}}) {
+  // mma.sync forward 64 x 64 and backward 32 x 64; wgmma forward 128 x 128, backward 64 x 128.
+  for (const auto& [bm, bn] : {std::pair{64, 64}, std::pair{32, 64}, std::pair{64, 32},
+                               std::pair{128, 128}, std::pair{64, 128}}) {
     for (int T : {1, 2, 31, 32, 33, 63, 64, 65, 127, 128, 129, 300}) {
       for (bool causal : {false, true}) {
         const int nq = ai::ceil_div(T, bm), nk = ai::ceil_div(T, bn);
@@ -172,6 +174,43 @@ TEST(CudaAttentionIndex, CausalTileSkipAndMaskRulesMatchBruteForce) {
           // The backward starts at the first query tile that sees the K tile, skipping none.
           EXPECT_EQ(ai::first_q_tile_for_kv_tile(kt, bm, bn, causal), first)
               << "T=" << T << " kt=" << kt << " causal=" << causal;
+        }
+      }
+    }
+  }
+}
+
+// A backward block walks every (query head of its group, query tile from the first that sees its
+// keys) pair exactly once, head-major.
+TEST(CudaAttentionIndex, BackwardStepsCoverEachHeadAndTileOnce) {
+  for (const auto& [bm, bn] : {std::pair{32, 64}, std::pair{64, 128}}) {
+    for (int T : {1, 63, 64, 65, 129, 300}) {
+      for (bool causal : {false, true}) {
+        for (int group : {1, 4}) {
+          const int hk = 2;
+          for (int kt = 0; kt < ai::ceil_div(T, bn); ++kt) {
+            const ai::BwdSteps st(kt, T, bm, bn, causal, hk, group);
+            const int first = ai::first_q_tile_for_kv_tile(kt, bm, bn, causal);
+            const int nq = ai::ceil_div(T, bm);
+            ASSERT_EQ(st.count, group * (nq - first)) << "T=" << T << " kt=" << kt;
+            std::vector<int> seen(static_cast<size_t>(group * nq), 0);
+            for (int s = 0; s < st.count; ++s) {
+              const int h = st.head(s), q0 = st.q0(s, bm);
+              ASSERT_GE(h, hk * group);
+              ASSERT_LT(h, (hk + 1) * group);
+              ASSERT_EQ(q0 % bm, 0);
+              ASSERT_GE(q0 / bm, first);
+              ASSERT_LT(q0, T);
+              ++seen[static_cast<size_t>((h - hk * group) * nq + q0 / bm)];
+              if (s > 0) {
+                EXPECT_GE(h, st.head(s - 1)) << "head-major";
+              }
+            }
+            for (int h = 0; h < group; ++h)
+              for (int qt = first; qt < nq; ++qt)
+                EXPECT_EQ(seen[static_cast<size_t>(h * nq + qt)], 1)
+                    << "T=" << T << " kt=" << kt << " head " << h << " tile " << qt;
+          }
         }
       }
     }

@@ -156,6 +156,21 @@ __host__ __device__ inline int first_q_tile_for_kv_tile(int kv_tile, int bm, int
   return causal ? kv_tile * bn / bm : 0;
 }
 
+// A key-tile block's steps: (query head of the GQA group, query tile of bm rows) pairs,
+// head-major, from the first query tile that sees any of the tile's keys.
+struct BwdSteps {
+  int first_q_tile, tiles_per_head, count, first_head;
+  __host__ __device__ BwdSteps(int kv_tile, int T, int bm, int bn, bool causal, int hk, int group)
+      : first_q_tile(first_q_tile_for_kv_tile(kv_tile, bm, bn, causal)),
+        tiles_per_head(ceil_div(T, bm) - first_q_tile),
+        count(group * tiles_per_head),
+        first_head(hk * group) {}
+  __host__ __device__ int head(int step) const { return first_head + step / tiles_per_head; }
+  __host__ __device__ int q0(int step, int bm) const {
+    return (first_q_tile + step % tiles_per_head) * bm;
+  }
+};
+
 // Shared-memory tiles of 16-bit elements with `cols` per row (cols a multiple of 64, so a row is
 // a multiple of 128 bytes): 16-byte chunk c of row r is stored at chunk c ^ (r & 7), which puts
 // the 8 rows read by one ldmatrix into 8 different bank groups. col is a multiple of 8 when a

@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(kBwdThreads) flash_bwd_kernel(BwdParams p) {
     for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.f;
   }
 
-  const flash::BwdSteps steps(kv_tile, T_len, kBM, kBN, p.causal, hk, p.group);
+  const attn_index::BwdSteps steps(kv_tile, T_len, kBM, kBN, p.causal, hk, p.group);
   const int n_steps = steps.count;
   // Fetches step `step`'s Q, dO (cp.async, one commit group) and LSE, D_i (plain loads) into
   // buffer `buf`.

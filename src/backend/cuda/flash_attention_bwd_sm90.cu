@@ -33,6 +33,7 @@ constexpr int smem_bytes() {
   // 2 stages of LSE and D_i (kBM floats each); slack to align the base.
   return (2 * kBN * kD + 4 * kBM * kD + 2 * kBM * 64) * 2 + 4 * kBM * 4 + kAlign;
 }
+static_assert(smem_bytes<128>() <= 232448, "a Hopper block may have at most 227 KiB");
 
 template <typename T>
 __device__ inline T to_elem(float x) {
@@ -84,7 +85,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_wgmma_kernel(BwdParams 
       p.vl.token, T_len - k0);
   flash::cp_async_commit();
 
-  const flash::BwdSteps steps(kv_tile, T_len, kBM, kBN, p.causal, hk, p.group);
+  const attn_index::BwdSteps steps(kv_tile, T_len, kBM, kBN, p.causal, hk, p.group);
   const int n_steps = steps.count;
   // Step `step`'s Q and dO: cp.async into buffer `buf`, one commit group.
   auto fetch_tiles = [&](int step, int buf) {

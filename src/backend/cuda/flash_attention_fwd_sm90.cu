@@ -33,6 +33,7 @@ constexpr int smem_bytes() {
   // Hopper's 227 KiB per block.
   return (kBM + 2 * kStages * kBN) * kD * 2 + kAlign;
 }
+static_assert(smem_bytes<128>() <= 232448, "a Hopper block may have at most 227 KiB");
 
 template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads, 1) flash_fwd_wgmma_kernel(FwdParams p) {

@@ -262,18 +262,6 @@ __device__ inline void store_forward_rows(const FwdParams& p, const float (&o)[k
 void launch_fwd_wgmma(const FwdParams& p, int D, DType dtype, int64_t B, cudaStream_t stream);
 
 // ---- Backward steps shared by the mma.sync and wgmma kernels ----
-// A key-tile block's steps: (query head of the GQA group, query tile of bm rows) pairs,
-// head-major, from the first query tile that sees any of the tile's keys.
-struct BwdSteps {
-  int first_q_tile, tiles_per_head, count, first_head;
-  __device__ BwdSteps(int kv_tile, int T, int bm, int bn, bool causal, int hk, int group)
-      : first_q_tile(attn_index::first_q_tile_for_kv_tile(kv_tile, bm, bn, causal)),
-        tiles_per_head(attn_index::ceil_div(T, bm) - first_q_tile),
-        count(group * tiles_per_head),
-        first_head(hk * group) {}
-  __device__ int head(int step) const { return first_head + step / tiles_per_head; }
-  __device__ int q0(int step, int bm) const { return (first_q_tile + step % tiles_per_head) * bm; }
-};
 
 // P^T = exp(S^T * scale - LSE), dS^T = P^T (dP^T - D_i) * scale, in place, for a lane holding
 // keys key0 (e < 2) and key0 + 8 (e >= 2) by queries q0 + 8n + 2c + (e & 1) (c = lane % 4);
