@@ -1,10 +1,11 @@
 // FlashAttention forward for Hopper (sm_90a): one thread block per 128-row query tile and head,
 // two warpgroups of 64 rows each, K/V tiles of 128 keys streamed through 128-byte-swizzled shared
 // memory by cp.async in three stages (two tiles in flight while one is computed, one barrier per
-// tile), S = Q K^T and O += P V on wgmma.mma_async (Q, K, V read
-// by the tensor cores straight from shared memory, P from registers), online softmax in f32,
-// log-sum-exp saved for the backward. Same arithmetic as the mma.sync kernel (f32 scores,
-// P rounded to 16 bits, f32 O), on tiles four times larger.
+// tile), each tile's softmax overlapping the previous tile's P V product, S = Q K^T and O += P V on
+// wgmma.mma_async (Q, K, V read by the tensor cores straight from shared memory, P from registers),
+// online softmax in f32, log-sum-exp saved for the backward. Same arithmetic as the mma.sync kernel
+// (f32 scores, P rounded to 16 bits, f32 O; O is corrected after, not before, adding a tile's
+// product), on tiles four times larger.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -68,55 +69,43 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_wgmma_kernel(FwdParams 
 
   const int n_tiles = attn_index::kv_tiles_for_q_tile(q_tile, T_len, kBM, kBN, p.causal);
 
-  // Copy group j holds K/V tile j (group 0 also Q); tile j is issued in iteration j - 2, tiles 0
-  // and 1 here.
-  auto load_kv = [&](int tile) {
-    const int k_first = tile * kBN;
-    const int st = tile % kStages;
-    flash::load_tile_sw128<kBN, kD, kThreads>(sK + st * kTileBytes, k_ptr + k_first * p.kl.token,
-                                              p.kl.token, T_len - k_first);
-    flash::load_tile_sw128<kBN, kD, kThreads>(sV + st * kTileBytes, v_ptr + k_first * p.vl.token,
-                                              p.vl.token, T_len - k_first);
+  // Copy group j holds K tile j and V tile j - 1 (group 0 also Q, group n_tiles only V tile
+  // n_tiles - 1): iteration t reads K_t for S and V_{t-1} for the product of the previous tile's
+  // P. Groups 0 and 1 are issued here, group t + 2 in iteration t; tile j sits in stage j % 3.
+  auto load_group = [&](int j) {
+    if (j < n_tiles) {
+      const int k_first = j * kBN;
+      flash::load_tile_sw128<kBN, kD, kThreads>(sK + (j % kStages) * kTileBytes,
+                                                k_ptr + k_first * p.kl.token, p.kl.token,
+                                                T_len - k_first);
+    }
+    if (j >= 1) {
+      const int v_first = (j - 1) * kBN;
+      flash::load_tile_sw128<kBN, kD, kThreads>(sV + ((j - 1) % kStages) * kTileBytes,
+                                                v_ptr + v_first * p.vl.token, p.vl.token,
+                                                T_len - v_first);
+    }
     flash::cp_async_commit();
   };
   flash::load_tile_sw128<kBM, kD, kThreads>(sQ, q_ptr, p.ql.token, T_len - q0);
-  load_kv(0);
-  if (n_tiles > 1) load_kv(1);
+  load_group(0);
+  load_group(1);
 
   float o[kD / 8][4];
 #pragma unroll
   for (int n = 0; n < kD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float s[kBN / 8][4];
+  uint32_t pa[kBN / 16][4];                   // the previous tile's P, 16 bits, register A
   float row_max[2] = {-INFINITY, -INFINITY};  // raw (unscaled) scores
   float row_sum[2] = {0.f, 0.f};              // this lane's share; quad-reduced at the end
   const float scale_log2 = p.scale * flash::kLog2e;
   // This warpgroup's 64 rows of Q: column block kk / 4, k-step kk % 4 inside it.
   const uint32_t q_wg = sQ + wg * 64 * 128;
 
-  for (int t = 0; t < n_tiles; ++t) {
-    const int stage = t % kStages;
-    // Groups up to min(t + 1, n_tiles - 1) are committed; tile t's must be complete.
-    if (t + 1 < n_tiles) {
-      flash::cp_async_wait<1>();
-    } else {
-      flash::cp_async_wait<0>();
-    }
-    wgmma::fence_async_shared();  // this thread's copies, visible to the tensor cores
-    // Past this barrier every thread has its tile-t copies landed and has finished iteration
-    // t - 1, whose wgmma (waited for) were the last readers of the stage tile t + 2 refills.
-    __syncthreads();
-    if (t + 2 < n_tiles) load_kv(t + 2);
-
-    const uint32_t sKs = sK + stage * kTileBytes;
-    const uint32_t sVs = sV + stage * kTileBytes;
-
-    // S (64 x 128 per warpgroup) = Q K^T, accumulated over kD / 16 k-steps. The first k-step
-    // overwrites S (scale-d 0); zeroing it here still ends the last tile's S live range (it is
-    // an in-out operand) and leaves no register read unset.
-#pragma unroll
-    for (int n = 0; n < kBN / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-    wgmma::fence_operands(s);
-    wgmma::fence();
+  // The pieces of iteration t. S_t = Q K_t^T (64 x 128 per warpgroup, kD / 16 k-steps; the
+  // first overwrites S, scale-d 0).
+  auto issue_s = [&](int t) {
+    const uint32_t sKs = sK + (t % kStages) * kTileBytes;
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       const uint32_t off = (kk % 4) * 32;
@@ -125,17 +114,44 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_wgmma_kernel(FwdParams 
       M::ss_n128(s, da, db, kk > 0 ? 1 : 0);
     }
     wgmma::commit();
-    wgmma::wait<0>();
+  };
+  // O += P V_j: keys 16i..16i+15 are rows of V (128 bytes apart in each column block), column
+  // blocks of D kBlockBytes apart.
+  auto issue_pv = [&](int j) {
+    const uint32_t sVs = sV + (j % kStages) * kTileBytes;
+#pragma unroll
+    for (int i = 0; i < kBN / 16; ++i) {
+      const uint64_t dv = wgmma::sw128_desc(sVs + i * 16 * 128, kBlockBytes, 1024);
+      if constexpr (kD == 128) {
+        M::rs_n128(o, pa[i], dv, 1);
+      } else {
+        M::rs_n64(o, pa[i], dv, 1);
+      }
+    }
+    wgmma::commit();
+  };
+  // Waits for group t's copies and makes them visible; past the barrier every thread has
+  // finished iteration t - 1, whose products (waited for) were the last readers of K_{t-1} and
+  // V_{t-2}, the stages group t + 2 refills.
+  auto next_tile_data = [&](int t) {
+    if (t + 1 <= n_tiles) {
+      flash::cp_async_wait<1>();
+    } else {
+      flash::cp_async_wait<0>();
+    }
+    wgmma::fence_async_shared();
+    __syncthreads();
+    if (t + 2 <= n_tiles) load_group(t + 2);
+  };
+  // Tile t's softmax on S (landed), leaving the O correction in corr.
+  auto softmax = [&](int t, float(&corr)[2]) {
     wgmma::fence_operands(s);
-
-    const int k0 = t * kBN;
     if (attn_index::tile_needs_mask(q_tile, t, T_len, kBM, kBN, p.causal))
-      flash::mask_scores(s, row0, k0 + (lane % 4) * 2, T_len, p.causal);
-
-    flash::online_softmax_step(s, o, row_max, row_sum, scale_log2);
-
-    // O += P V: P rounded to 16 bits straight from the S accumulators (k-step j = pair 2j, 2j+1).
-    uint32_t pa[kBN / 16][4];
+      flash::mask_scores(s, row0, t * kBN + (lane % 4) * 2, T_len, p.causal);
+    flash::softmax_update_scores(s, row_max, row_sum, scale_log2, corr);
+  };
+  // P rounded to 16 bits straight from the S accumulators (k-step j = pair 2j, 2j + 1).
+  auto pack_p = [&] {
 #pragma unroll
     for (int j = 0; j < kBN / 16; ++j) {
       pa[j][0] = E::pack(s[2 * j][0], s[2 * j][1]);
@@ -143,25 +159,54 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_wgmma_kernel(FwdParams 
       pa[j][2] = E::pack(s[2 * j + 1][0], s[2 * j + 1][1]);
       pa[j][3] = E::pack(s[2 * j + 1][2], s[2 * j + 1][3]);
     }
+  };
+  auto zero_s = [&] {
+  // Ends the last tile's live range of S (an in-out operand) and leaves no register unset.
+#pragma unroll
+    for (int n = 0; n < kBN / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+  };
+
+  // Tile 0: S and its softmax (O is still zero, nothing to correct).
+  {
+    next_tile_data(0);
+    zero_s();
+    wgmma::fence_operands(s);
+    wgmma::fence();
+    issue_s(0);
+    wgmma::wait<0>();
+    float corr[2];
+    softmax(0, corr);
+    pack_p();
+  }
+  // Tiles 1..: S_t and O += P_{t-1} V_{t-1} issued back to back; tile t's softmax runs while the
+  // second product is still on the tensor cores (FlashAttention-3's intra-warpgroup overlap),
+  // and O is corrected only once that product has landed.
+  for (int t = 1; t < n_tiles; ++t) {
+    next_tile_data(t);
+    zero_s();
+    wgmma::fence_operands(s);
     wgmma::fence_operands(pa);
     wgmma::fence_operands(o);
     wgmma::fence();
-#pragma unroll
-    for (int j = 0; j < kBN / 16; ++j) {
-      // Keys 16j..16j+15 (rows of V, 128 bytes apart in each column block); column blocks of D
-      // kBlockBytes apart.
-      const uint64_t dv = wgmma::sw128_desc(sVs + j * 16 * 128, kBlockBytes, 1024);
-      if constexpr (kD == 128) {
-        M::rs_n128(o, pa[j], dv, 1);
-      } else {
-        M::rs_n64(o, pa[j], dv, 1);
-      }
-    }
-    wgmma::commit();
+    issue_s(t);
+    issue_pv(t - 1);
+    wgmma::wait<1>();  // S_t has landed; the product behind it may be pending
+    float corr[2];
+    softmax(t, corr);
     wgmma::wait<0>();
     wgmma::fence_operands(o);
     wgmma::fence_operands(pa);
+    flash::rescale_rows(o, corr);
+    pack_p();
   }
+  // The last tile's product.
+  next_tile_data(n_tiles);
+  wgmma::fence_operands(pa);
+  wgmma::fence_operands(o);
+  wgmma::fence();
+  issue_pv(n_tiles - 1);
+  wgmma::wait<0>();
+  wgmma::fence_operands(o);
 
   flash::store_forward_rows<T>(p, o, row_max, row_sum, row0, b, hq, lane);
 #else

@@ -195,13 +195,13 @@ __device__ inline void mask_scores(float (&s)[kN][4], int row0, int col0, int T,
   }
 }
 
-// One online-softmax step for the lane's two rows: the running max (raw scores) moves to this
-// tile's, s becomes P = exp(scale * (s - max)) in place, the lane's running sums and O rows are
-// rescaled by the correction.
-template <int kN, int kDn>
-__device__ inline void online_softmax_step(float (&s)[kN][4], float (&o)[kDn][4],
-                                           float (&row_max)[2], float (&row_sum)[2],
-                                           float scale_log2) {
+// The scores half of an online-softmax step for the lane's two rows: the running max (raw
+// scores) moves to this tile's, s becomes P = exp(scale * (s - max)) in place, the lane's running
+// sums are rescaled and grow by P's; corr receives the factor O's rows must be rescaled by.
+template <int kN>
+__device__ inline void softmax_update_scores(float (&s)[kN][4], float (&row_max)[2],
+                                             float (&row_sum)[2], float scale_log2,
+                                             float (&corr_out)[2]) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float mx = row_max[r];
@@ -223,12 +223,31 @@ __device__ inline void online_softmax_step(float (&s)[kN][4], float (&o)[kDn][4]
       }
     }
     row_sum[r] = row_sum[r] * corr + sum;
+    corr_out[r] = corr;
+  }
+}
+
+// Rescales the lane's two rows of O by the factors of softmax_update_scores.
+template <int kDn>
+__device__ inline void rescale_rows(float (&o)[kDn][4], const float (&corr)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
 #pragma unroll
     for (int n = 0; n < kDn; ++n) {
-      o[n][2 * r] *= corr;
-      o[n][2 * r + 1] *= corr;
+      o[n][2 * r] *= corr[r];
+      o[n][2 * r + 1] *= corr[r];
     }
   }
+}
+
+// A whole online-softmax step: scores, sums and O together.
+template <int kN, int kDn>
+__device__ inline void online_softmax_step(float (&s)[kN][4], float (&o)[kDn][4],
+                                           float (&row_max)[2], float (&row_sum)[2],
+                                           float scale_log2) {
+  float corr[2];
+  softmax_update_scores(s, row_max, row_sum, scale_log2, corr);
+  rescale_rows(o, corr);
 }
 
 // Writes the lane's two rows of O / l (16 bits) and, from lane 0 of each quad, their LSE.
