@@ -1,11 +1,11 @@
 // FlashAttention forward for Hopper (sm_90a): one thread block per 128-row query tile and head,
 // two warpgroups of 64 rows each, K/V tiles of 128 keys streamed through 128-byte-swizzled shared
 // memory by cp.async in three stages (two tiles in flight while one is computed, one barrier per
-// tile), each tile's softmax overlapping the previous tile's P V product, S = Q K^T and O += P V on
-// wgmma.mma_async (Q, K, V read by the tensor cores straight from shared memory, P from registers),
-// online softmax in f32, log-sum-exp saved for the backward. Same arithmetic as the mma.sync kernel
-// (f32 scores, P rounded to 16 bits, f32 O; O is corrected after, not before, adding a tile's
-// product), on tiles four times larger.
+// tile and one before the last product), each tile's softmax overlapping the previous tile's P V
+// product, S = Q K^T and O += P V on wgmma.mma_async (Q, K, V read by the tensor cores straight
+// from shared memory, P from registers), online softmax in f32, log-sum-exp saved for the backward.
+// Same arithmetic as the mma.sync kernel (f32 scores, P rounded to 16 bits, f32 O; O is corrected
+// after, not before, adding a tile's product), on tiles four times larger.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -160,8 +160,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_wgmma_kernel(FwdParams 
       pa[j][3] = E::pack(s[2 * j + 1][2], s[2 * j + 1][3]);
     }
   };
-  auto zero_s = [&] {
   // Ends the last tile's live range of S (an in-out operand) and leaves no register unset.
+  auto zero_s = [&] {
 #pragma unroll
     for (int n = 0; n < kBN / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
   };
