@@ -1,5 +1,7 @@
-// Tile helpers shared by the FlashAttention kernels: cp.async copies into swizzled shared memory,
-// ldmatrix and mma.sync m16n8k16 wrappers, and bf16/f16 packing.
+// What the FlashAttention kernels (mma.sync and wgmma, forward and backward) share: cp.async
+// tile loaders into both swizzled layouts, ldmatrix and mma.sync m16n8k16 wrappers, bf16/f16
+// packing, the forward's mask / online-softmax / store steps, the backward's P and dS step, and
+// the kernels' parameter structs.
 #pragma once
 
 #include <cuda_bf16.h>

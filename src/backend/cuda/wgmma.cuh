@@ -1,6 +1,7 @@
-// Hopper warpgroup MMA (wgmma.mma_async, sm_90a only) for the FlashAttention forward: 128-byte
-// swizzled shared-memory descriptors, the fence / commit / wait protocol, and the three shapes the
-// kernel issues (S = Q K^T from shared memory, O += P V with P in registers, for N = 64 or 128).
+// Hopper warpgroup MMA (wgmma.mma_async, sm_90a only) for the FlashAttention kernels: 128-byte
+// swizzled shared-memory descriptors, the fence / commit / wait protocol, and the m64nNk16 forms
+// they issue (N = 64 or 128): both operands from shared memory (B K-major or MN-major) and A from
+// registers with an MN-major B.
 //
 // Accumulator fragments (PTX ISA, "wgmma .m64nNk16 register fragment layout"): warp w of the
 // warpgroup owns rows 16w..16w+15; with g = lane / 4 and c = lane % 4, d[j][0..1] are (row g,
