@@ -6,6 +6,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/dependent_launch.h"
+#include "backend/cuda/runtime.h"
 
 namespace tessera::cuda {
 
@@ -14,9 +15,8 @@ namespace {
 // -1: not decided yet; 0 off; 1 on (where the GPU has it).
 std::atomic<int> g_setting{-1};
 
-// Compute capability 9.x, per device (up to 64), cached: 0 unknown, 1 no, 2 yes.
-constexpr int kMaxDevices = 64;
-std::atomic<int> g_capable[kMaxDevices] = {};
+// Whether each device has compute capability 9.x.
+PerDeviceFlag g_capable;
 
 int setting_from_env() {
   const char* v = std::getenv("TESSERA_CUDA_PDL");
@@ -28,19 +28,14 @@ int setting_from_env() {
 }
 
 bool device_capable() {
-  int dev = 0;
-  TS_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= kMaxDevices) return false;
-  int c = g_capable[dev].load(std::memory_order_relaxed);
-  if (c == 0) {
+  return g_capable.get([] {
     int major = 0;
-    TS_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    TS_CUDA_CHECK(
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, current_device()));
     // Only sm_90 runs our sm_90a code, the one build with the device-side wait: newer GPUs
     // JIT the compute_80 PTX (no wait), where a dependent launch would race.
-    c = major == 9 ? 2 : 1;
-    g_capable[dev].store(c, std::memory_order_relaxed);
-  }
-  return c == 2;
+    return major == 9;
+  });
 }
 
 }  // namespace

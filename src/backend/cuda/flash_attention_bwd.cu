@@ -3,7 +3,6 @@
 // head of the GQA group), keeps dK/dV in registers, adds dQ with f32 atomics; a last pass
 // converts dQ to 16 bits. The next step's Q, dO, LSE and D_i are fetched into a second buffer
 // while the current step computes.
-#include <type_traits>
 
 #include "backend/cuda/attention.h"
 #include "backend/cuda/cuda_check.h"
@@ -55,12 +54,7 @@ __global__ void convert_dq_kernel(T* dq, AttnLayout l, const float* acc, int64_t
   const int h = static_cast<int>((i / D) % Hq);
   const int t = static_cast<int>((i / (static_cast<int64_t>(D) * Hq)) % T_len);
   const int64_t b = i / (static_cast<int64_t>(D) * Hq * T_len);
-  const float x = acc[i];
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    dq[b * l.batch + t * l.token + h * l.head + d] = __float2bfloat16_rn(x);
-  } else {
-    dq[b * l.batch + t * l.token + h * l.head + d] = __float2half_rn(x);
-  }
+  dq[b * l.batch + t * l.token + h * l.head + d] = flash::Elem<T>::from_float(acc[i]);
 }
 
 template <int kD>
@@ -185,14 +179,9 @@ __global__ void __launch_bounds__(kBwdThreads) flash_bwd_kernel(BwdParams p) {
       // dV += P^T dO and dK += dS^T Q (k = this tile's queries).
 #pragma unroll
       for (int kk = 0; kk < kBM / 16; ++kk) {
-        const uint32_t pa[4] = {E::pack(st[2 * kk][0], st[2 * kk][1]),
-                                E::pack(st[2 * kk][2], st[2 * kk][3]),
-                                E::pack(st[2 * kk + 1][0], st[2 * kk + 1][1]),
-                                E::pack(st[2 * kk + 1][2], st[2 * kk + 1][3])};
-        const uint32_t sa[4] = {E::pack(dpt[2 * kk][0], dpt[2 * kk][1]),
-                                E::pack(dpt[2 * kk][2], dpt[2 * kk][3]),
-                                E::pack(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]),
-                                E::pack(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3])};
+        uint32_t pa[4], sa[4];
+        flash::pack_a_step<T>(st, kk, pa);
+        flash::pack_a_step<T>(dpt, kk, sa);
 #pragma unroll
         for (int dp = 0; dp < kD / 16; ++dp) {
           uint32_t bo[4], bq[4];
@@ -212,13 +201,7 @@ __global__ void __launch_bounds__(kBwdThreads) flash_bwd_kernel(BwdParams p) {
         for (int e = 0; e < 4; ++e) {
           const int key_local = warp * 16 + g + (e >= 2 ? 8 : 0);
           const int q_local = n * 8 + c * 2 + (e & 1);
-          T v;
-          if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-            v = __float2bfloat16_rn(dpt[n][e]);
-          } else {
-            v = __float2half_rn(dpt[n][e]);
-          }
-          sdS[attn_index::swizzle(q_local, key_local, kBN)] = v;
+          sdS[attn_index::swizzle(q_local, key_local, kBN)] = E::from_float(dpt[n][e]);
         }
       }
       __syncthreads();

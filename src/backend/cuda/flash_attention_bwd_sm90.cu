@@ -9,8 +9,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <type_traits>
-
 #include "backend/cuda/attention.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/flash_common.cuh"
@@ -34,15 +32,6 @@ constexpr int smem_bytes() {
   return (2 * kBN * kD + 4 * kBM * kD + 2 * kBM * 64) * 2 + 4 * kBM * 4 + kAlign;
 }
 static_assert(smem_bytes<128>() <= 232448, "a Hopper block may have at most 227 KiB");
-
-template <typename T>
-__device__ inline T to_elem(float x) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __float2bfloat16_rn(x);
-  } else {
-    return __float2half_rn(x);
-  }
-}
 
 template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads, 1) flash_bwd_wgmma_kernel(BwdParams p) {
@@ -187,20 +176,14 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_wgmma_kernel(BwdParams 
         const int key_local = key_local0 + (e >= 2 ? 8 : 0);
         const int q_local = n * 8 + c * 2 + (e & 1);
         const uint32_t at = wgmma::sw128_offset(q_local, key_local / 8) + (key_local % 8) * 2;
-        *reinterpret_cast<T*>(ds_generic + at) = to_elem<T>(dpt[n][e]);
+        *reinterpret_cast<T*>(ds_generic + at) = E::from_float(dpt[n][e]);
       }
     }
     uint32_t pt[4][4], dst[4][4];  // k-step j: queries 16j..16j+15
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      pt[j][0] = E::pack(st[2 * j][0], st[2 * j][1]);
-      pt[j][1] = E::pack(st[2 * j][2], st[2 * j][3]);
-      pt[j][2] = E::pack(st[2 * j + 1][0], st[2 * j + 1][1]);
-      pt[j][3] = E::pack(st[2 * j + 1][2], st[2 * j + 1][3]);
-      dst[j][0] = E::pack(dpt[2 * j][0], dpt[2 * j][1]);
-      dst[j][1] = E::pack(dpt[2 * j][2], dpt[2 * j][3]);
-      dst[j][2] = E::pack(dpt[2 * j + 1][0], dpt[2 * j + 1][1]);
-      dst[j][3] = E::pack(dpt[2 * j + 1][2], dpt[2 * j + 1][3]);
+      flash::pack_a_step<T>(st, j, pt[j]);
+      flash::pack_a_step<T>(dpt, j, dst[j]);
     }
     // The dS stores, visible to the tensor cores: at D=128 both warpgroups read both blocks (the
     // whole block waits), at D=64 each reads only its own (the warpgroup waits).

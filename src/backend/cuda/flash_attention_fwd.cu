@@ -120,9 +120,8 @@ __global__ void __launch_bounds__(kFwdThreads) flash_fwd_kernel(FwdParams p) {
     // O += P V, P rounded to 16 bits straight from the S accumulators.
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {
-      const uint32_t pa[4] = {
-          E::pack(s[2 * kk][0], s[2 * kk][1]), E::pack(s[2 * kk][2], s[2 * kk][3]),
-          E::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]), E::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      uint32_t pa[4];
+      flash::pack_a_step<T>(s, kk, pa);
 #pragma unroll
       for (int dp = 0; dp < kD / 16; ++dp) {
         uint32_t bv[4];

@@ -40,7 +40,6 @@ template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads, 1) flash_fwd_wgmma_kernel(FwdParams p) {
   static_assert(kD == 64 || kD == 128, "head dim 64 or 128");
 #if TESSERA_HAS_WGMMA
-  using E = flash::Elem<T>;
   using M = wgmma::Mma<T>;
   constexpr int kTileBytes = kBN * kD * 2;  // one K or V stage
   constexpr int kBlockBytes = kBN * 128;    // one 64-wide column block of a K/V stage
@@ -154,10 +153,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_wgmma_kernel(FwdParams 
   auto pack_p = [&] {
 #pragma unroll
     for (int j = 0; j < kBN / 16; ++j) {
-      pa[j][0] = E::pack(s[2 * j][0], s[2 * j][1]);
-      pa[j][1] = E::pack(s[2 * j][2], s[2 * j][3]);
-      pa[j][2] = E::pack(s[2 * j + 1][0], s[2 * j + 1][1]);
-      pa[j][3] = E::pack(s[2 * j + 1][2], s[2 * j + 1][3]);
+      flash::pack_a_step<T>(s, j, pa[j]);
     }
   };
   // Ends the last tile's live range of S (an in-out operand) and leaves no register unset.

@@ -40,6 +40,7 @@ struct Elem<__nv_bfloat16> {
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
   __device__ static float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+  __device__ static __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
 };
 
 template <>
@@ -56,7 +57,18 @@ struct Elem<__half> {
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
   __device__ static float to_float(__half x) { return __half2float(x); }
+  __device__ static __half from_float(float x) { return __float2half_rn(x); }
 };
+
+// Accumulator n-tiles 2j and 2j + 1 rounded to 16 bits: the A fragment of k-step j of the next
+// product (the layout note above; the same for wgmma's register A operand).
+template <typename T, int kN>
+__device__ inline void pack_a_step(const float (&acc)[kN][4], int j, uint32_t (&a)[4]) {
+  a[0] = Elem<T>::pack(acc[2 * j][0], acc[2 * j][1]);
+  a[1] = Elem<T>::pack(acc[2 * j][2], acc[2 * j][3]);
+  a[2] = Elem<T>::pack(acc[2 * j + 1][0], acc[2 * j + 1][1]);
+  a[3] = Elem<T>::pack(acc[2 * j + 1][2], acc[2 * j + 1][3]);
+}
 
 __device__ inline uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));

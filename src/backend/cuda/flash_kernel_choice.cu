@@ -1,11 +1,11 @@
 // Which FlashAttention kernels run: the sm_90a probe (asked of the code itself, once per
 // device), the TESSERA_CUDA_FLASH_FWD / _BWD settings and their resolution per call.
-#include <atomic>
 #include <cstdlib>
 #include <string>
 
 #include "backend/cuda/attention.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/runtime.h"
 #include "backend/cuda/wgmma.cuh"
 #include "core/error.h"
 
@@ -17,13 +17,12 @@ __global__ void wgmma_probe_kernel(int* out) {
   *out = TESSERA_HAS_WGMMA;
 }
 
-// Per device (up to 64): 0 not asked yet, 1 no, 2 yes.
-constexpr int kMaxDevices = 64;
-std::atomic<int> g_wgmma_ok[kMaxDevices] = {};
+// Whether each device runs the wgmma kernels.
+PerDeviceFlag g_wgmma_ok;
 
 bool ask_device() {
-  int dev = 0, major = 0, minor = 0;
-  TS_CUDA_CHECK(cudaGetDevice(&dev));
+  const int dev = current_device();
+  int major = 0, minor = 0;
   TS_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   TS_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
   // sm_90a code runs only on compute capability 9.0; elsewhere the PTX would be JIT'd.
@@ -88,15 +87,7 @@ const char* flash_kernel_name(FlashKernel k) {
 }
 
 bool flash_wgmma_available() {
-  int dev = 0;
-  TS_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= kMaxDevices) return ask_device();  // past the cache: ask each time
-  int c = g_wgmma_ok[dev].load(std::memory_order_relaxed);
-  if (c == 0) {
-    c = ask_device() ? 2 : 1;
-    g_wgmma_ok[dev].store(c, std::memory_order_relaxed);
-  }
-  return c == 2;
+  return g_wgmma_ok.get(ask_device);
 }
 
 FlashKernel resolve_flash_kernel(FlashKernel k, FlashPass pass) {

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -45,6 +46,28 @@ void require_device(int index, const char* what);
 void set_device(int index);
 int current_device();
 DeviceInfo device_info(int index);
+
+// A yes/no property of the current device, worked out by `ask` once per device and cached
+// (devices past the 64th are asked each time). Safe to call from several threads: a race only
+// asks twice.
+class PerDeviceFlag {
+ public:
+  template <typename Ask>
+  bool get(Ask ask) {
+    const int dev = current_device();
+    if (dev < 0 || dev >= kMaxDevices) return ask();
+    int c = cached_[dev].load(std::memory_order_relaxed);  // 0 unknown, 1 no, 2 yes
+    if (c == 0) {
+      c = ask() ? 2 : 1;
+      cached_[dev].store(c, std::memory_order_relaxed);
+    }
+    return c == 2;
+  }
+
+ private:
+  static constexpr int kMaxDevices = 64;
+  std::atomic<int> cached_[kMaxDevices] = {};
+};
 
 // Makes `index` current for its scope and restores the previous device on exit.
 class DeviceGuard {
