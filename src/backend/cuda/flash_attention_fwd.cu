@@ -15,10 +15,7 @@ using attn_index::kFwdBlockM;
 using attn_index::kFwdBlockN;
 using attn_index::swizzle;
 using flash::a_frag_addr;
-using flash::b_frag_addr_kn;
-using flash::b_frag_addr_nk;
 using flash::ldmatrix_x4;
-using flash::ldmatrix_x4_trans;
 
 using flash::FwdParams;
 
@@ -35,7 +32,6 @@ __global__ void __launch_bounds__(kFwdThreads) flash_fwd_kernel(FwdParams p) {
   static_assert(kD == 64 || kD == 128, "head dim 64 or 128");
   constexpr int kBM = kFwdBlockM, kBN = kFwdBlockN;
   static_assert(kBM == 16 * kFwdWarps && kBN % 16 == 0, "tile shapes follow the mma shape");
-  using E = flash::Elem<T>;
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
@@ -98,18 +94,7 @@ __global__ void __launch_bounds__(kFwdThreads) flash_fwd_kernel(FwdParams p) {
 
     // S (16 x kBN per warp) = Q K^T
     float s[kBN / 8][4];
-#pragma unroll
-    for (int n = 0; n < kBN / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-#pragma unroll
-      for (int np = 0; np < kBN / 16; ++np) {
-        uint32_t bk[4];
-        ldmatrix_x4(bk, b_frag_addr_nk<kD>(sKs, np * 16, kk * 16, lane));
-        E::mma(s[2 * np], qf[kk], bk[0], bk[1]);
-        E::mma(s[2 * np + 1], qf[kk], bk[2], bk[3]);
-      }
-    }
+    flash::mma_scores<T, kD, kBN>(s, qf, sKs, lane);
 
     const int k0 = t * kBN;
     if (attn_index::tile_needs_mask(q_tile, t, T_len, kBM, kBN, p.causal))
@@ -118,18 +103,7 @@ __global__ void __launch_bounds__(kFwdThreads) flash_fwd_kernel(FwdParams p) {
     flash::online_softmax_step(s, o, row_max, row_sum, scale_log2);
 
     // O += P V, P rounded to 16 bits straight from the S accumulators.
-#pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) {
-      uint32_t pa[4];
-      flash::pack_a_step<T>(s, kk, pa);
-#pragma unroll
-      for (int dp = 0; dp < kD / 16; ++dp) {
-        uint32_t bv[4];
-        ldmatrix_x4_trans(bv, b_frag_addr_kn<kD>(sVs, kk * 16, dp * 16, lane));
-        E::mma(o[2 * dp], pa, bv[0], bv[1]);
-        E::mma(o[2 * dp + 1], pa, bv[2], bv[3]);
-      }
-    }
+    flash::mma_pv<T, kD, kBN>(o, s, sVs, lane);
     __syncthreads();  // every warp is done with this stage before it is refilled
   }
 

@@ -167,6 +167,45 @@ __device__ inline uint32_t b_frag_addr_kn(const T* tile, int k0, int n0, int lan
                                              n0 + (lane >> 4) * 8, kCols));
 }
 
+// ---- The mma.sync forward's two products over one K/V tile, for a warp's 16 query rows ----
+// (the training forward and the paged prefill share them; tiles are swizzled [key][dim]).
+
+// S (16 x kBN) = Q K^T from the warp's Q fragments (qf[kk]: dims 16kk..16kk+15).
+template <typename T, int kD, int kBN>
+__device__ inline void mma_scores(float (&s)[kBN / 8][4], const uint32_t (&qf)[kD / 16][4],
+                                  const T* sK, int lane) {
+#pragma unroll
+  for (int n = 0; n < kBN / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+#pragma unroll
+    for (int np = 0; np < kBN / 16; ++np) {
+      uint32_t bk[4];
+      ldmatrix_x4(bk, b_frag_addr_nk<kD>(sK, np * 16, kk * 16, lane));
+      Elem<T>::mma(s[2 * np], qf[kk], bk[0], bk[1]);
+      Elem<T>::mma(s[2 * np + 1], qf[kk], bk[2], bk[3]);
+    }
+  }
+}
+
+// O (16 x kD) += P V, P rounded to 16 bits straight from the score accumulators.
+template <typename T, int kD, int kBN>
+__device__ inline void mma_pv(float (&o)[kD / 8][4], const float (&p)[kBN / 8][4], const T* sV,
+                              int lane) {
+#pragma unroll
+  for (int kk = 0; kk < kBN / 16; ++kk) {
+    uint32_t pa[4];
+    pack_a_step<T>(p, kk, pa);
+#pragma unroll
+    for (int dp = 0; dp < kD / 16; ++dp) {
+      uint32_t bv[4];
+      ldmatrix_x4_trans(bv, b_frag_addr_kn<kD>(sV, kk * 16, dp * 16, lane));
+      Elem<T>::mma(o[2 * dp], pa, bv[0], bv[1]);
+      Elem<T>::mma(o[2 * dp + 1], pa, bv[2], bv[3]);
+    }
+  }
+}
+
 // Max and sum over the 4 lanes of a quad (the lanes that share an accumulator row).
 __device__ inline float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
