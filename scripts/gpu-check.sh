@@ -226,13 +226,16 @@ if ((${#engine[@]})) && [[ -x "$build/tessera" ]]; then
   # The 1b q4_0 decode repeats without programmatic dependent launch (each kernel waits for the
   # one before to end) and without CUDA graphs (every launch eager) to show what each saves;
   # the last line is GPT-2 small under --recompute block (its device memory and its cost).
-  # GPT-2 small also trains with the Hopper (wgmma) attention forward and backward, for the A/B.
+  # GPT-2 small also trains with the Hopper (wgmma) attention forward and backward, for the A/B;
+  # an 8b 4k-token prompt runs with and without the prompt tiles (TESSERA_CUDA_PAGED_PREFILL).
   runs=("generate 1b q4_0||bench generate -m synthetic:1b:q4_0 --prompt 512 --gen 128 --reps 3 --batch 1,8,64"
         "train gpt2-small||bench train --model gpt2-small --batch 16 --seq 1024 --precision bf16 --steps 5"
         "train gpt2-small wgmma|TESSERA_CUDA_FLASH_FWD=wgmma TESSERA_CUDA_FLASH_BWD=wgmma|bench train --model gpt2-small --batch 16 --seq 1024 --precision bf16 --steps 5"
         "generate 8b q4_0||bench generate -m synthetic:8b:q4_0 --prompt 512 --gen 64 --reps 2 --batch 1,8"
         "generate 1b q8_0||bench generate -m synthetic:1b:q8_0 --prompt 512 --gen 128 --reps 3 --batch 1,8"
         "generate 8b q8_0||bench generate -m synthetic:8b:q8_0 --prompt 512 --gen 64 --reps 2 --batch 1"
+        "prefill 8b q4_0 4k||bench generate -m synthetic:8b:q4_0 --prompt 4096 --gen 8 --reps 2 --batch 1"
+        "prefill 8b q4_0 4k no tiles|TESSERA_CUDA_PAGED_PREFILL=0|bench generate -m synthetic:8b:q4_0 --prompt 4096 --gen 8 --reps 2 --batch 1"
         "generate 1b q4_0 no PDL|TESSERA_CUDA_PDL=0|bench generate -m synthetic:1b:q4_0 --prompt 512 --gen 64 --reps 2 --batch 1"
         "generate 1b q4_0 no graphs|TESSERA_CUDA_GRAPHS=0|bench generate -m synthetic:1b:q4_0 --prompt 512 --gen 64 --reps 2 --batch 1"
         "train gpt2-small recompute block||bench train --model gpt2-small --batch 16 --seq 1024 --precision bf16 --recompute block --steps 3")

@@ -1,5 +1,6 @@
 // GPU benchmark of the attention kernels: causal FlashAttention forward/backward TFLOP/s (bf16,
-// D=128) and paged decode bandwidth; one JSON object per line.
+// D=128), paged decode bandwidth, and prompt attention over the paged cache (tiles against the
+// decode kernel); one JSON object per line.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/attention.h"
@@ -201,6 +203,87 @@ void bench_decode(const std::string& gpu, int64_t batch, int64_t context, double
   TS_CUDA_CHECK(cudaFree(nk));
 }
 
+// Prompt attention over an f16 paged cache (H=32, Hkv=8, D=128, 32-token blocks, scattered):
+// `rows` new tokens of one sequence after `prefix` cached ones, through the tensor-core tiles
+// and through the decode kernel (one block per row and KV head, as prompts ran before the
+// tiles). FLOP/s count the causal products (4 D H per query-key pair).
+void bench_prompt(const std::string& gpu, int64_t rows, int64_t prefix, double bf16_peak_flops) {
+  const int64_t H = 32, Hkv = 8, D = 128, bt = 32;
+  const int64_t context = prefix + rows;
+  const int64_t blocks = (context + bt - 1) / bt;
+  const int64_t half = Hkv * bt * D, block_stride = 2 * half;
+  uint16_t* kv;
+  float *q, *out;
+  int32_t *tables, *nk, *decode_rows;
+  cuda::PagedPrefillTile* tiles;
+  TS_CUDA_CHECK(cudaMalloc(&kv, static_cast<size_t>(blocks * block_stride) * 2));
+  fill(kv, static_cast<size_t>(blocks * block_stride), 5);  // bf16 patterns: finite f16 too
+  TS_CUDA_CHECK(cudaMalloc(&q, static_cast<size_t>(rows * H * D) * 4));
+  TS_CUDA_CHECK(cudaMemset(q, 0, static_cast<size_t>(rows * H * D) * 4));
+  TS_CUDA_CHECK(cudaMalloc(&out, static_cast<size_t>(rows * H * D) * 4));
+  std::vector<int32_t> h_tables(static_cast<size_t>(rows * blocks)),
+      h_nk(static_cast<size_t>(rows));
+  double pairs = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t b = 0; b < blocks; ++b)
+      h_tables[static_cast<size_t>(r * blocks + b)] = static_cast<int32_t>((b * 7919) % blocks);
+    h_nk[static_cast<size_t>(r)] = static_cast<int32_t>(prefix + r + 1);
+    pairs += static_cast<double>(prefix + r + 1);
+  }
+  const cuda::PagedPrefillPlan plan =
+      cuda::plan_paged_prefill(rows, h_nk.data(), h_tables.data(), blocks, 16);
+  TS_CUDA_CHECK(cudaMalloc(&tables, h_tables.size() * 4));
+  TS_CUDA_CHECK(cudaMalloc(&nk, h_nk.size() * 4));
+  TS_CUDA_CHECK(cudaMalloc(&decode_rows, 4));
+  TS_CUDA_CHECK(cudaMalloc(&tiles, plan.tiles.size() * sizeof(cuda::PagedPrefillTile)));
+  TS_CUDA_CHECK(cudaMemcpy(tables, h_tables.data(), h_tables.size() * 4, cudaMemcpyHostToDevice));
+  TS_CUDA_CHECK(cudaMemcpy(nk, h_nk.data(), h_nk.size() * 4, cudaMemcpyHostToDevice));
+  TS_CUDA_CHECK(cudaMemcpy(tiles, plan.tiles.data(),
+                           plan.tiles.size() * sizeof(cuda::PagedPrefillTile),
+                           cudaMemcpyHostToDevice));
+  cuda::PagedDecodeArgs a;
+  a.out = out;
+  a.q = q;
+  a.rows = rows;
+  a.H = H;
+  a.Hkv = Hkv;
+  a.D = D;
+  a.kv = kv;
+  a.kv_dtype = DType::f16;
+  a.block_tokens = bt;
+  a.block_stride = block_stride;
+  a.v_offset = half;
+  a.block_tables = tables;
+  a.table_stride = blocks;
+  a.n_keys = nk;
+  a.max_keys = context;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const double decode_ms = median_ms([&] { cuda::paged_decode_attention(a, nullptr); }, 1, 5);
+  a.prefill_tiles = tiles;
+  a.n_prefill_tiles = static_cast<int64_t>(plan.tiles.size());
+  a.decode_rows = decode_rows;
+  a.n_decode_rows = 0;
+  const double tiles_ms = median_ms([&] { cuda::paged_decode_attention(a, nullptr); }, 3, 10);
+  const double flops = 4.0 * static_cast<double>(D) * H * pairs;
+  for (const auto& [kernel, ms] : {std::pair<const char*, double>{"tiles", tiles_ms},
+                                   std::pair<const char*, double>{"decode", decode_ms}}) {
+    const double fs = flops / (ms * 1e-3);
+    std::printf(
+        "{\"name\": \"paged_prompt_attention\", \"kernel\": \"%s\", \"shape\": \"rows=%lld "
+        "prefix=%lld H=32 Hkv=8 D=128 f16 cache\", \"median_ms\": %.4f, \"tflops\": %.1f, "
+        "\"peak_fraction\": %s, \"tiles_speedup\": %.2f, \"gpu\": \"%s\"}\n",
+        kernel, static_cast<long long>(rows), static_cast<long long>(prefix), ms, fs / 1e12,
+        peak_fraction(fs, bf16_peak_flops).c_str(), decode_ms / tiles_ms, gpu.c_str());
+  }
+  TS_CUDA_CHECK(cudaFree(kv));
+  TS_CUDA_CHECK(cudaFree(q));
+  TS_CUDA_CHECK(cudaFree(out));
+  TS_CUDA_CHECK(cudaFree(tables));
+  TS_CUDA_CHECK(cudaFree(nk));
+  TS_CUDA_CHECK(cudaFree(decode_rows));
+  TS_CUDA_CHECK(cudaFree(tiles));
+}
+
 }  // namespace
 
 int main() {
@@ -222,6 +305,9 @@ int main() {
     bench_flash(gpu, 4, 32, 4096, 128);
     for (int64_t batch : {1, 32})
       for (int64_t context : {4096, 32768}) bench_decode(gpu, batch, context, hbm_peak);
+    // A whole 4k prompt in one call, and the last 512-row chunk of one (the engine's chunks).
+    bench_prompt(gpu, 4096, 0, bf16_peak(gpu));
+    bench_prompt(gpu, 512, 3584, bf16_peak(gpu));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "attention_bench: %s\n", e.what());
     return 1;

@@ -1,5 +1,6 @@
-// CUDA attention: FlashAttention-2 forward/backward (bf16/f16, tensor cores) and decode over the
-// paged KV cache, plus the pure index math the kernels share with host-side tests.
+// CUDA attention: FlashAttention-2 forward/backward (bf16/f16, tensor cores), decode and prompt
+// (tensor-core) attention over the paged KV cache, plus the pure index math the kernels share
+// with host-side tests.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -7,6 +8,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "backend/cuda/quant_matvec.h"
 #include "core/dtype.h"
@@ -90,6 +92,13 @@ struct FlashBackwardArgs {
 size_t flash_attention_backward_workspace_bytes(const FlashAttentionShape& s);
 void flash_attention_backward(const FlashBackwardArgs& a, cudaStream_t stream);
 
+// A tile of consecutive query rows that share one block table (row0's): one sequence's prompt
+// tokens, say. Row r of the tile is query row row0 + r, for r < rows <= 64; min_keys and max_keys
+// bound the tile's n_keys.
+struct PagedPrefillTile {
+  int32_t row0 = 0, rows = 0, min_keys = 0, max_keys = 0;
+};
+
 // Decode attention over the paged cache, the device twin of cpu::PagedAttentionArgs: block b's
 // keys start at kv + b * block_stride (elements of kv_dtype: f32, f16 or bf16) as
 // (Hkv, block_tokens, D), values v_offset elements later in the same layout. Query row r reads
@@ -115,10 +124,36 @@ struct PagedDecodeArgs {
   // K = H * D), the same bits as matmul_wt's own quantizer would give from out: saves the
   // decoder the quantizer's launch in front of the attention output product.
   const QuantizedActs* quantize_out = nullptr;
+  // Optional, for prompts (a 16-bit cache, no quantize_out): the rows of these tiles (a device
+  // array of n_prefill_tiles) run on tensor cores, 64 query rows against 64 keys at a time
+  // (Q and P rounded to the cache's 16-bit type, f32 accumulation); then the decode kernel
+  // takes only the n_decode_rows rows listed in decode_rows (device). Together the two must
+  // name every row once; plan_paged_prefill builds both lists.
+  const PagedPrefillTile* prefill_tiles = nullptr;
+  int64_t n_prefill_tiles = 0;
+  const int32_t* decode_rows = nullptr;  // null: every row takes the decode kernel
+  int64_t n_decode_rows = 0;
 };
 // Workspace floats that allow up to max_splits splits per (row, head).
 int64_t paged_decode_workspace_floats(int64_t rows, int64_t H, int64_t D, int64_t max_splits);
 void paged_decode_attention(const PagedDecodeArgs& a, cudaStream_t stream);
+namespace detail {
+// The prefill tiles' kernel (paged_prefill_attention.cu), launched by paged_decode_attention
+// after its checks.
+void paged_prefill_attention(const PagedDecodeArgs& a, cudaStream_t stream);
+}  // namespace detail
+
+// Which rows of a chunk take the tensor-core prefill: runs of consecutive rows with identical
+// block tables (rows r..r+L-1 of tables, table_stride entries each) of at least min_rows rows
+// become tiles of up to 64 rows, the heaviest (most keys) first; every other row is listed for
+// the decode kernel, in order. n_keys are the rows' key counts (host copies).
+struct PagedPrefillPlan {
+  std::vector<PagedPrefillTile> tiles;
+  std::vector<int32_t> decode_rows;
+};
+inline constexpr int64_t kPrefillTileRows = 64;
+PagedPrefillPlan plan_paged_prefill(int64_t rows, const int32_t* n_keys, const int32_t* tables,
+                                    int64_t table_stride, int64_t min_rows);
 
 // ---- Index math shared by the kernels and the host tests (no device code) ----
 namespace attn_index {

@@ -213,12 +213,18 @@ void CudaDecoder::layer(size_t l, int64_t n, int64_t max_keys) {
   a.scale = 1.0f / std::sqrt(static_cast<float>(d_.D));
   a.workspace = attn_ws_.as<float>();
   a.workspace_floats = static_cast<int64_t>(attn_ws_.size() / sizeof(float));
+  if (n_prefill_tiles_ > 0) {
+    a.prefill_tiles = prefill_tiles_;
+    a.n_prefill_tiles = n_prefill_tiles_;
+    a.decode_rows = decode_rows_;
+    a.n_decode_rows = n_decode_rows_;
+  }
   // A matvec-sized chunk in front of a 32-block attention output product: the attention
   // quantizes its own output (the matvec workspace's xn_ rows were used by q/k/v already).
   const int64_t HD = d_.H * d_.D;
   cuda::QuantizedActs att_q;
-  if (n <= cuda::kMatvecMaxRows && act_block_elems(w.wo.type) == 32 && w.wo.cols == HD &&
-      cuda::matmul_wt_workspace_bytes(n, HD, w.wo.type) <= matvec_ws_.size()) {
+  if (n_prefill_tiles_ == 0 && n <= cuda::kMatvecMaxRows && act_block_elems(w.wo.type) == 32 &&
+      w.wo.cols == HD && cuda::matmul_wt_workspace_bytes(n, HD, w.wo.type) <= matvec_ws_.size()) {
     att_q = cuda::quantized_acts_view(matvec_ws_.get(), matvec_ws_.size(), n, HD, w.wo.type);
     a.quantize_out = &att_q;
   }
@@ -277,7 +283,9 @@ void CudaDecoder::forward(const DecoderChunk& c) {
   auto* slot = reinterpret_cast<int32_t*>(st + x_bytes + row_ints);
   auto* n_keys = reinterpret_cast<int32_t*>(st + x_bytes + 2 * row_ints);
   auto* logit_rows = reinterpret_cast<int32_t*>(st + x_bytes + 3 * row_ints);
-  auto* tables = reinterpret_cast<int32_t*>(st + x_bytes + 4 * row_ints);
+  auto* decode_rows = reinterpret_cast<int32_t*>(st + x_bytes + 4 * row_ints);
+  auto* tiles = reinterpret_cast<cuda::PagedPrefillTile*>(st + x_bytes + 5 * row_ints);
+  auto* tables = reinterpret_cast<int32_t*>(st + x_bytes + 5 * row_ints + tile_bytes_);
   int64_t max_keys = 1;
   for (int64_t r = 0; r < n; ++r) {
     TS_CHECK(
@@ -301,12 +309,23 @@ void CudaDecoder::forward(const DecoderChunk& c) {
     logit_rows[i] = c.logit_rows[i];
   }
   n_logits_ = c.n_logits;
+  // Prompt rows to the tensor-core tiles, the rest to the decode kernel (or all of them there).
+  n_prefill_tiles_ = n_decode_rows_ = 0;
+  if (prefill_enabled_) {
+    const cuda::PagedPrefillPlan plan =
+        cuda::plan_paged_prefill(n, n_keys, tables, S, kPrefillMinRows);
+    n_prefill_tiles_ = static_cast<int64_t>(plan.tiles.size());
+    n_decode_rows_ = static_cast<int64_t>(plan.decode_rows.size());
+    std::copy(plan.tiles.begin(), plan.tiles.end(), tiles);
+    std::copy(plan.decode_rows.begin(), plan.decode_rows.end(), decode_rows);
+  }
   // x, then the int arrays up to the tables actually used (n rows of S entries).
   n_marks_ = 0;  // a chunk that threw may have left marks behind
   mark(kDeviceStageOther);
   cuda::copy_to_device_async(x_, st, static_cast<size_t>(n * d_.C) * sizeof(float), s);
-  cuda::copy_to_device_async(pos_, st + x_bytes,
-                             4 * row_ints + static_cast<size_t>(n * S) * sizeof(int32_t), s);
+  cuda::copy_to_device_async(
+      pos_, st + x_bytes, 5 * row_ints + tile_bytes_ + static_cast<size_t>(n * S) * sizeof(int32_t),
+      s);
 
   // Small chunks (decode steps) with one head piece run as a CUDA graph once their shape has
   // been seen before: a decode step is ~10 launches per layer of a few microseconds each, and
@@ -319,7 +338,7 @@ void CudaDecoder::forward(const DecoderChunk& c) {
   if (graphable) {
     const int64_t bound = std::min(
         S * d_.block_tokens, (max_keys + kGraphKeysRound - 1) / kGraphKeysRound * kGraphKeysRound);
-    run_graph(GraphKey{n, c.n_logits, bound});
+    run_graph(GraphKey{n, c.n_logits, bound, n_prefill_tiles_, n_decode_rows_});
   } else {
     run_layers(n, max_keys);
   }

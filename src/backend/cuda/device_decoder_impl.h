@@ -35,6 +35,10 @@ constexpr size_t kAlign = 256;
 constexpr int64_t kHeadRows = 64;
 // The decode attention's split workspace covers this many rows with up to kAttnSplits splits.
 constexpr int64_t kAttnRows = 16, kAttnSplits = 32;
+// With an f16 cache, runs of at least this many rows of one sequence (a prompt) take the
+// tensor-core prefill attention in tiles of 64 rows; shorter runs (decode rows) the decode
+// kernel, which splits long contexts over the GPU where a lone row's tile could not.
+constexpr int64_t kPrefillMinRows = 16;
 // CUDA graphs: chunks of up to kGraphMaxRows rows; attention bounds rounded to kGraphKeysRound
 // keys (the split size of the decode kernel); at most kMaxGraphs shapes kept.
 constexpr int64_t kGraphMaxRows = 64, kGraphKeysRound = 256;
@@ -157,10 +161,13 @@ class CudaDecoder final : public DeviceDecoder {
   void collect_stage_times();
   // The whole forward pass of n rows on the stream, ending with the first head piece in logits_.
   void run_layers(int64_t n, int64_t max_keys);
+  // A graph bakes in its grids, so the attention's tile and decode-row counts are part of the
+  // shape (the lists themselves are read from the device).
   struct GraphKey {
-    int64_t n, n_logits, max_keys;
+    int64_t n, n_logits, max_keys, prefill_tiles, decode_rows;
     bool operator<(const GraphKey& o) const {
-      return std::tie(n, n_logits, max_keys) < std::tie(o.n, o.n_logits, o.max_keys);
+      return std::tie(n, n_logits, max_keys, prefill_tiles, decode_rows) <
+             std::tie(o.n, o.n_logits, o.max_keys, o.prefill_tiles, o.decode_rows);
     }
   };
   // Runs run_layers for this shape: eagerly the first time, captured into a CUDA graph the
@@ -187,9 +194,14 @@ class CudaDecoder final : public DeviceDecoder {
         *logits_ = nullptr, *qkv_ = nullptr, *gate_up_ = nullptr;  // one-row fused outputs
   // Device int arrays inside ints_ (same layout as the pinned staging after x).
   int32_t *pos_ = nullptr, *slot_ = nullptr, *n_keys_ = nullptr, *tables_ = nullptr,
-          *logit_rows_ = nullptr;
-  // Staging layout: x_bytes_ of x, then the int arrays row_ints_ apart (tables last).
-  size_t x_bytes_ = 0, row_ints_ = 0;
+          *logit_rows_ = nullptr, *decode_rows_ = nullptr;
+  cuda::PagedPrefillTile* prefill_tiles_ = nullptr;
+  // Staging layout: x_bytes_ of x, then the row arrays row_ints_ apart, the prefill tiles
+  // (tile_bytes_), the tables last.
+  size_t x_bytes_ = 0, row_ints_ = 0, tile_bytes_ = 0;
+  // This chunk's attention plan (cuda::plan_paged_prefill); no tiles: every row decodes.
+  int64_t n_prefill_tiles_ = 0, n_decode_rows_ = 0;
+  bool prefill_enabled_ = false;  // f16 cache and not TESSERA_CUDA_PAGED_PREFILL=0
   std::unique_ptr<PinnedBuffer> staging_;
   int64_t n_logits_ = 0;
   // Which activations matvec_ws_ holds quantized, for the products that read them next: xn_

@@ -16,6 +16,15 @@ CudaDecoder::CudaDecoder(const DecoderDesc& d, int device)
   validate();
   // TESSERA_CUDA_GRAPHS=0 runs every step eagerly (to measure what the graphs save).
   if (const char* g = std::getenv("TESSERA_CUDA_GRAPHS")) graphs_enabled_ = std::string(g) != "0";
+  // TESSERA_CUDA_PAGED_PREFILL=0 keeps prompts on the decode kernel (to measure the tiles, or to
+  // rule them out).
+  prefill_enabled_ = d_.kv_type == DType::f16;
+  if (const char* v = std::getenv("TESSERA_CUDA_PAGED_PREFILL")) {
+    const std::string s(v);
+    TS_CHECK(s == "0" || s == "1", "[cuda decoder] TESSERA_CUDA_PAGED_PREFILL=", s,
+             " must be 0 or 1");
+    prefill_enabled_ = prefill_enabled_ && s == "1";
+  }
   const cuda::DeviceInfo info = cuda::device_info(device);
   device_name_ = cat(info.name, " (sm_", info.sm_major, info.sm_minor, ")");
   Q_ = d_.H * d_.D;
@@ -55,18 +64,22 @@ CudaDecoder::CudaDecoder(const DecoderDesc& d, int device)
   acts_ = cuda::carve(pool_, s, parts);
 
   // Per-chunk inputs, staged in pinned memory as x (R, C) f32 then the int32 arrays pos, slot,
-  // n_keys, logit_rows (R each) and tables (R, S); on the device x goes to x_, the ints to ints_.
+  // n_keys, logit_rows, decode_rows (R each), the prefill tiles (up to R) and tables (R, S); on
+  // the device x goes to x_, the rest to ints_.
   x_bytes_ = align_up(static_cast<size_t>(R * d_.C) * sizeof(float));
   row_ints_ = align_up(static_cast<size_t>(R) * sizeof(int32_t));
-  const size_t ints_bytes =
-      4 * row_ints_ + align_up(static_cast<size_t>(R * d_.max_seq_blocks) * sizeof(int32_t));
+  tile_bytes_ = align_up(static_cast<size_t>(R) * sizeof(cuda::PagedPrefillTile));
+  const size_t ints_bytes = 5 * row_ints_ + tile_bytes_ +
+                            align_up(static_cast<size_t>(R * d_.max_seq_blocks) * sizeof(int32_t));
   ints_ = DeviceBuffer(pool_, ints_bytes, s);
   uint8_t* base = ints_.as<uint8_t>();
   pos_ = reinterpret_cast<int32_t*>(base);
   slot_ = reinterpret_cast<int32_t*>(base + row_ints_);
   n_keys_ = reinterpret_cast<int32_t*>(base + 2 * row_ints_);
   logit_rows_ = reinterpret_cast<int32_t*>(base + 3 * row_ints_);
-  tables_ = reinterpret_cast<int32_t*>(base + 4 * row_ints_);
+  decode_rows_ = reinterpret_cast<int32_t*>(base + 4 * row_ints_);
+  prefill_tiles_ = reinterpret_cast<cuda::PagedPrefillTile*>(base + 5 * row_ints_);
+  tables_ = reinterpret_cast<int32_t*>(base + 5 * row_ints_ + tile_bytes_);
   staging_ = std::make_unique<PinnedBuffer>(x_bytes_ + ints_bytes);
 
   const int64_t attn_floats =

@@ -38,6 +38,7 @@ struct DecodeParams {
   int8_t* xq;
   float* xd;
   int32_t* xs;
+  const int32_t* row_map;  // non-null: block x takes query row row_map[x]
 };
 
 // Quantizes the 32 outputs starting at flat element e0 of out (rows, H * D); lane holds v.
@@ -86,7 +87,7 @@ __global__ void __launch_bounds__(kDecodeThreads) paged_decode_kernel(DecodePara
   allow_dependent_launch();
   grid_dependency_wait();  // q and the cache come from the kernels before (dependent_launch.cuh)
 
-  const int row = blockIdx.x;
+  const int row = p.row_map ? p.row_map[blockIdx.x] : static_cast<int>(blockIdx.x);
   const int hk = blockIdx.y / p.chunks_per_kv;
   const int h0 = hk * p.group + static_cast<int>(blockIdx.y % p.chunks_per_kv) * kG;
   const int split = blockIdx.z;
@@ -210,7 +211,9 @@ __global__ void __launch_bounds__(kDecodeThreads) paged_decode_kernel(DecodePara
 __global__ void paged_decode_combine_kernel(DecodeParams p, int D) {
   allow_dependent_launch();
   grid_dependency_wait();
-  const int64_t rh = blockIdx.x;
+  const int64_t rh =
+      p.row_map ? static_cast<int64_t>(p.row_map[blockIdx.x / p.H]) * p.H + blockIdx.x % p.H
+                : static_cast<int64_t>(blockIdx.x);
   const int splits = p.splits;
   const float* lse = p.part_lse + rh * splits;
   float mx = -INFINITY;
@@ -300,6 +303,21 @@ void paged_decode_attention(const PagedDecodeArgs& a, cudaStream_t stream) {
              "] quantize_out is for (", qo->M, ", ", qo->K, ") activations, the output is (",
              a.rows, ", ", a.H * a.D, ")");
   }
+  TS_CHECK(a.n_prefill_tiles >= 0 && a.n_prefill_tiles <= a.rows &&
+               (a.n_prefill_tiles == 0 || a.prefill_tiles != nullptr),
+           "[", op, "] n_prefill_tiles=", a.n_prefill_tiles, " must be in [0, rows=", a.rows,
+           "] with prefill_tiles set");
+  TS_CHECK(a.decode_rows == nullptr || (a.n_decode_rows >= 0 && a.n_decode_rows <= a.rows), "[", op,
+           "] n_decode_rows=", a.n_decode_rows, " must be in [0, rows=", a.rows, "]");
+  TS_CHECK(a.n_prefill_tiles == 0 || a.decode_rows != nullptr, "[", op,
+           "] prefill tiles need the decode_rows list of the other rows");
+  if (a.n_prefill_tiles > 0) {
+    TS_CHECK(a.kv_dtype == DType::f16 || a.kv_dtype == DType::bf16, "[", op,
+             "] prefill tiles need a 16-bit cache, not ", dtype_name(a.kv_dtype));
+    TS_CHECK(a.quantize_out == nullptr, "[", op, "] prefill tiles cannot quantize_out");
+    TS_CHECK(a.H <= 65535 && reinterpret_cast<uintptr_t>(a.q) % 16 == 0, "[", op,
+             "] prefill tiles need H <= 65535 and a 16-byte aligned q");
+  }
 
   const int kg = attn_index::decode_heads_per_block(a.H / a.Hkv);
   DecodeParams p{};
@@ -318,13 +336,19 @@ void paged_decode_attention(const PagedDecodeArgs& a, cudaStream_t stream) {
   p.n_keys = a.n_keys;
   p.scale_log2 = a.scale * kLog2e;
 
+  if (a.n_prefill_tiles > 0) detail::paged_prefill_attention(a, stream);
+  const int64_t decode_rows = a.decode_rows ? a.n_decode_rows : a.rows;
+  if (decode_rows == 0) return;
+  p.row_map = a.decode_rows;
+
+  // The workspace is indexed by the original row (row_map's values), so it covers every row.
   const int64_t max_splits =
       a.workspace ? a.workspace_floats / (a.rows * a.H * (a.D + 1)) : int64_t{1};
   int device = 0, sms = 0;
   TS_CUDA_CHECK(cudaGetDevice(&device));
   TS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const attn_index::SplitPlan plan = attn_index::plan_paged_splits(
-      a.rows * a.Hkv * p.chunks_per_kv, a.max_keys, sms, std::min<int64_t>(max_splits, 65535));
+      decode_rows * a.Hkv * p.chunks_per_kv, a.max_keys, sms, std::min<int64_t>(max_splits, 65535));
   p.splits = static_cast<int>(plan.splits);
   p.keys_per_split = static_cast<int>(plan.keys_per_split);
   p.part_o = a.workspace;
@@ -335,17 +359,17 @@ void paged_decode_attention(const PagedDecodeArgs& a, cudaStream_t stream) {
 
   switch (a.kv_dtype) {
     case DType::f32:
-      launch_decode_d<float>(p, kg, a.D, a.rows, stream);
+      launch_decode_d<float>(p, kg, a.D, decode_rows, stream);
       break;
     case DType::f16:
-      launch_decode_d<__half>(p, kg, a.D, a.rows, stream);
+      launch_decode_d<__half>(p, kg, a.D, decode_rows, stream);
       break;
     default:
-      launch_decode_d<__nv_bfloat16>(p, kg, a.D, a.rows, stream);
+      launch_decode_d<__nv_bfloat16>(p, kg, a.D, decode_rows, stream);
       break;
   }
   if (p.splits > 1) {
-    launch_dependent(paged_decode_combine_kernel, dim3(static_cast<unsigned>(a.rows * a.H)),
+    launch_dependent(paged_decode_combine_kernel, dim3(static_cast<unsigned>(decode_rows * a.H)),
                      dim3(128), 0, stream, p, static_cast<int>(a.D));
   }
 }
