@@ -231,7 +231,7 @@ void bench_prompt(const std::string& gpu, int64_t rows, int64_t prefix, double b
     pairs += static_cast<double>(prefix + r + 1);
   }
   const cuda::PagedPrefillPlan plan =
-      cuda::plan_paged_prefill(rows, h_nk.data(), h_tables.data(), blocks, 16);
+      cuda::plan_paged_prefill(rows, h_nk.data(), nullptr, h_tables.data(), blocks, 16);
   TS_CUDA_CHECK(cudaMalloc(&tables, h_tables.size() * 4));
   TS_CUDA_CHECK(cudaMalloc(&nk, h_nk.size() * 4));
   TS_CUDA_CHECK(cudaMalloc(&decode_rows, 4));

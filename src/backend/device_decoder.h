@@ -52,11 +52,14 @@ struct DecoderDesc {
   int64_t block_tokens = 32, n_blocks = 0;
   int64_t max_rows = 512;      // rows per chunk (sizes the activation buffers)
   int64_t max_seq_blocks = 0;  // longest block table a row can have (max_ctx / block_tokens)
+  // Sliding window (0: none): a row at position p attends to keys max(0, p + 1 - W) .. p.
+  int64_t sliding_window = 0;
 };
 
 // One chunk of token rows (host arrays). Row r's token embedding (plus position embedding for
 // gpt2) is already in x; its key and value go to cache slot slot[r] (block * block_tokens +
-// offset) and it attends to keys 0 .. pos[r] of its sequence, through table row r of
+// offset) and it attends to keys 0 .. pos[r] of its sequence (the window's last ones, if the
+// model has one), through table row r of
 // `tables` (n, max_seq_blocks), unused entries 0.
 struct DecoderChunk {
   int64_t n = 0;

@@ -110,12 +110,6 @@ Engine::Engine(const model::DecoderModel& model, const EngineOptions& opts)
   first_key_.resize(rows);
   tables_.resize(rows);
   if (opts_.ctx.device == ops::Device::cuda) {
-    // The paged decode kernel has no sliding window: a window that never binds (the context is
-    // no longer than it) is fine, any other is refused rather than silently ignored.
-    TS_CHECK(c.sliding_window == 0 || c.sliding_window >= opts_.max_ctx,
-             "[engine] --device cuda: the model's sliding window of ", c.sliding_window,
-             " tokens is not supported on CUDA; use --ctx ", c.sliding_window,
-             " or less, or the CPU");
     max_seq_blocks_ = (opts_.max_ctx + opts_.block_tokens - 1) / opts_.block_tokens;
     device_ = backend::make_cuda_decoder(device_desc());
     return;
@@ -167,6 +161,7 @@ backend::DecoderDesc Engine::device_desc() const {
   d.n_blocks = cache_.shape().n_blocks;
   d.max_rows = opts_.max_rows;
   d.max_seq_blocks = max_seq_blocks_;
+  d.sliding_window = c.sliding_window;
   return d;
 }
 

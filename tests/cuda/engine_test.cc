@@ -488,14 +488,33 @@ TEST(CudaEngine, RefusesWhatTheKernelsCannotTake) {
   eo.max_ctx = 64;
   eo.ctx.device = ops::Device::cuda;
   test::expect_error([&] { Engine e(small, eo); }, "head dim 8");
-  // A sliding window shorter than the context would be ignored by the decode kernel: refused.
-  model::DecoderModel windowed =
-      make_model({model::DecoderArch::llama, DType::f32, DType::f16, false, false});
-  windowed.config.sliding_window = 32;
-  test::expect_error([&] { Engine e(windowed, eo); }, "sliding window");
-  eo.max_ctx = 32;  // a window that never binds is fine
-  Engine fine(windowed, eo);
-  EXPECT_GT(fine.cache().bytes(), 0);
+}
+
+// A sliding window of 20 keys over a 50-token prompt (chunks of 24: the tiles' rows start their
+// keys at different points, the later ones past the first key tile) and 12 decode steps after
+// it, against the CPU engine, which reads the same window; an f32 cache takes the decode kernel
+// for every row, an f16 cache the tiles for the prompt.
+TEST(CudaEngine, SlidingWindowMatchesCpu) {
+  TS_REQUIRE_CUDA_DEVICE();
+  for (const Case& c : {Case{model::DecoderArch::llama, DType::f16, DType::f16, false, false},
+                        Case{model::DecoderArch::llama, DType::f32, DType::f32, false, true},
+                        Case{model::DecoderArch::llama, DType::q4_0, DType::f16, false, false}}) {
+    model::DecoderModel m = make_model(c);
+    m.config.sliding_window = 20;
+    Engine cpu(m, options(c, false)), gpu(m, options(c, true));
+    const std::vector<int32_t> p = tokens_for(50, m.config.vocab, 12);
+    const int32_t a = cpu.new_sequence(), b = gpu.new_sequence();
+    const std::string name = case_name({c, 0});
+    expect_close(gpu.forward({Feed{b, p, true}}), cpu.forward({Feed{a, p, true}}), allowance(c),
+                 name + " prompt");
+    int32_t next = 6;
+    for (int step = 0; step < 12; ++step) {
+      const std::vector<float> w = cpu.forward({Feed{a, {&next, 1}, false}});
+      expect_close(gpu.forward({Feed{b, {&next, 1}, false}}), w, allowance(c),
+                   cat(name, " step ", step));
+      next = static_cast<int32_t>(std::max_element(w.begin(), w.end()) - w.begin());
+    }
+  }
 }
 
 }  // namespace

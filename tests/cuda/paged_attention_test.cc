@@ -265,7 +265,7 @@ TEST(CudaPagedPrefillPlan, TilesRunsOfOneTableAndListsTheRest) {
   const ChunkRows c = engine_like_chunk(16);
   const int64_t rows = static_cast<int64_t>(c.n_keys.size());
   const cuda::PagedPrefillPlan plan =
-      cuda::plan_paged_prefill(rows, c.n_keys.data(), c.tables.data(), c.S, 16);
+      cuda::plan_paged_prefill(rows, c.n_keys.data(), nullptr, c.tables.data(), c.S, 16);
   // A's 70 rows in tiles of 64 and 6, C's 16 in one; B, D and E (1 + 3 + 15 rows) decode.
   ASSERT_EQ(plan.tiles.size(), 3u);
   std::vector<int> covered(static_cast<size_t>(rows), 0);
@@ -295,13 +295,26 @@ TEST(CudaPagedPrefillPlan, TilesRunsOfOneTableAndListsTheRest) {
   EXPECT_EQ(plan.tiles[2].max_keys, 16);
 
   // A higher threshold leaves C to the decode kernel; min_rows 1 tiles every row.
-  EXPECT_EQ(cuda::plan_paged_prefill(rows, c.n_keys.data(), c.tables.data(), c.S, 17).tiles.size(),
+  EXPECT_EQ(cuda::plan_paged_prefill(rows, c.n_keys.data(), nullptr, c.tables.data(), c.S, 17)
+                .tiles.size(),
             2u);
   const cuda::PagedPrefillPlan all =
-      cuda::plan_paged_prefill(rows, c.n_keys.data(), c.tables.data(), c.S, 1);
+      cuda::plan_paged_prefill(rows, c.n_keys.data(), nullptr, c.tables.data(), c.S, 1);
   EXPECT_TRUE(all.decode_rows.empty());
   EXPECT_EQ(all.tiles.size(), 6u);
-  EXPECT_THROW(cuda::plan_paged_prefill(rows, c.n_keys.data(), c.tables.data(), 0, 16), Error);
+  EXPECT_THROW(cuda::plan_paged_prefill(rows, c.n_keys.data(), nullptr, c.tables.data(), 0, 16),
+               Error);
+  // With a window of 40 keys, the tiles carry their rows' first keys: A's second tile starts
+  // at keys 125..130, past its first 64-key tile.
+  std::vector<int32_t> first(c.n_keys.size());
+  for (size_t r = 0; r < first.size(); ++r) first[r] = std::max(0, c.n_keys[r] - 40);
+  const cuda::PagedPrefillPlan windowed =
+      cuda::plan_paged_prefill(rows, c.n_keys.data(), first.data(), c.tables.data(), c.S, 16);
+  ASSERT_EQ(windowed.tiles.size(), 3u);
+  EXPECT_EQ(windowed.tiles[0].min_first, 125);
+  EXPECT_EQ(windowed.tiles[0].max_first, 130);
+  EXPECT_EQ(windowed.tiles[1].min_first, 61);
+  EXPECT_EQ(windowed.tiles[2].max_first, 0);
 }
 
 TEST(CudaPagedPrefillArgs, RejectsWhatTheTilesCannotTake) {
@@ -343,10 +356,15 @@ TEST(CudaPagedPrefillArgs, RejectsWhatTheTilesCannotTake) {
 // most u * sum_j p_j |v_j| / sum_j p_j per output) and f32 accumulation (1e-4 * max|v| covers
 // the score sums of D products and the running rescales). A key read from the wrong block or a
 // mask off by one key moves an output by ~|v| / n_keys, which is 10-100x more at these lengths.
-void run_prefill_case(DType kv_dtype, int64_t D, int64_t bt) {
-  std::mt19937 rng(static_cast<uint32_t>(7 * D + bt));
+// With a sliding window of W keys (W > 0) every row reads only its last W keys.
+void run_prefill_case(DType kv_dtype, int64_t D, int64_t bt, int64_t W) {
+  std::mt19937 rng(static_cast<uint32_t>(7 * D + bt + W));
   const ChunkRows c = engine_like_chunk(bt);
   const int64_t rows = static_cast<int64_t>(c.n_keys.size()), H = 8, Hkv = 2;
+  std::vector<int32_t> first(c.n_keys.size(), 0);
+  if (W > 0)
+    for (size_t r = 0; r < first.size(); ++r)
+      first[r] = static_cast<int32_t>(std::max<int64_t>(0, c.n_keys[r] - W));
   const int64_t half = Hkv * bt * D, block_stride = 2 * half;
   const int64_t n_blocks = *std::max_element(c.tables.begin(), c.tables.end()) + 2;
   const std::vector<float> kv = random_16bit(size_t(n_blocks * block_stride), -1, 1, kv_dtype, rng);
@@ -354,8 +372,8 @@ void run_prefill_case(DType kv_dtype, int64_t D, int64_t bt) {
   std::uniform_real_distribution<float> u(-2, 2);
   for (auto& x : q) x = u(rng);
   const float scale = 1.0f / std::sqrt(float(D));
-  const cuda::PagedPrefillPlan plan =
-      cuda::plan_paged_prefill(rows, c.n_keys.data(), c.tables.data(), c.S, 16);
+  const cuda::PagedPrefillPlan plan = cuda::plan_paged_prefill(
+      rows, c.n_keys.data(), W > 0 ? first.data() : nullptr, c.tables.data(), c.S, 16);
   std::vector<char> tiled(size_t(rows), 0);
   for (const cuda::PagedPrefillTile& t : plan.tiles)
     for (int r = t.row0; r < t.row0 + t.rows; ++r) tiled[size_t(r)] = 1;
@@ -366,7 +384,7 @@ void run_prefill_case(DType kv_dtype, int64_t D, int64_t bt) {
 
   std::vector<double> want(q.size()), bound(q.size());
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t nk = c.n_keys[size_t(r)];
+    const int64_t nk = c.n_keys[size_t(r)], fk = first[size_t(r)];
     for (int64_t h = 0; h < H; ++h) {
       const int64_t g = h / (H / Hkv);
       auto elem = [&](int64_t j, int64_t d) {  // key j's dim d; values half later
@@ -375,7 +393,7 @@ void run_prefill_case(DType kv_dtype, int64_t D, int64_t bt) {
       };
       std::vector<double> s(static_cast<size_t>(nk));
       double mx = -INFINITY;
-      for (int64_t j = 0; j < nk; ++j) {
+      for (int64_t j = fk; j < nk; ++j) {
         double acc = 0;
         for (int64_t d = 0; d < D; ++d) {
           const float qd = q[size_t((r * H + h) * D + d)];
@@ -387,7 +405,7 @@ void run_prefill_case(DType kv_dtype, int64_t D, int64_t bt) {
       }
       double sum = 0;
       std::vector<double> o(size_t(D), 0.0), mag(size_t(D), 0.0);
-      for (int64_t j = 0; j < nk; ++j) {
+      for (int64_t j = fk; j < nk; ++j) {
         const double p = std::exp(s[size_t(j)] - mx);
         sum += p;
         for (int64_t d = 0; d < D; ++d) {
@@ -406,7 +424,7 @@ void run_prefill_case(DType kv_dtype, int64_t D, int64_t bt) {
 
   DeviceArray<uint16_t> d_kv(to_16bit(kv, kv_dtype));
   DeviceArray<float> d_q(q), d_out(q.size());
-  DeviceArray<int32_t> d_tables(c.tables), d_nk(c.n_keys), d_rows(plan.decode_rows);
+  DeviceArray<int32_t> d_tables(c.tables), d_nk(c.n_keys), d_rows(plan.decode_rows), d_first(first);
   DeviceArray<cuda::PagedPrefillTile> d_tiles(plan.tiles);
   const int64_t ws_floats = cuda::paged_decode_workspace_floats(rows, H, D, 8);
   DeviceArray<float> d_ws(static_cast<size_t>(ws_floats));
@@ -427,6 +445,10 @@ void run_prefill_case(DType kv_dtype, int64_t D, int64_t bt) {
   a.n_keys = d_nk.get();
   a.max_keys = *std::max_element(c.n_keys.begin(), c.n_keys.end());
   a.scale = scale;
+  if (W > 0) {
+    a.first_key = d_first.get();
+    a.max_span = W;
+  }
   a.workspace = d_ws.get();
   a.workspace_floats = ws_floats;
   a.prefill_tiles = d_tiles.get();
@@ -449,22 +471,26 @@ void run_prefill_case(DType kv_dtype, int64_t D, int64_t bt) {
   std::printf("worst error / bound: %.3f\n", worst);
 }
 
-class CudaPagedPrefill : public ::testing::TestWithParam<std::tuple<DType, int64_t, int64_t>> {};
+class CudaPagedPrefill
+    : public ::testing::TestWithParam<std::tuple<DType, int64_t, int64_t, int64_t>> {};
 TEST_P(CudaPagedPrefill, MatchesFloat64Reference) {
   TS_REQUIRE_CUDA_DEVICE();
-  run_prefill_case(std::get<0>(GetParam()), std::get<1>(GetParam()), std::get<2>(GetParam()));
+  const auto& [t, D, bt, W] = GetParam();
+  run_prefill_case(t, D, bt, W);
 }
 // Block sizes of 16 and 32 (the engine's default), and 7, which puts block edges inside every
-// 16-key fragment.
+// 16-key fragment; no window, and one of 40 keys (a tile's rows then start their keys inside a
+// tile, the later ones past the first tile, which the kernel skips).
 INSTANTIATE_TEST_SUITE_P(Caches, CudaPagedPrefill,
                          ::testing::Combine(::testing::Values(DType::f16, DType::bf16),
                                             ::testing::Values(int64_t{64}, int64_t{128}),
-                                            ::testing::Values(int64_t{16}, int64_t{32},
-                                                              int64_t{7})),
+                                            ::testing::Values(int64_t{16}, int64_t{32}, int64_t{7}),
+                                            ::testing::Values(int64_t{0}, int64_t{40})),
                          [](const auto& info) {
                            return std::string(dtype_name(std::get<0>(info.param))) + "_D" +
                                   std::to_string(std::get<1>(info.param)) + "_bt" +
-                                  std::to_string(std::get<2>(info.param));
+                                  std::to_string(std::get<2>(info.param)) + "_window" +
+                                  std::to_string(std::get<3>(info.param));
                          });
 
 }  // namespace

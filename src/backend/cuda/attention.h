@@ -94,9 +94,9 @@ void flash_attention_backward(const FlashBackwardArgs& a, cudaStream_t stream);
 
 // A tile of consecutive query rows that share one block table (row0's): one sequence's prompt
 // tokens, say. Row r of the tile is query row row0 + r, for r < rows <= 64; min_keys and max_keys
-// bound the tile's n_keys.
+// bound the tile's n_keys, min_first and max_first its first keys (sliding windows; else 0).
 struct PagedPrefillTile {
-  int32_t row0 = 0, rows = 0, min_keys = 0, max_keys = 0;
+  int32_t row0 = 0, rows = 0, min_keys = 0, max_keys = 0, min_first = 0, max_first = 0;
 };
 
 // Decode attention over the paged cache, the device twin of cpu::PagedAttentionArgs: block b's
@@ -117,6 +117,11 @@ struct PagedDecodeArgs {
   int64_t table_stride = 0;
   const int32_t* n_keys = nullptr;
   int64_t max_keys = 0;  // host-known bound on n_keys, sizes the split
+  // Optional sliding window: row r reads keys first_key[r] .. n_keys[r]-1 only (device array,
+  // 0 <= first_key[r] < n_keys[r]); max_span, when positive, bounds n_keys - first_key and
+  // sizes the split in place of max_keys.
+  const int32_t* first_key = nullptr;
+  int64_t max_span = 0;
   float scale = 1.0f;
   float* workspace = nullptr;  // optional: partial results of the splits
   int64_t workspace_floats = 0;
@@ -146,14 +151,14 @@ void paged_prefill_attention(const PagedDecodeArgs& a, cudaStream_t stream);
 // Which rows of a chunk take the tensor-core prefill: runs of consecutive rows with identical
 // block tables (rows r..r+L-1 of tables, table_stride entries each) of at least min_rows rows
 // become tiles of up to 64 rows, the heaviest (most keys) first; every other row is listed for
-// the decode kernel, in order. n_keys are the rows' key counts (host copies).
+// the decode kernel, in order. n_keys and first_key (null: all 0) are the rows' host copies.
 struct PagedPrefillPlan {
   std::vector<PagedPrefillTile> tiles;
   std::vector<int32_t> decode_rows;
 };
 inline constexpr int64_t kPrefillTileRows = 64;
-PagedPrefillPlan plan_paged_prefill(int64_t rows, const int32_t* n_keys, const int32_t* tables,
-                                    int64_t table_stride, int64_t min_rows);
+PagedPrefillPlan plan_paged_prefill(int64_t rows, const int32_t* n_keys, const int32_t* first_key,
+                                    const int32_t* tables, int64_t table_stride, int64_t min_rows);
 
 // ---- Index math shared by the kernels and the host tests (no device code) ----
 namespace attn_index {

@@ -210,6 +210,10 @@ void CudaDecoder::layer(size_t l, int64_t n, int64_t max_keys) {
   a.table_stride = d_.max_seq_blocks;
   a.n_keys = n_keys_;
   a.max_keys = max_keys;
+  if (d_.sliding_window > 0) {
+    a.first_key = first_key_;
+    a.max_span = std::min(max_keys, d_.sliding_window);
+  }
   a.scale = 1.0f / std::sqrt(static_cast<float>(d_.D));
   a.workspace = attn_ws_.as<float>();
   a.workspace_floats = static_cast<int64_t>(attn_ws_.size() / sizeof(float));
@@ -284,8 +288,10 @@ void CudaDecoder::forward(const DecoderChunk& c) {
   auto* n_keys = reinterpret_cast<int32_t*>(st + x_bytes + 2 * row_ints);
   auto* logit_rows = reinterpret_cast<int32_t*>(st + x_bytes + 3 * row_ints);
   auto* decode_rows = reinterpret_cast<int32_t*>(st + x_bytes + 4 * row_ints);
-  auto* tiles = reinterpret_cast<cuda::PagedPrefillTile*>(st + x_bytes + 5 * row_ints);
-  auto* tables = reinterpret_cast<int32_t*>(st + x_bytes + 5 * row_ints + tile_bytes_);
+  auto* first_key = reinterpret_cast<int32_t*>(st + x_bytes + 5 * row_ints);
+  auto* tiles = reinterpret_cast<cuda::PagedPrefillTile*>(st + x_bytes + kRowArrays * row_ints);
+  auto* tables = reinterpret_cast<int32_t*>(st + x_bytes + kRowArrays * row_ints + tile_bytes_);
+  const int64_t W = d_.sliding_window;
   int64_t max_keys = 1;
   for (int64_t r = 0; r < n; ++r) {
     TS_CHECK(
@@ -296,6 +302,7 @@ void CudaDecoder::forward(const DecoderChunk& c) {
     pos[r] = c.pos[r];
     slot[r] = c.slot[r];
     n_keys[r] = c.pos[r] + 1;
+    first_key[r] = static_cast<int32_t>(W > 0 ? std::max<int64_t>(0, c.pos[r] + 1 - W) : 0);
     max_keys = std::max<int64_t>(max_keys, c.pos[r] + 1);
   }
   for (int64_t i = 0; i < n * S; ++i) {
@@ -312,8 +319,8 @@ void CudaDecoder::forward(const DecoderChunk& c) {
   // Prompt rows to the tensor-core tiles, the rest to the decode kernel (or all of them there).
   n_prefill_tiles_ = n_decode_rows_ = 0;
   if (prefill_enabled_) {
-    const cuda::PagedPrefillPlan plan =
-        cuda::plan_paged_prefill(n, n_keys, tables, S, kPrefillMinRows);
+    const cuda::PagedPrefillPlan plan = cuda::plan_paged_prefill(
+        n, n_keys, W > 0 ? first_key : nullptr, tables, S, kPrefillMinRows);
     n_prefill_tiles_ = static_cast<int64_t>(plan.tiles.size());
     n_decode_rows_ = static_cast<int64_t>(plan.decode_rows.size());
     std::copy(plan.tiles.begin(), plan.tiles.end(), tiles);
@@ -324,8 +331,8 @@ void CudaDecoder::forward(const DecoderChunk& c) {
   mark(kDeviceStageOther);
   cuda::copy_to_device_async(x_, st, static_cast<size_t>(n * d_.C) * sizeof(float), s);
   cuda::copy_to_device_async(
-      pos_, st + x_bytes, 5 * row_ints + tile_bytes_ + static_cast<size_t>(n * S) * sizeof(int32_t),
-      s);
+      pos_, st + x_bytes,
+      kRowArrays * row_ints + tile_bytes_ + static_cast<size_t>(n * S) * sizeof(int32_t), s);
 
   // Small chunks (decode steps) with one head piece run as a CUDA graph once their shape has
   // been seen before: a decode step is ~10 launches per layer of a few microseconds each, and

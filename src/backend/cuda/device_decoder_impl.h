@@ -194,10 +194,11 @@ class CudaDecoder final : public DeviceDecoder {
         *logits_ = nullptr, *qkv_ = nullptr, *gate_up_ = nullptr;  // one-row fused outputs
   // Device int arrays inside ints_ (same layout as the pinned staging after x).
   int32_t *pos_ = nullptr, *slot_ = nullptr, *n_keys_ = nullptr, *tables_ = nullptr,
-          *logit_rows_ = nullptr, *decode_rows_ = nullptr;
+          *logit_rows_ = nullptr, *decode_rows_ = nullptr, *first_key_ = nullptr;
   cuda::PagedPrefillTile* prefill_tiles_ = nullptr;
-  // Staging layout: x_bytes_ of x, then the row arrays row_ints_ apart, the prefill tiles
-  // (tile_bytes_), the tables last.
+  // Staging layout: x_bytes_ of x, then the kRowArrays row arrays row_ints_ apart (pos, slot,
+  // n_keys, logit_rows, decode_rows, first_key), the prefill tiles (tile_bytes_), the tables.
+  static constexpr size_t kRowArrays = 6;
   size_t x_bytes_ = 0, row_ints_ = 0, tile_bytes_ = 0;
   // This chunk's attention plan (cuda::plan_paged_prefill); no tiles: every row decodes.
   int64_t n_prefill_tiles_ = 0, n_decode_rows_ = 0;

@@ -64,12 +64,12 @@ CudaDecoder::CudaDecoder(const DecoderDesc& d, int device)
   acts_ = cuda::carve(pool_, s, parts);
 
   // Per-chunk inputs, staged in pinned memory as x (R, C) f32 then the int32 arrays pos, slot,
-  // n_keys, logit_rows, decode_rows (R each), the prefill tiles (up to R) and tables (R, S); on
-  // the device x goes to x_, the rest to ints_.
+  // n_keys, logit_rows, decode_rows, first_key (R each), the prefill tiles (up to R) and tables
+  // (R, S); on the device x goes to x_, the rest to ints_.
   x_bytes_ = align_up(static_cast<size_t>(R * d_.C) * sizeof(float));
   row_ints_ = align_up(static_cast<size_t>(R) * sizeof(int32_t));
   tile_bytes_ = align_up(static_cast<size_t>(R) * sizeof(cuda::PagedPrefillTile));
-  const size_t ints_bytes = 5 * row_ints_ + tile_bytes_ +
+  const size_t ints_bytes = kRowArrays * row_ints_ + tile_bytes_ +
                             align_up(static_cast<size_t>(R * d_.max_seq_blocks) * sizeof(int32_t));
   ints_ = DeviceBuffer(pool_, ints_bytes, s);
   uint8_t* base = ints_.as<uint8_t>();
@@ -78,8 +78,9 @@ CudaDecoder::CudaDecoder(const DecoderDesc& d, int device)
   n_keys_ = reinterpret_cast<int32_t*>(base + 2 * row_ints_);
   logit_rows_ = reinterpret_cast<int32_t*>(base + 3 * row_ints_);
   decode_rows_ = reinterpret_cast<int32_t*>(base + 4 * row_ints_);
-  prefill_tiles_ = reinterpret_cast<cuda::PagedPrefillTile*>(base + 5 * row_ints_);
-  tables_ = reinterpret_cast<int32_t*>(base + 5 * row_ints_ + tile_bytes_);
+  first_key_ = reinterpret_cast<int32_t*>(base + 5 * row_ints_);
+  prefill_tiles_ = reinterpret_cast<cuda::PagedPrefillTile*>(base + kRowArrays * row_ints_);
+  tables_ = reinterpret_cast<int32_t*>(base + kRowArrays * row_ints_ + tile_bytes_);
   staging_ = std::make_unique<PinnedBuffer>(x_bytes_ + ints_bytes);
 
   const int64_t attn_floats =
@@ -114,6 +115,8 @@ void CudaDecoder::validate() const {
            dtype_name(d_.kv_type), " must be f16 or f32");
   TS_CHECK(d_.block_tokens > 0 && d_.n_blocks > 0 && d_.max_rows > 0 && d_.max_seq_blocks > 0, op,
            " block_tokens, n_blocks, max_rows and max_seq_blocks must be positive");
+  TS_CHECK(d_.sliding_window >= 0 && d_.sliding_window <= (int64_t{1} << 31) - 1, op,
+           " sliding window ", d_.sliding_window, " out of range");
   TS_CHECK(d_.gpt2 || (d_.rope_cos && d_.rope_sin && d_.rope_dim > 0 && d_.rope_dim <= d_.D &&
                        d_.rope_max_pos > 0),
            op, " the RoPE table is missing");

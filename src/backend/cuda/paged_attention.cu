@@ -30,6 +30,7 @@ struct DecodeParams {
   const int32_t* block_tables;
   int64_t table_stride;
   const int32_t* n_keys;
+  const int32_t* first_key;  // null: every row from key 0
   float scale_log2;
   int splits, keys_per_split;
   float* part_o;    // (rows, H, splits, D) normalised partial outputs
@@ -96,8 +97,9 @@ __global__ void __launch_bounds__(kDecodeThreads) paged_decode_kernel(DecodePara
   const int sub = warp * kKeysPerWarp + sub_in_warp;
   const int d0 = (lane % kLanes) * kVec;
 
+  // Splits cover the row's own keys: from its first (a sliding window's start) to n_keys.
   const int nk = p.n_keys[row];
-  const int start = split * p.keys_per_split;
+  const int start = (p.first_key ? p.first_key[row] : 0) + split * p.keys_per_split;
   const int end = min(nk, start + p.keys_per_split);
 
   float q[kG][kVec];
@@ -296,6 +298,9 @@ void paged_decode_attention(const PagedDecodeArgs& a, cudaStream_t stream) {
   TS_CHECK(a.v_offset >= a.Hkv * a.block_tokens * a.D && a.block_stride >= 1, "[", op,
            "] v_offset=", a.v_offset, " overlaps the keys of a block");
   TS_CHECK(std::isfinite(a.scale), "[", op, "] scale must be finite");
+  TS_CHECK(a.max_span >= 0 && a.max_span <= a.max_keys && (a.max_span == 0 || a.first_key), "[", op,
+           "] max_span=", a.max_span, " must be in [0, max_keys=", a.max_keys,
+           "], and set only with first_key");
   if (const QuantizedActs* qo = a.quantize_out) {
     TS_CHECK(qo->block == 32, "[", op, "] quantize_out takes activation blocks of 32, not ",
              qo->block);
@@ -334,6 +339,7 @@ void paged_decode_attention(const PagedDecodeArgs& a, cudaStream_t stream) {
   p.block_tables = a.block_tables;
   p.table_stride = a.table_stride;
   p.n_keys = a.n_keys;
+  p.first_key = a.first_key;
   p.scale_log2 = a.scale * kLog2e;
 
   if (a.n_prefill_tiles > 0) detail::paged_prefill_attention(a, stream);
@@ -348,7 +354,8 @@ void paged_decode_attention(const PagedDecodeArgs& a, cudaStream_t stream) {
   TS_CUDA_CHECK(cudaGetDevice(&device));
   TS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const attn_index::SplitPlan plan = attn_index::plan_paged_splits(
-      decode_rows * a.Hkv * p.chunks_per_kv, a.max_keys, sms, std::min<int64_t>(max_splits, 65535));
+      decode_rows * a.Hkv * p.chunks_per_kv, a.max_span > 0 ? a.max_span : a.max_keys, sms,
+      std::min<int64_t>(max_splits, 65535));
   p.splits = static_cast<int>(plan.splits);
   p.keys_per_split = static_cast<int>(plan.keys_per_split);
   p.part_o = a.workspace;

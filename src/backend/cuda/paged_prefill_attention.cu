@@ -35,6 +35,7 @@ struct PrefillParams {
   const int32_t* block_tables;
   int64_t table_stride;
   const int32_t* n_keys;
+  const int32_t* first_key;  // null: every row from key 0
   const PagedPrefillTile* tiles;
   float scale;
 };
@@ -95,14 +96,17 @@ __device__ inline void load_kv_tile_async(T* sK, T* sV, const PrefillParams& p, 
   }
 }
 
-// Masks the keys at or past each of the lane's two rows' key counts nk (e < 2: row g, else
-// row g + 8): within a prompt that is the causal mask, and it also covers the tile's tail.
-__device__ inline void mask_past_keys(float (&s)[kBN / 8][4], int col0, const int (&nk)[2]) {
+// Masks the keys outside [first, nk) of each of the lane's two rows (e < 2: row g, else row
+// g + 8): within a prompt nk is the causal mask, and it also covers the tile's tail; first is a
+// sliding window's start.
+__device__ inline void mask_outside_keys(float (&s)[kBN / 8][4], int col0, const int (&first)[2],
+                                         const int (&nk)[2]) {
 #pragma unroll
   for (int n = 0; n < kBN / 8; ++n) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      if (col0 + n * 8 + (e & 1) >= nk[e >> 1]) s[n][e] = -INFINITY;
+      const int col = col0 + n * 8 + (e & 1);
+      if (col < first[e >> 1] || col >= nk[e >> 1]) s[n][e] = -INFINITY;
     }
   }
 }
@@ -123,22 +127,26 @@ __global__ void __launch_bounds__(kThreads) paged_prefill_kernel(PrefillParams p
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int32_t* table = p.block_tables + static_cast<int64_t>(tile.row0) * p.table_stride;
   const T* kv_head = static_cast<const T*>(p.kv) + static_cast<int64_t>(hk) * p.block_tokens * kD;
+  // Key tiles t_first .. n_tiles - 1: none wholly before every row's window.
   const int n_tiles = attn_index::ceil_div(tile.max_keys, kBN);
+  const int t_first = tile.min_first / kBN;
 
-  load_kv_tile_async<T, kD>(sK, sV, p, kv_head, table, 0, tile.max_keys);
+  load_kv_tile_async<T, kD>(sK, sV, p, kv_head, table, t_first * kBN,
+                            tile.max_keys - t_first * kBN);
   flash::cp_async_commit();
   const int64_t q_stride = static_cast<int64_t>(p.H) * kD;
   load_q_rows<T, kD>(sQ, p.q + static_cast<int64_t>(tile.row0) * q_stride + hq * kD, q_stride,
                      tile.rows, p.scale);
 
-  // The lane's two query rows within the tile, and how many keys each sees (none: past the
+  // The lane's two query rows within the tile, and which keys each sees (none: past the
   // tile's rows, never stored).
   const int row_lo = warp * 16 + lane / 4;
-  int nk[2];
+  int nk[2], first[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = row_lo + 8 * r;
     nk[r] = row < tile.rows ? p.n_keys[tile.row0 + row] : 0;
+    first[r] = row < tile.rows && p.first_key ? p.first_key[tile.row0 + row] : 0;
   }
 
   uint32_t qf[kD / 16][4];
@@ -148,8 +156,8 @@ __global__ void __launch_bounds__(kThreads) paged_prefill_kernel(PrefillParams p
   float row_max[2] = {-INFINITY, -INFINITY};  // scores already carry the scale
   float row_sum[2] = {0.f, 0.f};              // this lane's share; quad-reduced at the end
 
-  for (int t = 0; t < n_tiles; ++t) {
-    const int stage = t & 1;
+  for (int t = t_first; t < n_tiles; ++t) {
+    const int stage = (t - t_first) & 1;
     if (t + 1 < n_tiles) {
       // The stage written here was last read in iteration t-1, which ended with a barrier.
       const int k_next = (t + 1) * kBN;
@@ -160,9 +168,9 @@ __global__ void __launch_bounds__(kThreads) paged_prefill_kernel(PrefillParams p
     } else {
       flash::cp_async_wait<0>();
     }
-    __syncthreads();  // (at t = 0 it also orders the plain Q stores before the reads)
+    __syncthreads();  // (the first time it also orders the plain Q stores before the reads)
 
-    if (t == 0) {
+    if (t == t_first) {
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk)
         flash::ldmatrix_x4(qf[kk], flash::a_frag_addr<kD>(sQ, warp * 16, kk * 16, lane));
@@ -170,8 +178,9 @@ __global__ void __launch_bounds__(kThreads) paged_prefill_kernel(PrefillParams p
 
     float s[kBN / 8][4];
     flash::mma_scores<T, kD, kBN>(s, qf, sK + stage * kBN * kD, lane);
-    // Tiles wholly below every row's key count need no mask.
-    if ((t + 1) * kBN > tile.min_keys) mask_past_keys(s, t * kBN + (lane % 4) * 2, nk);
+    // Tiles wholly inside every row's keys need no mask.
+    if ((t + 1) * kBN > tile.min_keys || t * kBN < tile.max_first)
+      mask_outside_keys(s, t * kBN + (lane % 4) * 2, first, nk);
     flash::online_softmax_step(s, o, row_max, row_sum, flash::kLog2e);
     flash::mma_pv<T, kD, kBN>(o, s, sV + stage * kBN * kD, lane);
     __syncthreads();  // every warp is done with this stage before it is refilled
@@ -210,8 +219,8 @@ void launch_prefill(const PrefillParams& p, int64_t tiles, cudaStream_t stream) 
 
 }  // namespace
 
-PagedPrefillPlan plan_paged_prefill(int64_t rows, const int32_t* n_keys, const int32_t* tables,
-                                    int64_t table_stride, int64_t min_rows) {
+PagedPrefillPlan plan_paged_prefill(int64_t rows, const int32_t* n_keys, const int32_t* first_key,
+                                    const int32_t* tables, int64_t table_stride, int64_t min_rows) {
   TS_CHECK(rows >= 0 && rows <= (int64_t{1} << 31) - 1 && table_stride >= 1 && min_rows >= 1,
            "[plan_paged_prefill] rows=", rows, ", table_stride=", table_stride,
            " and min_rows=", min_rows, " out of range");
@@ -227,8 +236,13 @@ PagedPrefillPlan plan_paged_prefill(int64_t rows, const int32_t* n_keys, const i
       for (int64_t t0 = r; t0 < end; t0 += kPrefillTileRows) {
         const int64_t t1 = std::min(end, t0 + kPrefillTileRows);
         const auto [lo, hi] = std::minmax_element(n_keys + t0, n_keys + t1);
-        plan.tiles.push_back(
-            PagedPrefillTile{static_cast<int32_t>(t0), static_cast<int32_t>(t1 - t0), *lo, *hi});
+        PagedPrefillTile t{static_cast<int32_t>(t0), static_cast<int32_t>(t1 - t0), *lo, *hi, 0, 0};
+        if (first_key) {
+          const auto [flo, fhi] = std::minmax_element(first_key + t0, first_key + t1);
+          t.min_first = *flo;
+          t.max_first = *fhi;
+        }
+        plan.tiles.push_back(t);
       }
     } else {
       for (int64_t i = r; i < end; ++i) plan.decode_rows.push_back(static_cast<int32_t>(i));
@@ -260,6 +274,7 @@ void paged_prefill_attention(const PagedDecodeArgs& a, cudaStream_t stream) {
   p.block_tables = a.block_tables;
   p.table_stride = a.table_stride;
   p.n_keys = a.n_keys;
+  p.first_key = a.first_key;
   p.tiles = a.prefill_tiles;
   p.scale = a.scale;
   const bool bf16 = a.kv_dtype == DType::bf16;
