@@ -75,6 +75,7 @@ struct PagedCase {
   int64_t D, block_tokens;
   std::vector<int32_t> n_keys;
   bool workspace;
+  int64_t window = 0;  // > 0: each row reads its last `window` keys only
 };
 
 // Tolerance: cache values are the same on both sides (the reference reads them as f32), so
@@ -128,6 +129,12 @@ void run_paged_case(const PagedCase& c) {
   ra.v_offset = half;
   ra.block_tables = table_ptrs.data();
   ra.n_keys = c.n_keys.data();
+  std::vector<int32_t> first(c.n_keys.size(), 0);
+  if (c.window > 0) {
+    for (size_t r = 0; r < first.size(); ++r)
+      first[r] = static_cast<int32_t>(std::max<int64_t>(0, c.n_keys[r] - c.window));
+    ra.first_key = first.data();
+  }
   ra.scale = 1.0f / std::sqrt(float(D));
   cpu::ref::paged_attention(ra);
 
@@ -142,7 +149,7 @@ void run_paged_case(const PagedCase& c) {
     kv_dev = d_16->get();
   }
   DeviceArray<float> d_q(q), d_out(q.size());
-  DeviceArray<int32_t> d_tables(tables), d_nk(c.n_keys);
+  DeviceArray<int32_t> d_tables(tables), d_nk(c.n_keys), d_first(first);
   const int64_t ws_floats = c.workspace ? cuda::paged_decode_workspace_floats(rows, H, D, 64) : 0;
   DeviceArray<float> d_ws(size_t(std::max<int64_t>(ws_floats, 1)));
   cuda::PagedDecodeArgs a;
@@ -161,6 +168,10 @@ void run_paged_case(const PagedCase& c) {
   a.table_stride = table_stride;
   a.n_keys = d_nk.get();
   a.max_keys = max_keys;
+  if (c.window > 0) {
+    a.first_key = d_first.get();
+    a.max_span = std::min(max_keys, c.window);
+  }
   a.scale = ra.scale;
   a.workspace = c.workspace ? d_ws.get() : nullptr;
   a.workspace_floats = ws_floats;
@@ -213,6 +224,8 @@ std::vector<PagedCase> paged_cases() {
         // row shares row 0's blocks with one key fewer (a multi-token step).
         cases.push_back({t, D, 16, {1000, 1, 37, 517, 999}, ws});
         cases.push_back({t, D, 32, {5000, 4097, 33}, ws});
+        // A window of 1000 keys (still split in four), starting mid-block.
+        cases.push_back({t, D, 32, {5000, 4097, 33, 1001}, ws, 1000});
       }
   return cases;
 }
@@ -221,7 +234,8 @@ INSTANTIATE_TEST_SUITE_P(Caches, CudaPagedDecode, ::testing::ValuesIn(paged_case
                            const PagedCase& c = info.param;
                            return std::string(dtype_name(c.kv_dtype)) + "_D" + std::to_string(c.D) +
                                   "_bt" + std::to_string(c.block_tokens) +
-                                  (c.workspace ? "_split" : "_nosplit");
+                                  (c.workspace ? "_split" : "_nosplit") +
+                                  (c.window > 0 ? "_window" + std::to_string(c.window) : "");
                          });
 
 // ---- Prompt tiles (plan_paged_prefill and the tensor-core kernel) ----
