@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <memory>
 #include <numeric>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -398,6 +399,15 @@ struct AttnCase {
   DType dtype;
 };
 
+std::string attn_case_name(const AttnCase& c) {
+  return "T" + std::to_string(c.T) + "_D" + std::to_string(c.D) + (c.causal ? "_causal" : "_full") +
+         "_" + std::string(dtype_name(c.dtype));
+}
+// gtest (and so the ctest names) would print the struct's bytes, padding included.
+void PrintTo(const AttnCase& c, std::ostream* os) {
+  *os << "B" << c.B << "_Hq" << c.Hq << "_Hkv" << c.Hkv << "_" << attn_case_name(c);
+}
+
 // Forward tolerance, per output entry: the kernel rounds P to 16 bits before P V (relative u
 // per term, u the unit roundoff) and rounds O once more on output, so
 // |err| <= u * sum_j p_j |v_j| / l + u * |o| (+ f32 accumulation, ~2^-24 per term, far below).
@@ -479,12 +489,7 @@ std::vector<AttnCase> forward_cases() {
   return cases;
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaFlashForward, ::testing::ValuesIn(forward_cases()),
-                         [](const auto& info) {
-                           const AttnCase& c = info.param;
-                           return "T" + std::to_string(c.T) + "_D" + std::to_string(c.D) +
-                                  (c.causal ? "_causal" : "_full") + "_" +
-                                  std::string(dtype_name(c.dtype));
-                         });
+                         [](const auto& info) { return attn_case_name(info.param); });
 
 // Backward tolerance, per gradient entry: the kernel rounds P (for dV) and dS (for dQ, dK) to
 // 16 bits before the products (relative u per term) and rounds the result once, so
@@ -568,12 +573,7 @@ std::vector<AttnCase> backward_cases() {
   return cases;
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaFlashBackward, ::testing::ValuesIn(backward_cases()),
-                         [](const auto& info) {
-                           const AttnCase& c = info.param;
-                           return "T" + std::to_string(c.T) + "_D" + std::to_string(c.D) +
-                                  (c.causal ? "_causal" : "_full") + "_" +
-                                  std::string(dtype_name(c.dtype));
-                         });
+                         [](const auto& info) { return attn_case_name(info.param); });
 
 // Packed qkv (B,T,3,H,D) in and packed dqkv out, against the CPU reference kernels (causal,
 // MHA, scale 1/sqrt(D)); tolerances as above, from the float64 reference's term sums.

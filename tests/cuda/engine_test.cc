@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <memory>
+#include <ostream>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -90,10 +92,16 @@ struct Case {
   bool tied, bias;
 };
 
-std::string case_name(const ::testing::TestParamInfo<Case>& i) {
-  return cat(i.param.arch == model::DecoderArch::gpt2 ? "gpt2" : "llama", "_",
-             dtype_name(i.param.weights), "_kv", dtype_name(i.param.kv),
-             i.param.tied ? "_tied" : "", i.param.bias ? "_bias" : "");
+std::string case_name(const Case& c) {
+  return cat(c.arch == model::DecoderArch::gpt2 ? "gpt2" : "llama", "_", dtype_name(c.weights),
+             "_kv", dtype_name(c.kv), c.tied ? "_tied" : "", c.bias ? "_bias" : "");
+}
+std::string param_name(const ::testing::TestParamInfo<Case>& i) {
+  return case_name(i.param);
+}
+// gtest (and so the ctest names) would print the struct's bytes, padding included.
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << case_name(c);
 }
 
 model::DecoderModel make_model(const Case& c) {
@@ -248,7 +256,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{model::DecoderArch::llama, DType::q5_k, DType::f16, true, false},
                       Case{model::DecoderArch::gpt2, DType::f32, DType::f16, true, true},
                       Case{model::DecoderArch::gpt2, DType::q8_0, DType::f16, false, true}),
-    case_name);
+    param_name);
 
 // A Q4_K_M-style file keeps wv and w_down in q6_k next to q4_k: the q/k/v products cannot be
 // one matrix then, and one-row steps fall back to separate products (gate/up still fuse).
@@ -370,13 +378,13 @@ TEST(CudaEngine, PromptTilesStayCloseToTheDecodeKernel) {
     const int32_t a = plain.new_sequence(), b = tiled.new_sequence();
     const std::vector<float> want = plain.forward({Feed{a, p, true}});
     const std::vector<float> got = tiled.forward({Feed{b, p, true}});
-    EXPECT_NE(got, want) << case_name({c, 0}) << ": the tiles did not run";
-    expect_close(got, want, allowance(c), cat(case_name({c, 0}), " prompt"));
+    EXPECT_NE(got, want) << case_name(c) << ": the tiles did not run";
+    expect_close(got, want, allowance(c), cat(case_name(c), " prompt"));
     int32_t next = 4;
     for (int step = 0; step < 3; ++step) {
       const std::vector<float> w = plain.forward({Feed{a, {&next, 1}, false}});
       expect_close(tiled.forward({Feed{b, {&next, 1}, false}}), w, allowance(c),
-                   cat(case_name({c, 0}), " step ", step));
+                   cat(case_name(c), " step ", step));
       next = static_cast<int32_t>(std::max_element(w.begin(), w.end()) - w.begin());
     }
   }
@@ -504,7 +512,7 @@ TEST(CudaEngine, SlidingWindowMatchesCpu) {
     Engine cpu(m, options(c, false)), gpu(m, options(c, true));
     const std::vector<int32_t> p = tokens_for(50, m.config.vocab, 12);
     const int32_t a = cpu.new_sequence(), b = gpu.new_sequence();
-    const std::string name = case_name({c, 0});
+    const std::string name = case_name(c);
     expect_close(gpu.forward({Feed{b, p, true}}), cpu.forward({Feed{a, p, true}}), allowance(c),
                  name + " prompt");
     int32_t next = 6;

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <memory>
 #include <numeric>
+#include <ostream>
 #include <random>
 #include <string>
 #include <tuple>
@@ -77,6 +78,17 @@ struct PagedCase {
   bool workspace;
   int64_t window = 0;  // > 0: each row reads its last `window` keys only
 };
+
+std::string paged_case_name(const PagedCase& c) {
+  return std::string(dtype_name(c.kv_dtype)) + "_D" + std::to_string(c.D) + "_bt" +
+         std::to_string(c.block_tokens) + (c.workspace ? "_split" : "_nosplit") +
+         (c.window > 0 ? "_window" + std::to_string(c.window) : "");
+}
+// gtest (and so the ctest names) would print the struct's bytes: the vector's pointers.
+void PrintTo(const PagedCase& c, std::ostream* os) {
+  *os << paged_case_name(c) << "_keys";
+  for (int32_t n : c.n_keys) *os << "_" << n;
+}
 
 // Tolerance: cache values are the same on both sides (the reference reads them as f32), so
 // only f32 accumulation differs: score errors ~D * 2^-24 * scale * sum|q||k| (~1e-5 here) move
@@ -230,13 +242,7 @@ std::vector<PagedCase> paged_cases() {
   return cases;
 }
 INSTANTIATE_TEST_SUITE_P(Caches, CudaPagedDecode, ::testing::ValuesIn(paged_cases()),
-                         [](const auto& info) {
-                           const PagedCase& c = info.param;
-                           return std::string(dtype_name(c.kv_dtype)) + "_D" + std::to_string(c.D) +
-                                  "_bt" + std::to_string(c.block_tokens) +
-                                  (c.workspace ? "_split" : "_nosplit") +
-                                  (c.window > 0 ? "_window" + std::to_string(c.window) : "");
-                         });
+                         [](const auto& info) { return paged_case_name(info.param); });
 
 // ---- Prompt tiles (plan_paged_prefill and the tensor-core kernel) ----
 
