@@ -142,10 +142,36 @@ void bench_flash(const std::string& gpu, int64_t B, int64_t H, int64_t T, int64_
   TS_CUDA_CHECK(cudaFree(ws));
 }
 
+// The paged-cache benches' heads (H=32, Hkv=8, D=128) over blocks of bt tokens, K then V in
+// each block (kv: 16-bit elements), one block table of table_stride entries per row.
+constexpr int64_t kPagedH = 32, kPagedHkv = 8, kPagedD = 128;
+cuda::PagedDecodeArgs paged_args(const float* q, float* out, int64_t rows, const uint16_t* kv,
+                                 DType kv_dtype, int64_t bt, const int32_t* tables,
+                                 int64_t table_stride, const int32_t* n_keys, int64_t max_keys) {
+  cuda::PagedDecodeArgs a;
+  a.out = out;
+  a.q = q;
+  a.rows = rows;
+  a.H = kPagedH;
+  a.Hkv = kPagedHkv;
+  a.D = kPagedD;
+  a.kv = kv;
+  a.kv_dtype = kv_dtype;
+  a.block_tokens = bt;
+  a.v_offset = kPagedHkv * bt * kPagedD;
+  a.block_stride = 2 * a.v_offset;
+  a.block_tables = tables;
+  a.table_stride = table_stride;
+  a.n_keys = n_keys;
+  a.max_keys = max_keys;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(kPagedD));
+  return a;
+}
+
 // Decode over a bf16 paged cache, Llama-8B-like heads (H=32, Hkv=8, D=128), 16-token blocks
 // laid out in a scattered order; bandwidth counts the K and V bytes read.
 void bench_decode(const std::string& gpu, int64_t batch, int64_t context, double hbm_peak) {
-  const int64_t H = 32, Hkv = 8, D = 128, bt = 16;
+  const int64_t H = kPagedH, Hkv = kPagedHkv, D = kPagedD, bt = 16;
   const int64_t blocks_per_seq = (context + bt - 1) / bt;
   const int64_t n_blocks = batch * blocks_per_seq;
   const int64_t half = Hkv * bt * D, block_stride = 2 * half;
@@ -167,23 +193,8 @@ void bench_decode(const std::string& gpu, int64_t batch, int64_t context, double
   TS_CUDA_CHECK(cudaMalloc(&nk, h_nk.size() * 4));
   TS_CUDA_CHECK(cudaMemcpy(tables, h_tables.data(), h_tables.size() * 4, cudaMemcpyHostToDevice));
   TS_CUDA_CHECK(cudaMemcpy(nk, h_nk.data(), h_nk.size() * 4, cudaMemcpyHostToDevice));
-  cuda::PagedDecodeArgs a;
-  a.out = out;
-  a.q = q;
-  a.rows = batch;
-  a.H = H;
-  a.Hkv = Hkv;
-  a.D = D;
-  a.kv = kv;
-  a.kv_dtype = DType::bf16;
-  a.block_tokens = bt;
-  a.block_stride = block_stride;
-  a.v_offset = half;
-  a.block_tables = tables;
-  a.table_stride = blocks_per_seq;
-  a.n_keys = nk;
-  a.max_keys = context;
-  a.scale = 1.0f / std::sqrt(static_cast<float>(D));
+  cuda::PagedDecodeArgs a =
+      paged_args(q, out, batch, kv, DType::bf16, bt, tables, blocks_per_seq, nk, context);
   a.workspace = ws;
   a.workspace_floats = ws_floats;
   const double ms = median_ms([&] { cuda::paged_decode_attention(a, nullptr); }, 3, 20);
@@ -208,7 +219,7 @@ void bench_decode(const std::string& gpu, int64_t batch, int64_t context, double
 // and through the decode kernel (one block per row and KV head, as prompts ran before the
 // tiles). FLOP/s count the causal products (4 D H per query-key pair).
 void bench_prompt(const std::string& gpu, int64_t rows, int64_t prefix, double bf16_peak_flops) {
-  const int64_t H = 32, Hkv = 8, D = 128, bt = 32;
+  const int64_t H = kPagedH, Hkv = kPagedHkv, D = kPagedD, bt = 32;
   const int64_t context = prefix + rows;
   const int64_t blocks = (context + bt - 1) / bt;
   const int64_t half = Hkv * bt * D, block_stride = 2 * half;
@@ -241,23 +252,8 @@ void bench_prompt(const std::string& gpu, int64_t rows, int64_t prefix, double b
   TS_CUDA_CHECK(cudaMemcpy(tiles, plan.tiles.data(),
                            plan.tiles.size() * sizeof(cuda::PagedPrefillTile),
                            cudaMemcpyHostToDevice));
-  cuda::PagedDecodeArgs a;
-  a.out = out;
-  a.q = q;
-  a.rows = rows;
-  a.H = H;
-  a.Hkv = Hkv;
-  a.D = D;
-  a.kv = kv;
-  a.kv_dtype = DType::f16;
-  a.block_tokens = bt;
-  a.block_stride = block_stride;
-  a.v_offset = half;
-  a.block_tables = tables;
-  a.table_stride = blocks;
-  a.n_keys = nk;
-  a.max_keys = context;
-  a.scale = 1.0f / std::sqrt(static_cast<float>(D));
+  cuda::PagedDecodeArgs a =
+      paged_args(q, out, rows, kv, DType::f16, bt, tables, blocks, nk, context);
   const double decode_ms = median_ms([&] { cuda::paged_decode_attention(a, nullptr); }, 1, 5);
   a.prefill_tiles = tiles;
   a.n_prefill_tiles = static_cast<int64_t>(plan.tiles.size());
