@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "backend/cpu/cpu_backend.h"
 #include "ops/ops.h"
 
 namespace {
@@ -71,4 +72,11 @@ BENCHMARK(BM_AttentionForward)->Arg(512)->Arg(1024)->Unit(benchmark::kMillisecon
 
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  tessera::cpu::register_backend();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

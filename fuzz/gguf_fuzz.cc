@@ -8,11 +8,12 @@
 #include <variant>
 #include <vector>
 
+#include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
+#include "formats/gguf.h"
 #include "fuzz_util.h"
 #include "model/decoder.h"
-#include "model/gguf.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace tessera::model {
 namespace {
@@ -21,7 +22,7 @@ namespace {
 constexpr int64_t kMaxDequantElements = 1 << 16;
 
 // Touches every byte of a value so the sanitizers check what the parser built.
-size_t visit(const GgufValue& v) {
+size_t visit(const formats::GgufValue& v) {
   return std::visit(
       [](const auto& x) -> size_t {
         using T = std::decay_t<decltype(x)>;
@@ -29,9 +30,9 @@ size_t visit(const GgufValue& v) {
           size_t h = x.size();
           for (char c : x) h = h * 31 + static_cast<unsigned char>(c);
           return h;
-        } else if constexpr (std::is_same_v<T, GgufArray>) {
+        } else if constexpr (std::is_same_v<T, formats::GgufArray>) {
           size_t h = static_cast<size_t>(x.elem_type);
-          for (const GgufValue& item : x.items) h += visit(item);
+          for (const formats::GgufValue& item : x.items) h += visit(item);
           return h;
         } else {
           size_t h = 0;  // the bits, not a conversion: a float may not fit in size_t
@@ -42,10 +43,10 @@ size_t visit(const GgufValue& v) {
       v.v);
 }
 
-void exercise(const GgufFile& f) {
+void exercise(const formats::GgufFile& f) {
   volatile size_t sink = 0;
   for (const auto& [key, value] : f.metadata()) {
-    sink = sink + visit(value) + gguf_type_name(value.type()).size();
+    sink = sink + visit(value) + formats::gguf_type_name(value.type()).size();
     try {
       sink = sink + static_cast<size_t>(f.get_int(key));
     } catch (const Error&) {
@@ -56,36 +57,42 @@ void exercise(const GgufFile& f) {
     }
   }
   std::vector<float> buf;
-  for (const GgufTensorInfo& t : f.tensors()) {
+  for (const formats::GgufTensorInfo& t : f.tensors()) {
     if (f.find(t.name) != &t) __builtin_trap();  // the index must find each tensor
     if (t.n_elements > kMaxDequantElements) continue;
     buf.assign(static_cast<size_t>(t.n_elements), 0.0f);
     try {
-      gguf_tensor_to_f32(t, buf.data());
+      formats::gguf_tensor_to_f32(t, buf.data());
     } catch (const Error& e) {
-      fuzz::note_rejected("gguf_tensor_to_f32", e);
+      fuzz::note_rejected("formats::gguf_tensor_to_f32", e);
     }
   }
   try {
-    const Tokenizer tok = Tokenizer::from_gguf(f);
+    const tokenizer::Tokenizer tok = tokenizer::Tokenizer::from_gguf(f);
     const std::vector<int32_t> ids = tok.encode("Hello wörld 123 <|im_start|>");
     sink = sink + tok.decode(ids).size();
   } catch (const Error& e) {
-    fuzz::note_rejected("Tokenizer::from_gguf", e);
+    fuzz::note_rejected("tokenizer::Tokenizer::from_gguf", e);
   }
 }
 
 }  // namespace
 }  // namespace tessera::model
 
+// The decoder loader asks the CPU backend for its preferred weight layouts.
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  tessera::cpu::register_backend();
+  return 0;
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace tessera;
   std::vector<uint8_t> bytes(data, data + size);
   try {
-    const model::GgufFile f = model::GgufFile::from_memory(std::move(bytes), "fuzz.gguf");
+    const formats::GgufFile f = formats::GgufFile::from_memory(std::move(bytes), "fuzz.gguf");
     model::exercise(f);
   } catch (const Error& e) {
-    fuzz::note_rejected("GgufFile::from_memory", e);
+    fuzz::note_rejected("formats::GgufFile::from_memory", e);
     return 0;  // rejected with a message: the expected outcome for most inputs
   }
   // The loader reads by path; it validates shapes and types against the architecture.

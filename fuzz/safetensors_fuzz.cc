@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "core/error.h"
+#include "formats/safetensors.h"
 #include "fuzz_util.h"
-#include "model/safetensors.h"
 
 namespace {
 constexpr int64_t kMaxReadElements = 1 << 16;  // bigger tensors add time, not coverage
@@ -16,11 +16,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace tessera;
   static fuzz::MemFile file;
   try {
-    const model::SafetensorsReader r(file.write(data, size));
+    const formats::SafetensorsReader r(file.write(data, size));
     volatile size_t sink = 0;
     for (const auto& [key, value] : r.metadata()) sink = sink + key.size() + value.size();
     std::vector<float> buf;
-    for (const model::SafetensorsEntry& e : r.entries()) {
+    for (const formats::SafetensorsEntry& e : r.entries()) {
       if (r.find(e.name) != &e) __builtin_trap();  // the lookup must find each entry
       const int64_t n = e.shape.numel();
       if (n > kMaxReadElements || e.dtype == DType::i32) continue;

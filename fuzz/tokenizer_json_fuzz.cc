@@ -9,7 +9,7 @@
 
 #include "core/error.h"
 #include "fuzz_util.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace {
 
@@ -25,14 +25,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace tessera;
   const std::string_view json(reinterpret_cast<const char*>(data), size);
   try {
-    const model::Tokenizer tok = model::Tokenizer::from_json_text(json, "fuzz.json");
+    const tokenizer::Tokenizer tok = tokenizer::Tokenizer::from_json_text(json, "fuzz.json");
     const std::vector<int32_t> ids = tok.encode_ordinary(kProbe);
     for (int32_t id : ids) {
       if (id < 0 || id >= tok.vocab_size()) __builtin_trap();  // encode produced a bad id
       (void)tok.decode_token(id);
     }
     (void)tok.decode(tok.encode(kProbe), /*skip_special=*/true);
-    const model::Tokenizer again = model::Tokenizer::from_json_text(tok.to_json_text(), "again");
+    const tokenizer::Tokenizer again =
+        tokenizer::Tokenizer::from_json_text(tok.to_json_text(), "again");
     if (again.vocab_size() != tok.vocab_size()) __builtin_trap();  // save/load lost tokens
   } catch (const Error& e) {
     fuzz::note_rejected("Tokenizer::from_json_text", e);

@@ -1,4 +1,4 @@
-# Generates the block-format golden values in tests/model/gguf_test.cc: deterministic Q4_K /
+# Generates the block-format golden values in tests/formats/gguf_test.cc: deterministic Q4_K /
 # Q6_K / Q5_K / Q2_K / Q3_K blocks, and Q5_0 / Q5_1 blocks (8 with the first scales, 8 with the second),
 # dequantized by gguf-py (pip install gguf numpy), printed as sampled values.
 import numpy as np, struct

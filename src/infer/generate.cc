@@ -48,7 +48,7 @@ void check_request(const GenerateRequest& r, int64_t vocab) {
 
 // Text that can be streamed: whole characters, and nothing that may be the start of a stop
 // string. Returns false when a stop string was found (full_text is then cut there).
-bool advance_text(Live& s, const model::Tokenizer& tok, size_t request,
+bool advance_text(Live& s, const tokenizer::Tokenizer& tok, size_t request,
                   const BatchTextCallback& on_text) {
   // Append the new token's bytes rather than decoding everything again (a long generation would
   // be quadratic). Until some text exists, decode it all: SentencePiece drops the leading space
@@ -99,8 +99,8 @@ void finish(Live& s, size_t request, const BatchTextCallback& on_text, const std
 }
 
 // Samples from `logits` for request i; handles stop tokens, stop strings and the length limit.
-void take_step(Live& s, const float* logits, int64_t vocab, const model::Tokenizer& tok, size_t i,
-               const BatchTextCallback& on_text) {
+void take_step(Live& s, const float* logits, int64_t vocab, const tokenizer::Tokenizer& tok,
+               size_t i, const BatchTextCallback& on_text) {
   const int32_t t = s.sampler->sample({logits, static_cast<size_t>(vocab)}, s.history);
   if (std::find(s.req->stop_tokens.begin(), s.req->stop_tokens.end(), t) !=
       s.req->stop_tokens.end()) {
@@ -120,7 +120,7 @@ void take_step(Live& s, const float* logits, int64_t vocab, const model::Tokeniz
 }
 
 // Runs prefill (one forward over the prompts' remaining tokens) and the decode steps.
-void run(Engine& engine, const model::Tokenizer& tok, std::vector<Live>& live,
+void run(Engine& engine, const tokenizer::Tokenizer& tok, std::vector<Live>& live,
          const std::vector<std::vector<int32_t>>& prefill, const BatchTextCallback& on_text) {
   const int64_t V = engine.config().vocab;
   profile::Timer timer;
@@ -163,7 +163,7 @@ void run(Engine& engine, const model::Tokenizer& tok, std::vector<Live>& live,
 
 }  // namespace
 
-std::vector<GenerateResult> generate_batch(Engine& engine, const model::Tokenizer& tok,
+std::vector<GenerateResult> generate_batch(Engine& engine, const tokenizer::Tokenizer& tok,
                                            const std::vector<GenerateRequest>& reqs,
                                            const BatchTextCallback& on_text) {
   std::vector<Live> live(reqs.size());
@@ -190,7 +190,7 @@ std::vector<GenerateResult> generate_batch(Engine& engine, const model::Tokenize
   return out;
 }
 
-GenerateResult generate(Engine& engine, const model::Tokenizer& tok, const GenerateRequest& req,
+GenerateResult generate(Engine& engine, const tokenizer::Tokenizer& tok, const GenerateRequest& req,
                         const TextCallback& on_text, Session* session) {
   BatchTextCallback cb;
   if (on_text) cb = [&](size_t, std::string_view t) { return on_text(t); };

@@ -11,7 +11,7 @@
 
 #include "infer/engine.h"
 #include "infer/sampler.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace tessera::infer {
 
@@ -43,11 +43,11 @@ struct Session {
   std::vector<int32_t> cached;
 };
 
-GenerateResult generate(Engine& engine, const model::Tokenizer& tok, const GenerateRequest& req,
+GenerateResult generate(Engine& engine, const tokenizer::Tokenizer& tok, const GenerateRequest& req,
                         const TextCallback& on_text = {}, Session* session = nullptr);
 
 // Decodes all requests together (one forward per step over every unfinished sequence).
-std::vector<GenerateResult> generate_batch(Engine& engine, const model::Tokenizer& tok,
+std::vector<GenerateResult> generate_batch(Engine& engine, const tokenizer::Tokenizer& tok,
                                            const std::vector<GenerateRequest>& reqs,
                                            const BatchTextCallback& on_text = {});
 

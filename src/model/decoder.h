@@ -13,9 +13,11 @@
 #include "core/tensor.h"
 #include "ops/ops.h"
 
-namespace tessera::model {
-
+namespace tessera::formats {
 class GgufFile;
+}  // namespace tessera::formats
+
+namespace tessera::model {
 
 enum class DecoderArch : uint8_t {
   llama,  // RMSNorm, RoPE, SwiGLU, GQA; covers Llama 1-3, SmolLM2, Mistral, Qwen2 (q/k/v bias)
@@ -110,7 +112,7 @@ struct DecoderModel {
   DecoderConfig config;
   DecoderWeights weights;
   std::vector<std::shared_ptr<const void>> owners;  // keep mapped files / buffers alive
-  std::shared_ptr<const GgufFile> gguf;             // set when loaded from GGUF (tokenizer source)
+  std::shared_ptr<const formats::GgufFile> gguf;    // set when loaded from GGUF (tokenizer source)
   std::string source;                               // path it was loaded from
 
   // Bytes of all weights a decode step reads (every matrix and vector once; the embedding

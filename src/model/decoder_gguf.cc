@@ -3,33 +3,33 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "formats/gguf.h"
 #include "model/decoder.h"
-#include "model/gguf.h"
 
 namespace tessera::model {
 namespace {
 
 class GgufDecoderReader {
  public:
-  GgufDecoderReader(const GgufFile& f, const std::string& arch) : f_(f), arch_(arch) {}
+  GgufDecoderReader(const formats::GgufFile& f, const std::string& arch) : f_(f), arch_(arch) {}
 
   int64_t get_int(const std::string& key) const { return f_.get_int(arch_ + "." + key); }
   int64_t get_int_or(const std::string& key, int64_t fallback) const {
     return f_.has(arch_ + "." + key) ? get_int(key) : fallback;
   }
   double get_float_or(const std::string& key, double fallback) const {
-    const GgufValue* v = f_.find_value(arch_ + "." + key);
+    const formats::GgufValue* v = f_.find_value(arch_ + "." + key);
     if (!v) return fallback;
     if (const float* x = v->get_if<float>()) return *x;
     if (const double* x = v->get_if<double>()) return *x;
     fail("[gguf] ", f_.path(), ": key '", arch_, ".", key, "' should be a float, is ",
-         gguf_type_name(v->type()));
+         formats::gguf_type_name(v->type()));
   }
 
   // Tensor `name` with PyTorch-order shape `expected` (empty: any); absent -> empty ref unless
   // required.
   WeightRef tensor(const std::string& name, const Shape& expected, bool required = true) const {
-    const GgufTensorInfo* t = f_.find(name);
+    const formats::GgufTensorInfo* t = f_.find(name);
     if (!t) {
       TS_CHECK(!required, "[gguf] ", f_.path(), ": missing tensor '", name, "'");
       return {};
@@ -45,7 +45,7 @@ class GgufDecoderReader {
   }
 
  private:
-  const GgufFile& f_;
+  const formats::GgufFile& f_;
   std::string arch_;
 };
 
@@ -58,7 +58,7 @@ WeightRef row_slice(const WeightRef& w, int64_t row0, int64_t rows) {
   return WeightRef{base + row0 * row_bytes, w.type, Shape({rows, w.cols()})};
 }
 
-DecoderConfig read_config(const GgufFile& f, const std::string& arch) {
+DecoderConfig read_config(const formats::GgufFile& f, const std::string& arch) {
   GgufDecoderReader r(f, arch);
   DecoderConfig c;
   c.arch = arch == "gpt2" ? DecoderArch::gpt2 : DecoderArch::llama;
@@ -72,7 +72,7 @@ DecoderConfig read_config(const GgufFile& f, const std::string& arch) {
   TS_CHECK(c.n_heads > 0, "[gguf] ", f.path(), ": ", arch, ".attention.head_count must be > 0");
   c.head_dim = r.get_int_or("attention.key_length", c.d_model / c.n_heads);
   c.sliding_window = r.get_int_or("attention.sliding_window", 0);
-  const GgufTensorInfo* embd = f.find("token_embd.weight");
+  const formats::GgufTensorInfo* embd = f.find("token_embd.weight");
   TS_CHECK(embd && embd->dims.size() == 2, "[gguf] ", f.path(),
            ": missing 2-D tensor 'token_embd.weight'");
   c.vocab = r.get_int_or("vocab_size", embd->dims[1]);
@@ -105,9 +105,10 @@ DecoderConfig read_config(const GgufFile& f, const std::string& arch) {
       c.rope_low_freq_factor = r.get_float_or("rope.scaling.low_freq_factor", 1.0);
       c.rope_high_freq_factor = r.get_float_or("rope.scaling.high_freq_factor", 4.0);
       c.rope_original_max_ctx = r.get_int_or("rope.scaling.original_context_length", 8192);
-    } else if (const GgufTensorInfo* freqs = f.find("rope_freqs.weight")) {
-      TS_CHECK(freqs->ggml_type == GgmlType::f32 && freqs->n_elements == c.rope_dim / 2, "[gguf] ",
-               f.path(), ": tensor 'rope_freqs.weight' must be f32 with rope_dim/2 values");
+    } else if (const formats::GgufTensorInfo* freqs = f.find("rope_freqs.weight")) {
+      TS_CHECK(freqs->ggml_type == formats::GgmlType::f32 && freqs->n_elements == c.rope_dim / 2,
+               "[gguf] ", f.path(),
+               ": tensor 'rope_freqs.weight' must be f32 with rope_dim/2 values");
       c.rope_freq_divisors.resize(static_cast<size_t>(freqs->n_elements));
       std::memcpy(c.rope_freq_divisors.data(), freqs->data, freqs->n_elements * sizeof(float));
     }
@@ -121,10 +122,10 @@ DecoderConfig read_config(const GgufFile& f, const std::string& arch) {
 }  // namespace
 
 DecoderModel load_decoder_gguf(const std::string& path, const DecoderLoadOptions& opts) {
-  GgufOptions gopts;
+  formats::GgufOptions gopts;
   gopts.mmap = opts.mmap;
-  auto file = std::make_shared<const GgufFile>(path, gopts);
-  const GgufFile& f = *file;
+  auto file = std::make_shared<const formats::GgufFile>(path, gopts);
+  const formats::GgufFile& f = *file;
   const std::string& arch = f.get_string("general.architecture");
   TS_CHECK(arch == "llama" || arch == "qwen2" || arch == "mistral" || arch == "gpt2", "[gguf] ",
            path, ": general.architecture '", arch,

@@ -10,8 +10,8 @@
 
 #include "core/error.h"
 #include "core/file_io.h"
+#include "formats/safetensors.h"
 #include "model/decoder.h"
-#include "model/safetensors.h"
 
 namespace tessera::model {
 namespace {
@@ -222,10 +222,12 @@ class FolderTensors {
   }
 
   const std::string& where() const { return where_; }
-  const std::vector<std::shared_ptr<const SafetensorsReader>>& readers() const { return readers_; }
+  const std::vector<std::shared_ptr<const formats::SafetensorsReader>>& readers() const {
+    return readers_;
+  }
 
   // The entry named `name` and the file holding it, or nullptr; marks it used.
-  const SafetensorsEntry* find(const std::string& name, std::string* file) {
+  const formats::SafetensorsEntry* find(const std::string& name, std::string* file) {
     const auto it = by_name_.find(name);
     if (it == by_name_.end()) return nullptr;
     used_.insert(name);
@@ -248,11 +250,11 @@ class FolderTensors {
  private:
   struct Location {
     size_t reader;
-    const SafetensorsEntry* entry;
+    const formats::SafetensorsEntry* entry;
   };
   void add_shard(const std::string& path) {
-    auto r = std::make_shared<const SafetensorsReader>(path);
-    for (const SafetensorsEntry& e : r->entries()) {
+    auto r = std::make_shared<const formats::SafetensorsReader>(path);
+    for (const formats::SafetensorsEntry& e : r->entries()) {
       const auto [it, inserted] = by_name_.emplace(e.name, Location{readers_.size(), &e});
       TS_CHECK(inserted, "[hf] ", path, ": tensor '", e.name, "' also appears in ",
                readers_[it->second.reader]->path());
@@ -261,7 +263,7 @@ class FolderTensors {
   }
 
   std::string where_, index_path_;
-  std::vector<std::shared_ptr<const SafetensorsReader>> readers_;
+  std::vector<std::shared_ptr<const formats::SafetensorsReader>> readers_;
   std::map<std::string, Location> by_name_;
   std::set<std::string> used_;
 };
@@ -272,8 +274,9 @@ class WeightBuilder {
  public:
   WeightBuilder(FolderTensors& t, DecoderModel& m) : t_(t), m_(m) {}
 
-  const SafetensorsEntry& entry(const std::string& name, const Shape& expected, std::string* file) {
-    const SafetensorsEntry* e = t_.find(name, file);
+  const formats::SafetensorsEntry& entry(const std::string& name, const Shape& expected,
+                                         std::string* file) {
+    const formats::SafetensorsEntry* e = t_.find(name, file);
     TS_CHECK(e != nullptr, "[hf] ", t_.where(), ": missing tensor '", name, "'");
     TS_CHECK(e->shape == expected, "[hf] ", *file, ": tensor '", name, "' has shape ",
              e->shape.str(), ", expected ", expected.str());
@@ -285,7 +288,7 @@ class WeightBuilder {
 
   WeightRef matrix(const std::string& name, const Shape& expected) {
     std::string file;
-    const SafetensorsEntry& e = entry(name, expected, &file);
+    const formats::SafetensorsEntry& e = entry(name, expected, &file);
     const size_t elem = static_cast<size_t>(traits(e.dtype).block_bytes);
     if (reinterpret_cast<uintptr_t>(e.data) % elem == 0) return {e.data, e.dtype, expected};
     uint8_t* dst = alloc(e.bytes);  // misaligned in the file: kernels need aligned elements
@@ -295,7 +298,7 @@ class WeightBuilder {
 
   WeightRef vector_f32(const std::string& name, int64_t n) {
     std::string file;
-    const SafetensorsEntry& e = entry(name, Shape({n}), &file);
+    const formats::SafetensorsEntry& e = entry(name, Shape({n}), &file);
     auto* dst = reinterpret_cast<float*>(alloc(n * 4));
     // f32 is read with memcpy; 16-bit entries are always 2-byte aligned (every dtype the reader
     // accepts has an even size, and the data section starts 8-byte aligned).
@@ -306,7 +309,7 @@ class WeightBuilder {
   // HF Conv1D stores (in, out); returns the (out, in) transpose in the stored dtype.
   WeightRef conv1d(const std::string& name, int64_t in, int64_t out) {
     std::string file;
-    const SafetensorsEntry& e = entry(name, Shape({in, out}), &file);
+    const formats::SafetensorsEntry& e = entry(name, Shape({in, out}), &file);
     const int64_t elem = traits(e.dtype).block_bytes;
     uint8_t* dst = alloc(e.bytes);
     for (int64_t r = 0; r < in; ++r)

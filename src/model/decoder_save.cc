@@ -97,7 +97,7 @@ uint32_t gguf_file_type(DType t) {
 // Adds tensors to a GgufWriter, holding converted copies until write().
 class GgufTensorSink {
  public:
-  explicit GgufTensorSink(GgufWriter& w) : w_(w) {}
+  explicit GgufTensorSink(formats::GgufWriter& w) : w_(w) {}
   void raw(const std::string& name, const WeightRef& r) {
     w_.add_tensor(name, r.type, r.shape, r.data);
   }
@@ -120,15 +120,15 @@ class GgufTensorSink {
   }
 
  private:
-  GgufWriter& w_;
+  formats::GgufWriter& w_;
   std::list<std::vector<uint8_t>> keep_;
 };
 
-void set_u32(GgufWriter& w, const std::string& key, int64_t v) {
+void set_u32(formats::GgufWriter& w, const std::string& key, int64_t v) {
   w.set(key, static_cast<uint32_t>(v));  // validate() bounds every dimension far below 2^32
 }
 
-void write_gguf_metadata(const DecoderModel& m, GgufWriter& w, const std::string& arch) {
+void write_gguf_metadata(const DecoderModel& m, formats::GgufWriter& w, const std::string& arch) {
   const DecoderConfig& c = m.config;
   w.set("general.architecture", arch);
   w.set("general.name", c.name.empty() ? std::string("tessera") : c.name);
@@ -286,14 +286,14 @@ void write_gguf_gpt2(const DecoderModel& m, GgufTensorSink& s, const std::string
 }  // namespace
 
 void save_decoder_gguf(const DecoderModel& m, const std::string& path,
-                       const std::function<void(GgufWriter&)>& extra) {
+                       const std::function<void(formats::GgufWriter&)>& extra) {
   const DecoderConfig& c = m.config;
   c.validate(path);
   const DecoderWeights& w = m.weights;
   TS_CHECK(static_cast<int64_t>(w.layers.size()) == c.n_layers, "[save] ", path, ": model has ",
            w.layers.size(), " layers, config says ", c.n_layers);
   const bool gpt2 = c.arch == DecoderArch::gpt2;
-  GgufWriter writer;
+  formats::GgufWriter writer;
   write_gguf_metadata(m, writer, gpt2 ? "gpt2" : "llama");
   if (!w.layers.empty() && w.layers[0].wq.present()) {
     const DType t = w.layers[0].wq.type;

@@ -6,8 +6,8 @@
 #include <string>
 
 #include "core/dtype.h"
+#include "formats/gguf.h"
 #include "model/decoder.h"
-#include "model/gguf.h"
 
 namespace tessera::model {
 
@@ -20,7 +20,7 @@ namespace tessera::model {
 // plus its parameters under llama.rope.scaling.*. `extra` adds metadata (the tokenizer's keys)
 // before writing.
 void save_decoder_gguf(const DecoderModel& m, const std::string& path,
-                       const std::function<void(GgufWriter&)>& extra = {});
+                       const std::function<void(formats::GgufWriter&)>& extra = {});
 
 // Writes an HF folder: config.json (LlamaForCausalLM, Qwen2ForCausalLM when q/k/v carry biases
 // and o does not, or GPT2LMHeadModel) + model.safetensors with every tensor in `dtype` (f32,

@@ -8,9 +8,9 @@
 
 #include "core/error.h"
 #include "core/file_io.h"
+#include "formats/safetensors.h"
 #include "model/decoder_save.h"
 #include "model/decoder_save_impl.h"
-#include "model/safetensors.h"
 
 namespace tessera::model {
 namespace {
@@ -21,7 +21,7 @@ using nlohmann::json;
 // Adds tensors to a SafetensorsWriter in one dtype, holding converted copies until write().
 class HfTensorSink {
  public:
-  HfTensorSink(SafetensorsWriter& w, DType dtype) : w_(w), dtype_(dtype) {}
+  HfTensorSink(formats::SafetensorsWriter& w, DType dtype) : w_(w), dtype_(dtype) {}
   void ref(const std::string& name, const WeightRef& r) {
     if (r.type == dtype_) return w_.add(name, dtype_, r.shape, r.data);
     values(name, r.shape, as_f32(r));
@@ -45,7 +45,7 @@ class HfTensorSink {
   }
 
  private:
-  SafetensorsWriter& w_;
+  formats::SafetensorsWriter& w_;
   DType dtype_;
   std::list<std::vector<uint8_t>> keep_;
 };
@@ -248,7 +248,7 @@ void save_decoder_hf(const DecoderModel& m, const std::string& folder, DType dty
   bool o_bias = false;
   for (const DecoderLayer& l : w.layers) o_bias |= l.bo.present();
   make_dirs(folder);
-  SafetensorsWriter writer;
+  formats::SafetensorsWriter writer;
   writer.set_metadata("format", "pt");  // transformers refuses safetensors files without it
   HfTensorSink sink(writer, dtype);
   json cfg;

@@ -8,8 +8,8 @@
 
 #include "core/error.h"
 #include "core/file_io.h"
+#include "formats/safetensors.h"
 #include "model/gpt2.h"
-#include "model/safetensors.h"
 
 namespace tessera::model {
 
@@ -47,7 +47,7 @@ int64_t get_int(const json& cfg, const std::string& path, const char* key) {
 void save_gpt2(const Gpt2& m, const std::string& dir) {
   const Gpt2Config& cfg = m.config();
   make_dirs(dir);
-  SafetensorsWriter w;
+  formats::SafetensorsWriter w;
   w.set_metadata("format", "pt");              // transformers refuses safetensors files without it
   std::vector<std::vector<float>> transposed;  // must outlive w.write()
   for (const TensorInfo& t : m.tensors().tensors()) {
@@ -115,7 +115,7 @@ std::unique_ptr<Gpt2> load_gpt2(const std::string& dir, const ops::Context& ctx)
 
   const std::string st_path = dir + "/model.safetensors";
   TS_CHECK(file_exists(st_path), "[gpt2] ", st_path, ": file not found");
-  SafetensorsReader r(st_path);
+  formats::SafetensorsReader r(st_path);
   // Before allocating anything sized by config.json (which could claim a huge model), require
   // the file to hold exactly the parameter count the config describes: memory then stays
   // bounded by the file's size. Sizes are bounded by validate(), so this cannot overflow.
@@ -124,7 +124,7 @@ std::unique_ptr<Gpt2> load_gpt2(const std::string& dir, const ops::Context& ctx)
     const int64_t expect =
         (cfg.vocab_size + cfg.max_seq) * C + cfg.n_layer * (12 * C * C + 13 * C) + 2 * C;
     int64_t have = 0;
-    for (const SafetensorsEntry& e : r.entries())
+    for (const formats::SafetensorsEntry& e : r.entries())
       if (!is_buffer(e.name) && !e.name.ends_with("lm_head.weight")) have += e.shape.numel();
     TS_CHECK(have == expect, "[gpt2] ", st_path, ": holds ", have, " parameter values but ",
              cfg_path, " describes a model with ", expect);
@@ -134,9 +134,9 @@ std::unique_ptr<Gpt2> load_gpt2(const std::string& dir, const ops::Context& ctx)
   float* params = model->params();
   std::memset(params, 0, static_cast<size_t>(model->num_params()) * sizeof(float));
   std::set<std::string> seen;
-  const SafetensorsEntry* lm_head = nullptr;
+  const formats::SafetensorsEntry* lm_head = nullptr;
   std::vector<float> tmp;
-  for (const SafetensorsEntry& e : r.entries()) {
+  for (const formats::SafetensorsEntry& e : r.entries()) {
     std::string name = e.name;
     if (name.starts_with("transformer.")) name = name.substr(12);
     if (is_buffer(name)) continue;

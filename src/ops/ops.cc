@@ -1,21 +1,14 @@
-// Op entry points: argument checks, then dispatch to the CPU reference, CPU SIMD or CUDA backend.
+// Op entry points: argument checks, then the backend registered for ctx.device (ops/backend.h).
 #include "ops/ops.h"
 
-#include "backend/cpu/cpu_kernels.h"
-#include "backend/cpu/ref/ref_kernels.h"
-#include "backend/device.h"
 #include "core/error.h"
+#include "ops/backend.h"
 #include "ops/gemm_check.h"
 
 namespace tessera::ops {
 
-// Dispatches `name(args...)`: reference kernels take no pool, SIMD kernels take the pool first.
-#define TS_DISPATCH(name, ...)                                    \
-  do {                                                            \
-    if (ctx.device == Device::cuda) backend::require_cuda(#name); \
-    if (ctx.reference) return cpu::ref::name(__VA_ARGS__);        \
-    return cpu::name(ctx.threads(), __VA_ARGS__);                 \
-  } while (0)
+// Calls `name(ctx, args...)` on ctx.device's backend.
+#define TS_DISPATCH(name, ...) return backend(ctx.device).name(ctx, __VA_ARGS__)
 
 void gemm(const Context& ctx, const GemmArgs& g) {
   if (!validate_gemm_args(g)) return;
@@ -91,12 +84,7 @@ void scale(const Context& ctx, float* x, int64_t n, float s) {
 }
 
 void convert_f32_to_bf16(const Context& ctx, uint16_t* dst, const float* src, int64_t n) {
-  if (ctx.device == Device::cuda) backend::require_cuda("convert_f32_to_bf16");
-  if (ctx.reference) {
-    for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
-    return;
-  }
-  cpu::convert_f32_to_bf16(ctx.threads(), dst, src, n);
+  TS_DISPATCH(convert_f32_to_bf16, dst, src, n);
 }
 
 OpCost gemm_cost(const GemmArgs& g) {
@@ -134,14 +122,6 @@ void rmsnorm_forward(const Context& ctx, float* out, float* rstd, const float* i
 void rmsnorm_backward(const Context& ctx, float* dinp, float* dw, const float* dout,
                       const float* inp, const float* w, const float* rstd, int64_t N, int64_t C) {
   TS_DISPATCH(rmsnorm_backward, dinp, dw, dout, inp, w, rstd, N, C);
-}
-
-RopeTable make_rope_table(int64_t max_pos, int64_t rotary_dim, double theta) {
-  return cpu::make_rope_table(max_pos, rotary_dim, theta);
-}
-
-RopeTable make_rope_table(int64_t max_pos, const std::vector<double>& inv_freqs) {
-  return cpu::make_rope_table(max_pos, inv_freqs);
 }
 
 void rope_forward(const Context& ctx, float* out, const float* inp, const RopeTable& table,

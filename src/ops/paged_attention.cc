@@ -1,9 +1,8 @@
 // Paged attention op: argument checks, dispatch, and its cost (for the roofline report).
 #include "ops/paged_attention.h"
 
-#include "backend/device.h"
 #include "core/error.h"
-#include "ops/ops.h"
+#include "ops/backend.h"
 
 namespace tessera::ops {
 
@@ -26,9 +25,7 @@ void paged_attention(const Context& ctx, const PagedAttentionArgs& a) {
              " outside [0, ", a.n_keys[r], ")");
   }
   if (a.rows == 0) return;
-  if (ctx.device == Device::cuda) backend::require_cuda("paged_attention");
-  if (ctx.reference) return cpu::ref::paged_attention(a);
-  cpu::paged_attention(ctx.threads(), a);
+  backend(ctx.device).paged_attention(ctx, a);
 }
 
 OpCost paged_attention_cost(const PagedAttentionArgs& a) {

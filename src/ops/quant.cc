@@ -1,41 +1,46 @@
-// Quantized-weight op entry points: argument checks, dispatch to the CPU reference or SIMD
-// kernels (CUDA: not yet), costs for the profiler.
+// Quantized-weight op entry points: argument checks, dispatch to ctx.device's backend, costs for
+// the profiler, and row lookups (embeddings) from stored-type weights.
 #include "ops/quant.h"
 
 #include <vector>
 
-#include "backend/cpu/cpu_kernels.h"
-#include "backend/cpu/quant_matmul_avx2.h"
-#include "backend/cpu/ref/ref_kernels.h"
-#include "backend/device.h"
 #include "core/error.h"
 #include "core/interleave.h"
+#include "ops/backend.h"
 
 namespace tessera::ops {
 
+void check_matmul_wt_args(int64_t ldy, int64_t M, int64_t K, DType w_type, int64_t N) {
+  TS_CHECK(M >= 0, "[matmul_wt] rows M=", M, " must be >= 0");
+  TS_CHECK(N >= 0, "[matmul_wt] outputs N=", N, " must be >= 0");
+  TS_CHECK(K > 0, "[matmul_wt] inner dimension K=", K, " must be positive");
+  TS_CHECK(ldy >= N, "[matmul_wt] ldy=", ldy, " is smaller than N=", N);
+  const DType plain_t = plain_type(w_type);
+  const bool is_float = plain_t == DType::f32 || plain_t == DType::f16 || plain_t == DType::bf16;
+  TS_CHECK(is_float || act_block_elems(w_type) > 0, "[matmul_wt] weight type ", dtype_name(w_type),
+           " is not supported");
+  const int64_t block = traits(w_type).block_elems;
+  TS_CHECK(K % block == 0, "[matmul_wt] K=", K, " is not a multiple of the ", dtype_name(w_type),
+           " block size ", block);
+  const int64_t group = traits(w_type).interleave_rows;
+  TS_CHECK(N % group == 0, "[matmul_wt] N=", N, " is not a multiple of the ", group, " rows a ",
+           dtype_name(w_type), " group interleaves");
+}
+
 void matmul_wt(const Context& ctx, float* y, int64_t ldy, const float* x, int64_t M, int64_t K,
                const void* w, DType w_type, int64_t N, const float* bias) {
-  cpu::ref::check_matmul_wt_args(ldy, M, K, w_type, N);
+  check_matmul_wt_args(ldy, M, K, w_type, N);
   TS_CHECK(M * N == 0 || (y && x && w), "[matmul_wt] null y, x or w");
-  if (ctx.device == Device::cuda) backend::require_cuda("matmul_wt");
-  if (ctx.reference) return cpu::ref::matmul_wt(y, ldy, x, M, K, w, w_type, N, bias);
-  cpu::matmul_wt(ctx.threads(), y, ldy, x, M, K, w, w_type, N, bias);
+  backend(ctx.device).matmul_wt(ctx, y, ldy, x, M, K, w, w_type, N, bias);
 }
 
 void matmul_wt_group(const Context& ctx, const float* x, int64_t M, int64_t K,
                      std::span<const WtProduct> products) {
   for (const WtProduct& p : products) {
-    cpu::ref::check_matmul_wt_args(p.ldy, M, K, p.w_type, p.N);
+    check_matmul_wt_args(p.ldy, M, K, p.w_type, p.N);
     TS_CHECK(M * p.N == 0 || (p.y && x && p.w), "[matmul_wt] null y, x or w");
   }
-  if (ctx.device == Device::cuda) backend::require_cuda("matmul_wt_group");
-  if (ctx.reference) {
-    for (const WtProduct& p : products)
-      cpu::ref::matmul_wt(p.y, p.ldy, x, M, K, p.w, p.w_type, p.N, p.bias);
-    return;
-  }
-  cpu::matmul_wt_group(ctx.threads(), x, M, K, products.data(),
-                       static_cast<int64_t>(products.size()));
+  backend(ctx.device).matmul_wt_group(ctx, x, M, K, products);
 }
 
 OpCost matmul_wt_cost(int64_t M, int64_t K, int64_t N, DType w_type, bool bias) {
@@ -48,19 +53,12 @@ OpCost matmul_wt_cost(int64_t M, int64_t K, int64_t N, DType w_type, bool bias) 
 }
 
 int64_t matmul_wt_saturating_rows(const Context& ctx, DType w_type) {
-  constexpr int64_t kPackedRows = 512, kKernelRows = 128;
-  if (ctx.device == Device::cuda || ctx.reference) return kPackedRows;
-  return cpu::matmul_wt_takes_packed_gemm(w_type, kPackedRows) ? kPackedRows : kKernelRows;
+  if (ctx.reference) return 512;  // the reference kernels gain nothing from fewer rows
+  return backend(ctx.device).matmul_wt_saturating_rows(w_type);
 }
 
 DType cpu_preferred_layout(DType t, int64_t n_rows) {
-  if (!has_interleaved_layout(t) || n_rows % traits(interleaved_type(t)).interleave_rows != 0)
-    return t;
-  // The k-quant layouts have AVX512-VNNI kernels only (elsewhere their groups would be read back
-  // into plain rows first: slower than the plain types' own AVX2 tiles).
-  if (t == DType::q4_k || t == DType::q5_k || t == DType::q6_k)
-    return cpu::quant_avx512_vnni_active() ? interleaved_type(t) : t;
-  return cpu::quant_avx2_supported() ? interleaved_type(t) : t;
+  return backend(Device::cpu).preferred_layout(t, n_rows);
 }
 
 void dequantize_row(const void* w, DType w_type, int64_t K, int64_t row, float* dst) {

@@ -5,7 +5,6 @@
 #include <cstdint>
 #include <span>
 
-#include "backend/cpu/wt_product.h"
 #include "core/dtype.h"
 #include "ops/context.h"
 #include "ops/ops.h"
@@ -22,11 +21,23 @@ namespace tessera::ops {
 // thread count.
 void matmul_wt(const Context& ctx, float* y, int64_t ldy, const float* x, int64_t M, int64_t K,
                const void* w, DType w_type, int64_t N, const float* bias = nullptr);
+// One product of a grouped matmul: y (M,N) = x (M,K) W^T [+ bias (N)] for the group's shared
+// x; W (N,K) stored as w_type.
+struct WtProduct {
+  float* y = nullptr;
+  int64_t ldy = 0;  // row stride of y (>= N)
+  const void* w = nullptr;
+  DType w_type = DType::f32;
+  int64_t N = 0;
+  const float* bias = nullptr;  // optional
+};
+// Throws naming the parameter unless the shapes, ldy and the type/K combination are valid for
+// matmul_wt (every backend's kernels call it too).
+void check_matmul_wt_args(int64_t ldy, int64_t M, int64_t K, DType w_type, int64_t N);
 // Several products of the same x (M,K), e.g. a layer's q/k/v or gate/up projections: each y
 // equals what matmul_wt gives alone, bit for bit, but x is quantized once and the rows of all
 // products are shared out over the threads together (small matrices no longer leave a thread
 // idle, and there is one hand-off instead of several).
-using WtProduct = cpu::WtProduct;
 void matmul_wt_group(const Context& ctx, const float* x, int64_t M, int64_t K,
                      std::span<const WtProduct> products);
 // The layout the CPU matmul reads fastest for a matrix stored as t with n_rows rows: the

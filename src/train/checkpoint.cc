@@ -12,7 +12,7 @@
 
 #include "core/error.h"
 #include "core/file_io.h"
-#include "model/safetensors.h"
+#include "formats/safetensors.h"
 
 namespace tessera::train {
 
@@ -27,7 +27,7 @@ std::string f64s(double v) {
   return buf;
 }
 
-const std::string& meta(const model::SafetensorsReader& r, const std::string& key) {
+const std::string& meta(const formats::SafetensorsReader& r, const std::string& key) {
   auto it = r.metadata().find(key);
   TS_CHECK(it != r.metadata().end(), "[checkpoint] ", r.path(), ": metadata field '", key,
            "' is missing");
@@ -35,7 +35,7 @@ const std::string& meta(const model::SafetensorsReader& r, const std::string& ke
 }
 
 template <typename T>
-T parse_int(const model::SafetensorsReader& r, const std::string& key, const std::string& s) {
+T parse_int(const formats::SafetensorsReader& r, const std::string& key, const std::string& s) {
   T v{};
   auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
   TS_CHECK(ec == std::errc() && p == s.data() + s.size() && !s.empty(), "[checkpoint] ", r.path(),
@@ -44,11 +44,11 @@ T parse_int(const model::SafetensorsReader& r, const std::string& key, const std
 }
 
 template <typename T>
-T meta_int(const model::SafetensorsReader& r, const std::string& key) {
+T meta_int(const formats::SafetensorsReader& r, const std::string& key) {
   return parse_int<T>(r, key, meta(r, key));
 }
 
-double meta_f64(const model::SafetensorsReader& r, const std::string& key) {
+double meta_f64(const formats::SafetensorsReader& r, const std::string& key) {
   const std::string& s = meta(r, key);
   char* end = nullptr;
   errno = 0;
@@ -58,7 +58,7 @@ double meta_f64(const model::SafetensorsReader& r, const std::string& key) {
   return v;
 }
 
-void meta_rng(const model::SafetensorsReader& r, const std::string& key, uint64_t out[4]) {
+void meta_rng(const formats::SafetensorsReader& r, const std::string& key, uint64_t out[4]) {
   std::istringstream is(meta(r, key));
   std::string part;
   for (int i = 0; i < 4; ++i) {
@@ -84,7 +84,7 @@ std::string config_json(const model::Gpt2Config& c) {
   return j.dump();
 }
 
-model::Gpt2Config config_from(const model::SafetensorsReader& r) {
+model::Gpt2Config config_from(const formats::SafetensorsReader& r) {
   model::Gpt2Config c;
   try {
     const auto j = nlohmann::json::parse(meta(r, "config"));
@@ -107,7 +107,7 @@ model::Gpt2Config config_from(const model::SafetensorsReader& r) {
   return c;
 }
 
-void check_format(const model::SafetensorsReader& r) {
+void check_format(const formats::SafetensorsReader& r) {
   TS_CHECK(meta(r, "format") == kFormat, "[checkpoint] ", r.path(), ": unknown format '",
            meta(r, "format"), "' (expected ", kFormat, ")");
 }
@@ -122,7 +122,7 @@ void save_checkpoint(const std::string& dir, const model::Gpt2& m, const AdamW& 
                      const TrainState& st, const std::string& options_json) {
   make_dirs(dir);
   const Shape flat{m.num_params()};
-  model::SafetensorsWriter w;
+  formats::SafetensorsWriter w;
   w.add("params", DType::f32, flat, m.params());
   w.add("adam_m", DType::f32, flat, opt.m());
   w.add("adam_v", DType::f32, flat, opt.v());
@@ -144,7 +144,7 @@ void save_checkpoint(const std::string& dir, const model::Gpt2& m, const AdamW& 
 CheckpointInfo read_checkpoint_info(const std::string& dir) {
   const std::string path = checkpoint_path(dir);
   TS_CHECK(file_exists(path), "[checkpoint] no checkpoint at '", path, "'");
-  model::SafetensorsReader r(path);
+  formats::SafetensorsReader r(path);
   check_format(r);
   CheckpointInfo info;
   info.options_json = meta(r, "options");
@@ -155,7 +155,7 @@ CheckpointInfo read_checkpoint_info(const std::string& dir) {
 TrainState load_checkpoint(const std::string& dir, model::Gpt2& m, AdamW& opt) {
   const std::string path = checkpoint_path(dir);
   TS_CHECK(file_exists(path), "[checkpoint] no checkpoint at '", path, "'");
-  model::SafetensorsReader r(path);
+  formats::SafetensorsReader r(path);
   check_format(r);
   const Shape flat{m.num_params()};
   TS_CHECK(opt.size() == m.num_params(), "[checkpoint] optimizer and model sizes differ");
@@ -181,7 +181,7 @@ std::unique_ptr<model::Gpt2> load_model_from_checkpoint(const std::string& dir,
                                                         const ops::Context& ctx) {
   const std::string path = checkpoint_path(dir);
   TS_CHECK(file_exists(path), "[checkpoint] no checkpoint at '", path, "'");
-  model::SafetensorsReader r(path);
+  formats::SafetensorsReader r(path);
   check_format(r);
   auto m = std::make_unique<model::Gpt2>(config_from(r), ctx);
   r.read_f32("params", Shape{m->num_params()}, m->params());

@@ -10,7 +10,7 @@
 
 #include "core/error.h"
 #include "core/file_io.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace tessera::train {
 
@@ -154,7 +154,7 @@ PrepareStats prepare_data(const PrepareOptions& opt) {
   TS_CHECK(opt.val_fraction > 0 && opt.val_fraction < 1, "--val-fraction must be in (0, 1), got ",
            opt.val_fraction);
   TS_CHECK(!opt.out_dir.empty(), "--out must name a folder");
-  const model::Tokenizer tok = model::Tokenizer::load_json(opt.tokenizer_path);
+  const tokenizer::Tokenizer tok = tokenizer::Tokenizer::load_json(opt.tokenizer_path);
   const std::string text = read_text_file(opt.input_path);
   const std::vector<std::string> docs = split_documents(text);
   TS_CHECK(!docs.empty(), "[prepare] ", opt.input_path, ": no text (empty corpus)");

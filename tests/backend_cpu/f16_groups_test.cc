@@ -92,7 +92,7 @@ TEST(F16Groups, RowsDoNotDependOnBatchThreadsOrGrouping) {
   const F16Pair w2(32, K, 19);
   const Buf x = normal_buf(3 * K, 0, 20);
   std::vector<float> a(3 * N), b(3 * 32), a1(a), b1(b);
-  const cpu::WtProduct products[] = {{a.data(), N, w.groups.data(), DType::f16x16, N, nullptr},
+  const ops::WtProduct products[] = {{a.data(), N, w.groups.data(), DType::f16x16, N, nullptr},
                                      {b.data(), 32, w2.groups.data(), DType::f16x16, 32, nullptr}};
   cpu::matmul_wt_group(pool(2), x.p, 3, K, products, 2);
   cpu::matmul_wt(pool(2), a1.data(), N, x.p, 3, K, w.groups.data(), DType::f16x16, N, nullptr);

@@ -244,7 +244,7 @@ int64_t partner(int64_t j, int64_t R, RopeLayout layout) {
 }
 
 TEST(Rope, TableHoldsRoundedCosSin) {
-  const auto t = cpu::make_rope_table(50, 10, kTheta);
+  const auto t = ops::make_rope_table(50, 10, kTheta);
   ASSERT_EQ(t.cos.size(), 50u * 5u);
   for (int64_t p = 0; p < 50; ++p) {
     for (int64_t i = 0; i < 5; ++i) {
@@ -260,7 +260,7 @@ TEST(Rope, MatchesReferenceInPlaceAndThreadCount) {
   for_each_target([&] {
     for (const auto& [B, T, H, D, R] : kRopeShapes) {
       const int64_t n = B * T * H * D, max_pos = T + 600;
-      const auto table = cpu::make_rope_table(max_pos, R, kTheta);
+      const auto table = ops::make_rope_table(max_pos, R, kTheta);
       std::vector<int32_t> positions(static_cast<size_t>(T));
       for (int64_t t = 0; t < T; ++t) positions[t] = static_cast<int32_t>((t * 97 + 13) % max_pos);
       for (RopeLayout layout : kLayouts) {
@@ -328,7 +328,7 @@ std::vector<float> randn(int64_t n, uint64_t seed) {
 
 TEST(Rope, PreservesPairNormsAndPositionZeroIsIdentity) {
   const int64_t D = 70, R = 70;
-  const auto table = cpu::make_rope_table(2000, R, 500000.0);
+  const auto table = ops::make_rope_table(2000, R, 500000.0);
   const auto x = randn(D, 410);
   for (RopeLayout layout : kLayouts) {
     // cos 0 = 1 and sin 0 = 0 exactly, so position 0 leaves every bit unchanged.
@@ -353,7 +353,7 @@ TEST(Rope, PreservesPairNormsAndPositionZeroIsIdentity) {
 
 TEST(Rope, DotProductDependsOnlyOnRelativePosition) {
   const int64_t D = 64;
-  const auto table = cpu::make_rope_table(4096, D, kTheta);
+  const auto table = ops::make_rope_table(4096, D, kTheta);
   const auto q = randn(D, 420), k = randn(D, 421);
   for (RopeLayout layout : kLayouts) {
     auto dot_at = [&](int32_t m, int32_t n) {
@@ -388,7 +388,7 @@ TEST(Rope, InterleavedIsHalfLayoutOnPermutedDims) {
   // GGUF's q/k permutation: interleaved element 2i is rotate-half element i, 2i+1 is i + R/2.
   // The reference rounds once from the same double values, so it agrees exactly.
   const int64_t B = 1, T = 3, H = 2, D = 12, R = 8, n = B * T * H * D;
-  const auto table = cpu::make_rope_table(T + 5, R, kTheta);
+  const auto table = ops::make_rope_table(T + 5, R, kTheta);
   const auto x = randn(n, 430);
   std::vector<float> xp = x, a(n), b(n);
   for (int64_t head = 0; head < B * T * H; ++head)
@@ -410,7 +410,7 @@ TEST(Rope, InterleavedIsHalfLayoutOnPermutedDims) {
 
 TEST(GradCheck, Rope) {
   const int64_t B = 2, T = 3, H = 2, D = 10, R = 6, n = B * T * H * D;
-  const auto table = cpu::make_rope_table(20, R, kTheta);
+  const auto table = ops::make_rope_table(20, R, kTheta);
   const int32_t positions[T] = {4, 0, 19};
   const auto x = randn(n, 440), r = randn(n, 441);
   Vec xd(x.begin(), x.end());
@@ -567,11 +567,11 @@ TEST(GradCheck, Swiglu) {
 TEST(LlamaOps, BadArgumentsThrowNamingTheParameter) {
   float buf[64] = {};
   int32_t pos[2] = {0, 1};
-  expect_error([] { cpu::make_rope_table(8, 7, kTheta); }, "rotary_dim=7");
-  expect_error([] { cpu::make_rope_table(8, 0, kTheta); }, "rotary_dim=0");
-  expect_error([] { cpu::make_rope_table(8, 4, -1.0); }, "theta");
-  expect_error([] { cpu::make_rope_table(-1, 4, kTheta); }, "max_pos");
-  const auto table = cpu::make_rope_table(8, 8, kTheta);
+  expect_error([] { ops::make_rope_table(8, 7, kTheta); }, "rotary_dim=7");
+  expect_error([] { ops::make_rope_table(8, 0, kTheta); }, "rotary_dim=0");
+  expect_error([] { ops::make_rope_table(8, 4, -1.0); }, "theta");
+  expect_error([] { ops::make_rope_table(-1, 4, kTheta); }, "max_pos");
+  const auto table = ops::make_rope_table(8, 8, kTheta);
   for (int variant = 0; variant < 2; ++variant) {
     auto rope = [&](const int32_t* p, int64_t pos0, int64_t T, int64_t D) {
       if (variant == 0)

@@ -19,10 +19,10 @@ namespace {
 using test::fill_normal;
 
 // The argument block of a query batch over an f32 cache (kv_type and k_transposed left default).
-PagedAttentionArgs cache_args(const float* q, int64_t rows, int64_t H, int64_t Hkv, int64_t D,
+ops::PagedAttentionArgs cache_args(const float* q, int64_t rows, int64_t H, int64_t Hkv, int64_t D,
                               const float* kv, int64_t BT, int64_t stride, int64_t half,
                               const int32_t* const* tables, const int32_t* n_keys) {
-  PagedAttentionArgs a;
+  ops::PagedAttentionArgs a;
   a.q = q;
   a.rows = rows;
   a.H = H;
@@ -48,7 +48,7 @@ struct PagedSetup {
   std::vector<std::vector<int32_t>> tables;
   std::vector<const int32_t*> table_ptrs;
   std::vector<int32_t> n_keys;
-  PagedAttentionArgs args;
+  ops::PagedAttentionArgs args;
 };
 
 // Every row gets its own sequence whose blocks are scattered through the arena in a shuffled
@@ -132,7 +132,7 @@ TEST(PagedAttention, RowAloneEqualsRowInBatch) {
         s.args.out = batch.data();
         paged_attention(test::pool(2), s.args);
         for (int64_t r = 0; r < c.rows; ++r) {
-          PagedAttentionArgs one = s.args;
+          ops::PagedAttentionArgs one = s.args;
           std::vector<float> alone(static_cast<size_t>(c.H * c.D));
           one.rows = 1;
           one.q = s.q.data() + r * c.H * c.D;
@@ -218,7 +218,7 @@ TEST(PagedAttention, ReferenceEqualsPlainAttention) {
   std::vector<float> out(s.q.size());
   s.args.out = out.data();
   ref::paged_attention(s.args);
-  const PagedAttentionArgs& a = s.args;
+  const ops::PagedAttentionArgs& a = s.args;
   for (int64_t h = 0; h < c.H; ++h) {
     std::vector<double> scores;
     for (int64_t j = 0; j < 10; ++j) {
@@ -292,7 +292,7 @@ struct SharedSetup {
   std::vector<std::vector<int32_t>> tables;  // per sequence
   std::vector<const int32_t*> table_ptrs;    // per row
   std::vector<int32_t> n_keys, first_key;
-  PagedAttentionArgs args;
+  ops::PagedAttentionArgs args;
 };
 
 // Each sequence's blocks are scattered through the arena; rows point at their sequence's table.
@@ -392,7 +392,7 @@ TEST(PagedAttention, RowsSharingASequence) {
         }
         const int64_t HD = c.H * c.D;
         for (int64_t r = 0; r < s.args.rows; ++r) {
-          PagedAttentionArgs one = s.args;
+          ops::PagedAttentionArgs one = s.args;
           std::vector<float> alone(static_cast<size_t>(HD));
           one.rows = 1;
           one.q = s.q.data() + r * HD;

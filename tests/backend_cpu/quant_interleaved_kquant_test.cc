@@ -189,7 +189,7 @@ TEST(QuantInterleavedKQuant, ResultsDoNotDependOnBatchThreadsOrGrouping) {
       // Decode-sized rows grouped with another product (q/k/v style): the same bits as alone.
       for (int64_t rows : {int64_t{1}, M}) {
         std::vector<float> g(static_cast<size_t>(rows * N)), g2(static_cast<size_t>(rows * 16));
-        const cpu::WtProduct products[] = {{g.data(), N, w.i.data(), w.x8, N, nullptr},
+        const ops::WtProduct products[] = {{g.data(), N, w.i.data(), w.x8, N, nullptr},
                                            {g2.data(), 16, w2.i.data(), w2.x8, 16, nullptr}};
         cpu::matmul_wt_group(pool(2), x.p, rows, K, products, 2);
         ASSERT_EQ(0, std::memcmp(g.data(), y.data(), g.size() * 4))

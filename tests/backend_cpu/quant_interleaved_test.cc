@@ -165,7 +165,7 @@ TEST(QuantInterleaved, ResultsDoNotDependOnBatchOrThreads) {
       // Grouped with another product (q/k/v style): the same bits as alone.
       std::vector<float> g(y.size()), g2(static_cast<size_t>(M * 16));
       const Pair w2(t, 16, K, 93);
-      const cpu::WtProduct products[] = {{g.data(), N, w.i.data(), w.x8, N, nullptr},
+      const ops::WtProduct products[] = {{g.data(), N, w.i.data(), w.x8, N, nullptr},
                                          {g2.data(), 16, w2.i.data(), w2.x8, 16, nullptr}};
       cpu::matmul_wt_group(pool(2), x.p, M, K, products, 2);
       ASSERT_EQ(0, std::memcmp(g.data(), y.data(), y.size() * 4)) << dtype_name(t);

@@ -312,7 +312,7 @@ TEST(Quant, GroupedProductsEqualSeparateOnes) {
       const Buf bias = normal_buf(512, 0, 82);
       std::vector<Weights> ws;
       std::vector<Buf> want, got;
-      std::vector<cpu::WtProduct> products;
+      std::vector<ops::WtProduct> products;
       ws.reserve(c.products.size());
       want.reserve(c.products.size());
       got.reserve(c.products.size());

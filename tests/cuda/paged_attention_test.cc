@@ -128,7 +128,7 @@ void run_paged_case(const PagedCase& c) {
   std::vector<const int32_t*> table_ptrs(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r) table_ptrs[size_t(r)] = &tables[size_t(r * table_stride)];
   std::vector<float> want(q.size());
-  cpu::PagedAttentionArgs ra;
+  ops::PagedAttentionArgs ra;
   ra.out = want.data();
   ra.q = q.data();
   ra.rows = rows;

@@ -14,13 +14,13 @@ namespace tessera::infer {
 namespace {
 
 struct Fixture {
-  model::Tokenizer tok;
+  tokenizer::Tokenizer tok;
   model::DecoderModel m;
   Fixture() {
     std::string text;
     for (int i = 0; i < 40; ++i)
       text += "the quick brown fox jumps over the lazy dog. héllo wörld ";
-    tok = model::Tokenizer::train_bpe(text, 300);
+    tok = tokenizer::Tokenizer::train_bpe(text, 300);
     test::TinyOptions o;
     o.vocab = tok.vocab_size();
     o.ctx = 256;

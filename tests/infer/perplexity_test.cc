@@ -7,10 +7,10 @@
 
 #include "compress/quantize.h"
 #include "core/file_io.h"
+#include "formats/gguf.h"
 #include "infer/perplexity.h"
-#include "model/gguf.h"
-#include "model/tokenizer.h"
 #include "tiny_model.h"
+#include "tokenizer/tokenizer.h"
 
 namespace tessera::infer {
 namespace {
@@ -53,7 +53,7 @@ TEST(Perplexity, WindowsScoreEachTokenOnceAndMatchDirectComputation) {
 TEST(Perplexity, SmolLM2Q8WithinOnePercentOfF16) {
   ASSERT_TRUE(file_exists(kModel)) << "missing " << kModel << ": run scripts/install-deps.sh";
   const model::DecoderModel src = model::load_decoder_gguf(kModel);
-  const model::Tokenizer tok = model::Tokenizer::from_gguf(*src.gguf);
+  const tokenizer::Tokenizer tok = tokenizer::Tokenizer::from_gguf(*src.gguf);
   const std::vector<int32_t> toks = tok.encode_ordinary(
       read_text_file(std::string(TESSERA_SOURCE_DIR) + "/tests/data/llama/ppl_text.txt"));
   // About 1200 tokens: on a few hundred the q8/f16 ratio moved by half a percent between builds

@@ -13,11 +13,11 @@
 
 #include "backend/cpu/quant_matmul_avx2.h"
 #include "core/file_io.h"
+#include "formats/gguf.h"
 #include "infer/engine.h"
 #include "model/decoder.h"
-#include "model/gguf.h"
-#include "model/tokenizer.h"
 #include "nlohmann/json.hpp"
+#include "tokenizer/tokenizer.h"
 
 namespace tessera::infer {
 namespace {
@@ -96,7 +96,7 @@ class SmolLM2 : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(SmolLM2, TokenizerMatchesReferenceIds) {
   const Reference ref = load_reference(GetParam());
-  const model::Tokenizer tok = model::Tokenizer::from_gguf(*smollm2().gguf);
+  const tokenizer::Tokenizer tok = tokenizer::Tokenizer::from_gguf(*smollm2().gguf);
   EXPECT_EQ(tok.encode(ref.j["prompt"].get<std::string>()),
             ref.j["prompt_token_ids"].get<std::vector<int32_t>>());
 }
@@ -135,7 +135,7 @@ void expect_quantized_within_rounding(const model::DecoderModel& model, const st
     EXPECT_EQ(r.greedy[0], ref.j["greedy_tokens"][0].get<int32_t>());
   }
   std::printf("logit rms diff vs f64 reference %.4f (q8 effect %.4f); greedy: %s\n", got, q8_rms,
-              model::Tokenizer::from_gguf(*smollm2().gguf).decode(r.greedy).c_str());
+              tokenizer::Tokenizer::from_gguf(*smollm2().gguf).decode(r.greedy).c_str());
 }
 
 TEST_P(SmolLM2, QuantizedKernelsWithinActivationRoundingOfReference) {

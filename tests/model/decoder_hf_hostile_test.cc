@@ -110,7 +110,7 @@ TEST(DecoderHfHostile, DuplicateAcrossShards) {
   const std::string dir = test::temp_folder("dup");
   test::write_hf(hf, dir, DType::f32, 2);
   // A third shard repeating a tensor of the first.
-  SafetensorsWriter w;
+  formats::SafetensorsWriter w;
   const std::vector<float> norm(32, 1.0f);
   w.add("model.norm.weight", DType::f32, {32}, norm.data());
   w.write(dir + "/extra.safetensors");

@@ -7,11 +7,11 @@
 #include <string>
 #include <vector>
 
+#include "formats/gguf.h"
+#include "formats/safetensors.h"
 #include "model/decoder.h"
 #include "model/decoder_save.h"
-#include "model/gguf.h"
 #include "model/hf_fixture.h"
-#include "model/safetensors.h"
 #include "test_util/expect_error.h"
 
 namespace tessera::model {
@@ -137,10 +137,10 @@ TEST(DecoderHf, LoadsGpt2TransposingConv1D) {
 
 // Every tensor of folder a's model.safetensors is in folder b's with the same bytes.
 void expect_same_safetensors(const std::string& a, const std::string& b) {
-  const SafetensorsReader ra(a + "/model.safetensors"), rb(b + "/model.safetensors");
+  const formats::SafetensorsReader ra(a + "/model.safetensors"), rb(b + "/model.safetensors");
   EXPECT_EQ(ra.entries().size(), rb.entries().size());
-  for (const SafetensorsEntry& e : ra.entries()) {
-    const SafetensorsEntry* f = rb.find(e.name);
+  for (const formats::SafetensorsEntry& e : ra.entries()) {
+    const formats::SafetensorsEntry* f = rb.find(e.name);
     ASSERT_NE(f, nullptr) << e.name;
     EXPECT_EQ(f->dtype, e.dtype) << e.name;
     EXPECT_EQ(f->shape, e.shape) << e.name;
@@ -155,7 +155,8 @@ void round_trip(const HfModel& hf, const std::string& name) {
   const std::string gguf = a + "/model.gguf";
   test::write_hf(hf, a);
   const DecoderModel m1 = load_decoder_hf(a);
-  save_decoder_gguf(m1, gguf, [](GgufWriter& w) { w.set("tokenizer.ggml.model", "gpt2"); });
+  save_decoder_gguf(m1, gguf,
+                    [](formats::GgufWriter& w) { w.set("tokenizer.ggml.model", "gpt2"); });
   const DecoderModel m2 = load_decoder_gguf(gguf);
   EXPECT_EQ(m2.config.n_layers, m1.config.n_layers);
   EXPECT_EQ(m2.config.n_kv_heads, m1.config.n_kv_heads);
@@ -224,7 +225,7 @@ TEST(DecoderSave, GgufNamesAndMetadata) {
   const std::string dir = test::temp_folder("gguf_meta");
   test::write_hf(test::tiny_llama(true), dir);
   save_decoder_gguf(load_decoder_hf(dir), dir + "/m.gguf");
-  const GgufFile f(dir + "/m.gguf");
+  const formats::GgufFile f(dir + "/m.gguf");
   EXPECT_EQ(f.version(), 3u);
   EXPECT_EQ(f.get_string("general.architecture"), "llama");
   EXPECT_EQ(f.get_u32("llama.block_count"), 2u);
@@ -248,10 +249,10 @@ TEST(DecoderSave, Gpt2FusesQkv) {
   test::write_hf(test::tiny_gpt2(), dir);
   const DecoderModel m = load_decoder_hf(dir);
   save_decoder_gguf(m, dir + "/m.gguf");
-  const GgufFile f(dir + "/m.gguf");
+  const formats::GgufFile f(dir + "/m.gguf");
   EXPECT_EQ(f.get_string("general.architecture"), "gpt2");
   EXPECT_FLOAT_EQ(f.get_f32("gpt2.attention.layer_norm_epsilon"), 1e-5f);
-  const GgufTensorInfo& qkv = f.at("blk.0.attn_qkv.weight");
+  const formats::GgufTensorInfo& qkv = f.at("blk.0.attn_qkv.weight");
   ASSERT_EQ(qkv.shape(), Shape({96, 32}));
   // Row 32 + r of the fused matrix is wk row r.
   const auto* rows = reinterpret_cast<const float*>(qkv.data);
@@ -268,7 +269,7 @@ TEST(DecoderSave, LlamaOutputBiasHfRoundTrip) {
   save_decoder_hf(m, b, DType::f32);
   expect_same_safetensors(a, b);
   save_decoder_gguf(m, a + "/m.gguf");
-  EXPECT_NE(GgufFile(a + "/m.gguf").find("blk.1.attn_output.bias"), nullptr);
+  EXPECT_NE(formats::GgufFile(a + "/m.gguf").find("blk.1.attn_output.bias"), nullptr);
 }
 
 TEST(DecoderSave, Bf16FolderKeepsBytes) {
@@ -315,7 +316,7 @@ TEST(DecoderSave, LinearRopeScaling) {
   const std::string a = test::temp_folder("linear_a"), b = test::temp_folder("linear_b");
   test::write_hf(hf, a);
   save_decoder_gguf(load_decoder_hf(a), a + "/m.gguf");
-  EXPECT_EQ(GgufFile(a + "/m.gguf").get_string("llama.rope.scaling.type"), "linear");
+  EXPECT_EQ(formats::GgufFile(a + "/m.gguf").get_string("llama.rope.scaling.type"), "linear");
   const DecoderModel m = load_decoder_gguf(a + "/m.gguf");
   EXPECT_EQ(m.config.rope_scaling, RopeScaling::linear);
   EXPECT_EQ(m.config.rope_factor, 2.0);

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "formats/safetensors.h"
 #include "model/gpt2.h"
-#include "model/safetensors.h"
 
 namespace tessera::model {
 namespace {
@@ -25,7 +25,7 @@ constexpr double kEpsF32 = std::numeric_limits<float>::epsilon();  // 2^-23
 constexpr double kEpsBf16 = 1.0 / 128;                             // 2^-7 (8-bit significand)
 
 struct Golden {
-  SafetensorsReader r{kGolden};
+  formats::SafetensorsReader r{kGolden};
   Gpt2Config cfg;
   int64_t B = 0, T = 0;
   std::vector<int32_t> tokens, targets;
@@ -44,7 +44,7 @@ struct Golden {
     targets = ints("targets");
   }
   std::vector<int32_t> ints(const std::string& name) const {
-    const SafetensorsEntry& e = r.at(name);
+    const formats::SafetensorsEntry& e = r.at(name);
     EXPECT_EQ(e.dtype, DType::i32);
     std::vector<int32_t> v(static_cast<size_t>(e.shape.numel()));
     std::memcpy(v.data(), e.data, v.size() * 4);

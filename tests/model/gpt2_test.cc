@@ -18,7 +18,7 @@
 #include "core/file_io.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
-#include "model/safetensors.h"
+#include "formats/safetensors.h"
 
 namespace tessera::model {
 namespace {
@@ -265,7 +265,7 @@ TEST(Gpt2, SaveLoadRoundTrip) {
   save_gpt2(m, dir);
   // HF layout on disk: Conv1D weights (in, out), wte without padding rows, config keys.
   {
-    SafetensorsReader r(dir + "/model.safetensors");
+    formats::SafetensorsReader r(dir + "/model.safetensors");
     EXPECT_EQ(r.at("h.0.attn.c_attn.weight").shape, (Shape{64, 192}));
     EXPECT_EQ(r.at("h.1.mlp.c_proj.weight").shape, (Shape{256, 64}));
     EXPECT_EQ(r.at("wte.weight").shape, (Shape{101, 64}));
@@ -305,8 +305,8 @@ void expect_load_error(const std::string& dir, const std::string& needle) {
 void rewrite_as_hf_checkpoint(const std::string& dir, bool untie) {
   const std::string st = dir + "/model.safetensors";
   std::vector<std::vector<float>> keep;  // inner buffers survive the outer vector's growth
-  SafetensorsReader r(st);
-  SafetensorsWriter w;
+  formats::SafetensorsReader r(st);
+  formats::SafetensorsWriter w;
   for (const auto& e : r.entries()) {
     keep.emplace_back(static_cast<size_t>(e.shape.numel()));
     r.read_f32(e.name, e.shape, keep.back().data());

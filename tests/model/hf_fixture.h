@@ -15,7 +15,7 @@
 
 #include "core/error.h"
 #include "core/file_io.h"
-#include "model/safetensors.h"
+#include "formats/safetensors.h"
 
 namespace tessera::model::test {
 
@@ -144,7 +144,7 @@ inline std::string temp_folder(const std::string& name) {
 // robin over model-0000k-of-0000n.safetensors files listed by model.safetensors.index.json.
 inline void write_hf(const HfModel& m, const std::string& folder, DType dtype = DType::f32,
                      int shards = 1) {
-  std::vector<SafetensorsWriter> writers(static_cast<size_t>(shards));
+  std::vector<formats::SafetensorsWriter> writers(static_cast<size_t>(shards));
   std::vector<std::vector<uint8_t>> bytes;
   bytes.reserve(m.tensors.size());
   nlohmann::json weight_map = nlohmann::json::object();

@@ -9,11 +9,11 @@
 #include <nlohmann/json.hpp>
 
 #include "core/file_io.h"
-#include "model/gguf.h"
-#include "model/tokenizer.h"
+#include "formats/gguf.h"
 #include "test_util/expect_error.h"
+#include "tokenizer/tokenizer.h"
 
-namespace tessera::model {
+namespace tessera::tokenizer {
 namespace {
 
 const std::string kDir = std::string(TESSERA_SOURCE_DIR) + "/tests/data/tokenizer/";
@@ -23,7 +23,7 @@ const std::string kMeta = "\xE2\x96\x81";  // U+2581
 constexpr int32_t kSpace = 259, kA = 260, kB = 261, kC = 262, kAB = 263, kBC = 264, kSpaceA = 265,
                   kSpaceAB = 266, kABC = 267;
 
-GgufWriter spm_writer() {
+formats::GgufWriter spm_writer() {
   std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
   std::vector<int32_t> types = {2, 3, 3};
   std::vector<float> scores = {0, 0, 0};
@@ -44,25 +44,25 @@ GgufWriter spm_writer() {
     types.push_back(1);
     scores.push_back(s);
   }
-  GgufWriter w;
+  formats::GgufWriter w;
   w.set("tokenizer.ggml.model", "llama");
-  w.set("tokenizer.ggml.tokens", gguf_array(GgufType::string, tokens));
-  w.set("tokenizer.ggml.token_type", gguf_array(GgufType::i32, types));
-  w.set("tokenizer.ggml.scores", gguf_array(GgufType::f32, scores));
+  w.set("tokenizer.ggml.tokens", formats::gguf_array(formats::GgufType::string, tokens));
+  w.set("tokenizer.ggml.token_type", formats::gguf_array(formats::GgufType::i32, types));
+  w.set("tokenizer.ggml.scores", formats::gguf_array(formats::GgufType::f32, scores));
   w.set("tokenizer.ggml.bos_token_id", uint32_t{1});
   w.set("tokenizer.ggml.eos_token_id", uint32_t{2});
   return w;
 }
 
-Tokenizer load(const GgufWriter& w) {
-  return Tokenizer::from_gguf(GgufFile::from_memory(w.serialize(), "t.gguf"));
+tokenizer::Tokenizer load(const formats::GgufWriter& w) {
+  return tokenizer::Tokenizer::from_gguf(formats::GgufFile::from_memory(w.serialize(), "t.gguf"));
 }
 
 using Ids = std::vector<int32_t>;
 
 TEST(GgufTokenizer, SentencePieceMergesByScore) {
-  const Tokenizer tok = load(spm_writer());
-  EXPECT_EQ(tok.model(), TokenizerModel::sentencepiece_bpe);
+  const tokenizer::Tokenizer tok = load(spm_writer());
+  EXPECT_EQ(tok.model(), tokenizer::TokenizerModel::sentencepiece_bpe);
   EXPECT_TRUE(tok.special_tokens().add_bos);  // llama default
   EXPECT_EQ(tok.special_tokens().unk, 0);
   // "_abc": ab (-5) beats bc (-5) by position, then _ab (-0.5) beats abc (-7).
@@ -84,31 +84,31 @@ TEST(GgufTokenizer, SentencePieceMergesByScore) {
 }
 
 TEST(GgufTokenizer, SentencePieceScoresRoundTrip) {
-  const Tokenizer tok = load(spm_writer());
-  GgufWriter w;
+  const tokenizer::Tokenizer tok = load(spm_writer());
+  formats::GgufWriter w;
   tok.to_gguf(w);
-  const GgufFile f = GgufFile::from_memory(w.serialize(), "back.gguf");
+  const formats::GgufFile f = formats::GgufFile::from_memory(w.serialize(), "back.gguf");
   EXPECT_FALSE(f.has("tokenizer.ggml.merges"));  // score-derived merges stay implicit
-  const Tokenizer back = Tokenizer::from_gguf(f);
+  const tokenizer::Tokenizer back = tokenizer::Tokenizer::from_gguf(f);
   for (const char* text : {"abc", "bcab", "a a", "\xC3\xA9 abcabc", "<s>a</s>a"})
     EXPECT_EQ(back.encode(text), tok.encode(text)) << text;
-  const GgufArray& types = f.get_array("tokenizer.ggml.token_type");
-  EXPECT_EQ(types.items[0], GgufValue(int32_t{2}));  // <unk>
-  EXPECT_EQ(types.items[1], GgufValue(int32_t{3}));  // <s>
-  EXPECT_EQ(types.items[3], GgufValue(int32_t{6}));  // <0x00>
-  EXPECT_EQ(types.items[kA], GgufValue(int32_t{1}));
+  const formats::GgufArray& types = f.get_array("tokenizer.ggml.token_type");
+  EXPECT_EQ(types.items[0], formats::GgufValue(int32_t{2}));  // <unk>
+  EXPECT_EQ(types.items[1], formats::GgufValue(int32_t{3}));  // <s>
+  EXPECT_EQ(types.items[3], formats::GgufValue(int32_t{6}));  // <0x00>
+  EXPECT_EQ(types.items[kA], formats::GgufValue(int32_t{1}));
 }
 
 // llama.cpp's reading of a converted vocabulary: scores only, no merges. For a vocabulary that
 // BPE training built merge by merge, merging by the score of the merged piece gives HF's ids.
 TEST(GgufTokenizer, ScoresAloneMatchHuggingFaceLegacyLlama) {
-  GgufWriter full;
-  Tokenizer::load_json(kDir + "spm_legacy.json").to_gguf(full);
-  const GgufFile f = GgufFile::from_memory(full.serialize(), "full.gguf");
-  GgufWriter w;
+  formats::GgufWriter full;
+  tokenizer::Tokenizer::load_json(kDir + "spm_legacy.json").to_gguf(full);
+  const formats::GgufFile f = formats::GgufFile::from_memory(full.serialize(), "full.gguf");
+  formats::GgufWriter w;
   for (const auto& [k, v] : f.metadata())
     if (k != "tokenizer.ggml.merges") w.set(k, v);
-  const Tokenizer tok = load(w);
+  const tokenizer::Tokenizer tok = load(w);
   const auto g = nlohmann::json::parse(read_text_file(kDir + "real_golden.json"));
   for (const auto& t : g["tokenizers"]) {
     if (t["tokenizer"] != "spm_legacy.json") continue;
@@ -118,54 +118,65 @@ TEST(GgufTokenizer, ScoresAloneMatchHuggingFaceLegacyLlama) {
 }
 
 TEST(GgufTokenizer, NoSpacePrefix) {
-  GgufWriter w = spm_writer();
+  formats::GgufWriter w = spm_writer();
   w.set("tokenizer.ggml.add_space_prefix", false);
-  const Tokenizer tok = load(w);
+  const tokenizer::Tokenizer tok = load(w);
   EXPECT_EQ(tok.encode("ab"), (Ids{kAB}));
   EXPECT_EQ(tok.decode({kSpaceA}), " a");  // nothing to strip when no prefix was added
 }
 
 TEST(GgufTokenizer, Errors) {
-  auto with = [](const std::string& key, GgufValue v) {
-    GgufWriter w = spm_writer();
+  auto with = [](const std::string& key, formats::GgufValue v) {
+    formats::GgufWriter w = spm_writer();
     w.set(key, std::move(v));
     return w;
   };
   using test::expect_error;
   expect_error([&] { load(with("tokenizer.ggml.model", "bert")); }, "tokenizer.ggml.model");
   expect_error([&] { load(with("tokenizer.ggml.model", "bert")); }, "bert");
-  expect_error([] { load(GgufWriter()); }, "tokenizer.ggml.model");
+  expect_error([] { load(formats::GgufWriter()); }, "tokenizer.ggml.model");
   expect_error(
       [&] {
-        load(with("tokenizer.ggml.token_type", gguf_array(GgufType::i32, std::vector<int32_t>{1})));
+        load(with("tokenizer.ggml.token_type",
+                  formats::gguf_array(formats::GgufType::i32, std::vector<int32_t>{1})));
       },
       "tokenizer.ggml.token_type");
   expect_error(
       [&] {
-        load(with("tokenizer.ggml.scores", gguf_array(GgufType::f32, std::vector<float>{1.f})));
+        load(with("tokenizer.ggml.scores",
+                  formats::gguf_array(formats::GgufType::f32, std::vector<float>{1.f})));
       },
       "tokenizer.ggml.scores");
   expect_error([&] { load(with("tokenizer.ggml.bos_token_id", uint32_t{999})); },
                "tokenizer.ggml.bos_token_id");
   expect_error(
       [&] {
-        load(with("tokenizer.ggml.tokens", gguf_array(GgufType::i32, std::vector<int32_t>{1})));
+        load(with("tokenizer.ggml.tokens",
+                  formats::gguf_array(formats::GgufType::i32, std::vector<int32_t>{1})));
       },
       "tokenizer.ggml.tokens");
   {
     std::vector<int32_t> types(268, 1);
     types[5] = 9;
-    expect_error([&] { load(with("tokenizer.ggml.token_type", gguf_array(GgufType::i32, types))); },
-                 "tokenizer.ggml.token_type[5]");
+    expect_error(
+        [&] {
+          load(with("tokenizer.ggml.token_type",
+                    formats::gguf_array(formats::GgufType::i32, types)));
+        },
+        "tokenizer.ggml.token_type[5]");
     types[5] = 6;
     types[kA] = 6;  // "a" is no <0xNN> name
-    expect_error([&] { load(with("tokenizer.ggml.token_type", gguf_array(GgufType::i32, types))); },
-                 "tokenizer.ggml.tokens[260]");
+    expect_error(
+        [&] {
+          load(with("tokenizer.ggml.token_type",
+                    formats::gguf_array(formats::GgufType::i32, types)));
+        },
+        "tokenizer.ggml.tokens[260]");
   }
   // A byte-level vocabulary: pre-tokenizer names and merges are checked.
-  const GgufFile smol(kDir + "smollm2.gguf");
-  auto smol_with = [&](const std::string& key, GgufValue v) {
-    GgufWriter w;
+  const formats::GgufFile smol(kDir + "smollm2.gguf");
+  auto smol_with = [&](const std::string& key, formats::GgufValue v) {
+    formats::GgufWriter w;
     for (const auto& [k, val] : smol.metadata()) w.set(k, val);
     w.set(key, std::move(v));
     return w;
@@ -175,17 +186,19 @@ TEST(GgufTokenizer, Errors) {
   expect_error(
       [&] {
         load(smol_with("tokenizer.ggml.merges",
-                       gguf_array(GgufType::string, std::vector<std::string>{"a b", "x nosuch"})));
+                       formats::gguf_array(formats::GgufType::string,
+                                           std::vector<std::string>{"a b", "x nosuch"})));
       },
       "tokenizer.ggml.merges[1]");
   expect_error(
       [&] {
-        load(smol_with("tokenizer.ggml.merges",
-                       gguf_array(GgufType::string, std::vector<std::string>{"ab"})));
+        load(smol_with(
+            "tokenizer.ggml.merges",
+            formats::gguf_array(formats::GgufType::string, std::vector<std::string>{"ab"})));
       },
       "tokenizer.ggml.merges[0]");
   expect_error([&] { load(with("tokenizer.ggml.model", "gpt2")); }, "tokenizer.ggml");
 }
 
 }  // namespace
-}  // namespace tessera::model
+}  // namespace tessera::tokenizer

@@ -12,10 +12,10 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/rng.h"
-#include "model/tokenizer.h"
 #include "test_util/expect_error.h"
+#include "tokenizer/tokenizer.h"
 
-namespace tessera::model {
+namespace tessera::tokenizer {
 namespace {
 
 using nlohmann::json;
@@ -29,7 +29,7 @@ json base() {
 // Loads `text` as file "bad.json" and expects an Error whose single line names the file and
 // contains `needle` (the field or the reason).
 void expect_error(const std::string& text, const std::string& needle) {
-  const auto load = [&] { Tokenizer::from_json_text(text, "bad.json"); };
+  const auto load = [&] { tokenizer::Tokenizer::from_json_text(text, "bad.json"); };
   test::expect_error(load, "bad.json");
   test::expect_error(load, needle);
 }
@@ -41,7 +41,7 @@ void expect_error(const std::function<void(json&)>& edit, const std::string& nee
 }
 
 TEST(TokenizerJson, BaseLoads) {
-  EXPECT_EQ(Tokenizer::from_json_text(base().dump(), "ok.json").vocab_size(), 512);
+  EXPECT_EQ(tokenizer::Tokenizer::from_json_text(base().dump(), "ok.json").vocab_size(), 512);
 }
 
 TEST(TokenizerJson, NotJsonOrWrongShape) {
@@ -88,7 +88,7 @@ TEST(TokenizerJson, MissingByteTokenIsDropped) {
   j["model"]["vocab"].erase("!");
   j["model"]["vocab"]["!!!!!!!"] = id;
   j["model"]["merges"] = json::array();
-  const Tokenizer tok = Tokenizer::from_json_text(j.dump(), "ok.json");
+  const tokenizer::Tokenizer tok = tokenizer::Tokenizer::from_json_text(j.dump(), "ok.json");
   EXPECT_EQ(tok.decode(tok.encode("a!b!")), "ab");
   EXPECT_EQ(tok.decode(tok.encode("!")), "");
 }
@@ -157,8 +157,8 @@ TEST(TokenizerJson, GeneralLayoutLoads) {
   }
   k["model"].erase("dropout");  // optional fields may be absent
   k.erase("decoder");
-  const Tokenizer a = Tokenizer::from_json_text(j.dump(), "a.json");
-  const Tokenizer b = Tokenizer::from_json_text(k.dump(), "b.json");
+  const tokenizer::Tokenizer a = tokenizer::Tokenizer::from_json_text(j.dump(), "a.json");
+  const tokenizer::Tokenizer b = tokenizer::Tokenizer::from_json_text(k.dump(), "b.json");
   const std::string text = read_text_file(kDir + "train.txt") + "<|endoftext|>\xFF tail";
   std::vector<int32_t> want = a.encode(text);
   for (int32_t& id : want) id = id < 511 ? perm[id] : id;
@@ -238,7 +238,7 @@ TEST(TokenizerJson, UnsupportedRealLayouts) {
 
 TEST(TokenizerJson, MissingFileNamesPath) {
   try {
-    Tokenizer::load_json("/nonexistent/tokenizer.json");
+    tokenizer::Tokenizer::load_json("/nonexistent/tokenizer.json");
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("/nonexistent/tokenizer.json"), std::string::npos);
@@ -246,4 +246,4 @@ TEST(TokenizerJson, MissingFileNamesPath) {
 }
 
 }  // namespace
-}  // namespace tessera::model
+}  // namespace tessera::tokenizer

@@ -10,11 +10,11 @@
 
 #include "core/error.h"
 #include "core/file_io.h"
-#include "model/gguf.h"
-#include "model/tokenizer.h"
+#include "formats/gguf.h"
 #include "test_util/expect_error.h"
+#include "tokenizer/tokenizer.h"
 
-namespace tessera::model {
+namespace tessera::tokenizer {
 namespace {
 
 using nlohmann::json;
@@ -32,7 +32,7 @@ const json& cases_of(const std::string& file) {
 // not ASCII ("cafe\u0301" comes back with U+FFFD): decodes are compared where HF's has no U+FFFD.
 // skip_id >= 0: cases whose ids hold that token are left out (GGUF cannot say "match it after
 // normalization").
-void expect_matches_hf(const Tokenizer& tok, const json& g, int32_t skip_id = -1) {
+void expect_matches_hf(const tokenizer::Tokenizer& tok, const json& g, int32_t skip_id = -1) {
   ASSERT_GE(g["cases"].size(), 20u);
   EXPECT_EQ(tok.vocab_size(), g["vocab_size"].get<int32_t>());
   size_t checked = 0;
@@ -52,20 +52,21 @@ void expect_matches_hf(const Tokenizer& tok, const json& g, int32_t skip_id = -1
   EXPECT_GE(checked + 5, g["cases"].size());
 }
 
-Tokenizer via_gguf(const Tokenizer& t) {
-  GgufWriter w;
+tokenizer::Tokenizer via_gguf(const tokenizer::Tokenizer& t) {
+  formats::GgufWriter w;
   t.to_gguf(w);
-  return Tokenizer::from_gguf(GgufFile::from_memory(w.serialize(), "memory.gguf"));
+  return tokenizer::Tokenizer::from_gguf(
+      formats::GgufFile::from_memory(w.serialize(), "memory.gguf"));
 }
 
 TEST(NfcTokenizer, Qwen2StyleMatchesHuggingFace) {
-  const Tokenizer tok = Tokenizer::load_json(kDir + "qwen2_nfc.json");
-  EXPECT_EQ(tok.pre_tokenizer(), PreTokenizer::qwen2);
+  const tokenizer::Tokenizer tok = tokenizer::Tokenizer::load_json(kDir + "qwen2_nfc.json");
+  EXPECT_EQ(tok.pre_tokenizer(), tokenizer::PreTokenizer::qwen2);
   expect_matches_hf(tok, cases_of("qwen2_nfc.json"));
 }
 
 TEST(NfcTokenizer, NormalizesBeforeEncoding) {
-  const Tokenizer tok = Tokenizer::load_json(kDir + "qwen2_nfc.json");
+  const tokenizer::Tokenizer tok = tokenizer::Tokenizer::load_json(kDir + "qwen2_nfc.json");
   // Decomposed and precomposed spellings, and the Angstrom sign, encode alike.
   EXPECT_EQ(tok.encode("Ko\xCC\x88ln"), tok.encode("K\xC3\xB6ln"));
   EXPECT_EQ(tok.encode("\xE2\x84\xAB"), tok.encode("\xC3\x85"));
@@ -81,45 +82,51 @@ TEST(NfcTokenizer, NormalizesBeforeEncoding) {
 }
 
 TEST(NfcTokenizer, JsonRoundTripKeepsNfc) {
-  const Tokenizer tok = Tokenizer::load_json(kDir + "qwen2_nfc.json");
+  const tokenizer::Tokenizer tok = tokenizer::Tokenizer::load_json(kDir + "qwen2_nfc.json");
   const std::string text = tok.to_json_text();
   EXPECT_NE(text.find("\"normalizer\": {\"type\": \"NFC\"}"), std::string::npos);
-  expect_matches_hf(Tokenizer::from_json_text(text, "written.json"), cases_of("qwen2_nfc.json"));
+  expect_matches_hf(tokenizer::Tokenizer::from_json_text(text, "written.json"),
+                    cases_of("qwen2_nfc.json"));
 }
 
 // GGUF's pre "qwen2" implies NFC (HF's Qwen2 tokenizer has it); GGUF cannot mark an added token
 // as normalized, so the cases using one are left out.
 TEST(NfcTokenizer, GgufQwen2AppliesNfc) {
-  const Tokenizer tok = via_gguf(Tokenizer::load_json(kDir + "qwen2_nfc.json"));
-  EXPECT_EQ(tok.pre_tokenizer(), PreTokenizer::qwen2);
+  const tokenizer::Tokenizer tok =
+      via_gguf(tokenizer::Tokenizer::load_json(kDir + "qwen2_nfc.json"));
+  EXPECT_EQ(tok.pre_tokenizer(), tokenizer::PreTokenizer::qwen2);
   expect_matches_hf(tok, cases_of("qwen2_nfc.json"), tok.token_id("cafe\xCC\x81"));
   EXPECT_EQ(tok.encode("Ko\xCC\x88ln"), tok.encode("K\xC3\xB6ln"));
 }
 
 // Other byte-level GGUF pre-tokenizers do not normalize.
 TEST(NfcTokenizer, GgufLlama3DoesNotNormalize) {
-  const Tokenizer tok = via_gguf(Tokenizer::load_json(kDir + "llama3_bpe.json"));
+  const tokenizer::Tokenizer tok =
+      via_gguf(tokenizer::Tokenizer::load_json(kDir + "llama3_bpe.json"));
   EXPECT_NE(tok.encode("Ko\xCC\x88ln"), tok.encode("K\xC3\xB6ln"));
 }
 
 TEST(NfcTokenizer, SequenceOfNfcAndSentencePieceNfc) {
   json j = json::parse(read_text_file(kDir + "qwen2_nfc.json"));
   j["normalizer"] = {{"type", "Sequence"}, {"normalizers", json::array({{{"type", "NFC"}}})}};
-  expect_matches_hf(Tokenizer::from_json_text(j.dump(), "seq.json"), cases_of("qwen2_nfc.json"));
+  expect_matches_hf(tokenizer::Tokenizer::from_json_text(j.dump(), "seq.json"),
+                    cases_of("qwen2_nfc.json"));
 
   // SentencePiece-style with NFC ahead of Llama 2's Prepend + Replace, and alone.
   json spm = json::parse(read_text_file(kDir + "spm_legacy.json"));
   auto& items = spm["normalizer"]["normalizers"];
   items.insert(items.begin(), json::object({{"type", "NFC"}}));
-  const Tokenizer legacy = Tokenizer::from_json_text(spm.dump(), "spm.json");
+  const tokenizer::Tokenizer legacy = tokenizer::Tokenizer::from_json_text(spm.dump(), "spm.json");
   EXPECT_EQ(legacy.encode("cafe\xCC\x81 ok"), legacy.encode("caf\xC3\xA9 ok"));
-  const Tokenizer legacy2 = Tokenizer::from_json_text(legacy.to_json_text(), "w.json");
+  const tokenizer::Tokenizer legacy2 =
+      tokenizer::Tokenizer::from_json_text(legacy.to_json_text(), "w.json");
   EXPECT_EQ(legacy2.encode("cafe\xCC\x81 ok"), legacy.encode("caf\xC3\xA9 ok"));
   json meta = json::parse(read_text_file(kDir + "spm_bpe.json"));
   meta["normalizer"] = {{"type", "NFC"}};
-  const Tokenizer first = Tokenizer::from_json_text(meta.dump(), "meta.json");
+  const tokenizer::Tokenizer first = tokenizer::Tokenizer::from_json_text(meta.dump(), "meta.json");
   EXPECT_EQ(first.encode("cafe\xCC\x81 ok"), first.encode("caf\xC3\xA9 ok"));
-  const Tokenizer first2 = Tokenizer::from_json_text(first.to_json_text(), "w.json");
+  const tokenizer::Tokenizer first2 =
+      tokenizer::Tokenizer::from_json_text(first.to_json_text(), "w.json");
   EXPECT_EQ(first2.encode("cafe\xCC\x81 ok"), first.encode("caf\xC3\xA9 ok"));
 }
 
@@ -127,7 +134,7 @@ TEST(NfcTokenizer, SequenceOfNfcAndSentencePieceNfc) {
 TEST(NfcTokenizer, OtherNormalizersRefused) {
   // The message names the file and the field, on one line.
   auto expect_error = [](const json& j, const std::string& needle) {
-    const auto load = [&] { Tokenizer::from_json_text(j.dump(), "bad.json"); };
+    const auto load = [&] { tokenizer::Tokenizer::from_json_text(j.dump(), "bad.json"); };
     test::expect_error(load, "bad.json");
     test::expect_error(load, needle);
   };
@@ -152,21 +159,22 @@ TEST(NfcTokenizer, OtherNormalizersRefused) {
 }
 
 TEST(AddedStrip, MatchesHuggingFace) {
-  const Tokenizer tok = Tokenizer::load_json(kDir + "added_strip.json");
+  const tokenizer::Tokenizer tok = tokenizer::Tokenizer::load_json(kDir + "added_strip.json");
   expect_matches_hf(tok, cases_of("added_strip.json"));
 }
 
 TEST(AddedStrip, JsonRoundTripKeepsFlags) {
-  const Tokenizer tok = Tokenizer::load_json(kDir + "added_strip.json");
+  const tokenizer::Tokenizer tok = tokenizer::Tokenizer::load_json(kDir + "added_strip.json");
   const std::string text = tok.to_json_text();
   EXPECT_NE(text.find("\"content\": \"<mask>\", \"single_word\": false, \"lstrip\": true, "
                       "\"rstrip\": false"),
             std::string::npos);
-  expect_matches_hf(Tokenizer::from_json_text(text, "written.json"), cases_of("added_strip.json"));
+  expect_matches_hf(tokenizer::Tokenizer::from_json_text(text, "written.json"),
+                    cases_of("added_strip.json"));
 }
 
 TEST(AddedStrip, WhitespaceGoesWithTheToken) {
-  const Tokenizer tok = Tokenizer::load_json(kDir + "added_strip.json");
+  const tokenizer::Tokenizer tok = tokenizer::Tokenizer::load_json(kDir + "added_strip.json");
   const int32_t mask = tok.token_id("<mask>"), end = tok.token_id("<|im_end|>");
   const int32_t both = tok.token_id("[BOTH]");
   EXPECT_EQ(tok.encode(" \t\n <mask>"), (std::vector<int32_t>{mask}));
@@ -179,4 +187,4 @@ TEST(AddedStrip, WhitespaceGoesWithTheToken) {
 }
 
 }  // namespace
-}  // namespace tessera::model
+}  // namespace tessera::tokenizer

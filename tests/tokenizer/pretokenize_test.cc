@@ -5,14 +5,14 @@
 #include <vector>
 
 #include "core/rng.h"
-#include "model/tokenizer_pretokenize.h"
+#include "tokenizer/pretokenize.h"
 
-namespace tessera::model {
+namespace tessera::tokenizer {
 namespace {
 
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string_view> v;
-  pretokenize(s, &v);
+  tokenizer::pretokenize(s, &v);
   return {v.begin(), v.end()};
 }
 
@@ -55,26 +55,31 @@ TEST(Pretokenize, UnicodeClasses) {
             (V{"caf\u00e9", " \u0434\u044f\u043a\u0443\u044e"}));
   // Arabic-Indic digits and superscript two are \p{N}; the em dash is neither L nor N.
   EXPECT_EQ(split("x\u0661\u0662 \u00b2\u2014"), (V{"x", "\u0661\u0662", " \u00b2", "\u2014"}));
-  EXPECT_EQ(classify_code_point('a'), CharClass::kLetter);
-  EXPECT_EQ(classify_code_point(0x706F), CharClass::kLetter);  // CJK ideograph
-  EXPECT_EQ(classify_code_point(0x2167), CharClass::kNumber);  // Roman numeral eight (Nl)
-  EXPECT_EQ(classify_code_point(0x00A0), CharClass::kSpace);   // no-break space
-  EXPECT_EQ(classify_code_point(0x0085), CharClass::kSpace);   // next line
-  EXPECT_EQ(classify_code_point(0x001F), CharClass::kOther);   // not White_Space
-  EXPECT_EQ(classify_code_point(0x1F30A), CharClass::kOther);  // emoji
-  EXPECT_EQ(classify_code_point(0x0301), CharClass::kOther);   // combining mark (Mn)
+  EXPECT_EQ(tokenizer::classify_code_point('a'), tokenizer::CharClass::kLetter);
+  EXPECT_EQ(tokenizer::classify_code_point(0x706F),
+            tokenizer::CharClass::kLetter);  // CJK ideograph
+  EXPECT_EQ(tokenizer::classify_code_point(0x2167),
+            tokenizer::CharClass::kNumber);  // Roman numeral eight (Nl)
+  EXPECT_EQ(tokenizer::classify_code_point(0x00A0),
+            tokenizer::CharClass::kSpace);  // no-break space
+  EXPECT_EQ(tokenizer::classify_code_point(0x0085), tokenizer::CharClass::kSpace);  // next line
+  EXPECT_EQ(tokenizer::classify_code_point(0x001F),
+            tokenizer::CharClass::kOther);  // not White_Space
+  EXPECT_EQ(tokenizer::classify_code_point(0x1F30A), tokenizer::CharClass::kOther);  // emoji
+  EXPECT_EQ(tokenizer::classify_code_point(0x0301),
+            tokenizer::CharClass::kOther);  // combining mark (Mn)
 }
 
 TEST(Pretokenize, InvalidUtf8BytesAreOther) {
-  CharClass c;
+  tokenizer::CharClass c;
   // Overlong '/', a surrogate, a truncated sequence, a stray continuation byte, and > U+10FFFF:
   // each invalid byte is one code point of class other.
   for (const std::string bad :
        {"\xC0\xAF", "\xED\xA0\x80", "\xE2\x82", "\x80", "\xF4\x90\x80\x80"}) {
-    EXPECT_EQ(next_char(bad, 0, &c), 1) << testing::PrintToString(bad);
-    EXPECT_EQ(c, CharClass::kOther);
+    EXPECT_EQ(tokenizer::next_char(bad, 0, &c), 1) << testing::PrintToString(bad);
+    EXPECT_EQ(c, tokenizer::CharClass::kOther);
   }
-  EXPECT_EQ(next_char("\xE2\x82\xAC", 0, &c), 3);  // the euro sign is valid
+  EXPECT_EQ(tokenizer::next_char("\xE2\x82\xAC", 0, &c), 3);  // the euro sign is valid
   EXPECT_EQ(split("ab\xFF\xFE cd"), (V{"ab", "\xFF\xFE", " cd"}));
   EXPECT_EQ(split(" \x80x"), (V{" \x80", "x"}));
 }
@@ -89,7 +94,7 @@ TEST(Pretokenize, PiecesCoverAnyByteString) {
       ch = rng.below(4) ? kAlphabet[rng.below(sizeof(kAlphabet) - 1)]
                         : static_cast<char>(rng.below(256));
     std::vector<std::string_view> v;
-    pretokenize(s, &v);
+    tokenizer::pretokenize(s, &v);
     std::string joined;
     for (const auto piece : v) {
       ASSERT_FALSE(piece.empty());
@@ -105,17 +110,17 @@ TEST(ByteAlphabet, Gpt2Mapping) {
   EXPECT_EQ(byte_to_code_point(' '), 0x120u);   // 'Ġ'
   EXPECT_EQ(byte_to_code_point('\n'), 0x10Au);  // 'Ċ'
   EXPECT_EQ(byte_to_code_point(0xAD), 0x143u);  // soft hyphen is the last remapped byte
-  for (int b = 0; b < 256; ++b) EXPECT_EQ(code_point_to_byte(byte_to_code_point(b)), b);
-  EXPECT_EQ(code_point_to_byte(0x144), -1);
+  for (int b = 0; b < 256; ++b) EXPECT_EQ(tokenizer::code_point_to_byte(byte_to_code_point(b)), b);
+  EXPECT_EQ(tokenizer::code_point_to_byte(0x144), -1);
   std::string all;
   for (int b = 0; b < 256; ++b) all.push_back(static_cast<char>(b));
   std::string back;
-  ASSERT_TRUE(vocab_string_to_bytes(bytes_to_vocab_string(all), &back));
+  ASSERT_TRUE(tokenizer::vocab_string_to_bytes(tokenizer::bytes_to_vocab_string(all), &back));
   EXPECT_EQ(back, all);
-  EXPECT_EQ(bytes_to_vocab_string(" the"), "\u0120the");
-  EXPECT_FALSE(vocab_string_to_bytes("\u4e2d", &back));  // outside the alphabet
-  EXPECT_FALSE(vocab_string_to_bytes("\xC4", &back));    // truncated UTF-8
+  EXPECT_EQ(tokenizer::bytes_to_vocab_string(" the"), "\u0120the");
+  EXPECT_FALSE(tokenizer::vocab_string_to_bytes("\u4e2d", &back));  // outside the alphabet
+  EXPECT_FALSE(tokenizer::vocab_string_to_bytes("\xC4", &back));    // truncated UTF-8
 }
 
 }  // namespace
-}  // namespace tessera::model
+}  // namespace tessera::tokenizer

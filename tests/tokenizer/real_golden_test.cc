@@ -9,11 +9,11 @@
 #include <vector>
 
 #include "core/file_io.h"
-#include "model/gguf.h"
-#include "model/tokenizer.h"
-#include "model/tokenizer_pretokenize.h"
+#include "formats/gguf.h"
+#include "tokenizer/pretokenize.h"
+#include "tokenizer/tokenizer.h"
 
-namespace tessera::model {
+namespace tessera::tokenizer {
 namespace {
 
 const std::string kDir = std::string(TESSERA_SOURCE_DIR) + "/tests/data/tokenizer/";
@@ -29,7 +29,7 @@ const nlohmann::json& cases_of(const std::string& tokenizer_file) {
   throw std::runtime_error("no goldens for " + tokenizer_file);
 }
 
-void expect_matches_hf(const Tokenizer& tok, const nlohmann::json& g) {
+void expect_matches_hf(const tokenizer::Tokenizer& tok, const nlohmann::json& g) {
   ASSERT_GE(g["cases"].size(), 50u);
   EXPECT_EQ(tok.vocab_size(), g["vocab_size"].get<int32_t>());
   for (const auto& c : g["cases"]) {
@@ -43,14 +43,15 @@ void expect_matches_hf(const Tokenizer& tok, const nlohmann::json& g) {
   }
 }
 
-Tokenizer smollm2_from_gguf() {
-  return Tokenizer::from_gguf(GgufFile(kDir + "smollm2.gguf"));
+tokenizer::Tokenizer smollm2_from_gguf() {
+  return tokenizer::Tokenizer::from_gguf(formats::GgufFile(kDir + "smollm2.gguf"));
 }
 
-Tokenizer via_gguf(const Tokenizer& t) {
-  GgufWriter w;
+tokenizer::Tokenizer via_gguf(const tokenizer::Tokenizer& t) {
+  formats::GgufWriter w;
   t.to_gguf(w);
-  return Tokenizer::from_gguf(GgufFile::from_memory(w.serialize(), "memory.gguf"));
+  return tokenizer::Tokenizer::from_gguf(
+      formats::GgufFile::from_memory(w.serialize(), "memory.gguf"));
 }
 
 TEST(RealTokenizer, SmolLM2FromGgufMatchesHuggingFace) {
@@ -58,15 +59,16 @@ TEST(RealTokenizer, SmolLM2FromGgufMatchesHuggingFace) {
 }
 
 TEST(RealTokenizer, SmolLM2JsonMatchesHuggingFace) {
-  expect_matches_hf(Tokenizer::load_json(kDir + "smollm2.json"), cases_of("smollm2.json"));
+  expect_matches_hf(tokenizer::Tokenizer::load_json(kDir + "smollm2.json"),
+                    cases_of("smollm2.json"));
 }
 
 TEST(RealTokenizer, SmolLM2SpecialTokens) {
-  const Tokenizer tok = smollm2_from_gguf();
-  EXPECT_EQ(tok.model(), TokenizerModel::byte_level_bpe);
-  EXPECT_EQ(tok.pre_tokenizer(), PreTokenizer::smollm);
+  const tokenizer::Tokenizer tok = smollm2_from_gguf();
+  EXPECT_EQ(tok.model(), tokenizer::TokenizerModel::byte_level_bpe);
+  EXPECT_EQ(tok.pre_tokenizer(), tokenizer::PreTokenizer::smollm);
   EXPECT_EQ(tok.vocab_size(), 49152);
-  const SpecialTokens& s = tok.special_tokens();
+  const tokenizer::SpecialTokens& s = tok.special_tokens();
   EXPECT_EQ(s.bos, 1);
   EXPECT_EQ(s.eos, 2);
   EXPECT_EQ(s.unk, 0);
@@ -88,21 +90,21 @@ TEST(RealTokenizer, SmolLM2SpecialTokens) {
 }
 
 TEST(RealTokenizer, SmolLM2GgufAndJsonRoundTrips) {
-  const Tokenizer tok = smollm2_from_gguf();
+  const tokenizer::Tokenizer tok = smollm2_from_gguf();
   expect_matches_hf(via_gguf(tok), cases_of("smollm2.json"));
-  expect_matches_hf(Tokenizer::from_json_text(tok.to_json_text(), "written.json"),
+  expect_matches_hf(tokenizer::Tokenizer::from_json_text(tok.to_json_text(), "written.json"),
                     cases_of("smollm2.json"));
-  const Tokenizer back = via_gguf(tok);
+  const tokenizer::Tokenizer back = via_gguf(tok);
   EXPECT_EQ(back.end_of_generation_tokens(), tok.end_of_generation_tokens());
   EXPECT_EQ(back.special_tokens().bos, 1);
 }
 
 TEST(RealTokenizer, Llama3StyleMatchesHuggingFace) {
-  const Tokenizer tok = Tokenizer::load_json(kDir + "llama3_bpe.json");
-  EXPECT_EQ(tok.pre_tokenizer(), PreTokenizer::llama3);
+  const tokenizer::Tokenizer tok = tokenizer::Tokenizer::load_json(kDir + "llama3_bpe.json");
+  EXPECT_EQ(tok.pre_tokenizer(), tokenizer::PreTokenizer::llama3);
   expect_matches_hf(tok, cases_of("llama3_bpe.json"));
   expect_matches_hf(via_gguf(tok), cases_of("llama3_bpe.json"));
-  expect_matches_hf(Tokenizer::from_json_text(tok.to_json_text(), "w.json"),
+  expect_matches_hf(tokenizer::Tokenizer::from_json_text(tok.to_json_text(), "w.json"),
                     cases_of("llama3_bpe.json"));
   EXPECT_EQ(tok.special_tokens().bos, 0);  // <|begin_of_text|>
   EXPECT_EQ(tok.special_tokens().eot, 4);  // <|eot_id|>
@@ -110,10 +112,10 @@ TEST(RealTokenizer, Llama3StyleMatchesHuggingFace) {
 }
 
 TEST(RealTokenizer, SentencePieceMetaspaceMatchesHuggingFace) {
-  const Tokenizer tok = Tokenizer::load_json(kDir + "spm_bpe.json");
-  EXPECT_EQ(tok.model(), TokenizerModel::sentencepiece_bpe);
+  const tokenizer::Tokenizer tok = tokenizer::Tokenizer::load_json(kDir + "spm_bpe.json");
+  EXPECT_EQ(tok.model(), tokenizer::TokenizerModel::sentencepiece_bpe);
   expect_matches_hf(tok, cases_of("spm_bpe.json"));
-  expect_matches_hf(Tokenizer::from_json_text(tok.to_json_text(), "w.json"),
+  expect_matches_hf(tokenizer::Tokenizer::from_json_text(tok.to_json_text(), "w.json"),
                     cases_of("spm_bpe.json"));
   EXPECT_EQ(tok.special_tokens().unk, 0);
   EXPECT_EQ(tok.special_tokens().bos, 1);
@@ -122,20 +124,20 @@ TEST(RealTokenizer, SentencePieceMetaspaceMatchesHuggingFace) {
 }
 
 TEST(RealTokenizer, SentencePieceLegacyMatchesHuggingFace) {
-  const Tokenizer tok = Tokenizer::load_json(kDir + "spm_legacy.json");
+  const tokenizer::Tokenizer tok = tokenizer::Tokenizer::load_json(kDir + "spm_legacy.json");
   expect_matches_hf(tok, cases_of("spm_legacy.json"));
-  expect_matches_hf(Tokenizer::from_json_text(tok.to_json_text(), "w.json"),
+  expect_matches_hf(tokenizer::Tokenizer::from_json_text(tok.to_json_text(), "w.json"),
                     cases_of("spm_legacy.json"));
   // GGUF "llama" prefixes every segment (llama.cpp), as the legacy normalizer does; merges and
   // scores are both written, and our reader uses the merges.
   expect_matches_hf(via_gguf(tok), cases_of("spm_legacy.json"));
-  expect_matches_hf(via_gguf(Tokenizer::load_json(kDir + "spm_bpe.json")),
+  expect_matches_hf(via_gguf(tokenizer::Tokenizer::load_json(kDir + "spm_bpe.json")),
                     cases_of("spm_legacy.json"));
 }
 
 TEST(RealTokenizer, RoundTripsWhereHuggingFaceDoes) {
   for (const char* file : {"smollm2.json", "llama3_bpe.json", "spm_bpe.json", "spm_legacy.json"}) {
-    const Tokenizer tok = Tokenizer::load_json(kDir + file);
+    const tokenizer::Tokenizer tok = tokenizer::Tokenizer::load_json(kDir + file);
     for (const auto& c : cases_of(file)["cases"]) {
       const std::string text = c["text"].get<std::string>();
       if (c["decoded"] != text) continue;  // HF's own decode differs (legacy prefix per segment)
@@ -147,16 +149,16 @@ TEST(RealTokenizer, RoundTripsWhereHuggingFaceDoes) {
 TEST(RealTokenizer, PreTokenizerPiecesMatchHuggingFace) {
   const auto& p = golden()["pieces"];
   const auto cases = p["cases"].get<std::vector<std::string>>();
-  for (const auto& [name, kind] :
-       std::vector<std::pair<std::string, PreTokenizer>>{{"gpt2", PreTokenizer::gpt2},
-                                                         {"smollm", PreTokenizer::smollm},
-                                                         {"llama3", PreTokenizer::llama3},
-                                                         {"qwen2", PreTokenizer::qwen2}}) {
+  for (const auto& [name, kind] : std::vector<std::pair<std::string, tokenizer::PreTokenizer>>{
+           {"gpt2", tokenizer::PreTokenizer::gpt2},
+           {"smollm", tokenizer::PreTokenizer::smollm},
+           {"llama3", tokenizer::PreTokenizer::llama3},
+           {"qwen2", tokenizer::PreTokenizer::qwen2}}) {
     for (size_t k = 0; k < cases.size(); ++k) {
       std::vector<std::string_view> pieces;
-      pretokenize(kind, cases[k], &pieces);
+      tokenizer::pretokenize(kind, cases[k], &pieces);
       std::vector<std::string> mapped;
-      for (const auto piece : pieces) mapped.push_back(bytes_to_vocab_string(piece));
+      for (const auto piece : pieces) mapped.push_back(tokenizer::bytes_to_vocab_string(piece));
       EXPECT_EQ(mapped, p[name][k].get<std::vector<std::string>>())
           << name << ": " << testing::PrintToString(cases[k]);
     }
@@ -164,4 +166,4 @@ TEST(RealTokenizer, PreTokenizerPiecesMatchHuggingFace) {
 }
 
 }  // namespace
-}  // namespace tessera::model
+}  // namespace tessera::tokenizer

@@ -11,16 +11,16 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/rng.h"
-#include "model/tokenizer.h"
-#include "model/tokenizer_pretokenize.h"
+#include "tokenizer/pretokenize.h"
+#include "tokenizer/tokenizer.h"
 
-namespace tessera::model {
+namespace tessera::tokenizer {
 namespace {
 
 const std::string kDir = std::string(TESSERA_SOURCE_DIR) + "/tests/data/tokenizer/";
 
-const Tokenizer& small_tokenizer() {
-  static const Tokenizer tok = Tokenizer::load_json(kDir + "tok512.json");
+const tokenizer::Tokenizer& small_tokenizer() {
+  static const tokenizer::Tokenizer tok = tokenizer::Tokenizer::load_json(kDir + "tok512.json");
   return tok;
 }
 
@@ -35,7 +35,7 @@ std::string random_bytes(Rng& rng, size_t max_len) {
 }
 
 TEST(Tokenizer, RoundTripsRandomBytes) {
-  const Tokenizer& tok = small_tokenizer();
+  const tokenizer::Tokenizer& tok = small_tokenizer();
   Rng rng(1234);
   for (int trial = 0; trial < 5000; ++trial) {
     const std::string s = random_bytes(rng, 64);
@@ -48,7 +48,7 @@ TEST(Tokenizer, RoundTripsRandomBytes) {
 // first. O(n^2) per word, so only for checking the heap-based encoder. Ranks come from the JSON.
 class ReferenceBpe {
  public:
-  explicit ReferenceBpe(const Tokenizer& tok) : tok_(tok) {
+  explicit ReferenceBpe(const tokenizer::Tokenizer& tok) : tok_(tok) {
     const auto j = nlohmann::json::parse(tok.to_json_text());
     const auto& vocab = j["model"]["vocab"];
     int32_t r = 0;
@@ -60,7 +60,7 @@ class ReferenceBpe {
   }
   std::vector<int32_t> encode(std::string_view text) const {
     std::vector<std::string_view> pieces;
-    pretokenize(text, &pieces);
+    tokenizer::pretokenize(text, &pieces);
     std::vector<int32_t> out;
     for (const auto piece : pieces) {
       std::vector<int32_t> w;
@@ -83,12 +83,12 @@ class ReferenceBpe {
   }
 
  private:
-  const Tokenizer& tok_;
+  const tokenizer::Tokenizer& tok_;
   std::map<std::pair<int32_t, int32_t>, int32_t> rank_;
 };
 
 TEST(Tokenizer, MatchesReferenceBpe) {
-  const Tokenizer& tok = small_tokenizer();
+  const tokenizer::Tokenizer& tok = small_tokenizer();
   const ReferenceBpe ref(tok);
   Rng rng(99);
   for (int trial = 0; trial < 300; ++trial) {
@@ -104,7 +104,7 @@ TEST(Tokenizer, MatchesReferenceBpe) {
 
 // Texts past the 64 KiB pre-tokenization chunk split only where the pattern splits anyway.
 TEST(Tokenizer, LongTextEqualsUnchunkedReference) {
-  const Tokenizer& tok = small_tokenizer();
+  const tokenizer::Tokenizer& tok = small_tokenizer();
   const ReferenceBpe ref(tok);
   Rng rng(5);
   std::string text;
@@ -118,7 +118,7 @@ TEST(Tokenizer, LongTextEqualsUnchunkedReference) {
 }
 
 TEST(Tokenizer, SpecialTokens) {
-  const Tokenizer& tok = small_tokenizer();
+  const tokenizer::Tokenizer& tok = small_tokenizer();
   const int32_t eot = tok.eot_token();
   ASSERT_EQ(eot, 511);
   EXPECT_EQ(tok.token_id("<|endoftext|>"), eot);
@@ -140,7 +140,8 @@ TEST(Tokenizer, SpecialTokens) {
 }
 
 TEST(Tokenizer, LongestSpecialWinsAtSamePosition) {
-  const Tokenizer tok = Tokenizer::train_bpe("ab ab ab", 256 + 3, {"<s>", "<s>x", "<q>"});
+  const tokenizer::Tokenizer tok =
+      tokenizer::Tokenizer::train_bpe("ab ab ab", 256 + 3, {"<s>", "<s>x", "<q>"});
   const int32_t s = tok.token_id("<s>"), sx = tok.token_id("<s>x"), q = tok.token_id("<q>");
   // No room for merges: the specials take ids 256.. in the order given.
   ASSERT_EQ(s, 256);
@@ -151,12 +152,12 @@ TEST(Tokenizer, LongestSpecialWinsAtSamePosition) {
 }
 
 TEST(Tokenizer, DecodeRejectsBadIds) {
-  const Tokenizer& tok = small_tokenizer();
+  const tokenizer::Tokenizer& tok = small_tokenizer();
   EXPECT_THROW(tok.decode({1, 512}), Error);
   EXPECT_THROW(tok.decode({-1}), Error);
   EXPECT_THROW(tok.decode_token(100000), Error);
   EXPECT_EQ(tok.token_id("no such token"), -1);
-  const Tokenizer empty;
+  const tokenizer::Tokenizer empty;
   EXPECT_EQ(empty.vocab_size(), 0);
   EXPECT_THROW(empty.encode("x"), Error);
   EXPECT_THROW(empty.encode_ordinary("x"), Error);
@@ -165,7 +166,8 @@ TEST(Tokenizer, DecodeRejectsBadIds) {
 
 TEST(Train, ByteTokensMergesThenSpecials) {
   const std::string text = read_text_file(kDir + "train.txt");
-  const Tokenizer tok = Tokenizer::train_bpe(text, 300, {"<|endoftext|>", "<pad>"});
+  const tokenizer::Tokenizer tok =
+      tokenizer::Tokenizer::train_bpe(text, 300, {"<|endoftext|>", "<pad>"});
   ASSERT_EQ(tok.vocab_size(), 300);
   for (int b = 0; b < 256; ++b) EXPECT_EQ(tok.decode_token(b), std::string(1, char(b)));
   EXPECT_EQ(tok.decode_token(298), "<|endoftext|>");
@@ -182,10 +184,10 @@ TEST(Train, SaveLoadGivesIdenticalEncodings) {
   Rng rng(3);
   std::string text = read_text_file(kDir + "train.txt");
   for (int i = 0; i < 200; ++i) text += random_bytes(rng, 40);
-  const Tokenizer tok = Tokenizer::train_bpe(text, 700);
+  const tokenizer::Tokenizer tok = tokenizer::Tokenizer::train_bpe(text, 700);
   const std::string path = std::string(TESSERA_BINARY_DIR) + "/tokenizer_test_save.json";
   tok.save_json(path);
-  const Tokenizer back = Tokenizer::load_json(path);
+  const tokenizer::Tokenizer back = tokenizer::Tokenizer::load_json(path);
   EXPECT_EQ(back.vocab_size(), tok.vocab_size());
   EXPECT_EQ(back.to_json_text(), tok.to_json_text());
   for (int trial = 0; trial < 500; ++trial) {
@@ -198,13 +200,13 @@ TEST(Train, Deterministic) {
   Rng rng(11);
   std::string text;
   for (int i = 0; i < 300; ++i) text += random_bytes(rng, 30);
-  EXPECT_EQ(Tokenizer::train_bpe(text, 600).to_json_text(),
-            Tokenizer::train_bpe(text, 600).to_json_text());
+  EXPECT_EQ(tokenizer::Tokenizer::train_bpe(text, 600).to_json_text(),
+            tokenizer::Tokenizer::train_bpe(text, 600).to_json_text());
 }
 
 TEST(Train, StopsWhenNoPairsRemain) {
   // "ab" has one pair: one merge, then nothing to merge; specials still come last.
-  const Tokenizer tok = Tokenizer::train_bpe("ab", 1000);
+  const tokenizer::Tokenizer tok = tokenizer::Tokenizer::train_bpe("ab", 1000);
   EXPECT_EQ(tok.vocab_size(), 256 + 1 + 1);
   EXPECT_EQ(tok.decode_token(256), "ab");
   EXPECT_EQ(tok.eot_token(), 257);
@@ -213,20 +215,22 @@ TEST(Train, StopsWhenNoPairsRemain) {
 TEST(Train, MergesAcrossRepeatsCountCorrectly) {
   // Overlapping pairs: "aaaa" has (a,a) three times but merges to two "aa" tokens; the next
   // merge must then be (aa, aa) with the word's count, not a stale (a, a).
-  const Tokenizer tok = Tokenizer::train_bpe("aaaa aaaa aaaa", 256 + 4, {"<|endoftext|>"});
+  const tokenizer::Tokenizer tok =
+      tokenizer::Tokenizer::train_bpe("aaaa aaaa aaaa", 256 + 4, {"<|endoftext|>"});
   EXPECT_EQ(tok.decode_token(256), "aa");
   EXPECT_EQ(tok.decode_token(257), "aaaa");
   EXPECT_EQ(tok.encode("aaaa"), std::vector<int32_t>{257});
 }
 
 TEST(Train, RejectsBadArguments) {
-  EXPECT_THROW(Tokenizer::train_bpe("abc", 256), Error);  // no room for the special
-  EXPECT_THROW(Tokenizer::train_bpe("abc", 300, {""}), Error);
-  EXPECT_THROW(Tokenizer::train_bpe("abc", 300, {"<x>", "<x>"}), Error);
-  EXPECT_THROW(Tokenizer::train_bpe("abc", 300, {"\xFF"}), Error);  // not storable in JSON
-  EXPECT_THROW(Tokenizer::train_bpe("abc", 300, {"q"}), Error);     // same bytes as a token
-  EXPECT_NO_THROW(Tokenizer::train_bpe("abc", 256, {}));
+  EXPECT_THROW(tokenizer::Tokenizer::train_bpe("abc", 256), Error);  // no room for the special
+  EXPECT_THROW(tokenizer::Tokenizer::train_bpe("abc", 300, {""}), Error);
+  EXPECT_THROW(tokenizer::Tokenizer::train_bpe("abc", 300, {"<x>", "<x>"}), Error);
+  EXPECT_THROW(tokenizer::Tokenizer::train_bpe("abc", 300, {"\xFF"}),
+               Error);                                                      // not storable in JSON
+  EXPECT_THROW(tokenizer::Tokenizer::train_bpe("abc", 300, {"q"}), Error);  // same bytes as a token
+  EXPECT_NO_THROW(tokenizer::Tokenizer::train_bpe("abc", 256, {}));
 }
 
 }  // namespace
-}  // namespace tessera::model
+}  // namespace tessera::tokenizer

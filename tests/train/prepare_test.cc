@@ -8,7 +8,7 @@
 
 #include "core/error.h"
 #include "core/file_io.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "train/data.h"
 
 namespace tessera::train {
@@ -24,7 +24,7 @@ TEST(Prepare, ShardsDecodeBackToDocuments) {
   for (int i = 0; i < 40; ++i)
     corpus += "fortune number " + std::to_string(i) + " says hello\nworld\n%\n";
   write_file_atomic(d + "/corpus.txt", corpus);
-  const auto tok = model::Tokenizer::train_bpe(corpus, 300);
+  const auto tok = tokenizer::Tokenizer::train_bpe(corpus, 300);
   tok.save_json(d + "/tok.json");
 
   PrepareOptions o;

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "apps/cli/infer_flags.h"
-#include "model/chat_template.h"
+#include "tokenizer/chat_template.h"
 
 namespace tessera::cli {
 
@@ -19,7 +19,7 @@ struct ChatPrompt {
 // raw: the text of the messages as is (bos first when the model asks for it). Otherwise the
 // format named by `format_override` ("" = recognized from the model's template); `system`
 // replaces the template's default system prompt when non-empty.
-ChatPrompt make_prompt(const LoadedModel& m, const std::vector<model::ChatMessage>& msgs,
+ChatPrompt make_prompt(const LoadedModel& m, const std::vector<tokenizer::ChatMessage>& msgs,
                        const std::string& system, bool raw, const std::string& format_override);
 
 }  // namespace tessera::cli

@@ -33,7 +33,7 @@ int run(const std::vector<std::string>& argv) {
   const LoadedModel m = load_model_and_tokenizer(ef.model_path, engine_load_options(ef));
   infer::Engine engine(m.model, engine_options(ef, m.model));
   infer::Session session;
-  std::vector<model::ChatMessage> history;
+  std::vector<tokenizer::ChatMessage> history;
   const bool interactive = isatty(0);
   std::fprintf(stderr, "chat with %s (%s); an empty line or end of input quits\n",
                m.model.config.name.c_str(), ef.model_path.c_str());

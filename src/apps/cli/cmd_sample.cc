@@ -10,7 +10,7 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "model/gpt2.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "train/checkpoint.h"
 #include "train/sampling.h"
 
@@ -58,7 +58,7 @@ int run(const std::vector<std::string>& argv) {
     if (tok_path.empty() && file_exists(p)) tok_path = p;
   TS_CHECK(!tok_path.empty(), "[sample] no tokenizer.json in '", dir, "'",
            model_dir.empty() ? "" : " or its model folder");
-  const model::Tokenizer tok = model::Tokenizer::load_json(tok_path);
+  const tokenizer::Tokenizer tok = tokenizer::Tokenizer::load_json(tok_path);
   TS_CHECK(tok.vocab_size() <= m->config().vocab_size, "[sample] tokenizer ", tok_path, " has ",
            tok.vocab_size(), " tokens, more than the model's vocabulary of ",
            m->config().vocab_size);

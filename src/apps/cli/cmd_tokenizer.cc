@@ -9,7 +9,7 @@
 #include "apps/cli/args.h"
 #include "core/error.h"
 #include "core/file_io.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace tessera::cli {
 namespace {
@@ -42,7 +42,7 @@ int train(Args& args) {
   const std::string text = read_text_file(in);
 
   const auto t0 = std::chrono::steady_clock::now();
-  const model::Tokenizer tok = model::Tokenizer::train_bpe(text, vocab, specials);
+  const tokenizer::Tokenizer tok = tokenizer::Tokenizer::train_bpe(text, vocab, specials);
   const double train_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   tok.save_json(out);
@@ -71,7 +71,7 @@ int encode(Args& args) {
   const bool ordinary = args.has("--ordinary");
   args.finish();
   TS_CHECK(has_text != has_in, "tokenizer encode: give exactly one of --text and --in");
-  const model::Tokenizer tok = model::Tokenizer::load_json(path);
+  const tokenizer::Tokenizer tok = tokenizer::Tokenizer::load_json(path);
   const std::string text = has_in ? read_text_file(in) : text_flag;
   const std::vector<int32_t> ids = ordinary ? tok.encode_ordinary(text) : tok.encode(text);
   std::string line;
@@ -84,7 +84,7 @@ int decode(Args& args) {
   const std::string path = args.required("--tok");
   const std::string ids_flag = args.str("--ids", "");
   args.finish();
-  const model::Tokenizer tok = model::Tokenizer::load_json(path);
+  const tokenizer::Tokenizer tok = tokenizer::Tokenizer::load_json(path);
   std::vector<int32_t> ids;
   if (!ids_flag.empty()) {
     for (const std::string& s : split_commas(ids_flag)) {

@@ -10,7 +10,7 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/thread_pool.h"
-#include "model/gguf.h"
+#include "formats/gguf.h"
 #include "nlohmann/json.hpp"
 
 namespace tessera::cli {
@@ -25,13 +25,13 @@ LoadedModel load_model_and_tokenizer(const std::string& path, const model::Decod
   if (tokenizer_optional && !gguf_has_tokenizer && !folder_has_tokenizer) return m;
   m.has_tokenizer = true;
   if (m.model.gguf) {
-    m.tok = model::Tokenizer::from_gguf(*m.model.gguf);
+    m.tok = tokenizer::Tokenizer::from_gguf(*m.model.gguf);
     if (m.model.gguf->has("tokenizer.chat_template"))
       m.chat_template = m.model.gguf->get_string("tokenizer.chat_template");
   } else {
     const std::string tok_path = (std::filesystem::path(path) / "tokenizer.json").string();
     TS_CHECK(file_exists(tok_path), "[model] ", path, ": no tokenizer.json in the folder");
-    m.tok = model::Tokenizer::load_json(tok_path);
+    m.tok = tokenizer::Tokenizer::load_json(tok_path);
     // HF keeps the chat template in tokenizer_config.json.
     const std::string cfg = (std::filesystem::path(path) / "tokenizer_config.json").string();
     if (file_exists(cfg)) {

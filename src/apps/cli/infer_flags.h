@@ -9,7 +9,7 @@
 #include "infer/engine.h"
 #include "infer/sampler.h"
 #include "model/decoder.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace tessera::cli {
 
@@ -18,7 +18,7 @@ inline constexpr const char* kDefaultModel = "models/SmolLM2-135M-Instruct.Q4_1.
 
 struct LoadedModel {
   model::DecoderModel model;
-  model::Tokenizer tok;
+  tokenizer::Tokenizer tok;
   std::string chat_template;  // jinja text the file carries, or empty
   bool has_tokenizer = false;
 };

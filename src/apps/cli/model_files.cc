@@ -5,8 +5,8 @@
 
 #include "core/error.h"
 #include "core/file_io.h"
+#include "formats/gguf.h"
 #include "model/decoder_save.h"
-#include "model/gguf.h"
 #include "nlohmann/json.hpp"
 
 namespace tessera::cli {
@@ -18,7 +18,7 @@ bool is_gguf_path(const std::string& path) {
 void save_model(const LoadedModel& m, const model::DecoderModel& model, const std::string& path,
                 DType folder_dtype) {
   if (is_gguf_path(path)) {
-    model::save_decoder_gguf(model, path, [&](model::GgufWriter& w) {
+    model::save_decoder_gguf(model, path, [&](formats::GgufWriter& w) {
       if (m.has_tokenizer) m.tok.to_gguf(w);
       if (!m.chat_template.empty()) w.set("tokenizer.chat_template", m.chat_template);
     });
@@ -31,7 +31,7 @@ void save_model(const LoadedModel& m, const model::DecoderModel& model, const st
   if (!m.has_tokenizer) return;
   nlohmann::json cfg = nlohmann::json::object();
   if (!m.chat_template.empty()) cfg["chat_template"] = m.chat_template;
-  const model::SpecialTokens& sp = m.tok.special_tokens();
+  const tokenizer::SpecialTokens& sp = m.tok.special_tokens();
   if (sp.bos >= 0) cfg["bos_token"] = m.tok.decode({sp.bos});
   if (sp.eos >= 0) cfg["eos_token"] = m.tok.decode({sp.eos});
   cfg["add_bos_token"] = sp.add_bos;

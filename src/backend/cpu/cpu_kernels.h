@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "backend/cpu/wt_product.h"
+#include "ops/quant.h"
 #include "core/thread_pool.h"
 #include "ops/ops.h"
 
@@ -37,9 +37,7 @@ double sum_squares(ThreadPool& pool, const float* x, int64_t n);
 void scale(ThreadPool& pool, float* x, int64_t n, float s);
 void convert_f32_to_bf16(ThreadPool& pool, uint16_t* dst, const float* src, int64_t n);
 
-// Llama ops (backend/cpu/llama_ops.cc). make_rope_table is ops::make_rope_table.
-ops::RopeTable make_rope_table(int64_t max_pos, int64_t rotary_dim, double theta);
-ops::RopeTable make_rope_table(int64_t max_pos, const std::vector<double>& inv_freqs);
+// Llama ops (backend/cpu/llama_ops.cc).
 void rmsnorm_forward(ThreadPool& pool, float* out, float* rstd, const float* inp, const float* w,
                      int64_t N, int64_t C, float eps);
 void rmsnorm_backward(ThreadPool& pool, float* dinp, float* dw, const float* dout, const float* inp,
@@ -70,6 +68,6 @@ bool matmul_wt_takes_packed_gemm(DType w_type, int64_t M);
 // Several products of one x (cpu/wt_product.h), each equal to matmul_wt's bit for bit; x is
 // quantized once and all rows are shared out in one hand-off where the kernels allow.
 void matmul_wt_group(ThreadPool& pool, const float* x, int64_t M, int64_t K,
-                     const WtProduct* products, int64_t n_products);
+                     const ops::WtProduct* products, int64_t n_products);
 
 }  // namespace tessera::cpu

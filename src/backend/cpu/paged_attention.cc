@@ -165,7 +165,7 @@ float ExpShiftSum(float* s, float mx, int64_t n) {
 // [h0, h1) of that head's group given by part t % parts. Every head's arithmetic is the same
 // whatever the split, so results do not depend on it (or on the thread count).
 template <typename T>
-void PagedAttentionTyped(ThreadPool& pool, const PagedAttentionArgs& a) {
+void PagedAttentionTyped(ThreadPool& pool, const ops::PagedAttentionArgs& a) {
   const int64_t group = a.H / a.Hkv, D = a.D, BT = a.block_tokens;
   // Decode has one row: with fewer (row, KV head) pairs than a few per thread, split groups so
   // the threads share the heads (SmolLM2's 3 KV heads would leave one of 2 threads half idle).
@@ -224,7 +224,7 @@ constexpr int64_t kTileRows = 5;
 // tile (tiles - 1 - t / (Hkv * parts)), the heaviest (last, longest causal rows) first so the
 // threads finish together, KV head (t / parts) % Hkv and part t % parts of its query group.
 template <typename T>
-void PagedAttentionTiled(ThreadPool& pool, const PagedAttentionArgs& a) {
+void PagedAttentionTiled(ThreadPool& pool, const ops::PagedAttentionArgs& a) {
   const int64_t group = a.H / a.Hkv;
   std::vector<int64_t> starts;
   for (int64_t r = 0; r < a.rows; ++r)
@@ -250,7 +250,7 @@ void PagedAttentionTiled(ThreadPool& pool, const PagedAttentionArgs& a) {
   });
 }
 
-void PagedAttention(ThreadPool& pool, const PagedAttentionArgs& a) {
+void PagedAttention(ThreadPool& pool, const ops::PagedAttentionArgs& a) {
   const int64_t L = static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
   const bool tiled = a.k_transposed && a.D % L == 0 && a.block_tokens % L == 0;
   if (a.kv_type == DType::f16) {
@@ -271,7 +271,7 @@ namespace tessera::cpu {
 
 HWY_EXPORT(PagedAttention);
 
-void paged_attention(ThreadPool& pool, const PagedAttentionArgs& a) {
+void paged_attention(ThreadPool& pool, const ops::PagedAttentionArgs& a) {
   HWY_DYNAMIC_DISPATCH(PagedAttention)(pool, a);
 }
 

@@ -295,7 +295,7 @@ HWY_NOINLINE void BlockStep(TileScratch& w, int64_t n, int64_t nv, const T* kt, 
 // Query vectors of tile rows [r0, r1) (all reading block_tables[r0]) and query heads [h0, h1)
 // of KV head g; a row's blocks run from its first key's block to its last key's.
 template <typename T>
-HWY_NOINLINE void TileTask(const PagedAttentionArgs& a, TileScratch& w, int64_t r0, int64_t r1,
+HWY_NOINLINE void TileTask(const ops::PagedAttentionArgs& a, TileScratch& w, int64_t r0, int64_t r1,
                            int64_t g, int64_t h0, int64_t h1) {
   const DF d;
   const int64_t L = static_cast<int64_t>(hn::Lanes(d));

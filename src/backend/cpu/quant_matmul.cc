@@ -540,7 +540,7 @@ bool matmul_wt_takes_packed_gemm(DType w_type, int64_t M) {
 
 void matmul_wt(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t M, int64_t K,
                const void* w, DType w_type, int64_t N, const float* bias) {
-  ref::check_matmul_wt_args(ldy, M, K, w_type, N);
+  ops::check_matmul_wt_args(ldy, M, K, w_type, N);
   if (matmul_wt_takes_packed_gemm(w_type, M))
     return gemm_wt(pool, y, ldy, x, M, K, w, w_type, N, bias);
   // The AVX2 kernels (int8 vpmaddubsw) where the CPU has them, unless Highway's choice was
@@ -555,10 +555,10 @@ void matmul_wt(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t 
 }
 
 void matmul_wt_group(ThreadPool& pool, const float* x, int64_t M, int64_t K,
-                     const WtProduct* products, int64_t n_products) {
+                     const ops::WtProduct* products, int64_t n_products) {
   bool any_packed = false, any_interleaved = false;
   for (int64_t p = 0; p < n_products; ++p) {
-    ref::check_matmul_wt_args(products[p].ldy, M, K, products[p].w_type, products[p].N);
+    ops::check_matmul_wt_args(products[p].ldy, M, K, products[p].w_type, products[p].N);
     any_packed = any_packed || matmul_wt_takes_packed_gemm(products[p].w_type, M);
     any_interleaved = any_interleaved || is_interleaved(products[p].w_type);
   }
@@ -566,7 +566,7 @@ void matmul_wt_group(ThreadPool& pool, const float* x, int64_t M, int64_t K,
   // (the integer kernels quantize x per product for M > 4 too), so each goes its own route.
   if (any_packed) {
     for (int64_t p = 0; p < n_products; ++p) {
-      const WtProduct& w = products[p];
+      const ops::WtProduct& w = products[p];
       matmul_wt(pool, w.y, w.ldy, x, M, K, w.w, w.w_type, w.N, w.bias);
     }
     return;
@@ -575,7 +575,7 @@ void matmul_wt_group(ThreadPool& pool, const float* x, int64_t M, int64_t K,
   if (avx2 && (HWY_DYNAMIC_DISPATCH(ChosenTarget)() <= HWY_AVX2 || any_interleaved))
     return matmul_wt_group_avx2(pool, x, M, K, products, n_products);
   for (int64_t p = 0; p < n_products; ++p) {
-    const WtProduct& w = products[p];
+    const ops::WtProduct& w = products[p];
     matmul_wt_highway(pool, w.y, w.ldy, x, M, K, w.w, w.w_type, w.N, w.bias);
   }
 }

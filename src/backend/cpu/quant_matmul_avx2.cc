@@ -217,7 +217,7 @@ void matmul_wt_avx2(ThreadPool& pool, float* y, int64_t ldy, const float* x, int
 }
 
 void matmul_wt_group_avx2(ThreadPool& pool, const float* x, int64_t M, int64_t K,
-                          const WtProduct* products, int64_t n_products) {
+                          const ops::WtProduct* products, int64_t n_products) {
   if (M == 0 || n_products == 0) return;
   // One quantization of x serves the whole group only when every product takes the same
   // activation blocks (the buffer is per thread, so two layouts cannot live side by side).
@@ -232,7 +232,7 @@ void matmul_wt_group_avx2(ThreadPool& pool, const float* x, int64_t M, int64_t K
   }
   if (!shared || M > 4) {
     for (int64_t p = 0; p < n_products; ++p) {
-      const WtProduct& w = products[p];
+      const ops::WtProduct& w = products[p];
       matmul_wt_avx2(pool, w.y, w.ldy, x, M, K, w.w, w.w_type, w.N, w.bias);
     }
     return;
@@ -242,7 +242,7 @@ void matmul_wt_group_avx2(ThreadPool& pool, const float* x, int64_t M, int64_t K
     acts = acts_q8_buffer(M, K, block);
     quantize_acts_q8_avx2(x, acts, 0, M);
   }
-  auto run = [&](const WtProduct& w, int64_t n0, int64_t n1) {
+  auto run = [&](const ops::WtProduct& w, int64_t n0, int64_t n1) {
     const avx2::TileArgs args{
         static_cast<const uint8_t*>(w.w), dtype_bytes(w.w_type, K), &acts, x, K, 0};
     avx2::rows_fn(w.w_type)(w.y, w.ldy, M, w.bias, n0, n1, args);

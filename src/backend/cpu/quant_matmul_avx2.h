@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "backend/cpu/quant_act.h"
-#include "backend/cpu/wt_product.h"
+#include "ops/quant.h"
 #include "core/dtype.h"
 #include "core/thread_pool.h"
 
@@ -33,7 +33,7 @@ void matmul_wt_avx2(ThreadPool& pool, float* y, int64_t ldy, const float* x, int
 // weights take the same activation blocks share one quantization of x, and all their rows are
 // spread over the threads in one hand-off. Each y equals matmul_wt_avx2's, bit for bit.
 void matmul_wt_group_avx2(ThreadPool& pool, const float* x, int64_t M, int64_t K,
-                          const WtProduct* products, int64_t n_products);
+                          const ops::WtProduct* products, int64_t n_products);
 
 // cpu::matmul_wt's contract with the Highway kernels (int16 activations), whatever the CPU.
 void matmul_wt_highway(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t M,

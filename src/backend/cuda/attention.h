@@ -99,7 +99,7 @@ struct PagedPrefillTile {
   int32_t row0 = 0, rows = 0, min_keys = 0, max_keys = 0, min_first = 0, max_first = 0;
 };
 
-// Decode attention over the paged cache, the device twin of cpu::PagedAttentionArgs: block b's
+// Decode attention over the paged cache, the device form of ops::PagedAttentionArgs: block b's
 // keys start at kv + b * block_stride (elements of kv_dtype: f32, f16 or bf16) as
 // (Hkv, block_tokens, D), values v_offset elements later in the same layout. Query row r reads
 // keys 0 .. n_keys[r]-1 through block_tables[r * table_stride + j / block_tokens]. q and out are

@@ -7,7 +7,7 @@
 
 namespace tessera::cpu::ref {
 
-void paged_attention(const PagedAttentionArgs& a) {
+void paged_attention(const ops::PagedAttentionArgs& a) {
   const int64_t group = a.H / a.Hkv;
   auto cache = [&](int64_t i) -> double {
     if (a.kv_type == DType::f16) return f16_to_f32(static_cast<const uint16_t*>(a.kv)[i]);

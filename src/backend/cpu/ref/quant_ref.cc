@@ -4,6 +4,7 @@
 
 #include "backend/cpu/quant_act.h"
 #include "backend/cpu/ref/ref_kernels.h"
+#include "ops/quant.h"
 #include "core/error.h"
 #include "core/interleave.h"
 
@@ -179,26 +180,9 @@ float dot_row(DType t, const uint8_t* row, const QuantizedActs& qa, int64_t m) {
 
 }  // namespace
 
-void check_matmul_wt_args(int64_t ldy, int64_t M, int64_t K, DType w_type, int64_t N) {
-  TS_CHECK(M >= 0, "[matmul_wt] rows M=", M, " must be >= 0");
-  TS_CHECK(N >= 0, "[matmul_wt] outputs N=", N, " must be >= 0");
-  TS_CHECK(K > 0, "[matmul_wt] inner dimension K=", K, " must be positive");
-  TS_CHECK(ldy >= N, "[matmul_wt] ldy=", ldy, " is smaller than N=", N);
-  const DType plain_t = plain_type(w_type);
-  const bool is_float = plain_t == DType::f32 || plain_t == DType::f16 || plain_t == DType::bf16;
-  TS_CHECK(is_float || act_block_elems(w_type) > 0, "[matmul_wt] weight type ", dtype_name(w_type),
-           " is not supported");
-  const int64_t block = traits(w_type).block_elems;
-  TS_CHECK(K % block == 0, "[matmul_wt] K=", K, " is not a multiple of the ", dtype_name(w_type),
-           " block size ", block);
-  const int64_t group = traits(w_type).interleave_rows;
-  TS_CHECK(N % group == 0, "[matmul_wt] N=", N, " is not a multiple of the ", group, " rows a ",
-           dtype_name(w_type), " group interleaves");
-}
-
 void matmul_wt(float* y, int64_t ldy, const float* x, int64_t M, int64_t K, const void* w,
                DType w_type, int64_t N, const float* bias) {
-  check_matmul_wt_args(ldy, M, K, w_type, N);
+  ops::check_matmul_wt_args(ldy, M, K, w_type, N);
   const int64_t row_bytes = dtype_bytes(w_type, K);
   const auto* wb = static_cast<const uint8_t*>(w);
   const int64_t block = act_block_elems(w_type);

@@ -56,8 +56,7 @@ void swiglu_backward(float* dgate, float* dup, const float* dout, const float* g
 // Quantized / low-precision weights (ref/quant.cc). y (M,N) = x (M,K) W^T [+ bias (N)], W (N,K)
 // of type w_type with rows dtype_bytes(w_type, K) apart; ldy >= N. Block types quantize x to
 // 8 bits per weight block and accumulate integer dot products per block.
-// Throws naming the parameter unless the shapes, ldy and the type/K combination are valid.
-void check_matmul_wt_args(int64_t ldy, int64_t M, int64_t K, DType w_type, int64_t N);
+// Arguments as ops::check_matmul_wt_args accepts them.
 void matmul_wt(float* y, int64_t ldy, const float* x, int64_t M, int64_t K, const void* w,
                DType w_type, int64_t N, const float* bias);
 

@@ -1,0 +1,164 @@
+// ops::Backend for the CPU: each op goes to the reference kernel or to the SIMD kernel on the
+// context's thread pool.
+#include "backend/cpu/cpu_backend.h"
+
+#include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/paged_attention.h"
+#include "backend/cpu/quant_matmul_avx2.h"
+#include "backend/cpu/ref/ref_kernels.h"
+#include "core/dtype.h"
+#include "core/interleave.h"
+#include "ops/backend.h"
+
+namespace tessera::cpu {
+
+namespace {
+
+// `name(args...)`: the reference kernel (no pool) or the SIMD kernel (the pool first).
+#define TS_CPU_OP(name, ...)                                \
+  do {                                                      \
+    if (ctx.reference) return ref::name(__VA_ARGS__);       \
+    return cpu::name(ctx.threads(), __VA_ARGS__);           \
+  } while (0)
+
+class CpuBackend final : public ops::Backend {
+ public:
+  std::string_view name() const override { return "cpu"; }
+
+  void gemm(const ops::Context& ctx, const ops::GemmArgs& g) override { TS_CPU_OP(gemm, g); }
+  void embedding_forward(const ops::Context& ctx, float* out, const int32_t* tokens,
+                         const float* wte, const float* wpe, int64_t B, int64_t T,
+                         int64_t C) override {
+    TS_CPU_OP(embedding_forward, out, tokens, wte, wpe, B, T, C);
+  }
+  void embedding_backward(const ops::Context& ctx, float* dwte, float* dwpe, const float* dout,
+                          const int32_t* tokens, int64_t B, int64_t T, int64_t C) override {
+    TS_CPU_OP(embedding_backward, dwte, dwpe, dout, tokens, B, T, C);
+  }
+  void layernorm_forward(const ops::Context& ctx, float* out, float* mean, float* rstd,
+                         const float* inp, const float* w, const float* b, int64_t N,
+                         int64_t C) override {
+    TS_CPU_OP(layernorm_forward, out, mean, rstd, inp, w, b, N, C);
+  }
+  void layernorm_backward(const ops::Context& ctx, float* dinp, float* dw, float* db,
+                          const float* dout, const float* inp, const float* w, const float* mean,
+                          const float* rstd, int64_t N, int64_t C) override {
+    TS_CPU_OP(layernorm_backward, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+  }
+  void gelu_forward(const ops::Context& ctx, float* out, const float* inp, int64_t n) override {
+    TS_CPU_OP(gelu_forward, out, inp, n);
+  }
+  void gelu_backward(const ops::Context& ctx, float* dinp, const float* inp, const float* dout,
+                     int64_t n) override {
+    TS_CPU_OP(gelu_backward, dinp, inp, dout, n);
+  }
+  void add(const ops::Context& ctx, float* out, const float* a, const float* b,
+           int64_t n) override {
+    TS_CPU_OP(add, out, a, b, n);
+  }
+  void attention_forward(const ops::Context& ctx, float* out, float* lse, const float* qkv,
+                         int64_t B, int64_t T, int64_t C, int64_t H) override {
+    TS_CPU_OP(attention_forward, out, lse, qkv, B, T, C, H);
+  }
+  void attention_backward(const ops::Context& ctx, float* dqkv, const float* dout,
+                          const float* qkv, const float* out, const float* lse, int64_t B,
+                          int64_t T, int64_t C, int64_t H) override {
+    TS_CPU_OP(attention_backward, dqkv, dout, qkv, out, lse, B, T, C, H);
+  }
+  void softmax_xent(const ops::Context& ctx, float* losses, float* logits, const int32_t* targets,
+                    int64_t N, int64_t V, int64_t Vp, float dlogits_scale) override {
+    TS_CPU_OP(softmax_xent, losses, logits, targets, N, V, Vp, dlogits_scale);
+  }
+  void adamw(const ops::Context& ctx, float* params, const float* grads, float* m, float* v,
+             int64_t n, const ops::AdamWArgs& a) override {
+    TS_CPU_OP(adamw, params, grads, m, v, n, a);
+  }
+  double sum_squares(const ops::Context& ctx, const float* x, int64_t n) override {
+    TS_CPU_OP(sum_squares, x, n);
+  }
+  void scale(const ops::Context& ctx, float* x, int64_t n, float s) override {
+    TS_CPU_OP(scale, x, n, s);
+  }
+  void convert_f32_to_bf16(const ops::Context& ctx, uint16_t* dst, const float* src,
+                           int64_t n) override {
+    if (ctx.reference) {
+      for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+      return;
+    }
+    cpu::convert_f32_to_bf16(ctx.threads(), dst, src, n);
+  }
+
+  void rmsnorm_forward(const ops::Context& ctx, float* out, float* rstd, const float* inp,
+                       const float* w, int64_t N, int64_t C, float eps) override {
+    TS_CPU_OP(rmsnorm_forward, out, rstd, inp, w, N, C, eps);
+  }
+  void rmsnorm_backward(const ops::Context& ctx, float* dinp, float* dw, const float* dout,
+                        const float* inp, const float* w, const float* rstd, int64_t N,
+                        int64_t C) override {
+    TS_CPU_OP(rmsnorm_backward, dinp, dw, dout, inp, w, rstd, N, C);
+  }
+  void rope_forward(const ops::Context& ctx, float* out, const float* inp,
+                    const ops::RopeTable& table, const int32_t* positions, int64_t pos0,
+                    int64_t B, int64_t T, int64_t H, int64_t D, ops::RopeLayout layout) override {
+    TS_CPU_OP(rope_forward, out, inp, table, positions, pos0, B, T, H, D, layout);
+  }
+  void rope_backward(const ops::Context& ctx, float* dinp, const float* dout,
+                     const ops::RopeTable& table, const int32_t* positions, int64_t pos0,
+                     int64_t B, int64_t T, int64_t H, int64_t D, ops::RopeLayout layout) override {
+    TS_CPU_OP(rope_backward, dinp, dout, table, positions, pos0, B, T, H, D, layout);
+  }
+  void swiglu_forward(const ops::Context& ctx, float* out, const float* gate, const float* up,
+                      int64_t N, int64_t F) override {
+    TS_CPU_OP(swiglu_forward, out, gate, up, N, F);
+  }
+  void swiglu_backward(const ops::Context& ctx, float* dgate, float* dup, const float* dout,
+                       const float* gate, const float* up, int64_t N, int64_t F) override {
+    TS_CPU_OP(swiglu_backward, dgate, dup, dout, gate, up, N, F);
+  }
+
+  void matmul_wt(const ops::Context& ctx, float* y, int64_t ldy, const float* x, int64_t M,
+                 int64_t K, const void* w, DType w_type, int64_t N, const float* bias) override {
+    TS_CPU_OP(matmul_wt, y, ldy, x, M, K, w, w_type, N, bias);
+  }
+  void matmul_wt_group(const ops::Context& ctx, const float* x, int64_t M, int64_t K,
+                       std::span<const ops::WtProduct> products) override {
+    if (ctx.reference) {
+      for (const ops::WtProduct& p : products)
+        ref::matmul_wt(p.y, p.ldy, x, M, K, p.w, p.w_type, p.N, p.bias);
+      return;
+    }
+    cpu::matmul_wt_group(ctx.threads(), x, M, K, products.data(),
+                         static_cast<int64_t>(products.size()));
+  }
+  void paged_attention(const ops::Context& ctx, const ops::PagedAttentionArgs& a) override {
+    if (ctx.reference) return ref::paged_attention(a);
+    cpu::paged_attention(ctx.threads(), a);
+  }
+
+  // 512 rows where the packed GEMM takes large products (it widens each weight panel once per
+  // call and shares it over the rows), 128 where the integer kernels run at every M.
+  int64_t matmul_wt_saturating_rows(DType w_type) const override {
+    constexpr int64_t kPackedRows = 512, kKernelRows = 128;
+    return matmul_wt_takes_packed_gemm(w_type, kPackedRows) ? kPackedRows : kKernelRows;
+  }
+  DType preferred_layout(DType t, int64_t n_rows) const override {
+    if (!has_interleaved_layout(t) || n_rows % traits(interleaved_type(t)).interleave_rows != 0)
+      return t;
+    // The k-quant layouts have AVX512-VNNI kernels only (elsewhere their groups would be read
+    // back into plain rows first: slower than the plain types' own AVX2 tiles).
+    if (t == DType::q4_k || t == DType::q5_k || t == DType::q6_k)
+      return quant_avx512_vnni_active() ? interleaved_type(t) : t;
+    return quant_avx2_supported() ? interleaved_type(t) : t;
+  }
+};
+
+#undef TS_CPU_OP
+
+}  // namespace
+
+void register_backend() {
+  static CpuBackend instance;
+  ops::register_backend(ops::Device::cpu, &instance);
+}
+
+}  // namespace tessera::cpu

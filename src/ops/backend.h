@@ -1,0 +1,90 @@
+// The interface a device's kernels implement for ops/, and the registry a program fills with the
+// backends it links (apps/cli's main, the test main): ops/ entry points check their arguments,
+// then call the backend registered for ctx.device. ops/ never names a backend.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "ops/context.h"
+#include "ops/ops.h"
+#include "ops/paged_attention.h"
+#include "ops/quant.h"
+
+namespace tessera::ops {
+
+// Each method has the contract of the ops/ entry point of the same name (ops.h, quant.h,
+// paged_attention.h), with its arguments already checked; pointers are in the device's memory.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;
+
+  virtual void gemm(const Context& ctx, const GemmArgs& g) = 0;
+  virtual void embedding_forward(const Context& ctx, float* out, const int32_t* tokens,
+                                 const float* wte, const float* wpe, int64_t B, int64_t T,
+                                 int64_t C) = 0;
+  virtual void embedding_backward(const Context& ctx, float* dwte, float* dwpe, const float* dout,
+                                  const int32_t* tokens, int64_t B, int64_t T, int64_t C) = 0;
+  virtual void layernorm_forward(const Context& ctx, float* out, float* mean, float* rstd,
+                                 const float* inp, const float* w, const float* b, int64_t N,
+                                 int64_t C) = 0;
+  virtual void layernorm_backward(const Context& ctx, float* dinp, float* dw, float* db,
+                                  const float* dout, const float* inp, const float* w,
+                                  const float* mean, const float* rstd, int64_t N, int64_t C) = 0;
+  virtual void gelu_forward(const Context& ctx, float* out, const float* inp, int64_t n) = 0;
+  virtual void gelu_backward(const Context& ctx, float* dinp, const float* inp, const float* dout,
+                             int64_t n) = 0;
+  virtual void add(const Context& ctx, float* out, const float* a, const float* b, int64_t n) = 0;
+  virtual void attention_forward(const Context& ctx, float* out, float* lse, const float* qkv,
+                                 int64_t B, int64_t T, int64_t C, int64_t H) = 0;
+  virtual void attention_backward(const Context& ctx, float* dqkv, const float* dout,
+                                  const float* qkv, const float* out, const float* lse, int64_t B,
+                                  int64_t T, int64_t C, int64_t H) = 0;
+  virtual void softmax_xent(const Context& ctx, float* losses, float* logits,
+                            const int32_t* targets, int64_t N, int64_t V, int64_t Vp,
+                            float dlogits_scale) = 0;
+  virtual void adamw(const Context& ctx, float* params, const float* grads, float* m, float* v,
+                     int64_t n, const AdamWArgs& a) = 0;
+  virtual double sum_squares(const Context& ctx, const float* x, int64_t n) = 0;
+  virtual void scale(const Context& ctx, float* x, int64_t n, float s) = 0;
+  virtual void convert_f32_to_bf16(const Context& ctx, uint16_t* dst, const float* src,
+                                   int64_t n) = 0;
+
+  virtual void rmsnorm_forward(const Context& ctx, float* out, float* rstd, const float* inp,
+                               const float* w, int64_t N, int64_t C, float eps) = 0;
+  virtual void rmsnorm_backward(const Context& ctx, float* dinp, float* dw, const float* dout,
+                                const float* inp, const float* w, const float* rstd, int64_t N,
+                                int64_t C) = 0;
+  virtual void rope_forward(const Context& ctx, float* out, const float* inp,
+                            const RopeTable& table, const int32_t* positions, int64_t pos0,
+                            int64_t B, int64_t T, int64_t H, int64_t D, RopeLayout layout) = 0;
+  virtual void rope_backward(const Context& ctx, float* dinp, const float* dout,
+                             const RopeTable& table, const int32_t* positions, int64_t pos0,
+                             int64_t B, int64_t T, int64_t H, int64_t D, RopeLayout layout) = 0;
+  virtual void swiglu_forward(const Context& ctx, float* out, const float* gate, const float* up,
+                              int64_t N, int64_t F) = 0;
+  virtual void swiglu_backward(const Context& ctx, float* dgate, float* dup, const float* dout,
+                               const float* gate, const float* up, int64_t N, int64_t F) = 0;
+
+  virtual void matmul_wt(const Context& ctx, float* y, int64_t ldy, const float* x, int64_t M,
+                         int64_t K, const void* w, DType w_type, int64_t N,
+                         const float* bias) = 0;
+  virtual void matmul_wt_group(const Context& ctx, const float* x, int64_t M, int64_t K,
+                               std::span<const WtProduct> products) = 0;
+  virtual void paged_attention(const Context& ctx, const PagedAttentionArgs& a) = 0;
+
+  // Layout questions a loader or planner asks before any op runs (see ops/quant.h).
+  virtual int64_t matmul_wt_saturating_rows(DType w_type) const = 0;
+  virtual DType preferred_layout(DType t, int64_t n_rows) const = 0;
+};
+
+// Makes b the backend of device d (b must outlive every op call on d); a program registers its
+// backends before its first op. Registering null removes d's backend.
+void register_backend(Device d, Backend* b);
+// The backend of device d; throws naming the device when the program registered none.
+Backend& backend(Device d);
+std::string_view device_name(Device d);
+
+}  // namespace tessera::ops
