@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/cpu_backend.h"
 #include "apps/cli/args.h"
 #include "core/error.h"
 
@@ -22,6 +23,7 @@ void usage() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  tessera::cpu::register_backend();  // the CPU backend of ops/ (CUDA runs in the device engine)
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "help") {
     usage();
     return argc < 2 ? 2 : 0;
