@@ -178,24 +178,9 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
   if (error_) std::rethrow_exception(error_);
 }
 
-namespace {
-std::unique_ptr<ThreadPool>& pool_slot() {
-  static std::unique_ptr<ThreadPool> pool;
-  return pool;
-}
-}  // namespace
-
 ThreadPool& default_pool() {
-  auto& p = pool_slot();
-  if (!p) p = std::make_unique<ThreadPool>(0);
-  return *p;
-}
-
-void set_default_threads(int n) {
-  TS_CHECK(n >= 0 && n <= 1024, "[threads] --threads must be between 0 and 1024, got ", n);
-  auto& p = pool_slot();
-  if (!p || p->size() != (n == 0 ? static_cast<int>(std::thread::hardware_concurrency()) : n))
-    p = std::make_unique<ThreadPool>(n);
+  static ThreadPool pool(0);  // thread-safe initialization; lives until exit
+  return pool;
 }
 
 }  // namespace tessera

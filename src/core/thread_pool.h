@@ -61,8 +61,9 @@ class ThreadPool {
   std::mutex error_mu_;
 };
 
-// The process-wide pool used by commands; sized by set_default_threads (e.g. from --threads).
+// One pool of all hardware threads, made on first use and never resized: the threads of an
+// ops::Context that names no pool. A caller that wants another count makes its own ThreadPool
+// and passes it down in its context; nothing changes the count under another caller.
 ThreadPool& default_pool();
-void set_default_threads(int n);
 
 }  // namespace tessera

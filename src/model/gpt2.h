@@ -80,6 +80,8 @@ class Gpt2 {
   // (B, T): the same flat parameter buffer, so params() uploads as is, and the recompute policy
   // of the last plan() (none if never planned).
   backend::Gpt2DeviceDesc device_desc(int64_t B, int64_t T) const;
+  // Where its ops run (device, threads), as given at construction.
+  const ops::Context& context() const { return ctx_; }
 
  private:
   struct Impl;

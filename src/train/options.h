@@ -34,7 +34,7 @@ struct TrainOptions {
   int64_t eval_every = 100, eval_batches = 8;
   int64_t early_stop = 0;        // patience in evaluations; 0 disables early stopping
   int64_t checkpoint_every = 0;  // 0: only at the end
-  int64_t threads = 0;           // 0: leave the default pool as it is
+  int64_t threads = 0;           // 0: all hardware threads (the default pool)
   uint64_t seed = 1337;
   int64_t log_every = 10;  // plain progress lines every N steps when stdout is not a TTY
   bool quiet = false;      // no progress output and no peak probe (tests)

@@ -90,8 +90,9 @@ TrainOptions resume_options(const std::string& dir) {
 
 Trainer::Trainer(const TrainOptions& opts, bool resume) : opts_(opts) {
   validate_options(opts_);
-  if (opts_.threads > 0) set_default_threads(static_cast<int>(opts_.threads));
-  const ops::Context ctx;
+  if (opts_.threads > 0) pool_ = std::make_unique<ThreadPool>(static_cast<int>(opts_.threads));
+  ops::Context ctx;
+  ctx.pool = pool_.get();
   train_data_ = load_split(opts_.data_dir, "train");
   val_data_ = load_split(opts_.data_dir, "val");
   const int64_t data_vocab = std::max(train_data_.vocab, val_data_.vocab);
@@ -202,7 +203,7 @@ TrainResult Trainer::run() {
     if (dev_) {
       peak = backend::cuda_bf16_peak_flops() * 1e-9;
     } else {
-      const auto peaks = profile::cached_peaks(static_cast<int>(default_pool().size()));
+      const auto peaks = profile::cached_peaks(model_->context().threads().size());
       peak = opts_.precision == "bf16" && peaks.bf16_gflops_all > 0 ? peaks.bf16_gflops_all
                                                                     : peaks.f32_gflops_all;
     }

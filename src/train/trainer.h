@@ -51,6 +51,7 @@ class Trainer {
   void sync_from_device();
 
   TrainOptions opts_;
+  std::unique_ptr<ThreadPool> pool_;  // --threads N; otherwise the context's default pool
   TokenData train_data_, val_data_;
   std::unique_ptr<model::Gpt2> model_;
   std::unique_ptr<AdamW> opt_;

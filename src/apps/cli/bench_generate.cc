@@ -93,7 +93,7 @@ int bench_generate(const std::vector<std::string>& argv) {
       std::max((prompt_len + gen + bt - 1) / bt, max_batch * ((batch_prompt + gen + bt - 1) / bt)) *
       bt;
   infer::Engine engine(m.model, eo);
-  const int threads = default_pool().size();
+  const int threads = eo.ctx.threads().size();
   // The roofline's yardsticks: the CPU's probed triad bandwidth and FMA peak, or on CUDA the
   // GPU's measured read bandwidth and its dense bf16 tensor-core peak.
   struct Peaks {

@@ -33,7 +33,6 @@ int bench_train(const std::vector<std::string>& argv) {
   const std::string device = a.str("--device", "cpu");
   const bool json = a.has("--json");
   a.finish();
-  if (threads > 0) set_default_threads(static_cast<int>(threads));
   const model::Precision prec = model::parse_precision(precision);
   const model::Recompute rec = model::parse_recompute(recompute);
   TS_CHECK(device == "cpu" || device == "cuda", "--device must be cpu or cuda, not '", device, "'");
@@ -45,7 +44,10 @@ int bench_train(const std::vector<std::string>& argv) {
              precision);
   }
 
-  const ops::Context ctx;
+  std::unique_ptr<ThreadPool> pool;
+  if (threads > 0) pool = std::make_unique<ThreadPool>(static_cast<int>(threads));
+  ops::Context ctx;
+  ctx.pool = pool.get();
   model::Gpt2 m(model::Gpt2Config::preset(preset, vocab), ctx);
   TS_CHECK(T <= m.config().max_seq, "--seq ", T, " exceeds ", preset, "'s max_seq ",
            m.config().max_seq);
@@ -104,7 +106,7 @@ int bench_train(const std::vector<std::string>& argv) {
     use_bf16 = true;
     peak = backend::cuda_bf16_peak_flops() * 1e-9;  // dense tensor-core figure
   } else {
-    const auto peaks = profile::cached_peaks(static_cast<int>(default_pool().size()));
+    const auto peaks = profile::cached_peaks(static_cast<int>(ctx.threads().size()));
     use_bf16 = prec == model::Precision::bf16 && peaks.bf16_gflops_all > 0;
     peak = use_bf16 ? peaks.bf16_gflops_all : peaks.f32_gflops_all;
   }
@@ -122,13 +124,13 @@ int bench_train(const std::vector<std::string>& argv) {
         "\"activation_mib\": %.1f}\n",
         preset.c_str(), device.c_str(), static_cast<long long>(m.num_params()),
         static_cast<long long>(B), static_cast<long long>(T), precision.c_str(), recompute.c_str(),
-        default_pool().size(), med * 1e3, tps, gflops, peak, mfu, rss_mib, act_mib);
+        ctx.threads().size(), med * 1e3, tps, gflops, peak, mfu, rss_mib, act_mib);
     return 0;
   }
   std::printf("bench train: %s (%.1fM params), B=%lld T=%lld, %s, recompute %s, %d threads\n",
               preset.c_str(), static_cast<double>(m.num_params()) * 1e-6, static_cast<long long>(B),
               static_cast<long long>(T), precision.c_str(), recompute.c_str(),
-              default_pool().size());
+              ctx.threads().size());
   std::printf("  step (median of %lld)  %10.1f ms\n", static_cast<long long>(steps), med * 1e3);
   std::printf("  throughput           %10.1f tokens/s\n", tps);
   std::printf("  achieved             %10.2f GFLOP/s  (%.1f%% of %s peak %.1f GFLOP/s)\n", gflops,

@@ -27,13 +27,15 @@ int run(const std::vector<std::string>& argv) {
   a.finish();
   TS_CHECK(a.positional().size() == 2,
            "usage: tessera quantize IN OUT --type q4_0 (IN, OUT: a .gguf file or an HF folder)");
-  if (threads > 0) set_default_threads(static_cast<int>(threads));
+  std::unique_ptr<ThreadPool> pool;
+  if (threads > 0) pool = std::make_unique<ThreadPool>(static_cast<int>(threads));
   const std::string& in = a.positional()[0];
   const std::string& out = a.positional()[1];
   const LoadedModel m = load_model_and_tokenizer(in, {}, true);
   compress::QuantizeOptions qo;
   qo.type = type;
   qo.keep_embedding = keep_embedding;
+  qo.pool = pool.get();
   std::vector<compress::TensorQuantStats> stats;
   const model::DecoderModel q = compress::quantize_decoder(m.model, qo, &stats);
   save_model(m, q, out, dtype.empty() ? type : parse_dtype(dtype, "--dtype"));

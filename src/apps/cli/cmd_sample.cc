@@ -32,11 +32,13 @@ int run(const std::vector<std::string>& argv) {
   so.seed = static_cast<uint64_t>(a.i64("--seed", 1, 0, int64_t{1} << 62));
   const int64_t threads = a.i64("--threads", 0, 0, 4096);
   a.finish();
-  if (threads > 0) set_default_threads(static_cast<int>(threads));
 
   // Model: <dir>/model (written at the end of training), <dir> itself if it is an HF folder,
   // else the run's checkpoint.
-  const ops::Context ctx;
+  std::unique_ptr<ThreadPool> pool;
+  if (threads > 0) pool = std::make_unique<ThreadPool>(static_cast<int>(threads));
+  ops::Context ctx;
+  ctx.pool = pool.get();
   std::unique_ptr<model::Gpt2> m;
   std::string model_dir;
   if (file_exists(in_dir(in_dir(dir, "model"), "config.json"))) {

@@ -66,6 +66,7 @@ EngineFlags parse_engine_flags(Args& a) {
   EngineFlags f;
   f.model_path = a.str("--model", kDefaultModel);
   f.threads = a.i64("--threads", 0, 0, 4096);
+  if (f.threads > 0) f.pool = std::make_shared<ThreadPool>(static_cast<int>(f.threads));
   f.ctx = a.i64("--ctx", 0, 0, int64_t{1} << 24);
   f.mmap = a.has("--mmap");
   const std::string device = a.str("--device", "cpu");
@@ -87,8 +88,8 @@ EngineFlags parse_engine_flags(Args& a) {
 
 infer::EngineOptions engine_options(const EngineFlags& f, const model::DecoderModel& model,
                                     int64_t sequences) {
-  if (f.threads > 0) set_default_threads(static_cast<int>(f.threads));
   infer::EngineOptions o;
+  o.ctx.pool = f.pool.get();
   o.max_ctx = f.ctx > 0 ? f.ctx : std::min<int64_t>(model.config.max_ctx, 4096);
   TS_CHECK(o.max_ctx <= model.config.max_ctx, "--ctx ", o.max_ctx,
            " is longer than the model's context length ", model.config.max_ctx);

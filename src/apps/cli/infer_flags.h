@@ -3,9 +3,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "apps/cli/args.h"
+#include "core/thread_pool.h"
 #include "infer/engine.h"
 #include "infer/sampler.h"
 #include "model/decoder.h"
@@ -32,6 +34,9 @@ LoadedModel load_model_and_tokenizer(const std::string& path, const model::Decod
 struct EngineFlags {
   std::string model_path;
   int64_t threads = 0;  // 0: all cores
+  // The engine's threads when --threads is given (else the context's default pool); shared so
+  // that copies of the flags keep it alive as long as an engine built from them.
+  std::shared_ptr<ThreadPool> pool;
   int64_t ctx = 0;      // 0: min(model's context, 4096)
   bool mmap = false;
   DType kv_type = DType::f16;  // --kv-type f16|f32
@@ -44,7 +49,7 @@ model::DecoderLoadOptions engine_load_options(const EngineFlags& f);
 // -m/--model, --threads, --ctx, --kv-type, --chunk-rows, --device, --mmap (a switch: call Args with
 // it listed).
 EngineFlags parse_engine_flags(Args& a);
-// Applies --threads and builds the engine options for `model` (kv capacity = ctx * sequences).
+// Builds the engine options (on the flags' thread pool) for `model` (kv capacity = ctx * sequences).
 infer::EngineOptions engine_options(const EngineFlags& f, const model::DecoderModel& model,
                                     int64_t sequences = 1);
 
