@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """Layering check: every #include "..." under src/ must follow the picture in src/LAYERS.
 
-Usage: check_layers.py [repo root]. Exits 1 naming each forbidden include, each stale `allow`
+Usage: check_layers.py [repo root] | --self-test. Exits 1 naming each forbidden include, each stale `allow`
 line, and any difference between the picture in src/LAYERS and the one in docs/ARCHITECTURE.md.
 """
 import os
 import re
 import sys
 
-root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), ".."))
+_arg = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] != "--self-test" else None
+root = os.path.abspath(_arg or os.path.join(os.path.dirname(__file__), ".."))
 src = os.path.join(root, "src")
 errors = []
 
@@ -112,5 +113,31 @@ def main():
     return 1 if errors else 0
 
 
+def self_test():
+    """The check must fail on a forbidden include and on a stale allow line, and pass on a copy."""
+    import shutil
+    import subprocess
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        for d in ("src", "docs"):
+            shutil.copytree(os.path.join(root, d), os.path.join(tmp, d))
+        run = lambda: subprocess.run([sys.executable, __file__, tmp], capture_output=True, text=True)
+        ok = run()
+        assert ok.returncode == 0, "clean copy fails:\n" + ok.stdout
+        bad = os.path.join(tmp, "src", "ops", "zz_bad.h")
+        open(bad, "w").write('#include "backend/cpu/cpu_kernels.h"\n')
+        r = run()
+        assert r.returncode == 1 and "src/ops/zz_bad.h:1: layer ops may not include" in r.stdout, r.stdout
+        os.remove(bad)
+        with open(os.path.join(tmp, "src", "LAYERS"), "a") as f:
+            f.write("allow core/error.h -> model/gpt2.h\n")
+        r = run()
+        assert r.returncode == 1 and "is no longer needed" in r.stdout, r.stdout
+    print("check_layers self-test: 3 passed, 0 failed")
+    return 0
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--self-test":
+        sys.exit(self_test())
     sys.exit(main())
