@@ -10,6 +10,7 @@
 #include "backend/device_gpt2.h"
 #include "core/arena.h"
 #include "core/tensor.h"
+#include "model/decoder.h"
 #include "ops/context.h"
 
 namespace tessera::model {
@@ -97,5 +98,10 @@ void save_gpt2(const Gpt2& m, const std::string& dir);
 // Loads config.json and model.safetensors from dir (transposing Conv1D weights as HF stores
 // them (in, out)); throws naming the file and tensor on any mismatch.
 std::unique_ptr<Gpt2> load_gpt2(const std::string& dir, const ops::Context& ctx);
+
+// The model as an inference DecoderModel (arch gpt2, f32 weights) whose weights view m's
+// parameters: the engine runs it without a copy. m must outlive it, and the view sees parameter
+// updates as they happen.
+DecoderModel as_decoder(const Gpt2& m);
 
 }  // namespace tessera::model

@@ -69,8 +69,7 @@ class Backend {
                                const float* gate, const float* up, int64_t N, int64_t F) = 0;
 
   virtual void matmul_wt(const Context& ctx, float* y, int64_t ldy, const float* x, int64_t M,
-                         int64_t K, const void* w, DType w_type, int64_t N,
-                         const float* bias) = 0;
+                         int64_t K, const void* w, DType w_type, int64_t N, const float* bias) = 0;
   virtual void matmul_wt_group(const Context& ctx, const float* x, int64_t M, int64_t K,
                                std::span<const WtProduct> products) = 0;
   virtual void paged_attention(const Context& ctx, const PagedAttentionArgs& a) = 0;

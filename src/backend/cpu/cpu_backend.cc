@@ -15,10 +15,10 @@ namespace tessera::cpu {
 namespace {
 
 // `name(args...)`: the reference kernel (no pool) or the SIMD kernel (the pool first).
-#define TS_CPU_OP(name, ...)                                \
-  do {                                                      \
-    if (ctx.reference) return ref::name(__VA_ARGS__);       \
-    return cpu::name(ctx.threads(), __VA_ARGS__);           \
+#define TS_CPU_OP(name, ...)                          \
+  do {                                                \
+    if (ctx.reference) return ref::name(__VA_ARGS__); \
+    return cpu::name(ctx.threads(), __VA_ARGS__);     \
   } while (0)
 
 class CpuBackend final : public ops::Backend {
@@ -60,9 +60,9 @@ class CpuBackend final : public ops::Backend {
                          int64_t B, int64_t T, int64_t C, int64_t H) override {
     TS_CPU_OP(attention_forward, out, lse, qkv, B, T, C, H);
   }
-  void attention_backward(const ops::Context& ctx, float* dqkv, const float* dout,
-                          const float* qkv, const float* out, const float* lse, int64_t B,
-                          int64_t T, int64_t C, int64_t H) override {
+  void attention_backward(const ops::Context& ctx, float* dqkv, const float* dout, const float* qkv,
+                          const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
+                          int64_t H) override {
     TS_CPU_OP(attention_backward, dqkv, dout, qkv, out, lse, B, T, C, H);
   }
   void softmax_xent(const ops::Context& ctx, float* losses, float* logits, const int32_t* targets,
@@ -98,13 +98,13 @@ class CpuBackend final : public ops::Backend {
     TS_CPU_OP(rmsnorm_backward, dinp, dw, dout, inp, w, rstd, N, C);
   }
   void rope_forward(const ops::Context& ctx, float* out, const float* inp,
-                    const ops::RopeTable& table, const int32_t* positions, int64_t pos0,
-                    int64_t B, int64_t T, int64_t H, int64_t D, ops::RopeLayout layout) override {
+                    const ops::RopeTable& table, const int32_t* positions, int64_t pos0, int64_t B,
+                    int64_t T, int64_t H, int64_t D, ops::RopeLayout layout) override {
     TS_CPU_OP(rope_forward, out, inp, table, positions, pos0, B, T, H, D, layout);
   }
   void rope_backward(const ops::Context& ctx, float* dinp, const float* dout,
-                     const ops::RopeTable& table, const int32_t* positions, int64_t pos0,
-                     int64_t B, int64_t T, int64_t H, int64_t D, ops::RopeLayout layout) override {
+                     const ops::RopeTable& table, const int32_t* positions, int64_t pos0, int64_t B,
+                     int64_t T, int64_t H, int64_t D, ops::RopeLayout layout) override {
     TS_CPU_OP(rope_backward, dinp, dout, table, positions, pos0, B, T, H, D, layout);
   }
   void swiglu_forward(const ops::Context& ctx, float* out, const float* gate, const float* up,

@@ -1,0 +1,78 @@
+// A training GPT-2 seen as an inference DecoderModel: views into its flat parameter buffer, so
+// the engine runs (and generates from) a model being trained without copying or converting it.
+#include "core/error.h"
+#include "model/decoder.h"
+#include "model/gpt2.h"
+
+namespace tessera::model {
+
+DecoderModel as_decoder(const Gpt2& m) {
+  const Gpt2Config& g = m.config();
+  DecoderModel d;
+  DecoderConfig& c = d.config;
+  c.arch = DecoderArch::gpt2;
+  c.name = "gpt2 (training model)";
+  c.n_layers = g.n_layer;
+  c.d_model = g.n_embd;
+  c.n_heads = g.n_head;
+  c.n_kv_heads = g.n_head;
+  c.head_dim = g.n_embd / g.n_head;
+  c.d_ff = 4 * g.n_embd;
+  c.vocab = g.vocab_size;
+  c.max_ctx = g.max_seq;
+  c.norm_eps = 1e-5f;  // the eps of ops::layernorm_forward, which training uses
+  c.tied_embeddings = true;
+  c.qkv_bias = true;
+  c.validate(c.name);
+
+  const TensorTable& table = m.tensors();
+  auto ref = [&](const std::string& name, Shape shape) {
+    const TensorInfo& t = table.at(name);
+    TS_CHECK(t.dtype == DType::f32 && shape.numel() <= t.shape.numel(), "[model] tensor '", name,
+             "' does not hold a ", shape.numel(), "-element f32 view");
+    return WeightRef{m.params() + t.offset, DType::f32, shape};
+  };
+  // Rows [first, first + n) of a matrix, or elements of a vector.
+  auto rows = [](const WeightRef& r, int64_t first, int64_t n) {
+    const bool matrix = r.shape.rank() == 2;
+    const int64_t stride = matrix ? r.cols() : 1;
+    WeightRef s = r;
+    s.data = static_cast<const float*>(r.data) + first * stride;
+    s.shape = matrix ? Shape({n, r.cols()}) : Shape({n});
+    return s;
+  };
+  const int64_t C = c.d_model, F = c.d_ff;
+  DecoderWeights& w = d.weights;
+  w.tok_embd = ref("wte.weight", Shape({c.vocab, C}));  // the first V of the Vp padded rows
+  w.pos_embd = ref("wpe.weight", Shape({c.max_ctx, C}));
+  w.layers.resize(static_cast<size_t>(c.n_layers));
+  for (int64_t i = 0; i < c.n_layers; ++i) {
+    const std::string p = cat("h.", i, ".");
+    DecoderLayer& l = w.layers[static_cast<size_t>(i)];
+    l.attn_norm = ref(p + "ln_1.weight", Shape({C}));
+    l.attn_norm_b = ref(p + "ln_1.bias", Shape({C}));
+    const WeightRef qkv = ref(p + "attn.c_attn.weight", Shape({3 * C, C}));  // q, k, v rows
+    l.wq = rows(qkv, 0, C);
+    l.wk = rows(qkv, C, C);
+    l.wv = rows(qkv, 2 * C, C);
+    const WeightRef qkv_b = ref(p + "attn.c_attn.bias", Shape({3 * C}));
+    l.bq = rows(qkv_b, 0, C);
+    l.bk = rows(qkv_b, C, C);
+    l.bv = rows(qkv_b, 2 * C, C);
+    l.wo = ref(p + "attn.c_proj.weight", Shape({C, C}));
+    l.bo = ref(p + "attn.c_proj.bias", Shape({C}));
+    l.ffn_norm = ref(p + "ln_2.weight", Shape({C}));
+    l.ffn_norm_b = ref(p + "ln_2.bias", Shape({C}));
+    l.w_up = ref(p + "mlp.c_fc.weight", Shape({F, C}));
+    l.b_up = ref(p + "mlp.c_fc.bias", Shape({F}));
+    l.w_down = ref(p + "mlp.c_proj.weight", Shape({C, F}));
+    l.b_down = ref(p + "mlp.c_proj.bias", Shape({C}));
+  }
+  w.out_norm = ref("ln_f.weight", Shape({C}));
+  w.out_norm_b = ref("ln_f.bias", Shape({C}));
+  w.output = w.tok_embd;
+  d.source = c.name;
+  return d;
+}
+
+}  // namespace tessera::model
