@@ -6,7 +6,6 @@
 
 #include "core/error.h"
 #include "train/progress.h"
-#include "train/sampling.h"
 #include "train/svg_plot.h"
 
 namespace tessera::train {
@@ -49,21 +48,6 @@ TEST(Progress, LineShowsRatesAndPeakFraction) {
   EXPECT_NE(line.find("50.0 GFLOP/s (25%)"), std::string::npos) << line;
   EXPECT_NE(line.find("ETA 3m00s"), std::string::npos) << line;
   EXPECT_EQ(format_duration(3725), "1h02m");
-}
-
-TEST(Sampling, GreedyTopKAndTemperature) {
-  const float logits[5] = {0.1f, 2.0f, -1.0f, 2.0f, 1.9f};
-  Rng rng(3);
-  EXPECT_EQ(pick_token(logits, 5, 0.0, 0, rng), 1);  // ties -> lowest id
-  for (int i = 0; i < 20; ++i) EXPECT_EQ(pick_token(logits, 5, 1.0, 1, rng), 1);
-  // top-3 = {1, 3, 4}: the others must never be drawn.
-  int counts[5] = {0, 0, 0, 0, 0};
-  const int n = 20000;
-  for (int i = 0; i < n; ++i) ++counts[pick_token(logits, 5, 1.0, 3, rng)];
-  EXPECT_EQ(counts[0] + counts[2], 0);
-  // p(4) = e^1.9 / (2 e^2 + e^1.9) = 0.3115; binomial sd = sqrt(p(1-p)/n) = 0.0033, allow 5 sd.
-  EXPECT_NEAR(counts[4] / static_cast<double>(n), 0.3115, 0.0164);
-  EXPECT_THROW(pick_token(logits, 5, -1.0, 0, rng), Error);
 }
 
 }  // namespace

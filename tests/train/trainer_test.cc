@@ -6,6 +6,7 @@
 
 #include "test_util/expect_error.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -14,7 +15,7 @@
 #include "backend/device.h"
 #include "core/error.h"
 #include "core/file_io.h"
-#include "train/sampling.h"
+#include "infer/engine.h"
 
 namespace tessera::train {
 namespace {
@@ -85,14 +86,22 @@ TEST(Trainer, TinyModelLearnsRepeatingCycle) {
                         "model/model.safetensors", "model/config.json"})
     EXPECT_TRUE(file_exists(o.out_dir + "/" + f)) << f;
 
-  // Greedy decoding continues the cycle: after token x comes 5 * (j+1) + 3 where x = 5j + 3.
-  Trainer& tr = t;
-  tr.model().plan(1, 64, model::Precision::f32, model::Recompute::none);
-  SampleOptions so;
-  so.max_tokens = 8;
-  so.temperature = 0;
-  const auto prompt = cycle_stream(5, 5, 3);
-  const auto out = sample(tr.model(), prompt, so);
+  // Greedy decoding (the inference engine over the trained parameters) continues the cycle:
+  // after token x comes 5 * (j+1) + 3 where x = 5j + 3.
+  const model::DecoderModel view = model::as_decoder(t.model());
+  infer::EngineOptions eo;
+  eo.max_ctx = 64;
+  eo.kv_type = DType::f32;
+  infer::Engine engine(view, eo);
+  const int32_t seq = engine.new_sequence();
+  std::vector<int32_t> feed = cycle_stream(5, 5, 3), out;
+  for (int step = 0; step < 8; ++step) {
+    const std::vector<float>& logits = engine.forward({infer::Feed{seq, feed, false}});
+    const int32_t next = static_cast<int32_t>(
+        std::max_element(logits.begin(), logits.begin() + view.config.vocab) - logits.begin());
+    out.push_back(next);
+    feed = {next};
+  }
   const auto expect = cycle_stream(13, 5, 3);
   ASSERT_EQ(out.size(), 8u);
   for (size_t i = 0; i < 8; ++i) EXPECT_EQ(out[i], expect[5 + i]) << i;

@@ -1,5 +1,6 @@
 // `tessera sample`: generates text from a trained run (its model/ folder or its checkpoint) or an
-// HF GPT-2 folder, streaming decoded tokens to stdout.
+// HF GPT-2 folder, streaming decoded tokens to stdout. The training model runs in the inference
+// engine (model::as_decoder) with the engine's sampler and generation loop.
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -9,10 +10,10 @@
 #include "apps/cli/args.h"
 #include "core/error.h"
 #include "core/file_io.h"
+#include "infer/generate.h"
 #include "model/gpt2.h"
 #include "tokenizer/tokenizer.h"
 #include "train/checkpoint.h"
-#include "train/sampling.h"
 
 namespace tessera::cli {
 namespace {
@@ -25,11 +26,14 @@ int run(const std::vector<std::string>& argv) {
   Args a(argv);
   const std::string dir = a.required("--ckpt");
   const std::string prompt = a.str("--prompt", "");
-  train::SampleOptions so;
-  so.max_tokens = a.i64("--max-tokens", 200, 0, int64_t{1} << 24);
-  so.temperature = a.f64("--temperature", 1.0, 0.0, 100.0);
-  so.top_k = a.i64("--top-k", 0, 0, int64_t{1} << 24);
-  so.seed = static_cast<uint64_t>(a.i64("--seed", 1, 0, int64_t{1} << 62));
+  infer::GenerateRequest req;
+  req.max_new_tokens = a.i64("--max-tokens", 200, 0, int64_t{1} << 24);
+  // Temperature and top-k only (no top-p or min-p cut), as this command has always sampled.
+  req.sampling.temperature = static_cast<float>(a.f64("--temperature", 1.0, 0.0, 100.0));
+  req.sampling.top_k = a.i64("--top-k", 0, 0, int64_t{1} << 24);
+  req.sampling.top_p = 1.0f;
+  req.sampling.min_p = 0.0f;
+  req.sampling.seed = static_cast<uint64_t>(a.i64("--seed", 1, 0, int64_t{1} << 62));
   const int64_t threads = a.i64("--threads", 0, 0, 4096);
   a.finish();
 
@@ -72,14 +76,25 @@ int run(const std::vector<std::string>& argv) {
              "<|endoftext|> token to start from");
     ids.push_back(tok.eot_token());
   }
-  so.stop_token = tok.eot_token();
-  m->plan(1, m->config().max_seq, model::Precision::f32, model::Recompute::none);
+  const int64_t max_seq = m->config().max_seq;
+  TS_CHECK(static_cast<int64_t>(ids.size()) + req.max_new_tokens <= max_seq, "[sample] --prompt (",
+           ids.size(), " tokens) plus --max-tokens ", req.max_new_tokens,
+           " exceeds the model's context of ", max_seq, " tokens");
+  if (tok.eot_token() >= 0) req.stop_tokens.push_back(tok.eot_token());
+  req.prompt = std::move(ids);
+
+  const model::DecoderModel view = model::as_decoder(*m);
+  infer::EngineOptions eo;
+  eo.ctx = ctx;
+  eo.max_ctx = max_seq;
+  eo.kv_type = DType::f32;  // the training model's own precision
+  infer::Engine engine(view, eo);
   std::fwrite(prompt.data(), 1, prompt.size(), stdout);
   std::fflush(stdout);
-  train::sample(*m, ids, so, [&](int32_t id) {
-    const std::string piece = tok.decode_token(id);
-    std::fwrite(piece.data(), 1, piece.size(), stdout);
+  infer::generate(engine, tok, req, [](std::string_view text) {
+    std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);
+    return true;
   });
   std::fputc('\n', stdout);
   return 0;
