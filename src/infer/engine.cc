@@ -1,5 +1,6 @@
-// Generation engine: cache bookkeeping, the per-chunk forward pass of the Llama and GPT-2
-// architectures over token rows of several sequences, and the logits of the rows asked for.
+// Generation engine: sequences and their cache blocks, the token rows of each call cut into
+// chunks, each chunk run by the model's forward pass (model::DecoderForward) or the device
+// decoder, and the logits of the rows asked for.
 #include "infer/engine.h"
 
 #include <algorithm>
@@ -37,29 +38,12 @@ KvCacheShape cache_shape(const model::DecoderConfig& c, const EngineOptions& o) 
   return s;
 }
 
-// Writes one key (D values) as column `dst`'s first element onward, one every `stride` elements.
-void write_key_column(DType type, const float* key, uint8_t* dst, int64_t D, int64_t stride) {
-  if (type == DType::f16) {
-    auto* h = reinterpret_cast<uint16_t*>(dst);
-    for (int64_t d = 0; d < D; ++d) h[d * stride] = f32_to_f16(key[d]);
-  } else {
-    auto* f = reinterpret_cast<float*>(dst);
-    for (int64_t d = 0; d < D; ++d) f[d * stride] = key[d];
-  }
-}
-
 }  // namespace
 
 Engine::Engine(const model::DecoderModel& model, const EngineOptions& opts)
     : model_(model),
       opts_(opts),
       cache_(cache_shape(model.config, opts), opts.ctx.device == ops::Device::cpu) {
-  const model::DecoderConfig& c = model_.config;
-  if (c.arch == DecoderArch::gpt2)
-    TS_CHECK(std::fabs(c.norm_eps - 1e-5f) < 1e-9f, "[engine] gpt2 layer norm epsilon ", c.norm_eps,
-             " is not supported (1e-5)");
-  else
-    rope_ = ops::make_rope_table(opts_.max_ctx, model::rope_inv_freqs(c));
   // Norm weights and biases are read as f32 vectors: widen any other type once, here.
   auto widen = [&](WeightRef& r) {
     if (!r.present() || r.type == DType::f32) return;
@@ -103,27 +87,15 @@ Engine::Engine(const model::DecoderModel& model, const EngineOptions& opts)
     if (opts_.max_rows == 0) opts_.max_rows = 512;
   }
   const auto rows = static_cast<size_t>(opts_.max_rows);
-  const auto C = static_cast<size_t>(c.d_model), F = static_cast<size_t>(c.d_ff);
-  x_.resize(rows * C);
-  tmp_.resize(rows * C);
+  tokens_.resize(rows);
   positions_.resize(rows);
-  n_keys_.resize(rows);
-  first_key_.resize(rows);
   tables_.resize(rows);
+  want_.resize(rows);
+  fwd_ = std::make_unique<model::DecoderForward>(model_, opts_.ctx, opts_.max_rows, opts_.max_ctx);
   if (opts_.ctx.device == ops::Device::cuda) {
     max_seq_blocks_ = (opts_.max_ctx + opts_.block_tokens - 1) / opts_.block_tokens;
     device_ = backend::make_cuda_decoder(device_desc());
-    return;
   }
-  xn_.resize(rows * C);
-  q_.resize(rows * static_cast<size_t>(c.q_dim()));
-  att_.resize(q_.size());
-  k_.resize(rows * static_cast<size_t>(c.kv_dim()));
-  v_.resize(k_.size());
-  ff_a_.resize(rows * F);
-  ff_b_.resize(rows * F);
-  stat_a_.resize(rows);
-  stat_b_.resize(rows);
 }
 
 backend::DecoderDesc Engine::device_desc() const {
@@ -143,10 +115,11 @@ backend::DecoderDesc Engine::device_desc() const {
   d.V = c.vocab;
   d.norm_eps = c.norm_eps;
   if (!d.gpt2) {
-    d.rope_cos = rope_.cos.data();
-    d.rope_sin = rope_.sin.data();
-    d.rope_max_pos = rope_.max_pos;
-    d.rope_dim = rope_.rotary_dim;
+    const ops::RopeTable& rope = fwd_->rope();
+    d.rope_cos = rope.cos.data();
+    d.rope_sin = rope.sin.data();
+    d.rope_max_pos = rope.max_pos;
+    d.rope_dim = rope.rotary_dim;
     d.rope_interleaved = c.rope_layout == ops::RopeLayout::interleaved;
   }
   for (const model::DecoderLayer& l : w.layers)
@@ -271,12 +244,6 @@ const std::vector<float>& Engine::forward(const std::vector<Feed>& feeds) {
   return logits_;
 }
 
-const char* stage_name(Stage s) {
-  static constexpr const char* kNames[kNumStages] = {"qkv",      "attn_out", "mlp_in",
-                                                     "mlp_down", "head",     "attention"};
-  return kNames[static_cast<int>(s)];
-}
-
 double EngineStats::matmul_seconds() const {
   double s = 0;
   for (int i = 0; i < kNumStages; ++i)
@@ -301,82 +268,33 @@ void Engine::count_stage(Stage stage, double seconds, int64_t weight_bytes) {
   s.weight_bytes += weight_bytes;
 }
 
-void Engine::linear(Stage stage, float* y, const float* x, int64_t n, const WeightRef& w,
-                    const WeightRef& b) {
-  const profile::Timer t;
-  ops::matmul_wt(opts_.ctx, y, w.rows(), x, n, w.cols(), w.data, w.type, w.rows(),
-                 b.present() ? static_cast<const float*>(b.data) : nullptr);
-  count_stage(stage, t.seconds(), w.bytes());
-}
-
-void Engine::linear_group(Stage stage, const float* x, int64_t n,
-                          std::initializer_list<LinearOut> outs) {
-  const profile::Timer t;
-  int64_t bytes = 0;
-  ops::WtProduct products[4];
-  int64_t count = 0;
-  int64_t K = 0;
-  for (const LinearOut& o : outs) {
-    ops::WtProduct& p = products[count++];
-    p.y = o.y;
-    p.ldy = o.w->rows();
-    p.w = o.w->data;
-    p.w_type = o.w->type;
-    p.N = o.w->rows();
-    p.bias = o.b && o.b->present() ? static_cast<const float*>(o.b->data) : nullptr;
-    K = o.w->cols();
-    bytes += o.w->bytes();
-  }
-  ops::matmul_wt_group(opts_.ctx, x, n, K, {products, static_cast<size_t>(count)});
-  count_stage(stage, t.seconds(), bytes);
-}
-
-void Engine::norm(float* out, const float* inp, int64_t n, const WeightRef& w, const WeightRef& b) {
-  const auto* wf = static_cast<const float*>(w.data);
-  if (config().arch == DecoderArch::gpt2)
-    ops::layernorm_forward(opts_.ctx, out, stat_a_.data(), stat_b_.data(), inp, wf,
-                           static_cast<const float*>(b.data), n, config().d_model);
-  else
-    ops::rmsnorm_forward(opts_.ctx, out, stat_a_.data(), inp, wf, n, config().d_model,
-                         config().norm_eps);
-}
-
 void Engine::run_chunk(const Row* rows, int64_t n) {
-  const model::DecoderConfig& c = config();
-  const model::DecoderWeights& w = model_.weights;
-  const int64_t C = c.d_model;
   for (int64_t r = 0; r < n; ++r) {
-    float* xr = x_.data() + r * C;
-    ops::dequantize_row(w.tok_embd.data, w.tok_embd.type, C, rows[r].token, xr);
-    if (w.pos_embd.present()) {
-      float* pr = tmp_.data() + r * C;
-      ops::dequantize_row(w.pos_embd.data, w.pos_embd.type, C, rows[r].pos, pr);
-      for (int64_t i = 0; i < C; ++i) xr[i] += pr[i];
-    }
+    tokens_[r] = rows[r].token;
     positions_[r] = rows[r].pos;
-    n_keys_[r] = rows[r].pos + 1;
-    const int64_t W = config().sliding_window;
-    first_key_[r] = static_cast<int32_t>(W > 0 ? std::max<int64_t>(0, rows[r].pos + 1 - W) : 0);
     tables_[r] = seqs_[rows[r].seq].blocks.data();
+    want_[r] = rows[r].want_logits ? 1 : 0;
   }
+  model::DecoderRows dr;
+  dr.n = n;
+  dr.tokens = tokens_.data();
+  dr.pos = positions_.data();
+  dr.tables = tables_.data();
+  dr.want_logits = want_.data();
   if (device_) {
+    fwd_->embed(dr);
     run_chunk_device(rows, n);
     return;
   }
-  for (int64_t l = 0; l < c.n_layers; ++l) layer(l, rows, n);
-
-  // Final norm and the output head, only for the rows whose logits were asked for.
-  int64_t m = 0;
-  for (int64_t r = 0; r < n; ++r)
-    if (rows[r].want_logits) {
-      std::memcpy(tmp_.data() + m * C, x_.data() + r * C, static_cast<size_t>(C) * sizeof(float));
-      ++m;
-    }
-  if (m == 0) return;
-  norm(xn_.data(), tmp_.data(), m, w.out_norm, w.out_norm_b);
-  float* dst = logits_.data() + logit_rows_done_ * c.vocab;
-  linear(Stage::head, dst, xn_.data(), m, w.output, {});
-  logit_rows_done_ += m;
+  model::PagedKv kv;
+  kv.base = cache_.layer_base(0);
+  kv.type = cache_.type();
+  kv.layer_stride = 2 * cache_.half_block_elems();
+  kv.block_tokens = opts_.block_tokens;
+  kv.block_stride = cache_.block_stride();
+  kv.v_offset = cache_.half_block_elems();
+  logit_rows_done_ +=
+      fwd_->forward(dr, kv, logits_.data() + logit_rows_done_ * config().vocab, stats_.stages);
 }
 
 void Engine::run_chunk_device(const Row* rows, int64_t n) {
@@ -392,7 +310,7 @@ void Engine::run_chunk_device(const Row* rows, int64_t n) {
   }
   backend::DecoderChunk chunk;
   chunk.n = n;
-  chunk.x = x_.data();
+  chunk.x = fwd_->x();
   chunk.pos = positions_.data();
   chunk.slot = slots_.data();
   chunk.tables = chunk_tables_.data();
@@ -406,76 +324,6 @@ void Engine::run_chunk_device(const Row* rows, int64_t n) {
   for (int i = 0; i < kNumStages; ++i)
     count_stage(static_cast<Stage>(i), t.seconds[i], t.weight_bytes[i]);
   device_->reset_stage_times();
-}
-
-void Engine::layer(int64_t l, const Row* rows, int64_t n) {
-  const model::DecoderConfig& c = config();
-  const model::DecoderLayer& w = model_.weights.layers[static_cast<size_t>(l)];
-  const ops::Context& ctx = opts_.ctx;
-  const int64_t C = c.d_model, D = c.head_dim, H = c.n_heads, Hkv = c.n_kv_heads;
-  const int64_t KV = c.kv_dim(), BT = opts_.block_tokens;
-
-  norm(xn_.data(), x_.data(), n, w.attn_norm, w.attn_norm_b);
-  // q, k and v read the same input: one grouped product (one hand-off, x quantized once).
-  linear_group(Stage::qkv, xn_.data(), n,
-               {{q_.data(), &w.wq, &w.bq}, {k_.data(), &w.wk, &w.bk}, {v_.data(), &w.wv, &w.bv}});
-  if (c.arch == DecoderArch::llama) {
-    ops::rope_forward(ctx, q_.data(), q_.data(), rope_, positions_.data(), 0, 1, n, H, D,
-                      c.rope_layout);
-    ops::rope_forward(ctx, k_.data(), k_.data(), rope_, positions_.data(), 0, 1, n, Hkv, D,
-                      c.rope_layout);
-  }
-  // Append this chunk's keys and values to the cache, then attend.
-  uint8_t* base = cache_.layer_base(l);
-  const int64_t stride = cache_.block_stride(), v_off = cache_.half_block_elems();
-  const int64_t eb = cache_.elem_bytes();
-  for (int64_t r = 0; r < n; ++r) {
-    const int64_t pos = rows[r].pos;
-    uint8_t* blk = base + tables_[r][pos / BT] * stride * eb;
-    const int64_t t = pos % BT;
-    for (int64_t g = 0; g < Hkv; ++g) {
-      // Keys go in transposed, (D, block_tokens) per head (see PagedAttentionArgs::k_transposed);
-      // values as rows.
-      write_key_column(cache_.type(), k_.data() + r * KV + g * D, blk + (g * BT * D + t) * eb, D,
-                       BT);
-      from_f32(cache_.type(), v_.data() + r * KV + g * D, blk + (v_off + g * BT * D + t * D) * eb,
-               D);
-    }
-  }
-  const profile::Timer attn_timer;
-  ops::PagedAttentionArgs a;
-  a.out = att_.data();
-  a.q = q_.data();
-  a.rows = n;
-  a.H = H;
-  a.Hkv = Hkv;
-  a.D = D;
-  a.kv = base;
-  a.kv_type = cache_.type();
-  a.k_transposed = true;
-  a.block_tokens = BT;
-  a.block_stride = stride;
-  a.v_offset = v_off;
-  a.block_tables = tables_.data();
-  a.n_keys = n_keys_.data();
-  if (c.sliding_window > 0) a.first_key = first_key_.data();
-  a.scale = 1.0f / std::sqrt(static_cast<float>(D));
-  ops::paged_attention(ctx, a);
-  count_stage(Stage::attention, attn_timer.seconds(), 0);
-
-  linear(Stage::attn_out, tmp_.data(), att_.data(), n, w.wo, w.bo);
-  ops::add(ctx, x_.data(), x_.data(), tmp_.data(), n * C);
-  norm(xn_.data(), x_.data(), n, w.ffn_norm, w.ffn_norm_b);
-  if (c.arch == DecoderArch::llama) {
-    linear_group(Stage::mlp_in, xn_.data(), n,
-                 {{ff_a_.data(), &w.w_gate, nullptr}, {ff_b_.data(), &w.w_up, nullptr}});
-    ops::swiglu_forward(ctx, ff_a_.data(), ff_a_.data(), ff_b_.data(), n, c.d_ff);
-  } else {
-    linear(Stage::mlp_in, ff_a_.data(), xn_.data(), n, w.w_up, w.b_up);
-    ops::gelu_forward(ctx, ff_a_.data(), ff_a_.data(), n * c.d_ff);
-  }
-  linear(Stage::mlp_down, tmp_.data(), ff_a_.data(), n, w.w_down, w.b_down);
-  ops::add(ctx, x_.data(), x_.data(), tmp_.data(), n * C);
 }
 
 }  // namespace tessera::infer

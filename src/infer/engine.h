@@ -5,7 +5,6 @@
 #pragma once
 
 #include <cstdint>
-#include <initializer_list>
 #include <memory>
 #include <span>
 #include <string>
@@ -14,6 +13,7 @@
 #include "backend/device_decoder.h"
 #include "infer/kv_cache.h"
 #include "model/decoder.h"
+#include "model/decoder_forward.h"
 #include "ops/context.h"
 #include "ops/ops.h"
 
@@ -47,18 +47,12 @@ struct Feed {
 // The parts of a forward pass timed apart: the weight products by the matrices they read (q/k/v
 // together, the attention output, the MLP's input matrices (gate and up, or GPT-2's up), its down
 // matrix, the output head), and attention over the cache.
-enum class Stage { qkv, attn_out, mlp_in, mlp_down, head, attention };
-inline constexpr int kNumStages = 6;
-const char* stage_name(Stage s);
+// Stages of the forward pass, as the model reports them.
+using model::kNumStages;
+using model::Stage;
+using model::stage_name;
+using model::StageStats;
 
-struct StageStats {
-  double seconds = 0;
-  int64_t weight_bytes = 0;  // weight bytes read (one pass over each matrix per call)
-};
-
-// Where time went in forward calls since the last reset (CPU: host wall time around each op; a
-// device decoder: `seconds` and `rows`, and the stages only while set_stage_timing is on, as
-// device time between events).
 struct EngineStats {
   double seconds = 0;
   int64_t rows = 0, forward_calls = 0;
@@ -118,29 +112,18 @@ class Engine {
   void run_chunk(const Row* rows, int64_t n);
   void run_chunk_device(const Row* rows, int64_t n);
   backend::DecoderDesc device_desc() const;
-  void layer(int64_t l, const Row* rows, int64_t n);
-  void linear(Stage stage, float* y, const float* x, int64_t n, const model::WeightRef& w,
-              const model::WeightRef& bias);
-  // Several linears of the same input x (n rows); each out gets x W^T [+ b].
-  struct LinearOut {
-    float* y;
-    const model::WeightRef* w;
-    const model::WeightRef* b;  // may be null
-  };
-  void linear_group(Stage stage, const float* x, int64_t n, std::initializer_list<LinearOut> outs);
   void count_stage(Stage stage, double seconds, int64_t weight_bytes);
-  void norm(float* out, const float* inp, int64_t n, const model::WeightRef& w,
-            const model::WeightRef& b);
 
   model::DecoderModel model_;
   EngineOptions opts_;
   KvCache cache_;
-  ops::RopeTable rope_;
   std::vector<Sequence> seqs_;
-  // Activations for max_rows rows, allocated once.
-  std::vector<float> x_, xn_, q_, k_, v_, att_, tmp_, ff_a_, ff_b_, stat_a_, stat_b_;
-  std::vector<int32_t> positions_, n_keys_, first_key_;
+  // The model's forward pass (its activations for max_rows rows), and a chunk's rows as it reads
+  // them.
+  std::unique_ptr<model::DecoderForward> fwd_;
+  std::vector<int32_t> tokens_, positions_;
   std::vector<const int32_t*> tables_;
+  std::vector<uint8_t> want_;
   std::vector<float> logits_;
   std::vector<Row> rows_;  // this call's token rows (kept to reuse its memory)
   // Device runs: the decoder, and per-chunk cache slots, block tables (rows, max_seq_blocks) and
