@@ -218,17 +218,7 @@ backend::Gpt2DeviceDesc Gpt2::device_desc(int64_t B, int64_t T) const {
   d.max_B = B;
   d.max_T = T;
   // The device keeps what the host plan keeps (plan() sets the policy; none before it).
-  switch (impl_->recompute) {
-    case Recompute::none:
-      d.recompute = backend::DeviceRecompute::none;
-      break;
-    case Recompute::gelu:
-      d.recompute = backend::DeviceRecompute::gelu;
-      break;
-    case Recompute::block:
-      d.recompute = backend::DeviceRecompute::block;
-      break;
-  }
+  d.recompute = impl_->recompute;
   d.n_params = table_.total_elems();
   d.wte = impl_->wte;
   d.wpe = impl_->wpe;

@@ -29,9 +29,7 @@ struct Gpt2Config {
 };
 
 enum class Precision { f32, bf16 };
-// none: keep every activation; gelu: recompute GELU outputs in backward; block: keep only each
-// block's input and recompute the block in backward (largest saving).
-enum class Recompute { none, gelu, block };
+using ops::Recompute;
 Precision parse_precision(const std::string& s);
 Recompute parse_recompute(const std::string& s);
 

@@ -8,14 +8,11 @@
 #include "core/arena.h"
 #include "core/tensor.h"
 #include "ops/context.h"
+#include "ops/ops.h"
 
 namespace tessera::train {
 
-struct AdamWConfig {
-  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
-  float weight_decay = 0.1f;
-  float clip = 1.0f;  // max global grad norm; 0 disables clipping
-};
+using ops::AdamWConfig;
 
 class AdamW {
  public:
@@ -35,18 +32,14 @@ class AdamW {
   int64_t size() const { return n_; }
   const AdamWConfig& config() const { return cfg_; }
 
-  struct Run {
-    int64_t offset, n;
-    bool decay;
-  };
-  const std::vector<Run>& runs() const { return runs_; }
+  const std::vector<ops::AdamWRun>& runs() const { return runs_; }
 
  private:
   AdamWConfig cfg_;
   ops::Context ctx_;
   int64_t n_;
   AlignedBuffer<float> m_, v_;
-  std::vector<Run> runs_;
+  std::vector<ops::AdamWRun> runs_;
 };
 
 }  // namespace tessera::train

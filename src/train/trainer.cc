@@ -149,7 +149,7 @@ Trainer::Trainer(const TrainOptions& opts, bool resume) : opts_(opts) {
     dev_ = backend::make_cuda_gpt2(model_->device_desc(opts_.batch, opts_.seq));
     dev_->upload_params(model_->params());
     dev_->upload_adam(opt_->m(), opt_->v());  // zeros, or the resumed state
-    for (const AdamW::Run& r : opt_->runs()) runs_.push_back({r.offset, r.n, r.decay});
+    runs_ = opt_->runs();
   }
 }
 
@@ -238,16 +238,7 @@ TrainResult Trainer::run() {
     const double lr = sched_.at(st_.step);
     double norm = 0;
     if (dev_) {
-      const AdamWConfig& ac = opt_->config();
-      backend::AdamStep as;
-      as.lr = static_cast<float>(lr);
-      as.beta1 = ac.beta1;
-      as.beta2 = ac.beta2;
-      as.eps = ac.eps;
-      as.weight_decay = ac.weight_decay;
-      as.clip = ac.clip;
-      as.t = st_.step + 1;
-      norm = dev_->adamw_step(runs_, as);
+      norm = dev_->adamw_step(runs_, opt_->config(), static_cast<float>(lr), st_.step + 1);
     } else {
       norm = opt_->step(model_->params(), model_->grads(), lr, st_.step + 1);
       model_->params_updated();

@@ -61,7 +61,7 @@ class Trainer {
   TrainState st_;
   std::vector<int32_t> inputs_, targets_;
   std::unique_ptr<backend::DeviceGpt2> dev_;  // --device cuda
-  std::vector<backend::AdamRun> runs_;
+  std::vector<ops::AdamWRun> runs_;
 };
 
 // Options for --resume DIR: the run options stored in DIR's checkpoint with out_dir = DIR.

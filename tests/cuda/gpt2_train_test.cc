@@ -85,8 +85,6 @@ TEST(CudaGpt2, GradientsAndLossCurveMatchCpu) {
   // Six AdamW steps on both (clip 1.0: the random model's first gradients exceed it).
   train::AdamWConfig ac;
   train::AdamW opt(cpu.tensors(), ac, ctx);
-  std::vector<backend::AdamRun> runs;
-  for (const train::AdamW::Run& r : opt.runs()) runs.push_back({r.offset, r.n, r.decay});
   for (int64_t step = 1; step <= 6; ++step) {
     batch(10 + static_cast<uint64_t>(step), inp, tgt);
     cpu.zero_grads();
@@ -96,15 +94,7 @@ TEST(CudaGpt2, GradientsAndLossCurveMatchCpu) {
     EXPECT_NEAR(lg, lc, 0.02 * lc) << "step " << step;
     const double nc = opt.step(cpu.params(), cpu.grads(), 1e-3, step);
     cpu.params_updated();
-    backend::AdamStep st;
-    st.lr = 1e-3f;
-    st.t = step;
-    st.beta1 = ac.beta1;
-    st.beta2 = ac.beta2;
-    st.eps = ac.eps;
-    st.weight_decay = ac.weight_decay;
-    st.clip = ac.clip;
-    const double ng = gpu->adamw_step(runs, st);
+    const double ng = gpu->adamw_step(opt.runs(), ac, 1e-3f, step);
     EXPECT_NEAR(ng, nc, 0.05 * nc) << "step " << step;
   }
   // The evaluation forward (no backward) agrees too, after the updates.

@@ -523,7 +523,7 @@ TYPED_TEST(CudaKernels, SoftmaxXentMatchesReference) {
 // ---- AdamW, global norm, scale, conversion ----
 
 template <typename G>
-void run_adamw(int64_t n, int64_t offset, const cuda::AdamWParams& a, bool with_bf16) {
+void run_adamw(int64_t n, int64_t offset, const ops::AdamWArgs& a, bool with_bf16) {
   SCOPED_TRACE(testing::Message() << "n=" << n << " offset=" << offset << " t=" << a.t
                                   << " bf16 grads=" << kIsBf16<G> << " bf16 copy=" << with_bf16);
   auto params = randn(n + offset, 91), m = randn(n + offset, 92, 0.1f);
@@ -558,7 +558,7 @@ void run_adamw(int64_t n, int64_t offset, const cuda::AdamWParams& a, bool with_
 
 TEST(CudaKernelsOptimizer, AdamWMatchesReferenceBitForBit) {
   TS_REQUIRE_CUDA_DEVICE();
-  cuda::AdamWParams a;
+  ops::AdamWArgs a;
   a.lr = 3e-4f;
   a.weight_decay = 0.1f;
   a.grad_scale = 0.5f;
@@ -692,7 +692,7 @@ TEST(CudaKernelsArgs, BadArgumentsThrowNamingTheParameter) {
                Error);
   EXPECT_THROW(cuda::softmax_xent<float>(nullptr, nullptr, nullptr, 1, 10, 5, 1.0f, nullptr),
                Error);
-  cuda::AdamWParams a;
+  ops::AdamWArgs a;
   a.t = 0;
   float dummy = 0;
   EXPECT_THROW(cuda::adamw<float>(&dummy, nullptr, &dummy, &dummy, &dummy, 1, a, nullptr), Error);

@@ -33,7 +33,7 @@ size_t align_up(size_t n) {
   return (n + kAlign - 1) / kAlign * kAlign;
 }
 
-// One block's saved activations (bf16 unless noted), N = B*T rows. With DeviceRecompute::block
+// One block's saved activations (bf16 unless noted), N = B*T rows. With ops::Recompute::block
 // every block points at one shared set; with gelu (and block) `gelu` is dbig, the backward's
 // (N, 4C) scratch, which is free during the forward.
 struct BlockActs {
@@ -55,7 +55,8 @@ class CudaGpt2 final : public DeviceGpt2 {
   float forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T) override;
   float forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
                          float loss_scale) override;
-  double adamw_step(const std::vector<AdamRun>& runs, const AdamStep& s) override;
+  double adamw_step(const std::vector<ops::AdamWRun>& runs, const ops::AdamWConfig& cfg, float lr,
+                    int64_t t) override;
   int64_t device_bytes() const override {
     return static_cast<int64_t>(state_.size() + acts_.size() + work_.size());
   }
@@ -68,7 +69,7 @@ class CudaGpt2 final : public DeviceGpt2 {
   void backward(int64_t B, int64_t T);
   // Block l on resid[l] (and, for l > 0, the previous block's MLP output left in scratch_c, whose
   // residual add is fused with ln_1 and writes resid[l]). Leaves the block's MLP output in
-  // scratch_c. A replay (backward under DeviceRecompute::block) rebuilds the block's saved set
+  // scratch_c. A replay (backward under ops::Recompute::block) rebuilds the block's saved set
   // from resid[l] alone and stops after c_fc: the backward recomputes GELU itself.
   void block_forward(int64_t l, int64_t B, int64_t T, bool replay);
   // y (n, n_out) = x (n, n_in) W^T [+ b], all bf16; W at parameter offset w_off.
@@ -139,11 +140,11 @@ CudaGpt2::CudaGpt2(const Gpt2DeviceDesc& d, int device)
 
   // Activations: one allocation carved in order (bf16 counts, then f32 counts): a full set per
   // block (none, gelu: without the GELU outputs) or one shared set (block).
-  const DeviceRecompute rc = d_.recompute;
+  const ops::Recompute rc = d_.recompute;
   TS_CHECK(
-      rc == DeviceRecompute::none || rc == DeviceRecompute::gelu || rc == DeviceRecompute::block,
+      rc == ops::Recompute::none || rc == ops::Recompute::gelu || rc == ops::Recompute::block,
       op, " unknown recompute policy ", static_cast<int>(rc));
-  const int64_t n_sets = rc == DeviceRecompute::block ? 1 : L;
+  const int64_t n_sets = rc == ops::Recompute::block ? 1 : L;
   std::vector<std::pair<void**, size_t>> parts;
   auto bf = [&](bf16** ptr, int64_t n) {
     parts.emplace_back(reinterpret_cast<void**>(ptr), static_cast<size_t>(n) * 2);
@@ -161,7 +162,7 @@ CudaGpt2::CudaGpt2(const Gpt2DeviceDesc& d, int device)
     bf(&a.resid_mid, N * C);
     bf(&a.ln2, N * C);
     bf(&a.fch, N * 4 * C);
-    if (rc == DeviceRecompute::none) bf(&a.gelu, N * 4 * C);
+    if (rc == ops::Recompute::none) bf(&a.gelu, N * 4 * C);
     f32(&a.ln1_mean, N);
     f32(&a.ln1_rstd, N);
     f32(&a.ln2_mean, N);
@@ -179,10 +180,10 @@ CudaGpt2::CudaGpt2(const Gpt2DeviceDesc& d, int device)
   f32(&norm_ws_, cuda::norm_backward_workspace_floats(N, C));
   f32(&bias_ws_, cuda::bias_grad_workspace_floats(N, 4 * C));  // the widest bias is c_fc's
   acts_ = cuda::carve(pool_, s, parts);
-  if (rc != DeviceRecompute::none)
+  if (rc != ops::Recompute::none)
     for (BlockActs& a : blocks_) a.gelu = dbig_;
   // Every block names its set (the shared one under block), so the passes index blocks_[l].
-  if (rc == DeviceRecompute::block) blocks_.resize(static_cast<size_t>(L), blocks_[0]);
+  if (rc == ops::Recompute::block) blocks_.resize(static_cast<size_t>(L), blocks_[0]);
 
   // Small work buffers: token ids, the norm reduction, the attention backward workspace.
   const int64_t sizes[] = {P};
@@ -360,9 +361,9 @@ void CudaGpt2::backward(int64_t B, int64_t T) {
     const Gpt2BlockOffsets& o = d_.blocks[static_cast<size_t>(l)];
     const BlockActs& a = blocks_[static_cast<size_t>(l)];
     // scratch_c is free here (the previous norm backward consumed it): the replay may use it.
-    if (d_.recompute == DeviceRecompute::block) block_forward(l, B, T, /*replay=*/true);
+    if (d_.recompute == ops::Recompute::block) block_forward(l, B, T, /*replay=*/true);
     // GELU outputs: kept per block under none, else recomputed into dbig (a.gelu == dbig).
-    if (d_.recompute != DeviceRecompute::none)
+    if (d_.recompute != ops::Recompute::none)
       cuda::gelu_forward<bf16>(a.gelu, a.fch, N * 4 * C, s);
     // MLP branch. a.gelu may be dbig itself: the dW GEMM reads it before the dx GEMM writes dbig
     // (one stream, in order).
@@ -407,7 +408,8 @@ float CudaGpt2::forward_backward(const int32_t* tokens, const int32_t* targets, 
   return run_forward(tokens, targets, B, T, loss_scale, true);
 }
 
-double CudaGpt2::adamw_step(const std::vector<AdamRun>& runs, const AdamStep& st) {
+double CudaGpt2::adamw_step(const std::vector<ops::AdamWRun>& runs, const ops::AdamWConfig& cfg,
+                            float lr, int64_t t) {
   const cuda::DeviceGuard guard(device_);
   cudaStream_t s = stream_.get();
   const float* ptrs[] = {grads_};
@@ -417,19 +419,19 @@ double CudaGpt2::adamw_step(const std::vector<AdamRun>& runs, const AdamStep& st
   cuda::copy_to_host_async(&sumsq, sumsq_, sizeof(double), s);
   stream_.synchronize();
   const double norm = std::sqrt(sumsq);
-  TS_CHECK(std::isfinite(norm), "[cuda gpt2] gradient norm is ", norm, " at step ", st.t,
+  TS_CHECK(std::isfinite(norm), "[cuda gpt2] gradient norm is ", norm, " at step ", t,
            " (diverged; lower the learning rate)");
-  const float scale = st.clip > 0 && norm > st.clip ? static_cast<float>(st.clip / norm) : 1.0f;
-  for (const AdamRun& r : runs) {
+  const float scale = cfg.clip > 0 && norm > cfg.clip ? static_cast<float>(cfg.clip / norm) : 1.0f;
+  for (const ops::AdamWRun& r : runs) {
     TS_CHECK(r.offset >= 0 && r.n >= 0 && r.offset + r.n <= d_.n_params, "[cuda gpt2] AdamW run [",
              r.offset, ", +", r.n, ") outside the parameters");
-    cuda::AdamWParams a;
-    a.lr = st.lr;
-    a.beta1 = st.beta1;
-    a.beta2 = st.beta2;
-    a.eps = st.eps;
-    a.weight_decay = r.decay ? st.weight_decay : 0.0f;
-    a.t = st.t;
+    ops::AdamWArgs a;
+    a.lr = lr;
+    a.beta1 = cfg.beta1;
+    a.beta2 = cfg.beta2;
+    a.eps = cfg.eps;
+    a.weight_decay = r.decay ? cfg.weight_decay : 0.0f;
+    a.t = t;
     a.grad_scale = scale;
     cuda::adamw<float>(params_ + r.offset, params16_ + r.offset, grads_ + r.offset, m_ + r.offset,
                        v_ + r.offset, r.n, a, s);

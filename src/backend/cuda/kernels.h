@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "backend/cuda/quant_matvec.h"
+#include "ops/ops.h"
 
 namespace tessera::cuda {
 
@@ -149,20 +150,13 @@ void softmax_xent(float* losses, E* logits, const int32_t* targets, int64_t N, i
 
 // ---- Optimizer and gradient utilities ----
 
-// The fields of ops::AdamWArgs; t counts from 1.
-struct AdamWParams {
-  float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0;
-  int64_t t = 1;
-  float grad_scale = 1.0f;
-};
-
 // One AdamW step on n parameters: params, m, v (n) f32 updated in place; grads (n) f32 or bf16.
 // params_bf16 (n), if not null, receives the updated parameters rounded to bf16 in the same
 // pass. Each element goes through the CPU reference's sequence of separately rounded f32
 // operations (no FMA contraction), so f32 results equal backend/cpu/ref's bit for bit.
 template <typename G>
 void adamw(float* params, __nv_bfloat16* params_bf16, const G* grads, float* m, float* v, int64_t n,
-           const AdamWParams& a, cudaStream_t stream);
+           const ops::AdamWArgs& a, cudaStream_t stream);
 
 // Doubles of scratch global_sum_squares needs for these tensor sizes.
 int64_t global_sum_squares_workspace(const int64_t* sizes, int count);

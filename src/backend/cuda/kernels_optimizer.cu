@@ -98,7 +98,7 @@ __global__ void sum_partials_kernel(double* out, const double* part, int64_t cou
 
 template <typename G>
 void adamw(float* params, __nv_bfloat16* params_bf16, const G* grads, float* m, float* v, int64_t n,
-           const AdamWParams& a, cudaStream_t stream) {
+           const ops::AdamWArgs& a, cudaStream_t stream) {
   TS_CHECK(n >= 0, "[adamw] size n=", n, " must be >= 0");
   TS_CHECK(a.t >= 1, "[adamw] step t must count from 1, got ", a.t);
   TS_CHECK(a.beta1 >= 0.0f && a.beta1 < 1.0f, "[adamw] beta1 must be in [0, 1), got ", a.beta1);
@@ -174,9 +174,9 @@ void global_sum_squares(double* out, const G* const* ptrs, const int64_t* sizes,
 }
 
 template void adamw<float>(float*, __nv_bfloat16*, const float*, float*, float*, int64_t,
-                           const AdamWParams&, cudaStream_t);
+                           const ops::AdamWArgs&, cudaStream_t);
 template void adamw<__nv_bfloat16>(float*, __nv_bfloat16*, const __nv_bfloat16*, float*, float*,
-                                   int64_t, const AdamWParams&, cudaStream_t);
+                                   int64_t, const ops::AdamWArgs&, cudaStream_t);
 template void global_sum_squares<float>(double*, const float* const*, const int64_t*, int, double*,
                                         cudaStream_t);
 template void global_sum_squares<__nv_bfloat16>(double*, const __nv_bfloat16* const*,
