@@ -21,17 +21,15 @@ std::string in_dir(const std::string& dir, const std::string& name) {
   return (std::filesystem::path(dir) / name).string();
 }
 
-int run(const std::vector<std::string>& argv) {
-  Args a(argv);
-  const std::string dir = a.required("--ckpt");
-  const std::string prompt = a.str("--prompt", "");
+int run(const Args& a) {
+  const std::string dir = a.str("--ckpt");
+  const std::string prompt = a.str("--prompt");
   train::SampleOptions so;
-  so.max_tokens = a.i64("--max-tokens", 200, 0, int64_t{1} << 24);
-  so.temperature = a.f64("--temperature", 1.0, 0.0, 100.0);
-  so.top_k = a.i64("--top-k", 0, 0, int64_t{1} << 24);
-  so.seed = static_cast<uint64_t>(a.i64("--seed", 1, 0, int64_t{1} << 62));
-  const int64_t threads = a.i64("--threads", 0, 0, 4096);
-  a.finish();
+  so.max_tokens = a.i64("--max-tokens");
+  so.temperature = a.f64("--temperature");
+  so.top_k = a.i64("--top-k");
+  so.seed = static_cast<uint64_t>(a.i64("--seed"));
+  const int64_t threads = a.i64("--threads");
   if (threads > 0) set_default_threads(static_cast<int>(threads));
 
   // Model: <dir>/model (written at the end of training), <dir> itself if it is an HF folder,
@@ -83,7 +81,24 @@ int run(const std::vector<std::string>& argv) {
   return 0;
 }
 
-const Registrar reg({"sample", "generate text from a trained run or a model folder", &run});
+const Registrar reg({
+    "sample",
+    "generate text from a trained run or a model folder",
+    {
+        Flag::text("--ckpt", "", "a run's folder (its model/ or checkpoint) or an HF GPT-2 folder",
+                   "DIR")
+            .required(),
+        Flag::text("--prompt", "", "text to continue; empty: start from <|endoftext|>"),
+        Flag::integer("--max-tokens", 200, 0, int64_t{1} << 24, "most tokens to generate"),
+        Flag::number("--temperature", 1.0, 0.0, 100.0, "sampling temperature; 0: greedy"),
+        Flag::integer("--top-k", 0, 0, int64_t{1} << 24, "keep the k most likely; 0: all"),
+        Flag::integer("--seed", 1, 0, int64_t{1} << 62, "random seed"),
+        Flag::integer("--threads", 0, 0, 4096, "worker threads; 0: all cores"),
+    },
+    {},
+    &run,
+    {},
+});
 
 }  // namespace
 }  // namespace tessera::cli
