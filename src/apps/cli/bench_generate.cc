@@ -4,7 +4,6 @@
 // batch sizes (memory-bound at 1, compute-bound as the batch grows).
 #include <algorithm>
 #include <cstdio>
-#include <sstream>
 #include <string>
 #include <vector>
 
