@@ -6,7 +6,9 @@
 # and PyTorch attention and torch.matmul through the image's PyTorch,
 # bench/cuda/torch_yardstick.py), then `tessera bench generate --device cuda` on synthetic
 # 1B/8B Llamas and `tessera bench train --device cuda` on GPT-2 small, and writes logs and a
-# summary to $OUT
+# summary to $OUT. The CLI tests (tests/cli: the ones `ctest` runs there) run after the CUDA tests:
+# with a GPU, `generate --device cuda` must produce text; their InferCli tests need
+# models/SmolLM2-135M-Instruct.Q4_1.gguf (98 MB, more than a device run carries) in the tree.
 # (./gpu-out when OUT is unset). Stages are bounded so the whole run ends within ~8 minutes.
 #
 # Usage: scripts/gpu-check.sh [--dry-run]
@@ -109,6 +111,8 @@ fi
 
 tests=()
 for f in "$root"/tests/cuda/*_test.cc; do tests+=("cuda_$(basename "$f" .cc)"); done
+cli_tests=()
+for f in "$root"/tests/cli/*_test.cc; do cli_tests+=("cli_$(basename "$f" .cc)"); done
 benches=()
 for f in "$root"/bench/cuda/*_bench.cu; do
   [[ -e "$f" ]] && benches+=("tessera_cuda_$(basename "$f" .cu)")
@@ -116,11 +120,12 @@ done
 if [[ -n "${GPU_CHECK_ONLY:-}" ]]; then
   mapfile -t tests < <(printf '%s\n' "${tests[@]}" | grep -E "$GPU_CHECK_ONLY")
   mapfile -t benches < <(printf '%s\n' "${benches[@]}" | grep -E "$GPU_CHECK_ONLY")
+  mapfile -t cli_tests < <(printf '%s\n' "${cli_tests[@]}" | grep -E "$GPU_CHECK_ONLY")
 fi
 # The tessera binary runs the whole engine on the GPU (bench generate --device cuda below).
 engine=(tessera)
 if [[ -n "${GPU_CHECK_ONLY:-}" ]] && ! grep -qE "$GPU_CHECK_ONLY" <<<"tessera"; then engine=(); fi
-log "targets: ${tests[*]} ${benches[*]} ${engine[*]}"
+log "targets: ${tests[*]} ${benches[*]} ${engine[*]} ${cli_tests[*]}"
 if ((${#tests[@]} + ${#benches[@]} == 0)); then
   log "FATAL: no CUDA test or bench targets selected"
   exit 2
@@ -133,7 +138,7 @@ fi
 # ---- build (keep going past failures: one broken kernel must not hide the other results) ----
 limit=$(stage_limit 330 90)
 timeout -k 5 "$limit" ninja -C "$build" -k 0 -j "$jobs" "${tests[@]}" "${benches[@]}" "${engine[@]}" \
-  >"$out/build.log" 2>&1
+  "${cli_tests[@]}" >"$out/build.log" 2>&1
 rc=$?
 log "build: rc=$rc ($(elapsed) s, limit $limit s)"
 if ((rc != 0)); then
@@ -141,43 +146,63 @@ if ((rc != 0)); then
 fi
 
 # ---- tests ----
-pass=0 fail=0 skip=0 broken=0
+# Runs test binaries (names under $build/tests), appending to tests.log; adds to the totals
+# t_pass, t_fail, t_skip and t_broken (binaries failing or missing). Each binary gets at most
+# `cap` seconds, keeping `reserve` for what follows.
+run_test_binaries() {
+  local cap=$1 reserve=$2 t bin limit rc p f s status
+  shift 2
+  t_pass=0 t_fail=0 t_skip=0 t_broken=0
+  for t in "$@"; do
+    bin="$build/tests/$t"
+    if [[ ! -x "$bin" ]]; then
+      log "test $t: NOT BUILT"
+      t_broken=$((t_broken + 1))
+      continue
+    fi
+    limit=$(stage_limit "$cap" "$reserve")
+    echo "===== $t" >>"$out/tests.log"
+    # Full gtest output (not --gtest_brief: brief mode prints neither the failed-test count nor
+    # the RUN lines that name the test a timeout or a crash stopped in).
+    timeout -k 5 "$limit" "$bin" --gtest_color=no >"$out/.test_one.log" 2>&1
+    rc=$?
+    cat "$out/.test_one.log" >>"$out/tests.log"
+    # One number each (tail -1: a stray second summary line must not break the arithmetic).
+    p=$(grep -oE '^\[  PASSED  \] [0-9]+' "$out/.test_one.log" | grep -oE '[0-9]+$' | tail -1)
+    f=$(grep -oE '^\[  FAILED  \] [0-9]+ tests?,' "$out/.test_one.log" | grep -oE '[0-9]+' | tail -1)
+    s=$(grep -oE '^\[  SKIPPED \] [0-9]+' "$out/.test_one.log" | grep -oE '[0-9]+$' | tail -1)
+    [[ "$p" =~ ^[0-9]+$ ]] || p=0
+    [[ "$f" =~ ^[0-9]+$ ]] || f=0
+    [[ "$s" =~ ^[0-9]+$ ]] || s=0
+    t_pass=$((t_pass + p)) t_fail=$((t_fail + f)) t_skip=$((t_skip + s))
+    status=ok
+    ((rc == 124)) && status="TIMEOUT after $limit s"
+    ((rc != 0 && rc != 124)) && status="FAILED rc=$rc"
+    ((rc != 0)) && t_broken=$((t_broken + 1))
+    log "test $t: $status, passed $p, failed $f, skipped $s ($(elapsed) s)"
+    grep -E '^\[  FAILED  \] [A-Za-z]' "$out/.test_one.log" | sed 's/ ([0-9]* ms)$//' | sort -u |
+      head -20 | tee -a "$summary"
+    if ((rc != 0)); then
+      log "  last test started: $(grep -E '^\[ RUN      \]' "$out/.test_one.log" | tail -1)"
+    fi
+  done
+  rm -f "$out/.test_one.log"
+}
+
 : >"$out/tests.log"
-for t in "${tests[@]}"; do
-  bin="$build/tests/$t"
-  if [[ ! -x "$bin" ]]; then
-    log "test $t: NOT BUILT"
-    broken=$((broken + 1))
-    continue
-  fi
-  limit=$(stage_limit 120 60)
-  echo "===== $t" >>"$out/tests.log"
-  # Full gtest output (not --gtest_brief: brief mode prints neither the failed-test count nor the
-  # RUN lines that name the test a timeout or a crash stopped in).
-  timeout -k 5 "$limit" "$bin" --gtest_color=no >"$out/.test_one.log" 2>&1
-  rc=$?
-  cat "$out/.test_one.log" >>"$out/tests.log"
-  # One number each (tail -1: a stray second summary line must not break the arithmetic).
-  p=$(grep -oE '^\[  PASSED  \] [0-9]+' "$out/.test_one.log" | grep -oE '[0-9]+$' | tail -1)
-  f=$(grep -oE '^\[  FAILED  \] [0-9]+ tests?,' "$out/.test_one.log" | grep -oE '[0-9]+' | tail -1)
-  s=$(grep -oE '^\[  SKIPPED \] [0-9]+' "$out/.test_one.log" | grep -oE '[0-9]+$' | tail -1)
-  [[ "$p" =~ ^[0-9]+$ ]] || p=0
-  [[ "$f" =~ ^[0-9]+$ ]] || f=0
-  [[ "$s" =~ ^[0-9]+$ ]] || s=0
-  pass=$((pass + p)) fail=$((fail + f)) skip=$((skip + s))
-  status=ok
-  ((rc == 124)) && status="TIMEOUT after $limit s"
-  ((rc != 0 && rc != 124)) && status="FAILED rc=$rc"
-  ((rc != 0)) && broken=$((broken + 1))
-  log "test $t: $status, passed $p, failed $f, skipped $s ($(elapsed) s)"
-  grep -E '^\[  FAILED  \] [A-Za-z]' "$out/.test_one.log" | sed 's/ ([0-9]* ms)$//' | sort -u |
-    head -20 | tee -a "$summary"
-  if ((rc != 0)); then
-    log "  last test started: $(grep -E '^\[ RUN      \]' "$out/.test_one.log" | tail -1)"
-  fi
-done
-rm -f "$out/.test_one.log"
+run_test_binaries 120 60 "${tests[@]}"
+pass=$t_pass fail=$t_fail skip=$t_skip broken=$t_broken
 log "tests: passed $pass, failed $fail, skipped $skip, binaries failing/missing $broken"
+
+# The CLI tests run the tessera binary (InferCli.DeviceCuda generates on the GPU); their model is
+# not carried by a device run, so say whether it is there before they fail for the lack of it.
+if ((${#cli_tests[@]})); then
+  cli_model="$root/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+  [[ -f "$cli_model" ]] || log "cli tests: $cli_model missing: the InferCli tests will fail"
+  run_test_binaries 120 60 "${cli_tests[@]}"
+  log "cli tests: passed $t_pass, failed $t_fail, skipped $t_skip, binaries failing/missing $t_broken"
+  fail=$((fail + t_fail)) broken=$((broken + t_broken))
+fi
 
 # ---- benches first (each issue target has one; each takes seconds), then the yardsticks, then
 # the whole engine and trainer; a stage starts only with 15 s of budget left ----

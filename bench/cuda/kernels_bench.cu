@@ -16,7 +16,7 @@
 namespace {
 
 using bf16 = __nv_bfloat16;
-using tessera::cuda::AdamWParams;
+using tessera::ops::AdamWArgs;
 namespace k = tessera::cuda;
 
 constexpr int kWarmup = 2, kReps = 10;
@@ -177,7 +177,7 @@ void bench_optimizer() {
   float* m = alloc<float>(n);
   float* v = alloc<float>(n);
   bf16* p16 = alloc<bf16>(n);
-  AdamWParams a;
+  AdamWArgs a;
   a.lr = 1e-4f;
   a.weight_decay = 0.1f;
   const double dn = static_cast<double>(n);

@@ -63,6 +63,35 @@ TEST(Cli, OutOfRangeNumber) {
   expect_one_line_error("probe --threads -4", "--threads");
 }
 
+// Arguments a command does not take are refused, never silently ignored.
+TEST(Cli, StrayPositional) {
+  expect_one_line_error("probe stray", "'stray'");
+  expect_one_line_error("generate -m x.gguf -p hi extra", "'extra'");
+  expect_one_line_error("convert a.gguf b c", "'c'");
+  expect_one_line_error("bench gemm 512", "'512'");
+}
+
+TEST(Cli, UnknownSingleDashFlag) {
+  expect_one_line_error("generate -m x.gguf -p hi -k 40", "-k");
+  expect_one_line_error("train -x 1", "-x");
+}
+
+// Every list flag goes through one parser: empty lists, empty items and bad items name the flag.
+TEST(Cli, EmptyOrMalformedLists) {
+  for (const char* batch : {"''", "1,,4", "1,x", "1,", "0", "4097"})
+    expect_one_line_error(std::string("bench generate --batch ") + batch, "--batch");
+  for (const char* sizes : {"''", "256,,512", "big"})
+    expect_one_line_error(std::string("bench gemm --sizes ") + sizes, "--sizes");
+  for (const char* ids : {"''", "1,,2", "1,-2"})
+    expect_one_line_error(std::string("tokenizer decode --tok t.json --ids ") + ids, "--ids");
+  expect_one_line_error("tokenizer train --in a --out b --specials 'x,,y'", "--specials");
+}
+
+TEST(Cli, MissingOrUnknownSubcommand) {
+  expect_one_line_error("bench", "gemm");
+  expect_one_line_error("tokenizer frob", "frob");
+}
+
 TEST(Cli, UnknownBenchmark) {
   expect_one_line_error("bench nonsense", "nonsense");
 }

@@ -1,16 +1,18 @@
 // The inference commands end to end on the default model: greedy generation, quantize with its
-// error report, GGUF -> HF folder -> GGUF conversion, perplexity, bench generate --json; and
-// one-line errors for bad input.
+// error report, GGUF -> HF folder -> GGUF conversion, perplexity, bench generate --json,
+// generation on --device cuda where a GPU is; and one-line errors for bad input.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
+#include "backend/device.h"
 #include "nlohmann/json.hpp"
 
 namespace {
@@ -150,9 +152,6 @@ TEST_F(InferCli, BadInputIsOneLine) {
       {"bench generate -m " + kModel + " --batch 0", "--batch"},
       {"generate -m " + kModel + " -p hi --kv-type q8_0", "--kv-type"},
       {"generate -m " + kModel + " -p hi --device tpu", "--device"},
-      // Without CUDA, without a GPU, or (for now) with one: always a one-line "[cuda]" error,
-      // never a silent fall back to the CPU.
-      {"generate -m " + kModel + " -p hi --device cuda", "[cuda] --device cuda"},
   };
   for (const Case& c : cases) {
     const Result r = run_tessera(c.args);
@@ -160,6 +159,28 @@ TEST_F(InferCli, BadInputIsOneLine) {
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << c.args << ": " << r.err;
     EXPECT_NE(r.err.find(c.mention), std::string::npos) << c.args << ": " << r.err;
   }
+}
+
+// Without CUDA in the build or without a GPU: a one-line "[cuda]" error, never a silent fall back
+// to the CPU. With a GPU: real text, generated on it.
+TEST_F(InferCli, DeviceCuda) {
+  const Result r = run_tessera("generate -m " + kModel +
+                               " -p 'The capital of France is' -n 6 --temperature 0 --raw "
+                               "--device cuda");
+  if (!tessera::backend::cuda_built() || tessera::backend::cuda_device_count() == 0) {
+    EXPECT_NE(r.status, 0);
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_NE(r.err.find("[cuda] --device cuda"), std::string::npos) << r.err;
+    return;
+  }
+  ASSERT_EQ(r.status, 0) << r.err;
+  // The output starts with the raw prompt; the model must add words of its own after it.
+  const std::string prompt = "The capital of France is";
+  ASSERT_EQ(r.out.rfind(prompt, 0), 0u) << r.out;
+  const std::string added = r.out.substr(prompt.size());
+  EXPECT_TRUE(std::any_of(added.begin(), added.end(), [](char c) { return std::isalpha(c); }))
+      << r.out;
+  EXPECT_NE(r.err.find("tokens/s"), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// `tessera train` flag parsing through cli::Args: valid flags map to options, nonsense throws.
+// `tessera train` flag parsing through its cli::Args table: valid flags map to options, nonsense
+// throws.
 #include <gtest/gtest.h>
 
 #include "test_util/expect_error.h"
@@ -10,7 +11,7 @@ namespace tessera::cli {
 namespace {
 
 train::TrainOptions parse(const std::vector<std::string>& argv, bool* resume) {
-  Args a(argv, {"--quiet"});
+  const Args a(train_flags(), argv);
   return parse_train_options(a, resume);
 }
 

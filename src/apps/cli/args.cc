@@ -1,8 +1,10 @@
-// Strict flag parsing and the command registry.
+// Flag tables: strict parsing against them, the help text printed from them, and the registry.
 #include "apps/cli/args.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 
 #include "core/error.h"
 
@@ -10,55 +12,37 @@ namespace tessera::cli {
 
 namespace {
 
-// Single-letter spellings of common flags (as llama.cpp-style tools accept them).
-std::string long_name(const std::string& a) {
-  if (a == "-m") return "--model";
-  if (a == "-p") return "--prompt";
-  if (a == "-n") return "--tokens";
-  if (a == "-f") return "--file";
-  if (a == "-t") return "--threads";
-  return a;
+// The single-letter spellings llama.cpp-style tools use; a command that has the long flag
+// accepts its letter too.
+std::string standard_alias(const std::string& name) {
+  if (name == "--model") return "-m";
+  if (name == "--prompt") return "-p";
+  if (name == "--tokens") return "-n";
+  if (name == "--file") return "-f";
+  if (name == "--threads") return "-t";
+  return "";
 }
 
-}  // namespace
-
-Args::Args(const std::vector<std::string>& argv, const std::set<std::string>& switches) {
-  for (size_t i = 0; i < argv.size(); ++i) {
-    const std::string& a = long_name(argv[i]);
-    if (a.size() > 2 && a[0] == '-' && a[1] == '-') {
-      const auto eq = a.find('=');
-      if (eq != std::string::npos) {
-        values_[a.substr(0, eq)] = a.substr(eq + 1);
-      } else if (switches.count(a)) {
-        values_[a] = "1";
-      } else {
-        TS_CHECK(i + 1 < argv.size(), "flag ", a, " needs a value");
-        values_[a] = argv[++i];
-      }
-    } else {
-      positional_.push_back(a);
-    }
-  }
+Flag make(std::string name, FlagKind kind, std::string def, std::string help, std::string metavar) {
+  Flag f;
+  f.alias = standard_alias(name);
+  f.name = std::move(name);
+  f.kind = kind;
+  f.def = std::move(def);
+  f.help = std::move(help);
+  f.metavar = std::move(metavar);
+  return f;
 }
 
-std::string Args::str(const std::string& flag, const std::string& def) {
-  seen_.insert(flag);
-  auto it = values_.find(flag);
-  return it == values_.end() ? def : it->second;
+// Shortest text that parses back to the same value.
+template <typename T>
+std::string shortest(T v) {
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
 }
 
-std::string Args::required(const std::string& flag) {
-  seen_.insert(flag);
-  auto it = values_.find(flag);
-  TS_CHECK(it != values_.end() && !it->second.empty(), "missing required flag ", flag);
-  return it->second;
-}
-
-int64_t Args::i64(const std::string& flag, int64_t def, int64_t lo, int64_t hi) {
-  seen_.insert(flag);
-  auto it = values_.find(flag);
-  if (it == values_.end()) return def;
-  const std::string& s = it->second;
+int64_t parse_integer(const std::string& flag, const std::string& s, int64_t lo, int64_t hi) {
   int64_t v = 0;
   auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
   TS_CHECK(ec == std::errc() && p == s.data() + s.size(), "flag ", flag,
@@ -67,11 +51,7 @@ int64_t Args::i64(const std::string& flag, int64_t def, int64_t lo, int64_t hi) 
   return v;
 }
 
-double Args::f64(const std::string& flag, double def, double lo, double hi) {
-  seen_.insert(flag);
-  auto it = values_.find(flag);
-  if (it == values_.end()) return def;
-  const std::string& s = it->second;
+double parse_number(const std::string& flag, const std::string& s, double lo, double hi) {
   double v = 0;
   auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
   TS_CHECK(ec == std::errc() && p == s.data() + s.size() && std::isfinite(v), "flag ", flag,
@@ -80,13 +60,291 @@ double Args::f64(const std::string& flag, double def, double lo, double hi) {
   return v;
 }
 
-bool Args::has(const std::string& flag) {
-  seen_.insert(flag);
+// Checks a value (given or default) against its flag's kind and range.
+void check_value(const Flag& f, const std::string& v) {
+  switch (f.kind) {
+    case FlagKind::integer:
+      parse_integer(f.name, v, f.ilo, f.ihi);
+      break;
+    case FlagKind::number:
+      parse_number(f.name, v, f.flo, f.fhi);
+      break;
+    case FlagKind::int_list:
+      parse_int_list(f.name, v, f.ilo, f.ihi);
+      break;
+    case FlagKind::text_list:
+      if (!(v.empty() && f.empty_list_ok)) split_list(f.name, v);
+      break;
+    case FlagKind::text:
+    case FlagKind::toggle:
+      break;
+  }
+}
+
+bool is_help(const std::string& a) {
+  return a == "--help" || a == "-h";
+}
+
+// Whether --help or -h stands in flag position (not as the value of a flag before it).
+bool wants_help(const Flags& table, const std::vector<std::string>& argv) {
+  for (size_t i = 0; i < argv.size(); ++i) {
+    if (is_help(argv[i])) return true;
+    for (const Flag& f : table)
+      if ((argv[i] == f.name || argv[i] == f.alias) && f.kind != FlagKind::toggle) ++i;
+  }
+  return false;
+}
+
+}  // namespace
+
+Flag Flag::text(std::string name, std::string def, std::string help, std::string metavar) {
+  return make(std::move(name), FlagKind::text, std::move(def), std::move(help), std::move(metavar));
+}
+
+Flag Flag::integer(std::string name, int64_t def, int64_t lo, int64_t hi, std::string help) {
+  Flag f = make(std::move(name), FlagKind::integer, cat(def), std::move(help), "N");
+  f.ilo = lo, f.ihi = hi;
+  return f;
+}
+
+Flag Flag::number(std::string name, double def, double lo, double hi, std::string help) {
+  Flag f = make(std::move(name), FlagKind::number, shortest(def), std::move(help), "X");
+  f.flo = lo, f.fhi = hi;
+  return f;
+}
+
+// A float default shows as the float reads ("0.8", not 0.800000011920929): parsed back and
+// narrowed to float it is the same value.
+Flag Flag::number(std::string name, float def, double lo, double hi, std::string help) {
+  Flag f = number(std::move(name), static_cast<double>(def), lo, hi, std::move(help));
+  f.def = shortest(def);
+  return f;
+}
+
+Flag Flag::toggle(std::string name, std::string help) {
+  return make(std::move(name), FlagKind::toggle, "", std::move(help), "");
+}
+
+Flag Flag::int_list(std::string name, std::string def, int64_t lo, int64_t hi, std::string help) {
+  Flag f = make(std::move(name), FlagKind::int_list, std::move(def), std::move(help), "N,N,...");
+  f.ilo = lo, f.ihi = hi;
+  return f;
+}
+
+Flag Flag::text_list(std::string name, std::string def, std::string help) {
+  return make(std::move(name), FlagKind::text_list, std::move(def), std::move(help), "A,B,...");
+}
+
+Flags join(std::initializer_list<Flags> parts) {
+  Flags out;
+  for (const Flags& part : parts)
+    for (const Flag& f : part) {
+      auto same =
+          std::find_if(out.begin(), out.end(), [&](const Flag& g) { return g.name == f.name; });
+      if (same != out.end())
+        *same = f;
+      else
+        out.push_back(f);
+    }
+  return out;
+}
+
+std::vector<std::string> split_list(const std::string& flag, const std::string& text) {
+  TS_CHECK(!text.empty(), "flag ", flag, " expects a comma-separated list, got an empty one");
+  std::vector<std::string> out;
+  size_t from = 0;
+  while (true) {
+    const size_t comma = std::min(text.find(',', from), text.size());
+    out.push_back(text.substr(from, comma - from));
+    TS_CHECK(!out.back().empty(), "flag ", flag, " has an empty item in '", text, "'");
+    if (comma == text.size()) return out;
+    from = comma + 1;
+  }
+}
+
+std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& text, int64_t lo,
+                                    int64_t hi) {
+  std::vector<int64_t> out;
+  for (const std::string& item : split_list(flag, text)) {
+    int64_t v = 0;
+    auto [p, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+    TS_CHECK(ec == std::errc() && p == item.data() + item.size() && v >= lo && v <= hi, "flag ",
+             flag, " expects comma-separated integers in [", lo, ", ", hi, "], got '", item,
+             "' in '", text, "'");
+    out.push_back(v);
+  }
+  return out;
+}
+
+Args::Args(const Flags& table, const std::vector<std::string>& argv,
+           const std::vector<Positional>& positionals) {
+  std::map<std::string, std::string> by_alias;
+  for (const Flag& f : table) {
+    table_[f.name] = f;
+    if (!f.alias.empty()) by_alias[f.alias] = f.name;
+  }
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& a = argv[i];
+    if (a.size() < 2 || a[0] != '-') {
+      // "-" alone is a positional too (conventionally stdin).
+      TS_CHECK(positional_.size() < positionals.size(), "unexpected argument '", a, "'");
+      positional_.push_back(a);
+      continue;
+    }
+    std::string name = a, value;
+    bool has_value = false;
+    if (a[1] == '-') {
+      const size_t eq = a.find('=');
+      if (eq != std::string::npos)
+        name = a.substr(0, eq), value = a.substr(eq + 1), has_value = true;
+    } else {
+      auto it = by_alias.find(a);
+      TS_CHECK(it != by_alias.end(), "unknown flag ", a);
+      name = it->second;
+    }
+    auto it = table_.find(name);
+    TS_CHECK(it != table_.end(), "unknown flag ", name);
+    const Flag& f = it->second;
+    if (f.kind == FlagKind::toggle) {
+      TS_CHECK(!has_value, "flag ", name, " takes no value");
+      values_[name] = "1";
+      continue;
+    }
+    if (!has_value) {
+      TS_CHECK(i + 1 < argv.size(), "flag ", name, " needs a value");
+      value = argv[++i];
+    }
+    check_value(f, value);
+    values_[name] = value;
+  }
+  if (positional_.size() < positionals.size())
+    fail("missing argument ", positionals[positional_.size()].name, " (see --help)");
+  for (const Flag& f : table)
+    if (f.is_required) required(f.name);
+}
+
+const Flag& Args::find(const std::string& flag, FlagKind kind) const {
+  auto it = table_.find(flag);
+  TS_CHECK(it != table_.end() && it->second.kind == kind, "internal: flag ", flag,
+           " is not declared with this kind in the command's table");
+  return it->second;
+}
+
+const std::string& Args::raw(const Flag& f) const {
+  auto it = values_.find(f.name);
+  return it == values_.end() ? f.def : it->second;
+}
+
+std::string Args::str(const std::string& flag) const {
+  return raw(find(flag, FlagKind::text));
+}
+
+int64_t Args::i64(const std::string& flag) const {
+  const Flag& f = find(flag, FlagKind::integer);
+  return parse_integer(f.name, raw(f), f.ilo, f.ihi);
+}
+
+double Args::f64(const std::string& flag) const {
+  const Flag& f = find(flag, FlagKind::number);
+  return parse_number(f.name, raw(f), f.flo, f.fhi);
+}
+
+bool Args::on(const std::string& flag) const {
+  return values_.count(find(flag, FlagKind::toggle).name) > 0;
+}
+
+std::vector<int64_t> Args::ints(const std::string& flag) const {
+  const Flag& f = find(flag, FlagKind::int_list);
+  return parse_int_list(f.name, raw(f), f.ilo, f.ihi);
+}
+
+std::vector<std::string> Args::strs(const std::string& flag) const {
+  const Flag& f = find(flag, FlagKind::text_list);
+  const std::string& v = raw(f);
+  if (v.empty() && f.empty_list_ok) return {};
+  return split_list(f.name, v);
+}
+
+bool Args::given(const std::string& flag) const {
+  TS_CHECK(table_.count(flag), "internal: flag ", flag, " is not in the command's table");
   return values_.count(flag) > 0;
 }
 
-void Args::finish() const {
-  for (const auto& [k, v] : values_) TS_CHECK(seen_.count(k), "unknown flag ", k);
+std::string Args::required(const std::string& flag) const {
+  TS_CHECK(table_.count(flag), "internal: flag ", flag, " is not in the command's table");
+  auto it = values_.find(flag);
+  TS_CHECK(it != values_.end() && !it->second.empty(), "missing required flag ", flag);
+  return it->second;
+}
+
+std::string help_text(const Command& c, const std::string& path) {
+  std::string out = "usage: " + path;
+  if (!c.subcommands.empty()) {
+    out += " <subcommand> [flags]\n" + c.help + "\n\nsubcommands:\n";
+    size_t w = 0;
+    for (const Command& s : c.subcommands) w = std::max(w, s.name.size());
+    for (const Command& s : c.subcommands)
+      out += "  " + s.name + std::string(w + 2 - s.name.size(), ' ') + s.help + "\n";
+    return out + "\n'" + path + " <subcommand> --help' lists a subcommand's flags.\n";
+  }
+  for (const Positional& p : c.positionals) out += " " + p.name;
+  out += " [flags]\n" + c.help + "\n";
+  if (!c.positionals.empty()) {
+    out += "\narguments:\n";
+    size_t w = 0;
+    for (const Positional& p : c.positionals) w = std::max(w, p.name.size());
+    for (const Positional& p : c.positionals)
+      out += "  " + p.name + std::string(w + 2 - p.name.size(), ' ') + p.help + "\n";
+  }
+  // Left column: "-m, --model PATH"; letters line up whether or not a flag has one.
+  std::vector<std::pair<std::string, std::string>> rows;
+  for (const Flag& f : c.flags) {
+    std::string left = (f.alias.empty() ? "    " : f.alias + ", ") + f.name;
+    if (f.kind != FlagKind::toggle) left += " " + f.metavar;
+    std::string right = f.help;
+    if (f.is_required)
+      right += " (required)";
+    else if (f.kind != FlagKind::toggle && !f.def.empty())
+      right += " (default: " + f.def + ")";
+    rows.emplace_back(left, right);
+  }
+  rows.emplace_back("-h, --help", "show this help");
+  size_t w = 0;
+  for (const auto& r : rows) w = std::max(w, r.first.size());
+  out += "\nflags:\n";
+  for (const auto& [left, right] : rows) {
+    out += "  " + left + std::string(w + 2 - left.size(), ' ');
+    // Past 100 columns the default moves to a line of its own, under the help text.
+    const size_t paren = right.rfind(" (default: ");
+    if (w + 4 + right.size() > 100 && paren != std::string::npos)
+      out += right.substr(0, paren) + "\n" + std::string(w + 4, ' ') + right.substr(paren + 1);
+    else
+      out += right;
+    out += "\n";
+  }
+  return out;
+}
+
+int dispatch(const Command& c, const std::vector<std::string>& argv, const std::string& path) {
+  if (!c.subcommands.empty()) {
+    std::string known;
+    for (const Command& s : c.subcommands) known += (known.empty() ? "" : ", ") + s.name;
+    TS_CHECK(!argv.empty(), "missing subcommand (", known, "); see '", path, " --help'");
+    if (is_help(argv[0]) || argv[0] == "help") {
+      std::fputs(help_text(c, path).c_str(), stdout);
+      return 0;
+    }
+    const std::vector<std::string> rest(argv.begin() + 1, argv.end());
+    for (const Command& s : c.subcommands)
+      if (s.name == argv[0]) return dispatch(s, rest, path + " " + s.name);
+    fail("unknown subcommand '", argv[0], "' (known: ", known, ")");
+  }
+  if (wants_help(c.flags, argv)) {
+    std::fputs(help_text(c, path).c_str(), stdout);
+    return 0;
+  }
+  const Args args(c.flags, argv, c.positionals);
+  return c.run(args);
 }
 
 namespace {

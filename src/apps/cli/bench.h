@@ -1,13 +1,12 @@
 // `tessera bench <what>` subcommands, each in its own file (bench_<what>.cc).
 #pragma once
 
-#include <string>
-#include <vector>
+#include "apps/cli/args.h"
 
 namespace tessera::cli {
 
-int bench_gemm(const std::vector<std::string>& argv);      // bench_gemm.cc
-int bench_train(const std::vector<std::string>& argv);     // bench_train.cc
-int bench_generate(const std::vector<std::string>& argv);  // bench_generate.cc
+Command bench_gemm_command();      // bench_gemm.cc
+Command bench_train_command();     // bench_train.cc
+Command bench_generate_command();  // bench_generate.cc
 
 }  // namespace tessera::cli

@@ -123,22 +123,6 @@ Row run_shape(const Shape& s, const ops::Context& ctx, const OpenBlas& ob, int r
   return row;
 }
 
-std::vector<int64_t> parse_sizes(const std::string& list) {
-  std::vector<int64_t> out;
-  size_t pos = 0;
-  while (pos <= list.size()) {
-    const size_t comma = std::min(list.find(',', pos), list.size());
-    const std::string item = list.substr(pos, comma - pos);
-    char* end = nullptr;
-    const long long v = std::strtoll(item.c_str(), &end, 10);
-    TS_CHECK(!item.empty() && end == item.c_str() + item.size() && v >= 1 && v <= 65536,
-             "flag --sizes expects comma-separated sizes in [1, 65536], got '", item, "'");
-    out.push_back(v);
-    pos = comma + 1;
-  }
-  return out;
-}
-
 // GPT-2 small linear layers at `tokens` rows: forward y = x W^T for qkv, attn proj, fc, fc proj
 // and the (padded) lm head, plus the two backward forms of fc: dx = dy W and dW += dy^T x.
 std::vector<Shape> gpt2_shapes(int64_t tokens) {
@@ -153,16 +137,12 @@ std::vector<Shape> gpt2_shapes(int64_t tokens) {
           {"fc dW+=dy^T.x", Trans::T, Trans::N, F, C, tokens, true}};
 }
 
-}  // namespace
-
-int bench_gemm(const std::vector<std::string>& argv) {
-  Args args(argv, {"--json"});
-  const int threads = static_cast<int>(args.i64("--threads", 0, 0, 1024));
-  const std::vector<int64_t> sizes = parse_sizes(args.str("--sizes", "256,512,1024,2048,4096"));
-  const int reps = static_cast<int>(args.i64("--reps", 5, 1, 1000));
-  const int64_t tokens = args.i64("--tokens", 4096, 0, 1 << 20);  // 0 skips the GPT-2 shapes
-  const bool json = args.has("--json");
-  args.finish();
+int run(const Args& args) {
+  const int threads = static_cast<int>(args.i64("--threads"));
+  const std::vector<int64_t> sizes = args.ints("--sizes");
+  const int reps = static_cast<int>(args.i64("--reps"));
+  const int64_t tokens = args.i64("--tokens");  // 0 skips the GPT-2 shapes
+  const bool json = args.on("--json");
 
   ThreadPool pool(threads);
   ops::Context ctx;
@@ -210,6 +190,26 @@ int bench_gemm(const std::vector<std::string>& argv) {
   }
   if (json) std::printf("]}\n");
   return 0;
+}
+
+}  // namespace
+
+Command bench_gemm_command() {
+  return {
+      "gemm",
+      "GFLOP/s of our GEMM (f32, bf16) beside OpenBLAS sgemm",
+      {
+          Flag::integer("--threads", 0, 0, 1024, "threads; 0: all cores"),
+          Flag::int_list("--sizes", "256,512,1024,2048,4096", 1, 65536, "square sizes to time"),
+          Flag::integer("--reps", 5, 1, 1000, "timed repetitions (median)"),
+          Flag::integer("--tokens", 4096, 0, 1 << 20,
+                        "rows of the GPT-2 small layer shapes; 0: skip them"),
+          Flag::toggle("--json", "one JSON object on stdout"),
+      },
+      {},
+      &run,
+      {},
+  };
 }
 
 }  // namespace tessera::cli

@@ -4,7 +4,6 @@
 // batch sizes (memory-bound at 1, compute-bound as the batch grows).
 #include <algorithm>
 #include <cstdio>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -28,20 +27,6 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-std::vector<int64_t> parse_list(const std::string& s, const char* flag) {
-  std::vector<int64_t> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    char* end = nullptr;
-    const long long v = std::strtoll(item.c_str(), &end, 10);
-    TS_CHECK(!item.empty() && *end == 0 && v >= 1 && v <= 4096, flag, ": bad batch size '", item,
-             "' (comma-separated integers in [1, 4096])");
-    out.push_back(v);
-  }
-  return out;
-}
-
 int32_t argmax(const float* x, int64_t n) {
   return static_cast<int32_t>(std::max_element(x, x + n) - x);
 }
@@ -61,18 +46,14 @@ double timed_decode(infer::Engine& e, const std::vector<int32_t>& seqs, int64_t 
   return t.seconds();
 }
 
-}  // namespace
-
-int bench_generate(const std::vector<std::string>& argv) {
-  Args a(argv, kInferSwitches);
+int run(const Args& a) {
   const EngineFlags ef = parse_engine_flags(a);
-  const int64_t prompt_len = a.i64("--prompt", 512, 1, int64_t{1} << 20);
-  const int64_t gen = a.i64("--gen", 128, 1, int64_t{1} << 20);
-  const int64_t reps = a.i64("--reps", 3, 1, 1000);
-  const std::vector<int64_t> batches = parse_list(a.str("--batch", "1"), "--batch");
-  const int64_t batch_prompt = a.i64("--batch-prompt", 32, 1, int64_t{1} << 20);
-  const bool json = a.has("--json");
-  a.finish();
+  const int64_t prompt_len = a.i64("--prompt");
+  const int64_t gen = a.i64("--gen");
+  const int64_t reps = a.i64("--reps");
+  const std::vector<int64_t> batches = a.ints("--batch");  // never empty: the table refuses ""
+  const int64_t batch_prompt = a.i64("--batch-prompt");
+  const bool json = a.on("--json");
 
   // No tokenizer needed: the prompt is random token ids (synthetic models carry none).
   LoadedModel m;
@@ -294,6 +275,30 @@ int bench_generate(const std::vector<std::string>& argv) {
       (profile::peak_rss_bytes() - m.model.total_weight_bytes() - engine.cache().bytes()) / 1e6,
       profile::huge_page_bytes() / 1e6);
   return 0;
+}
+
+}  // namespace
+
+Command bench_generate_command() {
+  return {
+      "generate",
+      "prefill and decode tokens/s of a model, on the roofline; batched decode",
+      join({engine_flags(),
+            {
+                Flag::text("--model", kDefaultModel,
+                           "a .gguf file, a Hugging Face folder or synthetic:SIZE:TYPE", "PATH"),
+                Flag::integer("--prompt", 512, 1, int64_t{1} << 20, "prompt length in tokens"),
+                Flag::integer("--gen", 128, 1, int64_t{1} << 20, "tokens decoded per repetition"),
+                Flag::integer("--reps", 3, 1, 1000, "repetitions (medians)"),
+                Flag::int_list("--batch", "1", 1, 4096, "batch sizes of the batched decode"),
+                Flag::integer("--batch-prompt", 32, 1, int64_t{1} << 20,
+                              "prompt tokens per sequence of the batched decode"),
+                Flag::toggle("--json", "one JSON object on stdout"),
+            }}),
+      {},
+      &run,
+      {},
+  };
 }
 
 }  // namespace tessera::cli

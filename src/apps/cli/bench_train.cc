@@ -19,20 +19,19 @@
 #include "train/optimizer.h"
 
 namespace tessera::cli {
+namespace {
 
-int bench_train(const std::vector<std::string>& argv) {
-  Args a(argv, {"--json"});
-  const std::string preset = a.str("--model", "gpt2-small");
-  const int64_t B = a.i64("--batch", 4, 1, 4096);
-  const int64_t T = a.i64("--seq", 64, 1, int64_t{1} << 20);
-  const int64_t steps = a.i64("--steps", 5, 1, 100000);
-  const std::string precision = a.str("--precision", "f32");
-  const std::string recompute = a.str("--recompute", "none");
-  const int64_t threads = a.i64("--threads", 0, 0, 4096);
-  const int64_t vocab = a.i64("--vocab-size", 50257, 1, int64_t{1} << 24);
-  const std::string device = a.str("--device", "cpu");
-  const bool json = a.has("--json");
-  a.finish();
+int run(const Args& a) {
+  const std::string preset = a.str("--model");
+  const int64_t B = a.i64("--batch");
+  const int64_t T = a.i64("--seq");
+  const int64_t steps = a.i64("--steps");
+  const std::string precision = a.str("--precision");
+  const std::string recompute = a.str("--recompute");
+  const int64_t threads = a.i64("--threads");
+  const int64_t vocab = a.i64("--vocab-size");
+  const std::string device = a.str("--device");
+  const bool json = a.on("--json");
   const model::Precision prec = model::parse_precision(precision);
   const model::Recompute rec = model::parse_recompute(recompute);
   TS_CHECK(device == "cpu" || device == "cuda", "--device must be cpu or cuda, not '", device, "'");
@@ -58,11 +57,9 @@ int bench_train(const std::vector<std::string>& argv) {
   m.params_updated();
   train::AdamW opt(m.tensors(), train::AdamWConfig{}, ctx);
   std::unique_ptr<backend::DeviceGpt2> dev;
-  std::vector<backend::AdamRun> runs;
   if (cuda) {
     dev = backend::make_cuda_gpt2(m.device_desc(B, T));
     dev->upload_params(m.params());
-    for (const train::AdamW::Run& r : opt.runs()) runs.push_back({r.offset, r.n, r.decay});
   }
   Rng rng(7);
   std::vector<int32_t> tokens(static_cast<size_t>(B * (T + 1)));
@@ -81,10 +78,7 @@ int bench_train(const std::vector<std::string>& argv) {
       // the device, so each timed step includes the previous step's AdamW kernels.
       dev->zero_grads();
       dev->forward_backward(inp.data(), tgt.data(), B, T, 1.0f);
-      backend::AdamStep st;
-      st.lr = 1e-4f;
-      st.t = t;
-      dev->adamw_step(runs, st);
+      dev->adamw_step(opt.runs(), opt.config(), 1e-4f, t);
       return timer.seconds();
     }
     m.zero_grads();
@@ -139,6 +133,30 @@ int bench_train(const std::vector<std::string>& argv) {
   std::printf(cuda ? "  device memory        %10.1f MiB\n" : "  activation arena     %10.1f MiB\n",
               act_mib);
   return 0;
+}
+
+}  // namespace
+
+Command bench_train_command() {
+  return {
+      "train",
+      "GPT-2 training-step time on random tokens: tokens/s, MFU, memory",
+      {
+          Flag::text("--model", "gpt2-small", "GPT-2 preset", "NAME"),
+          Flag::integer("--batch", 4, 1, 4096, "sequences per step"),
+          Flag::integer("--seq", 64, 1, int64_t{1} << 20, "tokens per sequence"),
+          Flag::integer("--steps", 5, 1, 100000, "timed steps (median)"),
+          Flag::text("--precision", "f32", "f32 or bf16", "P"),
+          Flag::text("--recompute", "none", "none, gelu or block", "R"),
+          Flag::integer("--threads", 0, 0, 4096, "worker threads; 0: all cores"),
+          Flag::integer("--vocab-size", 50257, 1, int64_t{1} << 24, "vocabulary size"),
+          Flag::text("--device", "cpu", "cpu, or cuda (GPU 0, bf16)", "DEV"),
+          Flag::toggle("--json", "one JSON line on stdout"),
+      },
+      {},
+      &run,
+      {},
+  };
 }
 
 }  // namespace tessera::cli

@@ -17,18 +17,16 @@
 namespace tessera::cli {
 namespace {
 
-int run(const std::vector<std::string>& argv) {
-  Args a(argv, kInferSwitches);
+int run(const Args& a) {
   const EngineFlags ef = parse_engine_flags(a);
-  const std::string system = a.str("--system", "");
-  const std::string format = a.str("--chat-template", "");
-  const int64_t n = a.i64("--tokens", 512, 1, int64_t{1} << 24);
-  const bool stats = !a.has("--no-stats");
+  const std::string system = a.str("--system");
+  const std::string format = a.str("--chat-template");
+  const int64_t n = a.i64("--tokens");
+  const bool stats = !a.on("--no-stats");
   // A first message given on the command line (then the conversation continues from stdin).
-  const std::string first = a.str("--prompt", "");
+  const std::string first = a.str("--prompt");
   infer::GenerateRequest req;
   req.sampling = parse_sampling_flags(a);
-  a.finish();
 
   const LoadedModel m = load_model_and_tokenizer(ef.model_path, engine_load_options(ef));
   infer::Engine engine(m.model, engine_options(ef, m.model));
@@ -74,8 +72,24 @@ int run(const std::vector<std::string>& argv) {
   return 0;
 }
 
-const Registrar reg({"chat", "interactive chat with a model (its chat template, cached turns)",
-                     &run});
+const Registrar reg({
+    "chat",
+    "interactive chat with a model (its chat template, cached turns)",
+    join({engine_flags(),
+          {
+              Flag::text("--system", "", "system prompt (replaces the template's default)"),
+              Flag::text("--chat-template", "",
+                         "chat format by name; empty: recognized from the model's template",
+                         "NAME"),
+              Flag::integer("--tokens", 512, 1, int64_t{1} << 24, "most tokens per reply"),
+              Flag::toggle("--no-stats", "no speed line on stderr after each reply"),
+              Flag::text("--prompt", "", "a first message; the conversation continues from stdin"),
+          },
+          sampling_flags()}),
+    {},
+    &run,
+    {},
+});
 
 }  // namespace
 }  // namespace tessera::cli

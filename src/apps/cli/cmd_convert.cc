@@ -23,13 +23,8 @@ DType lossless_folder_dtype(const model::DecoderModel& m) {
   return all_bf16 ? DType::bf16 : all_f16 ? DType::f16 : DType::f32;
 }
 
-int run(const std::vector<std::string>& argv) {
-  Args a(argv, kInferSwitches);
-  const std::string dtype = a.str("--dtype", "");
-  a.finish();
-  TS_CHECK(a.positional().size() == 2,
-           "usage: tessera convert IN OUT [--dtype f32|bf16|f16] "
-           "(IN, OUT: a .gguf file or a Hugging Face folder)");
+int run(const Args& a) {
+  const std::string dtype = a.str("--dtype");
   const std::string& in = a.positional()[0];
   const std::string& out = a.positional()[1];
   const LoadedModel m = load_model_and_tokenizer(in, {}, true);
@@ -43,7 +38,17 @@ int run(const std::vector<std::string>& argv) {
   return 0;
 }
 
-const Registrar reg({"convert", "convert between GGUF and Hugging Face folders", &run});
+const Registrar reg({
+    "convert",
+    "convert between GGUF and Hugging Face folders",
+    {Flag::text("--dtype", "",
+                "weight type of a folder: f32, bf16 or f16; empty: the one that loses nothing",
+                "TYPE")},
+    {{"IN", "a .gguf file or a Hugging Face folder"},
+     {"OUT", "a .gguf file (by its suffix) or a Hugging Face folder"}},
+    &run,
+    {},
+});
 
 }  // namespace
 }  // namespace tessera::cli

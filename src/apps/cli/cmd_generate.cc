@@ -27,20 +27,18 @@ void print_stats(const infer::GenerateResult& r, int64_t sequences, const Loaded
                r.finish_reason.c_str());
 }
 
-int run(const std::vector<std::string>& argv) {
-  Args a(argv, kInferSwitches);
+int run(const Args& a) {
   const EngineFlags ef = parse_engine_flags(a);
-  const std::string prompt = a.required("--prompt");
-  const int64_t n = a.i64("--tokens", 128, 0, int64_t{1} << 24);
-  const bool raw = a.has("--raw");
-  const std::string system = a.str("--system", "");
-  const std::string format = a.str("--chat-template", "");
-  const std::string stop = a.str("--stop", "");
-  const int64_t batch = a.i64("--batch", 1, 1, 4096);
-  const bool stats = !a.has("--no-stats");
+  const std::string prompt = a.str("--prompt");
+  const int64_t n = a.i64("--tokens");
+  const bool raw = a.on("--raw");
+  const std::string system = a.str("--system");
+  const std::string format = a.str("--chat-template");
+  const std::string stop = a.str("--stop");
+  const int64_t batch = a.i64("--batch");
+  const bool stats = !a.on("--no-stats");
   infer::GenerateRequest req;
   req.sampling = parse_sampling_flags(a);
-  a.finish();
 
   const LoadedModel m = load_model_and_tokenizer(ef.model_path, engine_load_options(ef));
   const ChatPrompt cp = make_prompt(m, {{"user", prompt}}, system, raw, format);
@@ -71,7 +69,28 @@ int run(const std::vector<std::string>& argv) {
   return 0;
 }
 
-const Registrar reg({"generate", "generate text from a GGUF file or HF folder (streamed)", &run});
+const Registrar reg({
+    "generate",
+    "generate text from a GGUF file or HF folder (streamed)",
+    join({engine_flags(),
+          {
+              Flag::text("--prompt", "", "the prompt (a user message unless --raw)").required(),
+              Flag::integer("--tokens", 128, 0, int64_t{1} << 24, "most tokens to generate"),
+              Flag::toggle("--raw", "the prompt as is, without the chat template"),
+              Flag::text("--system", "", "system prompt (replaces the template's default)"),
+              Flag::text("--chat-template", "",
+                         "chat format by name; empty: recognized from the model's template",
+                         "NAME"),
+              Flag::text("--stop", "", "also stop at this string"),
+              Flag::integer("--batch", 1, 1, 4096,
+                            "decode this many samples of the prompt together (seeds seed+i)"),
+              Flag::toggle("--no-stats", "no speed line on stderr at the end"),
+          },
+          sampling_flags()}),
+    {},
+    &run,
+    {},
+});
 
 }  // namespace
 }  // namespace tessera::cli

@@ -12,16 +12,14 @@
 namespace tessera::cli {
 namespace {
 
-int run(const std::vector<std::string>& argv) {
-  Args a(argv, kInferSwitches);
+int run(const Args& a) {
   const EngineFlags ef = parse_engine_flags(a);
-  const std::string path = a.required("--file");
+  const std::string path = a.str("--file");
   infer::PerplexityOptions po;
-  po.ctx = a.i64("--ctx", 512, 2, int64_t{1} << 24);
-  po.stride = a.i64("--stride", 0, 0, int64_t{1} << 24);
-  po.max_windows = a.i64("--max-windows", 0, 0, int64_t{1} << 40);
-  const bool json = a.has("--json");
-  a.finish();
+  po.ctx = a.i64("--ctx");
+  po.stride = a.i64("--stride");
+  po.max_windows = a.i64("--max-windows");
+  const bool json = a.on("--json");
 
   const LoadedModel m = load_model_and_tokenizer(ef.model_path, engine_load_options(ef));
   EngineFlags sized = ef;
@@ -55,7 +53,24 @@ int run(const std::vector<std::string>& argv) {
   return 0;
 }
 
-const Registrar reg({"perplexity", "perplexity of a model on a text file (sliding windows)", &run});
+const Registrar reg({
+    "perplexity",
+    "perplexity of a model on a text file (sliding windows)",
+    join({engine_flags(),
+          {
+              // Replaces the engine's --ctx: here it is the window length.
+              Flag::integer("--ctx", 512, 2, int64_t{1} << 24, "window length in tokens"),
+              Flag::text("--file", "", "the text to score", "PATH").required(),
+              Flag::integer("--stride", 0, 0, int64_t{1} << 24,
+                            "new tokens per window after the first; 0: half a window"),
+              Flag::integer("--max-windows", 0, 0, int64_t{1} << 40,
+                            "stop after N windows; 0: all"),
+              Flag::toggle("--json", "one JSON line on stdout"),
+          }}),
+    {},
+    &run,
+    {},
+});
 
 }  // namespace
 }  // namespace tessera::cli

@@ -11,11 +11,9 @@
 namespace tessera::cli {
 namespace {
 
-int run(const std::vector<std::string>& argv) {
-  Args args(argv, {"--json", "--force"});
-  const int threads = static_cast<int>(args.i64("--threads", 0, 0, 1024));
-  const bool json = args.has("--json"), force = args.has("--force");
-  args.finish();
+int run(const Args& args) {
+  const int threads = static_cast<int>(args.i64("--threads"));
+  const bool json = args.on("--json"), force = args.on("--force");
   profile::MachinePeaks p;
   if (force) {
     p = profile::probe_machine(threads);
@@ -57,7 +55,18 @@ int run(const std::vector<std::string>& argv) {
   return 0;
 }
 
-const Registrar reg({"probe", "measure this machine's peak FLOP/s and memory bandwidth", &run});
+const Registrar reg({
+    "probe",
+    "measure this machine's peak FLOP/s and memory bandwidth",
+    {
+        Flag::integer("--threads", 0, 0, 1024, "threads to measure with; 0: all cores"),
+        Flag::toggle("--json", "the peaks as one JSON line"),
+        Flag::toggle("--force", "measure now (and cache) instead of reading the cache"),
+    },
+    {},
+    &run,
+    {},
+});
 
 }  // namespace
 }  // namespace tessera::cli

@@ -17,16 +17,12 @@
 namespace tessera::cli {
 namespace {
 
-int run(const std::vector<std::string>& argv) {
-  Args a(argv, {"--keep-embedding", "--quiet"});
-  const DType type = parse_dtype(a.required("--type"), "--type");
-  const bool keep_embedding = a.has("--keep-embedding");
-  const bool quiet = a.has("--quiet");
-  const int64_t threads = a.i64("--threads", 0, 0, 4096);
-  const std::string dtype = a.str("--dtype", "");
-  a.finish();
-  TS_CHECK(a.positional().size() == 2,
-           "usage: tessera quantize IN OUT --type q4_0 (IN, OUT: a .gguf file or an HF folder)");
+int run(const Args& a) {
+  const DType type = parse_dtype(a.str("--type"), "--type");
+  const bool keep_embedding = a.on("--keep-embedding");
+  const bool quiet = a.on("--quiet");
+  const int64_t threads = a.i64("--threads");
+  const std::string dtype = a.str("--dtype");
   std::unique_ptr<ThreadPool> pool;
   if (threads > 0) pool = std::make_unique<ThreadPool>(static_cast<int>(threads));
   const std::string& in = a.positional()[0];
@@ -62,9 +58,24 @@ int run(const std::vector<std::string>& argv) {
   return 0;
 }
 
-const Registrar reg({"quantize",
-                     "quantize a model's weights (q8_0, q4_0, q4_1, q5_0, q5_1, q2_k..q6_k, f16)",
-                     &run});
+const Registrar reg({
+    "quantize",
+    "quantize a model's weights (q8_0, q4_0, q4_1, q5_0, q5_1, q2_k..q6_k, f16)",
+    {
+        Flag::text("--type", "",
+                   "q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, f16, bf16 or f32",
+                   "TYPE")
+            .required(),
+        Flag::toggle("--keep-embedding", "leave the token embedding in its stored type"),
+        Flag::toggle("--quiet", "only the summary line, not one line per tensor"),
+        Flag::integer("--threads", 0, 0, 4096, "worker threads; 0: all cores"),
+        Flag::text("--dtype", "", "weight type of an OUT folder; empty: --type", "TYPE"),
+    },
+    {{"IN", "a .gguf file or a Hugging Face folder"},
+     {"OUT", "a .gguf file (by its suffix) or a Hugging Face folder"}},
+    &run,
+    {},
+});
 
 }  // namespace
 }  // namespace tessera::cli

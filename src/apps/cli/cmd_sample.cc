@@ -22,20 +22,18 @@ std::string in_dir(const std::string& dir, const std::string& name) {
   return (std::filesystem::path(dir) / name).string();
 }
 
-int run(const std::vector<std::string>& argv) {
-  Args a(argv);
-  const std::string dir = a.required("--ckpt");
-  const std::string prompt = a.str("--prompt", "");
+int run(const Args& a) {
+  const std::string dir = a.str("--ckpt");
+  const std::string prompt = a.str("--prompt");
   infer::GenerateRequest req;
-  req.max_new_tokens = a.i64("--max-tokens", 200, 0, int64_t{1} << 24);
+  req.max_new_tokens = a.i64("--max-tokens");
   // Temperature and top-k only (no top-p or min-p cut), as this command has always sampled.
-  req.sampling.temperature = static_cast<float>(a.f64("--temperature", 1.0, 0.0, 100.0));
-  req.sampling.top_k = a.i64("--top-k", 0, 0, int64_t{1} << 24);
+  req.sampling.temperature = static_cast<float>(a.f64("--temperature"));
+  req.sampling.top_k = a.i64("--top-k");
   req.sampling.top_p = 1.0f;
   req.sampling.min_p = 0.0f;
-  req.sampling.seed = static_cast<uint64_t>(a.i64("--seed", 1, 0, int64_t{1} << 62));
-  const int64_t threads = a.i64("--threads", 0, 0, 4096);
-  a.finish();
+  req.sampling.seed = static_cast<uint64_t>(a.i64("--seed"));
+  const int64_t threads = a.i64("--threads");
 
   // Model: <dir>/model (written at the end of training), <dir> itself if it is an HF folder,
   // else the run's checkpoint.
@@ -100,7 +98,24 @@ int run(const std::vector<std::string>& argv) {
   return 0;
 }
 
-const Registrar reg({"sample", "generate text from a trained run or a model folder", &run});
+const Registrar reg({
+    "sample",
+    "generate text from a trained run or a model folder",
+    {
+        Flag::text("--ckpt", "", "a run's folder (its model/ or checkpoint) or an HF GPT-2 folder",
+                   "DIR")
+            .required(),
+        Flag::text("--prompt", "", "text to continue; empty: start from <|endoftext|>"),
+        Flag::integer("--max-tokens", 200, 0, int64_t{1} << 24, "most tokens to generate"),
+        Flag::number("--temperature", 1.0, 0.0, 100.0, "sampling temperature; 0: greedy"),
+        Flag::integer("--top-k", 0, 0, int64_t{1} << 24, "keep the k most likely; 0: all"),
+        Flag::integer("--seed", 1, 0, int64_t{1} << 62, "random seed"),
+        Flag::integer("--threads", 0, 0, 4096, "worker threads; 0: all cores"),
+    },
+    {},
+    &run,
+    {},
+});
 
 }  // namespace
 }  // namespace tessera::cli

@@ -1,7 +1,7 @@
 // `tessera tokenizer train|encode|decode`: byte-level BPE training on a text file, and encoding or
 // decoding with a tokenizer.json.
-#include <charconv>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -14,31 +14,11 @@
 namespace tessera::cli {
 namespace {
 
-constexpr char kUsage[] =
-    "usage: tessera tokenizer train --in corpus.txt --out tok.json [--vocab 8192] "
-    "[--specials '<|endoftext|>']\n"
-    "       tessera tokenizer encode --tok tok.json (--text TEXT | --in FILE) [--ordinary]\n"
-    "       tessera tokenizer decode --tok tok.json --ids 1,2,3";
-
-std::vector<std::string> split_commas(const std::string& s) {
-  std::vector<std::string> out;
-  size_t from = 0;
-  while (true) {
-    const size_t comma = s.find(',', from);
-    out.push_back(s.substr(from, comma == std::string::npos ? std::string::npos : comma - from));
-    if (comma == std::string::npos) return out;
-    from = comma + 1;
-  }
-}
-
-int train(Args& args) {
-  const std::string in = args.required("--in");
-  const std::string out = args.required("--out");
-  const auto vocab = static_cast<int32_t>(args.i64("--vocab", 8192, 256, 1 << 24));
-  const std::string specials_flag = args.str("--specials", "<|endoftext|>");
-  args.finish();
-  std::vector<std::string> specials;
-  if (!specials_flag.empty()) specials = split_commas(specials_flag);
+int train(const Args& args) {
+  const std::string in = args.str("--in");
+  const std::string out = args.str("--out");
+  const auto vocab = static_cast<int32_t>(args.i64("--vocab"));
+  const std::vector<std::string> specials = args.strs("--specials");
   const std::string text = read_text_file(in);
 
   const auto t0 = std::chrono::steady_clock::now();
@@ -63,13 +43,12 @@ int train(Args& args) {
   return 0;
 }
 
-int encode(Args& args) {
-  const std::string path = args.required("--tok");
-  const bool has_text = args.has("--text"), has_in = args.has("--in");
-  const std::string text_flag = args.str("--text", "");
-  const std::string in = args.str("--in", "");
-  const bool ordinary = args.has("--ordinary");
-  args.finish();
+int encode(const Args& args) {
+  const std::string path = args.str("--tok");
+  const bool has_text = args.given("--text"), has_in = args.given("--in");
+  const std::string text_flag = args.str("--text");
+  const std::string in = args.str("--in");
+  const bool ordinary = args.on("--ordinary");
   TS_CHECK(has_text != has_in, "tokenizer encode: give exactly one of --text and --in");
   const tokenizer::Tokenizer tok = tokenizer::Tokenizer::load_json(path);
   const std::string text = has_in ? read_text_file(in) : text_flag;
@@ -80,44 +59,58 @@ int encode(Args& args) {
   return 0;
 }
 
-int decode(Args& args) {
-  const std::string path = args.required("--tok");
-  const std::string ids_flag = args.str("--ids", "");
-  args.finish();
+int decode(const Args& args) {
+  const std::string path = args.str("--tok");
+  const std::vector<int64_t> ids64 = args.ints("--ids");
   const tokenizer::Tokenizer tok = tokenizer::Tokenizer::load_json(path);
-  std::vector<int32_t> ids;
-  if (!ids_flag.empty()) {
-    for (const std::string& s : split_commas(ids_flag)) {
-      int32_t v = 0;
-      const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-      TS_CHECK(ec == std::errc() && p == s.data() + s.size(),
-               "flag --ids expects integers "
-               "separated by commas, got '",
-               s, "'");
-      ids.push_back(v);
-    }
-  }
+  const std::vector<int32_t> ids(ids64.begin(), ids64.end());  // each in int32 range (the table's)
   const std::string text = tok.decode(ids);
   std::fwrite(text.data(), 1, text.size(), stdout);
   std::fputc('\n', stdout);
   return 0;
 }
 
-int run(const std::vector<std::string>& argv) {
-  Args args(argv, {"--ordinary"});
-  const auto& pos = args.positional();
-  if (pos.empty() || pos[0] == "help") {
-    std::fprintf(stderr, "%s\n", kUsage);
-    return pos.empty() ? 2 : 0;
-  }
-  TS_CHECK(pos.size() == 1, "tokenizer: unexpected argument '", pos[1], "'");
-  if (pos[0] == "train") return train(args);
-  if (pos[0] == "encode") return encode(args);
-  if (pos[0] == "decode") return decode(args);
-  fail("tokenizer: unknown subcommand '", pos[0], "' (expected train, encode or decode)");
-}
-
-static Registrar reg({"tokenizer", "train, encode or decode a byte-level BPE tokenizer", &run});
+const Registrar reg({
+    "tokenizer",
+    "train, encode or decode a byte-level BPE tokenizer",
+    {},
+    {},
+    nullptr,
+    {
+        {"train",
+         "learn BPE merges from a text file; writes a tokenizer.json",
+         {
+             Flag::text("--in", "", "the training text", "PATH").required(),
+             Flag::text("--out", "", "the tokenizer.json to write", "PATH").required(),
+             Flag::integer("--vocab", 8192, 256, 1 << 24, "vocabulary size (256 bytes + merges)"),
+             Flag::text_list("--specials", "<|endoftext|>", "special tokens; '' for none")
+                 .allow_empty_list(),
+         },
+         {},
+         &train,
+         {}},
+        {"encode",
+         "token ids of a text, comma-separated on one line",
+         {
+             Flag::text("--tok", "", "a tokenizer.json", "PATH").required(),
+             Flag::text("--text", "", "the text (give this or --in)"),
+             Flag::text("--in", "", "a file holding the text (give this or --text)", "PATH"),
+             Flag::toggle("--ordinary", "special tokens' text as ordinary text"),
+         },
+         {},
+         &encode,
+         {}},
+        {"decode",
+         "the text of token ids",
+         {
+             Flag::text("--tok", "", "a tokenizer.json", "PATH").required(),
+             Flag::int_list("--ids", "", 0, INT32_MAX, "the token ids").required(),
+         },
+         {},
+         &decode,
+         {}},
+    },
+});
 
 }  // namespace
 }  // namespace tessera::cli

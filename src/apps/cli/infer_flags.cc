@@ -62,14 +62,28 @@ model::DecoderLoadOptions engine_load_options(const EngineFlags& f) {
   return o;
 }
 
-EngineFlags parse_engine_flags(Args& a) {
+Flags engine_flags() {
+  return {
+      Flag::text("--model", kDefaultModel, "a .gguf file or a Hugging Face folder", "PATH"),
+      Flag::integer("--threads", 0, 0, 4096, "worker threads; 0: all cores"),
+      Flag::integer("--ctx", 0, 0, int64_t{1} << 24,
+                    "context length in tokens; 0: the model's, at most 4096"),
+      Flag::text("--kv-type", "f16", "KV cache element type: f16 or f32", "TYPE"),
+      Flag::integer("--chunk-rows", 0, 0, 65536,
+                    "token rows per forward chunk of a long prompt; 0: chosen from the weights"),
+      Flag::text("--device", "cpu", "cpu, or cuda (GPU 0)", "DEV"),
+      Flag::toggle("--mmap", "map the model file instead of reading it into memory"),
+  };
+}
+
+EngineFlags parse_engine_flags(const Args& a) {
   EngineFlags f;
-  f.model_path = a.str("--model", kDefaultModel);
-  f.threads = a.i64("--threads", 0, 0, 4096);
+  f.model_path = a.str("--model");
+  f.threads = a.i64("--threads");
   if (f.threads > 0) f.pool = std::make_shared<ThreadPool>(static_cast<int>(f.threads));
-  f.ctx = a.i64("--ctx", 0, 0, int64_t{1} << 24);
-  f.mmap = a.has("--mmap");
-  const std::string device = a.str("--device", "cpu");
+  f.ctx = a.i64("--ctx");
+  f.mmap = a.on("--mmap");
+  const std::string device = a.str("--device");
   TS_CHECK(device == "cpu" || device == "cuda", "--device must be cpu or cuda, not '", device, "'");
   // Checked here, before the model loads: a build without CUDA or a machine without a GPU says
   // so at once instead of after reading gigabytes of weights.
@@ -77,12 +91,12 @@ EngineFlags parse_engine_flags(Args& a) {
   if (f.cuda)
     TS_CHECK(backend::cuda_device_count() > 0,
              "[cuda] --device cuda: ", backend::cuda_device_summary());
-  const std::string kv = a.str("--kv-type", "f16");
+  const std::string kv = a.str("--kv-type");
   TS_CHECK(kv == "f16" || kv == "f32", "--kv-type must be f16 or f32, not '", kv, "'");
   f.kv_type = kv == "f16" ? DType::f16 : DType::f32;
   // The engine's activation buffers hold this many rows (about 90 KB per row for a 1B model);
   // a longer prompt runs in chunks of it. 0 lets the engine choose (infer::EngineOptions).
-  f.chunk_rows = a.i64("--chunk-rows", f.chunk_rows, 0, 65536);
+  f.chunk_rows = a.i64("--chunk-rows");
   return f;
 }
 
@@ -100,17 +114,37 @@ infer::EngineOptions engine_options(const EngineFlags& f, const model::DecoderMo
   return o;
 }
 
-infer::SamplingParams parse_sampling_flags(Args& a) {
+Flags sampling_flags() {
+  const infer::SamplingParams p;
+  return {
+      Flag::number("--temperature", p.temperature, 0, 100, "sampling temperature; 0: greedy"),
+      Flag::integer("--top-k", p.top_k, 0, int64_t{1} << 24, "keep the k most likely; 0: all"),
+      Flag::number("--top-p", p.top_p, 1e-6, 1, "keep the smallest set with this much mass"),
+      Flag::number("--min-p", p.min_p, 0, 0.999999, "drop tokens below min-p x p(best)"),
+      Flag::number("--repeat-penalty", p.repetition_penalty, 1e-3, 100,
+                   ">1 discourages tokens seen in the last --repeat-last-n"),
+      Flag::integer("--repeat-last-n", p.penalty_last_n, 0, int64_t{1} << 24,
+                    "history window of the penalties; 0: none"),
+      Flag::number("--frequency-penalty", p.frequency_penalty, -2, 2,
+                   "subtracted once per occurrence of a token"),
+      Flag::number("--presence-penalty", p.presence_penalty, -2, 2,
+                   "subtracted once if a token occurred"),
+      Flag::integer("--seed", static_cast<int64_t>(p.seed), 0, int64_t{1} << 62,
+                    "random seed of the sampler"),
+  };
+}
+
+infer::SamplingParams parse_sampling_flags(const Args& a) {
   infer::SamplingParams p;
-  p.temperature = static_cast<float>(a.f64("--temperature", p.temperature, 0, 100));
-  p.top_k = a.i64("--top-k", p.top_k, 0, int64_t{1} << 24);
-  p.top_p = static_cast<float>(a.f64("--top-p", p.top_p, 1e-6, 1));
-  p.min_p = static_cast<float>(a.f64("--min-p", p.min_p, 0, 0.999999));
-  p.repetition_penalty = static_cast<float>(a.f64("--repeat-penalty", 1.0, 1e-3, 100));
-  p.penalty_last_n = a.i64("--repeat-last-n", p.penalty_last_n, 0, int64_t{1} << 24);
-  p.frequency_penalty = static_cast<float>(a.f64("--frequency-penalty", 0, -2, 2));
-  p.presence_penalty = static_cast<float>(a.f64("--presence-penalty", 0, -2, 2));
-  p.seed = static_cast<uint64_t>(a.i64("--seed", 0, 0, int64_t{1} << 62));
+  p.temperature = static_cast<float>(a.f64("--temperature"));
+  p.top_k = a.i64("--top-k");
+  p.top_p = static_cast<float>(a.f64("--top-p"));
+  p.min_p = static_cast<float>(a.f64("--min-p"));
+  p.repetition_penalty = static_cast<float>(a.f64("--repeat-penalty"));
+  p.penalty_last_n = a.i64("--repeat-last-n");
+  p.frequency_penalty = static_cast<float>(a.f64("--frequency-penalty"));
+  p.presence_penalty = static_cast<float>(a.f64("--presence-penalty"));
+  p.seed = static_cast<uint64_t>(a.i64("--seed"));
   p.validate();
   return p;
 }

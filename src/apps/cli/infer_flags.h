@@ -37,7 +37,7 @@ struct EngineFlags {
   // The engine's threads when --threads is given (else the context's default pool); shared so
   // that copies of the flags keep it alive as long as an engine built from them.
   std::shared_ptr<ThreadPool> pool;
-  int64_t ctx = 0;      // 0: min(model's context, 4096)
+  int64_t ctx = 0;  // 0: min(model's context, 4096)
   bool mmap = false;
   DType kv_type = DType::f16;  // --kv-type f16|f32
   bool cuda = false;           // --device cuda: the engine runs on GPU 0
@@ -46,19 +46,17 @@ struct EngineFlags {
 // How the engine commands load their model: --mmap, and on the CPU the weights rearranged into
 // the CPU kernels' preferred layout (model::use_cpu_layout).
 model::DecoderLoadOptions engine_load_options(const EngineFlags& f);
-// -m/--model, --threads, --ctx, --kv-type, --chunk-rows, --device, --mmap (a switch: call Args with
-// it listed).
-EngineFlags parse_engine_flags(Args& a);
-// Builds the engine options (on the flags' thread pool) for `model` (kv capacity = ctx * sequences).
+// The table fragment of -m/--model, --threads, --ctx, --kv-type, --chunk-rows, --device, --mmap.
+Flags engine_flags();
+EngineFlags parse_engine_flags(const Args& a);
+// Builds the engine options (on the flags' thread pool) for `model` (kv capacity = ctx *
+// sequences).
 infer::EngineOptions engine_options(const EngineFlags& f, const model::DecoderModel& model,
                                     int64_t sequences = 1);
 
-// --temperature --top-k --top-p --min-p --repeat-penalty --repeat-last-n --frequency-penalty
-// --presence-penalty --seed.
-infer::SamplingParams parse_sampling_flags(Args& a);
-
-// Switches the inference commands accept (for Args' constructor).
-inline const std::set<std::string> kInferSwitches = {"--mmap", "--raw", "--json", "--quiet",
-                                                     "--no-stats"};
+// The table fragment of --temperature --top-k --top-p --min-p --repeat-penalty --repeat-last-n
+// --frequency-penalty --presence-penalty --seed (defaults from infer::SamplingParams).
+Flags sampling_flags();
+infer::SamplingParams parse_sampling_flags(const Args& a);
 
 }  // namespace tessera::cli

@@ -6,34 +6,43 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/cpu_backend.h"
 #include "apps/cli/args.h"
+#include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
 
 namespace {
 
-void usage() {
-  std::fprintf(stderr, "usage: tessera <command> [flags]\n\ncommands:\n");
+void usage(std::FILE* to) {
+  std::fprintf(to, "usage: tessera <command> [flags]\n\ncommands:\n");
   auto cmds = tessera::cli::commands();
-  std::sort(cmds.begin(), cmds.end(),
-            [](const auto& a, const auto& b) { return std::string(a.name) < b.name; });
-  for (const auto& c : cmds) std::fprintf(stderr, "  %-12s %s\n", c.name, c.help);
+  std::sort(cmds.begin(), cmds.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  for (const auto& c : cmds) std::fprintf(to, "  %-12s %s\n", c.name.c_str(), c.help.c_str());
+  std::fprintf(to, "\n'tessera <command> --help' lists a command's flags.\n");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   tessera::cpu::register_backend();  // the CPU backend of ops/ (CUDA runs in the device engine)
-  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "help") {
-    usage();
-    return argc < 2 ? 2 : 0;
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty()) {
+    usage(stderr);
+    return 2;
   }
-  const std::string name = argv[1];
-  std::vector<std::string> rest(argv + 2, argv + argc);
+  // `tessera help` lists the commands; `tessera help CMD` is `tessera CMD --help`.
+  if (args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+    if (args.size() == 1) {
+      usage(stdout);
+      return 0;
+    }
+    args = {args[1], "--help"};
+  }
+  const std::string name = args[0];
+  const std::vector<std::string> rest(args.begin() + 1, args.end());
   for (const auto& c : tessera::cli::commands()) {
     if (name != c.name) continue;
     try {
-      return c.run(rest);
+      return tessera::cli::dispatch(c, rest, "tessera " + name);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "tessera %s: error: %s\n", name.c_str(), e.what());
       return 1;

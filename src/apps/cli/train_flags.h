@@ -6,9 +6,15 @@
 
 namespace tessera::cli {
 
+// Flags that define a run; with --resume they come from the checkpoint and may not be given.
+Flags train_run_flags();
+// Flags of one session of a run: --resume and those that may change on it.
+Flags train_session_flags();
+// The whole table of `tessera train`.
+Flags train_flags();
+
 // Parses train flags into options; *resume tells whether --resume was given. With --resume the
-// run's options come from its checkpoint and only --steps, --stop-at, --threads, --log-every and
-// --quiet may be given.
-train::TrainOptions parse_train_options(Args& a, bool* resume);
+// run's options come from its checkpoint and only the session flags may be given.
+train::TrainOptions parse_train_options(const Args& a, bool* resume);
 
 }  // namespace tessera::cli
