@@ -9,28 +9,12 @@
 #include <fstream>
 #include <string>
 
+#include "test_util/run_tessera.h"
+
 namespace {
 
-struct Result {
-  int status = -1;
-  std::string err;
-};
-
-// Runs `tessera <args>` with stderr captured (stdout discarded).
-Result run_tessera(const std::string& args) {
-  // One file per test: ctest runs the tests of this binary in parallel processes.
-  const std::string err_path = ::testing::TempDir() + "tessera_cli_err_" +
-                               ::testing::UnitTest::GetInstance()->current_test_info()->name() +
-                               ".txt";
-  const std::string cmd =
-      std::string(TESSERA_BINARY_DIR) + "/tessera " + args + " >/dev/null 2>" + err_path;
-  Result r;
-  const int raw = std::system(cmd.c_str());
-  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-  std::ifstream in(err_path);
-  r.err.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  return r;
-}
+using tessera::test::run_tessera;
+using Result = tessera::test::CliResult;
 
 int count_lines(const std::string& s) {
   int n = 0;

@@ -11,31 +11,12 @@
 #include <string>
 #include <vector>
 
+#include "test_util/run_tessera.h"
+
 namespace {
 
-struct Result {
-  int status = -1;
-  std::string out, err;
-};
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-Result run_tessera(const std::string& args) {
-  const std::string base = ::testing::TempDir() + "tessera_help_" +
-                           ::testing::UnitTest::GetInstance()->current_test_info()->name();
-  const std::string out = base + "_out.txt", err = base + "_err.txt";
-  const std::string cmd = std::string(TESSERA_BINARY_DIR) + "/tessera " + args + " >" + out +
-                          " 2>" + err + " </dev/null";
-  Result r;
-  const int raw = std::system(cmd.c_str());
-  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-  r.out = slurp(out);
-  r.err = slurp(err);
-  return r;
-}
+using tessera::test::run_tessera;
+using Result = tessera::test::CliResult;
 
 std::vector<std::string> lines(const std::string& s) {
   std::vector<std::string> v;

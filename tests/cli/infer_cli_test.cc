@@ -14,37 +14,19 @@
 
 #include "backend/device.h"
 #include "nlohmann/json.hpp"
+#include "test_util/run_tessera.h"
 
 namespace {
 
 const std::string kModel =
     std::string(TESSERA_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
-struct Result {
-  int status = -1;
-  std::string out, err;
-};
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
+using tessera::test::run_tessera;
+using tessera::test::slurp;
+using Result = tessera::test::CliResult;
 
 std::string scratch(const std::string& name) {
-  return ::testing::TempDir() + "tessera_infer_cli_" +
-         ::testing::UnitTest::GetInstance()->current_test_info()->name() + "_" + name;
-}
-
-Result run_tessera(const std::string& args) {
-  const std::string out = scratch("out.txt"), err = scratch("err.txt");
-  const std::string cmd = std::string(TESSERA_BINARY_DIR) + "/tessera " + args + " >" + out +
-                          " 2>" + err + " </dev/null";
-  Result r;
-  const int raw = std::system(cmd.c_str());
-  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-  r.out = slurp(out);
-  r.err = slurp(err);
-  return r;
+  return tessera::test::scratch_path(name);
 }
 
 class InferCli : public ::testing::Test {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "core/rng.h"
@@ -46,44 +47,45 @@ double rel_diff(const float* a, const float* b, int64_t n) {
   return num / den;
 }
 
-TEST(Gpt2TrainingModelInEngine, PromptLogitsEqualTrainingForward) {
-  auto m = make_model();
-  const std::vector<int32_t> toks = tokens();
-  m->plan(1, kT, model::Precision::f32, model::Recompute::none);
-  m->forward(toks.data(), nullptr, 1, kT);
-  const int64_t Vp = m->config().padded_vocab_size;
+// The training model's logits (1, T, Vp) over tokens(), and an engine over its parameters.
+struct BothForwards {
+  std::unique_ptr<model::Gpt2> m = make_model();
+  std::vector<int32_t> toks = tokens();
+  model::DecoderModel view;
+  std::unique_ptr<Engine> engine;
+  int64_t Vp = 0;
 
-  const model::DecoderModel d = model::as_decoder(*m);
-  EngineOptions eo;
-  eo.max_ctx = kT;
-  eo.kv_type = DType::f32;
-  Engine e(d, eo);
-  const int32_t s = e.new_sequence();
-  const std::vector<float> all = e.forward({Feed{s, toks, true}});
+  BothForwards() {
+    m->plan(1, kT, model::Precision::f32, model::Recompute::none);
+    m->forward(toks.data(), nullptr, 1, kT);
+    Vp = m->config().padded_vocab_size;
+    view = model::as_decoder(*m);
+    EngineOptions eo;
+    eo.max_ctx = kT;
+    eo.kv_type = DType::f32;
+    engine = std::make_unique<Engine>(view, eo);
+  }
+  const float* training_logits(int64_t t) const { return m->logits() + t * Vp; }
+};
+
+TEST(Gpt2TrainingModelInEngine, PromptLogitsEqualTrainingForward) {
+  BothForwards f;
+  const int32_t s = f.engine->new_sequence();
+  const std::vector<float> all = f.engine->forward({Feed{s, f.toks, true}});
   ASSERT_EQ(static_cast<int64_t>(all.size()), kT * kVocab);
   for (int64_t t = 0; t < kT; ++t)
-    EXPECT_LT(rel_diff(all.data() + t * kVocab, m->logits() + t * Vp, kVocab), 1e-4) << "row " << t;
+    EXPECT_LT(rel_diff(all.data() + t * kVocab, f.training_logits(t), kVocab), 1e-4) << "row " << t;
 }
 
 TEST(Gpt2TrainingModelInEngine, CachedDecodeStepsEqualTrainingForward) {
-  auto m = make_model();
-  const std::vector<int32_t> toks = tokens();
-  m->plan(1, kT, model::Precision::f32, model::Recompute::none);
-  m->forward(toks.data(), nullptr, 1, kT);
-  const int64_t Vp = m->config().padded_vocab_size;
-
-  const model::DecoderModel d = model::as_decoder(*m);
-  EngineOptions eo;
-  eo.max_ctx = kT;
-  eo.kv_type = DType::f32;
-  Engine e(d, eo);
-  const int32_t s = e.new_sequence();
+  BothForwards f;
+  const int32_t s = f.engine->new_sequence();
   constexpr int64_t kPrefill = kT - 5;
-  std::vector<float> last = e.forward({Feed{s, {toks.data(), kPrefill}, false}});
-  EXPECT_LT(rel_diff(last.data(), m->logits() + (kPrefill - 1) * Vp, kVocab), 1e-4);
+  std::vector<float> last = f.engine->forward({Feed{s, {f.toks.data(), kPrefill}, false}});
+  EXPECT_LT(rel_diff(last.data(), f.training_logits(kPrefill - 1), kVocab), 1e-4);
   for (int64_t t = kPrefill; t < kT; ++t) {
-    last = e.forward({Feed{s, {&toks[t], 1}, false}});
-    EXPECT_LT(rel_diff(last.data(), m->logits() + t * Vp, kVocab), 1e-4) << "step " << t;
+    last = f.engine->forward({Feed{s, {&f.toks[t], 1}, false}});
+    EXPECT_LT(rel_diff(last.data(), f.training_logits(t), kVocab), 1e-4) << "step " << t;
   }
 }
 
