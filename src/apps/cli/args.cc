@@ -90,7 +90,10 @@ bool wants_help(const Flags& table, const std::vector<std::string>& argv) {
   for (size_t i = 0; i < argv.size(); ++i) {
     if (is_help(argv[i])) return true;
     for (const Flag& f : table)
-      if ((argv[i] == f.name || argv[i] == f.alias) && f.kind != FlagKind::toggle) ++i;
+      if (argv[i] == f.name || argv[i] == f.alias) {
+        if (f.kind != FlagKind::toggle) ++i;  // skip its value (which may be "-h")
+        break;
+      }
   }
   return false;
 }
