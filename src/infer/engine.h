@@ -30,7 +30,8 @@ struct EngineOptions {
   DType kv_type = DType::f32;  // KV cache elements: f32, or f16 (half the memory and traffic)
   // threads; reference kernels for tests; device cuda runs the whole forward pass on the GPU
   // (weights, activations and the KV cache in device memory; backend/device_decoder.h), with
-  // the sequence bookkeeping and the embedding lookup staying here.
+  // the sequence bookkeeping and the embedding lookup (model::DecoderForward::embed) on the
+  // host.
   ops::Context ctx;
   // Widen every weight matrix to f32 once at start, so activations are never quantized: the
   // accuracy yardstick for the integer kernels (4-8x the memory, much slower decode).
