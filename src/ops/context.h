@@ -3,6 +3,7 @@
 #pragma once
 
 #include "core/thread_pool.h"
+#include "ops/observe.h"
 
 namespace tessera::ops {
 
@@ -10,8 +11,9 @@ enum class Device { cpu, cuda };
 
 struct Context {
   Device device = Device::cpu;
-  ThreadPool* pool = nullptr;  // CPU: null means default_pool()
-  bool reference = false;      // CPU: use backend/cpu/ref kernels instead of the SIMD ones
+  ThreadPool* pool = nullptr;      // CPU: null means default_pool()
+  bool reference = false;          // CPU: use backend/cpu/ref kernels instead of the SIMD ones
+  OpObserver* observer = nullptr;  // sees every op call (ops/observe.h); null: none
   ThreadPool& threads() const { return pool ? *pool : default_pool(); }
 };
 

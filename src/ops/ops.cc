@@ -4,15 +4,21 @@
 #include "core/error.h"
 #include "ops/backend.h"
 #include "ops/gemm_check.h"
+#include "ops/observed.h"
 
 namespace tessera::ops {
 
-// Calls `name(ctx, args...)` on ctx.device's backend.
-#define TS_DISPATCH(name, ...) return backend(ctx.device).name(ctx, __VA_ARGS__)
+// Calls `name(ctx, args...)` on ctx.device's backend, reported to ctx.observer with `cost`.
+#define TS_DISPATCH_COST(name, cost, ...) \
+  return detail::observed(                \
+      ctx, #name, [&] { return cost; },   \
+      [&]() -> decltype(auto) { return backend(ctx.device).name(ctx, __VA_ARGS__); })
+// The same for ops without a cost model yet (reported with zero cost).
+#define TS_DISPATCH(name, ...) TS_DISPATCH_COST(name, OpCost{}, __VA_ARGS__)
 
 void gemm(const Context& ctx, const GemmArgs& g) {
   if (!validate_gemm_args(g)) return;
-  TS_DISPATCH(gemm, g);
+  TS_DISPATCH_COST(gemm, gemm_cost(g), g);
 }
 
 void embedding_forward(const Context& ctx, float* out, const int32_t* tokens, const float* wte,
@@ -52,14 +58,16 @@ void add(const Context& ctx, float* out, const float* a, const float* b, int64_t
 void attention_forward(const Context& ctx, float* out, float* lse, const float* qkv, int64_t B,
                        int64_t T, int64_t C, int64_t H) {
   TS_CHECK(H > 0 && C % H == 0, "[attention] width C=", C, " is not divisible by heads H=", H);
-  TS_DISPATCH(attention_forward, out, lse, qkv, B, T, C, H);
+  TS_DISPATCH_COST(attention_forward, attention_forward_cost(B, T, C, H), out, lse, qkv, B, T, C,
+                   H);
 }
 
 void attention_backward(const Context& ctx, float* dqkv, const float* dout, const float* qkv,
                         const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
                         int64_t H) {
   TS_CHECK(H > 0 && C % H == 0, "[attention] width C=", C, " is not divisible by heads H=", H);
-  TS_DISPATCH(attention_backward, dqkv, dout, qkv, out, lse, B, T, C, H);
+  TS_DISPATCH_COST(attention_backward, attention_backward_cost(B, T, C, H), dqkv, dout, qkv, out,
+                   lse, B, T, C, H);
 }
 
 void softmax_xent(const Context& ctx, float* losses, float* logits, const int32_t* targets,
@@ -116,7 +124,7 @@ OpCost attention_backward_cost(int64_t B, int64_t T, int64_t C, int64_t H) {
 
 void rmsnorm_forward(const Context& ctx, float* out, float* rstd, const float* inp, const float* w,
                      int64_t N, int64_t C, float eps) {
-  TS_DISPATCH(rmsnorm_forward, out, rstd, inp, w, N, C, eps);
+  TS_DISPATCH_COST(rmsnorm_forward, rmsnorm_forward_cost(N, C), out, rstd, inp, w, N, C, eps);
 }
 
 void rmsnorm_backward(const Context& ctx, float* dinp, float* dw, const float* dout,
@@ -127,18 +135,20 @@ void rmsnorm_backward(const Context& ctx, float* dinp, float* dw, const float* d
 void rope_forward(const Context& ctx, float* out, const float* inp, const RopeTable& table,
                   const int32_t* positions, int64_t pos0, int64_t B, int64_t T, int64_t H,
                   int64_t D, RopeLayout layout) {
-  TS_DISPATCH(rope_forward, out, inp, table, positions, pos0, B, T, H, D, layout);
+  TS_DISPATCH_COST(rope_forward, rope_cost(B, T, H, D, table.rotary_dim), out, inp, table,
+                   positions, pos0, B, T, H, D, layout);
 }
 
 void rope_backward(const Context& ctx, float* dinp, const float* dout, const RopeTable& table,
                    const int32_t* positions, int64_t pos0, int64_t B, int64_t T, int64_t H,
                    int64_t D, RopeLayout layout) {
-  TS_DISPATCH(rope_backward, dinp, dout, table, positions, pos0, B, T, H, D, layout);
+  TS_DISPATCH_COST(rope_backward, rope_cost(B, T, H, D, table.rotary_dim), dinp, dout, table,
+                   positions, pos0, B, T, H, D, layout);
 }
 
 void swiglu_forward(const Context& ctx, float* out, const float* gate, const float* up, int64_t N,
                     int64_t F) {
-  TS_DISPATCH(swiglu_forward, out, gate, up, N, F);
+  TS_DISPATCH_COST(swiglu_forward, swiglu_forward_cost(N, F), out, gate, up, N, F);
 }
 
 void swiglu_backward(const Context& ctx, float* dgate, float* dup, const float* dout,

@@ -111,10 +111,8 @@ void scale(const Context& ctx, float* x, int64_t n, float s);
 // dst (n) = round-to-nearest-even bf16 of src.
 void convert_f32_to_bf16(const Context& ctx, uint16_t* dst, const float* src, int64_t n);
 
-// Cost model for the profiler: floating-point operations and bytes moved by one call.
-struct OpCost {
-  double flops = 0, bytes = 0;
-};
+// Cost model for the profiler (OpCost, ops/observe.h): floating-point operations and bytes
+// moved by one call.
 OpCost gemm_cost(const GemmArgs& g);
 OpCost attention_forward_cost(int64_t B, int64_t T, int64_t C, int64_t H);
 OpCost attention_backward_cost(int64_t B, int64_t T, int64_t C, int64_t H);

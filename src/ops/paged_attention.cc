@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "ops/backend.h"
+#include "ops/observed.h"
 
 namespace tessera::ops {
 
@@ -25,7 +26,9 @@ void paged_attention(const Context& ctx, const PagedAttentionArgs& a) {
              " outside [0, ", a.n_keys[r], ")");
   }
   if (a.rows == 0) return;
-  backend(ctx.device).paged_attention(ctx, a);
+  detail::observed(
+      ctx, "paged_attention", [&] { return paged_attention_cost(a); },
+      [&] { backend(ctx.device).paged_attention(ctx, a); });
 }
 
 OpCost paged_attention_cost(const PagedAttentionArgs& a) {

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/interleave.h"
 #include "ops/backend.h"
+#include "ops/observed.h"
 
 namespace tessera::ops {
 
@@ -31,7 +32,9 @@ void matmul_wt(const Context& ctx, float* y, int64_t ldy, const float* x, int64_
                const void* w, DType w_type, int64_t N, const float* bias) {
   check_matmul_wt_args(ldy, M, K, w_type, N);
   TS_CHECK(M * N == 0 || (y && x && w), "[matmul_wt] null y, x or w");
-  backend(ctx.device).matmul_wt(ctx, y, ldy, x, M, K, w, w_type, N, bias);
+  detail::observed(
+      ctx, "matmul_wt", [&] { return matmul_wt_cost(M, K, N, w_type, bias != nullptr); },
+      [&] { backend(ctx.device).matmul_wt(ctx, y, ldy, x, M, K, w, w_type, N, bias); });
 }
 
 void matmul_wt_group(const Context& ctx, const float* x, int64_t M, int64_t K,
@@ -40,7 +43,19 @@ void matmul_wt_group(const Context& ctx, const float* x, int64_t M, int64_t K,
     check_matmul_wt_args(p.ldy, M, K, p.w_type, p.N);
     TS_CHECK(M * p.N == 0 || (p.y && x && p.w), "[matmul_wt] null y, x or w");
   }
-  backend(ctx.device).matmul_wt_group(ctx, x, M, K, products);
+  auto cost = [&] {
+    OpCost c;
+    for (const WtProduct& p : products) {
+      const OpCost one = matmul_wt_cost(M, K, p.N, p.w_type, p.bias != nullptr);
+      c.flops += one.flops;
+      c.bytes += one.bytes;
+    }
+    if (!products.empty())
+      c.bytes -= 4.0 * static_cast<double>(M * K) * static_cast<double>(products.size() - 1);
+    return c;  // x is read once for the whole group
+  };
+  detail::observed(ctx, "matmul_wt_group", cost,
+                   [&] { backend(ctx.device).matmul_wt_group(ctx, x, M, K, products); });
 }
 
 OpCost matmul_wt_cost(int64_t M, int64_t K, int64_t N, DType w_type, bool bias) {
