@@ -4,8 +4,8 @@
 
 #include <vector>
 
-#include "core/rng.h"
 #include "backend/cpu/cpu_backend.h"
+#include "core/rng.h"
 #include "ops/ops.h"
 
 namespace {

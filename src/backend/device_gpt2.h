@@ -20,7 +20,7 @@ struct Gpt2BlockOffsets {
 
 struct Gpt2DeviceDesc {
   int64_t L = 0, H = 0, C = 0, V = 0, Vp = 0, max_seq = 0;
-  int64_t max_B = 0, max_T = 0;  // activations are sized for (max_B, max_T)
+  int64_t max_B = 0, max_T = 0;                     // activations are sized for (max_B, max_T)
   ops::Recompute recompute = ops::Recompute::none;  // which activations it keeps for backward
   int64_t n_params = 0;  // elements of the flat buffer (alignment gaps included)
   int64_t wte = 0, wpe = 0, lnf_w = 0, lnf_b = 0;

@@ -150,8 +150,9 @@ TEST(GemmWt, MatmulWtRoutesLargeProductsHere) {
     // A group of two products (one of another type) equals the separate products.
     const Weights w2 = make_weights(DType::q8_0, 24, K, 43);
     std::vector<float> g1(via_route.size()), g2(static_cast<size_t>(M_packed * 24)), s2(g2.size());
-    const ops::WtProduct products[2] = {{g1.data(), N, w.stored.data(), t, N, nullptr},
-                                   {g2.data(), 24, w2.stored.data(), DType::q8_0, 24, nullptr}};
+    const ops::WtProduct products[2] = {
+        {g1.data(), N, w.stored.data(), t, N, nullptr},
+        {g2.data(), 24, w2.stored.data(), DType::q8_0, 24, nullptr}};
     matmul_wt_group(test::pool(2), x.p, M_packed, K, products, 2);
     matmul_wt(test::pool(2), s2.data(), 24, x.p, M_packed, K, w2.stored.data(), DType::q8_0, 24,
               nullptr);

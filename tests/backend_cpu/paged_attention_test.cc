@@ -20,8 +20,8 @@ using test::fill_normal;
 
 // The argument block of a query batch over an f32 cache (kv_type and k_transposed left default).
 ops::PagedAttentionArgs cache_args(const float* q, int64_t rows, int64_t H, int64_t Hkv, int64_t D,
-                              const float* kv, int64_t BT, int64_t stride, int64_t half,
-                              const int32_t* const* tables, const int32_t* n_keys) {
+                                   const float* kv, int64_t BT, int64_t stride, int64_t half,
+                                   const int32_t* const* tables, const int32_t* n_keys) {
   ops::PagedAttentionArgs a;
   a.q = q;
   a.rows = rows;

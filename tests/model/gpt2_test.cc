@@ -242,8 +242,7 @@ TEST(Gpt2, BlockRecomputeCutsActivationMemory) {
   EXPECT_EQ(m.device_desc(8, 512).recompute, Recompute::block);
   m.plan(8, 512, Precision::bf16, Recompute::gelu);
   EXPECT_EQ(m.device_desc(8, 512).recompute, Recompute::gelu);
-  EXPECT_EQ(Gpt2(cfg, ops::Context{}).device_desc(8, 512).recompute,
-            Recompute::none);
+  EXPECT_EQ(Gpt2(cfg, ops::Context{}).device_desc(8, 512).recompute, Recompute::none);
 
   // FLOPs: 6 * (non-embedding params 85,056,000 + lm head 50257*768) + 6*L*T*C.
   const double expect = 6.0 * (85056000.0 + 50257.0 * 768) + 6.0 * 12 * 1024 * 768;

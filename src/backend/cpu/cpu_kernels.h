@@ -5,9 +5,9 @@
 
 #include <cstdint>
 
-#include "ops/quant.h"
 #include "core/thread_pool.h"
 #include "ops/ops.h"
+#include "ops/quant.h"
 
 namespace tessera::cpu {
 

@@ -6,9 +6,9 @@
 #include <cstdint>
 
 #include "backend/cpu/quant_act.h"
-#include "ops/quant.h"
 #include "core/dtype.h"
 #include "core/thread_pool.h"
+#include "ops/quant.h"
 
 namespace tessera::cpu {
 

@@ -141,9 +141,8 @@ CudaGpt2::CudaGpt2(const Gpt2DeviceDesc& d, int device)
   // Activations: one allocation carved in order (bf16 counts, then f32 counts): a full set per
   // block (none, gelu: without the GELU outputs) or one shared set (block).
   const ops::Recompute rc = d_.recompute;
-  TS_CHECK(
-      rc == ops::Recompute::none || rc == ops::Recompute::gelu || rc == ops::Recompute::block,
-      op, " unknown recompute policy ", static_cast<int>(rc));
+  TS_CHECK(rc == ops::Recompute::none || rc == ops::Recompute::gelu || rc == ops::Recompute::block,
+           op, " unknown recompute policy ", static_cast<int>(rc));
   const int64_t n_sets = rc == ops::Recompute::block ? 1 : L;
   std::vector<std::pair<void**, size_t>> parts;
   auto bf = [&](bf16** ptr, int64_t n) {
@@ -363,8 +362,7 @@ void CudaGpt2::backward(int64_t B, int64_t T) {
     // scratch_c is free here (the previous norm backward consumed it): the replay may use it.
     if (d_.recompute == ops::Recompute::block) block_forward(l, B, T, /*replay=*/true);
     // GELU outputs: kept per block under none, else recomputed into dbig (a.gelu == dbig).
-    if (d_.recompute != ops::Recompute::none)
-      cuda::gelu_forward<bf16>(a.gelu, a.fch, N * 4 * C, s);
+    if (d_.recompute != ops::Recompute::none) cuda::gelu_forward<bf16>(a.gelu, a.fch, N * 4 * C, s);
     // MLP branch. a.gelu may be dbig itself: the dW GEMM reads it before the dx GEMM writes dbig
     // (one stream, in order).
     linear_backward(dbig_, dresid_, a.gelu, o.fcproj_w, o.fcproj_b, N, 4 * C, C);

@@ -4,9 +4,9 @@
 
 #include "backend/cpu/quant_act.h"
 #include "backend/cpu/ref/ref_kernels.h"
-#include "ops/quant.h"
 #include "core/error.h"
 #include "core/interleave.h"
+#include "ops/quant.h"
 
 namespace tessera::cpu::ref {
 
