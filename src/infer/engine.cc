@@ -4,13 +4,10 @@
 #include "infer/engine.h"
 
 #include <algorithm>
-#include <cmath>
-#include <cstring>
 #include <memory>
 
 #include "core/error.h"
 #include "core/interleave.h"
-#include "ops/paged_attention.h"
 #include "ops/quant.h"
 #include "profile/timer.h"
 

@@ -22,12 +22,9 @@ const std::string kModel =
     std::string(TESSERA_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
 using tessera::test::run_tessera;
+using tessera::test::scratch_path;
 using tessera::test::slurp;
 using Result = tessera::test::CliResult;
-
-std::string scratch(const std::string& name) {
-  return tessera::test::scratch_path(name);
-}
 
 class InferCli : public ::testing::Test {
  protected:
@@ -58,7 +55,8 @@ TEST_F(InferCli, ChatTemplateGenerationStopsAtEndOfTurn) {
 }
 
 TEST_F(InferCli, QuantizeConvertAndPerplexity) {
-  const std::string q8 = scratch("q8.gguf"), hf = scratch("hf"), back = scratch("back.gguf");
+  const std::string q8 = scratch_path("q8.gguf"), hf = scratch_path("hf"),
+                    back = scratch_path("back.gguf");
   Result r = run_tessera("quantize " + kModel + " " + q8 + " --type q8_0");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("blk.0.ffn_up"), std::string::npos) << r.out;
