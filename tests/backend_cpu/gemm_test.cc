@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/cpu_features.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/ref/ref_kernels.h"
@@ -353,6 +354,109 @@ TEST(Gemm, FmaTargetsComputeOneFmaChainPerDepthBlock) {
   }
   hwy::SetSupportedTargetsForTest(0);
   if (tested == 0) GTEST_SKIP() << "no FMA target (AVX2/AVX-512) on this CPU";
+}
+
+// ---- The AVX512-BF16 kernel (gemm_bf16.cc), forced through GemmBlocking::kernel ----
+
+#define SKIP_WITHOUT_BF16()                                         \
+  if (!gemm_bf16_supported())                                       \
+  GTEST_SKIP() << "this CPU has no AVX512-BF16 (" << simd_summary() \
+               << "): the bf16 dot-product kernel cannot run here"
+
+// Every way an operand reaches the kernel: bf16 in memory, f32 rounded while packed, each
+// transpose (depth-contiguous or not: the two packing routes), odd depths (a half-empty last
+// pair), sizes around the 8 x 32 tile and the 16-wide packing groups.
+TEST(GemmBf16, AllTransposesTypesOddSizes) {
+  SKIP_WITHOUT_BF16();
+  for (Trans ta : {Trans::N, Trans::T})
+    for (Trans tb : {Trans::N, Trans::T})
+      for (int64_t s : {1, 3, 8, 17, 33, 65})
+        for (int form = 0; form < 3; ++form) {
+          Case c;
+          c.ta = ta, c.tb = tb, c.m = s, c.n = s + 2, c.k = s + 1;
+          c.blocking.kernel = GemmKernel::bf16_dot;
+          if (form == 0) c.a_type = c.b_type = DType::bf16;
+          if (form == 1) c.round_bf16 = true;
+          if (form == 2) c.a_type = DType::bf16, c.round_bf16 = true;
+          check_case(c);
+        }
+}
+
+TEST(GemmBf16, BlocksThreadsBiasAccumulateStrides) {
+  SKIP_WITHOUT_BF16();
+  for (Trans ta : {Trans::N, Trans::T})
+    for (Trans tb : {Trans::N, Trans::T})
+      for (int threads : {1, 2, 3}) {
+        Case c;
+        c.ta = ta, c.tb = tb, c.m = 131, c.n = 97, c.k = 257, c.threads = threads;
+        c.round_bf16 = true, c.bias = threads != 2, c.accumulate = threads != 1;
+        c.pad = threads == 3 ? 5 : 0, c.offset = threads == 2 ? 1 : 0;
+        c.blocking.kernel = GemmKernel::bf16_dot;
+        check_case(c);
+        c.blocking = GemmBlocking{12, 37, 48, GemmKernel::bf16_dot};  // kc rounds up to 38
+        check_case(c);
+      }
+}
+
+TEST(GemmBf16, BitIdenticalAcrossThreadsAndBlocking) {
+  SKIP_WITHOUT_BF16();
+  Case c;
+  c.ta = Trans::N, c.tb = Trans::T, c.m = 101, c.n = 203, c.k = 300, c.bias = true;
+  c.round_bf16 = true;
+  const Operands o = make_operands(c, 7);
+  std::vector<float> first;
+  for (int threads : {1, 2, 3, 4})
+    for (GemmBlocking blk :
+         {GemmBlocking{0, 0, 0, GemmKernel::bf16_dot}, GemmBlocking{8, 0, 32, GemmKernel::bf16_dot},
+          GemmBlocking{64, 0, 96, GemmKernel::bf16_dot}}) {
+      std::vector<float> out = o.c0;
+      ThreadPool pool(threads);
+      gemm_blocked(pool, make_args(c, o, out.data()), blk);
+      if (first.empty()) {
+        first = out;
+      } else {
+        ASSERT_EQ(out, first) << "threads=" << threads << " mc=" << blk.mc << " nc=" << blk.nc;
+      }
+    }
+}
+
+// The automatic choice: bf16 compute above the small-M rows takes the bf16 kernel exactly where
+// the CPU has it, and then gives the forced kernel's bits.
+TEST(GemmBf16, AutomaticChoice) {
+  EXPECT_EQ(gemm_kernel_for(false, 256), GemmKernel::f32_fma);
+  EXPECT_EQ(gemm_kernel_for(true, 4), GemmKernel::f32_fma);
+  EXPECT_EQ(gemm_kernel_for(true, 256),
+            gemm_bf16_supported() ? GemmKernel::bf16_dot : GemmKernel::f32_fma);
+  EXPECT_NE(gemm_kernel_name(GemmKernel::f32_fma).find("f32 FMA"), std::string::npos);
+  SKIP_WITHOUT_BF16();
+  Case c;
+  c.tb = Trans::T, c.m = 40, c.n = 70, c.k = 90, c.round_bf16 = true, c.threads = 2;
+  const Operands o = make_operands(c, 4);
+  std::vector<float> automatic = o.c0, forced = o.c0;
+  ThreadPool pool(2);
+  gemm(pool, make_args(c, o, automatic.data()));
+  gemm_blocked(pool, make_args(c, o, forced.data()), GemmBlocking{0, 0, 0, GemmKernel::bf16_dot});
+  EXPECT_EQ(automatic, forced);
+}
+
+TEST(GemmBf16, RefusesWhatItCannotCompute) {
+  Case c;
+  c.m = c.n = c.k = 8;
+  const Operands o = make_operands(c, 2);
+  std::vector<float> out = o.c0;
+  ThreadPool pool(1);
+  // f32 operands without round_bf16 must not be rounded silently.
+  EXPECT_THROW(
+      gemm_blocked(pool, make_args(c, o, out.data()), GemmBlocking{0, 0, 0, GemmKernel::bf16_dot}),
+      Error);
+  c.round_bf16 = true;
+  if (gemm_bf16_supported()) return;
+  try {
+    gemm_blocked(pool, make_args(c, o, out.data()), GemmBlocking{0, 0, 0, GemmKernel::bf16_dot});
+    ADD_FAILURE() << "forcing the bf16 kernel on a CPU without AVX512-BF16 did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("AVX512-BF16"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Gemm, RejectsBadInput) {

@@ -14,6 +14,7 @@
 
 #include "apps/cli/args.h"
 #include "apps/cli/bench.h"
+#include "backend/cpu/gemm.h"
 #include "core/arena.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -92,18 +93,20 @@ Row run_shape(const Shape& s, const ops::Context& ctx, const OpenBlas& ob, int r
   const int64_t b_rows = s.tb == ops::Trans::N ? s.k : s.n,
                 b_cols = s.tb == ops::Trans::N ? s.n : s.k;
   AlignedBuffer<float> a(a_rows * a_cols), b(b_rows * b_cols), c(s.m * s.n);
-  AlignedBuffer<uint16_t> a16(a_rows * a_cols), b16(b_rows * b_cols);
+  AlignedBuffer<uint16_t> b16(b_rows * b_cols);
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  for (size_t i = 0; i < a.size(); ++i) a[i] = u(rng), a16[i] = f32_to_bf16(a[i]);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = u(rng);
   for (size_t i = 0; i < b.size(); ++i) b[i] = u(rng), b16[i] = f32_to_bf16(b[i]);
 
   ops::GemmArgs g;
   g.trans_a = s.ta, g.trans_b = s.tb, g.m = s.m, g.n = s.n, g.k = s.k;
   g.a = a.data(), g.lda = a_cols, g.b = b.data(), g.ldb = b_cols;
   g.c = c.data(), g.ldc = s.n, g.accumulate = s.accumulate;
+  // bf16 as a training step multiplies: A in f32 rounded while packed (activations), B in bf16
+  // (the step's bf16 copy of the weights).
   ops::GemmArgs g16 = g;
-  g16.a = a16.data(), g16.b = b16.data(), g16.a_type = g16.b_type = DType::bf16;
+  g16.b = b16.data(), g16.b_type = DType::bf16, g16.round_bf16 = true;
   std::vector<std::function<void()>> fns = {[&] { ops::gemm(ctx, g); },
                                             [&] { ops::gemm(ctx, g16); }};
   if (ob.ok()) {
@@ -161,11 +164,18 @@ int run(const Args& args) {
     std::printf("gemm: %d threads, median of %d reps after 1 warm-up; OpenBLAS %s%s%s\n",
                 pool.size(), reps, ob.ok() ? "sgemm (dlopen)" : "unavailable (yardstick skipped)",
                 coretype ? ", OPENBLAS_CORETYPE=" : "", coretype ? coretype : "");
-    std::printf("%-18s %6s %6s %6s %10s %10s %10s %7s\n", "shape", "M", "N", "K", "f32 GF/s",
-                "bf16 GF/s", "OpenBLAS", "f32/OB");
+    std::printf("kernels: f32 %s; bf16 (A f32 rounded while packed, B bf16) %s\n",
+                cpu::gemm_kernel_name(cpu::gemm_kernel_for(false, 256)).c_str(),
+                cpu::gemm_kernel_name(cpu::gemm_kernel_for(true, 256)).c_str());
+    std::printf("%-18s %6s %6s %6s %10s %10s %9s %10s %7s\n", "shape", "M", "N", "K", "f32 GF/s",
+                "bf16 GF/s", "bf16/f32", "OpenBLAS", "f32/OB");
   } else {
-    std::printf("{\"threads\": %d, \"reps\": %d, \"openblas\": %s, \"rows\": [\n", pool.size(),
-                reps, ob.ok() ? "true" : "false");
+    std::printf(
+        "{\"threads\": %d, \"reps\": %d, \"openblas\": %s, \"f32_kernel\": \"%s\", "
+        "\"bf16_kernel\": \"%s\", \"rows\": [\n",
+        pool.size(), reps, ob.ok() ? "true" : "false",
+        cpu::gemm_kernel_name(cpu::gemm_kernel_for(false, 256)).c_str(),
+        cpu::gemm_kernel_name(cpu::gemm_kernel_for(true, 256)).c_str());
   }
   for (size_t i = 0; i < shapes.size(); ++i) {
     const Row r = run_shape(shapes[i], ctx, ob, reps);
@@ -177,14 +187,15 @@ int run(const Args& args) {
           static_cast<long long>(r.k), r.ours_f32, r.ours_bf16,
           r.openblas > 0 ? cat(r.openblas).c_str() : "null", i + 1 < shapes.size() ? "," : "");
     } else if (r.openblas > 0) {
-      std::printf("%-18s %6lld %6lld %6lld %10.1f %10.1f %10.1f %7.2f\n", r.name.c_str(),
+      std::printf("%-18s %6lld %6lld %6lld %10.1f %10.1f %9.2f %10.1f %7.2f\n", r.name.c_str(),
                   static_cast<long long>(r.m), static_cast<long long>(r.n),
-                  static_cast<long long>(r.k), r.ours_f32, r.ours_bf16, r.openblas,
-                  r.ours_f32 / r.openblas);
+                  static_cast<long long>(r.k), r.ours_f32, r.ours_bf16, r.ours_bf16 / r.ours_f32,
+                  r.openblas, r.ours_f32 / r.openblas);
     } else {
-      std::printf("%-18s %6lld %6lld %6lld %10.1f %10.1f %10s %7s\n", r.name.c_str(),
+      std::printf("%-18s %6lld %6lld %6lld %10.1f %10.1f %9.2f %10s %7s\n", r.name.c_str(),
                   static_cast<long long>(r.m), static_cast<long long>(r.n),
-                  static_cast<long long>(r.k), r.ours_f32, r.ours_bf16, "-", "-");
+                  static_cast<long long>(r.k), r.ours_f32, r.ours_bf16, r.ours_bf16 / r.ours_f32,
+                  "-", "-");
     }
     std::fflush(stdout);
   }

@@ -15,6 +15,7 @@
 #include <memory>
 #include <type_traits>
 
+#include "backend/cpu/cpu_features.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/gemm.h"
 #include "core/error.h"
@@ -323,23 +324,6 @@ void gemm_rect(const Problem& pr, int64_t m0, int64_t m1, int64_t n0, int64_t n1
   }
 }
 
-// Splits C into a tm x tn grid of thread rectangles minimizing the slowest thread's modelled
-// time: its compute (mt*nt*k FMAs, ~16 per cycle on two AVX2 FMA pipes) plus its packing
-// (B once per depth block: nt*k; A once per nc block: mt*k*ceil(nt/nc), ~1 element per cycle).
-void choose_grid(const Problem& pr, int threads, int* tm_out, int* tn_out) {
-  const int64_t pm = (pr.m + kMR - 1) / kMR, pn = (pr.n + kNR - 1) / kNR;
-  double best = -1;
-  for (int tm = 1; tm <= threads; ++tm) {
-    const int tn = threads / tm;
-    if (tm > pm && tm > 1) break;
-    const double mt = static_cast<double>((pm + tm - 1) / tm * kMR);
-    const double nt = static_cast<double>((pn + tn - 1) / tn * kNR);
-    const double cost =
-        mt * nt / 16.0 + pr.b_pack_cost * nt + mt * std::ceil(nt / static_cast<double>(pr.nc));
-    if (best < 0 || cost < best) best = cost, *tm_out = tm, *tn_out = tn;
-  }
-}
-
 void run_packed(ThreadPool& pool, const Problem& pr);
 
 void gemm_target(ThreadPool& pool, const ops::GemmArgs& g, const GemmBlocking& blk) {
@@ -384,29 +368,12 @@ void gemm_wt_target(ThreadPool& pool, float* y, int64_t ldy, const float* x, int
   run_packed(pool, pr);
 }
 
-// Goto's loops over a thread grid; any m (no small-M shortcut).
+// Goto's loops over a thread grid; any m (no small-M shortcut). The compute term counts 16 FMAs
+// per cycle (two AVX2 FMA pipes); only its ratio to the packing terms matters.
 void run_packed(ThreadPool& pool, const Problem& pr) {
-  // Below ~1 MFLOP a pool hand-off (microseconds) costs more than a second core saves.
-  const double flops = 2.0 * pr.m * pr.n * pr.k;
-  const int threads = flops < 1e6 ? 1 : pool.size();
-  int tm = 1, tn = 1;
-  choose_grid(pr, threads, &tm, &tn);
-  if (tm * tn == 1) {
-    gemm_rect(pr, 0, pr.m, 0, pr.n);
-    return;
-  }
-  const int64_t pm = (pr.m + kMR - 1) / kMR, pn = (pr.n + kNR - 1) / kNR;
-  pool.run([&](int t) {
-    if (t >= tm * tn) return;
-    const int64_t ti = t / tn, tj = t % tn;
-    // Micro-panel ranges split evenly; rectangles are disjoint, so no two threads write the
-    // same element and no reduction across threads exists.
-    const int64_t m0 = std::min(pr.m, pm * ti / tm * kMR);
-    const int64_t m1 = std::min(pr.m, pm * (ti + 1) / tm * kMR);
-    const int64_t n0 = std::min(pr.n, pn * tj / tn * kNR);
-    const int64_t n1 = std::min(pr.n, pn * (tj + 1) / tn * kNR);
-    gemm_rect(pr, m0, m1, n0, n1);
-  });
+  gemm_detail::run_grid(
+      pool, pr.m, pr.n, pr.k, kMR, kNR, pr.nc, pr.b_pack_cost, 16.0,
+      [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) { gemm_rect(pr, m0, m1, n0, n1); });
 }
 
 GemmTile tile_target() {
@@ -467,7 +434,35 @@ void gemm_blocked(ThreadPool& pool, const ops::GemmArgs& g, const GemmBlocking& 
     }
     return;
   }
+  const bool bf16_compute = g.round_bf16 || (g.a_type == DType::bf16 && g.b_type == DType::bf16);
+  GemmKernel kernel = blocking.kernel;
+  if (kernel == GemmKernel::automatic) kernel = gemm_kernel_for(bf16_compute, g.m);
+  TS_CHECK(kernel != GemmKernel::bf16_dot || bf16_compute,
+           "[gemm] the bf16 dot-product kernel rounds its inputs: it needs round_bf16 or bf16 "
+           "operands");
+  if (kernel == GemmKernel::bf16_dot) {
+    gemm_bf16(pool, g, blocking);
+    return;
+  }
   HWY_DYNAMIC_DISPATCH(gemm_target)(pool, g, blocking);
+}
+
+GemmKernel gemm_kernel_for(bool bf16_compute, int64_t m) {
+  // m <= 4 (decode) streams B once through the small-M path: memory bound, no kernel to win.
+  return bf16_compute && m > 4 && gemm_bf16_supported() ? GemmKernel::bf16_dot
+                                                        : GemmKernel::f32_fma;
+}
+
+std::string gemm_kernel_name(GemmKernel kernel) {
+  switch (kernel) {
+    case GemmKernel::bf16_dot:
+      return "bf16 dot (avx512-bf16 vdpbf16ps)";
+    case GemmKernel::f32_fma:
+      return cat("f32 FMA (", highway_target(), ")");
+    case GemmKernel::automatic:
+      break;
+  }
+  return "automatic";
 }
 
 void gemm(ThreadPool& pool, const ops::GemmArgs& g) {

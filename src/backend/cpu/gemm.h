@@ -2,8 +2,10 @@
 // can force tiny blocks and exercise every loop edge with small matrices.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "core/dtype.h"
 #include "core/thread_pool.h"
@@ -15,13 +17,30 @@ namespace tessera::cpu {
 // micro-panel stay in L1); mc: rows of the packed A block (stays in L2); nc: columns of the
 // packed B block (stays in L3). 0 means "the default for the running SIMD target". Values are
 // rounded up to multiples of the micro-tile.
+// `kernel` picks the micro-kernel: automatic takes the bf16 dot-product kernel for bf16 compute
+// (round_bf16, or both operands bf16) where the CPU has AVX512-BF16, else the f32 FMA kernel;
+// tests and benchmarks force one (forcing bf16_dot on a CPU without it throws).
+enum class GemmKernel { automatic, f32_fma, bf16_dot };
 struct GemmBlocking {
   int64_t mc = 0, kc = 0, nc = 0;
+  GemmKernel kernel = GemmKernel::automatic;
 };
+
+// The kernel cpu::gemm takes for a product of m rows with bf16 compute (bf16_compute) or not.
+GemmKernel gemm_kernel_for(bool bf16_compute, int64_t m);
+// "f32 FMA (AVX3_DL)", "bf16 dot (avx512-bf16)": the kernel a training step's products take.
+std::string gemm_kernel_name(GemmKernel kernel);
+// True where this CPU has the bf16 dot-product kernel (AVX512-BF16 with AVX512BW/VL).
+bool gemm_bf16_supported();
 
 // cpu::gemm (cpu_kernels.h) with explicit blocking; results do not depend on the blocking of
 // M and N nor on the thread count (each output's K loop order is fixed by kc alone).
 void gemm_blocked(ThreadPool& pool, const ops::GemmArgs& g, const GemmBlocking& blocking);
+
+// The AVX512-BF16 kernel behind gemm_blocked (gemm_bf16.cc): every operand rounded to bf16, f32
+// accumulation. Arguments already validated, m, n, k > 0; throws where the CPU lacks the
+// instruction.
+void gemm_bf16(ThreadPool& pool, const ops::GemmArgs& g, const GemmBlocking& blocking);
 
 // y (M,N) = x (M,K) W^T [+ bias (N)] with W (N,K) stored as w_type (f32, f16, bf16 or a block
 // type; K a whole number of blocks), through the packed f32 kernel: W's panels are widened to
@@ -44,6 +63,40 @@ namespace gemm_detail {
 // Per-thread pack buffer `slot` (0: A block, 1: B block, 2: staging of widened weights) of at least
 // `floats` floats, 64-byte aligned; grown on demand and reused by later calls on the same thread.
 float* pack_buffer(int slot, size_t floats);
+
+// Splits C (m,n) into a tm x tn grid of thread rectangles (whole mr x nr micro-tiles) minimizing
+// the slowest thread's modelled time: its multiply-adds (mt*nt*k at macs_per_cycle) plus its
+// packing (B once per depth block: nt*k elements at b_pack_cost each; A once per nc block:
+// mt*k*ceil(nt/nc)), ~1 element per cycle. Below ~1 MFLOP one thread (a pool hand-off costs
+// microseconds); else threads = pool.size(). Calls rect(m0, m1, n0, n1) once per rectangle on
+// its own thread; rectangles are disjoint, so no two threads write the same element of C.
+template <class Rect>
+void run_grid(ThreadPool& pool, int64_t m, int64_t n, int64_t k, int64_t mr, int64_t nr, int64_t nc,
+              double b_pack_cost, double macs_per_cycle, const Rect& rect) {
+  const int threads = 2.0 * m * n * k < 1e6 ? 1 : pool.size();
+  const int64_t pm = (m + mr - 1) / mr, pn = (n + nr - 1) / nr;
+  int tm = 1, tn = 1;
+  double best = -1;
+  for (int t = 1; t <= threads; ++t) {
+    const int u = threads / t;
+    if (t > pm && t > 1) break;
+    const double mt = static_cast<double>((pm + t - 1) / t * mr);
+    const double nt = static_cast<double>((pn + u - 1) / u * nr);
+    const double cost = mt * nt / macs_per_cycle + b_pack_cost * nt +
+                        mt * static_cast<double>((static_cast<int64_t>(nt) + nc - 1) / nc);
+    if (best < 0 || cost < best) best = cost, tm = t, tn = u;
+  }
+  if (tm * tn == 1) {
+    rect(int64_t{0}, m, int64_t{0}, n);
+    return;
+  }
+  pool.run([&](int t) {
+    if (t >= tm * tn) return;
+    const int64_t ti = t / tn, tj = t % tn;
+    rect(std::min(m, pm * ti / tm * mr), std::min(m, pm * (ti + 1) / tm * mr),
+         std::min(n, pn * tj / tn * nr), std::min(n, pn * (tj + 1) / tn * nr));
+  });
+}
 }  // namespace gemm_detail
 
 }  // namespace tessera::cpu
