@@ -9,6 +9,7 @@
 
 #include "apps/cli/args.h"
 #include "apps/cli/bench.h"
+#include "backend/cpu/gemm.h"
 #include "backend/device.h"
 #include "backend/device_gpt2.h"
 #include "core/error.h"
@@ -105,6 +106,11 @@ int run(const Args& a) {
     peak = use_bf16 ? peaks.bf16_gflops_all : peaks.f32_gflops_all;
   }
   const double mfu = peak > 0 ? gflops / peak : 0;
+  // The products of a step: bf16 compute rounds both operands (the f32 activations while
+  // packed), so on the CPU its kernel is the one cpu::gemm takes for bf16 compute at B*T rows.
+  const std::string kernel =
+      cuda ? std::string("cuBLASLt bf16 tensor cores")
+           : cpu::gemm_kernel_name(cpu::gemm_kernel_for(prec == model::Precision::bf16, B * T));
   const double rss_mib = static_cast<double>(profile::peak_rss_bytes()) / (1 << 20);
   const double act_mib =
       static_cast<double>(dev ? dev->device_bytes() : static_cast<int64_t>(m.activation_bytes())) /
@@ -115,16 +121,17 @@ int run(const Args& a) {
         "\"precision\": \"%s\", \"recompute\": \"%s\", \"threads\": %d, "
         "\"median_ms\": %.3f, \"tokens_per_s\": %.1f, \"gflops\": %.2f, "
         "\"peak_gflops\": %.2f, \"mfu\": %.4f, \"peak_rss_mib\": %.1f, "
-        "\"activation_mib\": %.1f}\n",
+        "\"activation_mib\": %.1f, \"gemm_kernel\": \"%s\"}\n",
         preset.c_str(), device.c_str(), static_cast<long long>(m.num_params()),
         static_cast<long long>(B), static_cast<long long>(T), precision.c_str(), recompute.c_str(),
-        ctx.threads().size(), med * 1e3, tps, gflops, peak, mfu, rss_mib, act_mib);
+        ctx.threads().size(), med * 1e3, tps, gflops, peak, mfu, rss_mib, act_mib, kernel.c_str());
     return 0;
   }
   std::printf("bench train: %s (%.1fM params), B=%lld T=%lld, %s, recompute %s, %d threads\n",
               preset.c_str(), static_cast<double>(m.num_params()) * 1e-6, static_cast<long long>(B),
               static_cast<long long>(T), precision.c_str(), recompute.c_str(),
               ctx.threads().size());
+  std::printf("  gemm kernel          %s\n", kernel.c_str());
   std::printf("  step (median of %lld)  %10.1f ms\n", static_cast<long long>(steps), med * 1e3);
   std::printf("  throughput           %10.1f tokens/s\n", tps);
   std::printf("  achieved             %10.2f GFLOP/s  (%.1f%% of %s peak %.1f GFLOP/s)\n", gflops,

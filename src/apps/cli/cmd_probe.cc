@@ -4,6 +4,7 @@
 
 #include "apps/cli/args.h"
 #include "backend/cpu/cpu_features.h"
+#include "backend/cpu/gemm.h"
 #include "backend/cpu/quant_matmul_avx2.h"
 #include "backend/device.h"
 #include "profile/probe.h"
@@ -34,6 +35,10 @@ int run(const Args& args) {
                     "avx2 (other block types)"
               : cpu::quant_avx2_supported() ? "avx2 (vpmaddubsw)"
                                             : "highway (int16 multiply-add)");
+  std::printf("gemm kernels f32: %s; bf16: %s\n",
+              cpu::gemm_kernel_name(cpu::GemmKernel::f32_fma).c_str(),
+              cpu::gemm_kernel_name(cpu::gemm_kernel_for(true, 256)).c_str());
+  std::printf("amx          %s\n", cpu::amx_summary().c_str());
   std::printf("threads      %d\n", p.threads);
   std::printf("f32 FMA peak %8.1f GFLOP/s all threads, %8.1f GFLOP/s one thread\n",
               p.f32_gflops_all, p.f32_gflops_one);

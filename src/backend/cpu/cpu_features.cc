@@ -2,9 +2,12 @@
 #include "backend/cpu/cpu_features.h"
 
 #include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cstring>
 
+#include "core/error.h"
 #include "hwy/targets.h"
 
 namespace tessera::cpu {
@@ -21,6 +24,14 @@ CpuFeatures detect() {
   f.avx512_vnni = __builtin_cpu_supports("avx512vnni");
   unsigned a = 0, b = 0, c = 0, d = 0;
   if (__get_cpuid_count(1, 0, &a, &b, &c, &d)) f.f16c = (c >> 29) & 1;
+  if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
+    f.amx_bf16 = (d >> 22) & 1;
+    f.amx_tile = (d >> 24) & 1;
+    f.amx_int8 = (d >> 25) & 1;
+  }
+  // Linux hands out the AMX tile data state (XFEATURE_XTILEDATA = 18) only on request
+  // (ARCH_REQ_XCOMP_PERM = 0x1023); without it the first tile instruction faults.
+  if (f.amx_tile) f.amx_granted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
   if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) {
     f.avx_vnni = (a >> 4) & 1;
     f.avx512_bf16 = (a >> 5) & 1;
@@ -64,6 +75,16 @@ std::string simd_summary() {
   add(f.avx512_vnni, "avx512-vnni");
   add(f.avx_vnni, "avx-vnni");
   return s.empty() ? "none" : s;
+}
+
+std::string amx_summary() {
+  const auto& f = cpu_features();
+  if (!f.amx_tile) return "absent (cpuid)";
+  const std::string kinds = std::string(f.amx_bf16 ? "bf16" : "") +
+                            (f.amx_bf16 && f.amx_int8 ? " " : "") + (f.amx_int8 ? "int8" : "");
+  if (!f.amx_granted)
+    return cat("offered (", kinds, ") but the kernel refused the tile state: not used");
+  return cat("granted (", kinds, "); no AMX kernel yet: products take the kernels above");
 }
 
 std::string highway_target() {
