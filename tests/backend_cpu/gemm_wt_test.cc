@@ -122,8 +122,9 @@ TEST(GemmWt, BitIdenticalAcrossThreadsAndMnBlocking) {
   }
 }
 
-// matmul_wt and matmul_wt_group send large products through gemm_wt (bit for bit) and small
-// ones through the integer kernels, whose rows do not depend on M.
+// matmul_wt and matmul_wt_group send large products through gemm_wt (bit for bit; bf16 weights
+// through the bf16 kernel where the CPU has one) and small ones through the integer kernels,
+// whose rows do not depend on M.
 TEST(GemmWt, MatmulWtRoutesLargeProductsHere) {
   const int64_t K = 512, N = 40;
   for (DType t : kTypes) {
@@ -145,7 +146,16 @@ TEST(GemmWt, MatmulWtRoutesLargeProductsHere) {
     const test::Buf x = test::normal_buf(M_packed * K, 0, 42);
     std::vector<float> via_route(static_cast<size_t>(M_packed * N)), direct(via_route.size());
     matmul_wt(test::pool(2), via_route.data(), N, x.p, M_packed, K, w.stored.data(), t, N, nullptr);
-    gemm_wt(test::pool(2), direct.data(), N, x.p, M_packed, K, w.stored.data(), t, N, nullptr);
+    if (t == DType::bf16 && gemm_kernel_for(true, M_packed) == GemmKernel::bf16_dot) {
+      // bf16 weights take the bf16 dot-product kernel where the CPU has it: x rounded to bf16.
+      ops::GemmArgs g;
+      g.trans_b = ops::Trans::T, g.m = M_packed, g.n = N, g.k = K;
+      g.a = x.p, g.lda = K, g.b = w.stored.data(), g.b_type = DType::bf16, g.ldb = K;
+      g.c = direct.data(), g.ldc = N, g.round_bf16 = true;
+      gemm_blocked(test::pool(2), g, GemmBlocking{0, 0, 0, GemmKernel::bf16_dot});
+    } else {
+      gemm_wt(test::pool(2), direct.data(), N, x.p, M_packed, K, w.stored.data(), t, N, nullptr);
+    }
     EXPECT_EQ(via_route, direct);
     // A group of two products (one of another type) equals the separate products.
     const Weights w2 = make_weights(DType::q8_0, 24, K, 43);

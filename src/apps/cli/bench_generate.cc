@@ -10,6 +10,7 @@
 #include "apps/cli/args.h"
 #include "apps/cli/bench.h"
 #include "apps/cli/infer_flags.h"
+#include "backend/cpu/gemm.h"
 #include "backend/device.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -79,6 +80,7 @@ int run(const Args& a) {
   // GPU's measured read bandwidth and its dense bf16 tensor-core peak.
   struct Peaks {
     double gbs = 0, gflops = 0;
+    std::string flops_kind = "f32";
   } peaks;
   if (ef.cuda) {
     peaks.gbs = backend::cuda_read_bandwidth() / 1e9;
@@ -90,6 +92,14 @@ int run(const Args& a) {
     const profile::MachinePeaks p = profile::cached_peaks(threads);
     peaks.gbs = profile::measure_triad_gbs(threads);
     peaks.gflops = p.f32_gflops_all;
+    // bf16 weights run prefill on the bf16 dot-product kernel where the CPU has one: its peak.
+    const bool bf16_weights =
+        !m.model.weights.layers.empty() && m.model.weights.layers[0].w_up.type == DType::bf16;
+    if (bf16_weights && p.bf16_gflops_all > 0 &&
+        cpu::gemm_kernel_for(true, prompt_len) == cpu::GemmKernel::bf16_dot) {
+      peaks.gflops = p.bf16_gflops_all;
+      peaks.flops_kind = "bf16 dot";
+    }
   }
   profile::reset_peak_rss();  // the probe's arrays are freed; they are not the model's memory
   const model::DecoderConfig& c = m.model.config;
@@ -229,7 +239,7 @@ int run(const Args& a) {
   std::printf("model %s (%s) on %s, %d threads; peaks: %.1f GB/s %s, %.1f GFLOP/s %s\n",
               c.name.c_str(), ef.model_path.c_str(), engine.device_description().c_str(), threads,
               peaks.gbs, ef.cuda ? "read" : "triad (measured now)", peaks.gflops,
-              ef.cuda ? "bf16 tensor" : "f32");
+              ef.cuda ? "bf16 tensor" : peaks.flops_kind.c_str());
   std::printf("prefill %lld tokens: %.1f tokens/s, %.1f GFLOP/s (%.0f%% of peak)\n",
               (long long)prompt_len, prefill_tps, prefill_gflops,
               100 * prefill_gflops / peaks.gflops);

@@ -60,7 +60,8 @@ void swiglu_backward(ThreadPool& pool, float* dgate, float* dup, const float* do
 //   across 4 activation rows. A row's result does not depend on M.
 // - packed f32 GEMM (prefill): cpu::gemm_wt, W widened while packed, x unquantized. Rows of a
 //   large product are therefore a little more accurate than the same rows computed in a small
-//   one (and not bit-identical to them).
+//   one (and not bit-identical to them). bf16 weights where the CPU has AVX512-BF16 take the bf16
+//   dot-product kernel instead, x rounded to bf16 while packed (a bf16 model's own precision).
 void matmul_wt(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t M, int64_t K,
                const void* w, DType w_type, int64_t N, const float* bias);
 // Whether matmul_wt computes M rows against w_type weights through the packed GEMM.

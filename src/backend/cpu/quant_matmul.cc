@@ -541,8 +541,19 @@ bool matmul_wt_takes_packed_gemm(DType w_type, int64_t M) {
 void matmul_wt(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t M, int64_t K,
                const void* w, DType w_type, int64_t N, const float* bias) {
   ops::check_matmul_wt_args(ldy, M, K, w_type, N);
-  if (matmul_wt_takes_packed_gemm(w_type, M))
+  if (matmul_wt_takes_packed_gemm(w_type, M)) {
+    if (w_type == DType::bf16 && gemm_kernel_for(true, M) == GemmKernel::bf16_dot) {
+      // bf16 weights on the bf16 dot-product kernel: x is rounded to bf16 while packed, as a
+      // bf16 model's activations are in transformers and llama.cpp (twice the f32 kernel's rate).
+      ops::GemmArgs g;
+      g.trans_b = ops::Trans::T;
+      g.m = M, g.n = N, g.k = K;
+      g.a = x, g.lda = K, g.b = w, g.b_type = DType::bf16, g.ldb = K;
+      g.c = y, g.ldc = ldy, g.bias = bias, g.round_bf16 = true;
+      return gemm(pool, g);
+    }
     return gemm_wt(pool, y, ldy, x, M, K, w, w_type, N, bias);
+  }
   // The AVX2 kernels (int8 vpmaddubsw) where the CPU has them, unless Highway's choice was
   // pinned below AVX2 (tests pin each target to exercise every Highway version). Lower target
   // bits are the wider x86 targets.
