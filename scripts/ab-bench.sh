@@ -3,7 +3,8 @@
 # every figure comes from the same commands, and scripts/ab_summary.py prints medians and ratios.
 #   scripts/ab-bench.sh BASE_BIN NEW_BIN [ROUNDS] [OUT.jsonl]
 # Cases: bench generate on the default SmolLM2 Q4_1 file and synthetic:1b:q4_0 (prefill 128
-# tokens, decode 32) at 1 and 2 threads; bench train gpt2-small B=4 T=64 f32 at 2 threads.
+# tokens, decode 32) at 1 and 2 threads; bench train gpt2-small B=4 T=64 f32 and bf16 at 2
+# threads.
 set -euo pipefail
 base=${1:?base binary}; new=${2:?new binary}; rounds=${3:-5}; out=${4:-ab.jsonl}
 : > "$out"
@@ -26,6 +27,8 @@ for r in $(seq 1 "$rounds"); do
     done
     run_case "$label" "$bin" "train-gpt2-small-b4-t64" bench train --model gpt2-small \
       --batch 4 --seq 64 --steps 3 --threads 2
+    run_case "$label" "$bin" "train-gpt2-small-b4-t64-bf16" bench train --model gpt2-small \
+      --batch 4 --seq 64 --steps 3 --threads 2 --precision bf16
   done
   echo "ab-bench: round $r of $rounds done" >&2
 done

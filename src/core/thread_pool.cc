@@ -1,6 +1,10 @@
 // Thread pool: generation-counted job hand-off, spin-then-sleep waiting.
 #include "core/thread_pool.h"
 
+#include <pthread.h>
+#include <sched.h>
+
+#include <algorithm>
 #include <chrono>
 #include <memory>
 
@@ -9,21 +13,77 @@
 namespace tessera {
 
 namespace {
-// About 50 microseconds of spinning covers the gap between back-to-back kernels in one step
-// without burning a core while the pool is idle between steps.
-constexpr int kSpinIterations = 20000;
+// How an idle worker, or a caller waiting for workers, waits before it sleeps on a condition
+// variable. A sleeping thread on the VMs here takes 100-550 us to run again after a notify (the
+// idle vCPU halts and the hypervisor must schedule it again; `tessera bench gemm` prints the
+// measured figure), longer than a whole 512^3 product on two cores: with a 50 us spin, every
+// product that followed a pause of more than 50 us (a step's data loading, another benchmark
+// contender) ran its first few hundred microseconds on one thread. So a waiter first spins on
+// pause for kPauseTime, then keeps polling with sched_yield until kSpinTime: yielding, so that a
+// thread that needs this core (our own worker, when another process's threads hold the other
+// cores) runs at once instead of after a spinning time slice.
+constexpr std::chrono::microseconds kPauseTime{50};
+constexpr std::chrono::microseconds kSpinTime{2000};
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
 #endif
 }
+
+// Waits until done() or kSpinTime has passed; true if done() held. The clock is read once per
+// 256 pauses (a few microseconds) or per yield.
+template <class Done>
+bool spin_until(const Done& done) {
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    for (int i = 0; i < 256; ++i) {
+      if (done()) return true;
+      cpu_relax();
+    }
+    if (std::chrono::steady_clock::now() - start >= kPauseTime) break;
+  }
+  for (;;) {
+    if (done()) return true;
+    std::this_thread::yield();
+    if (std::chrono::steady_clock::now() - start >= kSpinTime) return done();
+  }
+}
 }  // namespace
 
-ThreadPool::ThreadPool(int n_threads) {
-  if (n_threads <= 0) n_threads = static_cast<int>(std::thread::hardware_concurrency());
+namespace {
+// The CPUs this process may run on, in order (all hardware threads where that cannot be read).
+std::vector<int> allowed_cpus() {
+  std::vector<int> cpus;
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) cpus.push_back(c);
+#endif
+  if (cpus.empty())
+    for (int c = 0; c < static_cast<int>(std::thread::hardware_concurrency()); ++c)
+      cpus.push_back(c);
+  return cpus;
+}
+}  // namespace
+
+ThreadPool::ThreadPool(int n_threads, bool pin_workers) {
+  const std::vector<int> cpus = allowed_cpus();
+  if (n_threads <= 0) n_threads = static_cast<int>(cpus.size());
   if (n_threads <= 0) n_threads = 1;
   n_threads_ = n_threads;
+#if defined(__linux__)
+  if (pin_workers && n_threads_ > 1 && n_threads_ <= static_cast<int>(cpus.size())) {
+    pinned_.assign(cpus.begin(), cpus.begin() + n_threads_);
+    pinned_[0] = -1;
+    caller_cpus_.assign(1, cpus[0]);
+    caller_cpus_.insert(caller_cpus_.end(), cpus.begin() + n_threads_, cpus.end());
+  }
+#else
+  (void)pin_workers;
+#endif
   for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
 }
 
@@ -35,6 +95,22 @@ ThreadPool::~ThreadPool() {
   }
   wake_.notify_all();
   for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::leave_worker_cpus() {
+#if defined(__linux__)
+  if (caller_cpus_.empty()) return;
+  const int here = sched_getcpu();  // a vDSO read: costs nothing per call
+  if (std::find(pinned_.begin() + 1, pinned_.end(), here) == pinned_.end()) return;
+  cpu_set_t mine, away;
+  if (pthread_getaffinity_np(pthread_self(), sizeof(mine), &mine) != 0) return;
+  CPU_ZERO(&away);
+  for (int c : caller_cpus_)
+    if (CPU_ISSET(c, &mine)) CPU_SET(c, &away);
+  if (CPU_COUNT(&away) == 0) return;  // the caller may run nowhere else: leave it
+  pthread_setaffinity_np(pthread_self(), sizeof(away), &away);  // migrates before returning
+  pthread_setaffinity_np(pthread_self(), sizeof(mine), &mine);
+#endif
 }
 
 void ThreadPool::record_error() {
@@ -52,13 +128,19 @@ void ThreadPool::publish(uint64_t kind) {
 }
 
 void ThreadPool::worker_loop(int index) {
+#if defined(__linux__)
+  if (!pinned_.empty()) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(pinned_[static_cast<size_t>(index)], &one);
+    // Best effort: a refused binding (a cgroup that changed under us) leaves the worker free.
+    pthread_setaffinity_np(pthread_self(), sizeof(one), &one);
+  }
+#endif
   uint64_t seen = 0;
   for (;;) {
-    uint64_t gen = generation_.load(std::memory_order_acquire);
-    for (int spin = 0; gen == seen && spin < kSpinIterations; ++spin) {
-      cpu_relax();
-      gen = generation_.load(std::memory_order_acquire);
-    }
+    uint64_t gen = seen;
+    spin_until([&] { return (gen = generation_.load(std::memory_order_acquire)) != seen; });
     if (gen == seen) {
       std::unique_lock<std::mutex> lock(mu_);
       wake_.wait(lock, [&] { return generation_.load() != seen; });
@@ -111,6 +193,7 @@ void ThreadPool::run(const std::function<void(int)>& fn) {
     fn(0);
     return;
   }
+  leave_worker_cpus();
   job_ = &fn;
   error_ = nullptr;
   pending_.store(n_threads_ - 1, std::memory_order_release);
@@ -121,10 +204,7 @@ void ThreadPool::run(const std::function<void(int)>& fn) {
   } catch (...) {
     mine = std::current_exception();
   }
-  for (int spin = 0; pending_.load(std::memory_order_acquire) != 0 && spin < kSpinIterations;
-       ++spin)
-    cpu_relax();
-  if (pending_.load(std::memory_order_acquire) != 0) {
+  if (!spin_until([&] { return pending_.load(std::memory_order_acquire) == 0; })) {
     std::unique_lock<std::mutex> lock(mu_);
     done_.wait(lock, [&] { return pending_.load() == 0; });
   }
@@ -146,6 +226,7 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
   if (chunk < grain) chunk = grain;
   const int64_t chunks = (n + chunk - 1) / chunk;
   TS_CHECK(chunks < (int64_t{1} << 31), "[threads] parallel_for over too many chunks: ", chunks);
+  leave_worker_cpus();
   error_ = nullptr;
   const uint64_t counter = (generation_.load(std::memory_order_relaxed) >> 1) + 1;
   const uint64_t epoch = static_cast<uint64_t>(static_cast<uint32_t>(counter)) << 32;
@@ -168,13 +249,8 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
   claim_chunks(static_cast<uint32_t>(counter));
   // Every chunk is claimed; wait for the ones other threads are still running (they are
   // running, not asleep, so a short spin then yielding is enough).
-  for (int spin = 0; loop_done_.load(std::memory_order_acquire) != chunks; ++spin) {
-    if (spin < kSpinIterations) {
-      cpu_relax();
-    } else {
-      std::this_thread::yield();
-    }
-  }
+  if (!spin_until([&] { return loop_done_.load(std::memory_order_acquire) == chunks; }))
+    while (loop_done_.load(std::memory_order_acquire) != chunks) std::this_thread::yield();
   if (error_) std::rethrow_exception(error_);
 }
 

@@ -1,6 +1,7 @@
-// A persistent thread pool for data-parallel loops. Idle workers spin briefly, then sleep on a
-// condition variable, so a busy neighbour on a shared machine slows us in proportion instead of
-// collapsing us (as pure spin barriers do when a spinning thread holds a core someone needs).
+// A persistent thread pool for data-parallel loops. Idle workers spin briefly (yielding after
+// the first 50 us), then sleep on a condition variable, so a busy neighbour on a shared machine
+// slows us in proportion instead of collapsing us (as pure spin barriers do when a spinning
+// thread holds a core someone needs). Workers are pinned one per CPU (see the constructor).
 #pragma once
 
 #include <atomic>
@@ -15,13 +16,22 @@ namespace tessera {
 
 class ThreadPool {
  public:
-  // n_threads includes the calling thread; 0 means hardware concurrency.
-  explicit ThreadPool(int n_threads = 0);
+  // n_threads includes the calling thread; 0 means the CPUs this process may run on.
+  // pin_workers: where the pool has no more threads than those CPUs, worker i (i >= 1) is bound
+  // to the i-th of them, and a caller of run() or parallel_for() found on a worker's CPU is
+  // moved off it (its affinity is set to the other CPUs and restored at once, which migrates it
+  // and leaves its mask as it was). Unpinned, Linux placed a worker woken from sleep on the
+  // waking caller's CPU 34 times in 40 on the VMs here (and a caller woken by a worker on the
+  // worker's), and the two then shared one core while the other idled: products ran at half
+  // speed in some runs and not others. Pass false where several pools share the machine.
+  explicit ThreadPool(int n_threads = 0, bool pin_workers = true);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int size() const { return n_threads_; }
+  // The CPU each thread is bound to (index 0, the caller: -1), or empty when not pinned.
+  const std::vector<int>& pinned_cpus() const { return pinned_; }
 
   // Calls fn(thread_index) once on each of the size() threads (the caller is index 0) and
   // returns when all are done. Exceptions from workers are rethrown on the caller.
@@ -36,12 +46,16 @@ class ThreadPool {
 
  private:
   void worker_loop(int index);
+  // Moves the calling thread off the workers' CPUs if it is on one (pinned pools only).
+  void leave_worker_cpus();
   void publish(uint64_t kind);
   // Claims and runs chunks of the loop published as `epoch` until none is left.
   void claim_chunks(uint32_t epoch);
   void record_error();
 
   int n_threads_;
+  std::vector<int> pinned_;
+  std::vector<int> caller_cpus_;  // the allowed CPUs no worker is bound to (pinned pools only)
   std::vector<std::thread> workers_;
   const std::function<void(int)>* job_ = nullptr;
   // (counter << 1) | kind, kind 0 = run job, 1 = loop; every publication increments counter.

@@ -2,6 +2,7 @@
 #include "core/thread_pool.h"
 
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <atomic>
@@ -57,6 +58,38 @@ TEST(ThreadPool, RunCallsEachThreadAndRethrows) {
   std::atomic<int> count{0};
   pool.run([&](int) { count++; });
   EXPECT_EQ(count.load(), 4);
+}
+
+// Where the pool fits on the CPUs this process may use, worker i runs on the i-th of them (the
+// caller keeps its own affinity); a pool larger than that, or asked not to, pins nothing.
+TEST(ThreadPool, PinsOneWorkerPerCpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  EXPECT_TRUE(ThreadPool(static_cast<int>(cpus.size()) + 1).pinned_cpus().empty());
+  EXPECT_TRUE(ThreadPool(2, /*pin_workers=*/false).pinned_cpus().empty());
+  EXPECT_TRUE(ThreadPool(1).pinned_cpus().empty());
+  if (cpus.size() < 2) GTEST_SKIP() << "one CPU allowed: nothing to pin";
+  const int n = static_cast<int>(std::min<size_t>(cpus.size(), 4));
+  ThreadPool pool(n);
+  ASSERT_EQ(pool.pinned_cpus().size(), static_cast<size_t>(n));
+  EXPECT_EQ(pool.pinned_cpus()[0], -1);
+  std::vector<std::atomic<int>> seen(static_cast<size_t>(n));
+  for (int rep = 0; rep < 50; ++rep) {
+    for (auto& s : seen) s = -2;
+    pool.run([&](int t) { seen[static_cast<size_t>(t)] = sched_getcpu(); });
+    for (int t = 1; t < n; ++t) ASSERT_EQ(seen[static_cast<size_t>(t)].load(), cpus[t]) << t;
+    // The caller runs on a CPU no worker holds.
+    for (int t = 1; t < n; ++t) ASSERT_NE(seen[0].load(), cpus[t]) << t;
+  }
+  // The caller's own affinity is as it was.
+  cpu_set_t after;
+  CPU_ZERO(&after);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(after), &after), 0);
+  EXPECT_TRUE(CPU_EQUAL(&set, &after));
 }
 
 }  // namespace

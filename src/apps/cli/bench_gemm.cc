@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -10,6 +11,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "apps/cli/args.h"
@@ -60,17 +62,30 @@ struct Shape {
   bool accumulate;
 };
 
-// Median seconds of `reps` timed calls of each function after one untimed warm-up call of each.
-// The functions are timed round-robin, so on a shared machine a burst of outside load hits all
-// contenders alike instead of skewing one of them.
+// Median seconds of each function over kRounds rounds; a round runs each function in turn as a
+// block: calls for at least 20 ms untimed (at least one), then `reps` timed calls back to back.
+// Blocks, not call-by-call alternation: each pool's threads spin for a while after a call
+// (OpenBLAS's for up to 2^28 cycles, ours 2 ms), so alternating calls set both pools' threads
+// against each other on the same cores. The warm-up is timed because after an idle pause this
+// VM runs slow for several milliseconds (a 256^3 product measured 450-500 us for the first six
+// calls after 100 ms idle, 160-170 us hot, with no other library loaded). The rounds spread a
+// burst of outside load over all contenders.
 std::vector<double> median_seconds(int reps, const std::vector<std::function<void()>>& fns) {
+  constexpr int kRounds = 3;
+  constexpr double kWarmSeconds = 0.02;
+  using Clock = std::chrono::steady_clock;
   std::vector<std::vector<double>> t(fns.size());
-  for (const auto& fn : fns) fn();
-  for (int r = 0; r < reps; ++r) {
+  for (int round = 0; round < kRounds; ++round) {
     for (size_t f = 0; f < fns.size(); ++f) {
-      const auto t0 = std::chrono::steady_clock::now();
-      fns[f]();
-      t[f].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      const auto warm0 = Clock::now();
+      do {
+        fns[f]();
+      } while (std::chrono::duration<double>(Clock::now() - warm0).count() < kWarmSeconds);
+      for (int r = 0; r < reps; ++r) {
+        const auto t0 = Clock::now();
+        fns[f]();
+        t[f].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      }
     }
   }
   std::vector<double> med;
@@ -79,6 +94,26 @@ std::vector<double> median_seconds(int reps, const std::vector<std::function<voi
     med.push_back(v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
   }
   return med;
+}
+
+// Median microseconds from the start of pool.run until worker 1 runs: back to back (the worker
+// still spinning) and after `idle` of idleness (asleep: the ThreadPool spins 2 ms, then sleeps).
+// The second is what a product pays when it follows a pause; on a VM it is the wake-up of a
+// halted vCPU.
+double wake_latency_us(ThreadPool& pool, std::chrono::microseconds idle, int reps) {
+  if (pool.size() < 2) return 0;
+  std::vector<double> us;
+  for (int r = 0; r < reps; ++r) {
+    std::this_thread::sleep_for(idle);
+    std::atomic<int64_t> ns{0};
+    const auto t0 = std::chrono::steady_clock::now();
+    pool.run([&](int t) {
+      if (t == 1) ns = (std::chrono::steady_clock::now() - t0).count();
+    });
+    us.push_back(static_cast<double>(ns.load()) * 1e-3);
+  }
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
 }
 
 struct Row {
@@ -150,8 +185,7 @@ int run(const Args& args) {
   ThreadPool pool(threads);
   ops::Context ctx;
   ctx.pool = &pool;
-  const OpenBlas ob = load_openblas();
-  if (ob.ok()) ob.set_threads(pool.size());
+
   const char* coretype = std::getenv("OPENBLAS_CORETYPE");
 
   std::vector<Shape> shapes;
@@ -160,10 +194,18 @@ int run(const Args& args) {
   if (tokens > 0)
     for (const Shape& s : gpt2_shapes(tokens)) shapes.push_back(s);
 
+  const double wake_hot = wake_latency_us(pool, std::chrono::microseconds(0), 21);
+  const double wake_cold = wake_latency_us(pool, std::chrono::microseconds(20000), 21);
+  const OpenBlas ob = load_openblas();  // after: its threads are not there to disturb the above
+  if (ob.ok()) ob.set_threads(pool.size());
   if (!json) {
-    std::printf("gemm: %d threads, median of %d reps after 1 warm-up; OpenBLAS %s%s%s\n",
-                pool.size(), reps, ob.ok() ? "sgemm (dlopen)" : "unavailable (yardstick skipped)",
-                coretype ? ", OPENBLAS_CORETYPE=" : "", coretype ? coretype : "");
+    std::printf(
+        "gemm: %d threads, median of 3 rounds of %d reps after 20 ms of warm-up; OpenBLAS %s%s%s\n",
+        pool.size(), reps, ob.ok() ? "sgemm (dlopen)" : "unavailable (yardstick skipped)",
+        coretype ? ", OPENBLAS_CORETYPE=" : "", coretype ? coretype : "");
+    if (pool.size() > 1)
+      std::printf("pool wake-up: %.1f us back to back, %.1f us after 20 ms idle (medians of 21)\n",
+                  wake_hot, wake_cold);
     std::printf("kernels: f32 %s; bf16 (A f32 rounded while packed, B bf16) %s\n",
                 cpu::gemm_kernel_name(cpu::gemm_kernel_for(false, 256)).c_str(),
                 cpu::gemm_kernel_name(cpu::gemm_kernel_for(true, 256)).c_str());
@@ -172,10 +214,11 @@ int run(const Args& args) {
   } else {
     std::printf(
         "{\"threads\": %d, \"reps\": %d, \"openblas\": %s, \"f32_kernel\": \"%s\", "
-        "\"bf16_kernel\": \"%s\", \"rows\": [\n",
+        "\"bf16_kernel\": \"%s\", \"wake_us_hot\": %.1f, \"wake_us_after_idle\": %.1f, "
+        "\"rows\": [\n",
         pool.size(), reps, ob.ok() ? "true" : "false",
         cpu::gemm_kernel_name(cpu::gemm_kernel_for(false, 256)).c_str(),
-        cpu::gemm_kernel_name(cpu::gemm_kernel_for(true, 256)).c_str());
+        cpu::gemm_kernel_name(cpu::gemm_kernel_for(true, 256)).c_str(), wake_hot, wake_cold);
   }
   for (size_t i = 0; i < shapes.size(); ++i) {
     const Row r = run_shape(shapes[i], ctx, ob, reps);
