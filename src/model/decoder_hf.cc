@@ -85,16 +85,21 @@ std::string hf_architecture(const json& j, const std::string& path) {
   fail("[hf] ", path, ": field 'model_type' is \"", t, "\", not llama, mistral, qwen2 or gpt2");
 }
 
-void read_rope_scaling(const ConfigFields& f, DecoderConfig* c) {
-  if (!f.has("rope_scaling")) return;
-  const json& rs = f.at("rope_scaling");
-  TS_CHECK(rs.is_object(), "[hf] ", f.path(), ": field 'rope_scaling' must be an object");
-  const ConfigFields s(rs, f.path() + " rope_scaling");
+// One rope-scaling object (transformers 4's top-level 'rope_scaling', or transformers 5's
+// 'rope_parameters', which also holds rope_theta) into c. `where` names the field in errors.
+void read_rope_block(const json& rs, const std::string& path, const std::string& where,
+                     DecoderConfig* c) {
+  TS_CHECK(rs.is_object(), "[hf] ", path, ": field '", where, "' must be an object");
+  const ConfigFields s(rs, path + " " + where);
   const char* type_key = s.has("rope_type") ? "rope_type" : "type";
   const json& type = s.at(type_key);
-  TS_CHECK(type.is_string(), "[hf] ", f.path(), ": field 'rope_scaling.", type_key,
+  TS_CHECK(type.is_string(), "[hf] ", path, ": field '", where, ".", type_key,
            "' must be a string");
   const std::string t = type.get<std::string>();
+  if (s.has("partial_rotary_factor"))
+    TS_CHECK(s.at("partial_rotary_factor") == 1.0, "[hf] ", path, ": field '", where,
+             ".partial_rotary_factor' is ", s.at("partial_rotary_factor").dump(),
+             "; only whole-head rotation (1.0) is supported");
   if (t == "default") return;
   if (t == "linear") {
     c->rope_scaling = RopeScaling::linear;
@@ -103,14 +108,56 @@ void read_rope_scaling(const ConfigFields& f, DecoderConfig* c) {
     c->rope_low_freq_factor = s.get_float_or("low_freq_factor", c->rope_low_freq_factor);
     c->rope_high_freq_factor = s.get_float_or("high_freq_factor", c->rope_high_freq_factor);
     c->rope_original_max_ctx = s.get_int("original_max_position_embeddings");
-    TS_CHECK(c->rope_high_freq_factor > c->rope_low_freq_factor, "[hf] ", f.path(),
-             ": field 'rope_scaling.high_freq_factor' must exceed low_freq_factor");
+    TS_CHECK(c->rope_high_freq_factor > c->rope_low_freq_factor, "[hf] ", path, ": field '", where,
+             ".high_freq_factor' must exceed low_freq_factor");
   } else {
-    fail("[hf] ", f.path(), ": field 'rope_scaling.", type_key, "' is \"", t,
+    // yarn, dynamic, longrope, ...: refused by name rather than run with the wrong frequencies.
+    fail("[hf] ", path, ": field '", where, ".", type_key, "' is \"", t,
          "\"; supported: default, linear, llama3");
   }
   c->rope_factor = s.get_float_or("factor", 0);
-  TS_CHECK(c->rope_factor > 0, "[hf] ", f.path(), ": missing field 'rope_scaling.factor'");
+  TS_CHECK(c->rope_factor > 0, "[hf] ", path, ": missing field '", where, ".factor'");
+}
+
+// The rotary settings in either layout: transformers 4 writes top-level 'rope_theta' and
+// 'rope_scaling'; transformers 5 writes 'rope_parameters' {rope_type, rope_theta, and the
+// type's own fields}. Both present and disagreeing is an error naming both, never a guess.
+void read_rope(const ConfigFields& f, DecoderConfig* c) {
+  constexpr double kDefaultTheta = 10000.0;  // transformers' default for the Llama family
+  const bool top_theta = f.has("rope_theta");
+  c->rope_theta = f.get_float_or("rope_theta", kDefaultTheta);
+  if (f.has("rope_scaling")) read_rope_block(f.at("rope_scaling"), f.path(), "rope_scaling", c);
+  if (f.has("partial_rotary_factor"))
+    TS_CHECK(f.at("partial_rotary_factor") == 1.0, "[hf] ", f.path(),
+             ": field 'partial_rotary_factor' is ", f.at("partial_rotary_factor").dump(),
+             "; only whole-head rotation (1.0) is supported");
+  if (!f.has("rope_parameters")) return;
+  const json& rp = f.at("rope_parameters");
+  TS_CHECK(rp.is_object(), "[hf] ", f.path(), ": field 'rope_parameters' must be an object");
+  DecoderConfig v5 = *c;
+  v5.rope_scaling = RopeScaling::none;
+  const ConfigFields p(rp, f.path() + " rope_parameters");
+  v5.rope_theta = p.get_float_or("rope_theta", kDefaultTheta);
+  read_rope_block(rp, f.path(), "rope_parameters", &v5);
+  if (top_theta)
+    TS_CHECK(!p.has("rope_theta") || v5.rope_theta == c->rope_theta, "[hf] ", f.path(),
+             ": field 'rope_theta' (", c->rope_theta, ") and 'rope_parameters.rope_theta' (",
+             v5.rope_theta, ") disagree");
+  if (f.has("rope_scaling"))
+    TS_CHECK(v5.rope_scaling == c->rope_scaling && v5.rope_factor == c->rope_factor &&
+                 v5.rope_low_freq_factor == c->rope_low_freq_factor &&
+                 v5.rope_high_freq_factor == c->rope_high_freq_factor &&
+                 v5.rope_original_max_ctx == c->rope_original_max_ctx,
+             "[hf] ", f.path(), ": fields 'rope_scaling' (", f.at("rope_scaling").dump(),
+             ") and 'rope_parameters' (", rp.dump(), ") disagree");
+  if (!top_theta) c->rope_theta = v5.rope_theta;
+  if (!f.has("rope_scaling")) {
+    c->rope_scaling = v5.rope_scaling;
+    c->rope_factor = v5.rope_factor;
+    c->rope_low_freq_factor = v5.rope_low_freq_factor;
+    c->rope_high_freq_factor = v5.rope_high_freq_factor;
+    c->rope_original_max_ctx = v5.rope_original_max_ctx;
+  }
 }
 
 DecoderConfig llama_config(const ConfigFields& f, const std::string& arch) {
@@ -129,7 +176,6 @@ DecoderConfig llama_config(const ConfigFields& f, const std::string& arch) {
   c.vocab = f.get_int("vocab_size");
   c.max_ctx = f.get_int("max_position_embeddings");
   c.norm_eps = static_cast<float>(f.get_float_or("rms_norm_eps", 1e-6));
-  c.rope_theta = f.get_float_or("rope_theta", 10000.0);
   c.rope_dim = c.head_dim;
   c.rope_layout = ops::RopeLayout::half;
   c.tied_embeddings = f.get_bool_or("tie_word_embeddings", false);
@@ -147,7 +193,7 @@ DecoderConfig llama_config(const ConfigFields& f, const std::string& arch) {
   if (f.has("hidden_act"))
     TS_CHECK(f.at("hidden_act") == "silu", "[hf] ", f.path(), ": field 'hidden_act' is ",
              f.at("hidden_act").dump(), "; only silu is supported");
-  read_rope_scaling(f, &c);
+  read_rope(f, &c);
   return c;
 }
 

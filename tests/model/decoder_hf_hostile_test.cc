@@ -48,6 +48,30 @@ TEST(DecoderHfHostile, BadConfigValues) {
   expect_rejected(g, "relu", {"config.json", "activation_function"});
 }
 
+// transformers 5's 'rope_parameters': a value it does not support, or one that disagrees with
+// the transformers 4 fields beside it, is refused naming the fields, never run with a guess.
+TEST(DecoderHfHostile, RopeParametersRefusedNotGuessed) {
+  HfModel hf = test::tiny_llama(false);
+  hf.config["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 1e4}, {"factor", 4.0}};
+  expect_rejected(hf, "v5_yarn", {"config.json", "'rope_parameters.rope_type'", "yarn"});
+  hf = test::tiny_llama(false);  // top-level rope_theta 10000
+  hf.config["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 100000.0}};
+  expect_rejected(
+      hf, "v5_theta",
+      {"config.json", "'rope_theta' (10000)", "'rope_parameters.rope_theta' (100000)", "disagree"});
+  hf = test::tiny_llama(false);
+  hf.config["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+  hf.config["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 4.0}};
+  expect_rejected(hf, "v5_factor", {"config.json", "'rope_scaling'", "'rope_parameters'"});
+  hf = test::tiny_llama(false);
+  hf.config["rope_parameters"] = {
+      {"rope_type", "default"}, {"rope_theta", 1e4}, {"partial_rotary_factor", 0.5}};
+  expect_rejected(hf, "v5_partial", {"config.json", "partial_rotary_factor", "0.5"});
+  hf = test::tiny_llama(false);
+  hf.config["rope_parameters"] = 100000.0;
+  expect_rejected(hf, "v5_not_object", {"config.json", "'rope_parameters' must be an object"});
+}
+
 TEST(DecoderHfHostile, MissingTensor) {
   HfModel hf = test::tiny_llama(false);
   hf.tensors.erase("model.layers.1.mlp.up_proj.weight");

@@ -310,6 +310,57 @@ TEST(DecoderSave, Llama3RopeScaling) {
   EXPECT_EQ(m3.config.rope_factor, 8.0);
 }
 
+// The rotary settings as transformers 4 writes them (top-level rope_theta / rope_scaling) and as
+// transformers 5 does (rope_parameters) load to the same configuration and frequencies; both at
+// once load when they agree. A v5 folder read as if its theta were absent would run with 10000.
+TEST(DecoderHf, RopeParametersOfTransformers5) {
+  struct Layouts {
+    nlohmann::json v4_theta, v4_scaling, v5;
+  };
+  const nlohmann::json llama3 = {{"factor", 8.0},
+                                 {"low_freq_factor", 1.0},
+                                 {"high_freq_factor", 4.0},
+                                 {"original_max_position_embeddings", 64}};
+  nlohmann::json v5_llama3 = llama3;
+  v5_llama3["rope_type"] = "llama3";
+  v5_llama3["rope_theta"] = 500000.0;
+  nlohmann::json v4_llama3 = llama3;
+  v4_llama3["rope_type"] = "llama3";
+  const std::vector<Layouts> cases = {
+      {100000.0, nullptr, {{"rope_type", "default"}, {"rope_theta", 100000.0}}},
+      {500000.0, v4_llama3, v5_llama3},
+      {10000.0,
+       {{"type", "linear"}, {"factor", 2.0}},
+       {{"rope_type", "linear"}, {"rope_theta", 10000.0}, {"factor", 2.0}}}};
+  int n = 0;
+  for (const Layouts& c : cases) {
+    SCOPED_TRACE(c.v5.dump());
+    HfModel v4 = test::tiny_llama(false), v5 = v4, both = v4;
+    v4.config["rope_theta"] = c.v4_theta;
+    if (!c.v4_scaling.is_null()) v4.config["rope_scaling"] = c.v4_scaling;
+    v5.config.erase("rope_theta");
+    v5.config["rope_parameters"] = c.v5;
+    both.config = v4.config;
+    both.config["rope_parameters"] = c.v5;
+    const std::string tag = std::to_string(n++);
+    DecoderConfig cfg[3];
+    int i = 0;
+    for (const HfModel* hf : {&v4, &v5, &both}) {
+      const std::string dir = test::temp_folder("rope_layout_" + tag + "_" + std::to_string(i));
+      test::write_hf(*hf, dir);
+      cfg[i++] = load_decoder_hf(dir).config;
+    }
+    EXPECT_EQ(cfg[0].rope_theta, c.v4_theta.get<double>());
+    for (int k = 1; k < 3; ++k) {
+      EXPECT_EQ(cfg[k].rope_theta, cfg[0].rope_theta) << k;
+      EXPECT_EQ(cfg[k].rope_scaling, cfg[0].rope_scaling) << k;
+      EXPECT_EQ(cfg[k].rope_factor, cfg[0].rope_factor) << k;
+      EXPECT_EQ(cfg[k].rope_original_max_ctx, cfg[0].rope_original_max_ctx) << k;
+      EXPECT_EQ(rope_inv_freqs(cfg[k]), rope_inv_freqs(cfg[0])) << k;
+    }
+  }
+}
+
 TEST(DecoderSave, LinearRopeScaling) {
   HfModel hf = test::tiny_llama(true);
   hf.config["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
