@@ -138,6 +138,38 @@ DType quant_type_for_row(DType wanted, int64_t cols) {
   return t;
 }
 
+void parse_quant_type(std::string_view name, std::string_view what, QuantizeOptions* opts) {
+  if (name == "q4_k_m" || name == "q5_k_m") {
+    opts->type = name == "q4_k_m" ? DType::q4_k : DType::q5_k;
+    opts->mix = QuantMix::k_m;
+    return;
+  }
+  opts->type = parse_dtype(name, what);
+  opts->mix = QuantMix::uniform;
+}
+
+DType output_type_for(const QuantizeOptions& opts) {
+  if (opts.output_type) return *opts.output_type;
+  switch (opts.type) {
+    case DType::q2_k:
+    case DType::q3_k:
+    case DType::q4_k:
+    case DType::q5_k:
+    case DType::q4_0:
+    case DType::q4_1:
+    case DType::q5_0:
+    case DType::q5_1:
+      return DType::q6_k;  // falls back to q8_0 per row where rows are not whole super-blocks
+    default:
+      return opts.type;  // q6_k, q8_0 and the float types are at least as fine already
+  }
+}
+
+bool k_m_layer_gets_more_bits(int64_t layer, int64_t n_layers) {
+  const int64_t eighth = n_layers / 8;
+  return layer < eighth || layer >= 7 * n_layers / 8 || (layer - eighth) % 3 == 2;
+}
+
 DecoderModel quantize_decoder(const DecoderModel& src, const QuantizeOptions& opts,
                               std::vector<TensorQuantStats>* stats) {
   TS_CHECK(opts.type != DType::i32, "[quantize] target type i32 is not a weight type");
@@ -149,21 +181,28 @@ DecoderModel quantize_decoder(const DecoderModel& src, const QuantizeOptions& op
   ModelQuantizer q(opts.pool ? *opts.pool : default_pool(), out, stats);
   const model::DecoderWeights& s = src.weights;
   model::DecoderWeights& w = out.weights;
-  w.tok_embd =
-      q.matrix(s.tok_embd, "token_embd", opts.keep_embedding ? s.tok_embd.type : opts.type);
+  const bool tied = s.output.data == s.tok_embd.data;
+  const DType head = output_type_for(opts);
+  DType embd = tied ? head : opts.type;
+  if (opts.keep_embedding) embd = s.tok_embd.type;
+  w.tok_embd = q.matrix(s.tok_embd, "token_embd", embd);
   w.pos_embd = q.matrix(s.pos_embd, "position_embd", opts.type);
   w.layers.resize(s.layers.size());
   for (size_t i = 0; i < s.layers.size(); ++i) {
     const DecoderLayer& a = s.layers[i];
     DecoderLayer& b = w.layers[i];
     const std::string p = cat("blk.", i, ".");
+    const bool more_bits =
+        opts.mix == QuantMix::k_m &&
+        k_m_layer_gets_more_bits(static_cast<int64_t>(i), static_cast<int64_t>(s.layers.size()));
+    const DType sensitive = more_bits ? DType::q6_k : opts.type;
     b.wq = q.matrix(a.wq, p + "attn_q", opts.type);
     b.wk = q.matrix(a.wk, p + "attn_k", opts.type);
-    b.wv = q.matrix(a.wv, p + "attn_v", opts.type);
+    b.wv = q.matrix(a.wv, p + "attn_v", sensitive);
     b.wo = q.matrix(a.wo, p + "attn_output", opts.type);
     b.w_gate = q.matrix(a.w_gate, p + "ffn_gate", opts.type);
     b.w_up = q.matrix(a.w_up, p + "ffn_up", opts.type);
-    b.w_down = q.matrix(a.w_down, p + "ffn_down", opts.type);
+    b.w_down = q.matrix(a.w_down, p + "ffn_down", sensitive);
     for (auto [from, to] : RefPairs{{&a.attn_norm, &b.attn_norm},
                                     {&a.attn_norm_b, &b.attn_norm_b},
                                     {&a.ffn_norm, &b.ffn_norm},
@@ -179,8 +218,7 @@ DecoderModel quantize_decoder(const DecoderModel& src, const QuantizeOptions& op
   w.out_norm = q.vector(s.out_norm);
   w.out_norm_b = q.vector(s.out_norm_b);
   // A tied head stays tied: it is the (converted) embedding, not a second copy.
-  w.output =
-      s.output.data == s.tok_embd.data ? w.tok_embd : q.matrix(s.output, "output", opts.type);
+  w.output = tied ? w.tok_embd : q.matrix(s.output, "output", head);
   return out;
 }
 

@@ -103,6 +103,7 @@ TEST(Quantize, ErrorBandsAndTypes) {
     SCOPED_TRACE(b.type);
     QuantizeOptions o;
     o.type = parse_dtype(b.type, "test");
+    o.output_type = o.type;  // uniform: the head's automatic type has its own test
     o.pool = &pool;
     std::vector<TensorQuantStats> stats;
     const DecoderModel q = quantize_decoder(src, o, &stats);
@@ -142,6 +143,7 @@ TEST(Quantize, FallbackWhenRowsAreNotWholeBlocks) {
   const DecoderModel src = tiny_model(64, 48, true);  // ffn_down rows hold 48 values
   QuantizeOptions o;
   o.type = DType::q4_0;
+  o.output_type = DType::q4_0;  // uniform: the tied head is the q4_0 embedding
   std::vector<TensorQuantStats> stats;
   const DecoderModel q = quantize_decoder(src, o, &stats);
   EXPECT_EQ(q.weights.layers[0].w_down.type, DType::f16);
@@ -227,6 +229,7 @@ TEST(Quantize, KQuantsWhenAvailable) {
     SCOPED_TRACE(b.type);
     QuantizeOptions o;
     o.type = *t;
+    o.output_type = *t;  // uniform (the head's automatic type: OutputHeadTypes)
     std::vector<TensorQuantStats> stats;
     const DecoderModel q = quantize_decoder(src, o, &stats);
     EXPECT_EQ(q.weights.layers[0].w_down.type, *t);
@@ -253,6 +256,78 @@ std::string temp_dir(const std::string& name) {
   std::filesystem::remove_all(d);
   std::filesystem::create_directories(d);
   return d;
+}
+
+// The output head (the embedding when tied) is kept finer than coarse targets: q6_k, or q8_0
+// where its rows are not whole super-blocks; an untied embedding is the target type; an
+// explicit --output-type wins; keep_embedding keeps a tied head as stored.
+TEST(Quantize, OutputHeadTypes) {
+  ThreadPool pool(2);
+  struct Case {
+    int64_t C;
+    bool tied;
+    DType type, head, embd;
+  };
+  for (const Case& c : {Case{64, false, DType::q4_0, DType::q8_0, DType::q4_0},
+                        Case{256, false, DType::q4_0, DType::q6_k, DType::q4_0},
+                        Case{256, true, DType::q4_k, DType::q6_k, DType::q6_k},
+                        Case{64, true, DType::q5_1, DType::q8_0, DType::q8_0},
+                        Case{64, true, DType::q8_0, DType::q8_0, DType::q8_0},
+                        Case{64, false, DType::f16, DType::f16, DType::f16}}) {
+    SCOPED_TRACE(cat("C=", c.C, " tied=", c.tied, " type=", dtype_name(c.type)));
+    const DecoderModel src = tiny_model(c.C, 2 * c.C, c.tied);
+    QuantizeOptions o;
+    o.type = c.type;
+    o.pool = &pool;
+    const DecoderModel q = quantize_decoder(src, o, nullptr);
+    EXPECT_EQ(q.weights.output.type, c.head);
+    EXPECT_EQ(q.weights.tok_embd.type, c.embd);
+    EXPECT_EQ(q.weights.layers[0].wq.type, c.type);
+    EXPECT_EQ(c.tied, q.weights.output.data == q.weights.tok_embd.data);
+  }
+  const DecoderModel src = tiny_model(256, 512, true);
+  QuantizeOptions o;
+  o.type = DType::q4_0;
+  o.output_type = DType::q4_0;
+  EXPECT_EQ(quantize_decoder(src, o, nullptr).weights.output.type, DType::q4_0);
+  o.output_type.reset();
+  o.keep_embedding = true;
+  EXPECT_EQ(quantize_decoder(src, o, nullptr).weights.output.type, DType::f32);
+}
+
+// q4_k_m / q5_k_m: q6_k for attn_v and ffn_down in the first and last eighth of the layers and
+// every third between; the rest of each layer in the base type.
+TEST(Quantize, KmMixLayers) {
+  // n = 32: eighth 4 -> layers 0-3, 28-31, and 4 + 2, 4 + 5, ... (i - 4) % 3 == 2.
+  std::vector<int64_t> more;
+  for (int64_t i = 0; i < 32; ++i)
+    if (k_m_layer_gets_more_bits(i, 32)) more.push_back(i);
+  const std::vector<int64_t> want = {0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31};
+  EXPECT_EQ(more, want);
+  QuantizeOptions o;
+  parse_quant_type("q4_k_m", "--type", &o);
+  EXPECT_EQ(o.type, DType::q4_k);
+  EXPECT_EQ(o.mix, QuantMix::k_m);
+  parse_quant_type("q5_k_m", "--type", &o);
+  EXPECT_EQ(o.type, DType::q5_k);
+  parse_quant_type("q4_0", "--type", &o);
+  EXPECT_EQ(o.mix, QuantMix::uniform);
+  test::expect_error([&] { parse_quant_type("q4_k_x", "--type", &o); }, "--type");
+  // Two layers: the first eighth is empty and the last eighth starts at 7 * 2 / 8 = 1.
+  const DecoderModel src = tiny_model(256, 512, false);
+  parse_quant_type("q4_k_m", "--type", &o);
+  const DecoderModel q = quantize_decoder(src, o, nullptr);
+  for (int64_t l = 0; l < 2; ++l) {
+    SCOPED_TRACE(l);
+    const DType hi = k_m_layer_gets_more_bits(l, 2) ? DType::q6_k : DType::q4_k;
+    const DecoderLayer& L = q.weights.layers[static_cast<size_t>(l)];
+    EXPECT_EQ(L.wv.type, hi);
+    EXPECT_EQ(L.w_down.type, hi);
+    EXPECT_EQ(L.wq.type, DType::q4_k);
+    EXPECT_EQ(L.w_up.type, DType::q4_k);
+  }
+  EXPECT_FALSE(k_m_layer_gets_more_bits(0, 2));
+  EXPECT_TRUE(k_m_layer_gets_more_bits(1, 2));
 }
 
 TEST(Quantize, QuantizedModelSavesToGgufAndHf) {

@@ -1,6 +1,7 @@
 // `tessera quantize IN OUT --type T`: converts every weight matrix to T (q8_0, q4_0, q4_1, q5_0,
-// q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, f16, bf16, f32) and reports the error of each tensor against
-// its source values.
+// q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, f16, bf16, f32, or the q4_k_m / q5_k_m mixes), the output
+// head to --output-type or a finer type (compress/quantize.h), and reports the error of each
+// tensor against its source values.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -18,7 +19,12 @@ namespace tessera::cli {
 namespace {
 
 int run(const Args& a) {
-  const DType type = parse_dtype(a.str("--type"), "--type");
+  compress::QuantizeOptions qo;
+  const std::string type_name = a.str("--type");
+  compress::parse_quant_type(type_name, "--type", &qo);
+  const DType type = qo.type;
+  if (!a.str("--output-type").empty())
+    qo.output_type = parse_dtype(a.str("--output-type"), "--output-type");
   const bool keep_embedding = a.on("--keep-embedding");
   const bool quiet = a.on("--quiet");
   const int64_t threads = a.i64("--threads");
@@ -28,8 +34,6 @@ int run(const Args& a) {
   const std::string& in = a.positional()[0];
   const std::string& out = a.positional()[1];
   const LoadedModel m = load_model_and_tokenizer(in, {}, true);
-  compress::QuantizeOptions qo;
-  qo.type = type;
   qo.keep_embedding = keep_embedding;
   qo.pool = pool.get();
   std::vector<compress::TensorQuantStats> stats;
@@ -51,7 +55,7 @@ int run(const Args& a) {
   std::printf(
       "%s -> %s (%s): %.1f MB -> %.1f MB of weights; overall rel rms error %.4f, worst "
       "%s %.4f\n",
-      in.c_str(), out.c_str(), dtype_name(type).data(),
+      in.c_str(), out.c_str(), type_name.c_str(),
       static_cast<double>(m.model.total_weight_bytes()) / 1e6,
       static_cast<double>(q.total_weight_bytes()) / 1e6,
       sum_sq_val > 0 ? std::sqrt(sum_sq_err / sum_sq_val) : 0.0, worst.c_str(), worst_rel);
@@ -63,9 +67,14 @@ const Registrar reg({
     "quantize a model's weights (q8_0, q4_0, q4_1, q5_0, q5_1, q2_k..q6_k, f16)",
     {
         Flag::text("--type", "",
-                   "q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, f16, bf16 or f32",
+                   "q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, f16, bf16, f32, "
+                   "or q4_k_m / q5_k_m (q6_k for attn_v and ffn_down in 1/3 of the layers)",
                    "TYPE")
             .required(),
+        Flag::text("--output-type", "",
+                   "type of the output head (the embedding if tied); empty: q6_k (q8_0 where "
+                   "rows are not whole 256-blocks) below those types, else --type",
+                   "TYPE"),
         Flag::toggle("--keep-embedding", "leave the token embedding in its stored type"),
         Flag::toggle("--quiet", "only the summary line, not one line per tensor"),
         Flag::integer("--threads", 0, 0, 4096, "worker threads; 0: all cores"),
