@@ -97,4 +97,11 @@ class Tokenizer {
   std::unique_ptr<Impl> impl_;
 };
 
+// Applies a Hugging Face tokenizer_config.json (its text; `source` names it in errors) to `tok`:
+// bos_token, eos_token, pad_token and unk_token (a string or an AddedToken object) and
+// add_bos_token. A token not in the vocabulary, or a field of the wrong type, throws naming the
+// file and the field.
+void apply_tokenizer_config(std::string_view json_text, const std::string& source,
+                            Tokenizer* tok);
+
 }  // namespace tessera::tokenizer

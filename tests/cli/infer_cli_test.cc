@@ -13,6 +13,8 @@
 #include <string>
 
 #include "backend/device.h"
+#include "core/file_io.h"
+#include "formats/gguf.h"
 #include "nlohmann/json.hpp"
 #include "test_util/run_tessera.h"
 
@@ -63,11 +65,28 @@ TEST_F(InferCli, QuantizeConvertAndPerplexity) {
   EXPECT_NE(r.out.find("rel rms"), std::string::npos) << r.out;
   r = run_tessera("convert " + q8 + " " + hf + " --dtype f16");
   ASSERT_EQ(r.status, 0) << r.err;
-  for (const char* f :
-       {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"})
+  // The size written: the f16 folder, larger than the q8_0 weights read.
+  EXPECT_NE(r.out.find("MB written"), std::string::npos) << r.out;
+  for (const char* f : {"config.json", "generation_config.json", "model.safetensors",
+                        "tokenizer.json", "tokenizer_config.json"})
     EXPECT_TRUE(std::filesystem::exists(hf + "/" + f)) << f;
+  // transformers' generate() stops at eos_token_id: SmolLM2's <|im_end|> (2), bos <|im_start|>.
+  const auto config = nlohmann::json::parse(tessera::read_text_file(hf + "/config.json"));
+  const auto gen = nlohmann::json::parse(tessera::read_text_file(hf + "/generation_config.json"));
+  EXPECT_EQ(config.value("eos_token_id", -1), 2) << config.dump();
+  EXPECT_EQ(config.value("bos_token_id", -1), 1) << config.dump();
+  EXPECT_EQ(gen.value("eos_token_id", -1), 2) << gen.dump();
   r = run_tessera("convert " + hf + " " + back);
   ASSERT_EQ(r.status, 0) << r.err;
+  // The special ids survive GGUF -> folder -> GGUF (bos, unk and padding were lost, eos was 0).
+  {
+    const tessera::formats::GgufFile orig(kModel), rt(back);
+    for (const char* k : {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+                          "tokenizer.ggml.padding_token_id", "tokenizer.ggml.unknown_token_id"}) {
+      ASSERT_TRUE(rt.has(k)) << k;
+      EXPECT_EQ(rt.get_int(k), orig.get_int(k)) << k;
+    }
+  }
   // The round-tripped model still answers, through its own tokenizer and chat template.
   r = run_tessera("generate -m " + back +
                   " -p 'The capital of France is' -n 4 --temperature 0 --raw");

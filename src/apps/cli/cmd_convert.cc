@@ -31,10 +31,11 @@ int run(const Args& a) {
   const DType folder =
       dtype.empty() ? lossless_folder_dtype(m.model) : parse_dtype(dtype, "--dtype");
   save_model(m, m.model, out, folder);
-  std::printf("wrote %s (%s, %lld layers, %.1f MB of weights)\n", out.c_str(),
+  std::printf("wrote %s (%s, %lld layers): %.1f MB of weights read, %.1f MB written\n", out.c_str(),
               is_gguf_path(out) ? "GGUF" : dtype_name(folder).data(),
               static_cast<long long>(m.model.config.n_layers),
-              static_cast<double>(m.model.total_weight_bytes()) / 1e6);
+              static_cast<double>(m.model.total_weight_bytes()) / 1e6,
+              static_cast<double>(bytes_on_disk(out)) / 1e6);
   return 0;
 }
 

@@ -35,7 +35,9 @@ LoadedModel load_model_and_tokenizer(const std::string& path, const model::Decod
     // HF keeps the chat template in tokenizer_config.json.
     const std::string cfg = (std::filesystem::path(path) / "tokenizer_config.json").string();
     if (file_exists(cfg)) {
-      const auto j = nlohmann::json::parse(read_text_file(cfg), nullptr, false);
+      const std::string text = read_text_file(cfg);
+      tokenizer::apply_tokenizer_config(text, cfg, &m.tok);
+      const auto j = nlohmann::json::parse(text, nullptr, false);
       TS_CHECK(!j.is_discarded() && j.is_object(), "[model] ", cfg, ": not a JSON object");
       if (j.contains("chat_template")) {
         const auto& t = j["chat_template"];

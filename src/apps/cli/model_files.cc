@@ -34,9 +34,35 @@ void save_model(const LoadedModel& m, const model::DecoderModel& model, const st
   const tokenizer::SpecialTokens& sp = m.tok.special_tokens();
   if (sp.bos >= 0) cfg["bos_token"] = m.tok.decode({sp.bos});
   if (sp.eos >= 0) cfg["eos_token"] = m.tok.decode({sp.eos});
+  if (sp.pad >= 0) cfg["pad_token"] = m.tok.decode({sp.pad});
+  if (sp.unk >= 0) cfg["unk_token"] = m.tok.decode({sp.unk});
   cfg["add_bos_token"] = sp.add_bos;
-  write_file_atomic((std::filesystem::path(path) / "tokenizer_config.json").string(),
-                    cfg.dump(2) + "\n");
+  const std::filesystem::path dir(path);
+  write_file_atomic((dir / "tokenizer_config.json").string(), cfg.dump(2) + "\n");
+  // The token ids transformers' generate() reads: without eos_token_id it never stops at the end
+  // of a turn. They go into config.json (beside what save_decoder_hf wrote) and into
+  // generation_config.json, which generate() prefers.
+  nlohmann::json ids = nlohmann::json::object();
+  if (sp.bos >= 0) ids["bos_token_id"] = sp.bos;
+  if (sp.eos >= 0) ids["eos_token_id"] = sp.eos;
+  if (sp.pad >= 0) ids["pad_token_id"] = sp.pad;
+  const std::string config_path = (dir / "config.json").string();
+  nlohmann::json config = nlohmann::json::parse(read_text_file(config_path));
+  for (const auto& [k, v] : ids.items()) config[k] = v;
+  write_file_atomic(config_path, config.dump(2) + "\n");
+  nlohmann::json gen = ids;
+  gen["_from_model_config"] = true;
+  write_file_atomic((dir / "generation_config.json").string(), gen.dump(2) + "\n");
+}
+
+int64_t bytes_on_disk(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (!fs::is_directory(path)) return static_cast<int64_t>(fs::file_size(path));
+  int64_t total = 0;
+  for (const fs::directory_entry& e : fs::directory_iterator(path))
+    if (e.is_regular_file() && e.path().extension() == ".safetensors")
+      total += static_cast<int64_t>(e.file_size());
+  return total;
 }
 
 }  // namespace tessera::cli
