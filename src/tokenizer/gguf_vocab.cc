@@ -169,7 +169,10 @@ void Tokenizer::to_gguf(formats::GgufWriter& w) const {
     if (m.is_added[id] == 1)
       types[id] = kUserDefined;
     else if (m.is_added[id] == 2)
-      types[id] = static_cast<int32_t>(id) == m.special.unk ? kUnknown : kControl;
+      // SentencePiece's <unk> is UNKNOWN; a byte-level vocabulary's specials are all CONTROL
+      // (SmolLM2's <|endoftext|> is both CONTROL and the unk id, and llama.cpp warns on load
+      // when a CONTROL token comes back as UNKNOWN).
+      types[id] = spm && static_cast<int32_t>(id) == m.special.unk ? kUnknown : kControl;
     else if (spm && m.byte_of[id] >= 0)
       types[id] = kByte;
   }
@@ -201,8 +204,10 @@ void Tokenizer::to_gguf(formats::GgufWriter& w) const {
       }
     }
     w.set("tokenizer.ggml.scores", formats::gguf_array(formats::GgufType::f32, scores));
-    w.set("tokenizer.ggml.add_space_prefix", m.space_prefix != SpacePrefix::none);
   }
+  // Written for byte-level vocabularies too (always false there: they never add a space), as
+  // llama.cpp's converter does, so a rewritten file keeps the key its source had.
+  w.set("tokenizer.ggml.add_space_prefix", m.space_prefix != SpacePrefix::none);
   const std::pair<const char*, int32_t> ids[] = {
       {"tokenizer.ggml.bos_token_id", m.special.bos},
       {"tokenizer.ggml.eos_token_id", m.special.eos},

@@ -61,6 +61,15 @@ TEST_F(InferCli, QuantizeConvertAndPerplexity) {
                     back = scratch_path("back.gguf");
   Result r = run_tessera("quantize " + kModel + " " + q8 + " --type q8_0");
   ASSERT_EQ(r.status, 0) << r.err;
+  {  // The rewritten GGUF keeps its source's descriptive metadata and token types.
+    const tessera::formats::GgufFile orig(kModel), q(q8);
+    for (const char* k :
+         {"general.license", "general.basename", "general.size_label", "general.languages",
+          "tokenizer.ggml.add_space_prefix", "tokenizer.ggml.token_type"}) {
+      ASSERT_TRUE(q.has(k)) << k;
+      EXPECT_TRUE(q.get(k) == orig.get(k)) << k;
+    }
+  }
   EXPECT_NE(r.out.find("blk.0.ffn_up"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("rel rms"), std::string::npos) << r.out;
   r = run_tessera("convert " + q8 + " " + hf + " --dtype f16");

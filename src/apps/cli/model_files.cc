@@ -21,6 +21,15 @@ void save_model(const LoadedModel& m, const model::DecoderModel& model, const st
     model::save_decoder_gguf(model, path, [&](formats::GgufWriter& w) {
       if (m.has_tokenizer) m.tok.to_gguf(w);
       if (!m.chat_template.empty()) w.set("tokenizer.chat_template", m.chat_template);
+      // A GGUF source's descriptive keys (general.basename, license, languages, size label,
+      // ...) carry over; the ones that describe this file's content are written fresh above.
+      if (!model.gguf) return;
+      for (const auto& [key, value] : model.gguf->metadata()) {
+        const bool describes_content =
+            key == "general.architecture" || key == "general.name" || key == "general.file_type" ||
+            key == "general.quantization_version" || key == "general.alignment";
+        if (key.rfind("general.", 0) == 0 && !describes_content) w.set(key, value);
+      }
     });
     return;
   }
