@@ -91,14 +91,13 @@ class Gpt2 {
   std::unique_ptr<Impl> impl_;
 };
 
-// Hugging Face layout on disk: <dir>/model.safetensors + <dir>/config.json.
-void save_gpt2(const Gpt2& m, const std::string& dir);
 // Loads config.json and model.safetensors from dir (transposing Conv1D weights as HF stores
 // them (in, out)); throws naming the file and tensor on any mismatch.
 std::unique_ptr<Gpt2> load_gpt2(const std::string& dir, const ops::Context& ctx);
 
 // The model as an inference DecoderModel (arch gpt2, f32 weights) whose weights view m's
-// parameters: the engine runs it without a copy. m must outlive it, and the view sees parameter
+// parameters: the engine runs it without a copy, and save_decoder_hf writes it as a Hugging
+// Face folder (model/decoder_save.h; load_gpt2 reads such a folder back). m must outlive it, and the view sees parameter
 // updates as they happen.
 DecoderModel as_decoder(const Gpt2& m);
 

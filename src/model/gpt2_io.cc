@@ -1,5 +1,6 @@
-// GPT-2 save/load in the Hugging Face folder layout: model.safetensors (HF names, Conv1D weights
-// stored (in, out), wte with V rows) and config.json (HF GPT-2 keys).
+// Loads a Hugging Face GPT-2 folder into a training model (--init-from): model.safetensors (HF
+// names, Conv1D weights stored (in, out), wte with V rows) and config.json (HF GPT-2 keys). The
+// folder is written by save_decoder_hf on as_decoder(m) (model/decoder_save.h).
 #include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -43,36 +44,6 @@ int64_t get_int(const json& cfg, const std::string& path, const char* key) {
 }
 
 }  // namespace
-
-void save_gpt2(const Gpt2& m, const std::string& dir) {
-  const Gpt2Config& cfg = m.config();
-  make_dirs(dir);
-  formats::SafetensorsWriter w;
-  w.set_metadata("format", "pt");              // transformers refuses safetensors files without it
-  std::vector<std::vector<float>> transposed;  // must outlive w.write()
-  for (const TensorInfo& t : m.tensors().tensors()) {
-    const float* src = m.params() + t.offset;
-    if (t.name == "wte.weight") {
-      w.add(t.name, DType::f32, {cfg.vocab_size, cfg.n_embd}, src);  // drop the padding rows
-    } else if (is_conv1d_weight(t.name)) {
-      const int64_t rows = t.shape[0], cols = t.shape[1];
-      transposed.emplace_back(static_cast<size_t>(rows * cols));
-      transpose(transposed.back().data(), src, rows, cols);
-      w.add(t.name, DType::f32, {cols, rows}, transposed.back().data());
-    } else {
-      w.add(t.name, DType::f32, t.shape, src);
-    }
-  }
-  w.write(dir + "/model.safetensors");
-
-  json c = {{"model_type", "gpt2"},        {"architectures", {"GPT2LMHeadModel"}},
-            {"n_layer", cfg.n_layer},      {"n_head", cfg.n_head},
-            {"n_embd", cfg.n_embd},        {"n_positions", cfg.max_seq},
-            {"n_ctx", cfg.max_seq},        {"vocab_size", cfg.vocab_size},
-            {"layer_norm_epsilon", 1e-5},  {"activation_function", "gelu_new"},
-            {"tie_word_embeddings", true}, {"torch_dtype", "float32"}};
-  write_file_atomic(dir + "/config.json", c.dump(2) + "\n");
-}
 
 std::unique_ptr<Gpt2> load_gpt2(const std::string& dir, const ops::Context& ctx) {
   const std::string cfg_path = dir + "/config.json";

@@ -14,8 +14,10 @@
 #include "backend/device.h"
 #include "core/error.h"
 #include "core/file_io.h"
+#include "model/decoder_save.h"
 #include "profile/probe.h"
 #include "profile/timer.h"
+#include "tokenizer/tokenizer.h"
 #include "train/progress.h"
 #include "train/svg_plot.h"
 
@@ -306,10 +308,13 @@ TrainResult Trainer::run() {
 void Trainer::finish_outputs(bool finished) {
   const std::string tok = path_in(opts_.data_dir, "tokenizer.json");
   if (opts_.save_model && finished) {
+    // The inference writer, through a view of the parameters: one HF writer for every model.
     const std::string mdir = path_in(opts_.out_dir, "model");
-    make_dirs(mdir);
-    model::save_gpt2(*model_, mdir);
-    if (file_exists(tok)) write_file_atomic(path_in(mdir, "tokenizer.json"), read_text_file(tok));
+    const std::string tok_text = file_exists(tok) ? read_text_file(tok) : "";
+    model::save_decoder_hf(model::as_decoder(*model_), mdir, DType::f32, tok_text);
+    if (!tok_text.empty())
+      tokenizer::write_hf_tokenizer_config(mdir,
+                                           tokenizer::Tokenizer::from_json_text(tok_text, tok), "");
   }
   if (file_exists(tok))
     write_file_atomic(path_in(opts_.out_dir, "tokenizer.json"), read_text_file(tok));

@@ -1,6 +1,7 @@
 // GPT-2 model tests: parameter table, init, recompute policies, plan reuse, activation memory,
 // FLOP formula, HF save/load round trip and input/file errors.
 #include "model/gpt2.h"
+#include "model/decoder_save.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -261,7 +262,7 @@ TEST(Gpt2, SaveLoadRoundTrip) {
 
   const TempFolder tmp("roundtrip");
   const std::string& dir = tmp.path;
-  save_gpt2(m, dir);
+  save_decoder_hf(as_decoder(m), dir, DType::f32);
   // HF layout on disk: Conv1D weights (in, out), wte without padding rows, config keys.
   {
     formats::SafetensorsReader r(dir + "/model.safetensors");
@@ -329,11 +330,11 @@ TEST(Gpt2, LoadsHuggingFaceNamingVariants) {
   m.init_weights(2);
   const TempFolder tmp("hfnames");
   const std::string& dir = tmp.path;
-  save_gpt2(m, dir);
+  save_decoder_hf(as_decoder(m), dir, DType::f32);
   rewrite_as_hf_checkpoint(dir, /*untie=*/false);
   auto loaded = load_gpt2(dir, ctx);
   EXPECT_EQ(std::memcmp(loaded->params(), m.params(), sizeof(float) * m.num_params()), 0);
-  save_gpt2(m, dir);
+  save_decoder_hf(as_decoder(m), dir, DType::f32);
   rewrite_as_hf_checkpoint(dir, /*untie=*/true);
   expect_load_error(dir, "tensor 'lm_head.weight': differs from wte.weight");
 }
@@ -344,7 +345,7 @@ TEST(Gpt2, LoadErrorsNameFileAndField) {
   const TempFolder tmp("errors");
   const std::string& dir = tmp.path;
   expect_load_error(dir, "config.json");  // missing folder
-  save_gpt2(m, dir);
+  save_decoder_hf(as_decoder(m), dir, DType::f32);
   const std::string cfg_path = dir + "/config.json";
   const std::string good = read_text_file(cfg_path);
   write_file_atomic(cfg_path, std::string("{\"n_layer\": 2,"));

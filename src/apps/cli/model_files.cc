@@ -37,31 +37,7 @@ void save_model(const LoadedModel& m, const model::DecoderModel& model, const st
            "--dtype ", dtype_name(folder_dtype),
            ": a Hugging Face folder holds f32, bf16 or f16 (write a .gguf for block types)");
   model::save_decoder_hf(model, path, folder_dtype, m.has_tokenizer ? m.tok.to_json_text() : "");
-  if (!m.has_tokenizer) return;
-  nlohmann::json cfg = nlohmann::json::object();
-  if (!m.chat_template.empty()) cfg["chat_template"] = m.chat_template;
-  const tokenizer::SpecialTokens& sp = m.tok.special_tokens();
-  if (sp.bos >= 0) cfg["bos_token"] = m.tok.decode({sp.bos});
-  if (sp.eos >= 0) cfg["eos_token"] = m.tok.decode({sp.eos});
-  if (sp.pad >= 0) cfg["pad_token"] = m.tok.decode({sp.pad});
-  if (sp.unk >= 0) cfg["unk_token"] = m.tok.decode({sp.unk});
-  cfg["add_bos_token"] = sp.add_bos;
-  const std::filesystem::path dir(path);
-  write_file_atomic((dir / "tokenizer_config.json").string(), cfg.dump(2) + "\n");
-  // The token ids transformers' generate() reads: without eos_token_id it never stops at the end
-  // of a turn. They go into config.json (beside what save_decoder_hf wrote) and into
-  // generation_config.json, which generate() prefers.
-  nlohmann::json ids = nlohmann::json::object();
-  if (sp.bos >= 0) ids["bos_token_id"] = sp.bos;
-  if (sp.eos >= 0) ids["eos_token_id"] = sp.eos;
-  if (sp.pad >= 0) ids["pad_token_id"] = sp.pad;
-  const std::string config_path = (dir / "config.json").string();
-  nlohmann::json config = nlohmann::json::parse(read_text_file(config_path));
-  for (const auto& [k, v] : ids.items()) config[k] = v;
-  write_file_atomic(config_path, config.dump(2) + "\n");
-  nlohmann::json gen = ids;
-  gen["_from_model_config"] = true;
-  write_file_atomic((dir / "generation_config.json").string(), gen.dump(2) + "\n");
+  if (m.has_tokenizer) tokenizer::write_hf_tokenizer_config(path, m.tok, m.chat_template);
 }
 
 int64_t bytes_on_disk(const std::string& path) {
