@@ -39,7 +39,7 @@ class Evaluator {
     add_builtins(&root_);
     if (context.is_dict())
       for (const auto& [k, v] : context.dict().items) root_.set(to_str(k), v);
-    else if (!context.is_undefined())
+    else if (!context.is_undefined() && !context.is_none())
       fail("[jinja] ", name_, ": the render context must be a dict, not ", context.type_name());
     std::string out;
     out_ = &out;
@@ -532,7 +532,8 @@ void check_names(const Body& body, const std::string& name) {
     check_expr(s->filter.get(), name);
     for (const auto& c : s->conds) check_expr(c.get(), name);
     for (const auto& d : s->defaults) check_expr(d.get(), name);
-    for (const Body& b : s->bodies) check_names(b, name);
+    // jinja2 compiles if bodies in a "soft" frame: an unknown name there fails only when it
+    // runs, so `{% if x is filter %}` guards work. Those fail in call_filter/call_test instead.
     check_names(s->body, name);
     check_names(s->else_body, name);
   }

@@ -62,7 +62,7 @@ Value attr_path(const Value& item, const std::string& path) {
 
 // The sort key jinja2 uses: strings lowered unless case_sensitive.
 Value sort_key(const Value& v, bool case_sensitive) {
-  return !case_sensitive && v.is_string() ? Value(ascii_lower(v.str())) : v;
+  return !case_sensitive && v.is_string() ? Value(py_lower(v.str())) : v;
 }
 
 Args rest_args(const Args& a, size_t skip) {
@@ -473,7 +473,7 @@ const FilterEntry kFilters[] = {
     {"lower",
      [](const Value& v, const Args& a) {
        no_args("lower", a);
-       return Value(ascii_lower(to_str(v)));
+       return Value(py_lower(to_str(v)));
      }},
     {"map", do_map},
     {"max", [](const Value& v, const Args& a) { return min_max(v, a, true); }},
@@ -532,7 +532,7 @@ const FilterEntry kFilters[] = {
     {"upper",
      [](const Value& v, const Args& a) {
        no_args("upper", a);
-       return Value(ascii_upper(to_str(v)));
+       return Value(py_upper(to_str(v)));
      }},
     {"wordcount",
      [](const Value& v, const Args& a) {

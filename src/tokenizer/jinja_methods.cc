@@ -74,8 +74,8 @@ Value str_method(const std::string& s, const std::string& name, const Args& a) {
   }
   if (name == "upper" || name == "lower" || name == "title" || name == "capitalize") {
     const Bound b(fn, a, {});
-    return Value(name == "upper"   ? ascii_upper(s)
-                 : name == "lower" ? ascii_lower(s)
+    return Value(name == "upper"   ? py_upper(s)
+                 : name == "lower" ? py_lower(s)
                  : name == "title" ? py_title(s)
                                    : py_capitalize(s));
   }

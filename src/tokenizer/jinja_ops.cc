@@ -18,9 +18,9 @@ void check_defined(const Value& a, const Value& b) {
   if (b.is_undefined()) value_fail(b.undefined_hint());
 }
 
-int64_t checked(bool overflow, int64_t v, std::string_view op) {
+// Fails when an int64 operation overflowed (`overflow` is what __builtin_*_overflow returned).
+void check_overflow(bool overflow, std::string_view op) {
   if (overflow) value_fail("integer overflow in '", op, "' (Python would use a big integer)");
-  return v;
 }
 
 Value repeat(const Value& seq, int64_t n) {
@@ -60,7 +60,10 @@ Value binary_op(std::string_view op, const Value& a, const Value& b) {
   const int64_t x = a.integer(), y = b.integer();
   int64_t r = 0;
   if (op == "+") {
-    if (ints) return Value(checked(__builtin_add_overflow(x, y, &r), r, op));
+    if (ints) {
+      check_overflow(__builtin_add_overflow(x, y, &r), op);
+      return Value(r);
+    }
     if (nums) return Value(a.number() + b.number());
     if (a.is_string() && b.is_string()) {
       if (a.str().size() + b.str().size() > kMaxValueBytes) value_fail("string result too large");
@@ -77,12 +80,18 @@ Value binary_op(std::string_view op, const Value& a, const Value& b) {
     unsupported(op, a, b);
   }
   if (op == "-") {
-    if (ints) return Value(checked(__builtin_sub_overflow(x, y, &r), r, op));
+    if (ints) {
+      check_overflow(__builtin_sub_overflow(x, y, &r), op);
+      return Value(r);
+    }
     if (nums) return Value(a.number() - b.number());
     unsupported(op, a, b);
   }
   if (op == "*") {
-    if (ints) return Value(checked(__builtin_mul_overflow(x, y, &r), r, op));
+    if (ints) {
+      check_overflow(__builtin_mul_overflow(x, y, &r), op);
+      return Value(r);
+    }
     if (nums) return Value(a.number() * b.number());
     const bool a_seq = a.is_string() || a.is_sequence(), b_seq = b.is_string() || b.is_sequence();
     if (a_seq && (b.is_int() || b.is_bool())) return repeat(a, y);
@@ -126,9 +135,9 @@ Value binary_op(std::string_view op, const Value& a, const Value& b) {
     if (ints && y >= 0) {
       int64_t result = 1, base = x, e = y;
       while (e > 0) {
-        if (e & 1) result = checked(__builtin_mul_overflow(result, base, &result), result, op);
+        if (e & 1) check_overflow(__builtin_mul_overflow(result, base, &result), op);
         e >>= 1;
-        if (e > 0) base = checked(__builtin_mul_overflow(base, base, &base), base, op);
+        if (e > 0) check_overflow(__builtin_mul_overflow(base, base, &base), op);
       }
       return Value(result);
     }

@@ -95,6 +95,11 @@ class Parser {
   // Statements up to a block tag whose first name is one of `ends` (left unconsumed, the
   // current token being that name).
   Body subparse(const std::vector<std::string>& ends) {
+    open_.push_back(&ends);
+    struct Pop {
+      std::vector<const std::vector<std::string>*>* v;
+      ~Pop() { v->pop_back(); }
+    } pop{&open_};
     Body body;
     while (true) {
       const Token& t = cur();
@@ -240,7 +245,13 @@ class Parser {
       s->body = subparse({"endgeneration"});
       end_tag("endgeneration");
     } else {
-      fail("[jinja] ", where(name_, t.pos), ": unknown or unsupported tag '", tag, "'");
+      // Inside a block, name the tags that would have closed or continued it.
+      std::string expected;
+      if (open_.size() > 1)
+        for (const auto& e : *open_.back())
+          expected += (expected.empty() ? "'" : " or '") + e + "'";
+      fail("[jinja] ", where(name_, t.pos), ": unknown or unsupported tag '", tag, "'",
+           expected.empty() ? "" : "; expected " + expected);
     }
     return s;
   }
@@ -621,7 +632,8 @@ class Parser {
   }
 
   ExprPtr parse_call(ExprPtr callee) {
-    auto n = node(Expr::Kind::call, cur().pos);
+    // Errors of a call point at its callee ("raise_exception" rather than the parenthesis).
+    auto n = node(Expr::Kind::call, callee->pos);
     n->kids.push_back(std::move(callee));
     parse_args(n.get());
     return n;
@@ -683,6 +695,7 @@ class Parser {
   size_t i_ = 0;
   int depth_ = 0;
   int loop_depth_ = 0;
+  std::vector<const std::vector<std::string>*> open_;  // the end tags of each open block
 };
 
 }  // namespace

@@ -229,16 +229,53 @@ std::string py_replace(std::string_view s, std::string_view old, std::string_vie
   return out;
 }
 
-std::string ascii_upper(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = up(c);
+namespace {
+
+// Simple case mappings of ASCII, Latin-1, Greek and Cyrillic letters (what chat text needs);
+// other code points keep their case.
+uint32_t upper_cp(uint32_t c) {
+  if (c >= 'a' && c <= 'z') return c - 32;
+  if (c == 0xB5) return 0x39C;
+  if ((c >= 0xE0 && c <= 0xFE && c != 0xF7)) return c - 32;
+  if (c == 0xFF) return 0x178;
+  if (c >= 0x3B1 && c <= 0x3C9 && c != 0x3C2) return c - 32;
+  if (c == 0x3C2) return 0x3A3;
+  if (c >= 0x430 && c <= 0x44F) return c - 32;
+  if (c >= 0x450 && c <= 0x45F) return c - 80;
+  return c;
+}
+
+uint32_t lower_cp(uint32_t c) {
+  if (c >= 'A' && c <= 'Z') return c + 32;
+  if ((c >= 0xC0 && c <= 0xDE && c != 0xD7)) return c + 32;
+  if (c == 0x178) return 0xFF;
+  if (c >= 0x391 && c <= 0x3A9 && c != 0x3A2) return c + 32;
+  if (c >= 0x410 && c <= 0x42F) return c + 32;
+  if (c >= 0x400 && c <= 0x40F) return c + 80;
+  return c;
+}
+
+std::string map_case(std::string_view s, uint32_t (*f)(uint32_t)) {
+  std::string out;
+  out.reserve(s.size());
+  for (const Cp& c : decode(s)) {
+    if (c.cp < 0x80)
+      out.push_back(static_cast<char>(f(c.cp)));
+    else if (c.cp >= kInvalidUtf8Base)
+      out.push_back(s[c.begin]);
+    else
+      append_utf8(&out, f(c.cp));
+  }
   return out;
 }
 
-std::string ascii_lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = low(c);
-  return out;
+}  // namespace
+
+std::string py_upper(std::string_view s) {
+  return map_case(s, upper_cp);
+}
+std::string py_lower(std::string_view s) {
+  return map_case(s, lower_cp);
 }
 
 std::string py_title(std::string_view s) {
@@ -261,7 +298,7 @@ std::string py_title(std::string_view s) {
 }
 
 std::string py_capitalize(std::string_view s) {
-  std::string out = ascii_lower(s);
+  std::string out = py_lower(s);
   if (!out.empty()) out[0] = up(out[0]);
   return out;
 }
@@ -278,7 +315,7 @@ std::string jinja_title(std::string_view s) {
     if (sep) {
       word_start = true;
     } else {
-      piece = word_start ? ascii_upper(piece) : ascii_lower(piece);
+      piece = word_start ? py_upper(piece) : py_lower(piece);
       word_start = false;
     }
     out += piece;

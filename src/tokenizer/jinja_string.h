@@ -1,7 +1,7 @@
 // Python's string operations over UTF-8, as Jinja templates reach them through str methods and
 // filters: code point indexing, strip/split/replace, case changes, repr, float repr, JSON
-// quoting and %-formatting. Case changes cover ASCII only (chat templates change the case of
-// role names and keywords); whitespace is Unicode's, as in Python.
+// quoting and %-formatting. Case changes cover ASCII, Latin-1, Greek and Cyrillic (Python maps
+// all of Unicode); whitespace is Unicode's, as in Python.
 #pragma once
 
 #include <cstdint>
@@ -34,8 +34,8 @@ std::vector<std::string> py_splitlines(std::string_view s, bool keepends);
 // str.replace(old, new, count); count < 0: all. An empty `old` inserts between code points.
 std::string py_replace(std::string_view s, std::string_view old, std::string_view with,
                        int64_t count);
-std::string ascii_upper(std::string_view s);
-std::string ascii_lower(std::string_view s);
+std::string py_upper(std::string_view s);
+std::string py_lower(std::string_view s);
 std::string py_title(std::string_view s);       // str.title()
 std::string py_capitalize(std::string_view s);  // str.capitalize()
 std::string jinja_title(std::string_view s);    // the title filter (words split at -, space, ([{<)
