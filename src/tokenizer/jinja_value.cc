@@ -50,8 +50,30 @@ Value Value::undefined(std::string hint) {
   return v;
 }
 
+namespace {
+
+// Containers record how deep they nest (in the otherwise unused integer slot) so that a
+// template building nested lists in a loop fails here instead of overflowing the stack when the
+// value is printed, compared or destroyed.
+constexpr int64_t kMaxNesting = 1000;
+
+int64_t nesting(const Value& v) {
+  return v.is_sequence() || v.is_dict() ? v.integer() : 0;
+}
+
+int64_t check_nesting(int64_t children) {
+  if (children + 1 > kMaxNesting)
+    value_fail("a list or dict nested deeper than ", kMaxNesting, " levels");
+  return children + 1;
+}
+
+}  // namespace
+
 Value Value::list(List items) {
+  int64_t deepest = 0;
+  for (const Value& x : items) deepest = std::max(deepest, nesting(x));
   Value v;
+  v.i_ = check_nesting(deepest);
   v.kind_ = Kind::list;
   v.p_ = std::make_shared<const List>(std::move(items));
   return v;
@@ -64,7 +86,11 @@ Value Value::tuple(List items) {
 }
 
 Value Value::dict(Dict d) {
+  int64_t deepest = 0;
+  for (const auto& kv : d.items)
+    deepest = std::max({deepest, nesting(kv.first), nesting(kv.second)});
   Value v;
+  v.i_ = check_nesting(deepest);
   v.kind_ = Kind::dict;
   v.p_ = std::make_shared<const Dict>(std::move(d));
   return v;
@@ -141,7 +167,28 @@ bool truthy(const Value& v) {
   return false;
 }
 
+namespace {
+
+// Values built by a template can nest without bound ({% set ns.x = [ns.x] %} in a loop); the
+// comparisons stop at a depth instead of overflowing the stack.
+constexpr int kMaxCompareDepth = 1000;
+
+bool equal_at(const Value& a, const Value& b, int depth);
+bool less_at(const Value& a, const Value& b, int depth);
+
+}  // namespace
+
 bool equal(const Value& a, const Value& b) {
+  return equal_at(a, b, 0);
+}
+bool less(const Value& a, const Value& b) {
+  return less_at(a, b, 0);
+}
+
+namespace {
+
+bool equal_at(const Value& a, const Value& b, int depth) {
+  if (depth > kMaxCompareDepth) value_fail("comparison: values nested too deeply");
   if (a.is_number() && b.is_number()) {
     if (a.is_float() || b.is_float()) return a.number() == b.number();
     return a.integer() == b.integer();
@@ -158,7 +205,7 @@ bool equal(const Value& a, const Value& b) {
       const List &x = a.items(), &y = b.items();
       if (x.size() != y.size()) return false;
       for (size_t i = 0; i < x.size(); ++i)
-        if (!equal(x[i], y[i])) return false;
+        if (!equal_at(x[i], y[i], depth + 1)) return false;
       return true;
     }
     case Value::Kind::dict: {
@@ -166,7 +213,7 @@ bool equal(const Value& a, const Value& b) {
       if (x.items.size() != y.items.size()) return false;
       for (const auto& [k, v] : x.items) {
         const Value* w = y.find(k);
-        if (!w || !equal(v, *w)) return false;
+        if (!w || !equal_at(v, *w, depth + 1)) return false;
       }
       return true;
     }
@@ -175,7 +222,8 @@ bool equal(const Value& a, const Value& b) {
   }
 }
 
-bool less(const Value& a, const Value& b) {
+bool less_at(const Value& a, const Value& b, int depth) {
+  if (depth > kMaxCompareDepth) value_fail("comparison: values nested too deeply");
   if (a.is_number() && b.is_number()) {
     if (a.is_float() || b.is_float()) return a.number() < b.number();
     return a.integer() < b.integer();
@@ -184,15 +232,13 @@ bool less(const Value& a, const Value& b) {
   if (a.kind() == b.kind() && a.is_sequence()) {
     const List &x = a.items(), &y = b.items();
     for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
-      if (!equal(x[i], y[i])) return less(x[i], y[i]);
+      if (!equal_at(x[i], y[i], depth + 1)) return less_at(x[i], y[i], depth + 1);
     }
     return x.size() < y.size();
   }
   value_fail("'<' not supported between instances of '", a.type_name(), "' and '", b.type_name(),
              "'");
 }
-
-namespace {
 
 void repr_into(const Value& v, std::string* out, int depth);
 

@@ -111,7 +111,7 @@ class Value {
   bool is_object() const { return kind_ == Kind::object; }
 
   bool boolean() const { return i_ != 0; }
-  int64_t integer() const { return i_; }  // also a bool's 0/1
+  int64_t integer() const { return i_; }  // also a bool's 0/1 (a container's nesting depth)
   double number() const { return is_float() ? d_ : static_cast<double>(i_); }
   const std::string& str() const { return *static_cast<const std::string*>(p_.get()); }
   const List& items() const { return *static_cast<const List*>(p_.get()); }

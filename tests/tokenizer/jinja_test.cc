@@ -141,6 +141,28 @@ INSTANTIATE_TEST_SUITE_P(Jinja, ChatFixture,
                          ::testing::Values("chatml", "deepseek", "gemma", "llama31", "mistral",
                                            "qwen25", "zephyr"));
 
+// The published templates of SmolLM2, Qwen2, ChatML, Llama 2, Llama 3 and Zephyr that
+// tests/data/tokenizer/chat_golden.json holds with their jinja2 renderings
+// (scripts/gen_real_tokenizer_golden.py: trim_blocks and lstrip_blocks on, eos "</s>" where the
+// template uses it).
+TEST(ChatGolden, PublishedTemplatesRenderLikeJinja2) {
+  const ordered_json golden = ordered_json::parse(
+      read_text_file(std::string(TESSERA_SOURCE_DIR) + "/tests/data/tokenizer/chat_golden.json"));
+  int checked = 0;
+  for (const auto& fam : golden["families"]) {
+    const std::string bos = fam["bos"].get<std::string>();
+    const std::string eos = bos == "<s>" ? "</s>" : "";
+    for (const auto& r : fam["renders"]) {
+      EXPECT_EQ(render_chat_template(fam["template"].get<std::string>(), r["messages"], bos, eos,
+                                     r["add_generation_prompt"].get<bool>()),
+                r["text"].get<std::string>())
+          << fam["family"] << " " << r["messages"].dump();
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 48);
+}
+
 // ----- errors: where and what -----
 
 TEST(JinjaErrors, NameLineAndColumn) {
@@ -202,6 +224,16 @@ TEST(JinjaLimits, DeepNestingFailsCleanly) {
   test::expect_error([&] { render(blocks); }, "nested deeper than 200");
   const std::string list = "{{ " + std::string(5000, '[') + std::string(5000, ']') + " }}";
   test::expect_error([&] { render(list); }, "nested deeper than 200");
+}
+
+TEST(JinjaLimits, DeeplyNestedValuesFail) {
+  test::expect_error(
+      [] {
+        render(
+            "{% set ns = namespace(x=[]) %}{% for i in range(100000) %}{% set ns.x = [ns.x] "
+            "%}{% endfor %}{{ ns.x }}");
+      },
+      "nested deeper than 1000 levels");
 }
 
 TEST(JinjaLimits, HugeValuesFail) {
