@@ -56,6 +56,43 @@ TEST_F(InferCli, ChatTemplateGenerationStopsAtEndOfTurn) {
   EXPECT_NE(r.err.find("finish: stop"), std::string::npos) << r.err;
 }
 
+// `tessera template` prints the model's own template rendered exactly as transformers renders
+// it: cli_smollm2.expected is apply_chat_template(tokenize=False, add_generation_prompt=True) of
+// transformers 5.25 on the folder `tessera convert` makes of the default model.
+TEST_F(InferCli, TemplateRendersAsTransformers) {
+  const std::string data = std::string(TESSERA_SOURCE_DIR) + "/tests/data/chat_templates/";
+  Result r = run_tessera("template -m " + kModel + " --messages " + data + "cli_conversation.json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, tessera::read_text_file(data + "cli_smollm2.expected"));
+  // A template file, with the variables it asks for.
+  const std::string tpl = scratch_path("t.jinja");
+  tessera::write_file_atomic(
+      tpl,
+      "{{ bos_token }}{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}"
+      "{% if add_generation_prompt %}[assistant]{% endif %}{{ greeting | default('-') }}");
+  r = run_tessera("template --template " + tpl + " --messages " + data +
+                  "cli_conversation.json --bos-token '<s>' --no-generation-prompt "
+                  "--vars '{\"greeting\": \"hi\"}'");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "<s>[user]H\u00e9llo, what is 2+2?[assistant]4.[user]And 3+3?hi");
+  // Refusals name what was wrong.
+  r = run_tessera("template -m " + kModel + " --template " + tpl + " --messages " + data +
+                  "cli_conversation.json");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("exactly one of"), std::string::npos) << r.err;
+  r = run_tessera("template --template " + tpl + " --messages " + tpl);
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("--messages"), std::string::npos) << r.err;
+  tessera::write_file_atomic(tpl, "{{ raise_exception('no system role here') }}");
+  r = run_tessera("template --template " + tpl + " --messages " + data + "cli_conversation.json");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("no system role here"), std::string::npos) << r.err;
+  tessera::write_file_atomic(tpl, "{% if %}");
+  r = run_tessera("template --template " + tpl + " --messages " + data + "cli_conversation.json");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find(":1:"), std::string::npos) << r.err;  // line 1, with its column
+}
+
 TEST_F(InferCli, QuantizeConvertAndPerplexity) {
   const std::string q8 = scratch_path("q8.gguf"), hf = scratch_path("hf"),
                     back = scratch_path("back.gguf");

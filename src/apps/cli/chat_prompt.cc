@@ -1,7 +1,12 @@
-// Prompt construction for generate and chat.
+// Prompt construction for generate and chat: the model's own Jinja template where it ships one
+// (rendered as transformers renders it), a named built-in format on request, ChatML with a notice
+// otherwise.
 #include "apps/cli/chat_prompt.h"
 
+#include <cstdio>
+
 #include "core/error.h"
+#include "tokenizer/jinja.h"
 
 namespace tessera::cli {
 
@@ -9,23 +14,42 @@ ChatPrompt make_prompt(const LoadedModel& m, const std::vector<tokenizer::ChatMe
                        const std::string& system, bool raw, const std::string& format_override) {
   ChatPrompt p;
   const tokenizer::SpecialTokens& sp = m.tok.special_tokens();
-  tokenizer::ChatFormat f = tokenizer::ChatFormat::raw;
-  if (!raw)
-    f = format_override.empty() ? tokenizer::detect_chat_format(m.chat_template)
-                                : tokenizer::parse_chat_format(format_override);
-  if (f == tokenizer::ChatFormat::raw) {
+  std::vector<tokenizer::ChatMessage> conv;
+  if (!system.empty()) conv.push_back({"system", system});
+  conv.insert(conv.end(), msgs.begin(), msgs.end());
+  const std::string bos = sp.bos >= 0 ? m.tok.decode({sp.bos}) : "";
+  const bool named = !format_override.empty();
+  const tokenizer::ChatFormat f =
+      named ? tokenizer::parse_chat_format(format_override) : tokenizer::ChatFormat::chatml;
+  if (raw || f == tokenizer::ChatFormat::raw) {
     for (const tokenizer::ChatMessage& msg : msgs) p.text += msg.content;
     if (sp.add_bos && sp.bos >= 0) p.tokens.push_back(sp.bos);
     const std::vector<int32_t> ids = m.tok.encode_ordinary(p.text);
     p.tokens.insert(p.tokens.end(), ids.begin(), ids.end());
+  } else if (!named && !m.chat_template.empty()) {
+    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+    for (const tokenizer::ChatMessage& msg : conv)
+      messages.push_back({{"role", msg.role}, {"content", msg.content}});
+    const std::string eos = sp.eos >= 0 ? m.tok.decode({sp.eos}) : "";
+    p.text = tokenizer::jinja::render_chat_template(m.chat_template, messages, bos, eos, true,
+                                                    nullptr, tokenizer::jinja::local_now,
+                                                    m.model.source + " chat template");
+    // The rendered text carries its special tokens (bos, <|im_start|>, ...) literally; nothing
+    // is added around it (transformers tokenizes a chat prompt without special tokens too).
+    p.tokens = m.tok.encode(p.text);
+    // Known formats also stop at their end-of-turn text; every format stops at the tokenizer's
+    // end-of-generation ids.
+    bool guessed = false;
+    const tokenizer::ChatFormat known = tokenizer::detect_chat_format(m.chat_template, &guessed);
+    if (!guessed) p.stop_strings = tokenizer::chat_stop_strings(known);
   } else {
-    const std::string bos = sp.bos >= 0 ? m.tok.decode({sp.bos}) : "";
-    std::vector<tokenizer::ChatMessage> conv;
-    if (!system.empty()) conv.push_back({"system", system});
-    conv.insert(conv.end(), msgs.begin(), msgs.end());
+    if (!named)
+      std::fprintf(stderr,
+                   "[chat] %s ships no chat template: formatting as ChatML (choose another with "
+                   "--chat-template, or --raw)\n",
+                   m.model.source.c_str());
     p.text = tokenizer::render_chat(f, conv, true, bos,
                                     tokenizer::default_system_prompt(m.chat_template));
-    // The rendered text carries its special tokens (bos, <|im_start|>, ...) literally.
     p.tokens = m.tok.encode(p.text);
     p.stop_strings = tokenizer::chat_stop_strings(f);
   }

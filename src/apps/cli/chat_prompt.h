@@ -17,8 +17,10 @@ struct ChatPrompt {
 };
 
 // raw: the text of the messages as is (bos first when the model asks for it). Otherwise the
-// format named by `format_override` ("" = recognized from the model's template); `system`
-// replaces the template's default system prompt when non-empty.
+// built-in format named by `format_override`, or ("" ) the model's own chat template rendered
+// by the Jinja renderer (tokenizer/jinja.h), or ChatML with a notice on stderr for a model that
+// ships none. `system`, when non-empty, goes first as a system message (replacing the
+// template's default system prompt).
 ChatPrompt make_prompt(const LoadedModel& m, const std::vector<tokenizer::ChatMessage>& msgs,
                        const std::string& system, bool raw, const std::string& format_override);
 

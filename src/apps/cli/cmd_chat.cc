@@ -79,7 +79,8 @@ const Registrar reg({
           {
               Flag::text("--system", "", "system prompt (replaces the template's default)"),
               Flag::text("--chat-template", "",
-                         "chat format by name; empty: recognized from the model's template",
+                         "a built-in format (chatml, llama2, llama3, zephyr, raw) instead of the "
+                         "model's own template",
                          "NAME"),
               Flag::integer("--tokens", 512, 1, int64_t{1} << 24, "most tokens per reply"),
               Flag::toggle("--no-stats", "no speed line on stderr after each reply"),

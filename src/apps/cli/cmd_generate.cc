@@ -79,7 +79,8 @@ const Registrar reg({
               Flag::toggle("--raw", "the prompt as is, without the chat template"),
               Flag::text("--system", "", "system prompt (replaces the template's default)"),
               Flag::text("--chat-template", "",
-                         "chat format by name; empty: recognized from the model's template",
+                         "a built-in format (chatml, llama2, llama3, zephyr, raw) instead of the "
+                         "model's own template",
                          "NAME"),
               Flag::text("--stop", "", "also stop at this string"),
               Flag::integer("--batch", 1, 1, 4096,

@@ -34,12 +34,16 @@ LoadedModel load_model_and_tokenizer(const std::string& path, const model::Decod
     m.tok = tokenizer::Tokenizer::load_json(tok_path);
     // HF keeps the chat template in tokenizer_config.json.
     const std::string cfg = (std::filesystem::path(path) / "tokenizer_config.json").string();
+    // transformers 5 writes the template as chat_template.jinja beside tokenizer_config.json,
+    // and reads it from there first.
+    const std::string jinja_file = (std::filesystem::path(path) / "chat_template.jinja").string();
+    if (file_exists(jinja_file)) m.chat_template = read_text_file(jinja_file);
     if (file_exists(cfg)) {
       const std::string text = read_text_file(cfg);
       tokenizer::apply_tokenizer_config(text, cfg, &m.tok);
       const auto j = nlohmann::json::parse(text, nullptr, false);
       TS_CHECK(!j.is_discarded() && j.is_object(), "[model] ", cfg, ": not a JSON object");
-      if (j.contains("chat_template")) {
+      if (j.contains("chat_template") && m.chat_template.empty()) {
         const auto& t = j["chat_template"];
         // A string, or a list of {name, template} where "default" is the one to use.
         if (t.is_string()) m.chat_template = t.get<std::string>();
