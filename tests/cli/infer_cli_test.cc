@@ -109,6 +109,7 @@ TEST_F(InferCli, QuantizeConvertAndPerplexity) {
   }
   EXPECT_NE(r.out.find("blk.0.ffn_up"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("rel rms"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("bits per weight"), std::string::npos) << r.out;
   r = run_tessera("convert " + q8 + " " + hf + " --dtype f16");
   ASSERT_EQ(r.status, 0) << r.err;
   // The size written: the f16 folder, larger than the q8_0 weights read.
@@ -193,6 +194,8 @@ TEST_F(InferCli, BadInputIsOneLine) {
       {"generate -m " + kModel + " -p hi --top-p 0", "--top-p"},
       {"generate -m " + kModel + " -p hi --chat-template bogus", "--chat-template"},
       {"quantize " + kModel + " /tmp/x.gguf --type q5_9", "--type"},
+      {"quantize " + kModel + " /tmp/x.gguf --type q4_k_m --pure", "--pure"},
+      {"quantize " + kModel + " /tmp/x.gguf --type q4_0 --output-type q9", "--output-type"},
       {"perplexity -m " + kModel + " -f /nonexistent.txt", "/nonexistent.txt"},
       {"bench generate -m " + kModel + " --batch 0", "--batch"},
       {"generate -m " + kModel + " -p hi --kv-type q8_0", "--kv-type"},

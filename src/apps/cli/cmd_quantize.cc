@@ -18,6 +18,19 @@
 namespace tessera::cli {
 namespace {
 
+// Bytes of the converted matrices (what the stats cover): the embedding, every layer's seven
+// and an untied head.
+int64_t matrix_bytes(const model::DecoderModel& m) {
+  auto bytes = [](const model::WeightRef& w) {
+    return w.present() ? dtype_bytes(w.type, w.shape.numel()) : int64_t{0};
+  };
+  int64_t total = bytes(m.weights.tok_embd) + bytes(m.weights.pos_embd);
+  for (const model::DecoderLayer& l : m.weights.layers)
+    for (const model::WeightRef* w : l.matrices()) total += bytes(*w);
+  if (m.weights.output.data != m.weights.tok_embd.data) total += bytes(m.weights.output);
+  return total;
+}
+
 int run(const Args& a) {
   compress::QuantizeOptions qo;
   const std::string type_name = a.str("--type");
@@ -25,6 +38,12 @@ int run(const Args& a) {
   const DType type = qo.type;
   if (!a.str("--output-type").empty())
     qo.output_type = parse_dtype(a.str("--output-type"), "--output-type");
+  if (a.on("--pure")) {
+    TS_CHECK(qo.mix == compress::QuantMix::uniform && !qo.output_type,
+             "--pure makes every matrix --type: it cannot go with a mix (", type_name,
+             ") or --output-type");
+    qo.output_type = qo.type;
+  }
   const bool keep_embedding = a.on("--keep-embedding");
   const bool quiet = a.on("--quiet");
   const int64_t threads = a.i64("--threads");
@@ -52,12 +71,16 @@ int run(const Args& a) {
     sum_sq_err += s.rms_error * s.rms_error * static_cast<double>(s.elements);
     sum_sq_val += s.rms_value * s.rms_value * static_cast<double>(s.elements);
   }
+  int64_t elements = 0;
+  for (const compress::TensorQuantStats& s : stats) elements += s.elements;
   std::printf(
-      "%s -> %s (%s): %.1f MB -> %.1f MB of weights; overall rel rms error %.4f, worst "
-      "%s %.4f\n",
+      "%s -> %s (%s): %.1f MB -> %.1f MB of weights, %.2f bits per weight of the matrices; "
+      "overall rel rms error %.4f, worst %s %.4f\n",
       in.c_str(), out.c_str(), type_name.c_str(),
       static_cast<double>(m.model.total_weight_bytes()) / 1e6,
       static_cast<double>(q.total_weight_bytes()) / 1e6,
+      elements > 0 ? 8.0 * static_cast<double>(matrix_bytes(q)) / static_cast<double>(elements)
+                   : 0.0,
       sum_sq_val > 0 ? std::sqrt(sum_sq_err / sum_sq_val) : 0.0, worst.c_str(), worst_rel);
   return 0;
 }
@@ -75,6 +98,7 @@ const Registrar reg({
                    "type of the output head (the embedding if tied); empty: q6_k (q8_0 where "
                    "rows are not whole 256-blocks) below those types, else --type",
                    "TYPE"),
+        Flag::toggle("--pure", "every matrix --type, the output head too (a uniform file)"),
         Flag::toggle("--keep-embedding", "leave the token embedding in its stored type"),
         Flag::toggle("--quiet", "only the summary line, not one line per tensor"),
         Flag::integer("--threads", 0, 0, 4096, "worker threads; 0: all cores"),
