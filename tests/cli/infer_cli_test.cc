@@ -93,6 +93,26 @@ TEST_F(InferCli, TemplateRendersAsTransformers) {
   EXPECT_NE(r.err.find(":1:"), std::string::npos) << r.err;  // line 1, with its column
 }
 
+// `tokenizer encode/decode -m MODEL` with the model's own tokenizer. The ids with --special are
+// HF tokenizers' (0.22, tokenizer.json of the converted folder, add_special_tokens=False);
+// without it <|im_end|> is ordinary text.
+TEST_F(InferCli, TokenizerOfAModel) {
+  Result r = run_tessera("tokenizer encode -m " + kModel +
+                         " --text 'Hello <|im_end|> w\u00f6rld' --special");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "19556,216,2,267,29989,400\n");
+  r = run_tessera("tokenizer encode -m " + kModel + " --text 'Hello <|im_end|>'");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out.find(",2,"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.rfind(",2\n"), std::string::npos) << r.out;
+  r = run_tessera("tokenizer decode -m " + kModel + " --ids 19556,216,2");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "Hello <|im_end|>\n");
+  r = run_tessera("tokenizer encode --text x");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("-m MODEL"), std::string::npos) << r.err;
+}
+
 TEST_F(InferCli, QuantizeConvertAndPerplexity) {
   const std::string q8 = scratch_path("q8.gguf"), hf = scratch_path("hf"),
                     back = scratch_path("back.gguf");

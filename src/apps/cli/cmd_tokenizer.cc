@@ -3,12 +3,14 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "apps/cli/args.h"
 #include "core/error.h"
 #include "core/file_io.h"
+#include "formats/gguf.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tessera::cli {
@@ -43,16 +45,35 @@ int train(const Args& args) {
   return 0;
 }
 
+// The tokenizer of --tok (a tokenizer.json) or -m (a GGUF file, vocab-only ones included, or a
+// Hugging Face folder with its tokenizer_config.json); exactly one of them.
+tokenizer::Tokenizer load_tokenizer(const Args& args) {
+  const bool has_tok = args.given("--tok"), has_model = args.given("--model");
+  TS_CHECK(has_tok != has_model, "give exactly one of --tok TOKENIZER.json and -m MODEL");
+  if (has_tok) return tokenizer::Tokenizer::load_json(args.str("--tok"));
+  const std::string path = args.str("--model");
+  if (path.size() > 5 && path.compare(path.size() - 5, 5, ".gguf") == 0) {
+    const formats::GgufFile f(path);  // metadata only: the tensors are never read
+    return tokenizer::Tokenizer::from_gguf(f);
+  }
+  const std::filesystem::path dir(path);
+  TS_CHECK(std::filesystem::is_directory(dir), "-m ", path,
+           ": neither a .gguf file nor a Hugging Face folder");
+  tokenizer::Tokenizer tok = tokenizer::Tokenizer::load_json((dir / "tokenizer.json").string());
+  const std::string cfg = (dir / "tokenizer_config.json").string();
+  if (file_exists(cfg)) tokenizer::apply_tokenizer_config(read_text_file(cfg), cfg, &tok);
+  return tok;
+}
+
 int encode(const Args& args) {
-  const std::string path = args.str("--tok");
   const bool has_text = args.given("--text"), has_in = args.given("--in");
   const std::string text_flag = args.str("--text");
   const std::string in = args.str("--in");
-  const bool ordinary = args.on("--ordinary");
+  const bool special = args.on("--special");
   TS_CHECK(has_text != has_in, "tokenizer encode: give exactly one of --text and --in");
-  const tokenizer::Tokenizer tok = tokenizer::Tokenizer::load_json(path);
+  const tokenizer::Tokenizer tok = load_tokenizer(args);
   const std::string text = has_in ? read_text_file(in) : text_flag;
-  const std::vector<int32_t> ids = ordinary ? tok.encode_ordinary(text) : tok.encode(text);
+  const std::vector<int32_t> ids = special ? tok.encode(text) : tok.encode_ordinary(text);
   std::string line;
   for (size_t i = 0; i < ids.size(); ++i) line += cat(i ? "," : "", ids[i]);
   std::printf("%s\n", line.c_str());
@@ -60,9 +81,8 @@ int encode(const Args& args) {
 }
 
 int decode(const Args& args) {
-  const std::string path = args.str("--tok");
   const std::vector<int64_t> ids64 = args.ints("--ids");
-  const tokenizer::Tokenizer tok = tokenizer::Tokenizer::load_json(path);
+  const tokenizer::Tokenizer tok = load_tokenizer(args);
   const std::vector<int32_t> ids(ids64.begin(), ids64.end());  // each in int32 range (the table's)
   const std::string text = tok.decode(ids);
   std::fwrite(text.data(), 1, text.size(), stdout);
@@ -72,7 +92,7 @@ int decode(const Args& args) {
 
 const Registrar reg({
     "tokenizer",
-    "train, encode or decode a byte-level BPE tokenizer",
+    "train a BPE tokenizer, or encode / decode with any model's",
     {},
     {},
     nullptr,
@@ -92,10 +112,13 @@ const Registrar reg({
         {"encode",
          "token ids of a text, comma-separated on one line",
          {
-             Flag::text("--tok", "", "a tokenizer.json", "PATH").required(),
+             Flag::text("--tok", "", "a tokenizer.json (or give -m)", "PATH"),
+             Flag::text("--model", "", "a .gguf file or HF folder whose tokenizer to use", "PATH")
+                 .short_name("-m"),
              Flag::text("--text", "", "the text (give this or --in)"),
              Flag::text("--in", "", "a file holding the text (give this or --text)", "PATH"),
-             Flag::toggle("--ordinary", "special tokens' text as ordinary text"),
+             Flag::toggle("--special",
+                          "match special tokens' text (<|im_end|>, ...); default: ordinary text"),
          },
          {},
          &encode,
@@ -103,7 +126,9 @@ const Registrar reg({
         {"decode",
          "the text of token ids",
          {
-             Flag::text("--tok", "", "a tokenizer.json", "PATH").required(),
+             Flag::text("--tok", "", "a tokenizer.json (or give -m)", "PATH"),
+             Flag::text("--model", "", "a .gguf file or HF folder whose tokenizer to use", "PATH")
+                 .short_name("-m"),
              Flag::int_list("--ids", "", 0, INT32_MAX, "the token ids").required(),
          },
          {},
