@@ -61,6 +61,10 @@ void write_hf_tokenizer_config(const std::string& folder, const Tokenizer& tok,
   cfg["add_bos_token"] = sp.add_bos;
   const std::filesystem::path dir(folder);
   write_file_atomic((dir / "tokenizer_config.json").string(), cfg.dump(2) + "\n");
+  // transformers 5 keeps the template in its own file and reads it from there first; 4.x reads
+  // the copy in tokenizer_config.json.
+  if (!chat_template.empty())
+    write_file_atomic((dir / "chat_template.jinja").string(), chat_template);
   // The ids transformers' generate() reads: without eos_token_id it never stops at the end of
   // a turn. They go into config.json (beside the model's fields) and generation_config.json,
   // which generate() prefers.

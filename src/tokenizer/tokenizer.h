@@ -104,8 +104,9 @@ class Tokenizer {
 void apply_tokenizer_config(std::string_view json_text, const std::string& source,
                             Tokenizer* tok);
 // Writes tokenizer_config.json (tok's special tokens, add_bos_token and the chat template if
-// any) and generation_config.json into `folder`, and adds the bos/eos/pad ids to the
-// config.json the model's writer put there (which must exist).
+// any), chat_template.jinja (the template, as transformers 5 writes it) and
+// generation_config.json into `folder`, and adds the bos/eos/pad ids to the config.json the
+// model's writer put there (which must exist).
 void write_hf_tokenizer_config(const std::string& folder, const Tokenizer& tok,
                                const std::string& chat_template);
 

@@ -139,7 +139,7 @@ TEST_F(InferCli, QuantizeConvertAndPerplexity) {
   // The size written: the f16 folder, larger than the q8_0 weights read.
   EXPECT_NE(r.out.find("MB written"), std::string::npos) << r.out;
   for (const char* f : {"config.json", "generation_config.json", "model.safetensors",
-                        "tokenizer.json", "tokenizer_config.json"})
+                        "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"})
     EXPECT_TRUE(std::filesystem::exists(hf + "/" + f)) << f;
   // transformers' generate() stops at eos_token_id: SmolLM2's <|im_end|> (2), bos <|im_start|>.
   const auto config = nlohmann::json::parse(tessera::read_text_file(hf + "/config.json"));
