@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "tokenizer/jinja_ast.h"
 #include "tokenizer/jinja_string.h"
+#include "tokenizer/pretokenize.h"
 
 namespace tessera::tokenizer::jinja {
 
@@ -29,24 +30,6 @@ bool is_name_start(char c) {
 }
 bool is_name_char(char c) {
   return is_name_start(c) || is_digit(c);
-}
-
-void append_utf8(std::string* out, uint32_t cp) {
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
 }
 
 class Lexer {
@@ -372,17 +355,17 @@ class Lexer {
           out += '\v';
           break;
         case 'x':
-          append_utf8(&out, static_cast<uint32_t>(hex_digits(pos_, 2)));
+          append_utf8(static_cast<uint32_t>(hex_digits(pos_, 2)), &out);
           pos_ += 2;
           break;
         case 'u':
-          append_utf8(&out, static_cast<uint32_t>(hex_digits(pos_, 4)));
+          append_utf8(static_cast<uint32_t>(hex_digits(pos_, 4)), &out);
           pos_ += 4;
           break;
         case 'U': {
           const int cp = hex_digits(pos_, 8);
           if (cp > 0x10FFFF) fail_at(start, "\\U escape past U+10FFFF in string literal");
-          append_utf8(&out, static_cast<uint32_t>(cp));
+          append_utf8(static_cast<uint32_t>(cp), &out);
           pos_ += 8;
           break;
         }
@@ -392,7 +375,7 @@ class Lexer {
             for (int k = 0; k < 2 && pos_ < src_.size() && src_[pos_] >= '0' && src_[pos_] <= '7';
                  ++k)
               v = v * 8 + static_cast<uint32_t>(src_[pos_++] - '0');
-            append_utf8(&out, v);
+            append_utf8(v, &out);
           } else {
             out += '\\';
             out += e;

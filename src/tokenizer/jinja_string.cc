@@ -37,24 +37,6 @@ std::vector<Cp> decode(std::string_view s) {
   return out;
 }
 
-void append_utf8(std::string* out, uint32_t cp) {
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
-
 }  // namespace
 
 std::vector<size_t> code_point_offsets(std::string_view s) {
@@ -264,7 +246,7 @@ std::string map_case(std::string_view s, uint32_t (*f)(uint32_t)) {
     else if (c.cp >= kInvalidUtf8Base)
       out.push_back(s[c.begin]);
     else
-      append_utf8(&out, f(c.cp));
+      append_utf8(f(c.cp), &out);
   }
   return out;
 }
@@ -576,9 +558,11 @@ std::string percent_format(std::string_view fmt, const Value& args) {
         break;
       case 'c': {
         std::string s;
-        if (arg.is_int())
-          append_utf8(&s, static_cast<uint32_t>(arg.integer()));
-        else if (arg.is_string() && code_point_count(arg.str()) == 1)
+        if (arg.is_int()) {
+          if (arg.integer() < 0 || arg.integer() > 0x10FFFF)
+            value_fail("% format: %c arg not in range(0x110000)");
+          append_utf8(static_cast<uint32_t>(arg.integer()), &s);
+        } else if (arg.is_string() && code_point_count(arg.str()) == 1)
           s = arg.str();
         else
           value_fail("% format: %c requires int or char");

@@ -26,6 +26,8 @@ constexpr uint32_t kInvalidUtf8Base = 0x110000;
 // surrogates, nothing past U+10FFFF). Returns the byte length (1..4) and stores the code point;
 // an invalid or truncated sequence yields length 1 and kInvalidUtf8Base + its first byte.
 int decode_utf8(std::string_view text, size_t pos, uint32_t* cp);
+// The inverse: appends cp as UTF-8 (1..4 bytes); kInvalidUtf8Base + b appends the byte b.
+void append_utf8(uint32_t cp, std::string* out);
 
 // decode_utf8, returning the code point's class instead (kOther for an invalid byte).
 int next_char(std::string_view text, size_t pos, CharClass* cls);

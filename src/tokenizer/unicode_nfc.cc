@@ -24,26 +24,6 @@ constexpr uint32_t kNCount = kVCount * kTCount, kSCount = kLCount * kNCount;
 // extensions skip the table search.
 const uint32_t kFirstUnstable = unicode::kNfcUnstableRanges[0].lo;
 
-void append_utf8(uint32_t cp, std::string* out) {
-  if (cp >= kInvalidUtf8Base) {
-    out->push_back(static_cast<char>(cp - kInvalidUtf8Base));
-  } else if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
-
 bool is_stable(uint32_t cp) {
   if (cp < kFirstUnstable || cp >= kInvalidUtf8Base) return true;
   const auto* end = unicode::kNfcUnstableRanges + unicode::kNfcUnstableRangeCount;
