@@ -97,8 +97,8 @@ std::unique_ptr<Gpt2> load_gpt2(const std::string& dir, const ops::Context& ctx)
 
 // The model as an inference DecoderModel (arch gpt2, f32 weights) whose weights view m's
 // parameters: the engine runs it without a copy, and save_decoder_hf writes it as a Hugging
-// Face folder (model/decoder_save.h; load_gpt2 reads such a folder back). m must outlive it, and the view sees parameter
-// updates as they happen.
+// Face folder (model/decoder_save.h; load_gpt2 reads such a folder back). m must outlive it, and
+// the view sees parameter updates as they happen.
 DecoderModel as_decoder(const Gpt2& m);
 
 }  // namespace tessera::model

@@ -101,8 +101,7 @@ class Tokenizer {
 // bos_token, eos_token, pad_token and unk_token (a string or an AddedToken object) and
 // add_bos_token. A token not in the vocabulary, or a field of the wrong type, throws naming the
 // file and the field.
-void apply_tokenizer_config(std::string_view json_text, const std::string& source,
-                            Tokenizer* tok);
+void apply_tokenizer_config(std::string_view json_text, const std::string& source, Tokenizer* tok);
 // Writes tokenizer_config.json (tok's special tokens, add_bos_token and the chat template if
 // any), chat_template.jinja (the template, as transformers 5 writes it) and
 // generation_config.json into `folder`, and adds the bos/eos/pad ids to the config.json the

@@ -205,8 +205,8 @@ TS_BF16 void micro_kernel(int64_t kp, const uint32_t* __restrict a, const uint32
     const __m512bh b0 = (__m512bh)_mm512_load_si512(b);
     const __m512bh b1 = (__m512bh)_mm512_load_si512(b + 16);
     TS_BF16_ROW(0)
-    TS_BF16_ROW(1) TS_BF16_ROW(2) TS_BF16_ROW(3) TS_BF16_ROW(4) TS_BF16_ROW(5) TS_BF16_ROW(6)
-        TS_BF16_ROW(7)
+    TS_BF16_ROW(1)
+    TS_BF16_ROW(2) TS_BF16_ROW(3) TS_BF16_ROW(4) TS_BF16_ROW(5) TS_BF16_ROW(6) TS_BF16_ROW(7)
   }
 #undef TS_BF16_ROW
 #define TS_BF16_OUT(R)                                                 \
@@ -221,8 +221,8 @@ TS_BF16 void micro_kernel(int64_t kp, const uint32_t* __restrict a, const uint32
     _mm512_storeu_ps(cr, c##R##0), _mm512_storeu_ps(cr + 16, c##R##1); \
   }
   TS_BF16_OUT(0)
-  TS_BF16_OUT(1) TS_BF16_OUT(2) TS_BF16_OUT(3) TS_BF16_OUT(4) TS_BF16_OUT(5) TS_BF16_OUT(6)
-      TS_BF16_OUT(7)
+  TS_BF16_OUT(1)
+  TS_BF16_OUT(2) TS_BF16_OUT(3) TS_BF16_OUT(4) TS_BF16_OUT(5) TS_BF16_OUT(6) TS_BF16_OUT(7)
 #undef TS_BF16_OUT
 }
 
