@@ -65,6 +65,13 @@ tokenizer::Tokenizer load_tokenizer(const Args& args) {
   return tok;
 }
 
+// Where encode and decode take their tokenizer from (load_tokenizer).
+Flags tokenizer_source_flags() {
+  return {Flag::text("--tok", "", "a tokenizer.json (or give -m)", "PATH"),
+          Flag::text("--model", "", "a .gguf file or HF folder whose tokenizer to use", "PATH")
+              .short_name("-m")};
+}
+
 int encode(const Args& args) {
   const bool has_text = args.given("--text"), has_in = args.given("--in");
   const std::string text_flag = args.str("--text");
@@ -111,26 +118,21 @@ const Registrar reg({
          {}},
         {"encode",
          "token ids of a text, comma-separated on one line",
-         {
-             Flag::text("--tok", "", "a tokenizer.json (or give -m)", "PATH"),
-             Flag::text("--model", "", "a .gguf file or HF folder whose tokenizer to use", "PATH")
-                 .short_name("-m"),
-             Flag::text("--text", "", "the text (give this or --in)"),
-             Flag::text("--in", "", "a file holding the text (give this or --text)", "PATH"),
-             Flag::toggle("--special",
-                          "match special tokens' text (<|im_end|>, ...); default: ordinary text"),
-         },
+         join({tokenizer_source_flags(),
+               {
+                   Flag::text("--text", "", "the text (give this or --in)"),
+                   Flag::text("--in", "", "a file holding the text (give this or --text)", "PATH"),
+                   Flag::toggle("--special",
+                                "match special tokens' text (<|im_end|>, ...); "
+                                "default: ordinary text"),
+               }}),
          {},
          &encode,
          {}},
         {"decode",
          "the text of token ids",
-         {
-             Flag::text("--tok", "", "a tokenizer.json (or give -m)", "PATH"),
-             Flag::text("--model", "", "a .gguf file or HF folder whose tokenizer to use", "PATH")
-                 .short_name("-m"),
-             Flag::int_list("--ids", "", 0, INT32_MAX, "the token ids").required(),
-         },
+         join({tokenizer_source_flags(),
+               {Flag::int_list("--ids", "", 0, INT32_MAX, "the token ids").required()}}),
          {},
          &decode,
          {}},
