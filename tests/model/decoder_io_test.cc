@@ -333,32 +333,34 @@ TEST(DecoderHf, RopeParametersOfTransformers5) {
        {{"type", "linear"}, {"factor", 2.0}},
        {{"rope_type", "linear"}, {"rope_theta", 10000.0}, {"factor", 2.0}}}};
   int n = 0;
-  for (const Layouts& c : cases) {
-    SCOPED_TRACE(c.v5.dump());
-    HfModel v4 = test::tiny_llama(false), v5 = v4, both = v4;
-    v4.config["rope_theta"] = c.v4_theta;
-    if (!c.v4_scaling.is_null()) v4.config["rope_scaling"] = c.v4_scaling;
-    v5.config.erase("rope_theta");
-    v5.config["rope_parameters"] = c.v5;
-    both.config = v4.config;
-    both.config["rope_parameters"] = c.v5;
-    const std::string tag = std::to_string(n++);
-    DecoderConfig cfg[3];
-    int i = 0;
-    for (const HfModel* hf : {&v4, &v5, &both}) {
-      const std::string dir = test::temp_folder("rope_layout_" + tag + "_" + std::to_string(i));
-      test::write_hf(*hf, dir);
-      cfg[i++] = load_decoder_hf(dir).config;
+  // Qwen2 and Mistral folders read the same fields (transformers 5 writes them the same way).
+  for (const char* arch : {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"})
+    for (const Layouts& c : cases) {
+      SCOPED_TRACE(cat(arch, " ", c.v5.dump()));
+      HfModel v4 = test::tiny_llama(false, arch), v5 = v4, both = v4;
+      v4.config["rope_theta"] = c.v4_theta;
+      if (!c.v4_scaling.is_null()) v4.config["rope_scaling"] = c.v4_scaling;
+      v5.config.erase("rope_theta");
+      v5.config["rope_parameters"] = c.v5;
+      both.config = v4.config;
+      both.config["rope_parameters"] = c.v5;
+      const std::string tag = std::to_string(n++);
+      DecoderConfig cfg[3];
+      int i = 0;
+      for (const HfModel* hf : {&v4, &v5, &both}) {
+        const std::string dir = test::temp_folder("rope_layout_" + tag + "_" + std::to_string(i));
+        test::write_hf(*hf, dir);
+        cfg[i++] = load_decoder_hf(dir).config;
+      }
+      EXPECT_EQ(cfg[0].rope_theta, c.v4_theta.get<double>());
+      for (int k = 1; k < 3; ++k) {
+        EXPECT_EQ(cfg[k].rope_theta, cfg[0].rope_theta) << k;
+        EXPECT_EQ(cfg[k].rope_scaling, cfg[0].rope_scaling) << k;
+        EXPECT_EQ(cfg[k].rope_factor, cfg[0].rope_factor) << k;
+        EXPECT_EQ(cfg[k].rope_original_max_ctx, cfg[0].rope_original_max_ctx) << k;
+        EXPECT_EQ(rope_inv_freqs(cfg[k]), rope_inv_freqs(cfg[0])) << k;
+      }
     }
-    EXPECT_EQ(cfg[0].rope_theta, c.v4_theta.get<double>());
-    for (int k = 1; k < 3; ++k) {
-      EXPECT_EQ(cfg[k].rope_theta, cfg[0].rope_theta) << k;
-      EXPECT_EQ(cfg[k].rope_scaling, cfg[0].rope_scaling) << k;
-      EXPECT_EQ(cfg[k].rope_factor, cfg[0].rope_factor) << k;
-      EXPECT_EQ(cfg[k].rope_original_max_ctx, cfg[0].rope_original_max_ctx) << k;
-      EXPECT_EQ(rope_inv_freqs(cfg[k]), rope_inv_freqs(cfg[0])) << k;
-    }
-  }
 }
 
 TEST(DecoderSave, LinearRopeScaling) {
