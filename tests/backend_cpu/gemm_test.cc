@@ -248,13 +248,16 @@ TEST(Gemm, SmallMPathMatchesPackedBits) {
 
 // Bit-identical results whatever the thread count and the mc/nc blocking: each output's sum is
 // one FMA chain in depth order, fixed by kc alone, and threads own disjoint tiles of C.
-TEST(Gemm, BitIdenticalAcrossThreadsAndBlocking) {
+// Runs a 101 x 203 x 300 product with bias on 1-4 threads under each of `blockings` (same kc)
+// and expects every result to equal the first bit for bit.
+void expect_bit_identical(bool round_bf16, const std::vector<GemmBlocking>& blockings) {
   Case c;
   c.ta = Trans::N, c.tb = Trans::T, c.m = 101, c.n = 203, c.k = 300, c.bias = true;
+  c.round_bf16 = round_bf16;
   const Operands o = make_operands(c, 7);
   std::vector<float> first;
   for (int threads : {1, 2, 3, 4})
-    for (GemmBlocking blk : {GemmBlocking{}, GemmBlocking{6, 0, 16}, GemmBlocking{60, 0, 96}}) {
+    for (const GemmBlocking& blk : blockings) {
       std::vector<float> out = o.c0;
       ThreadPool pool(threads);
       gemm_blocked(pool, make_args(c, o, out.data()), blk);
@@ -264,6 +267,10 @@ TEST(Gemm, BitIdenticalAcrossThreadsAndBlocking) {
         ASSERT_EQ(out, first) << "threads=" << threads << " mc=" << blk.mc << " nc=" << blk.nc;
       }
     }
+}
+
+TEST(Gemm, BitIdenticalAcrossThreadsAndBlocking) {
+  expect_bit_identical(false, {GemmBlocking{}, GemmBlocking{6, 0, 16}, GemmBlocking{60, 0, 96}});
 }
 
 // round_bf16 on f32 inputs must give exactly the bits of the same GEMM on bf16 inputs, and
@@ -400,24 +407,9 @@ TEST(GemmBf16, BlocksThreadsBiasAccumulateStrides) {
 
 TEST(GemmBf16, BitIdenticalAcrossThreadsAndBlocking) {
   SKIP_WITHOUT_BF16();
-  Case c;
-  c.ta = Trans::N, c.tb = Trans::T, c.m = 101, c.n = 203, c.k = 300, c.bias = true;
-  c.round_bf16 = true;
-  const Operands o = make_operands(c, 7);
-  std::vector<float> first;
-  for (int threads : {1, 2, 3, 4})
-    for (GemmBlocking blk :
-         {GemmBlocking{0, 0, 0, GemmKernel::bf16_dot}, GemmBlocking{8, 0, 32, GemmKernel::bf16_dot},
-          GemmBlocking{64, 0, 96, GemmKernel::bf16_dot}}) {
-      std::vector<float> out = o.c0;
-      ThreadPool pool(threads);
-      gemm_blocked(pool, make_args(c, o, out.data()), blk);
-      if (first.empty()) {
-        first = out;
-      } else {
-        ASSERT_EQ(out, first) << "threads=" << threads << " mc=" << blk.mc << " nc=" << blk.nc;
-      }
-    }
+  expect_bit_identical(true, {GemmBlocking{0, 0, 0, GemmKernel::bf16_dot},
+                              GemmBlocking{8, 0, 32, GemmKernel::bf16_dot},
+                              GemmBlocking{64, 0, 96, GemmKernel::bf16_dot}});
 }
 
 // The automatic choice: bf16 compute above the small-M rows takes the bf16 kernel exactly where
