@@ -10,7 +10,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 version=${LLAMACPP_PYPI_VERSION:-0.3.36}
-work=${WORK:-/tmp/tessera-llamacpp}
 threads=${THREADS:-"1 2"}
 prompt=${PROMPT:-512}
 gen=${GEN:-64}
@@ -22,20 +21,7 @@ models=("$@")
 [[ -x $tessera ]] || { echo "compare-llamacpp: $tessera not built (make build)" >&2; exit 1; }
 for m in "${models[@]}"; do [[ -f $m ]] || { echo "compare-llamacpp: no file $m" >&2; exit 1; }; done
 
-src=$work/llama_cpp_python-$version/vendor/llama.cpp
-bench=$work/build/bin/llama-bench
-if [[ ! -x $bench ]]; then
-  mkdir -p "$work"
-  if [[ ! -d $src ]]; then
-    python3 -m pip download --no-deps --no-binary :all: "llama-cpp-python==$version" -d "$work"
-    tar xzf "$work/llama_cpp_python-$version.tar.gz" -C "$work"
-  fi
-  # Native build (the CPU's own SIMD: AVX2 / AVX-512 / VNNI as available), no network, no GPU.
-  cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DGGML_CUDA=OFF \
-    > "$work/configure.log"
-  cmake --build "$work/build" --target llama-bench -j "$(nproc)" > "$work/build.log"
-fi
+bench=$(scripts/build-llamacpp.sh llama-bench)
 
 mkdir -p "$out"
 {
