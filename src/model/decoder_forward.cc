@@ -8,7 +8,6 @@
 #include "core/error.h"
 #include "ops/paged_attention.h"
 #include "ops/quant.h"
-#include "profile/timer.h"
 
 namespace tessera::model {
 
@@ -25,19 +24,69 @@ void write_key_column(DType type, const float* key, uint8_t* dst, int64_t D, int
   }
 }
 
-void count(StageStats* stages, Stage stage, double seconds, int64_t weight_bytes) {
-  StageStats& s = stages[static_cast<int>(stage)];
-  s.seconds += seconds;
-  s.weight_bytes += weight_bytes;
-}
-
 }  // namespace
 
-const char* stage_name(Stage s) {
-  static constexpr const char* kNames[kNumStages] = {"qkv",      "attn_out", "mlp_in",
-                                                     "mlp_down", "head",     "attention"};
-  return kNames[static_cast<int>(s)];
-}
+// Attention over the paged cache: this chunk's keys and values (rotated first, for Llama) are
+// appended to the cache, then each row's query attends to its sequence's keys up to its own.
+class DecoderForward::PagedAttention final : public BlockAttention {
+ public:
+  PagedAttention(DecoderForward& f, const DecoderRows& rows, const PagedKv& kv)
+      : f_(f), rows_(rows), kv_(kv) {}
+
+  void attend(int64_t l, float* qkv, float* att, int64_t n) override {
+    const DecoderConfig& c = f_.model_.config;
+    const int64_t D = c.head_dim, H = c.n_heads, Hkv = c.n_kv_heads;
+    const int64_t QD = c.q_dim(), KV = c.kv_dim(), ld = QD + 2 * KV, BT = kv_.block_tokens;
+    // q and k as contiguous (n, H, D) rows for RoPE and the attention kernel; v is read in place.
+    float* q = f_.q_.data();
+    float* k = f_.k_.data();
+    for (int64_t r = 0; r < n; ++r) {
+      std::memcpy(q + r * QD, qkv + r * ld, static_cast<size_t>(QD) * sizeof(float));
+      std::memcpy(k + r * KV, qkv + r * ld + QD, static_cast<size_t>(KV) * sizeof(float));
+    }
+    if (c.arch == DecoderArch::llama) {
+      ops::rope_forward(f_.ctx_, q, q, f_.rope_, rows_.pos, 0, 1, n, H, D, c.rope_layout);
+      ops::rope_forward(f_.ctx_, k, k, f_.rope_, rows_.pos, 0, 1, n, Hkv, D, c.rope_layout);
+    }
+    const int64_t eb = dtype_bytes(kv_.type, 1);
+    uint8_t* base = kv_.base + l * kv_.layer_stride * eb;
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t pos = rows_.pos[r];
+      uint8_t* blk = base + rows_.tables[r][pos / BT] * kv_.block_stride * eb;
+      const int64_t t = pos % BT;
+      const float* v = qkv + r * ld + QD + KV;
+      for (int64_t g = 0; g < Hkv; ++g) {
+        // Keys go in transposed, (D, block_tokens) per head (PagedAttentionArgs::k_transposed);
+        // values as rows.
+        write_key_column(kv_.type, k + r * KV + g * D, blk + (g * BT * D + t) * eb, D, BT);
+        from_f32(kv_.type, v + g * D, blk + (kv_.v_offset + g * BT * D + t * D) * eb, D);
+      }
+    }
+    ops::PagedAttentionArgs a;
+    a.out = att;
+    a.q = q;
+    a.rows = n;
+    a.H = H;
+    a.Hkv = Hkv;
+    a.D = D;
+    a.kv = base;
+    a.kv_type = kv_.type;
+    a.k_transposed = true;
+    a.block_tokens = BT;
+    a.block_stride = kv_.block_stride;
+    a.v_offset = kv_.v_offset;
+    a.block_tables = rows_.tables;
+    a.n_keys = f_.n_keys_.data();
+    if (c.sliding_window > 0) a.first_key = f_.first_key_.data();
+    a.scale = 1.0f / std::sqrt(static_cast<float>(D));
+    ops::paged_attention(f_.ctx_, a);
+  }
+
+ private:
+  DecoderForward& f_;
+  const DecoderRows& rows_;
+  const PagedKv& kv_;
+};
 
 DecoderForward::DecoderForward(const DecoderModel& model, const ops::Context& ctx, int64_t max_rows,
                                int64_t max_ctx)
@@ -81,7 +130,7 @@ int64_t DecoderForward::forward(const DecoderRows& rows, const PagedKv& kv, floa
     q_.resize(R * static_cast<size_t>(c.q_dim()));
     att_.resize(q_.size());
     k_.resize(R * static_cast<size_t>(c.kv_dim()));
-    v_.resize(k_.size());
+    qkv_.resize(q_.size() + 2 * k_.size());
     ff_a_.resize(R * F);
     ff_b_.resize(R * F);
     stat_a_.resize(R);
@@ -95,7 +144,20 @@ int64_t DecoderForward::forward(const DecoderRows& rows, const PagedKv& kv, floa
     n_keys_[r] = rows.pos[r] + 1;
     first_key_[r] = static_cast<int32_t>(W > 0 ? std::max<int64_t>(0, rows.pos[r] + 1 - W) : 0);
   }
-  for (int64_t l = 0; l < c.n_layers; ++l) layer(l, rows, kv, stages);
+  // Every layer runs in place on x: one scratch set serves them all.
+  BlockTensors t;
+  t.in = t.mid = t.out = x_.data();
+  t.branch = tmp_.data();
+  t.xn1 = t.xn2 = xn_.data();
+  t.mean1 = t.mean2 = stat_a_.data();
+  t.rstd1 = t.rstd2 = stat_b_.data();
+  t.qkv = qkv_.data();
+  t.att = att_.data();
+  t.ff_in = t.ff_act = ff_a_.data();
+  t.ff_up = ff_b_.data();
+  PagedAttention attention(*this, rows, kv);
+  for (int64_t l = 0; l < c.n_layers; ++l)
+    block_forward(ctx_, c, w.layers[static_cast<size_t>(l)], l, n, t, attention, stages);
 
   // Final norm and the output head, only for the rows whose logits were asked for.
   int64_t m = 0;
@@ -105,117 +167,10 @@ int64_t DecoderForward::forward(const DecoderRows& rows, const PagedKv& kv, floa
       ++m;
     }
   if (m == 0) return 0;
-  norm(xn_.data(), tmp_.data(), m, w.out_norm, w.out_norm_b);
-  linear(stages, Stage::head, logits, xn_.data(), m, w.output, {});
+  norm_forward(ctx_, c, xn_.data(), stat_a_.data(), stat_b_.data(), tmp_.data(), m, w.out_norm,
+               w.out_norm_b);
+  linear_forward(ctx_, stages, Stage::head, logits, xn_.data(), m, w.output, {});
   return m;
-}
-
-void DecoderForward::linear(StageStats* stages, Stage stage, float* y, const float* x, int64_t n,
-                            const WeightRef& w, const WeightRef& b) {
-  const profile::Timer t;
-  ops::matmul_wt(ctx_, y, w.rows(), x, n, w.cols(), w.data, w.type, w.rows(),
-                 b.present() ? static_cast<const float*>(b.data) : nullptr);
-  count(stages, stage, t.seconds(), w.bytes());
-}
-
-void DecoderForward::linear_group(StageStats* stages, Stage stage, const float* x, int64_t n,
-                                  std::initializer_list<LinearOut> outs) {
-  const profile::Timer t;
-  int64_t bytes = 0;
-  ops::WtProduct products[4];
-  int64_t count_products = 0;
-  int64_t K = 0;
-  for (const LinearOut& o : outs) {
-    ops::WtProduct& p = products[count_products++];
-    p.y = o.y;
-    p.ldy = o.w->rows();
-    p.w = o.w->data;
-    p.w_type = o.w->type;
-    p.N = o.w->rows();
-    p.bias = o.b && o.b->present() ? static_cast<const float*>(o.b->data) : nullptr;
-    K = o.w->cols();
-    bytes += o.w->bytes();
-  }
-  ops::matmul_wt_group(ctx_, x, n, K, {products, static_cast<size_t>(count_products)});
-  count(stages, stage, t.seconds(), bytes);
-}
-
-void DecoderForward::norm(float* out, const float* inp, int64_t n, const WeightRef& w,
-                          const WeightRef& b) {
-  const DecoderConfig& c = model_.config;
-  const auto* wf = static_cast<const float*>(w.data);
-  if (c.arch == DecoderArch::gpt2)
-    ops::layernorm_forward(ctx_, out, stat_a_.data(), stat_b_.data(), inp, wf,
-                           static_cast<const float*>(b.data), n, c.d_model);
-  else
-    ops::rmsnorm_forward(ctx_, out, stat_a_.data(), inp, wf, n, c.d_model, c.norm_eps);
-}
-
-void DecoderForward::layer(int64_t l, const DecoderRows& rows, const PagedKv& kv,
-                           StageStats* stages) {
-  const DecoderConfig& c = model_.config;
-  const DecoderLayer& w = model_.weights.layers[static_cast<size_t>(l)];
-  const int64_t n = rows.n;
-  const int64_t C = c.d_model, D = c.head_dim, H = c.n_heads, Hkv = c.n_kv_heads;
-  const int64_t KV = c.kv_dim(), BT = kv.block_tokens;
-
-  norm(xn_.data(), x_.data(), n, w.attn_norm, w.attn_norm_b);
-  // q, k and v read the same input: one grouped product (one hand-off, x quantized once).
-  linear_group(stages, Stage::qkv, xn_.data(), n,
-               {{q_.data(), &w.wq, &w.bq}, {k_.data(), &w.wk, &w.bk}, {v_.data(), &w.wv, &w.bv}});
-  if (c.arch == DecoderArch::llama) {
-    ops::rope_forward(ctx_, q_.data(), q_.data(), rope_, rows.pos, 0, 1, n, H, D, c.rope_layout);
-    ops::rope_forward(ctx_, k_.data(), k_.data(), rope_, rows.pos, 0, 1, n, Hkv, D, c.rope_layout);
-  }
-  // Append this chunk's keys and values to the cache, then attend.
-  const int64_t eb = dtype_bytes(kv.type, 1);
-  uint8_t* base = kv.base + l * kv.layer_stride * eb;
-  for (int64_t r = 0; r < n; ++r) {
-    const int64_t pos = rows.pos[r];
-    uint8_t* blk = base + rows.tables[r][pos / BT] * kv.block_stride * eb;
-    const int64_t t = pos % BT;
-    for (int64_t g = 0; g < Hkv; ++g) {
-      // Keys go in transposed, (D, block_tokens) per head (see PagedAttentionArgs::k_transposed);
-      // values as rows.
-      write_key_column(kv.type, k_.data() + r * KV + g * D, blk + (g * BT * D + t) * eb, D, BT);
-      from_f32(kv.type, v_.data() + r * KV + g * D, blk + (kv.v_offset + g * BT * D + t * D) * eb,
-               D);
-    }
-  }
-  const profile::Timer attn_timer;
-  ops::PagedAttentionArgs a;
-  a.out = att_.data();
-  a.q = q_.data();
-  a.rows = n;
-  a.H = H;
-  a.Hkv = Hkv;
-  a.D = D;
-  a.kv = base;
-  a.kv_type = kv.type;
-  a.k_transposed = true;
-  a.block_tokens = BT;
-  a.block_stride = kv.block_stride;
-  a.v_offset = kv.v_offset;
-  a.block_tables = rows.tables;
-  a.n_keys = n_keys_.data();
-  if (c.sliding_window > 0) a.first_key = first_key_.data();
-  a.scale = 1.0f / std::sqrt(static_cast<float>(D));
-  ops::paged_attention(ctx_, a);
-  count(stages, Stage::attention, attn_timer.seconds(), 0);
-
-  linear(stages, Stage::attn_out, tmp_.data(), att_.data(), n, w.wo, w.bo);
-  ops::add(ctx_, x_.data(), x_.data(), tmp_.data(), n * C);
-  norm(xn_.data(), x_.data(), n, w.ffn_norm, w.ffn_norm_b);
-  if (c.arch == DecoderArch::llama) {
-    linear_group(stages, Stage::mlp_in, xn_.data(), n,
-                 {{ff_a_.data(), &w.w_gate, nullptr}, {ff_b_.data(), &w.w_up, nullptr}});
-    ops::swiglu_forward(ctx_, ff_a_.data(), ff_a_.data(), ff_b_.data(), n, c.d_ff);
-  } else {
-    linear(stages, Stage::mlp_in, ff_a_.data(), xn_.data(), n, w.w_up, w.b_up);
-    ops::gelu_forward(ctx_, ff_a_.data(), ff_a_.data(), n * c.d_ff);
-  }
-  linear(stages, Stage::mlp_down, tmp_.data(), ff_a_.data(), n, w.w_down, w.b_down);
-  ops::add(ctx_, x_.data(), x_.data(), tmp_.data(), n * C);
 }
 
 }  // namespace tessera::model

@@ -1,7 +1,7 @@
-// The forward pass of a DecoderModel (the Llama family and GPT-2) over a chunk of token rows from
-// one or many sequences, written once against ops/: embedding, the layers (each row's key and
-// value appended to a paged cache, attention over that cache), the final norm and the head for
-// the rows whose logits are wanted. The engine drives it; it holds no forward of its own.
+// The inference forward pass of a DecoderModel (the Llama family and GPT-2) over a chunk of token
+// rows from one or many sequences: embedding, the layers (block_forward, each row's key and value
+// appended to a paged cache and attention over that cache), the final norm and the head for the
+// rows whose logits are wanted. The engine drives it; it holds no forward of its own.
 #pragma once
 
 #include <cstdint>
@@ -9,20 +9,11 @@
 #include <vector>
 
 #include "model/decoder.h"
+#include "model/decoder_block.h"
 #include "ops/context.h"
 #include "ops/ops.h"
 
 namespace tessera::model {
-
-// The parts of a forward pass whose time and weight bytes are reported, in this order.
-enum class Stage { qkv, attn_out, mlp_in, mlp_down, head, attention };
-inline constexpr int kNumStages = 6;
-const char* stage_name(Stage s);
-
-struct StageStats {
-  double seconds = 0;
-  int64_t weight_bytes = 0;  // weight bytes read (one pass over each matrix per call)
-};
 
 // A paged key/value cache of kv_type elements (f32 or f16). Layer l's block b starts at element
 // l * layer_stride + b * block_stride of base and holds K transposed as (Hkv, D, block_tokens),
@@ -61,18 +52,7 @@ class DecoderForward {
   const ops::RopeTable& rope() const { return rope_; }
 
  private:
-  struct LinearOut {
-    float* y;
-    const WeightRef* w;
-    const WeightRef* b;  // may be null
-  };
-  void layer(int64_t l, const DecoderRows& rows, const PagedKv& kv, StageStats* stages);
-  void linear(StageStats* stages, Stage stage, float* y, const float* x, int64_t n,
-              const WeightRef& w, const WeightRef& b);
-  // Several linears of the same input x (n rows): one grouped product, x quantized once.
-  void linear_group(StageStats* stages, Stage stage, const float* x, int64_t n,
-                    std::initializer_list<LinearOut> outs);
-  void norm(float* out, const float* inp, int64_t n, const WeightRef& w, const WeightRef& b);
+  class PagedAttention;
 
   const DecoderModel& model_;
   ops::Context ctx_;
@@ -81,7 +61,7 @@ class DecoderForward {
   // Embedding buffers at construction; the layers' buffers at the first forward (a device
   // engine only embeds here).
   std::vector<float> x_, tmp_;
-  std::vector<float> xn_, q_, k_, v_, att_, ff_a_, ff_b_, stat_a_, stat_b_;
+  std::vector<float> xn_, qkv_, q_, k_, att_, ff_a_, ff_b_, stat_a_, stat_b_;
   std::vector<int32_t> n_keys_, first_key_;
 };
 

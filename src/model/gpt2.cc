@@ -173,8 +173,21 @@ void Gpt2::plan(int64_t B, int64_t T, Precision precision, Recompute recompute) 
   } else {
     im.params_bf16 = AlignedBuffer<uint16_t>();
   }
+  im.make_view();
   im.planned = true;
   params_updated();
+}
+
+void Gpt2::Impl::make_view() {
+  view = as_decoder(model);
+  if (!bf16()) return;
+  const float* base = model.params_.data();
+  for (DecoderLayer& l : view.weights.layers)
+    for (WeightRef* m : l.matrices()) {
+      if (!m->present()) continue;
+      m->data = params_bf16.data() + (static_cast<const float*>(m->data) - base);
+      m->type = DType::bf16;
+    }
 }
 
 size_t Gpt2::activation_bytes() const {

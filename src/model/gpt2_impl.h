@@ -61,6 +61,9 @@ struct Gpt2::Impl {
   bool have_logits = false;
 
   AlignedBuffer<uint16_t> params_bf16;  // bf16 copy of params (same offsets), bf16 precision only
+  // The model as the shared decoder layer reads it (block_forward): views of params, whose
+  // matrices point into params_bf16 in bf16 precision. Set by plan().
+  DecoderModel view;
 
   bool bf16() const { return precision == Precision::bf16; }
   // The weight operand a GEMM reads: the bf16 copy in bf16 precision, else the f32 master.
@@ -69,17 +72,17 @@ struct Gpt2::Impl {
   const float* p(int64_t off) const { return model.params_.data() + off; }
   float* g(int64_t off) { return model.grads_.data() + off; }
 
-  // out (N,n_out) = inp (N,n_in) W^T + b; W (n_out,n_in) at offset w_off; b_off < 0: no bias.
-  void linear_forward(float* out, const float* inp, int64_t w_off, int64_t b_off, int64_t n,
-                      int64_t n_in, int64_t n_out);
   // dW += dout^T inp; db += colsum(dout) (skipped if b_off < 0); then dinp (N,n_in) = dout W
   // (overwrites; skipped if null). dinp may alias inp: inp is read before dinp is written.
   void linear_backward(float* dinp, const float* dout, const float* inp, int64_t w_off,
                        int64_t b_off, int64_t n, int64_t n_in, int64_t n_out);
-  // Runs block l on resid[l] and writes resid[l+1]. With `recompute_only` (backward's replay
+  // Runs block l (block_forward, attention causal among each sequence's T rows) on resid[l] and
+  // writes resid[l+1], keeping block l's activations. With `recompute_only` (backward's replay
   // under Recompute::block) it stops after c_fc: backward recomputes GELU itself and needs
   // neither the MLP output nor resid[l+1].
   void layer_forward(int64_t l, int64_t B, int64_t T, bool recompute_only);
+  // Points view at params (and the bf16 copy's matrices in bf16 precision).
+  void make_view();
   void layer_backward(int64_t l, int64_t B, int64_t T);
   // Embedding, all blocks, ln_f and the tied lm head into logits (N,Vp).
   void forward_to_logits(const int32_t* tokens, int64_t B, int64_t T);

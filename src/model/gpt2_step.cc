@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "model/decoder_block.h"
 #include "model/gpt2.h"
 #include "model/gpt2_impl.h"
 #include "ops/ops.h"
@@ -31,20 +32,6 @@ void bias_grad(ThreadPool& pool, float* db, const float* dy, int64_t m, int64_t 
 
 }  // namespace
 
-void Gpt2::Impl::linear_forward(float* out, const float* inp, int64_t w_off, int64_t b_off,
-                                int64_t n, int64_t n_in, int64_t n_out) {
-  ops::GemmArgs g;
-  g.trans_a = ops::Trans::N;
-  g.trans_b = ops::Trans::T;
-  g.m = n, g.n = n_out, g.k = n_in;
-  g.a = inp, g.a_type = DType::f32, g.lda = n_in;
-  g.b = weight(w_off), g.b_type = weight_type(), g.ldb = n_in;
-  g.c = out, g.ldc = n_out;
-  g.bias = b_off >= 0 ? p(b_off) : nullptr;
-  g.round_bf16 = bf16();
-  ops::gemm(model.ctx_, g);
-}
-
 void Gpt2::Impl::linear_backward(float* dinp, const float* dout, const float* inp, int64_t w_off,
                                  int64_t b_off, int64_t n, int64_t n_in, int64_t n_out) {
   const ops::Context& ctx = model.ctx_;
@@ -71,26 +58,48 @@ void Gpt2::Impl::linear_backward(float* dinp, const float* dout, const float* in
   }
 }
 
+namespace {
+
+// Training attention: each of the B sequences' T rows attends causally to the rows before it;
+// the log-sum-exp per row and head is kept for the backward.
+class CausalAttention final : public BlockAttention {
+ public:
+  CausalAttention(const ops::Context& ctx, float* lse, int64_t B, int64_t T, int64_t C, int64_t H)
+      : ctx_(ctx), lse_(lse), B_(B), T_(T), C_(C), H_(H) {}
+  void attend(int64_t, float* qkv, float* att, int64_t n) override {
+    TS_CHECK(n == B_ * T_, "[gpt2] attention over ", n, " rows, expected B*T = ", B_ * T_);
+    ops::attention_forward(ctx_, att, lse_, qkv, B_, T_, C_, H_);
+  }
+
+ private:
+  const ops::Context& ctx_;
+  float* lse_;
+  int64_t B_, T_, C_, H_;
+};
+
+}  // namespace
+
 void Gpt2::Impl::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute_only) {
-  const ops::Context& ctx = model.ctx_;
   const Gpt2Config& cfg = model.cfg_;
-  const int64_t C = cfg.n_embd, H = cfg.n_head, N = B * T;
-  const Gpt2LayerParams& lp = layer_params[static_cast<size_t>(l)];
   const Gpt2LayerActs& a = acts[static_cast<size_t>(l)];
-  const float* in = resid[static_cast<size_t>(l)];
-  ops::layernorm_forward(ctx, a.ln1, a.ln1_mean, a.ln1_rstd, in, p(lp.ln1_w), p(lp.ln1_b), N, C);
-  linear_forward(a.qkv, a.ln1, lp.qkv_w, lp.qkv_b, N, C, 3 * C);
-  ops::attention_forward(ctx, a.atty, a.lse, a.qkv, B, T, C, H);
-  linear_forward(scratch_c, a.atty, lp.proj_w, lp.proj_b, N, C, C);
-  ops::add(ctx, a.resid_mid, in, scratch_c, N * C);
-  ops::layernorm_forward(ctx, a.ln2, a.ln2_mean, a.ln2_rstd, a.resid_mid, p(lp.ln2_w), p(lp.ln2_b),
-                         N, C);
-  linear_forward(a.fch, a.ln2, lp.fc_w, lp.fc_b, N, C, 4 * C);
-  if (recompute_only) return;  // backward recomputes GELU itself (it may share dbig)
-  ops::gelu_forward(ctx, a.gelu, a.fch, N * 4 * C);
-  linear_forward(scratch_c, a.gelu, lp.fcproj_w, lp.fcproj_b, N, 4 * C, C);
-  float* out = resid[static_cast<size_t>(l) + 1];
-  ops::add(ctx, out, a.resid_mid, scratch_c, N * C);
+  BlockTensors t;
+  t.in = resid[static_cast<size_t>(l)];
+  t.mid = a.resid_mid;
+  t.out = resid[static_cast<size_t>(l) + 1];
+  t.branch = scratch_c;
+  t.xn1 = a.ln1;
+  t.mean1 = a.ln1_mean;
+  t.rstd1 = a.ln1_rstd;
+  t.qkv = a.qkv;
+  t.att = a.atty;
+  t.xn2 = a.ln2;
+  t.mean2 = a.ln2_mean;
+  t.rstd2 = a.ln2_rstd;
+  t.ff_in = a.fch;
+  t.ff_act = a.gelu;  // dbig when GELU is recomputed: read by c_proj before backward reuses it
+  CausalAttention attention(model.ctx_, a.lse, B, T, cfg.n_embd, cfg.n_head);
+  block_forward(model.ctx_, view.config, view.weights.layers[static_cast<size_t>(l)], l, B * T, t,
+                attention, nullptr, recompute_only);
 }
 
 // On entry dresid holds d resid[l+1]; on exit d resid[l]. scratch_c serves as dx.
@@ -148,8 +157,9 @@ void Gpt2::Impl::forward_to_logits(const int32_t* tokens, int64_t B, int64_t T) 
   for (int64_t l = 0; l < L; ++l) layer_forward(l, B, T, /*recompute_only=*/false);
   ops::layernorm_forward(ctx, lnf, lnf_mean, lnf_rstd, resid[static_cast<size_t>(L)], p(lnf_w),
                          p(lnf_b), N, C);
-  // Tied lm head: logits (N,Vp) = lnf (N,C) wte^T.
-  linear_forward(logits, lnf, wte, -1, N, C, Vp);
+  // Tied lm head: logits (N,Vp) = lnf (N,C) wte^T, over the padded rows too (zero weights).
+  const WeightRef head{weight(wte), weight_type(), Shape({Vp, C})};
+  model::linear_forward(ctx, nullptr, Stage::head, logits, lnf, N, head, {});
   have_logits = true;
 }
 

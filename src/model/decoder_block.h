@@ -1,0 +1,73 @@
+// One decoder layer's forward pass (GPT-2 and the Llama family), written once against ops/. The
+// engine runs it over a chunk of token rows whose keys and values go to the paged cache
+// (DecoderForward); the trainer runs it over (B,T) rows that attend causally among themselves and
+// keeps what its backward reads (Gpt2). What differs between the two is only where the tensors
+// live (BlockTensors) and how queries meet keys (BlockAttention).
+#pragma once
+
+#include <cstdint>
+
+#include "model/decoder.h"
+#include "ops/context.h"
+
+namespace tessera::model {
+
+// The parts of a forward pass whose time and weight bytes are reported, in this order.
+enum class Stage { qkv, attn_out, mlp_in, mlp_down, head, attention };
+inline constexpr int kNumStages = 6;
+const char* stage_name(Stage s);
+
+struct StageStats {
+  double seconds = 0;
+  int64_t weight_bytes = 0;  // weight bytes read (one pass over each matrix per call)
+};
+
+// Where one layer's tensors live, for n rows (C = d_model, F = d_ff, QKV = q_dim + 2 kv_dim).
+// The trainer points each layer at its own slots of the activation arena, which the backward
+// reads; the engine points every layer at one scratch set and runs in place (mid == out == in,
+// ff_act == ff_in), which the order of the ops below allows.
+struct BlockTensors {
+  const float* in = nullptr;  // (n,C) the residual stream entering the layer
+  float* mid = nullptr;       // (n,C) the stream after the attention branch; may be in
+  float* out = nullptr;       // (n,C) the stream after the MLP branch; may be mid
+  float* branch = nullptr;    // (n,C) a branch's output before it joins the stream
+  float* xn1 = nullptr;       // (n,C) attention norm output
+  float* mean1 = nullptr;     // (n) its mean (layer norm only)
+  float* rstd1 = nullptr;     // (n) its 1/std
+  float* qkv = nullptr;       // (n,QKV) each row q | k | v
+  float* att = nullptr;       // (n,q_dim) attention output
+  float* xn2 = nullptr;       // (n,C) MLP norm output; may be xn1
+  float* mean2 = nullptr;     // (n)
+  float* rstd2 = nullptr;     // (n)
+  float* ff_in = nullptr;     // (n,F) c_fc output (GPT-2) or gate projection (Llama)
+  float* ff_up = nullptr;     // (n,F) up projection (Llama only)
+  float* ff_act = nullptr;    // (n,F) GELU(ff_in) or SwiGLU(gate, up); may be ff_in
+};
+
+// How a layer's queries meet keys and values: att (n, q_dim) from qkv (n, QKV). It applies the
+// rotary embedding itself where the model has one (it knows the rows' positions), and may
+// rotate q and k inside qkv or in copies of its own.
+class BlockAttention {
+ public:
+  virtual ~BlockAttention() = default;
+  virtual void attend(int64_t layer, float* qkv, float* att, int64_t n) = 0;
+};
+
+// Runs layer `layer` (weights w) on n rows of t.in, writing t.mid and t.out and every
+// intermediate in t. With stop_after_ff_in it stops once ff_in (and ff_up) are written: a
+// backward that keeps no MLP activations replays the layer that far. Adds each stage's time and
+// weight bytes to stages (kNumStages entries) unless null. Norm weights and biases must be f32.
+void block_forward(const ops::Context& ctx, const DecoderConfig& c, const DecoderLayer& w,
+                   int64_t layer, int64_t n, const BlockTensors& t, BlockAttention& attention,
+                   StageStats* stages, bool stop_after_ff_in = false);
+
+// out (n,C) = the model's norm of inp (layer norm for GPT-2, RMSNorm for Llama) with weight w
+// and bias b (GPT-2); saves mean (layer norm only) and rstd (n).
+void norm_forward(const ops::Context& ctx, const DecoderConfig& c, float* out, float* mean,
+                  float* rstd, const float* inp, int64_t n, const WeightRef& w, const WeightRef& b);
+
+// y (n, w.rows()) = x (n, w.cols()) w^T + b, counted as `stage` in stages unless null.
+void linear_forward(const ops::Context& ctx, StageStats* stages, Stage stage, float* y,
+                    const float* x, int64_t n, const WeightRef& w, const WeightRef& b);
+
+}  // namespace tessera::model
