@@ -1,6 +1,10 @@
 // Loads a decoder model from GGUF: llama.cpp's metadata keys and tensor names for the llama,
 // qwen2 and gpt2 architectures; weights stay in their stored type and point into the file.
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <initializer_list>
+#include <set>
 
 #include "core/error.h"
 #include "formats/gguf.h"
@@ -41,12 +45,31 @@ class GgufDecoderReader {
              "' has shape ", shape.str(), ", expected ", expected.str());
     TS_CHECK(shape.rank() != 2 || shape[1] % traits(*t->dtype).block_elems == 0, "[gguf] ",
              f_.path(), ": tensor '", name, "' rows are not whole blocks");
+    used_.insert(name);
     return WeightRef{t->data, *t->dtype, shape};
+  }
+
+  // Throws naming the first tensor of the file that no tensor() call read (other than `also`):
+  // a model that ran without it would not be the model the file holds.
+  void check_all_used(int64_t n_layers, std::initializer_list<const char*> also) const {
+    for (const formats::GgufTensorInfo& t : f_.tensors()) {
+      if (used_.contains(t.name) || std::find(also.begin(), also.end(), t.name) != also.end())
+        continue;
+      int64_t block = -1;
+      if (t.name.starts_with("blk.")) block = std::atoll(t.name.c_str() + 4);
+      if (block >= n_layers)
+        fail("[gguf] ", f_.path(), ": tensor '", t.name, "' is not used: ", arch_,
+             ".block_count says ", n_layers, " blocks");
+      fail("[gguf] ", f_.path(), ": tensor '", t.name, "' is not used by a ", arch_,
+           " model as this file's metadata describes it (the engine has no place for it); "
+           "refusing to run without it");
+    }
   }
 
  private:
   const formats::GgufFile& f_;
   std::string arch_;
+  mutable std::set<std::string> used_;
 };
 
 // Rows [row0, row0 + rows) of a matrix: GPT-2's fused attn_qkv holds q, k, v as row blocks.
@@ -191,6 +214,14 @@ DecoderModel load_decoder_gguf(const std::string& path, const DecoderLoadOptions
       w.out_norm.type == DType::f32 && (!w.out_norm_b.present() || w.out_norm_b.type == DType::f32),
       "[gguf] ", path, ": output_norm must be F32");
   w.output = c.tied_embeddings ? w.tok_embd : r.tensor("output.weight", Shape({c.vocab, C}));
+  // rope_freqs.weight was checked by read_config (or stands beside the Llama 3 keys it follows).
+  r.check_all_used(c.n_layers, {"rope_freqs.weight"});
+  if (f.has("tokenizer.ggml.tokens")) {
+    const size_t n_tokens = f.get_array("tokenizer.ggml.tokens").items.size();
+    TS_CHECK(static_cast<int64_t>(n_tokens) == c.vocab, "[gguf] ", path,
+             ": tokenizer.ggml.tokens has ", n_tokens, " tokens but the model's vocabulary (",
+             "token_embd.weight's rows) is ", c.vocab);
+  }
   if (opts.cpu_layout && !opts.mmap) use_cpu_layout(m);
   return m;
 }
