@@ -8,6 +8,7 @@ Writes into tests/data/tokenizer/:
   smollm2.json            the equivalent HF tokenizer built from that vocabulary and merges
                           (Digits(individual) + ByteLevel pre-tokenizer, control tokens special)
   llama3_bpe.json         a small byte-level BPE trained here with the Llama 3 split regex
+  qwen2_bpe.json          the same with Qwen2's split regex (single digits) and NFC normalizer
   spm_bpe.json            a small SentencePiece-style BPE (byte_fallback, Metaspace "first")
   spm_legacy.json         the same model with Llama 2's legacy layout (Prepend + Replace
                           normalizer, no pre-tokenizer)
@@ -154,6 +155,15 @@ def llama3_bpe():
     with open(path, "w", encoding="utf-8") as f:
         json.dump(j, f, ensure_ascii=False)
     return dump_cases("llama3_bpe.json", Tokenizer.from_file(path), CASES)
+
+
+def qwen2_bpe():
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = split_byte_level_bpe(QWEN2_PATTERN, specials, 700, training_text(CASES),
+                               normalizer=normalizers.NFC())
+    path = os.path.join(DATA, "qwen2_bpe.json")
+    tok.save(path, pretty=False)
+    return dump_cases("qwen2_bpe.json", Tokenizer.from_file(path), CASES)
 
 
 def spm_bpe():
@@ -304,7 +314,7 @@ def main():
     write_json("real_golden.json", {
         "generator": "scripts/gen_real_tokenizer_golden.py",
         "hf_tokenizers_version": tokenizers.__version__,
-        "tokenizers": [smol, llama3_bpe(), spm_first, spm_legacy],
+        "tokenizers": [smol, llama3_bpe(), qwen2_bpe(), spm_first, spm_legacy],
         "pieces": {"cases": CASES, **pre_tokenizer_pieces()},
     })
     write_json("chat_golden.json", {"generator": "scripts/gen_real_tokenizer_golden.py",

@@ -1,7 +1,7 @@
 // Real-model tokenizers against Hugging Face `tokenizers` (goldens from
 // scripts/gen_real_tokenizer_golden.py): SmolLM2 from its GGUF metadata and tokenizer.json, a
-// Llama-3-style byte-level BPE, SentencePiece-style byte-fallback BPE (Metaspace and legacy
-// layouts), the pre-tokenizer variants piece by piece, and GGUF/JSON round trips.
+// Llama-3-style and a Qwen2-style byte-level BPE, SentencePiece-style byte-fallback BPE (Metaspace
+// and legacy layouts), the pre-tokenizer variants piece by piece, and GGUF/JSON round trips.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -111,6 +111,16 @@ TEST(RealTokenizer, Llama3StyleMatchesHuggingFace) {
   EXPECT_EQ(tok.end_of_generation_tokens(), (std::vector<int32_t>{1, 4}));
 }
 
+// Qwen2's split (digits one by one) behind an NFC normalizer.
+TEST(RealTokenizer, Qwen2StyleMatchesHuggingFace) {
+  const tokenizer::Tokenizer tok = tokenizer::Tokenizer::load_json(kDir + "qwen2_bpe.json");
+  EXPECT_EQ(tok.pre_tokenizer(), tokenizer::PreTokenizer::qwen2);
+  expect_matches_hf(tok, cases_of("qwen2_bpe.json"));
+  expect_matches_hf(via_gguf(tok), cases_of("qwen2_bpe.json"));
+  expect_matches_hf(tokenizer::Tokenizer::from_json_text(tok.to_json_text(), "w.json"),
+                    cases_of("qwen2_bpe.json"));
+}
+
 TEST(RealTokenizer, SentencePieceMetaspaceMatchesHuggingFace) {
   const tokenizer::Tokenizer tok = tokenizer::Tokenizer::load_json(kDir + "spm_bpe.json");
   EXPECT_EQ(tok.model(), tokenizer::TokenizerModel::sentencepiece_bpe);
@@ -136,7 +146,8 @@ TEST(RealTokenizer, SentencePieceLegacyMatchesHuggingFace) {
 }
 
 TEST(RealTokenizer, RoundTripsWhereHuggingFaceDoes) {
-  for (const char* file : {"smollm2.json", "llama3_bpe.json", "spm_bpe.json", "spm_legacy.json"}) {
+  for (const char* file :
+       {"smollm2.json", "llama3_bpe.json", "qwen2_bpe.json", "spm_bpe.json", "spm_legacy.json"}) {
     const tokenizer::Tokenizer tok = tokenizer::Tokenizer::load_json(kDir + file);
     for (const auto& c : cases_of(file)["cases"]) {
       const std::string text = c["text"].get<std::string>();
