@@ -219,6 +219,14 @@ DecoderConfig gpt2_config(const ConfigFields& f) {
              ": field 'activation_function' is ", a.dump(),
              "; only the tanh GELU (gelu_new) is supported");
   }
+  // Attention scaled by 1/sqrt(head_dim) and nothing else, as GPT-2 was trained; the variants
+  // transformers offers change every score and are refused rather than ignored.
+  TS_CHECK(f.get_bool_or("scale_attn_weights", true), "[hf] ", f.path(),
+           ": field 'scale_attn_weights' is false; only attention scaled by 1/sqrt(head_dim) is "
+           "supported");
+  TS_CHECK(!f.get_bool_or("scale_attn_by_inverse_layer_idx", false), "[hf] ", f.path(),
+           ": field 'scale_attn_by_inverse_layer_idx' is true; per-layer attention scaling is not "
+           "supported");
   return c;
 }
 
@@ -382,6 +390,26 @@ WeightRef slice(const WeightRef& w, int64_t row0, int64_t rows) {
   return {base + row0 * dtype_bytes(w.type, w.cols()), w.type, Shape({rows, w.cols()})};
 }
 
+// The output head: lm_head.weight, or the embedding when tied. A tied checkpoint may still
+// carry an lm_head.weight (transformers then uses the embedding); one whose values differ from
+// the embedding's is refused, as it is not clear which head the file means.
+WeightRef output_head(const DecoderConfig& c, FolderTensors& t, WeightBuilder& b,
+                      const WeightRef& tok_embd) {
+  const Shape shape({c.vocab, c.d_model});
+  if (!c.tied_embeddings) return b.matrix("lm_head.weight", shape);
+  if (!t.contains("lm_head.weight")) return tok_embd;
+  std::string file;
+  const formats::SafetensorsEntry& e = b.entry("lm_head.weight", shape, &file);
+  const int64_t n = shape.numel();
+  std::vector<float> head(static_cast<size_t>(n)), embd(static_cast<size_t>(n));
+  to_f32(e.dtype, e.data, head.data(), n);
+  to_f32(tok_embd.type, tok_embd.data, embd.data(), n);
+  TS_CHECK(head == embd, "[hf] ", file,
+           ": tensor 'lm_head.weight' differs from the token embedding, but config.json ties "
+           "them ('tie_word_embeddings'); refusing to guess which head is meant");
+  return tok_embd;
+}
+
 void load_llama_weights(const DecoderConfig& c, bool o_bias, FolderTensors& t, WeightBuilder& b,
                         DecoderWeights& w) {
   const int64_t C = c.d_model, F = c.d_ff, Q = c.q_dim(), KV = c.kv_dim();
@@ -407,9 +435,7 @@ void load_llama_weights(const DecoderConfig& c, bool o_bias, FolderTensors& t, W
     l.w_down = b.matrix(p + "mlp.down_proj.weight", Shape({C, F}));
   }
   w.out_norm = b.vector_f32("model.norm.weight", C);
-  // A tied checkpoint may still carry lm_head.weight; the configuration decides which is used.
-  w.output = c.tied_embeddings ? w.tok_embd : b.matrix("lm_head.weight", Shape({c.vocab, C}));
-  if (c.tied_embeddings && t.contains("lm_head.weight")) t.find("lm_head.weight", nullptr);
+  w.output = output_head(c, t, b, w.tok_embd);
 }
 
 void load_gpt2_weights(const DecoderConfig& c, FolderTensors& t, WeightBuilder& b,
@@ -444,8 +470,7 @@ void load_gpt2_weights(const DecoderConfig& c, FolderTensors& t, WeightBuilder& 
   }
   w.out_norm = b.vector_f32(pre + "ln_f.weight", C);
   w.out_norm_b = b.vector_f32(pre + "ln_f.bias", C);
-  w.output = c.tied_embeddings ? w.tok_embd : b.matrix("lm_head.weight", Shape({c.vocab, C}));
-  if (c.tied_embeddings && t.contains("lm_head.weight")) t.find("lm_head.weight", nullptr);
+  w.output = output_head(c, t, b, w.tok_embd);
 }
 
 }  // namespace

@@ -46,6 +46,15 @@ TEST(DecoderHfHostile, BadConfigValues) {
   HfModel g = test::tiny_gpt2();
   g.config["activation_function"] = "relu";
   expect_rejected(g, "relu", {"config.json", "activation_function"});
+  g = test::tiny_gpt2();
+  g.config["scale_attn_weights"] = false;
+  expect_rejected(g, "unscaled", {"config.json", "'scale_attn_weights' is false"});
+  g = test::tiny_gpt2();
+  g.config["scale_attn_by_inverse_layer_idx"] = true;
+  expect_rejected(g, "by_layer", {"config.json", "'scale_attn_by_inverse_layer_idx' is true"});
+  g = test::tiny_gpt2();
+  g.config["scale_attn_weights"] = "yes";
+  expect_rejected(g, "scale_type", {"config.json", "'scale_attn_weights' must be true or false"});
 }
 
 // transformers 5's 'rope_parameters': a value it does not support, or one that disagrees with
@@ -82,6 +91,20 @@ TEST(DecoderHfHostile, MissingTensor) {
   hf = test::tiny_llama(false);
   hf.tensors.erase("lm_head.weight");  // untied needs the head
   expect_rejected(hf, "no_head", {"'lm_head.weight'"});
+}
+
+// A tied checkpoint may carry lm_head.weight equal to the embedding (loaded as tied); one that
+// differs is refused, since the file does not say which head it means.
+TEST(DecoderHfHostile, TiedHeadThatDiffers) {
+  HfModel hf = test::tiny_llama(true);
+  hf.tensors["lm_head.weight"] = hf.tensors.at("model.embed_tokens.weight");
+  const std::string dir = test::temp_folder("tied_equal");
+  test::write_hf(hf, dir);
+  EXPECT_TRUE(load_decoder_hf(dir).config.tied_embeddings);
+  hf.tensors["lm_head.weight"].values[5] += 0.25f;
+  expect_rejected(hf, "tied_differs",
+                  {"model.safetensors", "'lm_head.weight' differs from the token embedding",
+                   "tie_word_embeddings"});
 }
 
 TEST(DecoderHfHostile, WrongShape) {
