@@ -13,8 +13,16 @@ namespace tessera::ops {
   return detail::observed(                \
       ctx, #name, [&] { return cost; },   \
       [&]() -> decltype(auto) { return backend(ctx.device).name(ctx, __VA_ARGS__); })
-// The same for ops without a cost model yet (reported with zero cost).
-#define TS_DISPATCH(name, ...) TS_DISPATCH_COST(name, OpCost{}, __VA_ARGS__)
+
+namespace {
+
+// An op over n elements that does `flops` operations on each and moves `f32_passes` f32 arrays
+// of n elements (reads plus writes; per-row vectors such as norm statistics are ignored).
+OpCost elementwise_cost(int64_t n, double flops, double f32_passes) {
+  return OpCost{flops * static_cast<double>(n), 4.0 * f32_passes * static_cast<double>(n)};
+}
+
+}  // namespace
 
 void gemm(const Context& ctx, const GemmArgs& g) {
   if (!validate_gemm_args(g)) return;
@@ -23,36 +31,40 @@ void gemm(const Context& ctx, const GemmArgs& g) {
 
 void embedding_forward(const Context& ctx, float* out, const int32_t* tokens, const float* wte,
                        const float* wpe, int64_t B, int64_t T, int64_t C) {
-  TS_DISPATCH(embedding_forward, out, tokens, wte, wpe, B, T, C);
+  TS_DISPATCH_COST(embedding_forward, elementwise_cost(B * T * C, 1, 3), out, tokens, wte, wpe, B,
+                   T, C);
 }
 
 void embedding_backward(const Context& ctx, float* dwte, float* dwpe, const float* dout,
                         const int32_t* tokens, int64_t B, int64_t T, int64_t C) {
-  TS_DISPATCH(embedding_backward, dwte, dwpe, dout, tokens, B, T, C);
+  TS_DISPATCH_COST(embedding_backward, elementwise_cost(B * T * C, 2, 5), dwte, dwpe, dout, tokens,
+                   B, T, C);
 }
 
 void layernorm_forward(const Context& ctx, float* out, float* mean, float* rstd, const float* inp,
                        const float* w, const float* b, int64_t N, int64_t C) {
-  TS_DISPATCH(layernorm_forward, out, mean, rstd, inp, w, b, N, C);
+  TS_DISPATCH_COST(layernorm_forward, elementwise_cost(N * C, 7, 2), out, mean, rstd, inp, w, b, N,
+                   C);
 }
 
 void layernorm_backward(const Context& ctx, float* dinp, float* dw, float* db, const float* dout,
                         const float* inp, const float* w, const float* mean, const float* rstd,
                         int64_t N, int64_t C) {
-  TS_DISPATCH(layernorm_backward, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+  TS_DISPATCH_COST(layernorm_backward, elementwise_cost(N * C, 12, 4), dinp, dw, db, dout, inp, w,
+                   mean, rstd, N, C);
 }
 
 void gelu_forward(const Context& ctx, float* out, const float* inp, int64_t n) {
-  TS_DISPATCH(gelu_forward, out, inp, n);
+  TS_DISPATCH_COST(gelu_forward, elementwise_cost(n, 8, 2), out, inp, n);
 }
 
 void gelu_backward(const Context& ctx, float* dinp, const float* inp, const float* dout,
                    int64_t n) {
-  TS_DISPATCH(gelu_backward, dinp, inp, dout, n);
+  TS_DISPATCH_COST(gelu_backward, elementwise_cost(n, 15, 3), dinp, inp, dout, n);
 }
 
 void add(const Context& ctx, float* out, const float* a, const float* b, int64_t n) {
-  TS_DISPATCH(add, out, a, b, n);
+  TS_DISPATCH_COST(add, elementwise_cost(n, 1, 3), out, a, b, n);
 }
 
 void attention_forward(const Context& ctx, float* out, float* lse, const float* qkv, int64_t B,
@@ -74,25 +86,28 @@ void softmax_xent(const Context& ctx, float* losses, float* logits, const int32_
                   int64_t N, int64_t V, int64_t Vp, float dlogits_scale) {
   TS_CHECK(V > 0 && Vp >= V, "[softmax_xent] vocab V=", V,
            " must be positive and <= padded Vp=", Vp);
-  TS_DISPATCH(softmax_xent, losses, logits, targets, N, V, Vp, dlogits_scale);
+  TS_DISPATCH_COST(softmax_xent, elementwise_cost(N * Vp, 4, dlogits_scale != 0.0f ? 2 : 1), losses,
+                   logits, targets, N, V, Vp, dlogits_scale);
 }
 
 void adamw(const Context& ctx, float* params, const float* grads, float* m, float* v, int64_t n,
            const AdamWArgs& a) {
   TS_CHECK(a.t >= 1, "[adamw] step must count from 1, got ", a.t);
-  TS_DISPATCH(adamw, params, grads, m, v, n, a);
+  TS_DISPATCH_COST(adamw, elementwise_cost(n, 12, 7), params, grads, m, v, n, a);
 }
 
 double sum_squares(const Context& ctx, const float* x, int64_t n) {
-  TS_DISPATCH(sum_squares, x, n);
+  TS_DISPATCH_COST(sum_squares, elementwise_cost(n, 2, 1), x, n);
 }
 
 void scale(const Context& ctx, float* x, int64_t n, float s) {
-  TS_DISPATCH(scale, x, n, s);
+  TS_DISPATCH_COST(scale, elementwise_cost(n, 1, 2), x, n, s);
 }
 
 void convert_f32_to_bf16(const Context& ctx, uint16_t* dst, const float* src, int64_t n) {
-  TS_DISPATCH(convert_f32_to_bf16, dst, src, n);
+  // 4 bytes read and 2 written per element.
+  TS_DISPATCH_COST(convert_f32_to_bf16,
+                   (OpCost{static_cast<double>(n), 6.0 * static_cast<double>(n)}), dst, src, n);
 }
 
 OpCost gemm_cost(const GemmArgs& g) {
@@ -129,7 +144,8 @@ void rmsnorm_forward(const Context& ctx, float* out, float* rstd, const float* i
 
 void rmsnorm_backward(const Context& ctx, float* dinp, float* dw, const float* dout,
                       const float* inp, const float* w, const float* rstd, int64_t N, int64_t C) {
-  TS_DISPATCH(rmsnorm_backward, dinp, dw, dout, inp, w, rstd, N, C);
+  TS_DISPATCH_COST(rmsnorm_backward, elementwise_cost(N * C, 8, 4), dinp, dw, dout, inp, w, rstd, N,
+                   C);
 }
 
 void rope_forward(const Context& ctx, float* out, const float* inp, const RopeTable& table,
@@ -153,7 +169,8 @@ void swiglu_forward(const Context& ctx, float* out, const float* gate, const flo
 
 void swiglu_backward(const Context& ctx, float* dgate, float* dup, const float* dout,
                      const float* gate, const float* up, int64_t N, int64_t F) {
-  TS_DISPATCH(swiglu_backward, dgate, dup, dout, gate, up, N, F);
+  TS_DISPATCH_COST(swiglu_backward, elementwise_cost(N * F, 10, 5), dgate, dup, dout, gate, up, N,
+                   F);
 }
 
 // Per element: square-accumulate, two multiplies; reads inp and w, writes out (rstd negligible).

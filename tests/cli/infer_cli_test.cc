@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 
 #include "backend/device.h"
@@ -207,6 +208,33 @@ TEST_F(InferCli, BenchGenerateJson) {
   // Memory on huge pages is a reading of the process: never negative, never past its peak.
   EXPECT_GE(j["huge_page_bytes"].get<double>(), 0);
   EXPECT_LE(j["huge_page_bytes"].get<double>(), j["peak_rss_bytes"].get<double>());
+}
+
+// bench train --profile: every op of the step observed once per call, the shares (with the time
+// outside ops) adding up to the whole step, the products and attention with a cost model.
+TEST_F(InferCli, BenchTrainProfileJson) {
+  const Result r = run_tessera(
+      "bench train --model gpt2-tiny --batch 2 --seq 16 --steps 2 --threads 1 --profile --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  std::map<std::string, nlohmann::json> ops;
+  double share = 0;
+  for (const auto& op : j["ops"]) {
+    ops[op["op"].get<std::string>()] = op;
+    EXPECT_GE(op["share"].get<double>(), 0) << op;
+    share += op["share"].get<double>();
+  }
+  EXPECT_NEAR(share, 1.0, 1e-3);
+  for (const char* name : {"gemm", "attention_forward", "attention_backward", "adamw",
+                           "layernorm_forward", "softmax_xent"}) {
+    ASSERT_TRUE(ops.contains(name)) << name;
+    EXPECT_GT(ops[name]["roof_ms"].get<double>(), 0) << name;
+  }
+  EXPECT_EQ(ops["softmax_xent"]["calls"].get<double>(), 1.0);  // one loss per step
+  EXPECT_EQ(ops["adamw"]["bound"], "memory");
+  EXPECT_TRUE(ops.contains("(other)"));
+  const Result cuda = run_tessera("bench train --device cuda --profile");
+  EXPECT_NE(cuda.status, 0);
 }
 
 TEST_F(InferCli, BadInputIsOneLine) {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/op_tally.h"
 #include "ops/ops.h"
 #include "ops/quant.h"
 
@@ -46,7 +47,8 @@ TEST(OpObserver, EveryCallIsReportedWithItsCost) {
   EXPECT_EQ(rec.seen[0].op, "gemm");
   EXPECT_EQ(rec.seen[0].cost.flops, 2.0 * M * N * K);
   EXPECT_EQ(rec.seen[1].op, "add");
-  EXPECT_EQ(rec.seen[1].cost.flops, 0.0);  // no cost model for add yet
+  EXPECT_EQ(rec.seen[1].cost.flops, M * N);              // one add per element
+  EXPECT_EQ(rec.seen[1].cost.bytes, 3.0 * 4.0 * M * N);  // two reads and a write
   EXPECT_EQ(rec.seen[2].op, "matmul_wt");
   EXPECT_EQ(rec.seen[2].cost.flops, matmul_wt_cost(M, K, N, DType::f32).flops);
   for (const auto& s : rec.seen) {
@@ -80,6 +82,30 @@ TEST(OpObserver, NoObserverNoReports) {
   scale(ctx, x.data(), 4, 3.0f);
   EXPECT_TRUE(rec.seen.empty());
   EXPECT_EQ(x[3], 3.0f);
+}
+
+// OpTally sums per op what it observes (calls, time, cost), largest time first; reset empties it.
+TEST(OpTally, SumsPerOp) {
+  OpTally tally;
+  Context ctx;
+  ctx.observer = &tally;
+  std::vector<float> x(64, 1.0f);
+  for (int i = 0; i < 3; ++i) add(ctx, x.data(), x.data(), x.data(), 64);
+  scale(ctx, x.data(), 64, 0.5f);
+  const std::vector<OpTotal> t = tally.totals();
+  ASSERT_EQ(t.size(), 2u);
+  const OpTotal& a = t[0].op == "add" ? t[0] : t[1];
+  const OpTotal& s = t[0].op == "add" ? t[1] : t[0];
+  EXPECT_EQ(a.op, "add");
+  EXPECT_EQ(a.calls, 3);
+  EXPECT_EQ(a.flops, 3.0 * 64);
+  EXPECT_EQ(a.bytes, 3.0 * 3 * 4 * 64);
+  EXPECT_EQ(s.op, "scale");
+  EXPECT_EQ(s.calls, 1);
+  EXPECT_GE(t[0].seconds, t[1].seconds);
+  EXPECT_EQ(x[0], 4.0f);  // 1 doubled three times, halved
+  tally.reset();
+  EXPECT_TRUE(tally.totals().empty());
 }
 
 }  // namespace

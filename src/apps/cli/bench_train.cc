@@ -9,12 +9,14 @@
 
 #include "apps/cli/args.h"
 #include "apps/cli/bench.h"
+#include "apps/cli/op_profile.h"
 #include "backend/cpu/gemm.h"
 #include "backend/device.h"
 #include "backend/device_gpt2.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "model/gpt2.h"
+#include "ops/op_tally.h"
 #include "profile/probe.h"
 #include "profile/timer.h"
 #include "train/optimizer.h"
@@ -33,6 +35,7 @@ int run(const Args& a) {
   const int64_t vocab = a.i64("--vocab-size");
   const std::string device = a.str("--device");
   const bool json = a.on("--json");
+  const bool per_op = a.on("--profile");
   const model::Precision prec = model::parse_precision(precision);
   const model::Recompute rec = model::parse_recompute(recompute);
   TS_CHECK(device == "cpu" || device == "cuda", "--device must be cpu or cuda, not '", device, "'");
@@ -42,12 +45,17 @@ int run(const Args& a) {
              "[cuda] --device cuda: ", backend::cuda_device_summary());
     TS_CHECK(prec == model::Precision::bf16, "--device cuda trains in --precision bf16, not ",
              precision);
+    TS_CHECK(!per_op,
+             "--profile observes the CPU step's ops; the CUDA step does not go through "
+             "ops/ yet");
   }
 
   std::unique_ptr<ThreadPool> pool;
   if (threads > 0) pool = std::make_unique<ThreadPool>(static_cast<int>(threads));
   ops::Context ctx;
   ctx.pool = pool.get();
+  ops::OpTally tally;  // observes every op of the timed steps with --profile
+  if (per_op) ctx.observer = &tally;
   model::Gpt2 m(model::Gpt2Config::preset(preset, vocab), ctx);
   TS_CHECK(T <= m.config().max_seq, "--seq ", T, " exceeds ", preset, "'s max_seq ",
            m.config().max_seq);
@@ -89,8 +97,11 @@ int run(const Args& a) {
     return timer.seconds();
   };
   one_step(1);  // warm-up: first touch of the arena and packed buffers
+  tally.reset();
   std::vector<double> times;
   for (int64_t s = 0; s < steps; ++s) times.push_back(one_step(s + 2));
+  double total = 0;
+  for (double t : times) total += t;
   std::sort(times.begin(), times.end());
   const double med = times[times.size() / 2];
   const double tps = static_cast<double>(B * T) / med;
@@ -106,6 +117,16 @@ int run(const Args& a) {
     peak = use_bf16 ? peaks.bf16_gflops_all : peaks.f32_gflops_all;
   }
   const double mfu = peak > 0 ? gflops / peak : 0;
+  std::vector<OpProfileRow> rows;
+  if (per_op) {
+    const auto peaks = profile::cached_peaks(static_cast<int>(ctx.threads().size()));
+    // The step's products run on the bf16 kernel in bf16 precision; every other op in f32.
+    auto peak_of = [&](const std::string& op) {
+      return op == "gemm" || op == "matmul_wt" || op == "matmul_wt_group" ? peak
+                                                                          : peaks.f32_gflops_all;
+    };
+    rows = op_profile(tally.totals(), steps, total, peak_of, peaks.triad_gbs_all);
+  }
   // The products of a step: bf16 compute rounds both operands (the f32 activations while
   // packed), so on the CPU its kernel is the one cpu::gemm takes for bf16 compute at B*T rows.
   const std::string kernel =
@@ -121,10 +142,11 @@ int run(const Args& a) {
         "\"precision\": \"%s\", \"recompute\": \"%s\", \"threads\": %d, "
         "\"median_ms\": %.3f, \"tokens_per_s\": %.1f, \"gflops\": %.2f, "
         "\"peak_gflops\": %.2f, \"mfu\": %.4f, \"peak_rss_mib\": %.1f, "
-        "\"activation_mib\": %.1f, \"gemm_kernel\": \"%s\"}\n",
+        "\"activation_mib\": %.1f, \"gemm_kernel\": \"%s\"%s%s}\n",
         preset.c_str(), device.c_str(), static_cast<long long>(m.num_params()),
         static_cast<long long>(B), static_cast<long long>(T), precision.c_str(), recompute.c_str(),
-        ctx.threads().size(), med * 1e3, tps, gflops, peak, mfu, rss_mib, act_mib, kernel.c_str());
+        ctx.threads().size(), med * 1e3, tps, gflops, peak, mfu, rss_mib, act_mib, kernel.c_str(),
+        per_op ? ", \"ops\": " : "", per_op ? op_profile_json(rows).c_str() : "");
     return 0;
   }
   std::printf("bench train: %s (%.1fM params), B=%lld T=%lld, %s, recompute %s, %d threads\n",
@@ -139,6 +161,13 @@ int run(const Args& a) {
   std::printf("  peak RSS             %10.1f MiB\n", rss_mib);
   std::printf(cuda ? "  device memory        %10.1f MiB\n" : "  activation arena     %10.1f MiB\n",
               act_mib);
+  if (per_op) {
+    std::printf(
+        "  ops of the timed steps (roof: the %s peak for products, the f32 peak for the "
+        "rest, triad bandwidth):\n",
+        use_bf16 ? "bf16" : "f32");
+    print_op_profile(rows, "/step");
+  }
   return 0;
 }
 
@@ -158,6 +187,7 @@ Command bench_train_command() {
           Flag::integer("--threads", 0, 0, 4096, "worker threads; 0: all cores"),
           Flag::integer("--vocab-size", 50257, 1, int64_t{1} << 24, "vocabulary size"),
           Flag::text("--device", "cpu", "cpu, or cuda (GPU 0, bf16)", "DEV"),
+          Flag::toggle("--profile", "time every op of the timed steps: a table per op"),
           Flag::toggle("--json", "one JSON line on stdout"),
       },
       {},
