@@ -68,18 +68,18 @@ void add(const Context& ctx, float* out, const float* a, const float* b, int64_t
 }
 
 void attention_forward(const Context& ctx, float* out, float* lse, const float* qkv, int64_t B,
-                       int64_t T, int64_t C, int64_t H) {
+                       int64_t T, int64_t C, int64_t H, bool round_bf16) {
   TS_CHECK(H > 0 && C % H == 0, "[attention] width C=", C, " is not divisible by heads H=", H);
-  TS_DISPATCH_COST(attention_forward, attention_forward_cost(B, T, C, H), out, lse, qkv, B, T, C,
-                   H);
+  TS_DISPATCH_COST(attention_forward, attention_forward_cost(B, T, C, H), out, lse, qkv, B, T, C, H,
+                   round_bf16);
 }
 
 void attention_backward(const Context& ctx, float* dqkv, const float* dout, const float* qkv,
                         const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
-                        int64_t H) {
+                        int64_t H, bool round_bf16) {
   TS_CHECK(H > 0 && C % H == 0, "[attention] width C=", C, " is not divisible by heads H=", H);
   TS_DISPATCH_COST(attention_backward, attention_backward_cost(B, T, C, H), dqkv, dout, qkv, out,
-                   lse, B, T, C, H);
+                   lse, B, T, C, H, round_bf16);
 }
 
 void softmax_xent(const Context& ctx, float* losses, float* logits, const int32_t* targets,

@@ -63,13 +63,17 @@ void add(const Context& ctx, float* out, const float* a, const float* b, int64_t
 
 // Causal self-attention, FlashAttention style. qkv (B,T,3C) holds q, k, v per token as in GPT-2's
 // c_attn output; out (B,T,C); lse (B,H,T) is the per-row log-sum-exp of the scaled scores, the
-// only statistic kept for backward. Scale 1/sqrt(D).
+// only statistic kept for backward. Scale 1/sqrt(D). With round_bf16 the products (Q K^T and
+// P V; in backward also dO V^T, P^T dO, dS^T Q and dS K) take bf16 operands rounded to nearest
+// even with f32 accumulation, where the device has bf16 products (on the CPU: AVX512-BF16;
+// elsewhere, and in the reference kernels, the flag changes nothing); the softmax and its
+// statistics stay f32 either way.
 void attention_forward(const Context& ctx, float* out, float* lse, const float* qkv, int64_t B,
-                       int64_t T, int64_t C, int64_t H);
+                       int64_t T, int64_t C, int64_t H, bool round_bf16 = false);
 // dqkv (B,T,3C) = gradient (overwrites); dout, out (B,T,C); lse (B,H,T). Recomputes the scores.
 void attention_backward(const Context& ctx, float* dqkv, const float* dout, const float* qkv,
                         const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
-                        int64_t H);
+                        int64_t H, bool round_bf16 = false);
 
 // Fused softmax + cross-entropy over logits (N,Vp) of which the first V columns are real.
 // losses (N) = -log softmax(logits)[target]. If dlogits_scale != 0, overwrites logits in place

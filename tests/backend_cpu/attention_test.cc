@@ -10,6 +10,8 @@
 #include <memory>
 #include <vector>
 
+#include "backend/cpu/attention_bf16.h"
+#include "backend/cpu/cpu_features.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/ref/ref_kernels.h"
 #include "core/error.h"
@@ -382,6 +384,82 @@ TEST(Attention, RejectsBadShapes) {
   EXPECT_THROW(attention_forward(pool(1), nullptr, p, p, 1, 4, 4, 2), Error);
   EXPECT_THROW(ref::attention_forward(p, p, p, 1, 4, 10, 3), Error);
   EXPECT_THROW(ref::attention_backward(p, p, p, p, p, -2, 4, 4, 2), Error);
+}
+
+// ---- bf16 products (round_bf16) ----
+
+constexpr double kUb = 1.0 / 512;  // bf16 unit roundoff, 2^-9
+
+// The f32 bounds widened by what the bf16 path rounds to bf16: q (scaled) and k in the scores
+// (2 kUb relative per product: |ds| <= 2 kUb s_abs), P before P V and P^T dO, v and dO, dS before
+// dS K and dS^T Q (kUb each, relative).
+Bounds bf16_bounds(const AttnShape& s, const Exact& e, const Buf& qkv, const Buf& dout) {
+  const size_t C = static_cast<size_t>(s.C());
+  const double T = static_cast<double>(s.T), D = static_cast<double>(s.D);
+  const double scale = 1.0 / std::sqrt(D);
+  const double qmax = max_abs(qkv, 0, 3 * C, C), kmax = max_abs(qkv, C, 3 * C, C);
+  const double vmax = max_abs(qkv, 2 * C, 3 * C, C), domax = max_abs(dout, 0, C, C);
+  Bounds b = bounds(s, e, qkv, dout);
+  const double E = b.E + 2 * kUb * e.s_abs + kUb;  // P's relative error
+  b.E = E;
+  b.lse_abs = E;
+  b.out = vmax * (E + kUb + (T + 2) * kU);
+  const double M = 2 * D * domax * vmax;
+  const double Eb = 2 * E + 4 * kUb + (D + 4) * kU + (T + 2) * kU;
+  b.dq = scale * kmax * M * Eb;
+  b.dk_per_col = scale * qmax * M * Eb;
+  b.dv_per_col = domax * (E + 2 * kUb + (T + 2) * kU);
+  return b;
+}
+
+// Against the double-precision naive attention within those bounds, over tile edges, odd and
+// large head dims (D = 128: two column blocks) and 1-3 threads, bit-identical across thread
+// counts; and not the f32 kernel's result (the bf16 products ran).
+TEST(AttentionBf16, MatchesDoubleNaiveWithinBf16Bounds) {
+  if (!attention_bf16::supported())
+    GTEST_SKIP() << "this CPU has no AVX512-BF16 (" << simd_summary() << ")";
+  uint64_t seed = 300;
+  for (const AttnShape& s : {AttnShape{1, 1, 1, 64}, AttnShape{2, 7, 3, 5}, AttnShape{1, 65, 4, 64},
+                             AttnShape{2, 130, 3, 8}, AttnShape{1, 70, 2, 128},
+                             AttnShape{4, 130, 4, 16}, AttnShape{1, 129, 1, 3}}) {
+    ++seed;
+    Case c(s, seed, seed % 5);
+    const Bounds bd = bf16_bounds(s, c.exact, c.qkv, c.dout);
+    Buf out_ref(c.n_out(), 0), lse_ref(c.n_lse(), 0), g_ref(c.qkv.size(), 0);
+    ref::attention_forward(out_ref.data(), lse_ref.data(), c.qkv.data(), s.B, s.T, s.C(), s.H);
+    ref::attention_backward(g_ref.data(), c.dout.data(), c.qkv.data(), out_ref.data(),
+                            lse_ref.data(), s.B, s.T, s.C(), s.H);
+    const std::vector<double> want = to_double(g_ref);
+    std::vector<float> first_out, first_g;
+    for (int threads = 1; threads <= 3; ++threads) {
+      Buf out(c.n_out(), 3), lse(c.n_lse(), 1), g(c.qkv.size(), 5);
+      std::fill(g.data(), g.data() + g.size(), NAN);  // every element must be overwritten
+      attention_forward(pool(threads), out.data(), lse.data(), c.qkv.data(), s.B, s.T, s.C(), s.H,
+                        true);
+      for (size_t i = 0; i < c.n_out(); ++i)
+        ASSERT_NEAR(out[i], c.exact.out[i], bd.out)
+            << "out B=" << s.B << " T=" << s.T << " H=" << s.H << " D=" << s.D << " i=" << i;
+      for (size_t i = 0; i < c.n_lse(); ++i)
+        ASSERT_NEAR(lse[i], c.exact.lse[i], bd.lse_abs + 2 * kU * std::fabs(c.exact.lse[i]));
+      // The backward from the exact forward's outputs, as in the f32 test.
+      attention_backward(pool(threads), g.data(), c.dout.data(), c.qkv.data(), out_ref.data(),
+                         lse_ref.data(), s.B, s.T, s.C(), s.H, true);
+      expect_dqkv_near(g, want, s, c.exact, bd, 0.0, "bf16 vs ref");
+      if (threads == 1) {
+        first_out.assign(out.data(), out.data() + out.size());
+        first_g.assign(g.data(), g.data() + g.size());
+      } else {
+        ASSERT_EQ(0, std::memcmp(first_out.data(), out.data(), out.size() * sizeof(float)));
+        ASSERT_EQ(0, std::memcmp(first_g.data(), g.data(), g.size() * sizeof(float)));
+      }
+    }
+    if (s.T > 1) {
+      Buf out32(c.n_out(), 0), lse32(c.n_lse(), 0);
+      attention_forward(pool(2), out32.data(), lse32.data(), c.qkv.data(), s.B, s.T, s.C(), s.H);
+      EXPECT_NE(0, std::memcmp(first_out.data(), out32.data(), out32.size() * sizeof(float)))
+          << "round_bf16 gave the f32 kernel's result bit for bit";
+    }
+  }
 }
 
 }  // namespace

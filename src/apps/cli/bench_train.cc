@@ -120,10 +120,12 @@ int run(const Args& a) {
   std::vector<OpProfileRow> rows;
   if (per_op) {
     const auto peaks = profile::cached_peaks(static_cast<int>(ctx.threads().size()));
-    // The step's products run on the bf16 kernel in bf16 precision; every other op in f32.
+    // The step's products (attention's too) run on bf16 dot products in bf16 precision; every
+    // other op in f32.
     auto peak_of = [&](const std::string& op) {
-      return op == "gemm" || op == "matmul_wt" || op == "matmul_wt_group" ? peak
-                                                                          : peaks.f32_gflops_all;
+      const bool product = op == "gemm" || op == "matmul_wt" || op == "matmul_wt_group" ||
+                           op.starts_with("attention_");
+      return product ? peak : peaks.f32_gflops_all;
     };
     rows = op_profile(tally.totals(), steps, total, peak_of, peaks.triad_gbs_all);
   }
@@ -163,8 +165,8 @@ int run(const Args& a) {
               act_mib);
   if (per_op) {
     std::printf(
-        "  ops of the timed steps (roof: the %s peak for products, the f32 peak for the "
-        "rest, triad bandwidth):\n",
+        "  ops of the timed steps (roof: the %s peak for products and attention, the f32 peak "
+        "for the rest, triad bandwidth):\n",
         use_bf16 ? "bf16" : "f32");
     print_op_profile(rows, "/step");
   }

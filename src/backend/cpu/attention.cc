@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "backend/cpu/attention_bf16.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -38,6 +39,11 @@ constexpr size_t kBc = 64;  // keys per tile; a multiple of 2 vectors on every x
 // Rounds n up to a multiple of m.
 inline size_t round_up(size_t n, size_t m) {
   return (n + m - 1) / m * m;
+}
+
+// A float scratch region seen as words of two bf16 (the bf16 products' operands).
+inline uint32_t* words(float* p) {
+  return reinterpret_cast<uint32_t*>(p);
 }
 
 inline void check_args(const char* op, const void* a, const void* b, const void* c, int64_t B,
@@ -60,6 +66,8 @@ namespace hn = hwy::HWY_NAMESPACE;
 using attention_detail::kBc;
 using attention_detail::kBr;
 using attention_detail::round_up;
+using attention_detail::words;
+namespace ab = attention_bf16;
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 
@@ -254,21 +262,30 @@ void run_tasks(ThreadPool& pool, size_t n, const Fn& fn) {
 
 // One query tile of the forward pass: queries i0 .. i0 + nq of one head against the keys
 // 0 .. i0 + nq - 1 with an online softmax. q_head = qkv + b*T*3C + h*D (rows of stride ld);
-// kt, v hold the head's keys packed by pack_transposed / pack_rows; out_head, lse_head are the
-// head's rows of out (stride ldo) and lse. qs, o (kBr, Dp), s (kBr, kBc), m, l (kBr) are scratch.
-void forward_tile(float* qs, float* o, const float* kt, const float* v, float* s, float* m,
-                  float* l, const float* q_head, size_t ld, size_t i0, size_t nq, size_t D,
-                  size_t Dp, float scale, float* out_head, size_t ldo, float* lse_head) {
+// kt, v hold the head's keys packed by pack_transposed / pack_rows (bf16: by
+// ab::pack_tiles_along_d / ab::pack_row_pairs); out_head, lse_head are the head's rows of out
+// (stride ldo) and lse. qs, o (kBr, Dp), s, pw (kBr, kBc), m, l (kBr) are scratch. With bf16 the
+// two products take bf16 operands (Dp a multiple of 16, Dh = Dp / 2 words per packed row).
+void forward_tile(bool bf16, float* qs, float* o, float* kt, float* v, float* s, float* pw,
+                  float* m, float* l, const float* q_head, size_t ld, size_t i0, size_t nq,
+                  size_t D, size_t Dp, float scale, float* out_head, size_t ldo, float* lse_head) {
   const DF df;
   const size_t N = hn::Lanes(df);
-  pack_rows(qs, Dp, q_head + i0 * ld, ld, nq, D, scale);
+  const size_t Dh = Dp / 2;
+  if (bf16)
+    ab::pack_rows_along_d(words(qs), Dh, q_head + i0 * ld, ld, nq, D, scale);
+  else
+    pack_rows(qs, Dp, q_head + i0 * ld, ld, nq, D, scale);
   std::fill(o, o + nq * Dp, 0.0f);
   std::fill(m, m + nq, -std::numeric_limits<float>::infinity());
   std::fill(l, l + nq, 0.0f);
   // Key tiles up to the one holding the last query; tiles above the diagonal are skipped.
   for (size_t j0 = 0; j0 < i0 + nq; j0 += kBc) {
     const size_t nkv = std::min(kBc, i0 + nq - j0);
-    abt(qs, Dp, nq, kt + j0 * D, D, s);  // tile j0 / kBc starts at (j0 / kBc) * D * kBc
+    if (bf16)
+      ab::dot(s, kBc, words(qs), Dh, 1, nq, words(kt) + j0 / kBc * Dh * kBc, kBc, Dh, kBc, false);
+    else
+      abt(qs, Dp, nq, kt + j0 * D, D, s);  // tile j0 / kBc starts at (j0 / kBc) * D * kBc
     for (size_t r = 0; r < nq; ++r) {
       float* row = s + r * kBc;
       if (i0 + r + 1 <= j0) {  // no key of this tile is visible to row r (causal: j <= i)
@@ -289,7 +306,13 @@ void forward_tile(float* qs, float* o, const float* kt, const float* v, float* s
         }
       }
     }
-    ab_acc(o, Dp, nq, s, kBc, 1, nkv, v + j0 * Dp, Dp, Dp);
+    if (bf16) {  // P in pairs of keys; every P read is finite (masked and padded keys: 0)
+      const size_t pairs = (nkv + 1) / 2;
+      ab::pairs_along_columns(words(pw), kBc / 2, s, kBc, nq, 2 * pairs);
+      ab::dot(o, Dp, words(pw), kBc / 2, 1, nq, words(v) + j0 / 2 * Dp, Dp, pairs, Dp, true);
+    } else {
+      ab_acc(o, Dp, nq, s, kBc, 1, nkv, v + j0 * Dp, Dp, Dp);
+    }
   }
   for (size_t r = 0; r < nq; ++r) {
     float* dst = out_head + (i0 + r) * ldo;
@@ -304,11 +327,13 @@ void forward_tile(float* qs, float* o, const float* kt, const float* v, float* s
 // out (B,T,C), lse (B,H,T), qkv (B,T,3C). One task per (b, h, run of query tiles): the task
 // packs K^T and V of the keys its queries see once, then sweeps its query tiles.
 void AttentionForward(ThreadPool& pool, float* out, float* lse, const float* qkv, int64_t B,
-                      int64_t T, int64_t C, int64_t H) {
+                      int64_t T, int64_t C, int64_t H, bool round_bf16) {
   if (B == 0 || T == 0) return;
   const DF df;
   const size_t N = hn::Lanes(df);
-  const size_t D = static_cast<size_t>(C / H), Dp = round_up(D, N);
+  const bool bf16 = round_bf16 && ab::supported();
+  // The bf16 products work on 16-column vectors whatever the Highway target.
+  const size_t D = static_cast<size_t>(C / H), Dp = round_up(D, bf16 ? 16 : N);
   const size_t Tz = static_cast<size_t>(T), Cz = static_cast<size_t>(C), ld = 3 * Cz;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const size_t BH = static_cast<size_t>(B * H), n_qt = (Tz + kBr - 1) / kBr;
@@ -321,10 +346,11 @@ void AttentionForward(ThreadPool& pool, float* out, float* lse, const float* qkv
   const size_t Tp = round_up(Tz, kBc);
 
   // Per-thread scratch, allocated once per call: Q, O (kBr, Dp); K^T tiles (Tp / kBc of
-  // (D, kBc)); V (Tp, Dp); S (kBr, kBc); running max and sum (kBr).
+  // (D, kBc); bf16: of (Dp / 2, kBc) words); V (Tp, Dp); S, P pairs (kBr, kBc); running max and
+  // sum (kBr).
   const size_t q_off = 0, o_off = q_off + kBr * Dp, kt_off = o_off + kBr * Dp;
-  const size_t v_off = kt_off + round_up(D * Tp, 16), s_off = v_off + Tp * Dp;
-  const size_t m_off = s_off + kBr * kBc, l_off = m_off + kBr;
+  const size_t v_off = kt_off + round_up(Dp * Tp, 16), s_off = v_off + Tp * Dp;
+  const size_t pw_off = s_off + kBr * kBc, m_off = pw_off + kBr * kBc, l_off = m_off + kBr;
   const size_t per_thread = round_up(l_off + kBr, 16);
   auto scratch = hwy::AllocateAligned<float>(per_thread * static_cast<size_t>(pool.size()));
   TS_CHECK(scratch, "[attention_forward] cannot allocate scratch");
@@ -335,15 +361,21 @@ void AttentionForward(ThreadPool& pool, float* out, float* lse, const float* qkv
     const size_t b = bh / static_cast<size_t>(H), h = bh % static_cast<size_t>(H);
     float* ws = scratch.get() + per_thread * static_cast<size_t>(thread);
     float *qs = ws + q_off, *o = ws + o_off, *kt = ws + kt_off, *v = ws + v_off, *s = ws + s_off;
-    float *m = ws + m_off, *l = ws + l_off;
+    float *pw = ws + pw_off, *m = ws + m_off, *l = ws + l_off;
     const float* base = qkv + b * Tz * ld;
     const size_t qt_end = std::min(n_qt, (run + 1) * per_run);
     const size_t n_keys = std::min(Tz, qt_end * kBr);
-    pack_transposed(kt, base + Cz + h * D, ld, n_keys, D);
-    pack_rows(v, Dp, base + 2 * Cz + h * D, ld, n_keys, D, 1.0f);
+    if (bf16) {
+      ab::pack_tiles_along_d(words(kt), Dp / 2, kBc, base + Cz + h * D, ld, n_keys, D);
+      ab::pack_row_pairs(words(v), Dp, base + 2 * Cz + h * D, ld, n_keys, D, 1.0f);
+    } else {
+      pack_transposed(kt, base + Cz + h * D, ld, n_keys, D);
+      pack_rows(v, Dp, base + 2 * Cz + h * D, ld, n_keys, D, 1.0f);
+    }
     for (size_t qt = run * per_run; qt < qt_end; ++qt)
-      forward_tile(qs, o, kt, v, s, m, l, base + h * D, ld, qt * kBr, std::min(kBr, Tz - qt * kBr),
-                   D, Dp, scale, out + (b * Tz) * Cz + h * D, Cz, lse + bh * Tz);
+      forward_tile(bf16, qs, o, kt, v, s, pw, m, l, base + h * D, ld, qt * kBr,
+                   std::min(kBr, Tz - qt * kBr), D, Dp, scale, out + (b * Tz) * Cz + h * D, Cz,
+                   lse + bh * Tz);
   });
 }
 
@@ -355,11 +387,12 @@ void AttentionForward(ThreadPool& pool, float* out, float* lse, const float* qkv
 // of the result is reproducible.
 void AttentionBackward(ThreadPool& pool, float* dqkv, const float* dout, const float* qkv,
                        const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
-                       int64_t H) {
+                       int64_t H, bool round_bf16) {
   if (B == 0 || T == 0) return;
   const DF df;
   const size_t N = hn::Lanes(df);
-  const size_t D = static_cast<size_t>(C / H), Dp = round_up(D, N);
+  const bool bf16 = round_bf16 && ab::supported();
+  const size_t D = static_cast<size_t>(C / H), Dp = round_up(D, bf16 ? 16 : N), Dh = Dp / 2;
   const size_t Tz = static_cast<size_t>(T), Cz = static_cast<size_t>(C), ld = 3 * Cz;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const size_t BH = static_cast<size_t>(B * H), n_kt = (Tz + kBc - 1) / kBc;
@@ -372,12 +405,17 @@ void AttentionBackward(ThreadPool& pool, float* dqkv, const float* dout, const f
 
   // Per-thread scratch: Q*scale, dO, K, dQ (T, Dp) and Di (T) of the rows a task needs, packed
   // once per task; per key tile K^T, V^T (D, kBc), dK, dV (kBc, Dp); S/P, dP/dS (kBr, kBc).
+  // bf16: Q*scale and dO packed twice, in pairs along d (as A of S and dP) and in pairs of rows
+  // (as B of dK and dV); K in pairs of rows; K^T and V^T tiles in pairs along d; P or dS in pairs
+  // of rows (kBr / 2, kBc words) and dS in pairs along keys (kBr, kBc / 2 words).
   const size_t TD = round_up(Tz * Dp, 16);
   const size_t q_off = 0, do_off = TD, k_off = 2 * TD, dq_off = 3 * TD, di_off = 4 * TD;
-  const size_t kt_off = di_off + round_up(Tz, 16), vt_off = kt_off + round_up(D * kBc, 16);
-  const size_t dk_off = vt_off + round_up(D * kBc, 16), dv_off = dk_off + kBc * Dp;
+  const size_t kt_off = di_off + round_up(Tz, 16), vt_off = kt_off + round_up(Dp * kBc, 16);
+  const size_t dk_off = vt_off + round_up(Dp * kBc, 16), dv_off = dk_off + kBc * Dp;
   const size_t s_off = dv_off + kBc * Dp, dp_off = s_off + kBr * kBc;
-  const size_t per_thread = dp_off + kBr * kBc;
+  const size_t qr_off = dp_off + kBr * kBc, gr_off = qr_off + (bf16 ? TD : 0);
+  const size_t pt_off = gr_off + (bf16 ? TD : 0), dsw_off = pt_off + (bf16 ? kBc * kBr : 0);
+  const size_t per_thread = dsw_off + (bf16 ? kBr * kBc : 0);
   auto scratch = hwy::AllocateAligned<float>(per_thread * static_cast<size_t>(pool.size()));
   TS_CHECK(scratch, "[attention_backward] cannot allocate scratch");
   // Partial dq per (b, h, run) when heads are split: (BH, n_runs, T, Dp).
@@ -395,6 +433,7 @@ void AttentionBackward(ThreadPool& pool, float* dqkv, const float* dout, const f
     float *qs = ws + q_off, *go = ws + do_off, *kp = ws + k_off;
     float *di = ws + di_off, *kt = ws + kt_off, *vt = ws + vt_off, *dk = ws + dk_off;
     float *dv = ws + dv_off, *s = ws + s_off, *dp = ws + dp_off;
+    float *qr = ws + qr_off, *gr = ws + gr_off, *pt = ws + pt_off, *dsw = ws + dsw_off;
     float* dq = n_runs > 1 ? partial.get() + (bh * n_runs + run) * TD : ws + dq_off;
     const float* base = qkv + b * Tz * ld;
     const float* lse_h = lse + bh * Tz;
@@ -402,32 +441,54 @@ void AttentionBackward(ThreadPool& pool, float* dqkv, const float* dout, const f
     const size_t j_begin = run * kt_per_run * kBc, j_end = std::min(Tz, j_begin + kt_per_run * kBc);
     const size_t q_begin = j_begin / kBr * kBr;  // queries before the run's keys see none of them
 
-    // Packed rows keep their sequence index: row i of qs, go, dq is query i, row j of kp key j.
-    pack_rows(qs + q_begin * Dp, Dp, base + q_begin * ld + h * D, ld, Tz - q_begin, D, scale);
-    pack_rows(go + q_begin * Dp, Dp, dout + (b * Tz + q_begin) * Cz + h * D, Cz, Tz - q_begin, D,
-              1.0f);
-    pack_rows(kp + j_begin * Dp, Dp, base + j_begin * ld + Cz + h * D, ld, j_end - j_begin, D,
-              1.0f);
+    // Packed rows keep their sequence index: row i of qs, go, dq is query i, row j of kp key j
+    // (bf16: row i of the along-d packs, pair i / 2 of the row-pair packs; runs start even).
+    const float* q_rows = base + q_begin * ld + h * D;
+    const float* do_rows = dout + (b * Tz + q_begin) * Cz + h * D;
+    const float* k_rows = base + j_begin * ld + Cz + h * D;
+    const size_t nq_run = Tz - q_begin, nk_run = j_end - j_begin;
+    if (bf16) {
+      ab::pack_rows_along_d(words(qs) + q_begin * Dh, Dh, q_rows, ld, nq_run, D, scale);
+      ab::pack_row_pairs(words(qr) + q_begin / 2 * Dp, Dp, q_rows, ld, nq_run, D, scale);
+      ab::pack_rows_along_d(words(go) + q_begin * Dh, Dh, do_rows, Cz, nq_run, D, 1.0f);
+      ab::pack_row_pairs(words(gr) + q_begin / 2 * Dp, Dp, do_rows, Cz, nq_run, D, 1.0f);
+      ab::pack_row_pairs(words(kp) + j_begin / 2 * Dp, Dp, k_rows, ld, nk_run, D, 1.0f);
+    } else {
+      pack_rows(qs + q_begin * Dp, Dp, q_rows, ld, nq_run, D, scale);
+      pack_rows(go + q_begin * Dp, Dp, do_rows, Cz, nq_run, D, 1.0f);
+      pack_rows(kp + j_begin * Dp, Dp, k_rows, ld, nk_run, D, 1.0f);
+    }
     std::fill(dq + q_begin * Dp, dq + Tz * Dp, 0.0f);
     // Di = rowsum(dO_i * O_i), in double: it is subtracted from dP, where cancellation hurts.
     for (size_t i = q_begin; i < Tz; ++i) {
       const float* o = out + (b * Tz + i) * Cz + h * D;
+      const float* g = dout + (b * Tz + i) * Cz + h * D;
       double acc = 0;
-      for (size_t d = 0; d < D; ++d) acc += static_cast<double>(go[i * Dp + d]) * o[d];
+      for (size_t d = 0; d < D; ++d) acc += static_cast<double>(g[d]) * o[d];
       di[i] = static_cast<float>(acc);
     }
 
     for (size_t j0 = j_begin; j0 < j_end; j0 += kBc) {
       const size_t nkv = std::min(kBc, Tz - j0);
-      pack_transposed(kt, base + j0 * ld + Cz + h * D, ld, nkv, D);
-      pack_transposed(vt, base + j0 * ld + 2 * Cz + h * D, ld, nkv, D);
+      if (bf16) {
+        ab::pack_tiles_along_d(words(kt), Dh, kBc, base + j0 * ld + Cz + h * D, ld, nkv, D);
+        ab::pack_tiles_along_d(words(vt), Dh, kBc, base + j0 * ld + 2 * Cz + h * D, ld, nkv, D);
+      } else {
+        pack_transposed(kt, base + j0 * ld + Cz + h * D, ld, nkv, D);
+        pack_transposed(vt, base + j0 * ld + 2 * Cz + h * D, ld, nkv, D);
+      }
       std::fill(dk, dk + kBc * Dp, 0.0f);
       std::fill(dv, dv + kBc * Dp, 0.0f);
       // Query tiles at or below the diagonal, in increasing order (fixed summation order).
       for (size_t i0 = j0 / kBr * kBr; i0 < Tz; i0 += kBr) {
         const size_t nq = std::min(kBr, Tz - i0);
-        abt(qs + i0 * Dp, Dp, nq, kt, D, s);   // S = scale Q K^T
-        abt(go + i0 * Dp, Dp, nq, vt, D, dp);  // dP = dO V^T
+        if (bf16) {
+          ab::dot(s, kBc, words(qs) + i0 * Dh, Dh, 1, nq, words(kt), kBc, Dh, kBc, false);
+          ab::dot(dp, kBc, words(go) + i0 * Dh, Dh, 1, nq, words(vt), kBc, Dh, kBc, false);
+        } else {
+          abt(qs + i0 * Dp, Dp, nq, kt, D, s);   // S = scale Q K^T
+          abt(go + i0 * Dp, Dp, nq, vt, D, dp);  // dP = dO V^T
+        }
         for (size_t r = 0; r < nq; ++r) {
           const size_t i = i0 + r;
           float* prow = s + r * kBc;
@@ -442,9 +503,21 @@ void AttentionBackward(ThreadPool& pool, float* dqkv, const float* dout, const f
             hn::StoreU(hn::Mul(pv, hn::Sub(hn::LoadU(df, dsrow + c), div)), df, dsrow + c);
           }
         }
-        ab_acc(dv, Dp, nkv, s, 1, kBc, nq, go + i0 * Dp, Dp, Dp);   // dV += P^T dO
-        ab_acc(dk, Dp, nkv, dp, 1, kBc, nq, qs + i0 * Dp, Dp, Dp);  // dK += dS^T (scale Q)
-        ab_acc(dq + i0 * Dp, Dp, nq, dp, kBc, 1, nkv, kp + j0 * Dp, Dp, Dp);  // dQ += dS K
+        if (bf16) {  // the same three products on pairs (of queries, then of keys)
+          // P and dS in pairs of query rows (pt: (nq / 2, kBc) words), read transposed as A.
+          const size_t q_pairs = (nq + 1) / 2, k_pairs = (nkv + 1) / 2;
+          ab::pack_row_pairs(words(pt), kBc, s, kBc, nq, nkv, 1.0f);
+          ab::dot(dv, Dp, words(pt), 1, kBc, nkv, words(gr) + i0 / 2 * Dp, Dp, q_pairs, Dp, true);
+          ab::pack_row_pairs(words(pt), kBc, dp, kBc, nq, nkv, 1.0f);
+          ab::dot(dk, Dp, words(pt), 1, kBc, nkv, words(qr) + i0 / 2 * Dp, Dp, q_pairs, Dp, true);
+          ab::pairs_along_columns(words(dsw), kBc / 2, dp, kBc, nq, 2 * k_pairs);
+          ab::dot(dq + i0 * Dp, Dp, words(dsw), kBc / 2, 1, nq, words(kp) + j0 / 2 * Dp, Dp,
+                  k_pairs, Dp, true);
+        } else {
+          ab_acc(dv, Dp, nkv, s, 1, kBc, nq, go + i0 * Dp, Dp, Dp);   // dV += P^T dO
+          ab_acc(dk, Dp, nkv, dp, 1, kBc, nq, qs + i0 * Dp, Dp, Dp);  // dK += dS^T (scale Q)
+          ab_acc(dq + i0 * Dp, Dp, nq, dp, kBc, 1, nkv, kp + j0 * Dp, Dp, Dp);  // dQ += dS K
+        }
       }
       for (size_t c = 0; c < nkv; ++c) {
         float* g = dbase + (j0 + c) * ld + h * D;
@@ -489,17 +562,17 @@ HWY_EXPORT(AttentionForward);
 HWY_EXPORT(AttentionBackward);
 
 void attention_forward(ThreadPool& pool, float* out, float* lse, const float* qkv, int64_t B,
-                       int64_t T, int64_t C, int64_t H) {
+                       int64_t T, int64_t C, int64_t H, bool round_bf16) {
   attention_detail::check_args("attention_forward", out, lse, qkv, B, T, C, H);
-  HWY_DYNAMIC_DISPATCH(AttentionForward)(pool, out, lse, qkv, B, T, C, H);
+  HWY_DYNAMIC_DISPATCH(AttentionForward)(pool, out, lse, qkv, B, T, C, H, round_bf16);
 }
 
 void attention_backward(ThreadPool& pool, float* dqkv, const float* dout, const float* qkv,
                         const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
-                        int64_t H) {
+                        int64_t H, bool round_bf16) {
   attention_detail::check_args("attention_backward", dqkv, dout, qkv, B, T, C, H);
   TS_CHECK(B * T == 0 || (out && lse), "[attention_backward] null tensor pointer");
-  HWY_DYNAMIC_DISPATCH(AttentionBackward)(pool, dqkv, dout, qkv, out, lse, B, T, C, H);
+  HWY_DYNAMIC_DISPATCH(AttentionBackward)(pool, dqkv, dout, qkv, out, lse, B, T, C, H, round_bf16);
 }
 
 }  // namespace tessera::cpu
