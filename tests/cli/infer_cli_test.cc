@@ -210,6 +210,28 @@ TEST_F(InferCli, BenchGenerateJson) {
   EXPECT_LE(j["huge_page_bytes"].get<double>(), j["peak_rss_bytes"].get<double>());
 }
 
+// bench generate --profile: prefill's and decode's ops apart, each phase's shares adding up to
+// its time, the products and attention in both, one paged attention per layer per decode step.
+TEST_F(InferCli, BenchGenerateProfileJson) {
+  const Result r = run_tessera("bench generate -m " + kModel +
+                               " --prompt 16 --gen 4 --reps 1 --batch 1 --profile --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  const int64_t layers = 30;  // SmolLM2-135M
+  for (const char* phase : {"prefill_ops", "decode_ops"}) {
+    std::map<std::string, nlohmann::json> ops;
+    double share = 0;
+    for (const auto& op : j[phase]) {
+      ops[op["op"].get<std::string>()] = op;
+      share += op["share"].get<double>();
+    }
+    EXPECT_NEAR(share, 1.0, 1e-3) << phase;
+    for (const char* name : {"matmul_wt", "matmul_wt_group", "paged_attention", "rmsnorm_forward"})
+      EXPECT_TRUE(ops.contains(name)) << phase << " " << name;
+    EXPECT_EQ(ops["paged_attention"]["calls"].get<double>(), layers) << phase;
+  }
+}
+
 // bench train --profile: every op of the step observed once per call, the shares (with the time
 // outside ops) adding up to the whole step, the products and attention with a cost model.
 TEST_F(InferCli, BenchTrainProfileJson) {

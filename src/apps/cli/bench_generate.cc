@@ -10,6 +10,7 @@
 #include "apps/cli/args.h"
 #include "apps/cli/bench.h"
 #include "apps/cli/infer_flags.h"
+#include "apps/cli/op_profile.h"
 #include "backend/cpu/gemm.h"
 #include "backend/device.h"
 #include "core/error.h"
@@ -17,6 +18,7 @@
 #include "core/thread_pool.h"
 #include "infer/engine.h"
 #include "model/synthetic.h"
+#include "ops/op_tally.h"
 #include "profile/probe.h"
 #include "profile/timer.h"
 
@@ -27,6 +29,14 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
+
+// Hands each observed op to the tally of the phase being measured (none between phases).
+struct PhaseObserver final : ops::OpObserver {
+  ops::OpTally* into = nullptr;
+  void on_op(const ops::OpRecord& r) override {
+    if (into) into->on_op(r);
+  }
+};
 
 int32_t argmax(const float* x, int64_t n) {
   return static_cast<int32_t>(std::max_element(x, x + n) - x);
@@ -55,6 +65,10 @@ int run(const Args& a) {
   const std::vector<int64_t> batches = a.ints("--batch");  // never empty: the table refuses ""
   const int64_t batch_prompt = a.i64("--batch-prompt");
   const bool json = a.on("--json");
+  const bool per_op = a.on("--profile");
+  TS_CHECK(!per_op || !ef.cuda,
+           "--profile observes the CPU engine's ops; the CUDA decoder does not go through ops/ "
+           "yet");
 
   // No tokenizer needed: the prompt is random token ids (synthetic models carry none).
   LoadedModel m;
@@ -74,12 +88,15 @@ int run(const Args& a) {
   eo.kv_tokens =
       std::max((prompt_len + gen + bt - 1) / bt, max_batch * ((batch_prompt + gen + bt - 1) / bt)) *
       bt;
+  PhaseObserver observer;  // with --profile: prefill's and decode's ops, tallied apart
+  ops::OpTally prefill_ops, decode_ops;
+  if (per_op) eo.ctx.observer = &observer;
   infer::Engine engine(m.model, eo);
   const int threads = eo.ctx.threads().size();
   // The roofline's yardsticks: the CPU's probed triad bandwidth and FMA peak, or on CUDA the
   // GPU's measured read bandwidth and its dense bf16 tensor-core peak.
   struct Peaks {
-    double gbs = 0, gflops = 0;
+    double gbs = 0, gflops = 0, f32_gflops = 0;  // gflops: the products' peak
     std::string flops_kind = "f32";
   } peaks;
   if (ef.cuda) {
@@ -91,7 +108,7 @@ int run(const Args& a) {
     // fresh). The FMA peak moves little and comes from the cache.
     const profile::MachinePeaks p = profile::cached_peaks(threads);
     peaks.gbs = profile::measure_triad_gbs(threads);
-    peaks.gflops = p.f32_gflops_all;
+    peaks.gflops = peaks.f32_gflops = p.f32_gflops_all;
     // bf16 weights run prefill on the bf16 dot-product kernel where the CPU has one: its peak.
     const bool bf16_weights =
         !m.model.weights.layers.empty() && m.model.weights.layers[0].w_up.type == DType::bf16;
@@ -116,12 +133,15 @@ int run(const Args& a) {
   for (int64_t r = 0; r < reps; ++r) {
     const int32_t seq = engine.new_sequence();
     engine.reset_stats();
+    observer.into = &prefill_ops;
     const profile::Timer t;
     engine.forward({infer::Feed{seq, prompt, false}});
     prefill_s.push_back(t.seconds());
     pre += engine.stats();
     engine.reset_stats();
+    observer.into = &decode_ops;
     decode_s.push_back(timed_decode(engine, {seq}, gen));
+    observer.into = nullptr;
     dec += engine.stats();
     engine.free_sequence(seq);
   }
@@ -151,6 +171,18 @@ int run(const Args& a) {
   const double attn_flops = 4.0 * c.n_layers * c.q_dim() * (prompt_len + 1) / 2.0;
   const double prefill_flops = prompt_len * (layer_flops + attn_flops) + head_flops;
   const double prefill_gflops = prefill_flops / median(prefill_s) / 1e9;
+  // Per op: prefill per prompt, decode per token; the products against the products' peak.
+  std::vector<OpProfileRow> prefill_rows, decode_rows;
+  if (per_op) {
+    auto peak_of = [&](const std::string& op) {
+      return op.starts_with("matmul_wt") ? peaks.gflops : peaks.f32_gflops;
+    };
+    double pre_total = 0, dec_total = 0;
+    for (double x : prefill_s) pre_total += x;
+    for (double x : decode_s) dec_total += x;
+    prefill_rows = op_profile(prefill_ops.totals(), reps, pre_total, peak_of, peaks.gbs);
+    decode_rows = op_profile(decode_ops.totals(), reps * gen, dec_total, peak_of, peaks.gbs);
+  }
 
   // On a device the stages are timed in a decode pass of their own: the events between stages
   // need eager launches, where the reps above replay CUDA graphs. Its tokens/s is reported with
@@ -227,13 +259,17 @@ int run(const Args& a) {
     std::printf(
         ", \"decode_time_split\": %s, \"prefill_time_split\": %s, "
         "\"kv_cache_bytes\": %lld, \"file_weight_bytes\": %lld, \"peak_rss_bytes\": %lld, "
-        "\"huge_page_bytes\": %lld}\n",
+        "\"huge_page_bytes\": %lld",
         split(frac_matmul, frac_attention).c_str(),
         split(pre_frac_matmul, pre_frac_attention).c_str(),
         static_cast<long long>(engine.cache().bytes()),
         static_cast<long long>(m.model.total_weight_bytes()),
         static_cast<long long>(profile::peak_rss_bytes()),
         static_cast<long long>(profile::huge_page_bytes()));
+    if (per_op)
+      std::printf(", \"prefill_ops\": %s, \"decode_ops\": %s",
+                  op_profile_json(prefill_rows).c_str(), op_profile_json(decode_rows).c_str());
+    std::printf("}\n");
     return 0;
   }
   std::printf("model %s (%s) on %s, %d threads; peaks: %.1f GB/s %s, %.1f GFLOP/s %s\n",
@@ -272,6 +308,15 @@ int run(const Args& a) {
   for (const BatchRow& r : batch_rows)
     std::printf("batched decode, %4lld sequences: %8.1f tokens/s (%.2fx batch 1)\n",
                 (long long)r.batch, r.tps, r.tps / decode_tps);
+  if (per_op) {
+    std::printf(
+        "prefill ops, per %lld-token prompt (roof: %s peak for products, f32 for the "
+        "rest; triad bandwidth):\n",
+        (long long)prompt_len, peaks.flops_kind.c_str());
+    print_op_profile(prefill_rows, "/prompt");
+    std::printf("decode ops, per token:\n");
+    print_op_profile(decode_rows, "/token");
+  }
   if (ef.cuda) {  // the cache lives on the device; host memory holds the weights' file copy
     std::printf("memory: %s; host peak RSS %.1f MB\n", engine.device_description().c_str(),
                 profile::peak_rss_bytes() / 1e6);
@@ -303,6 +348,7 @@ Command bench_generate_command() {
                 Flag::int_list("--batch", "1", 1, 4096, "batch sizes of the batched decode"),
                 Flag::integer("--batch-prompt", 32, 1, int64_t{1} << 20,
                               "prompt tokens per sequence of the batched decode"),
+                Flag::toggle("--profile", "time every op of prefill and decode: a table per op"),
                 Flag::toggle("--json", "one JSON object on stdout"),
             }}),
       {},
