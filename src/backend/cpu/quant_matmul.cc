@@ -542,6 +542,16 @@ void matmul_wt(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t 
                const void* w, DType w_type, int64_t N, const float* bias) {
   ops::check_matmul_wt_args(ldy, M, K, w_type, N);
   if (matmul_wt_takes_packed_gemm(w_type, M)) {
+    if (w_type == DType::f32) {
+      // f32 weights are an f32 GEMM's B operand as they stand: gemm packs their panels directly,
+      // where gemm_wt's stored-weights route would go through its row-conversion packing.
+      ops::GemmArgs g;
+      g.trans_b = ops::Trans::T;
+      g.m = M, g.n = N, g.k = K;
+      g.a = x, g.lda = K, g.b = w, g.ldb = K;
+      g.c = y, g.ldc = ldy, g.bias = bias;
+      return gemm(pool, g);
+    }
     if (w_type == DType::bf16 && gemm_kernel_for(true, M) == GemmKernel::bf16_dot) {
       // bf16 weights on the bf16 dot-product kernel: x is rounded to bf16 while packed, as a
       // bf16 model's activations are in transformers and llama.cpp (twice the f32 kernel's rate).
