@@ -23,6 +23,7 @@ namespace tessera::cpu {
 namespace {
 
 constexpr double kU = FLT_EPSILON / 2;  // f32 unit roundoff
+constexpr double kUb = 1.0 / 512;       // bf16 unit roundoff, 2^-9
 
 struct AttnShape {
   int64_t B, T, H, D;
@@ -126,20 +127,24 @@ struct Bounds {
   double E, out, lse_abs, dq, dk_per_col, dv_per_col;
 };
 
-Bounds bounds(const AttnShape& s, const Exact& e, const Buf& qkv, const Buf& dout) {
+// ub: the unit roundoff of what the products' operands are rounded to first (0: f32 operands;
+// kUb for the bf16 products). It widens the bounds by the operands' rounding: q (scaled)
+// and k in the scores (|ds| <= 2 ub s_abs), P before P V and P^T dO, v and dO, dS before dS K and
+// dS^T Q (ub each, relative).
+Bounds bounds(const AttnShape& s, const Exact& e, const Buf& qkv, const Buf& dout, double ub = 0) {
   const size_t C = static_cast<size_t>(s.C());
   const double T = static_cast<double>(s.T), D = static_cast<double>(s.D);
   const double scale = 1.0 / std::sqrt(D);
   const double qmax = max_abs(qkv, 0, 3 * C, C), kmax = max_abs(qkv, C, 3 * C, C);
   const double vmax = max_abs(qkv, 2 * C, 3 * C, C), domax = max_abs(dout, 0, C, C);
   Bounds b;
-  b.E = 3 * D * kU * e.s_abs + (2 * T + D + 16) * kU;
-  b.out = vmax * (b.E + (T + 2) * kU);
+  b.E = 3 * D * kU * e.s_abs + (2 * T + D + 16) * kU + 2 * ub * e.s_abs + ub;
+  b.out = vmax * (b.E + ub + (T + 2) * kU);
   b.lse_abs = b.E;
-  const double M = 2 * D * domax * vmax, Eb = 2 * b.E + (D + 4) * kU + (T + 2) * kU;
+  const double M = 2 * D * domax * vmax, Eb = 2 * b.E + 4 * ub + (D + 4) * kU + (T + 2) * kU;
   b.dq = scale * kmax * M * Eb;
   b.dk_per_col = scale * qmax * M * Eb;
-  b.dv_per_col = domax * (b.E + (T + 2) * kU);
+  b.dv_per_col = domax * (b.E + 2 * ub + (T + 2) * kU);
   return b;
 }
 
@@ -388,33 +393,9 @@ TEST(Attention, RejectsBadShapes) {
 
 // ---- bf16 products (round_bf16) ----
 
-constexpr double kUb = 1.0 / 512;  // bf16 unit roundoff, 2^-9
-
-// The f32 bounds widened by what the bf16 path rounds to bf16: q (scaled) and k in the scores
-// (2 kUb relative per product: |ds| <= 2 kUb s_abs), P before P V and P^T dO, v and dO, dS before
-// dS K and dS^T Q (kUb each, relative).
-Bounds bf16_bounds(const AttnShape& s, const Exact& e, const Buf& qkv, const Buf& dout) {
-  const size_t C = static_cast<size_t>(s.C());
-  const double T = static_cast<double>(s.T), D = static_cast<double>(s.D);
-  const double scale = 1.0 / std::sqrt(D);
-  const double qmax = max_abs(qkv, 0, 3 * C, C), kmax = max_abs(qkv, C, 3 * C, C);
-  const double vmax = max_abs(qkv, 2 * C, 3 * C, C), domax = max_abs(dout, 0, C, C);
-  Bounds b = bounds(s, e, qkv, dout);
-  const double E = b.E + 2 * kUb * e.s_abs + kUb;  // P's relative error
-  b.E = E;
-  b.lse_abs = E;
-  b.out = vmax * (E + kUb + (T + 2) * kU);
-  const double M = 2 * D * domax * vmax;
-  const double Eb = 2 * E + 4 * kUb + (D + 4) * kU + (T + 2) * kU;
-  b.dq = scale * kmax * M * Eb;
-  b.dk_per_col = scale * qmax * M * Eb;
-  b.dv_per_col = domax * (E + 2 * kUb + (T + 2) * kU);
-  return b;
-}
-
-// Against the double-precision naive attention within those bounds, over tile edges, odd and
-// large head dims (D = 128: two column blocks) and 1-3 threads, bit-identical across thread
-// counts; and not the f32 kernel's result (the bf16 products ran).
+// Against the double-precision naive attention within the bounds widened for bf16 operands, over
+// tile edges, odd and large head dims (D = 128: two column blocks) and 1-3 threads, bit-identical
+// across thread counts; and not the f32 kernel's result (the bf16 products ran).
 TEST(AttentionBf16, MatchesDoubleNaiveWithinBf16Bounds) {
   if (!attention_bf16::supported())
     GTEST_SKIP() << "this CPU has no AVX512-BF16 (" << simd_summary() << ")";
@@ -424,7 +405,7 @@ TEST(AttentionBf16, MatchesDoubleNaiveWithinBf16Bounds) {
                              AttnShape{4, 130, 4, 16}, AttnShape{1, 129, 1, 3}}) {
     ++seed;
     Case c(s, seed, seed % 5);
-    const Bounds bd = bf16_bounds(s, c.exact, c.qkv, c.dout);
+    const Bounds bd = bounds(s, c.exact, c.qkv, c.dout, kUb);
     Buf out_ref(c.n_out(), 0), lse_ref(c.n_lse(), 0), g_ref(c.qkv.size(), 0);
     ref::attention_forward(out_ref.data(), lse_ref.data(), c.qkv.data(), s.B, s.T, s.C(), s.H);
     ref::attention_backward(g_ref.data(), c.dout.data(), c.qkv.data(), out_ref.data(),

@@ -99,13 +99,22 @@ TEST(RealTokenizer, SmolLM2GgufAndJsonRoundTrips) {
   EXPECT_EQ(back.special_tokens().bos, 1);
 }
 
-TEST(RealTokenizer, Llama3StyleMatchesHuggingFace) {
-  const tokenizer::Tokenizer tok = tokenizer::Tokenizer::load_json(kDir + "llama3_bpe.json");
-  EXPECT_EQ(tok.pre_tokenizer(), tokenizer::PreTokenizer::llama3);
-  expect_matches_hf(tok, cases_of("llama3_bpe.json"));
-  expect_matches_hf(via_gguf(tok), cases_of("llama3_bpe.json"));
+// A byte-level BPE from tokenizer.json, with the pre-tokenizer `pre`, matches HF as loaded, after
+// a trip through GGUF metadata, and after a trip through our own tokenizer.json writer.
+tokenizer::Tokenizer expect_byte_level_matches_hf(const std::string& file,
+                                                  tokenizer::PreTokenizer pre) {
+  tokenizer::Tokenizer tok = tokenizer::Tokenizer::load_json(kDir + file);
+  EXPECT_EQ(tok.pre_tokenizer(), pre) << file;
+  expect_matches_hf(tok, cases_of(file));
+  expect_matches_hf(via_gguf(tok), cases_of(file));
   expect_matches_hf(tokenizer::Tokenizer::from_json_text(tok.to_json_text(), "w.json"),
-                    cases_of("llama3_bpe.json"));
+                    cases_of(file));
+  return tok;
+}
+
+TEST(RealTokenizer, Llama3StyleMatchesHuggingFace) {
+  const tokenizer::Tokenizer tok =
+      expect_byte_level_matches_hf("llama3_bpe.json", tokenizer::PreTokenizer::llama3);
   EXPECT_EQ(tok.special_tokens().bos, 0);  // <|begin_of_text|>
   EXPECT_EQ(tok.special_tokens().eot, 4);  // <|eot_id|>
   EXPECT_EQ(tok.end_of_generation_tokens(), (std::vector<int32_t>{1, 4}));
@@ -113,12 +122,7 @@ TEST(RealTokenizer, Llama3StyleMatchesHuggingFace) {
 
 // Qwen2's split (digits one by one) behind an NFC normalizer.
 TEST(RealTokenizer, Qwen2StyleMatchesHuggingFace) {
-  const tokenizer::Tokenizer tok = tokenizer::Tokenizer::load_json(kDir + "qwen2_bpe.json");
-  EXPECT_EQ(tok.pre_tokenizer(), tokenizer::PreTokenizer::qwen2);
-  expect_matches_hf(tok, cases_of("qwen2_bpe.json"));
-  expect_matches_hf(via_gguf(tok), cases_of("qwen2_bpe.json"));
-  expect_matches_hf(tokenizer::Tokenizer::from_json_text(tok.to_json_text(), "w.json"),
-                    cases_of("qwen2_bpe.json"));
+  expect_byte_level_matches_hf("qwen2_bpe.json", tokenizer::PreTokenizer::qwen2);
 }
 
 TEST(RealTokenizer, SentencePieceMetaspaceMatchesHuggingFace) {
