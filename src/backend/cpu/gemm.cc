@@ -234,24 +234,6 @@ HWY_INLINE void micro_kernel(int64_t kc, const float* HWY_RESTRICT a, const BT* 
 #endif
 }
 
-// A partial tile (rows < kMR or cols < kNR) goes through an aligned kMR x kNR scratch tile so
-// the kernel's arithmetic (and hence every output bit) is the same as for a full tile.
-template <typename BT>
-void edge_tile(int64_t kc, const float* a, const BT* b, float* c, int64_t ldc, int64_t rows,
-               int64_t cols, bool load_c, const float* bias) {
-  HWY_ALIGN float tile[kMR * kNR];
-  HWY_ALIGN float bias_tile[kNR];
-  std::memset(tile, 0, sizeof(tile));
-  if (load_c)
-    for (int64_t r = 0; r < rows; ++r) std::memcpy(tile + r * kNR, c + r * ldc, cols * 4);
-  if (bias) {
-    std::memset(bias_tile, 0, sizeof(bias_tile));
-    std::memcpy(bias_tile, bias, cols * 4);
-  }
-  micro_kernel(kc, a, b, tile, kNR, load_c, bias ? bias_tile : nullptr);
-  for (int64_t r = 0; r < rows; ++r) std::memcpy(c + r * ldc, tile + r * kNR, cols * 4);
-}
-
 struct Problem {
   Operand a, b;
   int64_t m, n, k;
@@ -283,45 +265,39 @@ void gemm_rect(const Problem& pr, int64_t m0, int64_t m1, int64_t n0, int64_t n1
   float* abuf = gemm_detail::pack_buffer(0, static_cast<size_t>(mc_max * kc_max));
   float* bbuf =
       f16_groups ? nullptr : gemm_detail::pack_buffer(1, static_cast<size_t>(nc_max * kc_max));
-  for (int64_t jc = n0; jc < n1; jc += pr.nc) {
-    const int64_t nc = std::min(pr.nc, n1 - jc);
-    for (int64_t pc = 0; pc < pr.k; pc += pr.kc) {
-      const int64_t kc = std::min(pr.kc, pr.k - pc);
-      if (!f16_groups) pack_b<kNR>(pr.b, pc, kc, jc, nc, bbuf);
-      // The first depth block starts from bias (+ C when accumulating); later ones from C.
-      const bool load_c = pc > 0 || pr.accumulate;
-      const float* bias = pc == 0 ? pr.bias : nullptr;
-      for (int64_t ic = m0; ic < m1; ic += pr.mc) {
-        const int64_t mc = std::min(pr.mc, m1 - ic);
-        pack_a<kMR>(pr.a, ic, mc, pc, kc, abuf);
-        for (int64_t jr = 0; jr < nc; jr += kNR) {
-          const int64_t cols = std::min<int64_t>(kNR, nc - jr);
-          const float* bias_j = bias ? bias + jc + jr : nullptr;
-          auto tiles = [&](const auto* bp) {
-            for (int64_t ir = 0; ir < mc; ir += kMR) {
-              const int64_t rows = std::min<int64_t>(kMR, mc - ir);
-              float* cp = pr.c + (ic + ir) * pr.ldc + jc + jr;
-              const float* ap = abuf + ir * kc;
-              if (rows == kMR && cols == kNR) {
-                micro_kernel(kc, ap, bp, cp, pr.ldc, load_c, bias_j);
-              } else {
-                edge_tile(kc, ap, bp, cp, pr.ldc, rows, cols, load_c, bias_j);
-              }
-            }
-          };
-#if HWY_TARGET == HWY_AVX2
-          if (f16_groups) {
-            // Group (jc + jr) / 16 starts at half (jc + jr) * K; depth pc at 16 * pc within it.
-            const uint16_t* bp = static_cast<const uint16_t*>(pr.b.p) + (jc + jr) * pr.k + pc * kNR;
-            tiles(bp);
-            continue;
-          }
-#endif
-          tiles(bbuf + jr * kc);
-        }
+  auto pack_b_block = [&](int64_t jc, int64_t nc, int64_t pc, int64_t kc) {
+    if (!f16_groups) pack_b<kNR>(pr.b, pc, kc, jc, nc, bbuf);
+  };
+  auto pack_a_block = [&](int64_t ic, int64_t mc, int64_t pc, int64_t kc) {
+    pack_a<kMR>(pr.a, ic, mc, pc, kc, abuf);
+  };
+  auto tile = [&](int64_t i, int64_t ir, int64_t j, int64_t jr, int64_t pc, int64_t kc,
+                  int64_t rows, int64_t cols, bool load_c, const float* bias) {
+    float* cp = pr.c + i * pr.ldc + j;
+    const float* ap = abuf + ir * kc;
+    auto run = [&](const auto* bp) {
+      if (rows == kMR && cols == kNR) {
+        micro_kernel(kc, ap, bp, cp, pr.ldc, load_c, bias);
+        return;
       }
+      gemm_detail::edge_tile<kMR, kNR>(
+          [&](float* t, int64_t ld, bool lc, const float* b) {
+            micro_kernel(kc, ap, bp, t, ld, lc, b);
+          },
+          cp, pr.ldc, rows, cols, load_c, bias);
+    };
+#if HWY_TARGET == HWY_AVX2
+    if (f16_groups) {
+      // Group j / 16 starts at half j * K; depth pc at 16 * pc within it.
+      run(static_cast<const uint16_t*>(pr.b.p) + j * pr.k + pc * kNR);
+      return;
     }
-  }
+#endif
+    (void)pc;
+    run(bbuf + jr * kc);
+  };
+  gemm_detail::goto_loops<kMR, kNR>(m0, m1, n0, n1, pr.k, pr.mc, pr.kc, pr.nc, pr.accumulate,
+                                    pr.bias, pack_b_block, pack_a_block, tile);
 }
 
 void run_packed(ThreadPool& pool, const Problem& pr);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "core/dtype.h"
@@ -96,6 +97,62 @@ void run_grid(ThreadPool& pool, int64_t m, int64_t n, int64_t k, int64_t mr, int
     rect(std::min(m, pm * ti / tm * mr), std::min(m, pm * (ti + 1) / tm * mr),
          std::min(n, pn * tj / tn * nr), std::min(n, pn * (tj + 1) / tn * nr));
   });
+}
+
+// Goto's loops over one thread's rectangle C[m0:m1, n0:n1] (a B block of nc x kc stays in L3, an
+// A block of mc x kc in L2, micro-panels in L1), shared by the f32 and the bf16 kernels, which
+// differ only in panel format and micro-kernel. pack_b(jc, nc, pc, kc) and pack_a(ic, mc, pc, kc)
+// fill this thread's buffers; tile(i, ir, j, jr, pc, kc, rows, cols, load_c, bias) computes the
+// micro-tile at C[i, j] (rows x cols: kMR x kNR except at an edge; A panel ir of the A block, B
+// panel jr of the B block), starting from C when load_c (a later depth block, or accumulating)
+// and adding bias (the first depth block's columns) unless null.
+// Always inlined, so that the caller's SIMD target reaches the loops and its tile callback (the
+// micro-kernel) is inlined into them as it was before they were shared.
+template <int64_t kMR, int64_t kNR, class PackB, class PackA, class Tile>
+[[gnu::always_inline]] inline void goto_loops(int64_t m0, int64_t m1, int64_t n0, int64_t n1,
+                                              int64_t k, int64_t mc_blk, int64_t kc_blk,
+                                              int64_t nc_blk, bool accumulate, const float* bias,
+                                              const PackB& pack_b, const PackA& pack_a,
+                                              const Tile& tile) {
+  for (int64_t jc = n0; jc < n1; jc += nc_blk) {
+    const int64_t nc = std::min(nc_blk, n1 - jc);
+    for (int64_t pc = 0; pc < k; pc += kc_blk) {
+      const int64_t kc = std::min(kc_blk, k - pc);
+      pack_b(jc, nc, pc, kc);
+      const bool load_c = pc > 0 || accumulate;
+      const float* bias_pc = pc == 0 ? bias : nullptr;
+      for (int64_t ic = m0; ic < m1; ic += mc_blk) {
+        const int64_t mc = std::min(mc_blk, m1 - ic);
+        pack_a(ic, mc, pc, kc);
+        for (int64_t jr = 0; jr < nc; jr += kNR) {
+          const int64_t cols = std::min(kNR, nc - jr);
+          const float* bias_j = bias_pc ? bias_pc + jc + jr : nullptr;
+          for (int64_t ir = 0; ir < mc; ir += kMR)
+            tile(ic + ir, ir, jc + jr, jr, pc, kc, std::min(kMR, mc - ir), cols, load_c, bias_j);
+        }
+      }
+    }
+  }
+}
+
+// A partial tile (rows x cols inside kMR x kNR) goes through an aligned full-size scratch tile,
+// so the micro-kernel's arithmetic, and with it every output bit, is that of a full tile.
+// kernel(tile, ld, load_c, bias) computes one full tile at `tile` (leading dimension ld).
+template <int64_t kMR, int64_t kNR, class Kernel>
+void edge_tile(const Kernel& kernel, float* c, int64_t ldc, int64_t rows, int64_t cols, bool load_c,
+               const float* bias) {
+  alignas(64) float tile[kMR * kNR];
+  alignas(64) float bias_tile[kNR];
+  std::memset(tile, 0, sizeof(tile));
+  const auto row_bytes = static_cast<size_t>(cols) * sizeof(float);
+  if (load_c)
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(tile + r * kNR, c + r * ldc, row_bytes);
+  if (bias) {
+    std::memset(bias_tile, 0, sizeof(bias_tile));
+    std::memcpy(bias_tile, bias, row_bytes);
+  }
+  kernel(tile, kNR, load_c, bias ? bias_tile : nullptr);
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(c + r * ldc, tile + r * kNR, row_bytes);
 }
 }  // namespace gemm_detail
 

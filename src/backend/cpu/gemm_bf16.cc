@@ -226,23 +226,6 @@ TS_BF16 void micro_kernel(int64_t kp, const uint32_t* __restrict a, const uint32
 #undef TS_BF16_OUT
 }
 
-// A partial tile goes through an aligned kMR x kNR scratch tile, so every output takes the
-// arithmetic of a full tile.
-TS_BF16 void edge_tile(int64_t kp, const uint32_t* a, const uint32_t* b, float* c, int64_t ldc,
-                       int64_t rows, int64_t cols, bool load_c, const float* bias) {
-  alignas(64) float tile[kMR * kNR];
-  alignas(64) float bias_tile[kNR];
-  std::memset(tile, 0, sizeof(tile));
-  if (load_c)
-    for (int64_t r = 0; r < rows; ++r) std::memcpy(tile + r * kNR, c + r * ldc, cols * 4);
-  if (bias) {
-    std::memset(bias_tile, 0, sizeof(bias_tile));
-    std::memcpy(bias_tile, bias, cols * 4);
-  }
-  micro_kernel(kp, a, b, tile, kNR, load_c, bias ? bias_tile : nullptr);
-  for (int64_t r = 0; r < rows; ++r) std::memcpy(c + r * ldc, tile + r * kNR, cols * 4);
-}
-
 struct Problem {
   View a, b;  // a: x = row of C; b: x = column of C
   int64_t m, n, k;
@@ -257,40 +240,37 @@ uint32_t* words(int slot, int64_t n) {
   return reinterpret_cast<uint32_t*>(gemm_detail::pack_buffer(slot, static_cast<size_t>(n)));
 }
 
-// The rectangle C[m0:m1, n0:n1] with this thread's pack buffers (Goto's five loops).
+// The rectangle C[m0:m1, n0:n1] with this thread's pack buffers (gemm_detail::goto_loops).
 TS_BF16 void gemm_rect(const Problem& pr, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
   if (m0 >= m1 || n0 >= n1) return;
   const int64_t kp_max = (std::min(pr.kc, pr.k) + 1) / 2;
   uint32_t* abuf = words(0, std::min(pr.mc, (m1 - m0 + kMR - 1) / kMR * kMR) * kp_max);
   uint32_t* bbuf = words(1, std::min(pr.nc, (n1 - n0 + kNR - 1) / kNR * kNR) * kp_max);
-  for (int64_t jc = n0; jc < n1; jc += pr.nc) {
-    const int64_t nc = std::min(pr.nc, n1 - jc);
-    for (int64_t pc = 0; pc < pr.k; pc += pr.kc) {
-      const int64_t kc = std::min(pr.kc, pr.k - pc), kp = (kc + 1) / 2;
-      pack<kNR>(pr.b, jc, nc, pc, kc, bbuf);
-      // The first depth block starts from bias (+ C when accumulating); later ones from C.
-      const bool load_c = pc > 0 || pr.accumulate;
-      const float* bias = pc == 0 ? pr.bias : nullptr;
-      for (int64_t ic = m0; ic < m1; ic += pr.mc) {
-        const int64_t mc = std::min(pr.mc, m1 - ic);
-        pack<kMR>(pr.a, ic, mc, pc, kc, abuf);
-        for (int64_t jr = 0; jr < nc; jr += kNR) {
-          const int64_t cols = std::min<int64_t>(kNR, nc - jr);
-          const float* bias_j = bias ? bias + jc + jr : nullptr;
-          const uint32_t* bp = bbuf + jr * kp;
-          for (int64_t ir = 0; ir < mc; ir += kMR) {
-            const int64_t rows = std::min<int64_t>(kMR, mc - ir);
-            float* cp = pr.c + (ic + ir) * pr.ldc + jc + jr;
-            const uint32_t* ap = abuf + ir * kp;
-            if (rows == kMR && cols == kNR)
-              micro_kernel(kp, ap, bp, cp, pr.ldc, load_c, bias_j);
-            else
-              edge_tile(kp, ap, bp, cp, pr.ldc, rows, cols, load_c, bias_j);
-          }
-        }
-      }
+  auto pack_b = [&](int64_t jc, int64_t nc, int64_t pc, int64_t kc) {
+    pack<kNR>(pr.b, jc, nc, pc, kc, bbuf);
+  };
+  auto pack_a = [&](int64_t ic, int64_t mc, int64_t pc, int64_t kc) {
+    pack<kMR>(pr.a, ic, mc, pc, kc, abuf);
+  };
+  // The lambda takes the kernel's target too: GCC does not pass it on to lambdas.
+  auto tile = [&](int64_t i, int64_t ir, int64_t j, int64_t jr, int64_t, int64_t kc, int64_t rows,
+                  int64_t cols, bool load_c, const float* bias) TS_BF16 {
+    const int64_t kp = (kc + 1) / 2;
+    const uint32_t* ap = abuf + ir * kp;
+    const uint32_t* bp = bbuf + jr * kp;
+    float* cp = pr.c + i * pr.ldc + j;
+    if (rows == kMR && cols == kNR) {
+      micro_kernel(kp, ap, bp, cp, pr.ldc, load_c, bias);
+      return;
     }
-  }
+    gemm_detail::edge_tile<kMR, kNR>(
+        [&](float* t, int64_t ld, bool lc, const float* b) {
+          micro_kernel(kp, ap, bp, t, ld, lc, b);
+        },
+        cp, pr.ldc, rows, cols, load_c, bias);
+  };
+  gemm_detail::goto_loops<kMR, kNR>(m0, m1, n0, n1, pr.k, pr.mc, pr.kc, pr.nc, pr.accumulate,
+                                    pr.bias, pack_b, pack_a, tile);
 }
 
 }  // namespace
