@@ -1,5 +1,5 @@
 // jinja2's built-in filters and tests, with transformers' tojson (json.dumps with
-// ensure_ascii=False and its indent/separators/sort_keys arguments).
+// ensure_ascii either way and its indent/sort_keys arguments).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -7,6 +7,7 @@
 
 #include "tokenizer/jinja_builtins.h"
 #include "tokenizer/jinja_string.h"
+#include "tokenizer/pretokenize.h"
 
 namespace tessera::tokenizer::jinja {
 
@@ -72,6 +73,34 @@ Args rest_args(const Args& a, size_t skip) {
   return r;
 }
 
+// JSON text with every non-ASCII code point written as \uXXXX (a surrogate pair past U+FFFF),
+// lowercase hex: Python's json.dumps(ensure_ascii=True). The input is valid UTF-8 (to_json's).
+std::string ascii_json(const std::string& json) {
+  std::string out;
+  out.reserve(json.size());
+  char buf[16];
+  for (size_t i = 0; i < json.size();) {
+    if (static_cast<unsigned char>(json[i]) < 0x80) {
+      out += json[i++];
+      continue;
+    }
+    uint32_t cp = 0;
+    const int n = decode_utf8(json, i, &cp);
+    i += static_cast<size_t>(std::max(n, 1));
+    auto unit = [&](uint32_t u) {
+      std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(u));
+      out += buf;
+    };
+    if (cp >= 0x10000) {
+      unit(0xD800 + ((cp - 0x10000) >> 10));
+      unit(0xDC00 + ((cp - 0x10000) & 0x3FF));
+    } else {
+      unit(cp);
+    }
+  }
+  return out;
+}
+
 // select/reject/selectattr/rejectattr: (attr,) test name, test args.
 Value select_like(const Value& v, const Args& a, bool with_attr, bool keep, const char* fn) {
   size_t i = 0;
@@ -91,6 +120,7 @@ Value select_like(const Value& v, const Args& a, bool with_attr, bool keep, cons
   }
   const Args targs = rest_args(a, i);
   List out;
+  if (!truthy(v)) return Value::list(std::move(out));  // jinja2: none or empty selects nothing
   for (const Value& item : iterate(v)) {
     const Value x = with_attr ? attr_path(item, attr) : item;
     const bool pass = test.empty() ? truthy(x) : call_test(test, x, targs);
@@ -229,7 +259,7 @@ Value do_float(const Value& v, const Args& a) {
 }
 
 Value do_map(const Value& v, const Args& a) {
-  const List items = iterate(v);
+  const List items = truthy(v) ? iterate(v) : List();  // jinja2 maps none or empty to nothing
   List out;
   if (a.positional.empty()) {
     const Bound b("map", a, {"attribute", "default"});
@@ -268,7 +298,6 @@ Value do_join(const Value& v, const Args& a) {
 
 Value do_tojson(const Value& v, const Args& a) {
   const Bound b("tojson", a, {"ensure_ascii", "indent", "separators", "sort_keys"});
-  if (b.get(0) && truthy(*b.get(0))) value_fail("tojson(): ensure_ascii=True is not supported");
   if (b.get(2) && !b.get(2)->is_none())
     value_fail("tojson(): separators other than the default are not supported");
   int indent = -1;
@@ -277,7 +306,9 @@ Value do_tojson(const Value& v, const Args& a) {
       value_fail("tojson(): indent must be an int from 0 to 64");
     indent = static_cast<int>(i->integer());
   }
-  return Value(to_json(v, indent, truthy(b.get_or(3, Value(false)))));
+  std::string json = to_json(v, indent, truthy(b.get_or(3, Value(false))));
+  if (b.get(0) && truthy(*b.get(0))) json = ascii_json(json);
+  return Value(std::move(json));
 }
 
 Value do_unique(const Value& v, const Args& a) {
@@ -423,7 +454,7 @@ const FilterEntry kFilters[] = {
     {"e",
      [](const Value& v, const Args& a) {
        no_args("escape", a);
-       return Value(html_escape(to_str(v)));
+       return v.is_markup() ? v : Value::markup(html_escape(to_str(v)));
      }},
     {"escape", nullptr},
     {"first",
@@ -501,7 +532,7 @@ const FilterEntry kFilters[] = {
     {"safe",
      [](const Value& v, const Args& a) {
        no_args("safe", a);
-       return v;
+       return v.is_markup() ? v : Value::markup(to_str(v));
      }},
     {"select",
      [](const Value& v, const Args& a) { return select_like(v, a, false, true, "select"); }},

@@ -67,6 +67,9 @@ Value binary_op(std::string_view op, const Value& a, const Value& b) {
     if (nums) return Value(a.number() + b.number());
     if (a.is_string() && b.is_string()) {
       if (a.str().size() + b.str().size() > kMaxValueBytes) value_fail("string result too large");
+      if (a.is_markup() || b.is_markup())  // Markup + str, str + Markup: the str is escaped
+        return Value::markup((a.is_markup() ? a.str() : html_escape(a.str())) +
+                             (b.is_markup() ? b.str() : html_escape(b.str())));
       return Value(a.str() + b.str());
     }
     if ((a.is_list() && b.is_list()) || (a.is_tuple() && b.is_tuple())) {

@@ -87,6 +87,13 @@ class Value {
 
   // An undefined value; `hint` is what jinja2 reports when it is used ("'x' is undefined").
   static Value undefined(std::string hint);
+  // A string marked safe (markupsafe's Markup: the safe and escape filters make one): adding a
+  // plain string to it, on either side, HTML-escapes the plain one.
+  static Value markup(std::string s) {
+    Value v(std::move(s));
+    v.i_ = 1;
+    return v;
+  }
   static Value none() { return Value(nullptr); }
   static Value list(List items);
   static Value tuple(List items);
@@ -103,6 +110,7 @@ class Value {
   // bool counts as a number, as in Python (True + 1 == 2).
   bool is_number() const { return kind_ == Kind::boolean || is_int() || is_float(); }
   bool is_string() const { return kind_ == Kind::string; }
+  bool is_markup() const { return kind_ == Kind::string && i_ != 0; }
   bool is_list() const { return kind_ == Kind::list; }
   bool is_tuple() const { return kind_ == Kind::tuple; }
   bool is_sequence() const { return is_list() || is_tuple(); }  // list or tuple
