@@ -12,8 +12,10 @@ and through `tessera template`. A rendering agrees when both outputs are equal b
 both refuse (raise_exception, or an error).
 
 Usage: scripts/template-corpus.py [--tessera build/tessera] [--dir TEMPLATES_DIR] [--json OUT]
+                                  [--no-fetch]
 Needs transformers and jinja2 (pip). Prints one line per template and the totals; exits 1 if any
-rendering disagrees.
+rendering disagrees, 77 (the ctest skip) without transformers, or with --no-fetch when the
+corpus has not been downloaded.
 """
 import argparse
 import glob
@@ -23,7 +25,11 @@ import subprocess
 import sys
 import tempfile
 
-from transformers.utils import chat_template_utils as ctu
+try:
+    from transformers.utils import chat_template_utils as ctu
+except ImportError:
+    print("template-corpus: transformers is not installed; skipped", file=sys.stderr)
+    sys.exit(77)
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 CONVERSATIONS = os.path.join(ROOT, "tests", "data", "chat_templates", "conversations.json")
@@ -32,9 +38,13 @@ WORK = os.environ.get("WORK", "/tmp/tessera-llamacpp")
 BOS, EOS = "<s>", "</s>"
 
 
-def corpus_dir():
+def corpus_dir(fetch):
     src = os.path.join(WORK, f"llama_cpp_python-{VERSION}")
     templates = os.path.join(src, "vendor", "llama.cpp", "models", "templates")
+    if not os.path.isdir(templates) and not fetch:
+        print(f"template-corpus: no corpus at {templates} (run scripts/template-corpus.py once "
+              "to download it); skipped", file=sys.stderr)
+        sys.exit(77)
     if not os.path.isdir(templates):
         os.makedirs(WORK, exist_ok=True)
         subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary",
@@ -86,8 +96,9 @@ def main():
     ap.add_argument("--tessera", default=os.path.join(ROOT, "build", "tessera"))
     ap.add_argument("--dir", help="a folder of .jinja templates (default: llama.cpp's corpus)")
     ap.add_argument("--json", help="write per-template results here")
+    ap.add_argument("--no-fetch", action="store_true", help="skip (77) if not downloaded yet")
     args = ap.parse_args()
-    folder = args.dir or corpus_dir()
+    folder = args.dir or corpus_dir(not args.no_fetch)
     with open(CONVERSATIONS, encoding="utf-8") as f:
         conversations = json.load(f)
     results, total, agree = [], 0, 0

@@ -166,7 +166,7 @@ class Evaluator {
         emit(s.text, s.pos);
         return Flow::normal;
       case Stmt::Kind::output:
-        emit(to_str(eval(*s.expr, scope)), s.pos);
+        emit(printed(eval(*s.expr, scope), s.pos), s.pos);
         return Flow::normal;
       case Stmt::Kind::if_:
         for (size_t i = 0; i < s.conds.size(); ++i)
@@ -195,11 +195,11 @@ class Evaluator {
         Value callee = eval(*call.kids[0], scope);
         Args args = eval_args(call, scope);
         args.keyword.emplace_back("caller", caller);
-        emit(to_str(invoke(callee, args, call.pos)), s.pos);
+        emit(printed(invoke(callee, args, call.pos), s.pos), s.pos);
         return Flow::normal;
       }
       case Stmt::Kind::filter_block:
-        emit(to_str(apply_filters(*s.filter, Value(capture(s.body, scope)), scope)), s.pos);
+        emit(printed(apply_filters(*s.filter, Value(capture(s.body, scope)), scope), s.pos), s.pos);
         return Flow::normal;
       case Stmt::Kind::break_:
         return Flow::break_;
@@ -383,6 +383,15 @@ class Evaluator {
     for (size_t i = first; i < e.kids.size(); ++i) a.positional.push_back(eval(*e.kids[i], scope));
     for (const auto& [k, x] : e.kwargs) a.keyword.emplace_back(k, eval(*x, scope));
     return a;
+  }
+
+  // v as the output prints it; a value with no printed form fails at pos.
+  std::string printed(const Value& v, Pos pos) {
+    try {
+      return to_str(v);
+    } catch (const ValueError& err) {
+      fail_at(pos, err.message);
+    }
   }
 
   Value invoke(const Value& callee, Args& args, Pos pos) {

@@ -120,13 +120,13 @@ Value select_like(const Value& v, const Args& a, bool with_attr, bool keep, cons
   }
   const Args targs = rest_args(a, i);
   List out;
-  if (!truthy(v)) return Value::list(std::move(out));  // jinja2: none or empty selects nothing
+  if (!truthy(v)) return Value::generator(std::move(out));  // jinja2: none or empty: nothing
   for (const Value& item : iterate(v)) {
     const Value x = with_attr ? attr_path(item, attr) : item;
     const bool pass = test.empty() ? truthy(x) : call_test(test, x, targs);
     if (pass == keep) out.push_back(item);
   }
-  return Value::list(std::move(out));
+  return Value::generator(std::move(out));
 }
 
 Value do_round(const Value& v, const Args& a) {
@@ -277,7 +277,7 @@ Value do_map(const Value& v, const Args& a) {
     const Args fargs = rest_args(a, 1);
     for (const Value& x : items) out.push_back(call_filter(name, x, fargs));
   }
-  return Value::list(std::move(out));
+  return Value::generator(std::move(out));
 }
 
 Value do_join(const Value& v, const Args& a) {
@@ -325,7 +325,7 @@ Value do_unique(const Value& v, const Args& a) {
       out.push_back(x);
     }
   }
-  return Value::list(std::move(out));
+  return Value::generator(std::move(out));
 }
 
 Value do_batch(const Value& v, const Args& a) {
@@ -481,17 +481,18 @@ const FilterEntry kFilters[] = {
     {"items",
      [](const Value& v, const Args& a) {
        no_args("items", a);
-       if (v.is_undefined()) return Value::list({});
+       if (v.is_undefined()) return Value::generator({});
        if (!v.is_dict())
          value_fail("items(): can only get item pairs from a mapping, not ", v.type_name());
        List out;
        for (const auto& [k, x] : v.dict().items) out.push_back(Value::tuple({k, x}));
-       return Value::list(std::move(out));
+       return Value::generator(std::move(out));
      }},
     {"join", do_join},
     {"last",
      [](const Value& v, const Args& a) {
        no_args("last", a);
+       if (v.is_generator()) value_fail("'generator' object is not reversible");
        const List items = iterate(v);
        return items.empty() ? Value::undefined("No last item, sequence was empty.") : items.back();
      }},
@@ -640,7 +641,8 @@ bool call_test(std::string_view name, const Value& v, const Args& a) {
   if (name == "mapping") return v.is_dict();
   if (name == "iterable")
     return v.is_undefined() || v.is_string() || v.is_sequence() || v.is_dict();
-  if (name == "sequence") return v.is_string() || v.is_sequence() || v.is_dict();
+  if (name == "sequence")
+    return v.is_string() || (v.is_sequence() && !v.is_generator()) || v.is_dict();
   if (name == "callable") return v.is_callable();
   if (name == "escaped") return false;
   if (name == "odd") return integer_test(v, "odd") && (v.integer() % 2 != 0);

@@ -230,6 +230,9 @@ Value get_attr(const Value& obj, const std::string& name) {
 }
 
 Value get_item(const Value& obj, const Value& key) {
+  // jinja2's getitem turns Python's TypeError into an undefined value.
+  if (obj.is_generator())
+    return Value::undefined("'generator object' has no attribute '" + to_str(key) + "'");
   switch (obj.kind()) {
     case Value::Kind::undefined:
       value_fail(obj.undefined_hint());

@@ -72,6 +72,7 @@ Value binary_op(std::string_view op, const Value& a, const Value& b) {
                              (b.is_markup() ? b.str() : html_escape(b.str())));
       return Value(a.str() + b.str());
     }
+    if (a.is_generator() || b.is_generator()) unsupported(op, a, b);
     if ((a.is_list() && b.is_list()) || (a.is_tuple() && b.is_tuple())) {
       List out = a.items();
       out.insert(out.end(), b.items().begin(), b.items().end());
@@ -96,6 +97,7 @@ Value binary_op(std::string_view op, const Value& a, const Value& b) {
       return Value(r);
     }
     if (nums) return Value(a.number() * b.number());
+    if (a.is_generator() || b.is_generator()) unsupported(op, a, b);
     const bool a_seq = a.is_string() || a.is_sequence(), b_seq = b.is_string() || b.is_sequence();
     if (a_seq && (b.is_int() || b.is_bool())) return repeat(a, y);
     if (b_seq && (a.is_int() || a.is_bool())) return repeat(b, x);

@@ -130,7 +130,7 @@ std::string Value::type_name() const {
     case Kind::string:
       return "str";
     case Kind::list:
-      return "list";
+      return generator_ ? "generator" : "list";
     case Kind::tuple:
       return "tuple";
     case Kind::dict:
@@ -157,7 +157,7 @@ bool truthy(const Value& v) {
       return !v.str().empty();
     case Value::Kind::list:
     case Value::Kind::tuple:
-      return !v.items().empty();
+      return v.is_generator() || !v.items().empty();
     case Value::Kind::dict:
       return !v.dict().items.empty();
     case Value::Kind::callable:
@@ -189,6 +189,8 @@ namespace {
 
 bool equal_at(const Value& a, const Value& b, int depth) {
   if (depth > kMaxCompareDepth) value_fail("comparison: values nested too deeply");
+  // A generator equals only itself (Python compares it by identity).
+  if (a.is_generator() || b.is_generator()) return a.identity() == b.identity();
   if (a.is_number() && b.is_number()) {
     if (a.is_float() || b.is_float()) return a.number() == b.number();
     return a.integer() == b.integer();
@@ -306,6 +308,7 @@ void repr_into(const Value& v, std::string* out, int depth) {
 
 void json_into(const Value& v, int indent, bool sort_keys, int level, std::string* out) {
   if (level > 200) value_fail("tojson: value nested too deeply");
+  if (v.is_generator()) value_fail("Object of type generator is not JSON serializable");
   // json.dumps: indent=None gives ", " and ": "; an indent gives "," plus a newline and ": ".
   auto newline = [&](int lvl) {
     if (indent >= 0) *out += "\n" + std::string(static_cast<size_t>(indent * lvl), ' ');
@@ -432,6 +435,8 @@ Value from_json_impl(const J& j, int depth) {
 }  // namespace
 
 std::string to_str(const Value& v) {
+  // jinja2 prints <generator object ... at 0x...>: refused rather than guessed.
+  if (v.is_generator()) value_fail("cannot print a generator (apply |list first)");
   switch (v.kind()) {
     case Value::Kind::undefined:
       return "";
@@ -468,6 +473,7 @@ std::string to_json(const Value& v, int indent, bool sort_keys) {
 }
 
 int64_t length(const Value& v) {
+  if (v.is_generator()) value_fail("object of type 'generator' has no len()");
   switch (v.kind()) {
     case Value::Kind::undefined:
       return 0;

@@ -96,6 +96,16 @@ class Value {
   }
   static Value none() { return Value(nullptr); }
   static Value list(List items);
+  // What jinja2's select/reject/selectattr/rejectattr/map/unique/items filters return: a Python
+  // generator. It iterates as a list does, but is always true; it has no length, no JSON and no
+  // reverse (refused as in Python), its items are undefined (jinja2's getitem), and printing it,
+  // which in jinja2 prints its address, is refused. Being consumed by a first iteration is not
+  // modelled.
+  static Value generator(List items) {
+    Value v = list(std::move(items));
+    v.generator_ = true;
+    return v;
+  }
   static Value tuple(List items);
   static Value dict(Dict d);
   static Value callable(std::string name, std::function<Value(Args&)> fn);
@@ -111,6 +121,7 @@ class Value {
   bool is_number() const { return kind_ == Kind::boolean || is_int() || is_float(); }
   bool is_string() const { return kind_ == Kind::string; }
   bool is_markup() const { return kind_ == Kind::string && i_ != 0; }
+  bool is_generator() const { return generator_; }
   bool is_list() const { return kind_ == Kind::list; }
   bool is_tuple() const { return kind_ == Kind::tuple; }
   bool is_sequence() const { return is_list() || is_tuple(); }  // list or tuple
@@ -137,6 +148,7 @@ class Value {
   Kind kind_ = Kind::undefined;
   int64_t i_ = 0;
   double d_ = 0;
+  bool generator_ = false;
   std::shared_ptr<const void> p_;  // string, List, Dict, Callable, Object, undefined hint
 };
 

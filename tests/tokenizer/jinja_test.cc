@@ -189,6 +189,15 @@ TEST(JinjaErrors, NameLineAndColumn) {
   test::expect_error([] { render("{% break %}"); }, "'break' outside a loop");
 }
 
+// jinja2 prints a generator (what select, map and the like return) as its address: refused here
+// rather than printed differently. Its |list prints.
+TEST(JinjaErrors, PrintingAGeneratorIsRefused) {
+  test::expect_error([] { render("{{ [1, 2] | select }}"); }, "cannot print a generator");
+  test::expect_error([] { render("{{ [1] | map('string') | string }}"); },
+                     "cannot print a generator");
+  EXPECT_EQ(render("{{ [1, 2] | select | list }}"), "[1, 2]");
+}
+
 TEST(JinjaErrors, RaiseExceptionNamesTemplateAndMessage) {
   const ordered_json msgs = ordered_json::parse(R"([{"role": "system", "content": "x"}])");
   test::expect_error(
