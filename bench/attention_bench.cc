@@ -24,7 +24,7 @@ struct Setup {
   std::vector<float> kv32, q, out;
   std::vector<uint16_t> kv16;
   std::vector<std::vector<int32_t>> tables;
-  std::vector<const int32_t*> table_ptrs;
+  std::vector<int32_t> row_tables;  // (rows, nb): each row's sequence's table
   std::vector<int32_t> n_keys;
   tessera::ops::PagedAttentionArgs a;
 
@@ -47,7 +47,8 @@ struct Setup {
     tessera::from_f32(DType::f16, kv32.data(), kv16.data(), static_cast<int64_t>(kv16.size()));
     const int64_t rows = causal ? len : seqs;
     for (int64_t r = 0; r < rows; ++r) {
-      table_ptrs.push_back(tables[causal ? 0 : r].data());
+      const std::vector<int32_t>& t = tables[causal ? 0 : r];
+      row_tables.insert(row_tables.end(), t.begin(), t.end());
       n_keys.push_back(static_cast<int32_t>(causal ? r + 1 : len));
     }
     q.resize(static_cast<size_t>(rows * kH * kD));
@@ -65,7 +66,8 @@ struct Setup {
     a.block_tokens = kBT;
     a.block_stride = stride;
     a.v_offset = half;
-    a.block_tables = table_ptrs.data();
+    a.block_tables = row_tables.data();
+    a.table_stride = nb;
     a.n_keys = n_keys.data();
     a.scale = 1.0f / std::sqrt(static_cast<float>(kD));
   }

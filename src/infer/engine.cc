@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/interleave.h"
+#include "ops/backend.h"
 #include "ops/quant.h"
 #include "profile/timer.h"
 
@@ -41,6 +42,7 @@ Engine::Engine(const model::DecoderModel& model, const EngineOptions& opts)
     : model_(model),
       opts_(opts),
       cache_(cache_shape(model.config, opts), opts.ctx.device == ops::Device::cpu) {
+  const bool on_host = opts_.ctx.device == ops::Device::cpu;
   // Norm weights and biases are read as f32 vectors: widen any other type once, here.
   auto widen = [&](WeightRef& r) {
     if (!r.present() || r.type == DType::f32) return;
@@ -88,11 +90,20 @@ Engine::Engine(const model::DecoderModel& model, const EngineOptions& opts)
   positions_.resize(rows);
   tables_.resize(rows);
   want_.resize(rows);
-  fwd_ = std::make_unique<model::DecoderForward>(model_, opts_.ctx, opts_.max_rows, opts_.max_ctx);
-  if (opts_.ctx.device == ops::Device::cuda) {
+  if (!on_host && opts_.device_decoder) {
+    // The device decoder runs the layers itself: the shared forward pass only looks the
+    // embedding rows up for it, on the host.
+    ops::Context fwd_ctx = opts_.ctx;
+    fwd_ctx.device = ops::Device::cpu;
+    fwd_ = std::make_unique<model::DecoderForward>(model_, fwd_ctx, opts_.max_rows, opts_.max_ctx);
     max_seq_blocks_ = (opts_.max_ctx + opts_.block_tokens - 1) / opts_.block_tokens;
     device_ = backend::make_cuda_decoder(device_desc());
+    return;
   }
+  device_model_ = model::to_device(model_, opts_.ctx);
+  if (!on_host) cache_device_ = ops::Buffer(opts_.ctx.device, static_cast<size_t>(cache_.bytes()));
+  fwd_ = std::make_unique<model::DecoderForward>(device_model_.view, opts_.ctx, opts_.max_rows,
+                                                 opts_.max_ctx);
 }
 
 backend::DecoderDesc Engine::device_desc() const {
@@ -150,7 +161,10 @@ void Engine::set_stage_timing(bool on) {
 }
 
 std::string Engine::device_description() const {
-  return device_ ? device_->describe() : std::string("cpu");
+  if (device_) return device_->describe();
+  if (opts_.ctx.device == ops::Device::cpu) return "cpu";
+  return std::string(ops::device_name(opts_.ctx.device)) + " (" +
+         std::string(ops::backend(opts_.ctx.device).name()) + " ops backend)";
 }
 
 int32_t Engine::new_sequence() {
@@ -284,12 +298,16 @@ void Engine::run_chunk(const Row* rows, int64_t n) {
     return;
   }
   model::PagedKv kv;
-  kv.base = cache_.layer_base(0);
-  kv.type = cache_.type();
+  kv.base = cache_device_.data() ? cache_device_.as<uint8_t>() : cache_.layer_base(0);
   kv.layer_stride = 2 * cache_.half_block_elems();
-  kv.block_tokens = opts_.block_tokens;
-  kv.block_stride = cache_.block_stride();
-  kv.v_offset = cache_.half_block_elems();
+  kv.n_blocks = cache_.shape().n_blocks;
+  kv.layout.Hkv = config().n_kv_heads;
+  kv.layout.D = config().head_dim;
+  kv.layout.kv_type = cache_.type();
+  kv.layout.k_transposed = ops::paged_keys_transposed(opts_.ctx.device);
+  kv.layout.block_tokens = opts_.block_tokens;
+  kv.layout.block_stride = cache_.block_stride();
+  kv.layout.v_offset = cache_.half_block_elems();
   logit_rows_done_ +=
       fwd_->forward(dr, kv, logits_.data() + logit_rows_done_ * config().vocab, stats_.stages);
 }

@@ -36,6 +36,11 @@ struct EngineOptions {
   // Widen every weight matrix to f32 once at start, so activations are never quantized: the
   // accuracy yardstick for the integer kernels (4-8x the memory, much slower decode).
   bool float_weights = false;
+  // Device cuda only: run the layers in backend/cuda's DeviceDecoder (true), or run the shared
+  // forward pass (model::DecoderForward) through ops/ on the backend registered for the device
+  // (false): weights, activations and the cache in its memory through ops::Buffer. The second
+  // replaces the first once the CUDA ops backend has run it on a GPU.
+  bool device_decoder = true;
 };
 
 // One sequence's share of a forward call.
@@ -118,6 +123,9 @@ class Engine {
   model::DecoderModel model_;
   EngineOptions opts_;
   KvCache cache_;
+  // The shared forward pass on a device: the weights there and the cache's blocks.
+  model::DeviceModel device_model_;
+  ops::Buffer cache_device_;
   std::vector<Sequence> seqs_;
   // The model's forward pass (its activations for max_rows rows), and a chunk's rows as it reads
   // them.

@@ -6,23 +6,16 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "ops/paged_attention.h"
 #include "ops/quant.h"
 
 namespace tessera::model {
 
 namespace {
 
-// Writes one key (D values) as column `dst`'s first element onward, one every `stride` elements.
-void write_key_column(DType type, const float* key, uint8_t* dst, int64_t D, int64_t stride) {
-  if (type == DType::f16) {
-    auto* h = reinterpret_cast<uint16_t*>(dst);
-    for (int64_t d = 0; d < D; ++d) h[d * stride] = f32_to_f16(key[d]);
-  } else {
-    auto* f = reinterpret_cast<float*>(dst);
-    for (int64_t d = 0; d < D; ++d) f[d * stride] = key[d];
-  }
-}
+// The activation buffers (DecoderForward::acts_), each max_rows rows of the width beside it.
+enum Act { kX, kTmp, kXn, kQkv, kQ, kK, kAtt, kFfA, kFfB, kStatA, kStatB, kNumActs };
+// Logit rows per head call on a device (bounds the device's logits buffer at large vocabularies).
+constexpr int64_t kHeadRows = 64;
 
 }  // namespace
 
@@ -30,77 +23,85 @@ void write_key_column(DType type, const float* key, uint8_t* dst, int64_t D, int
 // appended to the cache, then each row's query attends to its sequence's keys up to its own.
 class DecoderForward::PagedAttention final : public BlockAttention {
  public:
-  PagedAttention(DecoderForward& f, const DecoderRows& rows, const PagedKv& kv)
-      : f_(f), rows_(rows), kv_(kv) {}
+  PagedAttention(DecoderForward& f, const PagedKv& kv, int64_t max_keys)
+      : f_(f), kv_(kv), max_keys_(max_keys) {}
 
   void attend(int64_t l, float* qkv, float* att, int64_t n) override {
     const DecoderConfig& c = f_.model_.config;
+    const ops::Context& ctx = f_.ctx_;
     const int64_t D = c.head_dim, H = c.n_heads, Hkv = c.n_kv_heads;
-    const int64_t QD = c.q_dim(), KV = c.kv_dim(), ld = QD + 2 * KV, BT = kv_.block_tokens;
+    const int64_t QD = c.q_dim(), KV = c.kv_dim(), ld = QD + 2 * KV;
     // q and k as contiguous (n, H, D) rows for RoPE and the attention kernel; v is read in place.
-    float* q = f_.q_.data();
-    float* k = f_.k_.data();
-    for (int64_t r = 0; r < n; ++r) {
-      std::memcpy(q + r * QD, qkv + r * ld, static_cast<size_t>(QD) * sizeof(float));
-      std::memcpy(k + r * KV, qkv + r * ld + QD, static_cast<size_t>(KV) * sizeof(float));
-    }
+    float* q = f_.buf(kQ);
+    float* k = f_.buf(kK);
+    ops::copy_rows(ctx, q, QD, qkv, ld, n, QD);
+    ops::copy_rows(ctx, k, KV, qkv + QD, ld, n, KV);
+    const int32_t* pos = f_.ints(f_.pos_);
     if (c.arch == DecoderArch::llama) {
-      ops::rope_forward(f_.ctx_, q, q, f_.rope_, rows_.pos, 0, 1, n, H, D, c.rope_layout);
-      ops::rope_forward(f_.ctx_, k, k, f_.rope_, rows_.pos, 0, 1, n, Hkv, D, c.rope_layout);
+      ops::rope_forward(ctx, q, q, f_.rope_, pos, 0, 1, n, H, D, c.rope_layout);
+      ops::rope_forward(ctx, k, k, f_.rope_, pos, 0, 1, n, Hkv, D, c.rope_layout);
     }
-    const int64_t eb = dtype_bytes(kv_.type, 1);
+    const int64_t eb = dtype_bytes(kv_.layout.kv_type, 1);
     uint8_t* base = kv_.base + l * kv_.layer_stride * eb;
-    for (int64_t r = 0; r < n; ++r) {
-      const int64_t pos = rows_.pos[r];
-      uint8_t* blk = base + rows_.tables[r][pos / BT] * kv_.block_stride * eb;
-      const int64_t t = pos % BT;
-      const float* v = qkv + r * ld + QD + KV;
-      for (int64_t g = 0; g < Hkv; ++g) {
-        // Keys go in transposed, (D, block_tokens) per head (PagedAttentionArgs::k_transposed);
-        // values as rows.
-        write_key_column(kv_.type, k + r * KV + g * D, blk + (g * BT * D + t) * eb, D, BT);
-        from_f32(kv_.type, v + g * D, blk + (kv_.v_offset + g * BT * D + t * D) * eb, D);
-      }
-    }
+    ops::KvAppendArgs ap;
+    static_cast<ops::PagedKvLayout&>(ap) = kv_.layout;
+    ap.kv = base;
+    ap.k = k;
+    ap.ldk = KV;
+    ap.v = qkv + QD + KV;
+    ap.ldv = ld;
+    ap.rows = n;
+    ap.slot = f_.ints(f_.slot_);
+    ap.n_blocks = kv_.n_blocks;
+    ops::kv_append(ctx, ap);
+
     ops::PagedAttentionArgs a;
+    static_cast<ops::PagedKvLayout&>(a) = kv_.layout;
     a.out = att;
     a.q = q;
     a.rows = n;
     a.H = H;
-    a.Hkv = Hkv;
-    a.D = D;
     a.kv = base;
-    a.kv_type = kv_.type;
-    a.k_transposed = true;
-    a.block_tokens = BT;
-    a.block_stride = kv_.block_stride;
-    a.v_offset = kv_.v_offset;
-    a.block_tables = rows_.tables;
-    a.n_keys = f_.n_keys_.data();
-    if (c.sliding_window > 0) a.first_key = f_.first_key_.data();
+    a.block_tables = f_.ints(f_.tables_);
+    a.table_stride = f_.table_stride_;
+    a.n_keys = f_.ints(f_.n_keys_);
+    if (c.sliding_window > 0) a.first_key = f_.ints(f_.first_key_);
+    a.max_keys = max_keys_;
     a.scale = 1.0f / std::sqrt(static_cast<float>(D));
-    ops::paged_attention(f_.ctx_, a);
+    ops::paged_attention(ctx, a);
   }
 
  private:
   DecoderForward& f_;
-  const DecoderRows& rows_;
   const PagedKv& kv_;
+  int64_t max_keys_;
 };
 
 DecoderForward::DecoderForward(const DecoderModel& model, const ops::Context& ctx, int64_t max_rows,
                                int64_t max_ctx)
-    : model_(model), ctx_(ctx), max_rows_(max_rows) {
+    : model_(model),
+      ctx_(ctx),
+      on_host_(ctx.device == ops::Device::cpu),
+      max_rows_(max_rows),
+      max_ctx_(max_ctx) {
   const DecoderConfig& c = model_.config;
   TS_CHECK(max_rows > 0, "[model] max_rows must be positive, got ", max_rows);
-  if (c.arch == DecoderArch::gpt2)
+  TS_CHECK(max_ctx > 0, "[model] max_ctx must be positive, got ", max_ctx);
+  if (c.arch == DecoderArch::gpt2) {
     TS_CHECK(std::fabs(c.norm_eps - 1e-5f) < 1e-9f, "[model] gpt2 layer norm epsilon ", c.norm_eps,
              " is not supported (1e-5)");
-  else
+  } else {
     rope_ = ops::make_rope_table(max_ctx, rope_inv_freqs(c));
-  const auto rows = static_cast<size_t>(max_rows), C = static_cast<size_t>(c.d_model);
-  x_.resize(rows * C);
-  tmp_.resize(rows * C);
+    if (!on_host_) {
+      const size_t half = rope_.cos.size() * sizeof(float);
+      rope_device_ = ops::Buffer(ctx.device, 2 * half);
+      ops::copy(ctx, rope_device_.data(), rope_.cos.data(), half, ops::CopyKind::host_to_device);
+      ops::copy(ctx, rope_device_.as<uint8_t>() + half, rope_.sin.data(), half,
+                ops::CopyKind::host_to_device);
+      rope_.device = rope_device_.as<float>();
+    }
+  }
+  x_host_.resize(static_cast<size_t>(max_rows * c.d_model));
 }
 
 void DecoderForward::embed(const DecoderRows& rows) {
@@ -108,69 +109,145 @@ void DecoderForward::embed(const DecoderRows& rows) {
            max_rows_, " the forward pass was sized for");
   const DecoderWeights& w = model_.weights;
   const int64_t C = model_.config.d_model;
+  std::vector<float> pr(w.pos_embd.present() ? static_cast<size_t>(C) : 0);
   for (int64_t r = 0; r < rows.n; ++r) {
-    float* xr = x_.data() + r * C;
+    float* xr = x_host_.data() + r * C;
     ops::dequantize_row(w.tok_embd.data, w.tok_embd.type, C, rows.tokens[r], xr);
     if (w.pos_embd.present()) {
-      float* pr = tmp_.data() + r * C;
-      ops::dequantize_row(w.pos_embd.data, w.pos_embd.type, C, rows.pos[r], pr);
+      ops::dequantize_row(w.pos_embd.data, w.pos_embd.type, C, rows.pos[r], pr.data());
       for (int64_t i = 0; i < C; ++i) xr[i] += pr[i];
     }
   }
+}
+
+const int32_t* DecoderForward::ints(const std::vector<int32_t>& host) const {
+  if (on_host_) return host.data();
+  // ints_device_ holds the arrays in the order they are declared, max_rows entries each but the
+  // tables.
+  const std::vector<int32_t>* order[] = {&pos_,       &slot_,       &n_keys_,
+                                         &first_key_, &logit_rows_, &tables_};
+  size_t off = 0;
+  for (const std::vector<int32_t>* v : order) {
+    if (v == &host) return ints_device_.as<int32_t>() + off;
+    off += v->size();
+  }
+  TS_CHECK(false, "[model] not a row array of this forward pass");
+  return nullptr;
 }
 
 int64_t DecoderForward::forward(const DecoderRows& rows, const PagedKv& kv, float* logits,
                                 StageStats* stages) {
   const DecoderConfig& c = model_.config;
   const DecoderWeights& w = model_.weights;
-  const int64_t C = c.d_model, n = rows.n;
-  if (xn_.empty()) {
-    const auto R = static_cast<size_t>(max_rows_), F = static_cast<size_t>(c.d_ff);
-    xn_.resize(R * static_cast<size_t>(C));
-    q_.resize(R * static_cast<size_t>(c.q_dim()));
-    att_.resize(q_.size());
-    k_.resize(R * static_cast<size_t>(c.kv_dim()));
-    qkv_.resize(q_.size() + 2 * k_.size());
-    ff_a_.resize(R * F);
-    ff_b_.resize(R * F);
-    stat_a_.resize(R);
-    stat_b_.resize(R);
-    n_keys_.resize(R);
-    first_key_.resize(R);
+  const int64_t C = c.d_model, V = c.vocab, n = rows.n, BT = kv.layout.block_tokens;
+  const auto R = static_cast<size_t>(max_rows_);
+  if (acts_.empty()) {
+    const int64_t widths[kNumActs] = {C,         C,          C,         c.q_dim() + 2 * c.kv_dim(),
+                                      c.q_dim(), c.kv_dim(), c.q_dim(), c.d_ff,
+                                      c.d_ff,    1,          1};
+    for (int64_t width : widths)
+      acts_.emplace_back(ctx_.device, R * static_cast<size_t>(width) * sizeof(float));
+    table_stride_ = (max_ctx_ + BT - 1) / BT;
+    for (std::vector<int32_t>* v : {&pos_, &slot_, &n_keys_, &first_key_, &logit_rows_})
+      v->resize(R);
+    tables_.resize(R * static_cast<size_t>(table_stride_));
+    if (!on_host_) {
+      ints_device_ = ops::Buffer(ctx_.device, (5 * R + tables_.size()) * sizeof(int32_t));
+      logits_device_ =
+          ops::Buffer(ctx_.device, static_cast<size_t>(std::min(max_rows_, kHeadRows) * V) * 4);
+    }
   }
+  TS_CHECK(table_stride_ * BT >= max_ctx_, "[model] cache blocks of ", BT,
+           " tokens differ from the first forward's");
   embed(rows);
+
+  // The host's bookkeeping, as the ops read it.
   const int64_t W = c.sliding_window;
+  int64_t max_keys = 1, m = 0;
   for (int64_t r = 0; r < n; ++r) {
-    n_keys_[r] = rows.pos[r] + 1;
-    first_key_[r] = static_cast<int32_t>(W > 0 ? std::max<int64_t>(0, rows.pos[r] + 1 - W) : 0);
+    const int32_t p = rows.pos[r];
+    TS_CHECK(p >= 0 && p < max_ctx_, "[model] row ", r, " position ", p, " outside [0, ", max_ctx_,
+             ")");
+    pos_[r] = p;
+    slot_[r] = static_cast<int32_t>(rows.tables[r][p / BT] * BT + p % BT);
+    n_keys_[r] = p + 1;
+    first_key_[r] = static_cast<int32_t>(W > 0 ? std::max<int64_t>(0, p + 1 - W) : 0);
+    max_keys = std::max<int64_t>(max_keys, p + 1);
+    std::copy(rows.tables[r], rows.tables[r] + p / BT + 1, tables_.begin() + r * table_stride_);
+    if (rows.want_logits[r]) logit_rows_[m++] = static_cast<int32_t>(r);
   }
+  if (!on_host_) {
+    // The arrays in one copy up to the tables' rows in use, then the embeddings.
+    const size_t ints = 5 * R + static_cast<size_t>(n * table_stride_);
+    std::vector<int32_t> staged(ints);
+    size_t off = 0;
+    for (const std::vector<int32_t>* v : {&pos_, &slot_, &n_keys_, &first_key_, &logit_rows_}) {
+      std::copy(v->begin(), v->end(), staged.begin() + static_cast<int64_t>(off));
+      off += R;
+    }
+    std::copy(tables_.begin(), tables_.begin() + n * table_stride_,
+              staged.begin() + static_cast<int64_t>(off));
+    ops::copy(ctx_, ints_device_.data(), staged.data(), ints * sizeof(int32_t),
+              ops::CopyKind::host_to_device);
+  }
+  ops::copy(ctx_, buf(kX), x_host_.data(), static_cast<size_t>(n * C) * sizeof(float),
+            ops::CopyKind::host_to_device);
+
   // Every layer runs in place on x: one scratch set serves them all.
   BlockTensors t;
-  t.in = t.mid = t.out = x_.data();
-  t.branch = tmp_.data();
-  t.xn1 = t.xn2 = xn_.data();
-  t.mean1 = t.mean2 = stat_a_.data();
-  t.rstd1 = t.rstd2 = stat_b_.data();
-  t.qkv = qkv_.data();
-  t.att = att_.data();
-  t.ff_in = t.ff_act = ff_a_.data();
-  t.ff_up = ff_b_.data();
-  PagedAttention attention(*this, rows, kv);
+  t.in = t.mid = t.out = buf(kX);
+  t.branch = buf(kTmp);
+  t.xn1 = t.xn2 = buf(kXn);
+  t.mean1 = t.mean2 = buf(kStatA);
+  t.rstd1 = t.rstd2 = buf(kStatB);
+  t.qkv = buf(kQkv);
+  t.att = buf(kAtt);
+  t.ff_in = t.ff_act = buf(kFfA);
+  t.ff_up = buf(kFfB);
+  PagedAttention attention(*this, kv, max_keys);
   for (int64_t l = 0; l < c.n_layers; ++l)
     block_forward(ctx_, c, w.layers[static_cast<size_t>(l)], l, n, t, attention, stages);
 
   // Final norm and the output head, only for the rows whose logits were asked for.
-  int64_t m = 0;
-  for (int64_t r = 0; r < n; ++r)
-    if (rows.want_logits[r]) {
-      std::memcpy(tmp_.data() + m * C, x_.data() + r * C, static_cast<size_t>(C) * sizeof(float));
-      ++m;
-    }
   if (m == 0) return 0;
-  norm_forward(ctx_, c, xn_.data(), stat_a_.data(), stat_b_.data(), tmp_.data(), m, w.out_norm,
-               w.out_norm_b);
-  linear_forward(ctx_, stages, Stage::head, logits, xn_.data(), m, w.output, {});
+  ops::gather_rows(ctx_, buf(kTmp), buf(kX), ints(logit_rows_), m, C, n);
+  norm_forward(ctx_, c, buf(kXn), buf(kStatA), buf(kStatB), buf(kTmp), m, w.out_norm, w.out_norm_b);
+  if (on_host_) {
+    linear_forward(ctx_, stages, Stage::head, logits, buf(kXn), m, w.output, {});
+    return m;
+  }
+  for (int64_t r0 = 0; r0 < m; r0 += kHeadRows) {
+    const int64_t rows_here = std::min(kHeadRows, m - r0);
+    linear_forward(ctx_, stages, Stage::head, logits_device_.as<float>(), buf(kXn) + r0 * C,
+                   rows_here, w.output, {});
+    ops::copy(ctx_, logits + r0 * V, logits_device_.data(),
+              static_cast<size_t>(rows_here * V) * sizeof(float), ops::CopyKind::device_to_host);
+  }
   return m;
+}
+
+DeviceModel to_device(const DecoderModel& host, const ops::Context& ctx) {
+  DeviceModel d;
+  d.view = host;
+  if (ctx.device == ops::Device::cpu) return d;
+  // One copy per distinct tensor (a tied head shares the embedding's bytes, but those stay on
+  // the host for the lookups: the head gets its own copy).
+  auto upload = [&](WeightRef& r) {
+    if (!r.present()) return;
+    ops::Buffer b(ctx.device, static_cast<size_t>(r.bytes()));
+    ops::copy(ctx, b.data(), r.data, static_cast<size_t>(r.bytes()), ops::CopyKind::host_to_device);
+    r.data = b.data();
+    d.buffers.push_back(std::move(b));
+  };
+  for (DecoderLayer& l : d.view.weights.layers)
+    for (WeightRef* r :
+         {&l.attn_norm, &l.attn_norm_b, &l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.bo,
+          &l.ffn_norm, &l.ffn_norm_b, &l.w_gate, &l.w_up, &l.w_down, &l.b_up, &l.b_down})
+      upload(*r);
+  upload(d.view.weights.out_norm);
+  upload(d.view.weights.out_norm_b);
+  upload(d.view.weights.output);
+  return d;
 }
 
 }  // namespace tessera::model

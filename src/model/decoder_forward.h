@@ -2,6 +2,9 @@
 // rows from one or many sequences: embedding, the layers (block_forward, each row's key and value
 // appended to a paged cache and attention over that cache), the final norm and the head for the
 // rows whose logits are wanted. The engine drives it; it holds no forward of its own.
+// Every tensor it touches lives on ctx.device and is touched only through ops/: the host keeps
+// the bookkeeping (positions, block tables, which rows want logits), looks the embedding rows
+// up, and copies both in and the logits out (no copies on the CPU, whose memory is the host's).
 #pragma once
 
 #include <cstdint>
@@ -11,21 +14,24 @@
 #include "model/decoder.h"
 #include "model/decoder_block.h"
 #include "ops/context.h"
+#include "ops/memory.h"
 #include "ops/ops.h"
+#include "ops/paged_attention.h"
 
 namespace tessera::model {
 
-// A paged key/value cache of kv_type elements (f32 or f16). Layer l's block b starts at element
-// l * layer_stride + b * block_stride of base and holds K transposed as (Hkv, D, block_tokens),
-// then, v_offset elements later, V as (Hkv, block_tokens, D) (ops::PagedAttentionArgs).
+// A paged key/value cache on the forward's device, n_blocks blocks in the layout of `layout`
+// (ops::PagedKvLayout; k_transposed as ops::paged_keys_transposed says for the device). Layer
+// l's block b starts at element l * layer_stride + b * layout.block_stride of base.
 struct PagedKv {
   uint8_t* base = nullptr;
-  DType type = DType::f32;
-  int64_t layer_stride = 0, block_tokens = 0, block_stride = 0, v_offset = 0;
+  int64_t layer_stride = 0, n_blocks = 0;
+  ops::PagedKvLayout layout;
 };
 
 // Row r: token tokens[r] at position pos[r] of the sequence whose block table is tables[r]
-// (blocks of the cache holding positions 0 .. pos[r]); want_logits[r] asks for its logits.
+// (blocks of the cache holding positions 0 .. pos[r]); want_logits[r] asks for its logits. Host
+// arrays.
 struct DecoderRows {
   int64_t n = 0;
   const int32_t* tokens = nullptr;
@@ -36,33 +42,54 @@ struct DecoderRows {
 
 class DecoderForward {
  public:
-  // model's norm weights and biases must be f32 (the engine widens them once); it must outlive
-  // this. Buffers are sized for chunks of up to max_rows rows; RoPE for positions < max_ctx.
+  // model's weights must be in ctx.device's memory (to_device), except the embedding tables,
+  // which stay in host memory; its norm weights and biases must be f32 (the engine widens them
+  // once); it must outlive this. Buffers are sized for chunks of up to max_rows rows; RoPE and
+  // block tables for positions < max_ctx.
   DecoderForward(const DecoderModel& model, const ops::Context& ctx, int64_t max_rows,
                  int64_t max_ctx);
 
-  // x (n, C) = the rows' token embeddings (+ learned positions for GPT-2), into x().
+  // The rows' token embeddings (+ learned positions for GPT-2), (n, C) into host memory, x().
   void embed(const DecoderRows& rows);
-  const float* x() const { return x_.data(); }
+  const float* x() const { return x_host_.data(); }
   // Embeds and runs rows.n <= max_rows rows through every layer, appending their keys and
-  // values to kv, then writes the logits (m, V) of the m rows with want_logits, in row order.
-  // Returns m. Adds each stage's time and weight bytes to stages (kNumStages entries).
+  // values to kv, then writes the logits (m, V) of the m rows with want_logits, in row order,
+  // to host memory. Returns m. Adds each stage's time and weight bytes to stages (kNumStages
+  // entries; on an asynchronous device the times are those of the launches).
   int64_t forward(const DecoderRows& rows, const PagedKv& kv, float* logits, StageStats* stages);
 
   const ops::RopeTable& rope() const { return rope_; }
 
  private:
   class PagedAttention;
+  // The host's row arrays for this chunk, as the ops read them: themselves on the CPU, their
+  // copy on a device.
+  const int32_t* ints(const std::vector<int32_t>& host) const;
+  float* buf(int i) const { return acts_[static_cast<size_t>(i)].as<float>(); }
 
   const DecoderModel& model_;
   ops::Context ctx_;
-  int64_t max_rows_;
+  bool on_host_;  // ctx.device's memory is the host's
+  int64_t max_rows_, max_ctx_;
   ops::RopeTable rope_;
-  // Embedding buffers at construction; the layers' buffers at the first forward (a device
-  // engine only embeds here).
-  std::vector<float> x_, tmp_;
-  std::vector<float> xn_, qkv_, q_, k_, att_, ff_a_, ff_b_, stat_a_, stat_b_;
-  std::vector<int32_t> n_keys_, first_key_;
+  ops::Buffer rope_device_;  // cos then sin, where the device is not the CPU
+  std::vector<float> x_host_;
+  // Activations on the device (allocated at the first forward): see acts_ indices in the .cc.
+  std::vector<ops::Buffer> acts_;
+  // Row arrays: pos, slot, n_keys, first_key, logit_rows (max_rows each); tables (max_rows,
+  // table_stride_); on a device, their copies in ints_device_ in this order.
+  std::vector<int32_t> pos_, slot_, n_keys_, first_key_, logit_rows_, tables_;
+  int64_t table_stride_ = 0;
+  ops::Buffer ints_device_, logits_device_;
 };
+
+// The model with its weights copied to ctx.device (the embedding tables stay where they are:
+// DecoderForward looks their rows up on the host); the host model must outlive it. On the CPU
+// the copy is the model itself.
+struct DeviceModel {
+  DecoderModel view;
+  std::vector<ops::Buffer> buffers;
+};
+DeviceModel to_device(const DecoderModel& host, const ops::Context& ctx);
 
 }  // namespace tessera::model

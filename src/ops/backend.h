@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "ops/context.h"
+#include "ops/memory.h"
 #include "ops/ops.h"
 #include "ops/paged_attention.h"
 #include "ops/quant.h"
@@ -73,10 +74,24 @@ class Backend {
   virtual void matmul_wt_group(const Context& ctx, const float* x, int64_t M, int64_t K,
                                std::span<const WtProduct> products) = 0;
   virtual void paged_attention(const Context& ctx, const PagedAttentionArgs& a) = 0;
+  virtual void kv_append(const Context& ctx, const KvAppendArgs& a) = 0;
+  virtual void copy_rows(const Context& ctx, float* dst, int64_t ld_dst, const float* src,
+                         int64_t ld_src, int64_t rows, int64_t cols) = 0;
+  virtual void gather_rows(const Context& ctx, float* dst, const float* src, const int32_t* index,
+                           int64_t n, int64_t C) = 0;
+
+  // Memory (ops/memory.h): allocate throws naming the size when it cannot; release takes what
+  // allocate returned.
+  virtual void* allocate(size_t bytes) = 0;
+  virtual void release(void* p) noexcept = 0;
+  virtual void copy(const Context& ctx, void* dst, const void* src, size_t bytes,
+                    CopyKind kind) = 0;
+  virtual void synchronize(const Context& ctx) = 0;
 
   // Layout questions a loader or planner asks before any op runs (see ops/quant.h).
   virtual int64_t matmul_wt_saturating_rows(DType w_type) const = 0;
   virtual DType preferred_layout(DType t, int64_t n_rows) const = 0;
+  virtual bool paged_keys_transposed() const = 0;
 };
 
 // Makes b the backend of device d (b must outlive every op call on d); a program registers its

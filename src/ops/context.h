@@ -1,5 +1,6 @@
-// Where an op runs: the device, the thread pool for CPU kernels, and whether to force the plain
-// reference kernels (the test oracle).
+// Where an op runs: the device, the thread pool for CPU kernels or the stream for an
+// accelerator's, and whether to force the plain reference kernels (the test oracle). Passed down
+// with the work: nothing process-wide decides it.
 #pragma once
 
 #include "core/thread_pool.h"
@@ -12,6 +13,7 @@ enum class Device { cpu, cuda };
 struct Context {
   Device device = Device::cpu;
   ThreadPool* pool = nullptr;      // CPU: null means default_pool()
+  void* stream = nullptr;          // CUDA: the cudaStream_t ops are queued on; null: the backend's
   bool reference = false;          // CPU: use backend/cpu/ref kernels instead of the SIMD ones
   OpObserver* observer = nullptr;  // sees every op call (ops/observe.h); null: none
   ThreadPool& threads() const { return pool ? *pool : default_pool(); }

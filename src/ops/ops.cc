@@ -110,6 +110,27 @@ void convert_f32_to_bf16(const Context& ctx, uint16_t* dst, const float* src, in
                    (OpCost{static_cast<double>(n), 6.0 * static_cast<double>(n)}), dst, src, n);
 }
 
+void copy_rows(const Context& ctx, float* dst, int64_t ld_dst, const float* src, int64_t ld_src,
+               int64_t rows, int64_t cols) {
+  TS_CHECK(rows >= 0 && cols >= 0 && ld_dst >= cols && ld_src >= cols,
+           "[ops] copy_rows: bad shape (", rows, " x ", cols, ", ld_dst ", ld_dst, ", ld_src ",
+           ld_src, ")");
+  if (rows == 0 || cols == 0) return;
+  TS_DISPATCH_COST(copy_rows, elementwise_cost(rows * cols, 0, 2), dst, ld_dst, src, ld_src, rows,
+                   cols);
+}
+
+void gather_rows(const Context& ctx, float* dst, const float* src, const int32_t* index, int64_t n,
+                 int64_t C, int64_t src_rows) {
+  TS_CHECK(n >= 0 && C > 0, "[ops] gather_rows: bad shape (", n, " x ", C, ")");
+  if (n == 0) return;
+  if (ctx.device == Device::cpu)
+    for (int64_t r = 0; r < n; ++r)
+      TS_CHECK(index[r] >= 0 && index[r] < src_rows, "[ops] gather_rows: index[", r,
+               "] = ", index[r], " outside [0, ", src_rows, ")");
+  TS_DISPATCH_COST(gather_rows, elementwise_cost(n * C, 0, 2), dst, src, index, n, C);
+}
+
 OpCost gemm_cost(const GemmArgs& g) {
   const double ea = traits(g.a_type).block_bytes, eb = traits(g.b_type).block_bytes;
   OpCost c;

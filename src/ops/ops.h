@@ -115,6 +115,17 @@ void scale(const Context& ctx, float* x, int64_t n, float s);
 // dst (n) = round-to-nearest-even bf16 of src.
 void convert_f32_to_bf16(const Context& ctx, uint16_t* dst, const float* src, int64_t n);
 
+// ---- Moving rows ----
+
+// dst (rows, cols) with row stride ld_dst = src (rows, cols) with row stride ld_src; both in the
+// device's memory, not overlapping.
+void copy_rows(const Context& ctx, float* dst, int64_t ld_dst, const float* src, int64_t ld_src,
+               int64_t rows, int64_t cols);
+// dst (n, C) = rows index[0 .. n) of src (*, C); index (n) in the device's memory (the CPU
+// checks each entry against src_rows; a device kernel is trusted with it).
+void gather_rows(const Context& ctx, float* dst, const float* src, const int32_t* index, int64_t n,
+                 int64_t C, int64_t src_rows);
+
 // Cost model for the profiler (OpCost, ops/observe.h): floating-point operations and bytes
 // moved by one call.
 OpCost gemm_cost(const GemmArgs& g);
@@ -145,6 +156,9 @@ struct RopeTable {
   double theta = 0;              // 0 when built from explicit frequencies
   std::vector<double> inv_freq;  // (R/2) per-pair inverse frequencies (the reference uses these)
   std::vector<float> cos, sin;
+  // cos then sin, (2, max_pos, R/2), in the memory of the device that runs the rope ops, where
+  // that is not the CPU (the owner uploads them and keeps the buffer); null on the CPU.
+  const float* device = nullptr;
 };
 // Throws on rotary_dim odd or <= 0, max_pos < 0, theta <= 0.
 RopeTable make_rope_table(int64_t max_pos, int64_t rotary_dim, double theta);

@@ -7,34 +7,74 @@
 
 namespace tessera::ops {
 
-void paged_attention(const Context& ctx, const PagedAttentionArgs& a) {
-  TS_CHECK(a.rows >= 0 && a.H > 0 && a.Hkv > 0 && a.D > 0 && a.H % a.Hkv == 0,
-           "[attention] bad "
-           "head shape H=",
-           a.H, " Hkv=", a.Hkv, " D=", a.D);
+namespace {
+
+void check_layout(const PagedKvLayout& a, const char* op) {
+  TS_CHECK(a.Hkv > 0 && a.D > 0, "[", op, "] bad head shape Hkv=", a.Hkv, " D=", a.D);
   TS_CHECK(a.block_tokens > 0 && a.v_offset >= a.Hkv * a.block_tokens * a.D &&
                a.block_stride >= a.v_offset + a.Hkv * a.block_tokens * a.D,
-           "[attention] bad cache layout (block_tokens ", a.block_tokens, ", v_offset ", a.v_offset,
+           "[", op, "] bad cache layout (block_tokens ", a.block_tokens, ", v_offset ", a.v_offset,
            ", block_stride ", a.block_stride, ")");
-  TS_CHECK(a.kv_type == DType::f32 || a.kv_type == DType::f16,
-           "[attention] KV cache type must be f32 or f16, not ", dtype_name(a.kv_type));
-  for (int64_t r = 0; r < a.rows; ++r) {
-    TS_CHECK(a.n_keys[r] >= 1 && a.block_tables[r] != nullptr, "[attention] row ", r,
-             " has no keys");
-    TS_CHECK(!a.first_key || (a.first_key[r] >= 0 && a.first_key[r] < a.n_keys[r]),
-             "[attention] row ", r, ": first key ", a.first_key ? a.first_key[r] : 0,
-             " outside [0, ", a.n_keys[r], ")");
-  }
+  TS_CHECK(a.kv_type == DType::f32 || a.kv_type == DType::f16, "[", op,
+           "] KV cache type must be f32 or f16, not ", dtype_name(a.kv_type));
+}
+
+}  // namespace
+
+void paged_attention(const Context& ctx, const PagedAttentionArgs& a) {
+  TS_CHECK(a.rows >= 0 && a.H > 0 && a.Hkv > 0 && a.H % a.Hkv == 0,
+           "[attention] bad head shape H=", a.H, " Hkv=", a.Hkv);
+  check_layout(a, "attention");
+  TS_CHECK(a.table_stride > 0, "[attention] table_stride must be positive, got ", a.table_stride);
+  const bool host = ctx.device == Device::cpu;
+  if (host)
+    for (int64_t r = 0; r < a.rows; ++r) {
+      TS_CHECK(a.n_keys[r] >= 1 && a.n_keys[r] <= a.table_stride * a.block_tokens,
+               "[attention] row ", r, " has ", a.n_keys[r], " keys (its table holds ",
+               a.table_stride * a.block_tokens, ")");
+      TS_CHECK(!a.first_key || (a.first_key[r] >= 0 && a.first_key[r] < a.n_keys[r]),
+               "[attention] row ", r, ": first key ", a.first_key ? a.first_key[r] : 0,
+               " outside [0, ", a.n_keys[r], ")");
+      TS_CHECK(a.max_keys == 0 || a.n_keys[r] <= a.max_keys, "[attention] row ", r, " has ",
+               a.n_keys[r], " keys, more than max_keys ", a.max_keys);
+    }
+  else
+    TS_CHECK(a.max_keys > 0, "[attention] max_keys must be set on ", device_name(ctx.device));
   if (a.rows == 0) return;
   detail::observed(
-      ctx, "paged_attention", [&] { return paged_attention_cost(a); },
+      ctx, "paged_attention", [&] { return paged_attention_cost(a, host); },
       [&] { backend(ctx.device).paged_attention(ctx, a); });
 }
 
-OpCost paged_attention_cost(const PagedAttentionArgs& a) {
+bool paged_keys_transposed(Device d) {
+  return backend(d).paged_keys_transposed();
+}
+
+void kv_append(const Context& ctx, const KvAppendArgs& a) {
+  check_layout(a, "kv_append");
+  const int64_t KV = a.Hkv * a.D;
+  TS_CHECK(a.rows >= 0 && a.ldk >= KV && a.ldv >= KV, "[kv_append] bad shape (rows ", a.rows,
+           ", ldk ", a.ldk, ", ldv ", a.ldv, ", Hkv*D ", KV, ")");
+  if (ctx.device == Device::cpu)
+    for (int64_t r = 0; r < a.rows; ++r)
+      TS_CHECK(a.slot[r] >= 0 && a.slot[r] < a.n_blocks * a.block_tokens, "[kv_append] row ", r,
+               ": slot ", a.slot[r], " outside the cache's ", a.n_blocks * a.block_tokens);
+  if (a.rows == 0) return;
+  detail::observed(
+      ctx, "kv_append",
+      [&] {
+        const double n = static_cast<double>(a.rows * KV);
+        return OpCost{0, 2 * n * (4 + dtype_bytes(a.kv_type, 1))};
+      },
+      [&] { backend(ctx.device).kv_append(ctx, a); });
+}
+
+OpCost paged_attention_cost(const PagedAttentionArgs& a, bool arrays_on_host) {
   OpCost c;
   for (int64_t r = 0; r < a.rows; ++r) {
-    const double keys = static_cast<double>(a.n_keys[r] - (a.first_key ? a.first_key[r] : 0));
+    const double keys = arrays_on_host
+                            ? static_cast<double>(a.n_keys[r] - (a.first_key ? a.first_key[r] : 0))
+                            : static_cast<double>(a.max_keys);
     c.flops += 4.0 * keys * static_cast<double>(a.H * a.D);  // q.k and p.v, 2 flops each
     c.bytes += 2.0 * keys * static_cast<double>(a.Hkv * a.D) * dtype_bytes(a.kv_type, 1);
   }

@@ -10,31 +10,61 @@
 
 namespace tessera::ops {
 
-// The cache is an array of blocks of kv_type elements (f32 or f16); block b of the layer being
-// computed starts at element kv + b * block_stride and holds K as (Hkv, block_tokens, D) (or, with
-// k_transposed, (Hkv, D, block_tokens): keys in the fast dimension, so a query's scores for a
-// whole block come from vertical multiply-adds instead of one horizontal sum per key) then,
-// v_offset elements later, V as (Hkv, block_tokens, D). Query row r (of `rows`) reads keys 0 ..
-// n_keys[r]-1 of the sequence whose block table is block_tables[r] (key j sits in block
-// block_tables[r][j / block_tokens]).
-struct PagedAttentionArgs {
+// The paged key/value cache of one layer: an array of blocks of kv_type elements (f32 or f16);
+// block b starts at element b * block_stride of the layer's base and holds K as
+// (Hkv, block_tokens, D) (or, with k_transposed, (Hkv, D, block_tokens): keys in the fast
+// dimension, so a query's scores for a whole block come from vertical multiply-adds instead of
+// one horizontal sum per key) then, v_offset elements later, V as (Hkv, block_tokens, D). Which
+// K layout a device reads best: paged_keys_transposed.
+struct PagedKvLayout {
+  int64_t Hkv = 0, D = 0;
+  DType kv_type = DType::f32;  // f32 or f16; strides and offsets count elements of this type
+  bool k_transposed = false;
+  int64_t block_tokens = 0, block_stride = 0, v_offset = 0;
+};
+
+// Query row r (of `rows`) reads keys 0 .. n_keys[r]-1 of its sequence, whose block table is row r
+// of block_tables (rows, table_stride): key j sits in block block_tables[r * table_stride +
+// j / block_tokens]. Every array is in the memory of the device that runs the op.
+struct PagedAttentionArgs : PagedKvLayout {
   float* out = nullptr;      // (rows, H, D)
   const float* q = nullptr;  // (rows, H, D)
-  int64_t rows = 0, H = 0, Hkv = 0, D = 0;
-  const void* kv = nullptr;
-  DType kv_type = DType::f32;  // f32 or f16; strides and offsets count elements of this type
-  bool k_transposed = false;   // K blocks as (Hkv, D, block_tokens)
-  int64_t block_tokens = 0, block_stride = 0, v_offset = 0;
-  const int32_t* const* block_tables = nullptr;  // (rows) pointers
-  const int32_t* n_keys = nullptr;               // (rows), each >= 1
+  int64_t rows = 0, H = 0;
+  const void* kv = nullptr;               // the layer's base
+  const int32_t* block_tables = nullptr;  // (rows, table_stride)
+  int64_t table_stride = 0;
+  const int32_t* n_keys = nullptr;  // (rows), each >= 1
   // (rows) or null: row r attends to keys first_key[r] .. n_keys[r]-1 only (a sliding window).
   const int32_t* first_key = nullptr;
+  // An upper bound of n_keys over the rows, known on the host (sizes a device's launch); 0 when
+  // unknown (the CPU reads n_keys itself).
+  int64_t max_keys = 0;
   float scale = 1.0f;  // usually 1/sqrt(D)
 };
 
 // out (rows,H,D) = softmax(q K^T * scale) V per query row over that row's first n_keys cached
-// keys; see PagedAttentionArgs for the cache layout. Checks shapes and block tables.
+// keys; see PagedAttentionArgs for the cache layout. Checks the shapes, and on the CPU (whose
+// arrays are host memory) every row's keys; a device's kernels say what an out-of-range entry
+// there does.
 void paged_attention(const Context& ctx, const PagedAttentionArgs& a);
-OpCost paged_attention_cost(const PagedAttentionArgs& a);
+// From n_keys on the CPU; from max_keys (an upper bound) where the arrays are in device memory.
+OpCost paged_attention_cost(const PagedAttentionArgs& a, bool arrays_on_host = true);
+
+// Whether the device's paged attention reads K transposed (PagedKvLayout::k_transposed): the
+// CPU's vertical score loops do, a GPU's (one warp per key row) do not.
+bool paged_keys_transposed(Device d);
+
+// Writes one chunk's keys and values into the cache: row r's k (Hkv*D floats at k + r * ldk) and
+// v (at v + r * ldv) go to token slot[r] = block * block_tokens + offset of the layer at kv,
+// rounded to kv_type (nearest even). slot (rows) is in the device's memory.
+struct KvAppendArgs : PagedKvLayout {
+  void* kv = nullptr;  // the layer's base
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t ldk = 0, ldv = 0, rows = 0;
+  const int32_t* slot = nullptr;
+  int64_t n_blocks = 0;  // blocks in the cache (the CPU checks each slot against it)
+};
+void kv_append(const Context& ctx, const KvAppendArgs& a);
 
 }  // namespace tessera::ops

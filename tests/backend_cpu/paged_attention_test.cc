@@ -16,12 +16,29 @@
 namespace tessera::cpu {
 namespace {
 
+namespace test_tables {
+// Per-row block tables as one (rows, stride) array, as ops::PagedAttentionArgs takes them
+// (entries past a row's own table are 0).
+struct Dense {
+  std::vector<int32_t> ids;
+  int64_t stride = 0;
+};
+Dense dense(const std::vector<std::vector<int32_t>>& rows) {
+  Dense d;
+  for (const auto& t : rows) d.stride = std::max<int64_t>(d.stride, static_cast<int64_t>(t.size()));
+  d.ids.assign(rows.size() * static_cast<size_t>(d.stride), 0);
+  for (size_t r = 0; r < rows.size(); ++r)
+    std::copy(rows[r].begin(), rows[r].end(), d.ids.begin() + static_cast<int64_t>(r) * d.stride);
+  return d;
+}
+}  // namespace test_tables
+
 using test::fill_normal;
 
 // The argument block of a query batch over an f32 cache (kv_type and k_transposed left default).
 ops::PagedAttentionArgs cache_args(const float* q, int64_t rows, int64_t H, int64_t Hkv, int64_t D,
                                    const float* kv, int64_t BT, int64_t stride, int64_t half,
-                                   const int32_t* const* tables, const int32_t* n_keys) {
+                                   const test_tables::Dense& tables, const int32_t* n_keys) {
   ops::PagedAttentionArgs a;
   a.q = q;
   a.rows = rows;
@@ -32,7 +49,8 @@ ops::PagedAttentionArgs cache_args(const float* q, int64_t rows, int64_t H, int6
   a.block_tokens = BT;
   a.block_stride = stride;
   a.v_offset = half;
-  a.block_tables = tables;
+  a.block_tables = tables.ids.data();
+  a.table_stride = tables.stride;
   a.n_keys = n_keys;
   a.scale = 1.0f / std::sqrt(static_cast<float>(D));
   return a;
@@ -46,7 +64,7 @@ struct Case {
 struct PagedSetup {
   std::vector<float> kv, q;
   std::vector<std::vector<int32_t>> tables;
-  std::vector<const int32_t*> table_ptrs;
+  test_tables::Dense dense;  // row r: its sequence's table
   std::vector<int32_t> n_keys;
   ops::PagedAttentionArgs args;
 };
@@ -69,13 +87,13 @@ PagedSetup make(const Case& c, uint64_t seed) {
     s.tables.push_back(t);
     s.n_keys.push_back(static_cast<int32_t>(nk));
   }
-  for (auto& t : s.tables) s.table_ptrs.push_back(t.data());
+  s.dense = test_tables::dense(s.tables);
   s.kv.resize(static_cast<size_t>(total_blocks * stride));
   fill_normal(s.kv.data(), static_cast<int64_t>(s.kv.size()), seed + 1);
   s.q.resize(static_cast<size_t>(c.rows * c.H * c.D));
   fill_normal(s.q.data(), static_cast<int64_t>(s.q.size()), seed + 2, 2.0f);
-  s.args = cache_args(s.q.data(), c.rows, c.H, c.Hkv, c.D, s.kv.data(), c.BT, stride, half,
-                      s.table_ptrs.data(), s.n_keys.data());
+  s.args = cache_args(s.q.data(), c.rows, c.H, c.Hkv, c.D, s.kv.data(), c.BT, stride, half, s.dense,
+                      s.n_keys.data());
   return s;
 }
 
@@ -137,7 +155,7 @@ TEST(PagedAttention, RowAloneEqualsRowInBatch) {
           one.rows = 1;
           one.q = s.q.data() + r * c.H * c.D;
           one.out = alone.data();
-          one.block_tables = s.table_ptrs.data() + r;
+          one.block_tables = s.dense.ids.data() + r * s.dense.stride;
           one.n_keys = s.n_keys.data() + r;
           paged_attention(test::pool(2), one);
           const std::vector<float> in_batch(batch.begin() + r * c.H * c.D,
@@ -169,11 +187,11 @@ TEST(PagedAttention, FirstKeyLimitsTheWindow) {
     PagedSetup t = make(c, 13);
     t.args.k_transposed = transposed;
     std::vector<int32_t> tail(t.tables[1].begin() + 2, t.tables[1].end());
-    const int32_t* tables[1] = {tail.data()};
     const int32_t nk[1] = {24};
     t.args.rows = 1;
     t.args.q = t.q.data() + c.H * c.D;
-    t.args.block_tables = tables;
+    t.args.block_tables = tail.data();
+    t.args.table_stride = static_cast<int64_t>(tail.size());
     t.args.n_keys = nk;
     t.args.out = full.data();
     ref::paged_attention(t.args);
@@ -290,7 +308,7 @@ struct SharedSetup {
   std::vector<float> kv, q;
   std::vector<uint16_t> kv16;
   std::vector<std::vector<int32_t>> tables;  // per sequence
-  std::vector<const int32_t*> table_ptrs;    // per row
+  test_tables::Dense dense;                  // per row: its sequence's table
   std::vector<int32_t> n_keys, first_key;
   ops::PagedAttentionArgs args;
 };
@@ -314,7 +332,6 @@ SharedSetup make_shared(const SharedCase& c, uint64_t seed) {
   }
   const int64_t rows = static_cast<int64_t>(c.seq.size());
   for (int64_t r = 0; r < rows; ++r) {
-    s.table_ptrs.push_back(s.tables[c.seq[r]].data());
     s.n_keys.push_back(static_cast<int32_t>(c.n_keys[r]));
     s.first_key.push_back(
         static_cast<int32_t>(c.window > 0 ? std::max<int64_t>(0, c.n_keys[r] - c.window) : 0));
@@ -326,8 +343,11 @@ SharedSetup make_shared(const SharedCase& c, uint64_t seed) {
   from_f32(DType::f16, s.kv.data(), s.kv16.data(), static_cast<int64_t>(s.kv.size()));
   s.q.resize(static_cast<size_t>(rows * c.H * c.D));
   fill_normal(s.q.data(), static_cast<int64_t>(s.q.size()), seed + 2, 2.0f);
-  s.args = cache_args(s.q.data(), rows, c.H, c.Hkv, c.D, s.kv.data(), c.BT, stride, half,
-                      s.table_ptrs.data(), s.n_keys.data());
+  std::vector<std::vector<int32_t>> per_row;
+  for (int64_t r = 0; r < rows; ++r) per_row.push_back(s.tables[c.seq[r]]);
+  s.dense = test_tables::dense(per_row);
+  s.args = cache_args(s.q.data(), rows, c.H, c.Hkv, c.D, s.kv.data(), c.BT, stride, half, s.dense,
+                      s.n_keys.data());
   if (c.window > 0) s.args.first_key = s.first_key.data();
   return s;
 }
@@ -397,7 +417,7 @@ TEST(PagedAttention, RowsSharingASequence) {
           one.rows = 1;
           one.q = s.q.data() + r * HD;
           one.out = alone.data();
-          one.block_tables = s.table_ptrs.data() + r;
+          one.block_tables = s.dense.ids.data() + r * s.dense.stride;
           one.n_keys = s.n_keys.data() + r;
           if (one.first_key) one.first_key = s.first_key.data() + r;
           for (int threads : {1, 2}) {

@@ -125,8 +125,6 @@ void run_paged_case(const PagedCase& c) {
   if (rows >= 2 && c.n_keys.back() <= c.n_keys[0])
     std::copy(tables.begin(), tables.begin() + table_stride, tables.end() - table_stride);
 
-  std::vector<const int32_t*> table_ptrs(static_cast<size_t>(rows));
-  for (int64_t r = 0; r < rows; ++r) table_ptrs[size_t(r)] = &tables[size_t(r * table_stride)];
   std::vector<float> want(q.size());
   ops::PagedAttentionArgs ra;
   ra.out = want.data();
@@ -139,7 +137,8 @@ void run_paged_case(const PagedCase& c) {
   ra.block_tokens = bt;
   ra.block_stride = block_stride;
   ra.v_offset = half;
-  ra.block_tables = table_ptrs.data();
+  ra.block_tables = tables.data();
+  ra.table_stride = table_stride;
   ra.n_keys = c.n_keys.data();
   std::vector<int32_t> first(c.n_keys.size(), 0);
   if (c.window > 0) {

@@ -2,12 +2,16 @@
 // context's thread pool.
 #include "backend/cpu/cpu_backend.h"
 
+#include <cstring>
+
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/paged_attention.h"
 #include "backend/cpu/quant_matmul_avx2.h"
 #include "backend/cpu/ref/ref_kernels.h"
+#include "backend/cpu/rows.h"
 #include "core/dtype.h"
 #include "core/interleave.h"
+#include "core/large_alloc.h"
 #include "ops/backend.h"
 
 namespace tessera::cpu {
@@ -137,6 +141,24 @@ class CpuBackend final : public ops::Backend {
     if (ctx.reference) return ref::paged_attention(a);
     cpu::paged_attention(ctx.threads(), a);
   }
+  void kv_append(const ops::Context&, const ops::KvAppendArgs& a) override { cpu::kv_append(a); }
+  void copy_rows(const ops::Context&, float* dst, int64_t ld_dst, const float* src, int64_t ld_src,
+                 int64_t rows, int64_t cols) override {
+    cpu::copy_rows(dst, ld_dst, src, ld_src, rows, cols);
+  }
+  void gather_rows(const ops::Context&, float* dst, const float* src, const int32_t* index,
+                   int64_t n, int64_t C) override {
+    cpu::gather_rows(dst, src, index, n, C);
+  }
+
+  // Host memory is the CPU's memory: copies in any direction are memcpy, and ops are done when
+  // they return.
+  void* allocate(size_t bytes) override { return alloc_large(bytes, 64, "ops::Buffer"); }
+  void release(void* p) noexcept override { free_large(p); }
+  void copy(const ops::Context&, void* dst, const void* src, size_t bytes, ops::CopyKind) override {
+    std::memcpy(dst, src, bytes);
+  }
+  void synchronize(const ops::Context&) override {}
 
   // 512 rows where the packed GEMM takes large products (it widens each weight panel once per
   // call and shares it over the rows), 128 where the integer kernels run at every M.
@@ -153,6 +175,8 @@ class CpuBackend final : public ops::Backend {
       return quant_avx512_vnni_active() ? interleaved_type(t) : t;
     return quant_avx2_supported() ? interleaved_type(t) : t;
   }
+  // The tiled kernel's scores for a block are vertical multiply-adds over transposed keys.
+  bool paged_keys_transposed() const override { return true; }
 };
 
 #undef TS_CPU_OP

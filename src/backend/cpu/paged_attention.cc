@@ -187,7 +187,8 @@ void PagedAttentionTyped(ThreadPool& pool, const ops::PagedAttentionArgs& a) {
       for (int64_t j0 = first / BT * BT; j0 < nk; j0 += BT) {
         const int64_t count = std::min(BT, nk - j0);
         const int64_t skip = std::max<int64_t>(0, first - j0);  // keys before the window
-        const T* kb = cache + a.block_tables[r][j0 / BT] * a.block_stride + g * BT * D;
+        const T* kb =
+            cache + a.block_tables[r * a.table_stride + j0 / BT] * a.block_stride + g * BT * D;
         const T* vb = kb + a.v_offset;
         for (int64_t h = h0; h < h1; ++h) {
           const float* q = a.q + (r * a.H + g * group + h) * D;
@@ -219,8 +220,17 @@ void PagedAttentionTyped(ThreadPool& pool, const ops::PagedAttentionArgs& a) {
 // while it is in L1, and prefill still has hundreds of tasks to balance over the threads.
 constexpr int64_t kTileRows = 5;
 
+// Whether row r's keys sit in the blocks row r0's table names (rows of one sequence: a prefill).
+bool SharesTable(const ops::PagedAttentionArgs& a, int64_t r, int64_t r0) {
+  const int64_t BT = a.block_tokens, b0 = (a.first_key ? a.first_key[r] : 0) / BT;
+  const int64_t b1 = (a.n_keys[r] - 1) / BT + 1;
+  const int32_t* t = a.block_tables + r * a.table_stride;
+  const int32_t* t0 = a.block_tables + r0 * a.table_stride;
+  return std::equal(t + b0, t + b1, t0 + b0);
+}
+
 // Keys stored transposed, whole vectors per block and head: tiles of up to kTileRows
-// consecutive rows that read the same block table (one sequence's prefill rows). Task t covers
+// consecutive rows whose keys sit in the same blocks (one sequence's prefill rows). Task t covers
 // tile (tiles - 1 - t / (Hkv * parts)), the heaviest (last, longest causal rows) first so the
 // threads finish together, KV head (t / parts) % Hkv and part t % parts of its query group.
 template <typename T>
@@ -228,7 +238,7 @@ void PagedAttentionTiled(ThreadPool& pool, const ops::PagedAttentionArgs& a) {
   const int64_t group = a.H / a.Hkv;
   std::vector<int64_t> starts;
   for (int64_t r = 0; r < a.rows; ++r)
-    if (r == 0 || r - starts.back() == kTileRows || a.block_tables[r] != a.block_tables[r - 1])
+    if (r == 0 || r - starts.back() == kTileRows || !SharesTable(a, r, starts.back()))
       starts.push_back(r);
   starts.push_back(a.rows);
   const int64_t tiles = static_cast<int64_t>(starts.size()) - 1;

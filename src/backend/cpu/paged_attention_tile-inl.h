@@ -292,7 +292,7 @@ HWY_NOINLINE void BlockStep(TileScratch& w, int64_t n, int64_t nv, const T* kt, 
   }
 }
 
-// Query vectors of tile rows [r0, r1) (all reading block_tables[r0]) and query heads [h0, h1)
+// Query vectors of tile rows [r0, r1) (all reading row r0's block table) and query heads [h0, h1)
 // of KV head g; a row's blocks run from its first key's block to its last key's.
 template <typename T>
 HWY_NOINLINE void TileTask(const ops::PagedAttentionArgs& a, TileScratch& w, int64_t r0, int64_t r1,
@@ -319,7 +319,7 @@ HWY_NOINLINE void TileTask(const ops::PagedAttentionArgs& a, TileScratch& w, int
     b_lo = std::min<int64_t>(b_lo, (a.first_key ? a.first_key[r] : 0) / BT);
     b_hi = std::max<int64_t>(b_hi, (a.n_keys[r] - 1) / BT);
   }
-  const int32_t* table = a.block_tables[r0];
+  const int32_t* table = a.block_tables + r0 * a.table_stride;
   const T* cache = static_cast<const T*>(a.kv);
   for (int64_t b = b_lo; b <= b_hi; ++b) {
     const int64_t j0 = b * BT;

@@ -22,12 +22,13 @@ void paged_attention(const ops::PagedAttentionArgs& a) {
       const float* q = a.q + (r * a.H + h) * a.D;
       // Element index of key j's row; values sit v_offset elements later.
       auto key = [&](int64_t j) {
-        const int64_t block = a.block_tables[r][j / a.block_tokens];
+        const int64_t block = a.block_tables[r * a.table_stride + j / a.block_tokens];
         return block * a.block_stride + (g * a.block_tokens + j % a.block_tokens) * a.D;
       };
       // Element index of key j's dimension d in either K layout.
       auto k_elem = [&](int64_t j, int64_t d) {
-        const int64_t block = a.block_tables[r][j / a.block_tokens], t = j % a.block_tokens;
+        const int64_t block = a.block_tables[r * a.table_stride + j / a.block_tokens],
+                      t = j % a.block_tokens;
         const int64_t head = block * a.block_stride + g * a.block_tokens * a.D;
         return a.k_transposed ? head + d * a.block_tokens + t : head + t * a.D + d;
       };

@@ -1,0 +1,17 @@
+// CPU kernels that move rows: strided copies, gathers, and appends to the paged KV cache. Plain
+// loops (memory-bound, and each is its own reference); contracts as in ops/ops.h and
+// ops/paged_attention.h.
+#pragma once
+
+#include <cstdint>
+
+#include "ops/paged_attention.h"
+
+namespace tessera::cpu {
+
+void copy_rows(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t rows,
+               int64_t cols);
+void gather_rows(float* dst, const float* src, const int32_t* index, int64_t n, int64_t C);
+void kv_append(const ops::KvAppendArgs& a);
+
+}  // namespace tessera::cpu

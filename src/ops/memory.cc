@@ -1,0 +1,39 @@
+// Buffers and copies through the device's backend.
+#include "ops/memory.h"
+
+#include <utility>
+
+#include "core/error.h"
+#include "ops/backend.h"
+
+namespace tessera::ops {
+
+Buffer::Buffer(Device d, size_t bytes) : device_(d), bytes_(bytes) {
+  if (bytes > 0) data_ = backend(d).allocate(bytes);
+}
+
+Buffer::~Buffer() {
+  if (data_) backend(device_).release(data_);
+}
+
+Buffer& Buffer::operator=(Buffer&& o) noexcept {
+  if (this != &o) {
+    Buffer old(std::move(*this));
+    device_ = o.device_;
+    data_ = std::exchange(o.data_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+  }
+  return *this;
+}
+
+void copy(const Context& ctx, void* dst, const void* src, size_t bytes, CopyKind kind) {
+  if (bytes == 0) return;
+  TS_CHECK(dst != nullptr && src != nullptr, "[ops] copy of ", bytes, " bytes with a null pointer");
+  backend(ctx.device).copy(ctx, dst, src, bytes, kind);
+}
+
+void synchronize(const Context& ctx) {
+  backend(ctx.device).synchronize(ctx);
+}
+
+}  // namespace tessera::ops
