@@ -8,6 +8,9 @@
 namespace tessera::backend {
 
 bool cuda_built();
+// Registers the CUDA ops backend (backend/cuda/ops_backend.h) for ops::Device::cuda; does
+// nothing in a build without CUDA (ops on cuda then throw naming the missing backend).
+void register_cuda_ops_backend();
 int cuda_device_count();            // 0 when built without CUDA or no device is present
 std::string cuda_device_summary();  // "NVIDIA H200, 139 GiB, sm_90" or why there is none
 // Throws Error("... built without CUDA" or "no CUDA device") naming `what`.

@@ -24,7 +24,8 @@ void register_backend(Device d, Backend* b) {
 Backend& backend(Device d) {
   Backend* b = g_backends[static_cast<size_t>(d)].load(std::memory_order_acquire);
   TS_CHECK(b != nullptr, "[ops] no backend registered for device ", device_name(d),
-           d == Device::cuda ? " (ops on CUDA run inside the device engine and trainer for now)"
+           d == Device::cuda ? " (a build without CUDA, or a program that did not call "
+                               "backend::register_cuda_ops_backend())"
                              : " (the program must call cpu::register_backend() first)");
   return *b;
 }

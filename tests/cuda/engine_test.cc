@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/cuda/dependent_launch.h"
+#include "backend/cuda/ops_backend.h"
 #include "core/dtype.h"
 #include "core/rng.h"
 #include "cuda_test_util.h"
@@ -192,11 +193,13 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
 
 class CudaEngine : public ::testing::TestWithParam<Case> {};
 
-TEST_P(CudaEngine, MatchesCpuEngine) {
-  TS_REQUIRE_CUDA_DEVICE();
-  const Case c = GetParam();
+// The GPU engine through the device decoder (device_decoder) or through the shared forward pass
+// on the CUDA ops backend, against the CPU engine: prefill, decode, single rows, reused blocks.
+void matches_cpu_engine(const Case& c, bool device_decoder) {
   const model::DecoderModel m = make_model(c);
-  Engine cpu(m, options(c, false)), gpu(m, options(c, true));
+  EngineOptions go = options(c, true);
+  go.device_decoder = device_decoder;
+  Engine cpu(m, options(c, false)), gpu(m, go);
   EXPECT_NE(gpu.device_description(), "cpu");
   const Allowance tol = allowance(c);
   const int64_t V = m.config.vocab;
@@ -239,6 +242,18 @@ TEST_P(CudaEngine, MatchesCpuEngine) {
   const std::vector<int32_t> p2 = tokens_for(20, V, 3);
   expect_close(gpu.forward({Feed{b0, p2, false}}), cpu.forward({Feed{a0, p2, false}}), tol,
                "reused blocks");
+}
+
+TEST_P(CudaEngine, MatchesCpuEngine) {
+  TS_REQUIRE_CUDA_DEVICE();
+  matches_cpu_engine(GetParam(), true);
+}
+
+// The same model code as the CPU's (model::DecoderForward), its ops on the CUDA ops backend.
+TEST_P(CudaEngine, SharedForwardMatchesCpuEngine) {
+  TS_REQUIRE_CUDA_DEVICE();
+  cuda::register_ops_backend();
+  matches_cpu_engine(GetParam(), false);
 }
 
 INSTANTIATE_TEST_SUITE_P(

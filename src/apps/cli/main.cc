@@ -8,6 +8,7 @@
 
 #include "apps/cli/args.h"
 #include "backend/cpu/cpu_backend.h"
+#include "backend/device.h"
 #include "core/error.h"
 
 namespace {
@@ -23,7 +24,9 @@ void usage(std::FILE* to) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  tessera::cpu::register_backend();  // the CPU backend of ops/ (CUDA runs in the device engine)
+  // The backends of ops/: the CPU's, and CUDA's where the build has it.
+  tessera::cpu::register_backend();
+  tessera::backend::register_cuda_ops_backend();
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty()) {
     usage(stderr);

@@ -1,6 +1,7 @@
 // CUDA device discovery and the error helper for the CUDA backend.
 #include <cuda_runtime.h>
 
+#include "backend/cuda/ops_backend.h"
 #include "backend/device.h"
 #include "core/error.h"
 
@@ -8,6 +9,10 @@ namespace tessera::backend {
 
 bool cuda_built() {
   return true;
+}
+
+void register_cuda_ops_backend() {
+  cuda::register_ops_backend();
 }
 
 int cuda_device_count() {

@@ -101,6 +101,9 @@ void gelu_forward(E* out, const E* inp, int64_t n, cudaStream_t stream);
 // dinp (n) = gelu'(inp) * dout (overwrites; dinp may alias dout).
 template <typename E>
 void gelu_backward(E* dinp, const E* inp, const E* dout, int64_t n, cudaStream_t stream);
+// out (n) = a + b, each sum rounded once to E; out may alias a or b.
+template <typename E>
+void add(E* out, const E* a, const E* b, int64_t n, cudaStream_t stream);
 // out (N,F) = silu(gate) * up; out may alias gate or up.
 template <typename E>
 void swiglu_forward(E* out, const E* gate, const E* up, int64_t N, int64_t F, cudaStream_t stream);

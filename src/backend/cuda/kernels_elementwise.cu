@@ -63,6 +63,19 @@ __global__ void gelu_backward_kernel(E* dinp, const E* inp, const E* dout, int64
   });
 }
 
+template <typename E, int VEC>
+__global__ void add_kernel(E* out, const E* a, const E* b, int64_t n) {
+  for_each_vec<VEC>(n, [&](auto width, int64_t off) {
+    constexpr int K = decltype(width)::value;
+    float x[K], y[K];
+    load_vec<E, K>(x, a + off);
+    load_vec<E, K>(y, b + off);
+#pragma unroll
+    for (int i = 0; i < K; ++i) x[i] += y[i];
+    store_vec<E, K>(out + off, x);
+  });
+}
+
 __device__ __forceinline__ float swiglu_value(float g, float u) {
   return g / (1.0f + expf(-g)) * u;
 }
@@ -192,6 +205,19 @@ void gelu_backward(E* dinp, const E* inp, const E* dout, int64_t n, cudaStream_t
 }
 
 template <typename E>
+void add(E* out, const E* a, const E* b, int64_t n, cudaStream_t stream) {
+  check_n("add", n);
+  TS_CHECK(out != nullptr && a != nullptr && b != nullptr, "[add] out, a or b is null");
+  if (n == 0) return;
+  const unsigned grid = grid_for(n / kVec<E> + 1, kThreads);
+  if (all_aligned16({out, a, b}))
+    add_kernel<E, kVec<E>><<<grid, kThreads, 0, stream>>>(out, a, b, n);
+  else
+    add_kernel<E, 1><<<grid, kThreads, 0, stream>>>(out, a, b, n);
+  TS_CUDA_CHECK_LAUNCH();
+}
+
+template <typename E>
 void swiglu_forward(E* out, const E* gate, const E* up, int64_t N, int64_t F, cudaStream_t stream) {
   TS_CHECK(F > 0, "[swiglu_forward] width F=", F, " must be positive");
   TS_CHECK(N >= 0, "[swiglu_forward] rows N=", N, " must be >= 0");
@@ -283,6 +309,7 @@ void convert_bf16_to_f32(float* dst, const __nv_bfloat16* src, int64_t n, cudaSt
 #define TS_INSTANTIATE(E)                                                                  \
   template void gelu_forward<E>(E*, const E*, int64_t, cudaStream_t);                      \
   template void gelu_backward<E>(E*, const E*, const E*, int64_t, cudaStream_t);           \
+  template void add<E>(E*, const E*, const E*, int64_t, cudaStream_t);                     \
   template void swiglu_forward<E>(E*, const E*, const E*, int64_t, int64_t, cudaStream_t); \
   template void swiglu_backward<E>(E*, E*, const E*, const E*, const E*, int64_t, int64_t, \
                                    cudaStream_t);                                          \

@@ -9,6 +9,7 @@ namespace tessera::backend {
 bool cuda_built() {
   return false;
 }
+void register_cuda_ops_backend() {}
 int cuda_device_count() {
   return 0;
 }

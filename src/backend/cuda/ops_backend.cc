@@ -1,0 +1,358 @@
+// ops::Backend on CUDA: argument mapping from ops/ onto the kernels' launch functions, device
+// memory, copies and a growable scratch buffer. Ops whose CUDA kernels take other types than
+// ops/ passes (training attention and embeddings, which run in bf16 inside DeviceGpt2) throw,
+// naming the op.
+#include "backend/cuda/ops_backend.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <mutex>
+
+#include "backend/cuda/attention.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/decoder_kernels.h"
+#include "backend/cuda/gemm_lt.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/quant_matvec.h"
+#include "backend/cuda/runtime.h"
+#include "core/error.h"
+#include "ops/backend.h"
+
+namespace tessera::cuda {
+
+namespace {
+
+// Rows from which a block-typed or 16-bit weight's product takes the f16 tensor-core GEMM (the
+// weight widened first) instead of matvec passes of 8 rows: the device decoder's kGemmMinRows,
+// for the same reason (a pass reads the weight once per 8 rows).
+constexpr int64_t kGemmMinRows = 65;
+// Splits per (row, head) the paged decode kernel may use on long contexts.
+constexpr int64_t kAttnSplits = 32;
+
+[[noreturn]] void not_here(const char* op, const char* why) {
+  throw Error(cat("[cuda] ", op, " through ops/ is not implemented on CUDA: ", why));
+}
+
+class CudaOpsBackend final : public ops::Backend {
+ public:
+  std::string_view name() const override { return "cuda"; }
+
+  // ---- memory ----
+  void* allocate(size_t bytes) override {
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+      cudaGetLastError();  // clear the sticky-free error state of a failed allocation
+      throw Error(cat("[cuda] cannot allocate ", bytes,
+                      " bytes of device memory: ", cudaGetErrorString(e)));
+    }
+    return p;
+  }
+  void release(void* p) noexcept override { cudaFree(p); }
+  void copy(const ops::Context& ctx, void* dst, const void* src, size_t bytes,
+            ops::CopyKind kind) override {
+    cudaStream_t s = stream(ctx);
+    switch (kind) {
+      case ops::CopyKind::host_to_device:
+        copy_to_device_async(dst, src, bytes, s);
+        // The host buffer may change as soon as this returns (the forward pass restages it).
+        TS_CUDA_CHECK(cudaStreamSynchronize(s));
+        return;
+      case ops::CopyKind::device_to_host:
+        copy_to_host_async(dst, src, bytes, s);
+        TS_CUDA_CHECK(cudaStreamSynchronize(s));
+        return;
+      case ops::CopyKind::device_to_device:
+        copy_device_to_device_async(dst, src, bytes, s);
+        return;
+    }
+  }
+  void synchronize(const ops::Context& ctx) override {
+    TS_CUDA_CHECK(cudaStreamSynchronize(stream(ctx)));
+  }
+
+  // ---- products ----
+  void gemm(const ops::Context& ctx, const ops::GemmArgs& g) override {
+    cudaStream_t s = stream(ctx);
+    // Both operands of a cuBLASLt product share a type: bf16 when either is bf16 or the product
+    // is asked in bf16 (an f32 operand is then rounded into scratch), else f32.
+    const bool bf16 = g.round_bf16 || g.a_type == DType::bf16 || g.b_type == DType::bf16;
+    const int64_t a_elems = (g.trans_a == ops::Trans::N ? g.m : g.k) * g.lda;
+    const int64_t b_elems = (g.trans_b == ops::Trans::N ? g.k : g.n) * g.ldb;
+    const void* a = g.a;
+    const void* b = g.b;
+    if (bf16) {
+      auto* sa = static_cast<__nv_bfloat16*>(
+          scratch((g.a_type == DType::f32 ? a_elems : 0) + (g.b_type == DType::f32 ? b_elems : 0),
+                  sizeof(uint16_t), s));
+      if (g.a_type == DType::f32) {
+        cuda::convert_f32_to_bf16(sa, static_cast<const float*>(g.a), a_elems, s);
+        a = sa;
+        sa += a_elems;
+      }
+      if (g.b_type == DType::f32) {
+        cuda::convert_f32_to_bf16(sa, static_cast<const float*>(g.b), b_elems, s);
+        b = sa;
+      }
+    }
+    LtGemmArgs l;
+    l.trans_a = g.trans_a == ops::Trans::T;
+    l.trans_b = g.trans_b == ops::Trans::T;
+    l.m = g.m, l.n = g.n, l.k = g.k;
+    l.a = a, l.lda = g.lda, l.b = b, l.ldb = g.ldb;
+    l.a_type = l.b_type = bf16 ? LtType::bf16 : LtType::f32;
+    l.c = g.c, l.c_type = LtType::f32, l.ldc = g.ldc;
+    l.accumulate = g.accumulate;
+    if (g.bias) l.epilogue = LtEpilogue::bias, l.bias = const_cast<float*>(g.bias);
+    gemm_lt(l, s);
+  }
+
+  void matmul_wt(const ops::Context& ctx, float* y, int64_t ldy, const float* x, int64_t M,
+                 int64_t K, const void* w, DType w_type, int64_t N, const float* bias) override {
+    cudaStream_t s = stream(ctx);
+    void* b = const_cast<float*>(bias);
+    if (w_type == DType::f32) {
+      LtGemmArgs l = lt_linear(y, LtType::f32, x, w, LtType::f32, M, N, K, b);
+      l.ldc = ldy;
+      gemm_lt(l, s);
+      return;
+    }
+    if (M >= kGemmMinRows) {
+      // Widen W and x to f16 and run one tensor-core GEMM, f32 accumulation and output.
+      auto* w16 = static_cast<uint16_t*>(scratch(N * K + M * K, sizeof(uint16_t), s));
+      uint16_t* x16 = w16 + N * K;
+      const void* wp = w;
+      if (w_type != DType::f16) {
+        dequantize_to_f16(w16, w, w_type, N, K, s);
+        wp = w16;
+      }
+      convert_f32_to_f16(x16, x, M * K, s);
+      LtGemmArgs l = lt_linear(y, LtType::f32, x16, wp, LtType::f16, M, N, K, b);
+      l.ldc = ldy;
+      gemm_lt(l, s);
+      return;
+    }
+    for (int64_t r0 = 0; r0 < M; r0 += kMatvecMaxRows) {
+      const int64_t m = std::min(kMatvecMaxRows, M - r0);
+      cuda::matmul_wt(y + r0 * ldy, ldy, x + r0 * K, m, K, w, w_type, N, bias, s);
+    }
+  }
+  void matmul_wt_group(const ops::Context& ctx, const float* x, int64_t M, int64_t K,
+                       std::span<const ops::WtProduct> products) override {
+    for (const ops::WtProduct& p : products)
+      matmul_wt(ctx, p.y, p.ldy, x, M, K, p.w, p.w_type, p.N, p.bias);
+  }
+
+  // ---- norms and element-wise ops ----
+  void layernorm_forward(const ops::Context& ctx, float* out, float* mean, float* rstd,
+                         const float* inp, const float* w, const float* b, int64_t N,
+                         int64_t C) override {
+    cuda::layernorm_forward<float>(out, mean, rstd, inp, w, b, N, C, stream(ctx));
+  }
+  void layernorm_backward(const ops::Context& ctx, float* dinp, float* dw, float* db,
+                          const float* dout, const float* inp, const float* w, const float* mean,
+                          const float* rstd, int64_t N, int64_t C) override {
+    cudaStream_t s = stream(ctx);
+    auto* ws = static_cast<float*>(scratch(norm_backward_workspace_floats(N, C), 4, s));
+    cuda::layernorm_backward<float>(dinp, dw, db, dout, inp, w, mean, rstd, N, C, ws, s);
+  }
+  void rmsnorm_forward(const ops::Context& ctx, float* out, float* rstd, const float* inp,
+                       const float* w, int64_t N, int64_t C, float eps) override {
+    cuda::rmsnorm_forward<float>(out, rstd, inp, w, N, C, eps, stream(ctx));
+  }
+  void rmsnorm_backward(const ops::Context& ctx, float* dinp, float* dw, const float* dout,
+                        const float* inp, const float* w, const float* rstd, int64_t N,
+                        int64_t C) override {
+    cudaStream_t s = stream(ctx);
+    auto* ws = static_cast<float*>(scratch(norm_backward_workspace_floats(N, C), 4, s));
+    cuda::rmsnorm_backward<float>(dinp, dw, dout, inp, w, rstd, N, C, ws, s);
+  }
+  void gelu_forward(const ops::Context& ctx, float* out, const float* inp, int64_t n) override {
+    cuda::gelu_forward<float>(out, inp, n, stream(ctx));
+  }
+  void gelu_backward(const ops::Context& ctx, float* dinp, const float* inp, const float* dout,
+                     int64_t n) override {
+    cuda::gelu_backward<float>(dinp, inp, dout, n, stream(ctx));
+  }
+  void add(const ops::Context& ctx, float* out, const float* a, const float* b,
+           int64_t n) override {
+    cuda::add<float>(out, a, b, n, stream(ctx));
+  }
+  void swiglu_forward(const ops::Context& ctx, float* out, const float* gate, const float* up,
+                      int64_t N, int64_t F) override {
+    cuda::swiglu_forward<float>(out, gate, up, N, F, stream(ctx));
+  }
+  void swiglu_backward(const ops::Context& ctx, float* dgate, float* dup, const float* dout,
+                       const float* gate, const float* up, int64_t N, int64_t F) override {
+    cuda::swiglu_backward<float>(dgate, dup, dout, gate, up, N, F, stream(ctx));
+  }
+  void rope_forward(const ops::Context& ctx, float* out, const float* inp,
+                    const ops::RopeTable& table, const int32_t* positions, int64_t pos0, int64_t B,
+                    int64_t T, int64_t H, int64_t D, ops::RopeLayout layout) override {
+    cuda::rope_forward<float>(out, inp, view(table), positions, pos0, B, T, H, D, rope(layout),
+                              stream(ctx));
+  }
+  void rope_backward(const ops::Context& ctx, float* dinp, const float* dout,
+                     const ops::RopeTable& table, const int32_t* positions, int64_t pos0, int64_t B,
+                     int64_t T, int64_t H, int64_t D, ops::RopeLayout layout) override {
+    cuda::rope_backward<float>(dinp, dout, view(table), positions, pos0, B, T, H, D, rope(layout),
+                               stream(ctx));
+  }
+
+  // ---- loss, optimizer, reductions ----
+  void softmax_xent(const ops::Context& ctx, float* losses, float* logits, const int32_t* targets,
+                    int64_t N, int64_t V, int64_t Vp, float dlogits_scale) override {
+    cuda::softmax_xent<float>(losses, logits, targets, N, V, Vp, dlogits_scale, stream(ctx));
+  }
+  void adamw(const ops::Context& ctx, float* params, const float* grads, float* m, float* v,
+             int64_t n, const ops::AdamWArgs& a) override {
+    cuda::adamw<float>(params, nullptr, grads, m, v, n, a, stream(ctx));
+  }
+  double sum_squares(const ops::Context& ctx, const float* x, int64_t n) override {
+    cudaStream_t s = stream(ctx);
+    const int64_t ws = global_sum_squares_workspace(&n, 1);
+    auto* d = static_cast<double*>(scratch(ws + 1, sizeof(double), s));
+    const float* ptrs[1] = {x};
+    global_sum_squares<float>(d + ws, ptrs, &n, 1, d, s);
+    double out = 0;
+    copy_to_host_async(&out, d + ws, sizeof(double), s);
+    TS_CUDA_CHECK(cudaStreamSynchronize(s));
+    return out;
+  }
+  void scale(const ops::Context& ctx, float* x, int64_t n, float s) override {
+    cuda::scale<float>(x, n, s, stream(ctx));
+  }
+  void convert_f32_to_bf16(const ops::Context& ctx, uint16_t* dst, const float* src,
+                           int64_t n) override {
+    cuda::convert_f32_to_bf16(reinterpret_cast<__nv_bfloat16*>(dst), src, n, stream(ctx));
+  }
+
+  // ---- not through ops/ on CUDA yet ----
+  void embedding_forward(const ops::Context&, float*, const int32_t*, const float*, const float*,
+                         int64_t, int64_t, int64_t) override {
+    not_here("embedding_forward", "the kernel needs the vocabulary size to bound token ids");
+  }
+  void embedding_backward(const ops::Context&, float*, float*, const float*, const int32_t*,
+                          int64_t, int64_t, int64_t) override {
+    not_here("embedding_backward", "the kernel needs the vocabulary size to bound token ids");
+  }
+  void attention_forward(const ops::Context&, float*, float*, const float*, int64_t, int64_t,
+                         int64_t, int64_t, bool) override {
+    not_here("attention_forward", "the flash kernels take bf16 or f16 activations, not f32");
+  }
+  void attention_backward(const ops::Context&, float*, const float*, const float*, const float*,
+                          const float*, int64_t, int64_t, int64_t, int64_t, bool) override {
+    not_here("attention_backward", "the flash kernels take bf16 or f16 activations, not f32");
+  }
+
+  // ---- the paged cache ----
+  void paged_attention(const ops::Context& ctx, const ops::PagedAttentionArgs& a) override {
+    TS_CHECK(!a.k_transposed, "[cuda] paged attention reads keys as rows (k_transposed false)");
+    cudaStream_t s = stream(ctx);
+    PagedDecodeArgs d;
+    d.out = a.out;
+    d.q = a.q;
+    d.rows = a.rows, d.H = a.H, d.Hkv = a.Hkv, d.D = a.D;
+    d.kv = a.kv;
+    d.kv_dtype = a.kv_type;
+    d.block_tokens = a.block_tokens, d.block_stride = a.block_stride, d.v_offset = a.v_offset;
+    d.block_tables = a.block_tables;
+    d.table_stride = a.table_stride;
+    d.n_keys = a.n_keys;
+    d.max_keys = a.max_keys;
+    d.first_key = a.first_key;
+    d.scale = a.scale;
+    const int64_t floats = paged_decode_workspace_floats(a.rows, a.H, a.D, kAttnSplits);
+    d.workspace = static_cast<float*>(scratch(floats, sizeof(float), s));
+    d.workspace_floats = floats;
+    paged_decode_attention(d, s);
+  }
+  void kv_append(const ops::Context& ctx, const ops::KvAppendArgs& a) override {
+    TS_CHECK(!a.k_transposed, "[cuda] the paged cache keeps keys as rows (k_transposed false)");
+    cudaStream_t s = stream(ctx);
+    const int64_t KV = a.Hkv * a.D;
+    // The append kernel reads packed (rows, Hkv*D) keys and values.
+    const float* k = a.k;
+    const float* v = a.v;
+    if (a.ldk != KV || a.ldv != KV) {
+      auto* packed = static_cast<float*>(scratch(2 * a.rows * KV, sizeof(float), s));
+      if (a.ldk != KV) {
+        copy_rows(ctx, packed, KV, a.k, a.ldk, a.rows, KV);
+        k = packed;
+      }
+      if (a.ldv != KV) {
+        copy_rows(ctx, packed + a.rows * KV, KV, a.v, a.ldv, a.rows, KV);
+        v = packed + a.rows * KV;
+      }
+    }
+    kv_cache_append(a.kv, a.kv_type, k, v, a.slot, a.rows, a.Hkv, a.D, a.block_tokens,
+                    a.block_stride, a.v_offset, s);
+  }
+  void copy_rows(const ops::Context& ctx, float* dst, int64_t ld_dst, const float* src,
+                 int64_t ld_src, int64_t rows, int64_t cols) override {
+    TS_CUDA_CHECK(cudaMemcpy2DAsync(
+        dst, static_cast<size_t>(ld_dst) * sizeof(float), src,
+        static_cast<size_t>(ld_src) * sizeof(float), static_cast<size_t>(cols) * sizeof(float),
+        static_cast<size_t>(rows), cudaMemcpyDeviceToDevice, stream(ctx)));
+  }
+  void gather_rows(const ops::Context& ctx, float* dst, const float* src, const int32_t* index,
+                   int64_t n, int64_t C) override {
+    cuda::gather_rows(dst, src, index, n, C, stream(ctx));
+  }
+
+  // ---- layout questions ----
+  int64_t matmul_wt_saturating_rows(DType) const override { return 512; }
+  DType preferred_layout(DType t, int64_t) const override { return t; }
+  bool paged_keys_transposed() const override { return false; }
+
+ private:
+  cudaStream_t stream(const ops::Context& ctx) {
+    if (ctx.stream) return static_cast<cudaStream_t>(ctx.stream);
+    std::call_once(stream_once_, [&] { own_stream_ = std::make_unique<Stream>(); });
+    return own_stream_->get();
+  }
+  // At least n elements of `elem` bytes of device scratch, valid until the next call on any
+  // stream of this backend (growth waits for the stream, so work queued before still sees the
+  // old buffer intact).
+  void* scratch(int64_t n, size_t elem, cudaStream_t s) {
+    const size_t bytes = static_cast<size_t>(std::max<int64_t>(n, 1)) * elem;
+    std::lock_guard<std::mutex> lock(scratch_mutex_);
+    if (bytes > scratch_bytes_) {
+      TS_CUDA_CHECK(cudaStreamSynchronize(s));
+      if (scratch_) cudaFree(scratch_);
+      scratch_ = allocate(bytes);
+      scratch_bytes_ = bytes;
+    }
+    return scratch_;
+  }
+  static RopeTableView view(const ops::RopeTable& t) {
+    TS_CHECK(t.device != nullptr,
+             "[cuda] the RoPE table has no device copy (ops::RopeTable::device)");
+    RopeTableView v;
+    v.cos = t.device;
+    v.sin = t.device + t.max_pos * (t.rotary_dim / 2);
+    v.max_pos = t.max_pos;
+    v.rotary_dim = t.rotary_dim;
+    return v;
+  }
+  static RopeLayout rope(ops::RopeLayout l) {
+    return l == ops::RopeLayout::interleaved ? RopeLayout::interleaved : RopeLayout::half;
+  }
+
+  std::once_flag stream_once_;
+  std::unique_ptr<Stream> own_stream_;
+  std::mutex scratch_mutex_;
+  void* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
+};
+
+}  // namespace
+
+void register_ops_backend() {
+  static CudaOpsBackend instance;
+  ops::register_backend(ops::Device::cuda, &instance);
+}
+
+}  // namespace tessera::cuda
