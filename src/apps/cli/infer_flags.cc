@@ -78,6 +78,10 @@ Flags engine_flags() {
       Flag::integer("--chunk-rows", 0, 0, 65536,
                     "token rows per forward chunk of a long prompt; 0: chosen from the weights"),
       Flag::text("--device", "cpu", "cpu, or cuda (GPU 0)", "DEV"),
+      Flag::text("--cuda-forward", "decoder",
+                 "with --device cuda: decoder (the device decoder) or shared (the model's own "
+                 "forward pass on the CUDA ops backend, replacing it once verified on a GPU)",
+                 "WAY"),
       Flag::toggle("--mmap", "map the model file instead of reading it into memory"),
   };
 }
@@ -97,6 +101,11 @@ EngineFlags parse_engine_flags(const Args& a) {
   if (f.cuda)
     TS_CHECK(backend::cuda_device_count() > 0,
              "[cuda] --device cuda: ", backend::cuda_device_summary());
+  const std::string way = a.str("--cuda-forward");
+  TS_CHECK(way == "decoder" || way == "shared", "--cuda-forward must be decoder or shared, not '",
+           way, "'");
+  TS_CHECK(f.cuda || !a.given("--cuda-forward"), "--cuda-forward needs --device cuda");
+  f.cuda_shared = way == "shared";
   const std::string kv = a.str("--kv-type");
   TS_CHECK(kv == "f16" || kv == "f32", "--kv-type must be f16 or f32, not '", kv, "'");
   f.kv_type = kv == "f16" ? DType::f16 : DType::f32;
@@ -117,6 +126,7 @@ infer::EngineOptions engine_options(const EngineFlags& f, const model::DecoderMo
   o.kv_type = f.kv_type;
   o.max_rows = f.chunk_rows;
   if (f.cuda) o.ctx.device = ops::Device::cuda;
+  o.device_decoder = !f.cuda_shared;
   return o;
 }
 

@@ -41,12 +41,14 @@ struct EngineFlags {
   bool mmap = false;
   DType kv_type = DType::f16;  // --kv-type f16|f32
   bool cuda = false;           // --device cuda: the engine runs on GPU 0
+  bool cuda_shared = false;    // --cuda-forward shared: the shared forward pass on the GPU
   int64_t chunk_rows = 0;      // --chunk-rows: token rows per forward chunk; 0: from the weights
 };
 // How the engine commands load their model: --mmap, and on the CPU the weights rearranged into
 // the CPU kernels' preferred layout (model::use_cpu_layout).
 model::DecoderLoadOptions engine_load_options(const EngineFlags& f);
-// The table fragment of -m/--model, --threads, --ctx, --kv-type, --chunk-rows, --device, --mmap.
+// The table fragment of -m/--model, --threads, --ctx, --kv-type, --chunk-rows, --device,
+// --cuda-forward, --mmap.
 Flags engine_flags();
 EngineFlags parse_engine_flags(const Args& a);
 // Builds the engine options (on the flags' thread pool) for `model` (kv capacity = ctx *
