@@ -41,25 +41,29 @@ Gpt2::Gpt2(const Gpt2Config& cfg, const ops::Context& ctx)
   }
   im.lnf_w = table_.add("ln_f.weight", {C});
   im.lnf_b = table_.add("ln_f.bias", {C});
-  params_ = AlignedBuffer<float>(static_cast<size_t>(table_.total_elems()));
-  grads_ = AlignedBuffer<float>(static_cast<size_t>(table_.total_elems()));
+  const auto bytes = static_cast<size_t>(table_.total_elems()) * sizeof(float);
+  params_ = ops::Buffer(ctx_.device, bytes);
+  grads_ = ops::Buffer(ctx_.device, bytes);
+  ops::zero(ctx_, params_.data(), bytes);
+  ops::zero(ctx_, grads_.data(), bytes);
 }
 
 Gpt2::~Gpt2() = default;
 
 void Gpt2::zero_grads() {
-  std::memset(grads_.data(), 0, grads_.size() * sizeof(float));
+  ops::zero(ctx_, grads_.data(), grads_.size());
 }
 
 void Gpt2::init_weights(uint64_t seed) {
   const auto& ts = table_.tensors();
   const float proj_std = 0.02f / std::sqrt(2.0f * static_cast<float>(cfg_.n_layer));
+  ops::HostMirror<float> host(ctx_, params(), num_params(), ops::HostMirror<float>::write);
   // Each tensor draws from its own stream (seed, tensor index), so tensors can be filled in
   // parallel and the result does not depend on the thread count.
   ctx_.threads().parallel_for(static_cast<int64_t>(ts.size()), 1, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const TensorInfo& t = ts[static_cast<size_t>(i)];
-      float* dst = params_.data() + t.offset;
+      float* dst = host.data() + t.offset;
       const int64_t n = t.numel();
       const bool is_ln = t.name.find("ln_") != std::string::npos;
       if (t.shape.rank() == 1) {
@@ -76,18 +80,19 @@ void Gpt2::init_weights(uint64_t seed) {
       for (int64_t j = real; j < n; ++j) dst[j] = 0.0f;
     }
   });
+  host.flush();
   params_updated();
 }
 
 const void* Gpt2::Impl::weight(int64_t off) const {
-  if (bf16()) return params_bf16.data() + off;
+  if (bf16()) return params_bf16.as<uint16_t>() + off;
   return p(off);
 }
 
 void Gpt2::params_updated() {
   Impl& im = *impl_;
   if (!im.bf16() || im.params_bf16.size() == 0) return;  // f32: GEMMs read the master weights
-  ops::convert_f32_to_bf16(ctx_, im.params_bf16.data(), params_.data(), num_params());
+  ops::convert_f32_to_bf16(ctx_, im.params_bf16.as<uint16_t>(), params(), num_params());
 }
 
 void Gpt2::plan(int64_t B, int64_t T, Precision precision, Recompute recompute) {
@@ -139,7 +144,7 @@ void Gpt2::plan(int64_t B, int64_t T, Precision precision, Recompute recompute) 
   // The arena is allocated by the first step after plan() (once; later steps never allocate),
   // so sizing a plan that is never run, e.g. to compare policies, costs no memory.
   im.planned = false;
-  im.arena = Arena();
+  im.arena = ops::Buffer();
   im.plan = plan;
   im.bind = [&im, L, recompute, resid_off, scratch_c, dresid, dbig, lo, lnf, lnf_mean, lnf_rstd,
              logits, losses](char* base) {
@@ -168,10 +173,10 @@ void Gpt2::plan(int64_t B, int64_t T, Precision precision, Recompute recompute) 
   im.recompute = recompute;
   im.have_logits = false;
   if (precision == Precision::bf16) {
-    if (im.params_bf16.size() != params_.size())
-      im.params_bf16 = AlignedBuffer<uint16_t>(params_.size());
+    const auto bytes = static_cast<size_t>(num_params()) * sizeof(uint16_t);
+    if (im.params_bf16.size() != bytes) im.params_bf16 = ops::Buffer(ctx_.device, bytes);
   } else {
-    im.params_bf16 = AlignedBuffer<uint16_t>();
+    im.params_bf16 = ops::Buffer();
   }
   im.make_view();
   im.planned = true;
@@ -181,11 +186,11 @@ void Gpt2::plan(int64_t B, int64_t T, Precision precision, Recompute recompute) 
 void Gpt2::Impl::make_view() {
   view = as_decoder(model);
   if (!bf16()) return;
-  const float* base = model.params_.data();
+  const float* base = model.params();
   for (DecoderLayer& l : view.weights.layers)
     for (WeightRef* m : l.matrices()) {
       if (!m->present()) continue;
-      m->data = params_bf16.data() + (static_cast<const float*>(m->data) - base);
+      m->data = params_bf16.as<uint16_t>() + (static_cast<const float*>(m->data) - base);
       m->type = DType::bf16;
     }
 }
@@ -196,9 +201,12 @@ size_t Gpt2::activation_bytes() const {
 
 void Gpt2::Impl::ensure_arena() {
   TS_CHECK(planned, "[gpt2] call plan(B, T, precision, recompute) before forward");
-  if (arena.bytes() != 0) return;
-  arena = Arena(plan);
-  bind(arena.data());
+  if (arena.size() != 0) return;
+  arena = ops::Buffer(model.ctx_.device, plan.total_bytes());
+  ops::zero(model.ctx_, arena.data(), arena.size());
+  if (model.ctx_.device != ops::Device::cpu)
+    ints = ops::Buffer(model.ctx_.device, static_cast<size_t>(2 * max_n) * sizeof(int32_t));
+  bind(arena.as<char>());
 }
 
 const float* Gpt2::logits() const {

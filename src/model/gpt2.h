@@ -12,6 +12,7 @@
 #include "core/tensor.h"
 #include "model/decoder.h"
 #include "ops/context.h"
+#include "ops/memory.h"
 
 namespace tessera::model {
 
@@ -43,9 +44,11 @@ class Gpt2 {
   // h.{i}.attn.c_attn.weight, ..., ln_f.weight. Weights are stored (out, in) = (N, K).
   const TensorTable& tensors() const { return table_; }
   int64_t num_params() const { return table_.total_elems(); }
-  float* params() { return params_.data(); }
-  const float* params() const { return params_.data(); }
-  float* grads() { return grads_.data(); }
+  // The flat parameter and gradient buffers, in the memory of the context's device (host memory
+  // on the CPU; ops::HostMirror reads or writes them from the host elsewhere).
+  float* params() { return params_.as<float>(); }
+  const float* params() const { return params_.as<float>(); }
+  float* grads() { return grads_.as<float>(); }
   void zero_grads();
 
   // GPT-2 initialization: N(0, 0.02) weights, residual projections scaled by 1/sqrt(2L), zero
@@ -59,8 +62,9 @@ class Gpt2 {
   void plan(int64_t B, int64_t T, Precision precision, Recompute recompute);
   size_t activation_bytes() const;
 
-  // Forward pass. With targets, returns the mean cross-entropy (ignoring targets < 0); without,
-  // returns 0 and leaves logits (B,T,Vp) readable through logits().
+  // Forward pass; tokens and targets are host arrays. With targets, returns the mean
+  // cross-entropy (ignoring targets < 0); without, returns 0 and leaves logits (B,T,Vp) in the
+  // device's memory at logits().
   float forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T);
   // Forward and backward of mean loss * loss_scale, accumulating into grads(). Returns the mean
   // loss (unscaled). loss_scale is 1/grad_accum for gradient accumulation.
@@ -87,7 +91,7 @@ class Gpt2 {
   Gpt2Config cfg_;
   ops::Context ctx_;
   TensorTable table_;
-  AlignedBuffer<float> params_, grads_;
+  ops::Buffer params_, grads_;
   std::unique_ptr<Impl> impl_;
 };
 

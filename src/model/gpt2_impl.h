@@ -8,6 +8,7 @@
 
 #include "core/arena.h"
 #include "model/gpt2.h"
+#include "ops/memory.h"
 #include "ops/ops.h"
 
 namespace tessera::model {
@@ -47,7 +48,7 @@ struct Gpt2::Impl {
   Precision precision = Precision::f32;
   Recompute recompute = Recompute::none;
   ArenaPlan plan;
-  Arena arena;                      // allocated by ensure_arena() at the first step
+  ops::Buffer arena;                // on the device, allocated by ensure_arena() at the first step
   std::function<void(char*)> bind;  // points the buffers below into an arena at `base`
   std::vector<float*> resid;        // L+1 residual streams (N,C): resid[l] is block l's input
   std::vector<Gpt2LayerActs> acts;
@@ -60,7 +61,11 @@ struct Gpt2::Impl {
   float* dbig = nullptr;       // (N,4C): dqkv / dfch; doubles as the shared GELU buffer
   bool have_logits = false;
 
-  AlignedBuffer<uint16_t> params_bf16;  // bf16 copy of params (same offsets), bf16 precision only
+  // bf16 copy of params (same offsets), bf16 precision only; on the device.
+  ops::Buffer params_bf16;
+  // A step's tokens and targets (max_n each) where the device is not the CPU; host arrays are
+  // read in place on the CPU.
+  ops::Buffer ints;
   // The model as the shared decoder layer reads it (block_forward): views of params, whose
   // matrices point into params_bf16 in bf16 precision. Set by plan().
   DecoderModel view;
@@ -69,8 +74,14 @@ struct Gpt2::Impl {
   // The weight operand a GEMM reads: the bf16 copy in bf16 precision, else the f32 master.
   const void* weight(int64_t off) const;
   DType weight_type() const { return bf16() ? DType::bf16 : DType::f32; }
-  const float* p(int64_t off) const { return model.params_.data() + off; }
-  float* g(int64_t off) { return model.grads_.data() + off; }
+  // The step's tokens (and targets, if not null) as the ops read them: the host arrays on the
+  // CPU, their copy in `ints` elsewhere. Returns {tokens, targets}.
+  std::pair<const int32_t*, const int32_t*> device_ints(const int32_t* tokens,
+                                                        const int32_t* targets, int64_t n);
+  // The sum of the N losses whose targets are >= 0, and their count.
+  std::pair<double, int64_t> loss_sum(const int32_t* targets, int64_t N) const;
+  const float* p(int64_t off) const { return model.params() + off; }
+  float* g(int64_t off) { return model.grads() + off; }
 
   // dW += dout^T inp; db += colsum(dout) (skipped if b_off < 0); then dinp (N,n_in) = dout W
   // (overwrites; skipped if null). dinp may alias inp: inp is read before dinp is written.

@@ -39,8 +39,10 @@ std::unique_ptr<Gpt2> load_gpt2(const std::string& dir, const ops::Context& ctx)
 
   // Every tensor of the loaded model into the same tensor of the training model's view (whose
   // q, k and v are rows of c_attn, and whose wte has padding rows beyond the vocabulary: zero).
-  auto model = std::make_unique<Gpt2>(cfg, ctx);
-  std::memset(model->params(), 0, static_cast<size_t>(model->num_params()) * sizeof(float));
+  auto model = std::make_unique<Gpt2>(cfg, ctx);  // parameters zero
+  ops::HostMirror<float> host(ctx, model->params(), model->num_params(),
+                              ops::HostMirror<float>::write);
+  std::memset(host.data(), 0, static_cast<size_t>(model->num_params()) * sizeof(float));
   const DecoderModel dst = as_decoder(*model);
   std::vector<std::pair<const WeightRef*, const WeightRef*>> pairs = {
       {&src.weights.tok_embd, &dst.weights.tok_embd},
@@ -72,9 +74,10 @@ std::unique_ptr<Gpt2> load_gpt2(const std::string& dir, const ops::Context& ctx)
     TS_CHECK(from->present() && from->shape == to->shape, "[gpt2] ", dir,
              ": a tensor does not fit the training model (", from->shape.str(), " for ",
              to->shape.str(), ")");
-    float* out = model->params() + (static_cast<const float*>(to->data) - model->params());
+    float* out = host.data() + (static_cast<const float*>(to->data) - model->params());
     to_f32(from->type, from->data, out, from->shape.numel());
   }
+  host.flush();
   model->params_updated();
   return model;
 }

@@ -11,27 +11,6 @@
 
 namespace tessera::model {
 
-namespace {
-
-// db (n) += column sums of dy (m,n). Threads split the columns, so each column is summed in row
-// order by one thread: the result does not depend on the thread count.
-void bias_grad(ThreadPool& pool, float* db, const float* dy, int64_t m, int64_t n) {
-  constexpr int64_t kCols = 64;  // a 256-byte column strip per task keeps rows streaming
-  pool.parallel_for((n + kCols - 1) / kCols, 1, [&](int64_t b, int64_t e) {
-    for (int64_t blk = b; blk < e; ++blk) {
-      const int64_t c0 = blk * kCols, c1 = std::min(n, c0 + kCols);
-      float acc[kCols] = {};
-      for (int64_t r = 0; r < m; ++r) {
-        const float* row = dy + r * n;
-        for (int64_t c = c0; c < c1; ++c) acc[c - c0] += row[c];
-      }
-      for (int64_t c = c0; c < c1; ++c) db[c] += acc[c - c0];
-    }
-  });
-}
-
-}  // namespace
-
 void Gpt2::Impl::linear_backward(float* dinp, const float* dout, const float* inp, int64_t w_off,
                                  int64_t b_off, int64_t n, int64_t n_in, int64_t n_out) {
   const ops::Context& ctx = model.ctx_;
@@ -46,7 +25,7 @@ void Gpt2::Impl::linear_backward(float* dinp, const float* dout, const float* in
     g.round_bf16 = bf16();
     ops::gemm(ctx, g);
   }
-  if (b_off >= 0) bias_grad(ctx.threads(), this->g(b_off), dout, n, n_out);
+  if (b_off >= 0) ops::bias_grad(ctx, this->g(b_off), dout, n, n_out);
   if (dinp != nullptr) {  // dinp (N,n_in) = dout (N,n_out) W (n_out,n_in); last: may alias inp
     ops::GemmArgs g;
     g.m = n, g.n = n_in, g.k = n_out;
@@ -151,6 +130,27 @@ void Gpt2::Impl::check_inputs(const int32_t* tokens, const int32_t* targets, int
                " is outside the vocabulary [0, ", V, ") (negative means ignore)");
 }
 
+std::pair<const int32_t*, const int32_t*> Gpt2::Impl::device_ints(const int32_t* tokens,
+                                                                  const int32_t* targets,
+                                                                  int64_t n) {
+  const ops::Context& ctx = model.ctx_;
+  if (ctx.device == ops::Device::cpu) return {tokens, targets};
+  auto* d = ints.as<int32_t>();
+  const size_t bytes = static_cast<size_t>(n) * sizeof(int32_t);
+  ops::copy(ctx, d, tokens, bytes, ops::CopyKind::host_to_device);
+  if (targets) ops::copy(ctx, d + max_n, targets, bytes, ops::CopyKind::host_to_device);
+  return {d, targets ? d + max_n : nullptr};
+}
+
+std::pair<double, int64_t> Gpt2::Impl::loss_sum(const int32_t* targets, int64_t N) const {
+  ops::HostMirror<float> l(model.ctx_, losses, N, ops::HostMirror<float>::read);
+  double sum = 0;
+  int64_t count = 0;
+  for (int64_t i = 0; i < N; ++i)
+    if (targets[i] >= 0) sum += l.data()[i], ++count;
+  return {sum, count};
+}
+
 void Gpt2::Impl::forward_to_logits(const int32_t* tokens, int64_t B, int64_t T) {
   const ops::Context& ctx = model.ctx_;
   const Gpt2Config& cfg = model.cfg_;
@@ -169,15 +169,13 @@ float Gpt2::forward(const int32_t* tokens, const int32_t* targets, int64_t B, in
   Impl& im = *impl_;
   im.check_inputs(tokens, targets, B, T);
   im.ensure_arena();
-  im.forward_to_logits(tokens, B, T);
-  if (targets == nullptr) return 0.0f;
   const int64_t N = B * T;
-  ops::softmax_xent(ctx_, im.losses, im.logits, targets, N, cfg_.vocab_size, cfg_.padded_vocab_size,
-                    0.0f);
-  double sum = 0;
-  int64_t count = 0;
-  for (int64_t i = 0; i < N; ++i)
-    if (targets[i] >= 0) sum += im.losses[i], ++count;
+  const auto [dev_tokens, dev_targets] = im.device_ints(tokens, targets, N);
+  im.forward_to_logits(dev_tokens, B, T);
+  if (targets == nullptr) return 0.0f;
+  ops::softmax_xent(ctx_, im.losses, im.logits, dev_targets, N, cfg_.vocab_size,
+                    cfg_.padded_vocab_size, 0.0f);
+  const auto [sum, count] = im.loss_sum(targets, N);
   return count ? static_cast<float>(sum / static_cast<double>(count)) : 0.0f;
 }
 
@@ -189,7 +187,8 @@ float Gpt2::forward_backward(const int32_t* tokens, const int32_t* targets, int6
   im.ensure_arena();
   const int64_t C = cfg_.n_embd, L = cfg_.n_layer, V = cfg_.vocab_size, Vp = cfg_.padded_vocab_size,
                 N = B * T;
-  im.forward_to_logits(tokens, B, T);
+  const auto [dev_tokens, dev_targets] = im.device_ints(tokens, targets, N);
+  im.forward_to_logits(dev_tokens, B, T);
 
   int64_t count = 0;
   for (int64_t i = 0; i < N; ++i) count += targets[i] >= 0;
@@ -197,23 +196,21 @@ float Gpt2::forward_backward(const int32_t* tokens, const int32_t* targets, int6
   const float dscale = count ? loss_scale / static_cast<float>(count) : 0.0f;
   // dscale == 0 would leave the logits in place (the op's "forward only" mode), so the lm-head
   // backward below would read logits instead of zeros; skip the backward in that case.
-  ops::softmax_xent(ctx_, im.losses, im.logits, targets, N, V, Vp, dscale);
+  ops::softmax_xent(ctx_, im.losses, im.logits, dev_targets, N, V, Vp, dscale);
   im.have_logits = false;  // now holds dlogits
-  double sum = 0;
-  for (int64_t i = 0; i < N; ++i)
-    if (targets[i] >= 0) sum += im.losses[i];
+  const double sum = im.loss_sum(targets, N).first;
   if (dscale == 0.0f) return count ? static_cast<float>(sum / static_cast<double>(count)) : 0.0f;
 
   // lm head: dlnf (N,C) = dlogits (N,Vp) wte; dwte (Vp,C) += dlogits^T lnf.
   im.linear_backward(im.scratch_c, im.logits, im.lnf, im.wte, -1, N, C, Vp);
-  std::memset(im.dresid, 0, static_cast<size_t>(N * C) * sizeof(float));
+  ops::zero(ctx_, im.dresid, static_cast<size_t>(N * C) * sizeof(float));
   ops::layernorm_backward(ctx_, im.dresid, im.g(im.lnf_w), im.g(im.lnf_b), im.scratch_c,
                           im.resid[static_cast<size_t>(L)], im.p(im.lnf_w), im.lnf_mean,
                           im.lnf_rstd, N, C);
   for (int64_t l = L - 1; l >= 0; --l) im.layer_backward(l, B, T);
-  ops::embedding_backward(ctx_, im.g(im.wte), im.g(im.wpe), im.dresid, tokens, B, T, C);
+  ops::embedding_backward(ctx_, im.g(im.wte), im.g(im.wpe), im.dresid, dev_tokens, B, T, C);
   // Padding rows of wte get no gradient by construction; keep them exactly zero regardless.
-  std::memset(im.g(im.wte) + V * C, 0, static_cast<size_t>((Vp - V) * C) * sizeof(float));
+  ops::zero(ctx_, im.g(im.wte) + V * C, static_cast<size_t>((Vp - V) * C) * sizeof(float));
   return static_cast<float>(sum / static_cast<double>(count));
 }
 

@@ -87,6 +87,8 @@ class Backend {
   virtual void copy(const Context& ctx, void* dst, const void* src, size_t bytes,
                     CopyKind kind) = 0;
   virtual void synchronize(const Context& ctx) = 0;
+  virtual void zero(const Context& ctx, void* p, size_t bytes) = 0;
+  virtual void bias_grad(const Context& ctx, float* db, const float* dy, int64_t m, int64_t n) = 0;
 
   // Layout questions a loader or planner asks before any op runs (see ops/quant.h).
   virtual int64_t matmul_wt_saturating_rows(DType w_type) const = 0;

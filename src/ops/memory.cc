@@ -36,4 +36,10 @@ void synchronize(const Context& ctx) {
   backend(ctx.device).synchronize(ctx);
 }
 
+void zero(const Context& ctx, void* p, size_t bytes) {
+  if (bytes == 0) return;
+  TS_CHECK(p != nullptr, "[ops] zero of ", bytes, " bytes at a null pointer");
+  backend(ctx.device).zero(ctx, p, bytes);
+}
+
 }  // namespace tessera::ops

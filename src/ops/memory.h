@@ -6,6 +6,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
+#include <vector>
 
 #include "ops/context.h"
 
@@ -48,5 +50,37 @@ class Buffer {
 void copy(const Context& ctx, void* dst, const void* src, size_t bytes, CopyKind kind);
 // Returns once every op and copy issued on ctx has finished.
 void synchronize(const Context& ctx);
+// p (bytes) = 0, in ctx.device's memory, ordered like an op.
+void zero(const Context& ctx, void* p, size_t bytes);
+
+// Host access to n elements of T at p in ctx.device's memory: on the CPU that memory itself; on a
+// device a host copy, filled from p at construction unless the mode is write, and copied back to
+// p by flush() unless the mode is read. For loading, saving and initializing, not for steps.
+template <typename T>
+class HostMirror {
+ public:
+  enum Mode { read, write, read_write };
+  HostMirror(const Context& ctx, T* p, int64_t n, Mode mode)
+      : ctx_(ctx), p_(p), n_(n), mode_(mode) {
+    if (ctx.device == Device::cpu) return;
+    copy_.resize(static_cast<size_t>(n));
+    if (mode != write)
+      copy(ctx, copy_.data(), p, static_cast<size_t>(n) * sizeof(T), CopyKind::device_to_host);
+  }
+  T* data() { return copy_.empty() ? p_ : copy_.data(); }
+  void flush() {
+    if constexpr (!std::is_const_v<T>) {
+      if (copy_.empty() || mode_ == read) return;
+      copy(ctx_, p_, copy_.data(), static_cast<size_t>(n_) * sizeof(T), CopyKind::host_to_device);
+    }
+  }
+
+ private:
+  Context ctx_;
+  T* p_;
+  int64_t n_;
+  Mode mode_;
+  std::vector<std::remove_const_t<T>> copy_;
+};
 
 }  // namespace tessera::ops

@@ -110,6 +110,12 @@ void convert_f32_to_bf16(const Context& ctx, uint16_t* dst, const float* src, in
                    (OpCost{static_cast<double>(n), 6.0 * static_cast<double>(n)}), dst, src, n);
 }
 
+void bias_grad(const Context& ctx, float* db, const float* dy, int64_t m, int64_t n) {
+  TS_CHECK(m >= 0 && n >= 0, "[ops] bias_grad: bad shape (", m, " x ", n, ")");
+  if (m == 0 || n == 0) return;
+  TS_DISPATCH_COST(bias_grad, elementwise_cost(m * n, 1, 1), db, dy, m, n);
+}
+
 void copy_rows(const Context& ctx, float* dst, int64_t ld_dst, const float* src, int64_t ld_src,
                int64_t rows, int64_t cols) {
   TS_CHECK(rows >= 0 && cols >= 0 && ld_dst >= cols && ld_src >= cols,

@@ -75,6 +75,10 @@ void attention_backward(const Context& ctx, float* dqkv, const float* dout, cons
                         const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
                         int64_t H, bool round_bf16 = false);
 
+// db (n) += column sums of dy (m,n) (a linear layer's bias gradient); each column is summed in
+// row order, so the result does not depend on the threads.
+void bias_grad(const Context& ctx, float* db, const float* dy, int64_t m, int64_t n);
+
 // Fused softmax + cross-entropy over logits (N,Vp) of which the first V columns are real.
 // losses (N) = -log softmax(logits)[target]. If dlogits_scale != 0, overwrites logits in place
 // with d(loss_sum * dlogits_scale)/dlogits (padded columns get 0), so the full logits are never

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "formats/safetensors.h"
+#include "ops/memory.h"
 
 namespace tessera::train {
 
@@ -123,9 +124,14 @@ void save_checkpoint(const std::string& dir, const model::Gpt2& m, const AdamW& 
   make_dirs(dir);
   const Shape flat{m.num_params()};
   formats::SafetensorsWriter w;
-  w.add("params", DType::f32, flat, m.params());
-  w.add("adam_m", DType::f32, flat, opt.m());
-  w.add("adam_v", DType::f32, flat, opt.v());
+  // Host views of the device's buffers (the buffers themselves on the CPU), alive until written.
+  using Mirror = ops::HostMirror<const float>;
+  Mirror params(m.context(), m.params(), m.num_params(), Mirror::read);
+  Mirror adam_m(opt.context(), opt.m(), opt.size(), Mirror::read);
+  Mirror adam_v(opt.context(), opt.v(), opt.size(), Mirror::read);
+  w.add("params", DType::f32, flat, params.data());
+  w.add("adam_m", DType::f32, flat, adam_m.data());
+  w.add("adam_v", DType::f32, flat, adam_v.data());
   w.set_metadata("format", kFormat);
   w.set_metadata("step", cat(st.step));
   w.set_metadata("loader_epoch", cat(st.loader.epoch));
@@ -159,9 +165,16 @@ TrainState load_checkpoint(const std::string& dir, model::Gpt2& m, AdamW& opt) {
   check_format(r);
   const Shape flat{m.num_params()};
   TS_CHECK(opt.size() == m.num_params(), "[checkpoint] optimizer and model sizes differ");
-  r.read_f32("params", flat, m.params());
-  r.read_f32("adam_m", flat, opt.m());
-  r.read_f32("adam_v", flat, opt.v());
+  using Mirror = ops::HostMirror<float>;
+  Mirror params(m.context(), m.params(), m.num_params(), Mirror::write);
+  Mirror adam_m(opt.context(), opt.m(), opt.size(), Mirror::write);
+  Mirror adam_v(opt.context(), opt.v(), opt.size(), Mirror::write);
+  r.read_f32("params", flat, params.data());
+  r.read_f32("adam_m", flat, adam_m.data());
+  r.read_f32("adam_v", flat, adam_v.data());
+  params.flush();
+  adam_m.flush();
+  adam_v.flush();
   m.params_updated();
   TrainState st;
   st.step = meta_int<int64_t>(r, "step");
@@ -184,7 +197,9 @@ std::unique_ptr<model::Gpt2> load_model_from_checkpoint(const std::string& dir,
   formats::SafetensorsReader r(path);
   check_format(r);
   auto m = std::make_unique<model::Gpt2>(config_from(r), ctx);
-  r.read_f32("params", Shape{m->num_params()}, m->params());
+  ops::HostMirror<float> params(ctx, m->params(), m->num_params(), ops::HostMirror<float>::write);
+  r.read_f32("params", Shape{m->num_params()}, params.data());
+  params.flush();
   m->params_updated();
   return m;
 }

@@ -11,7 +11,13 @@
 namespace tessera::train {
 
 AdamW::AdamW(const TensorTable& table, const AdamWConfig& cfg, const ops::Context& ctx)
-    : cfg_(cfg), ctx_(ctx), n_(table.total_elems()), m_(n_), v_(n_) {
+    : cfg_(cfg),
+      ctx_(ctx),
+      n_(table.total_elems()),
+      m_(ctx.device, static_cast<size_t>(n_) * sizeof(float)),
+      v_(ctx.device, static_cast<size_t>(n_) * sizeof(float)) {
+  ops::zero(ctx_, m_.data(), m_.size());
+  ops::zero(ctx_, v_.data(), v_.size());
   TS_CHECK(cfg.beta1 >= 0 && cfg.beta1 < 1, "--beta1 must be in [0, 1), got ", cfg.beta1);
   TS_CHECK(cfg.beta2 >= 0 && cfg.beta2 < 1, "--beta2 must be in [0, 1), got ", cfg.beta2);
   TS_CHECK(cfg.eps > 0, "AdamW eps must be positive, got ", cfg.eps);
@@ -47,8 +53,7 @@ double AdamW::step(float* params, const float* grads, double lr, int64_t t) {
   a.grad_scale = cfg_.clip > 0 && norm > cfg_.clip ? static_cast<float>(cfg_.clip / norm) : 1.0f;
   for (const ops::AdamWRun& r : runs_) {
     a.weight_decay = r.decay ? cfg_.weight_decay : 0.0f;
-    ops::adamw(ctx_, params + r.offset, grads + r.offset, m_.data() + r.offset,
-               v_.data() + r.offset, r.n, a);
+    ops::adamw(ctx_, params + r.offset, grads + r.offset, m() + r.offset, v() + r.offset, r.n, a);
   }
   return norm;
 }

@@ -8,6 +8,7 @@
 #include "core/arena.h"
 #include "core/tensor.h"
 #include "ops/context.h"
+#include "ops/memory.h"
 #include "ops/ops.h"
 
 namespace tessera::train {
@@ -25,10 +26,12 @@ class AdamW {
   // before clipping; grads are scaled by min(1, clip / norm). Throws on a non-finite norm.
   double step(float* params, const float* grads, double lr, int64_t t);
 
-  float* m() { return m_.data(); }
-  float* v() { return v_.data(); }
-  const float* m() const { return m_.data(); }
-  const float* v() const { return v_.data(); }
+  // The moments, in the memory of the context's device (ops::HostMirror from the host).
+  float* m() { return m_.as<float>(); }
+  float* v() { return v_.as<float>(); }
+  const float* m() const { return m_.as<float>(); }
+  const float* v() const { return v_.as<float>(); }
+  const ops::Context& context() const { return ctx_; }
   int64_t size() const { return n_; }
   const AdamWConfig& config() const { return cfg_; }
 
@@ -38,7 +41,7 @@ class AdamW {
   AdamWConfig cfg_;
   ops::Context ctx_;
   int64_t n_;
-  AlignedBuffer<float> m_, v_;
+  ops::Buffer m_, v_;  // on the context's device
   std::vector<ops::AdamWRun> runs_;
 };
 

@@ -79,9 +79,7 @@ Flags engine_flags() {
                     "token rows per forward chunk of a long prompt; 0: chosen from the weights"),
       Flag::text("--device", "cpu", "cpu, or cuda (GPU 0)", "DEV"),
       Flag::text("--cuda-forward", "decoder",
-                 "with --device cuda: decoder (the device decoder) or shared (the model's own "
-                 "forward pass on the CUDA ops backend, replacing it once verified on a GPU)",
-                 "WAY"),
+                 "with --device cuda: decoder, or shared (the CUDA ops backend)", "WAY"),
       Flag::toggle("--mmap", "map the model file instead of reading it into memory"),
   };
 }

@@ -159,6 +159,11 @@ class CpuBackend final : public ops::Backend {
     std::memcpy(dst, src, bytes);
   }
   void synchronize(const ops::Context&) override {}
+  void zero(const ops::Context&, void* p, size_t bytes) override { std::memset(p, 0, bytes); }
+  void bias_grad(const ops::Context& ctx, float* db, const float* dy, int64_t m,
+                 int64_t n) override {
+    cpu::bias_grad(ctx.threads(), db, dy, m, n);
+  }
 
   // 512 rows where the packed GEMM takes large products (it widens each weight panel once per
   // call and shares it over the rows), 128 where the integer kernels run at every M.

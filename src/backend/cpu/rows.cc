@@ -1,6 +1,7 @@
 // Row movement on the CPU: strided copies, gathers, paged KV cache appends.
 #include "backend/cpu/rows.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/dtype.h"
@@ -42,6 +43,23 @@ void kv_append(const ops::KvAppendArgs& a) {
       from_f32(a.kv_type, a.v + r * a.ldv + g * D, blk + (a.v_offset + g * BT * D + t * D) * eb, D);
     }
   }
+}
+
+// Threads split the columns, so each column is summed in row order by one thread: the result
+// does not depend on the thread count.
+void bias_grad(ThreadPool& pool, float* db, const float* dy, int64_t m, int64_t n) {
+  constexpr int64_t kCols = 64;  // a 256-byte column strip per task keeps rows streaming
+  pool.parallel_for((n + kCols - 1) / kCols, 1, [&](int64_t b, int64_t e) {
+    for (int64_t blk = b; blk < e; ++blk) {
+      const int64_t c0 = blk * kCols, c1 = std::min(n, c0 + kCols);
+      float acc[kCols] = {};
+      for (int64_t r = 0; r < m; ++r) {
+        const float* row = dy + r * n;
+        for (int64_t c = c0; c < c1; ++c) acc[c - c0] += row[c];
+      }
+      for (int64_t c = c0; c < c1; ++c) db[c] += acc[c - c0];
+    }
+  });
 }
 
 }  // namespace tessera::cpu

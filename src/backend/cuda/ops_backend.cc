@@ -72,6 +72,9 @@ class CudaOpsBackend final : public ops::Backend {
   void synchronize(const ops::Context& ctx) override {
     TS_CUDA_CHECK(cudaStreamSynchronize(stream(ctx)));
   }
+  void zero(const ops::Context& ctx, void* p, size_t bytes) override {
+    TS_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream(ctx)));
+  }
 
   // ---- products ----
   void gemm(const ops::Context& ctx, const ops::GemmArgs& g) override {
@@ -245,6 +248,10 @@ class CudaOpsBackend final : public ops::Backend {
   void attention_backward(const ops::Context&, float*, const float*, const float*, const float*,
                           const float*, int64_t, int64_t, int64_t, int64_t, bool) override {
     not_here("attention_backward", "the flash kernels take bf16 or f16 activations, not f32");
+  }
+
+  void bias_grad(const ops::Context&, float*, const float*, int64_t, int64_t) override {
+    not_here("bias_grad", "no column-sum kernel yet (DeviceGpt2 fuses it into cuBLASLt)");
   }
 
   // ---- the paged cache ----

@@ -1,0 +1,197 @@
+// A stand-in device for tests of the shared model code: an ops::Backend registered as
+// Device::cuda whose memory the host cannot touch (its pages are PROT_NONE except while one of
+// its ops or copies runs) and whose ops run the CPU backend's kernels. A model step on it gives
+// the CPU's results bit for bit where the ops see the same layouts, and any host read or write of
+// device memory outside ops/ faults, failing the test.
+#pragma once
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <map>
+
+#include "core/error.h"
+#include "ops/backend.h"
+
+namespace tessera::test {
+
+class FencedDevice final : public ops::Backend {
+ public:
+  explicit FencedDevice(bool keys_transposed) : transposed_(keys_transposed) {}
+  ~FencedDevice() override {
+    for (auto& [p, bytes] : blocks_) munmap(p, bytes);
+  }
+
+  std::string_view name() const override { return "fenced"; }
+
+  void* allocate(size_t bytes) override {
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    const size_t n = (bytes + page - 1) / page * page;
+    void* p = mmap(nullptr, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    TS_CHECK(p != MAP_FAILED, "[fenced] cannot map ", n, " bytes");
+    blocks_[p] = n;
+    return p;
+  }
+  void release(void* p) noexcept override {
+    auto it = blocks_.find(p);
+    if (it == blocks_.end()) return;
+    munmap(p, it->second);
+    blocks_.erase(it);
+  }
+  void copy(const ops::Context&, void* dst, const void* src, size_t bytes, ops::CopyKind) override {
+    const Open open(*this);
+    std::memcpy(dst, src, bytes);
+  }
+  void synchronize(const ops::Context&) override {}
+  void zero(const ops::Context&, void* p, size_t bytes) override {
+    const Open open(*this);
+    std::memset(p, 0, bytes);
+  }
+  int64_t ops_run() const { return ops_; }
+
+#define TS_FENCED(name, params, ...)                  \
+  void name params override {                         \
+    const Open open(*this);                           \
+    cpu().name(host(ctx) __VA_OPT__(, ) __VA_ARGS__); \
+  }
+  TS_FENCED(gemm, (const ops::Context& ctx, const ops::GemmArgs& g), g)
+  TS_FENCED(embedding_forward,
+            (const ops::Context& ctx, float* out, const int32_t* tokens, const float* wte,
+             const float* wpe, int64_t B, int64_t T, int64_t C),
+            out, tokens, wte, wpe, B, T, C)
+  TS_FENCED(embedding_backward,
+            (const ops::Context& ctx, float* dwte, float* dwpe, const float* dout,
+             const int32_t* tokens, int64_t B, int64_t T, int64_t C),
+            dwte, dwpe, dout, tokens, B, T, C)
+  TS_FENCED(layernorm_forward,
+            (const ops::Context& ctx, float* out, float* mean, float* rstd, const float* inp,
+             const float* w, const float* b, int64_t N, int64_t C),
+            out, mean, rstd, inp, w, b, N, C)
+  TS_FENCED(layernorm_backward,
+            (const ops::Context& ctx, float* dinp, float* dw, float* db, const float* dout,
+             const float* inp, const float* w, const float* mean, const float* rstd, int64_t N,
+             int64_t C),
+            dinp, dw, db, dout, inp, w, mean, rstd, N, C)
+  TS_FENCED(gelu_forward, (const ops::Context& ctx, float* out, const float* inp, int64_t n), out,
+            inp, n)
+  TS_FENCED(gelu_backward,
+            (const ops::Context& ctx, float* dinp, const float* inp, const float* dout, int64_t n),
+            dinp, inp, dout, n)
+  TS_FENCED(add, (const ops::Context& ctx, float* out, const float* a, const float* b, int64_t n),
+            out, a, b, n)
+  TS_FENCED(attention_forward,
+            (const ops::Context& ctx, float* out, float* lse, const float* qkv, int64_t B,
+             int64_t T, int64_t C, int64_t H, bool round_bf16),
+            out, lse, qkv, B, T, C, H, round_bf16)
+  TS_FENCED(attention_backward,
+            (const ops::Context& ctx, float* dqkv, const float* dout, const float* qkv,
+             const float* out, const float* lse, int64_t B, int64_t T, int64_t C, int64_t H,
+             bool round_bf16),
+            dqkv, dout, qkv, out, lse, B, T, C, H, round_bf16)
+  TS_FENCED(softmax_xent,
+            (const ops::Context& ctx, float* losses, float* logits, const int32_t* targets,
+             int64_t N, int64_t V, int64_t Vp, float dlogits_scale),
+            losses, logits, targets, N, V, Vp, dlogits_scale)
+  TS_FENCED(adamw,
+            (const ops::Context& ctx, float* params, const float* grads, float* m, float* v,
+             int64_t n, const ops::AdamWArgs& a),
+            params, grads, m, v, n, a)
+  TS_FENCED(scale, (const ops::Context& ctx, float* x, int64_t n, float s), x, n, s)
+  TS_FENCED(convert_f32_to_bf16,
+            (const ops::Context& ctx, uint16_t* dst, const float* src, int64_t n), dst, src, n)
+  TS_FENCED(rmsnorm_forward,
+            (const ops::Context& ctx, float* out, float* rstd, const float* inp, const float* w,
+             int64_t N, int64_t C, float eps),
+            out, rstd, inp, w, N, C, eps)
+  TS_FENCED(rmsnorm_backward,
+            (const ops::Context& ctx, float* dinp, float* dw, const float* dout, const float* inp,
+             const float* w, const float* rstd, int64_t N, int64_t C),
+            dinp, dw, dout, inp, w, rstd, N, C)
+  TS_FENCED(rope_forward,
+            (const ops::Context& ctx, float* out, const float* inp, const ops::RopeTable& table,
+             const int32_t* positions, int64_t pos0, int64_t B, int64_t T, int64_t H, int64_t D,
+             ops::RopeLayout layout),
+            out, inp, host_table(table), positions, pos0, B, T, H, D, layout)
+  TS_FENCED(rope_backward,
+            (const ops::Context& ctx, float* dinp, const float* dout, const ops::RopeTable& table,
+             const int32_t* positions, int64_t pos0, int64_t B, int64_t T, int64_t H, int64_t D,
+             ops::RopeLayout layout),
+            dinp, dout, host_table(table), positions, pos0, B, T, H, D, layout)
+  TS_FENCED(swiglu_forward,
+            (const ops::Context& ctx, float* out, const float* gate, const float* up, int64_t N,
+             int64_t F),
+            out, gate, up, N, F)
+  TS_FENCED(swiglu_backward,
+            (const ops::Context& ctx, float* dgate, float* dup, const float* dout,
+             const float* gate, const float* up, int64_t N, int64_t F),
+            dgate, dup, dout, gate, up, N, F)
+  TS_FENCED(matmul_wt,
+            (const ops::Context& ctx, float* y, int64_t ldy, const float* x, int64_t M, int64_t K,
+             const void* w, DType w_type, int64_t N, const float* bias),
+            y, ldy, x, M, K, w, w_type, N, bias)
+  TS_FENCED(matmul_wt_group,
+            (const ops::Context& ctx, const float* x, int64_t M, int64_t K,
+             std::span<const ops::WtProduct> products),
+            x, M, K, products)
+  TS_FENCED(bias_grad, (const ops::Context& ctx, float* db, const float* dy, int64_t m, int64_t n),
+            db, dy, m, n)
+  TS_FENCED(paged_attention, (const ops::Context& ctx, const ops::PagedAttentionArgs& a), a)
+  TS_FENCED(kv_append, (const ops::Context& ctx, const ops::KvAppendArgs& a), a)
+  TS_FENCED(copy_rows,
+            (const ops::Context& ctx, float* dst, int64_t ld_dst, const float* src, int64_t ld_src,
+             int64_t rows, int64_t cols),
+            dst, ld_dst, src, ld_src, rows, cols)
+  TS_FENCED(gather_rows,
+            (const ops::Context& ctx, float* dst, const float* src, const int32_t* index, int64_t n,
+             int64_t C),
+            dst, src, index, n, C)
+#undef TS_FENCED
+  double sum_squares(const ops::Context& ctx, const float* x, int64_t n) override {
+    const Open open(*this);
+    return cpu().sum_squares(host(ctx), x, n);
+  }
+
+  int64_t matmul_wt_saturating_rows(DType t) const override {
+    return cpu().matmul_wt_saturating_rows(t);
+  }
+  // Plain layouts, as a GPU takes them.
+  DType preferred_layout(DType t, int64_t) const override {
+    return t;
+  }
+  bool paged_keys_transposed() const override {
+    return transposed_;
+  }
+
+ private:
+  // Opens every block for the duration of one op, and closes them again.
+  struct Open {
+    explicit Open(FencedDevice& d) : d_(d) {
+      ++d.ops_;
+      for (auto& [p, n] : d_.blocks_) mprotect(p, n, PROT_READ | PROT_WRITE);
+    }
+    ~Open() {
+      for (auto& [p, n] : d_.blocks_) mprotect(p, n, PROT_NONE);
+    }
+    FencedDevice& d_;
+  };
+  static ops::Backend& cpu() {
+    return ops::backend(ops::Device::cpu);
+  }
+  static ops::Context host(const ops::Context& ctx) {
+    ops::Context c = ctx;
+    c.device = ops::Device::cpu;
+    return c;
+  }
+  // The CPU kernels read the host's cos and sin; the device copy must be there too.
+  static const ops::RopeTable& host_table(const ops::RopeTable& t) {
+    TS_CHECK(t.device != nullptr, "[fenced] rope table without its device copy");
+    return t;
+  }
+
+  bool transposed_;
+  std::map<void*, size_t> blocks_;
+  int64_t ops_ = 0;
+};
+
+}  // namespace tessera::test
