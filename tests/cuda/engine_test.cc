@@ -134,13 +134,6 @@ EngineOptions options(const Case& c, bool cuda) {
   return o;
 }
 
-std::vector<int32_t> tokens_for(int64_t n, int64_t vocab, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (int32_t& x : t) x = static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab)));
-  return t;
-}
-
 // How far the GPU's logits may sit from the CPU's: a bound on the worst element over rms(want)
 // (none when negative) and on the relative L2 distance.
 struct Allowance {
@@ -204,7 +197,7 @@ void matches_cpu_engine(const Case& c, bool device_decoder) {
   const Allowance tol = allowance(c);
   const int64_t V = m.config.vocab;
 
-  const std::vector<int32_t> p0 = tokens_for(50, V, 1), p1 = tokens_for(7, V, 2);
+  const std::vector<int32_t> p0 = test::random_tokens(50, V, 1), p1 = test::random_tokens(7, V, 2);
   int32_t a0 = cpu.new_sequence(), a1 = cpu.new_sequence();
   int32_t b0 = gpu.new_sequence(), b1 = gpu.new_sequence();
   // Prefill: every logit row of the long prompt, and the last of the short one.
@@ -239,7 +232,7 @@ void matches_cpu_engine(const Case& c, bool device_decoder) {
   gpu.free_sequence(b0);
   a0 = cpu.new_sequence();
   b0 = gpu.new_sequence();
-  const std::vector<int32_t> p2 = tokens_for(20, V, 3);
+  const std::vector<int32_t> p2 = test::random_tokens(20, V, 3);
   expect_close(gpu.forward({Feed{b0, p2, false}}), cpu.forward({Feed{a0, p2, false}}), tol,
                "reused blocks");
 }
@@ -293,7 +286,7 @@ TEST(CudaEngine, MixedTypesInALayerMatchCpu) {
     for (model::WeightRef* r : {&l.wv, &l.w_down}) convert(*r, DType::q6_k);
   }
   Engine cpu(m, options(c, false)), gpu(m, options(c, true));
-  const std::vector<int32_t> p = tokens_for(20, m.config.vocab, 4);
+  const std::vector<int32_t> p = test::random_tokens(20, m.config.vocab, 4);
   const int32_t a = cpu.new_sequence(), b = gpu.new_sequence();
   const Allowance tol = allowance({c.arch, DType::q4_k, c.kv, c.tied, c.bias});  // block types
   expect_close(gpu.forward({Feed{b, p, false}}), cpu.forward({Feed{a, p, false}}), tol, "prefill");
@@ -326,7 +319,7 @@ TEST(CudaEngine, LongPrefillThroughGemmMatchesCpu) {
     co.max_rows = go.max_rows = 96;
     co.max_ctx = go.max_ctx = 256;  // the model's context: the prompt is 150 tokens
     Engine cpu(m, co), cpu_twin(twin, co), gpu(m, go);
-    const std::vector<int32_t> p = tokens_for(150, m.config.vocab, 9);
+    const std::vector<int32_t> p = test::random_tokens(150, m.config.vocab, 9);
     const int32_t a = cpu.new_sequence(), at = cpu_twin.new_sequence(), b = gpu.new_sequence();
     const std::vector<float> got = gpu.forward({Feed{b, p, true}});
     const std::vector<float> want = cpu_twin.forward({Feed{at, p, true}});
@@ -354,7 +347,7 @@ TEST(CudaEngine, GraphReplayEqualsEagerLaunches) {
   Engine eager(m, options(c, true));
   unsetenv("TESSERA_CUDA_GRAPHS");
   Engine graphed(m, options(c, true));
-  const std::vector<int32_t> p = tokens_for(30, m.config.vocab, 5);
+  const std::vector<int32_t> p = test::random_tokens(30, m.config.vocab, 5);
   const int32_t a = eager.new_sequence(), b = graphed.new_sequence();
   EXPECT_EQ(eager.forward({Feed{a, p, false}}), graphed.forward({Feed{b, p, false}}));
   int32_t next = 3;
@@ -367,7 +360,8 @@ TEST(CudaEngine, GraphReplayEqualsEagerLaunches) {
   // Prompts of one shape: the first runs eagerly, the second is captured, the third replays a
   // graph that holds the prompt-tile kernel (its tile list is read from the device each time).
   for (int i = 0; i < 3; ++i) {
-    const std::vector<int32_t> q = tokens_for(24, m.config.vocab, 10 + static_cast<uint64_t>(i));
+    const std::vector<int32_t> q =
+        test::random_tokens(24, m.config.vocab, 10 + static_cast<uint64_t>(i));
     const int32_t ea = eager.new_sequence(), gb = graphed.new_sequence();
     ASSERT_EQ(graphed.forward({Feed{gb, q, false}}), eager.forward({Feed{ea, q, false}}))
         << "prompt " << i;
@@ -389,7 +383,7 @@ TEST(CudaEngine, PromptTilesStayCloseToTheDecodeKernel) {
     Engine plain(m, o);
     unsetenv("TESSERA_CUDA_PAGED_PREFILL");
     Engine tiled(m, o);
-    const std::vector<int32_t> p = tokens_for(70, m.config.vocab, 11);
+    const std::vector<int32_t> p = test::random_tokens(70, m.config.vocab, 11);
     const int32_t a = plain.new_sequence(), b = tiled.new_sequence();
     const std::vector<float> want = plain.forward({Feed{a, p, true}});
     const std::vector<float> got = tiled.forward({Feed{b, p, true}});
@@ -445,7 +439,7 @@ TEST(CudaEngine, DependentLaunchesKeepTheLogitsBitForBit) {
       std::vector<float> got = dependent.forward(b);
       return std::make_pair(std::move(want), std::move(got));
     };
-    const std::vector<int32_t> p = tokens_for(30, m.config.vocab, 8);
+    const std::vector<int32_t> p = test::random_tokens(30, m.config.vocab, 8);
     const int32_t a = plain.new_sequence(), b = dependent.new_sequence();
     const int32_t a2 = plain.new_sequence(), b2 = dependent.new_sequence();
     auto [want, got] = both({Feed{a, p, false}}, {Feed{b, p, false}});
@@ -456,7 +450,7 @@ TEST(CudaEngine, DependentLaunchesKeepTheLogitsBitForBit) {
       ASSERT_EQ(got, want) << "decode step " << step;
       next = static_cast<int32_t>(std::max_element(want.begin(), want.end()) - want.begin());
     }
-    const std::vector<int32_t> p2 = tokens_for(3, m.config.vocab, 9);
+    const std::vector<int32_t> p2 = test::random_tokens(3, m.config.vocab, 9);
     for (int step = 0; step < 3; ++step) {
       std::tie(want, got) = both({Feed{a, {&next, 1}, false}, Feed{a2, p2, false}},
                                  {Feed{b, {&next, 1}, false}, Feed{b2, p2, false}});
@@ -475,7 +469,7 @@ TEST(CudaEngine, StageTimingSplitsDecodeAndKeepsResults) {
   const model::DecoderModel m = make_model(c);
   Engine cpu(m, options(c, false)), graphed(m, options(c, true)), timed(m, options(c, true));
   timed.set_stage_timing(true);
-  const std::vector<int32_t> p = tokens_for(30, m.config.vocab, 6);
+  const std::vector<int32_t> p = test::random_tokens(30, m.config.vocab, 6);
   const int32_t a = cpu.new_sequence(), b = graphed.new_sequence(), t = timed.new_sequence();
   cpu.forward({Feed{a, p, false}});
   EXPECT_EQ(timed.forward({Feed{t, p, false}}), graphed.forward({Feed{b, p, false}}));
@@ -525,7 +519,7 @@ TEST(CudaEngine, SlidingWindowMatchesCpu) {
     model::DecoderModel m = make_model(c);
     m.config.sliding_window = 20;
     Engine cpu(m, options(c, false)), gpu(m, options(c, true));
-    const std::vector<int32_t> p = tokens_for(50, m.config.vocab, 12);
+    const std::vector<int32_t> p = test::random_tokens(50, m.config.vocab, 12);
     const int32_t a = cpu.new_sequence(), b = gpu.new_sequence();
     const std::string name = case_name(c);
     expect_close(gpu.forward({Feed{b, p, true}}), cpu.forward({Feed{a, p, true}}), allowance(c),

@@ -22,13 +22,6 @@ namespace {
 
 using test::TinyOptions;
 
-std::vector<int32_t> tokens_for(int64_t n, int64_t vocab, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (int32_t& x : t) x = static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab)));
-  return t;
-}
-
 void expect_close(const float* got, const double* want, int64_t n, double tol, const char* what) {
   for (int64_t i = 0; i < n; ++i)
     ASSERT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i]))) << what << " element " << i;
@@ -70,7 +63,7 @@ TinyOptions variant(int v) {
 TEST_P(EngineVsReference, PrefillAndDecodeMatchPlainForward) {
   const model::DecoderModel m = test::make_tiny_model(variant(GetParam()));
   const int64_t V = m.config.vocab;
-  const std::vector<int32_t> toks = tokens_for(21, V, 3);
+  const std::vector<int32_t> toks = test::random_tokens(21, V, 3);
   const std::vector<double> want = test::reference_logits(m, toks);
   for (bool reference : {true, false}) {
     Engine e(m, small_options(reference));
@@ -99,7 +92,7 @@ INSTANTIATE_TEST_SUITE_P(Variants, EngineVsReference, ::testing::Values(0, 1, 2,
 TEST(Engine, SlidingWindowMatchesWindowedReference) {
   model::DecoderModel m = test::make_tiny_model(variant(0));
   const int64_t V = m.config.vocab;
-  const std::vector<int32_t> toks = tokens_for(21, V, 3);
+  const std::vector<int32_t> toks = test::random_tokens(21, V, 3);
   const std::vector<double> full = test::reference_logits(m, toks);
   m.config.sliding_window = 6;  // blocks of 4 tokens: the window starts mid-block
   const std::vector<double> want = test::reference_logits(m, toks);
@@ -126,7 +119,7 @@ TEST(Engine, HalfPrecisionCacheStaysCloseToReference) {
   for (int v : {0, 3}) {
     const model::DecoderModel m = test::make_tiny_model(variant(v));
     const int64_t V = m.config.vocab;
-    const std::vector<int32_t> toks = tokens_for(21, V, 3);
+    const std::vector<int32_t> toks = test::random_tokens(21, V, 3);
     const std::vector<double> want = test::reference_logits(m, toks);
     EngineOptions o = small_options(false);
     const int64_t f32_bytes = Engine(m, o).cache().bytes();
@@ -152,8 +145,8 @@ TEST(Engine, HalfPrecisionCacheStaysCloseToReference) {
 TEST(Engine, BatchedSequencesEqualSeparateOnes) {
   const model::DecoderModel m = test::make_tiny_model(variant(0));
   const int64_t V = m.config.vocab;
-  const std::vector<int32_t> a = tokens_for(9, V, 1), b = tokens_for(5, V, 2),
-                             c = tokens_for(14, V, 3);
+  const std::vector<int32_t> a = test::random_tokens(9, V, 1), b = test::random_tokens(5, V, 2),
+                             c = test::random_tokens(14, V, 3);
   Engine solo(m, small_options(false));
   std::vector<std::vector<float>> want;
   for (const auto* t : {&a, &b, &c}) {
@@ -191,7 +184,7 @@ TEST(Engine, CacheBlocksAreReusedAndTruncationRewinds) {
   EngineOptions o = small_options(false);
   o.kv_tokens = 32;  // 8 blocks of 4
   Engine e(m, o);
-  const std::vector<int32_t> t = tokens_for(30, V, 5);
+  const std::vector<int32_t> t = test::random_tokens(30, V, 5);
   const int32_t s = e.new_sequence();
   const std::vector<float> first = e.forward({Feed{s, t, false}});
   EXPECT_EQ(e.cache().free_blocks(), 0);
@@ -264,7 +257,7 @@ TEST(Engine, InterleavedKQuantLayoutsDecodeAsThePlainOnes) {
   TinyOptions tiny;
   tiny.width = 256, tiny.heads = 4, tiny.kv_heads = 2, tiny.ffn = 512;  // whole super-blocks
   const model::DecoderModel src = test::make_tiny_model(tiny);
-  const std::vector<int32_t> toks = tokens_for(21, src.config.vocab, 5);
+  const std::vector<int32_t> toks = test::random_tokens(21, src.config.vocab, 5);
   const int64_t V = src.config.vocab, n = static_cast<int64_t>(toks.size());
   for (DType t : {DType::q4_k, DType::q5_k, DType::q6_k}) {
     compress::QuantizeOptions q;

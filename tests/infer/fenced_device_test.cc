@@ -38,20 +38,13 @@ model::DecoderModel model_for(int v) {
   return m;
 }
 
-std::vector<int32_t> tokens_for(int64_t n, int64_t vocab, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (int32_t& x : t) x = static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab)));
-  return t;
-}
-
 // Two prompts in one call (chunks of 8 rows, blocks of 4 tokens), then three decode steps of
 // both sequences together; the logits of every call, in order.
 std::vector<float> run(const model::DecoderModel& m, const EngineOptions& o) {
   Engine e(m, o);
   const int64_t V = m.config.vocab;
   const int32_t a = e.new_sequence(), b = e.new_sequence();
-  const std::vector<int32_t> pa = tokens_for(11, V, 1), pb = tokens_for(6, V, 2);
+  const std::vector<int32_t> pa = test::random_tokens(11, V, 1), pb = test::random_tokens(6, V, 2);
   std::vector<float> all = e.forward({Feed{a, pa, true}, Feed{b, pb, false}});
   for (int step = 0; step < 3; ++step) {
     const int32_t ta = step + 1, tb = step + 7;

@@ -11,6 +11,14 @@
 
 namespace tessera::test {
 
+// n token ids drawn uniformly from [0, vocab), deterministic for a seed.
+inline std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int32_t& x : t) x = static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab)));
+  return t;
+}
+
 struct TinyOptions {
   model::DecoderArch arch = model::DecoderArch::llama;
   int64_t layers = 2, width = 32, heads = 4, kv_heads = 2, ffn = 48, vocab = 64, ctx = 128;

@@ -50,31 +50,26 @@ __global__ void gelu_forward_kernel(E* out, const E* inp, int64_t n) {
   });
 }
 
-template <typename E, int VEC>
-__global__ void gelu_backward_kernel(E* dinp, const E* inp, const E* dout, int64_t n) {
-  for_each_vec<VEC>(n, [&](auto width, int64_t off) {
-    constexpr int K = decltype(width)::value;
-    float x[K], d[K];
-    load_vec<E, K>(x, inp + off);
-    load_vec<E, K>(d, dout + off);
-#pragma unroll
-    for (int i = 0; i < K; ++i) d[i] = gelu_grad(x[i]) * d[i];
-    store_vec<E, K>(dinp + off, d);
-  });
-}
-
-template <typename E, int VEC>
-__global__ void add_kernel(E* out, const E* a, const E* b, int64_t n) {
+// out (n) = f(a, b) element by element, in f32; out may alias a or b.
+template <typename E, int VEC, typename F>
+__global__ void binary_kernel(E* out, const E* a, const E* b, int64_t n, F f) {
   for_each_vec<VEC>(n, [&](auto width, int64_t off) {
     constexpr int K = decltype(width)::value;
     float x[K], y[K];
     load_vec<E, K>(x, a + off);
     load_vec<E, K>(y, b + off);
 #pragma unroll
-    for (int i = 0; i < K; ++i) x[i] += y[i];
+    for (int i = 0; i < K; ++i) x[i] = f(x[i], y[i]);
     store_vec<E, K>(out + off, x);
   });
 }
+
+struct GeluGrad {  // (inp, dout) -> gelu'(inp) * dout
+  __device__ float operator()(float x, float d) const { return gelu_grad(x) * d; }
+};
+struct Plus {
+  __device__ float operator()(float x, float y) const { return x + y; }
+};
 
 __device__ __forceinline__ float swiglu_value(float g, float u) {
   return g / (1.0f + expf(-g)) * u;
@@ -190,31 +185,32 @@ void gelu_forward(E* out, const E* inp, int64_t n, cudaStream_t stream) {
       dim3(grid), dim3(kThreads), 0, stream, out, inp, n);
 }
 
-template <typename E>
-void gelu_backward(E* dinp, const E* inp, const E* dout, int64_t n, cudaStream_t stream) {
-  check_n("gelu_backward", n);
-  TS_CHECK(dinp != nullptr && inp != nullptr && dout != nullptr,
-           "[gelu_backward] dinp, inp or dout is null");
+namespace {
+
+template <typename E, typename F>
+void launch_binary(const char* op, E* out, const E* a, const E* b, int64_t n, F f,
+                   cudaStream_t stream) {
+  check_n(op, n);
+  TS_CHECK(out != nullptr && a != nullptr && b != nullptr, "[", op, "] a pointer is null");
   if (n == 0) return;
   const unsigned grid = grid_for(n / kVec<E> + 1, kThreads);
-  if (all_aligned16({dinp, inp, dout}))
-    gelu_backward_kernel<E, kVec<E>><<<grid, kThreads, 0, stream>>>(dinp, inp, dout, n);
+  if (all_aligned16({out, a, b}))
+    binary_kernel<E, kVec<E>><<<grid, kThreads, 0, stream>>>(out, a, b, n, f);
   else
-    gelu_backward_kernel<E, 1><<<grid, kThreads, 0, stream>>>(dinp, inp, dout, n);
+    binary_kernel<E, 1><<<grid, kThreads, 0, stream>>>(out, a, b, n, f);
   TS_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+template <typename E>
+void gelu_backward(E* dinp, const E* inp, const E* dout, int64_t n, cudaStream_t stream) {
+  launch_binary("gelu_backward", dinp, inp, dout, n, GeluGrad{}, stream);
 }
 
 template <typename E>
 void add(E* out, const E* a, const E* b, int64_t n, cudaStream_t stream) {
-  check_n("add", n);
-  TS_CHECK(out != nullptr && a != nullptr && b != nullptr, "[add] out, a or b is null");
-  if (n == 0) return;
-  const unsigned grid = grid_for(n / kVec<E> + 1, kThreads);
-  if (all_aligned16({out, a, b}))
-    add_kernel<E, kVec<E>><<<grid, kThreads, 0, stream>>>(out, a, b, n);
-  else
-    add_kernel<E, 1><<<grid, kThreads, 0, stream>>>(out, a, b, n);
-  TS_CUDA_CHECK_LAUNCH();
+  launch_binary("add", out, a, b, n, Plus{}, stream);
 }
 
 template <typename E>
