@@ -16,6 +16,10 @@ namespace {
 enum Act { kX, kTmp, kXn, kQkv, kQ, kK, kAtt, kFfA, kFfB, kStatA, kStatB, kNumActs };
 // Logit rows per head call on a device (bounds the device's logits buffer at large vocabularies).
 constexpr int64_t kHeadRows = 64;
+// Graphs: chunks of up to kGraphMaxRows rows, key bounds rounded to kGraphKeysRound (the paged
+// decode kernel's split size on CUDA), at most kMaxGraphs shapes kept.
+constexpr int64_t kGraphMaxRows = 64, kGraphKeysRound = 256;
+constexpr size_t kMaxGraphs = 256;
 
 }  // namespace
 
@@ -193,6 +197,46 @@ int64_t DecoderForward::forward(const DecoderRows& rows, const PagedKv& kv, floa
   ops::copy(ctx_, buf(kX), x_host_.data(), static_cast<size_t>(n * C) * sizeof(float),
             ops::CopyKind::host_to_device);
 
+  // The device's part. Where the device records graphs, a step of a shape seen before replays
+  // as one launch; the attention's key bound is rounded up so that a growing sequence keeps its
+  // graph for kGraphKeysRound positions (the kernels read each row's own count).
+  const int64_t bound = std::min(
+      table_stride_ * BT, (max_keys + kGraphKeysRound - 1) / kGraphKeysRound * kGraphKeysRound);
+  float* head_out = on_host_ ? logits : logits_device_.as<float>();
+  const int64_t first_piece = on_host_ ? m : std::min(m, kHeadRows);
+  auto run = [&](StageStats* st) { run_layers(n, m, bound, first_piece, kv, head_out, st); };
+  if (n <= kGraphMaxRows && m <= kHeadRows && ops::records_graphs(ctx_)) {
+    const GraphKey key{n, m, bound, kv.base};
+    auto it = graphs_.find(key);
+    if (it == graphs_.end()) {
+      // First sighting: eager, which also lets the backend size its scratch (nothing may be
+      // allocated while recording).
+      if (graphs_.size() < kMaxGraphs) graphs_.emplace(key, ops::Graph());
+      run(stages);
+    } else {
+      if (it->second.empty()) it->second = ops::record(ctx_, [&] { run(nullptr); });
+      it->second.replay(ctx_);
+    }
+  } else {
+    run(stages);
+  }
+  if (m == 0 || on_host_) return m;
+  // The logits to the host, piece by piece (the device holds kHeadRows rows of them).
+  for (int64_t r0 = 0; r0 < m; r0 += kHeadRows) {
+    const int64_t rows_here = std::min(kHeadRows, m - r0);
+    if (r0 > 0)
+      linear_forward(ctx_, stages, Stage::head, logits_device_.as<float>(), buf(kXn) + r0 * C,
+                     rows_here, w.output, {});
+    ops::copy(ctx_, logits + r0 * V, logits_device_.data(),
+              static_cast<size_t>(rows_here * V) * sizeof(float), ops::CopyKind::device_to_host);
+  }
+  return m;
+}
+
+void DecoderForward::run_layers(int64_t n, int64_t m, int64_t max_keys, int64_t head_rows,
+                                const PagedKv& kv, float* head_out, StageStats* stages) {
+  const DecoderConfig& c = model_.config;
+  const DecoderWeights& w = model_.weights;
   // Every layer runs in place on x: one scratch set serves them all.
   BlockTensors t;
   t.in = t.mid = t.out = buf(kX);
@@ -207,23 +251,11 @@ int64_t DecoderForward::forward(const DecoderRows& rows, const PagedKv& kv, floa
   PagedAttention attention(*this, kv, max_keys);
   for (int64_t l = 0; l < c.n_layers; ++l)
     block_forward(ctx_, c, w.layers[static_cast<size_t>(l)], l, n, t, attention, stages);
-
+  if (m == 0) return;
   // Final norm and the output head, only for the rows whose logits were asked for.
-  if (m == 0) return 0;
-  ops::gather_rows(ctx_, buf(kTmp), buf(kX), ints(logit_rows_), m, C, n);
+  ops::gather_rows(ctx_, buf(kTmp), buf(kX), ints(logit_rows_), m, c.d_model, n);
   norm_forward(ctx_, c, buf(kXn), buf(kStatA), buf(kStatB), buf(kTmp), m, w.out_norm, w.out_norm_b);
-  if (on_host_) {
-    linear_forward(ctx_, stages, Stage::head, logits, buf(kXn), m, w.output, {});
-    return m;
-  }
-  for (int64_t r0 = 0; r0 < m; r0 += kHeadRows) {
-    const int64_t rows_here = std::min(kHeadRows, m - r0);
-    linear_forward(ctx_, stages, Stage::head, logits_device_.as<float>(), buf(kXn) + r0 * C,
-                   rows_here, w.output, {});
-    ops::copy(ctx_, logits + r0 * V, logits_device_.data(),
-              static_cast<size_t>(rows_here * V) * sizeof(float), ops::CopyKind::device_to_host);
-  }
-  return m;
+  linear_forward(ctx_, stages, Stage::head, head_out, buf(kXn), head_rows, w.output, {});
 }
 
 DeviceModel to_device(const DecoderModel& host, const ops::Context& ctx) {

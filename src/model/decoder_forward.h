@@ -9,11 +9,14 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <map>
+#include <tuple>
 #include <vector>
 
 #include "model/decoder.h"
 #include "model/decoder_block.h"
 #include "ops/context.h"
+#include "ops/graph.h"
 #include "ops/memory.h"
 #include "ops/ops.h"
 #include "ops/paged_attention.h"
@@ -66,6 +69,19 @@ class DecoderForward {
   // copy on a device.
   const int32_t* ints(const std::vector<int32_t>& host) const;
   float* buf(int i) const { return acts_[static_cast<size_t>(i)].as<float>(); }
+  // Every layer over the n staged rows, then the final norm of the m rows with logits and the
+  // head for the first head_rows of them into head_out: only ops on device memory and scalars,
+  // so a graph can record it. max_keys bounds every row's key count.
+  void run_layers(int64_t n, int64_t m, int64_t max_keys, int64_t head_rows, const PagedKv& kv,
+                  float* head_out, StageStats* stages);
+  // A recorded step's shape: rows, logit rows, key bound, cache.
+  struct GraphKey {
+    int64_t n, m, max_keys;
+    const uint8_t* cache;
+    bool operator<(const GraphKey& o) const {
+      return std::tie(n, m, max_keys, cache) < std::tie(o.n, o.m, o.max_keys, o.cache);
+    }
+  };
 
   const DecoderModel& model_;
   ops::Context ctx_;
@@ -81,6 +97,8 @@ class DecoderForward {
   std::vector<int32_t> pos_, slot_, n_keys_, first_key_, logit_rows_, tables_;
   int64_t table_stride_ = 0;
   ops::Buffer ints_device_, logits_device_;
+  // Steps recorded on a device that records graphs; an empty graph: the shape was seen once.
+  std::map<GraphKey, ops::Graph> graphs_;
 };
 
 // The model with its weights copied to ctx.device (the embedding tables stay where they are:

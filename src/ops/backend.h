@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "ops/context.h"
+#include "ops/graph.h"
 #include "ops/memory.h"
 #include "ops/ops.h"
 #include "ops/paged_attention.h"
@@ -89,6 +90,14 @@ class Backend {
   virtual void synchronize(const Context& ctx) = 0;
   virtual void zero(const Context& ctx, void* p, size_t bytes) = 0;
   virtual void bias_grad(const Context& ctx, float* db, const float* dy, int64_t m, int64_t n) = 0;
+
+  // Graphs (ops/graph.h). A backend that records none keeps these defaults.
+  virtual bool records_graphs() const { return false; }
+  virtual void begin_graph(const Context&) {}
+  // Ends the recording begun on ctx and returns its handle (null when nothing was recorded).
+  virtual void* end_graph(const Context&) { return nullptr; }
+  virtual void replay_graph(const Context&, void*) {}
+  virtual void destroy_graph(void*) noexcept {}
 
   // Layout questions a loader or planner asks before any op runs (see ops/quant.h).
   virtual int64_t matmul_wt_saturating_rows(DType w_type) const = 0;

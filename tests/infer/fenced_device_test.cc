@@ -38,15 +38,15 @@ model::DecoderModel model_for(int v) {
   return m;
 }
 
-// Two prompts in one call (chunks of 8 rows, blocks of 4 tokens), then three decode steps of
-// both sequences together; the logits of every call, in order.
+// Two prompts in one call (chunks of 8 rows, blocks of 4 tokens), then six decode steps of both
+// sequences together; the logits of every call, in order.
 std::vector<float> run(const model::DecoderModel& m, const EngineOptions& o) {
   Engine e(m, o);
   const int64_t V = m.config.vocab;
   const int32_t a = e.new_sequence(), b = e.new_sequence();
   const std::vector<int32_t> pa = test::random_tokens(11, V, 1), pb = test::random_tokens(6, V, 2);
   std::vector<float> all = e.forward({Feed{a, pa, true}, Feed{b, pb, false}});
-  for (int step = 0; step < 3; ++step) {
+  for (int step = 0; step < 6; ++step) {
     const int32_t ta = step + 1, tb = step + 7;
     const std::vector<float>& l = e.forward({Feed{a, {&ta, 1}, false}, Feed{b, {&tb, 1}, false}});
     all.insert(all.end(), l.begin(), l.end());
@@ -88,6 +88,22 @@ TEST_P(FencedEngine, MatchesTheCpuEngine) {
       }
       ops::register_backend(ops::Device::cuda, nullptr);
     }
+}
+
+// A device that records graphs (as CUDA captures a stream): decode steps of a shape seen before
+// replay the recorded ops, which read the step's staged inputs at replay, and give the same
+// logits as the CPU engine, bit for bit. The recording itself may not copy or allocate.
+TEST_P(FencedEngine, RecordedStepsReplayTheSameLogits) {
+  const model::DecoderModel m = model_for(GetParam());
+  FencedDevice device(true, /*graphs=*/true);
+  ops::register_backend(ops::Device::cuda, &device);
+  const std::vector<float> want = run(m, options(DType::f16));
+  EngineOptions o = options(DType::f16);
+  o.ctx.device = ops::Device::cuda;
+  o.device_decoder = false;
+  EXPECT_EQ(run(m, o), want);
+  EXPECT_GE(device.replays(), 5);  // six decode steps of one shape: eager, then recorded
+  ops::register_backend(ops::Device::cuda, nullptr);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, FencedEngine, ::testing::Values(0, 1, 2, 3));

@@ -2,14 +2,19 @@
 // Device::cuda whose memory the host cannot touch (its pages are PROT_NONE except while one of
 // its ops or copies runs) and whose ops run the CPU backend's kernels. A model step on it gives
 // the CPU's results bit for bit where the ops see the same layouts, and any host read or write of
-// device memory outside ops/ faults, failing the test.
+// device memory outside ops/ faults, failing the test. With graphs on it records ops as a GPU's
+// stream capture does (arguments kept as given, run at replay) and refuses what a capture
+// cannot hold: allocations, copies, zeroing, results returned to the host.
 #pragma once
 
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <functional>
 #include <map>
+#include <memory>
+#include <vector>
 
 #include "core/error.h"
 #include "ops/backend.h"
@@ -18,7 +23,8 @@ namespace tessera::test {
 
 class FencedDevice final : public ops::Backend {
  public:
-  explicit FencedDevice(bool keys_transposed) : transposed_(keys_transposed) {}
+  explicit FencedDevice(bool keys_transposed, bool graphs = false)
+      : transposed_(keys_transposed), graphs_(graphs) {}
   ~FencedDevice() override {
     for (auto& [p, bytes] : blocks_) munmap(p, bytes);
   }
@@ -26,6 +32,7 @@ class FencedDevice final : public ops::Backend {
   std::string_view name() const override { return "fenced"; }
 
   void* allocate(size_t bytes) override {
+    not_recording("allocate");
     const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
     const size_t n = (bytes + page - 1) / page * page;
     void* p = mmap(nullptr, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -40,20 +47,37 @@ class FencedDevice final : public ops::Backend {
     blocks_.erase(it);
   }
   void copy(const ops::Context&, void* dst, const void* src, size_t bytes, ops::CopyKind) override {
+    not_recording("copy");
     const Open open(*this);
     std::memcpy(dst, src, bytes);
   }
   void synchronize(const ops::Context&) override {}
   void zero(const ops::Context&, void* p, size_t bytes) override {
+    not_recording("zero");
     const Open open(*this);
     std::memset(p, 0, bytes);
   }
   int64_t ops_run() const { return ops_; }
+  int64_t replays() const { return replays_; }
 
-#define TS_FENCED(name, params, ...)                  \
-  void name params override {                         \
-    const Open open(*this);                           \
-    cpu().name(host(ctx) __VA_OPT__(, ) __VA_ARGS__); \
+  using Recording = std::vector<std::function<void()>>;
+  bool records_graphs() const override { return graphs_; }
+  void begin_graph(const ops::Context&) override {
+    TS_CHECK(!recording_, "[fenced] a recording is already open");
+    recording_ = std::make_unique<Recording>();
+  }
+  void* end_graph(const ops::Context&) override { return recording_.release(); }
+  void replay_graph(const ops::Context&, void* g) override {
+    ++replays_;
+    for (const auto& f : *static_cast<Recording*>(g)) f();
+  }
+  void destroy_graph(void* g) noexcept override { delete static_cast<Recording*>(g); }
+
+  // Each op: its arguments copied into a call that opens the fence and runs the CPU kernel, run
+  // now or kept for replay.
+#define TS_FENCED(name, params, ...)                                      \
+  void name params override {                                             \
+    run([=, this] { cpu().name(host(ctx) __VA_OPT__(, ) __VA_ARGS__); }); \
   }
   TS_FENCED(gemm, (const ops::Context& ctx, const ops::GemmArgs& g), g)
   TS_FENCED(embedding_forward,
@@ -130,10 +154,11 @@ class FencedDevice final : public ops::Backend {
             (const ops::Context& ctx, float* y, int64_t ldy, const float* x, int64_t M, int64_t K,
              const void* w, DType w_type, int64_t N, const float* bias),
             y, ldy, x, M, K, w, w_type, N, bias)
-  TS_FENCED(matmul_wt_group,
-            (const ops::Context& ctx, const float* x, int64_t M, int64_t K,
-             std::span<const ops::WtProduct> products),
-            x, M, K, products)
+  void matmul_wt_group(const ops::Context& ctx, const float* x, int64_t M, int64_t K,
+                       std::span<const ops::WtProduct> products) override {
+    const std::vector<ops::WtProduct> p(products.begin(), products.end());  // outlives the call
+    run([=, this] { cpu().matmul_wt_group(host(ctx), x, M, K, p); });
+  }
   TS_FENCED(bias_grad, (const ops::Context& ctx, float* db, const float* dy, int64_t m, int64_t n),
             db, dy, m, n)
   TS_FENCED(paged_attention, (const ops::Context& ctx, const ops::PagedAttentionArgs& a), a)
@@ -148,6 +173,7 @@ class FencedDevice final : public ops::Backend {
             dst, src, index, n, C)
 #undef TS_FENCED
   double sum_squares(const ops::Context& ctx, const float* x, int64_t n) override {
+    not_recording("sum_squares");
     const Open open(*this);
     return cpu().sum_squares(host(ctx), x, n);
   }
@@ -178,6 +204,19 @@ class FencedDevice final : public ops::Backend {
   static ops::Backend& cpu() {
     return ops::backend(ops::Device::cpu);
   }
+  void run(std::function<void()> f) {
+    auto fenced = [this, f = std::move(f)] {
+      const Open open(*this);
+      f();
+    };
+    if (recording_)
+      recording_->push_back(std::move(fenced));
+    else
+      fenced();
+  }
+  void not_recording(const char* what) const {
+    TS_CHECK(!recording_, "[fenced] ", what, " while a graph is recorded");
+  }
   static ops::Context host(const ops::Context& ctx) {
     ops::Context c = ctx;
     c.device = ops::Device::cpu;
@@ -189,7 +228,9 @@ class FencedDevice final : public ops::Backend {
     return t;
   }
 
-  bool transposed_;
+  bool transposed_, graphs_;
+  std::unique_ptr<Recording> recording_;
+  int64_t replays_ = 0;
   std::map<void*, size_t> blocks_;
   int64_t ops_ = 0;
 };

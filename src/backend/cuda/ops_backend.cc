@@ -9,6 +9,7 @@
 
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "backend/cuda/attention.h"
 #include "backend/cuda/cuda_check.h"
@@ -137,9 +138,12 @@ class CudaOpsBackend final : public ops::Backend {
       gemm_lt(l, s);
       return;
     }
+    // The activations' quantization scratch is this backend's (graphs keep its address).
+    const size_t ws = matmul_wt_workspace_bytes(std::min(kMatvecMaxRows, M), K, w_type);
+    void* work = ws ? scratch(static_cast<int64_t>(ws), 1, s) : nullptr;
     for (int64_t r0 = 0; r0 < M; r0 += kMatvecMaxRows) {
       const int64_t m = std::min(kMatvecMaxRows, M - r0);
-      cuda::matmul_wt(y + r0 * ldy, ldy, x + r0 * K, m, K, w, w_type, N, bias, s);
+      cuda::matmul_wt(y + r0 * ldy, ldy, x + r0 * K, m, K, w, w_type, N, bias, work, ws, s);
     }
   }
   void matmul_wt_group(const ops::Context& ctx, const float* x, int64_t M, int64_t K,
@@ -309,6 +313,28 @@ class CudaOpsBackend final : public ops::Backend {
     cuda::gather_rows(dst, src, index, n, C, stream(ctx));
   }
 
+  // ---- graphs: a stream capture, instantiated ----
+  bool records_graphs() const override { return true; }
+  void begin_graph(const ops::Context& ctx) override {
+    TS_CUDA_CHECK(cudaStreamBeginCapture(stream(ctx), cudaStreamCaptureModeThreadLocal));
+  }
+  void* end_graph(const ops::Context& ctx) override {
+    cudaGraph_t graph = nullptr;
+    TS_CUDA_CHECK(cudaStreamEndCapture(stream(ctx), &graph));
+    if (graph == nullptr) return nullptr;
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    TS_CUDA_CHECK(e);
+    return exec;
+  }
+  void replay_graph(const ops::Context& ctx, void* g) override {
+    TS_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(g), stream(ctx)));
+  }
+  void destroy_graph(void* g) noexcept override {
+    if (g) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g));
+  }
+
   // ---- layout questions ----
   int64_t matmul_wt_saturating_rows(DType) const override { return 512; }
   DType preferred_layout(DType t, int64_t) const override { return t; }
@@ -320,17 +346,17 @@ class CudaOpsBackend final : public ops::Backend {
     std::call_once(stream_once_, [&] { own_stream_ = std::make_unique<Stream>(); });
     return own_stream_->get();
   }
-  // At least n elements of `elem` bytes of device scratch, valid until the next call on any
-  // stream of this backend (growth waits for the stream, so work queued before still sees the
-  // old buffer intact).
-  void* scratch(int64_t n, size_t elem, cudaStream_t s) {
+  // At least n elements of `elem` bytes of device scratch, used in stream order by one op at a
+  // time (one stream at a time uses this backend). A larger request takes a new buffer of twice
+  // the size; the old ones stay allocated until the backend goes, because a recorded graph keeps
+  // the address it saw (a graph's first run is eager, so it never grows the scratch itself).
+  void* scratch(int64_t n, size_t elem, cudaStream_t) {
     const size_t bytes = static_cast<size_t>(std::max<int64_t>(n, 1)) * elem;
     std::lock_guard<std::mutex> lock(scratch_mutex_);
     if (bytes > scratch_bytes_) {
-      TS_CUDA_CHECK(cudaStreamSynchronize(s));
-      if (scratch_) cudaFree(scratch_);
-      scratch_ = allocate(bytes);
-      scratch_bytes_ = bytes;
+      if (scratch_) retired_.push_back(scratch_);
+      scratch_bytes_ = std::max(bytes, 2 * scratch_bytes_);
+      scratch_ = allocate(scratch_bytes_);
     }
     return scratch_;
   }
@@ -353,6 +379,7 @@ class CudaOpsBackend final : public ops::Backend {
   std::mutex scratch_mutex_;
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
+  std::vector<void*> retired_;
 };
 
 }  // namespace
