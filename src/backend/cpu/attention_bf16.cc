@@ -5,7 +5,6 @@
 // a scalar conversion of a score tile costs more than its products.
 #include "backend/cpu/attention_bf16.h"
 
-
 #include "backend/cpu/gemm.h"
 #include "core/error.h"
 
