@@ -40,7 +40,7 @@ class DecoderForward::PagedAttention final : public BlockAttention {
     float* k = f_.buf(kK);
     ops::copy_rows(ctx, q, QD, qkv, ld, n, QD);
     ops::copy_rows(ctx, k, KV, qkv + QD, ld, n, KV);
-    const int32_t* pos = f_.ints(f_.pos_);
+    const int32_t* pos = f_.ints(kPos);
     if (c.arch == DecoderArch::llama) {
       ops::rope_forward(ctx, q, q, f_.rope_, pos, 0, 1, n, H, D, c.rope_layout);
       ops::rope_forward(ctx, k, k, f_.rope_, pos, 0, 1, n, Hkv, D, c.rope_layout);
@@ -55,7 +55,7 @@ class DecoderForward::PagedAttention final : public BlockAttention {
     ap.v = qkv + QD + KV;
     ap.ldv = ld;
     ap.rows = n;
-    ap.slot = f_.ints(f_.slot_);
+    ap.slot = f_.ints(kSlot);
     ap.n_blocks = kv_.n_blocks;
     ops::kv_append(ctx, ap);
 
@@ -66,10 +66,10 @@ class DecoderForward::PagedAttention final : public BlockAttention {
     a.rows = n;
     a.H = H;
     a.kv = base;
-    a.block_tables = f_.ints(f_.tables_);
+    a.block_tables = f_.ints(kTables);
     a.table_stride = f_.table_stride_;
-    a.n_keys = f_.ints(f_.n_keys_);
-    if (c.sliding_window > 0) a.first_key = f_.ints(f_.first_key_);
+    a.n_keys = f_.ints(kNKeys);
+    if (c.sliding_window > 0) a.first_key = f_.ints(kFirstKey);
     a.max_keys = max_keys_;
     a.scale = 1.0f / std::sqrt(static_cast<float>(D));
     ops::paged_attention(ctx, a);
@@ -106,6 +106,7 @@ DecoderForward::DecoderForward(const DecoderModel& model, const ops::Context& ct
     }
   }
   x_host_.resize(static_cast<size_t>(max_rows * c.d_model));
+  if (model_.weights.pos_embd.present()) pos_row_.resize(static_cast<size_t>(c.d_model));
 }
 
 void DecoderForward::embed(const DecoderRows& rows) {
@@ -113,30 +114,14 @@ void DecoderForward::embed(const DecoderRows& rows) {
            max_rows_, " the forward pass was sized for");
   const DecoderWeights& w = model_.weights;
   const int64_t C = model_.config.d_model;
-  std::vector<float> pr(w.pos_embd.present() ? static_cast<size_t>(C) : 0);
   for (int64_t r = 0; r < rows.n; ++r) {
     float* xr = x_host_.data() + r * C;
     ops::dequantize_row(w.tok_embd.data, w.tok_embd.type, C, rows.tokens[r], xr);
     if (w.pos_embd.present()) {
-      ops::dequantize_row(w.pos_embd.data, w.pos_embd.type, C, rows.pos[r], pr.data());
-      for (int64_t i = 0; i < C; ++i) xr[i] += pr[i];
+      ops::dequantize_row(w.pos_embd.data, w.pos_embd.type, C, rows.pos[r], pos_row_.data());
+      for (int64_t i = 0; i < C; ++i) xr[i] += pos_row_[static_cast<size_t>(i)];
     }
   }
-}
-
-const int32_t* DecoderForward::ints(const std::vector<int32_t>& host) const {
-  if (on_host_) return host.data();
-  // ints_device_ holds the arrays in the order they are declared, max_rows entries each but the
-  // tables.
-  const std::vector<int32_t>* order[] = {&pos_,       &slot_,       &n_keys_,
-                                         &first_key_, &logit_rows_, &tables_};
-  size_t off = 0;
-  for (const std::vector<int32_t>* v : order) {
-    if (v == &host) return ints_device_.as<int32_t>() + off;
-    off += v->size();
-  }
-  TS_CHECK(false, "[model] not a row array of this forward pass");
-  return nullptr;
 }
 
 int64_t DecoderForward::forward(const DecoderRows& rows, const PagedKv& kv, float* logits,
@@ -152,11 +137,9 @@ int64_t DecoderForward::forward(const DecoderRows& rows, const PagedKv& kv, floa
     for (int64_t width : widths)
       acts_.emplace_back(ctx_.device, R * static_cast<size_t>(width) * sizeof(float));
     table_stride_ = (max_ctx_ + BT - 1) / BT;
-    for (std::vector<int32_t>* v : {&pos_, &slot_, &n_keys_, &first_key_, &logit_rows_})
-      v->resize(R);
-    tables_.resize(R * static_cast<size_t>(table_stride_));
+    ints_.resize(R * static_cast<size_t>(kTables + table_stride_));
     if (!on_host_) {
-      ints_device_ = ops::Buffer(ctx_.device, (5 * R + tables_.size()) * sizeof(int32_t));
+      ints_device_ = ops::Buffer(ctx_.device, ints_.size() * sizeof(int32_t));
       logits_device_ =
           ops::Buffer(ctx_.device, static_cast<size_t>(std::min(max_rows_, kHeadRows) * V) * 4);
     }
@@ -168,32 +151,26 @@ int64_t DecoderForward::forward(const DecoderRows& rows, const PagedKv& kv, floa
   // The host's bookkeeping, as the ops read it.
   const int64_t W = c.sliding_window;
   int64_t max_keys = 1, m = 0;
+  int32_t *pos = host_ints(kPos), *slot = host_ints(kSlot), *n_keys = host_ints(kNKeys),
+          *first_key = host_ints(kFirstKey), *logit_rows = host_ints(kLogitRows),
+          *tables = host_ints(kTables);
   for (int64_t r = 0; r < n; ++r) {
     const int32_t p = rows.pos[r];
     TS_CHECK(p >= 0 && p < max_ctx_, "[model] row ", r, " position ", p, " outside [0, ", max_ctx_,
              ")");
-    pos_[r] = p;
-    slot_[r] = static_cast<int32_t>(rows.tables[r][p / BT] * BT + p % BT);
-    n_keys_[r] = p + 1;
-    first_key_[r] = static_cast<int32_t>(W > 0 ? std::max<int64_t>(0, p + 1 - W) : 0);
+    pos[r] = p;
+    slot[r] = static_cast<int32_t>(rows.tables[r][p / BT] * BT + p % BT);
+    n_keys[r] = p + 1;
+    first_key[r] = static_cast<int32_t>(W > 0 ? std::max<int64_t>(0, p + 1 - W) : 0);
     max_keys = std::max<int64_t>(max_keys, p + 1);
-    std::copy(rows.tables[r], rows.tables[r] + p / BT + 1, tables_.begin() + r * table_stride_);
-    if (rows.want_logits[r]) logit_rows_[m++] = static_cast<int32_t>(r);
+    std::copy(rows.tables[r], rows.tables[r] + p / BT + 1, tables + r * table_stride_);
+    if (rows.want_logits[r]) logit_rows[m++] = static_cast<int32_t>(r);
   }
-  if (!on_host_) {
-    // The arrays in one copy up to the tables' rows in use, then the embeddings.
-    const size_t ints = 5 * R + static_cast<size_t>(n * table_stride_);
-    std::vector<int32_t> staged(ints);
-    size_t off = 0;
-    for (const std::vector<int32_t>* v : {&pos_, &slot_, &n_keys_, &first_key_, &logit_rows_}) {
-      std::copy(v->begin(), v->end(), staged.begin() + static_cast<int64_t>(off));
-      off += R;
-    }
-    std::copy(tables_.begin(), tables_.begin() + n * table_stride_,
-              staged.begin() + static_cast<int64_t>(off));
-    ops::copy(ctx_, ints_device_.data(), staged.data(), ints * sizeof(int32_t),
+  // On a device: the row arrays and the tables' rows in use in one copy, then the embeddings.
+  if (!on_host_)
+    ops::copy(ctx_, ints_device_.data(), ints_.data(),
+              (R * kTables + static_cast<size_t>(n * table_stride_)) * sizeof(int32_t),
               ops::CopyKind::host_to_device);
-  }
   ops::copy(ctx_, buf(kX), x_host_.data(), static_cast<size_t>(n * C) * sizeof(float),
             ops::CopyKind::host_to_device);
 
@@ -253,7 +230,7 @@ void DecoderForward::run_layers(int64_t n, int64_t m, int64_t max_keys, int64_t 
     block_forward(ctx_, c, w.layers[static_cast<size_t>(l)], l, n, t, attention, stages);
   if (m == 0) return;
   // Final norm and the output head, only for the rows whose logits were asked for.
-  ops::gather_rows(ctx_, buf(kTmp), buf(kX), ints(logit_rows_), m, c.d_model, n);
+  ops::gather_rows(ctx_, buf(kTmp), buf(kX), ints(kLogitRows), m, c.d_model, n);
   norm_forward(ctx_, c, buf(kXn), buf(kStatA), buf(kStatB), buf(kTmp), m, w.out_norm, w.out_norm_b);
   linear_forward(ctx_, stages, Stage::head, head_out, buf(kXn), head_rows, w.output, {});
 }

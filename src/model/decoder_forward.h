@@ -65,9 +65,14 @@ class DecoderForward {
 
  private:
   class PagedAttention;
-  // The host's row arrays for this chunk, as the ops read them: themselves on the CPU, their
-  // copy on a device.
-  const int32_t* ints(const std::vector<int32_t>& host) const;
+  // The chunk's row arrays, max_rows entries each, then the block tables (max_rows,
+  // table_stride_); one block on the host (ints_) and, on a device, its copy (ints_device_).
+  enum RowArray { kPos, kSlot, kNKeys, kFirstKey, kLogitRows, kTables };
+  int32_t* host_ints(RowArray a) { return ints_.data() + a * max_rows_; }
+  // Array a as the ops read it: the host block on the CPU, its copy on a device.
+  const int32_t* ints(RowArray a) const {
+    return (on_host_ ? ints_.data() : ints_device_.as<int32_t>()) + a * max_rows_;
+  }
   float* buf(int i) const { return acts_[static_cast<size_t>(i)].as<float>(); }
   // Every layer over the n staged rows, then the final norm of the m rows with logits and the
   // head for the first head_rows of them into head_out: only ops on device memory and scalars,
@@ -88,13 +93,11 @@ class DecoderForward {
   bool on_host_;  // ctx.device's memory is the host's
   int64_t max_rows_, max_ctx_;
   ops::RopeTable rope_;
-  ops::Buffer rope_device_;  // cos then sin, where the device is not the CPU
-  std::vector<float> x_host_;
+  ops::Buffer rope_device_;              // cos then sin, where the device is not the CPU
+  std::vector<float> x_host_, pos_row_;  // embeddings; one learned position row (GPT-2)
   // Activations on the device (allocated at the first forward): see acts_ indices in the .cc.
   std::vector<ops::Buffer> acts_;
-  // Row arrays: pos, slot, n_keys, first_key, logit_rows (max_rows each); tables (max_rows,
-  // table_stride_); on a device, their copies in ints_device_ in this order.
-  std::vector<int32_t> pos_, slot_, n_keys_, first_key_, logit_rows_, tables_;
+  std::vector<int32_t> ints_;  // laid out as RowArray says
   int64_t table_stride_ = 0;
   ops::Buffer ints_device_, logits_device_;
   // Steps recorded on a device that records graphs; an empty graph: the shape was seen once.

@@ -90,7 +90,7 @@ class CudaOpsBackend final : public ops::Backend {
     if (bf16) {
       auto* sa = static_cast<__nv_bfloat16*>(
           scratch((g.a_type == DType::f32 ? a_elems : 0) + (g.b_type == DType::f32 ? b_elems : 0),
-                  sizeof(uint16_t), s));
+                  sizeof(uint16_t)));
       if (g.a_type == DType::f32) {
         cuda::convert_f32_to_bf16(sa, static_cast<const float*>(g.a), a_elems, s);
         a = sa;
@@ -125,7 +125,7 @@ class CudaOpsBackend final : public ops::Backend {
     }
     if (M >= kGemmMinRows) {
       // Widen W and x to f16 and run one tensor-core GEMM, f32 accumulation and output.
-      auto* w16 = static_cast<uint16_t*>(scratch(N * K + M * K, sizeof(uint16_t), s));
+      auto* w16 = static_cast<uint16_t*>(scratch(N * K + M * K, sizeof(uint16_t)));
       uint16_t* x16 = w16 + N * K;
       const void* wp = w;
       if (w_type != DType::f16) {
@@ -140,7 +140,7 @@ class CudaOpsBackend final : public ops::Backend {
     }
     // The activations' quantization scratch is this backend's (graphs keep its address).
     const size_t ws = matmul_wt_workspace_bytes(std::min(kMatvecMaxRows, M), K, w_type);
-    void* work = ws ? scratch(static_cast<int64_t>(ws), 1, s) : nullptr;
+    void* work = ws ? scratch(static_cast<int64_t>(ws), 1) : nullptr;
     for (int64_t r0 = 0; r0 < M; r0 += kMatvecMaxRows) {
       const int64_t m = std::min(kMatvecMaxRows, M - r0);
       cuda::matmul_wt(y + r0 * ldy, ldy, x + r0 * K, m, K, w, w_type, N, bias, work, ws, s);
@@ -162,7 +162,7 @@ class CudaOpsBackend final : public ops::Backend {
                           const float* dout, const float* inp, const float* w, const float* mean,
                           const float* rstd, int64_t N, int64_t C) override {
     cudaStream_t s = stream(ctx);
-    auto* ws = static_cast<float*>(scratch(norm_backward_workspace_floats(N, C), 4, s));
+    auto* ws = static_cast<float*>(scratch(norm_backward_workspace_floats(N, C), 4));
     cuda::layernorm_backward<float>(dinp, dw, db, dout, inp, w, mean, rstd, N, C, ws, s);
   }
   void rmsnorm_forward(const ops::Context& ctx, float* out, float* rstd, const float* inp,
@@ -173,7 +173,7 @@ class CudaOpsBackend final : public ops::Backend {
                         const float* inp, const float* w, const float* rstd, int64_t N,
                         int64_t C) override {
     cudaStream_t s = stream(ctx);
-    auto* ws = static_cast<float*>(scratch(norm_backward_workspace_floats(N, C), 4, s));
+    auto* ws = static_cast<float*>(scratch(norm_backward_workspace_floats(N, C), 4));
     cuda::rmsnorm_backward<float>(dinp, dw, dout, inp, w, rstd, N, C, ws, s);
   }
   void gelu_forward(const ops::Context& ctx, float* out, const float* inp, int64_t n) override {
@@ -220,7 +220,7 @@ class CudaOpsBackend final : public ops::Backend {
   double sum_squares(const ops::Context& ctx, const float* x, int64_t n) override {
     cudaStream_t s = stream(ctx);
     const int64_t ws = global_sum_squares_workspace(&n, 1);
-    auto* d = static_cast<double*>(scratch(ws + 1, sizeof(double), s));
+    auto* d = static_cast<double*>(scratch(ws + 1, sizeof(double)));
     const float* ptrs[1] = {x};
     global_sum_squares<float>(d + ws, ptrs, &n, 1, d, s);
     double out = 0;
@@ -276,7 +276,7 @@ class CudaOpsBackend final : public ops::Backend {
     d.first_key = a.first_key;
     d.scale = a.scale;
     const int64_t floats = paged_decode_workspace_floats(a.rows, a.H, a.D, kAttnSplits);
-    d.workspace = static_cast<float*>(scratch(floats, sizeof(float), s));
+    d.workspace = static_cast<float*>(scratch(floats, sizeof(float)));
     d.workspace_floats = floats;
     paged_decode_attention(d, s);
   }
@@ -288,7 +288,7 @@ class CudaOpsBackend final : public ops::Backend {
     const float* k = a.k;
     const float* v = a.v;
     if (a.ldk != KV || a.ldv != KV) {
-      auto* packed = static_cast<float*>(scratch(2 * a.rows * KV, sizeof(float), s));
+      auto* packed = static_cast<float*>(scratch(2 * a.rows * KV, sizeof(float)));
       if (a.ldk != KV) {
         copy_rows(ctx, packed, KV, a.k, a.ldk, a.rows, KV);
         k = packed;
@@ -350,7 +350,7 @@ class CudaOpsBackend final : public ops::Backend {
   // time (one stream at a time uses this backend). A larger request takes a new buffer of twice
   // the size; the old ones stay allocated until the backend goes, because a recorded graph keeps
   // the address it saw (a graph's first run is eager, so it never grows the scratch itself).
-  void* scratch(int64_t n, size_t elem, cudaStream_t) {
+  void* scratch(int64_t n, size_t elem) {
     const size_t bytes = static_cast<size_t>(std::max<int64_t>(n, 1)) * elem;
     std::lock_guard<std::mutex> lock(scratch_mutex_);
     if (bytes > scratch_bytes_) {
