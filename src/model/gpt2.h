@@ -104,5 +104,8 @@ std::unique_ptr<Gpt2> load_gpt2(const std::string& dir, const ops::Context& ctx)
 // Face folder (model/decoder_save.h; load_gpt2 reads such a folder back). m must outlive it, and
 // the view sees parameter updates as they happen.
 DecoderModel as_decoder(const Gpt2& m);
+// The same view into `params`: a flat buffer laid out as m's parameters (a host copy of a
+// device's, say), which must outlive the view.
+DecoderModel as_decoder(const Gpt2& m, const float* params);
 
 }  // namespace tessera::model

@@ -7,6 +7,10 @@
 namespace tessera::model {
 
 DecoderModel as_decoder(const Gpt2& m) {
+  return as_decoder(m, m.params());
+}
+
+DecoderModel as_decoder(const Gpt2& m, const float* params) {
   const Gpt2Config& g = m.config();
   DecoderModel d;
   DecoderConfig& c = d.config;
@@ -30,7 +34,7 @@ DecoderModel as_decoder(const Gpt2& m) {
     const TensorInfo& t = table.at(name);
     TS_CHECK(t.dtype == DType::f32 && shape.numel() <= t.shape.numel(), "[model] tensor '", name,
              "' does not hold a ", shape.numel(), "-element f32 view");
-    return WeightRef{m.params() + t.offset, DType::f32, shape};
+    return WeightRef{params + t.offset, DType::f32, shape};
   };
   // Rows [first, first + n) of a matrix, or elements of a vector.
   auto rows = [](const WeightRef& r, int64_t first, int64_t n) {

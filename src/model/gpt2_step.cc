@@ -155,7 +155,7 @@ void Gpt2::Impl::forward_to_logits(const int32_t* tokens, int64_t B, int64_t T) 
   const ops::Context& ctx = model.ctx_;
   const Gpt2Config& cfg = model.cfg_;
   const int64_t C = cfg.n_embd, L = cfg.n_layer, Vp = cfg.padded_vocab_size, N = B * T;
-  ops::embedding_forward(ctx, resid[0], tokens, p(wte), p(wpe), B, T, C);
+  ops::embedding_forward(ctx, resid[0], tokens, p(wte), p(wpe), B, T, C, cfg.vocab_size);
   for (int64_t l = 0; l < L; ++l) layer_forward(l, B, T, /*recompute_only=*/false);
   ops::layernorm_forward(ctx, lnf, lnf_mean, lnf_rstd, resid[static_cast<size_t>(L)], p(lnf_w),
                          p(lnf_b), N, C);
@@ -208,7 +208,7 @@ float Gpt2::forward_backward(const int32_t* tokens, const int32_t* targets, int6
                           im.resid[static_cast<size_t>(L)], im.p(im.lnf_w), im.lnf_mean,
                           im.lnf_rstd, N, C);
   for (int64_t l = L - 1; l >= 0; --l) im.layer_backward(l, B, T);
-  ops::embedding_backward(ctx_, im.g(im.wte), im.g(im.wpe), im.dresid, dev_tokens, B, T, C);
+  ops::embedding_backward(ctx_, im.g(im.wte), im.g(im.wpe), im.dresid, dev_tokens, B, T, C, V);
   // Padding rows of wte get no gradient by construction; keep them exactly zero regardless.
   ops::zero(ctx_, im.g(im.wte) + V * C, static_cast<size_t>((Vp - V) * C) * sizeof(float));
   return static_cast<float>(sum / static_cast<double>(count));

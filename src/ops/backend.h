@@ -26,9 +26,10 @@ class Backend {
   virtual void gemm(const Context& ctx, const GemmArgs& g) = 0;
   virtual void embedding_forward(const Context& ctx, float* out, const int32_t* tokens,
                                  const float* wte, const float* wpe, int64_t B, int64_t T,
-                                 int64_t C) = 0;
+                                 int64_t C, int64_t V) = 0;
   virtual void embedding_backward(const Context& ctx, float* dwte, float* dwpe, const float* dout,
-                                  const int32_t* tokens, int64_t B, int64_t T, int64_t C) = 0;
+                                  const int32_t* tokens, int64_t B, int64_t T, int64_t C,
+                                  int64_t V) = 0;
   virtual void layernorm_forward(const Context& ctx, float* out, float* mean, float* rstd,
                                  const float* inp, const float* w, const float* b, int64_t N,
                                  int64_t C) = 0;

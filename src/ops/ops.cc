@@ -30,15 +30,17 @@ void gemm(const Context& ctx, const GemmArgs& g) {
 }
 
 void embedding_forward(const Context& ctx, float* out, const int32_t* tokens, const float* wte,
-                       const float* wpe, int64_t B, int64_t T, int64_t C) {
+                       const float* wpe, int64_t B, int64_t T, int64_t C, int64_t V) {
+  TS_CHECK(V > 0, "[embedding_forward] vocabulary size V=", V, " must be positive");
   TS_DISPATCH_COST(embedding_forward, elementwise_cost(B * T * C, 1, 3), out, tokens, wte, wpe, B,
-                   T, C);
+                   T, C, V);
 }
 
 void embedding_backward(const Context& ctx, float* dwte, float* dwpe, const float* dout,
-                        const int32_t* tokens, int64_t B, int64_t T, int64_t C) {
+                        const int32_t* tokens, int64_t B, int64_t T, int64_t C, int64_t V) {
+  TS_CHECK(V > 0, "[embedding_backward] vocabulary size V=", V, " must be positive");
   TS_DISPATCH_COST(embedding_backward, elementwise_cost(B * T * C, 2, 5), dwte, dwpe, dout, tokens,
-                   B, T, C);
+                   B, T, C, V);
 }
 
 void layernorm_forward(const Context& ctx, float* out, float* mean, float* rstd, const float* inp,

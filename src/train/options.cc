@@ -28,6 +28,7 @@ void for_each_field(TrainOptions& o, Fn&& fn) {
   fn("precision", o.precision);
   fn("recompute", o.recompute);
   fn("device", o.device);
+  fn("cuda_step", o.cuda_step);
   fn("lr", o.lr);
   fn("min_lr_fraction", o.min_lr_fraction);
   fn("warmup", o.warmup);
@@ -101,6 +102,10 @@ void validate_options(const TrainOptions& o) {
            "'");
   TS_CHECK(o.device == "cpu" || o.precision == "bf16",
            "--device cuda trains with --precision bf16 (got --precision ", o.precision, ")");
+  TS_CHECK(o.cuda_step == "twin" || o.cuda_step == "shared",
+           "--cuda-step must be twin or shared, not '", o.cuda_step, "'");
+  TS_CHECK(o.device == "cuda" || o.cuda_step == "twin", "--cuda-step ", o.cuda_step,
+           " needs --device cuda");
 }
 
 }  // namespace tessera::train

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "model/decoder_save.h"
+#include "ops/memory.h"
 #include "profile/probe.h"
 #include "profile/timer.h"
 #include "tokenizer/tokenizer.h"
@@ -95,6 +96,8 @@ Trainer::Trainer(const TrainOptions& opts, bool resume) : opts_(opts) {
   if (opts_.threads > 0) pool_ = std::make_unique<ThreadPool>(static_cast<int>(opts_.threads));
   ops::Context ctx;
   ctx.pool = pool_.get();
+  // --cuda-step shared: the model's own step, its tensors in the memory of the CUDA ops backend.
+  if (opts_.device == "cuda" && opts_.cuda_step == "shared") ctx.device = ops::Device::cuda;
   train_data_ = load_split(opts_.data_dir, "train");
   val_data_ = load_split(opts_.data_dir, "val");
   const int64_t data_vocab = std::max(train_data_.vocab, val_data_.vocab);
@@ -145,7 +148,7 @@ Trainer::Trainer(const TrainOptions& opts, bool resume) : opts_(opts) {
   }
   inputs_.resize(static_cast<size_t>(opts_.batch * opts_.seq));
   targets_.resize(inputs_.size());
-  if (opts_.device == "cuda") {
+  if (opts_.device == "cuda" && opts_.cuda_step == "twin") {
     // The host model keeps the layout, the checkpoints and the final model; the steps run on
     // the device twin. Its arena is never allocated (plan() commits nothing until a host step).
     dev_ = backend::make_cuda_gpt2(model_->device_desc(opts_.batch, opts_.seq));
@@ -202,7 +205,7 @@ TrainResult Trainer::run() {
   const double fpt = model_->flops_per_token_train(T);
   double peak = 0;
   if (!opts_.quiet) {
-    if (dev_) {
+    if (opts_.device == "cuda") {
       peak = backend::cuda_bf16_peak_flops() * 1e-9;
     } else {
       const auto peaks = profile::cached_peaks(model_->context().threads().size());
@@ -311,7 +314,9 @@ void Trainer::finish_outputs(bool finished) {
     // The inference writer, through a view of the parameters: one HF writer for every model.
     const std::string mdir = path_in(opts_.out_dir, "model");
     const std::string tok_text = file_exists(tok) ? read_text_file(tok) : "";
-    model::save_decoder_hf(model::as_decoder(*model_), mdir, DType::f32, tok_text);
+    ops::HostMirror<const float> params(model_->context(), model_->params(), model_->num_params(),
+                                        ops::HostMirror<const float>::read);
+    model::save_decoder_hf(model::as_decoder(*model_, params.data()), mdir, DType::f32, tok_text);
     if (!tok_text.empty())
       tokenizer::write_hf_tokenizer_config(mdir,
                                            tokenizer::Tokenizer::from_json_text(tok_text, tok), "");

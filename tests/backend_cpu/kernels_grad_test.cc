@@ -146,9 +146,10 @@ TEST(GradCheck, Embedding) {
   for (int variant = 0; variant < 2; ++variant) {
     std::vector<float> dwte(V * C, 0.0f), dwpe(T * C, 0.0f);
     if (variant == 0)
-      cpu::embedding_backward(pool(2), dwte.data(), dwpe.data(), r.data(), tokens.data(), B, T, C);
+      cpu::embedding_backward(pool(2), dwte.data(), dwpe.data(), r.data(), tokens.data(), B, T, C,
+                              V);
     else
-      cpu::ref::embedding_backward(dwte.data(), dwpe.data(), r.data(), tokens.data(), B, T, C);
+      cpu::ref::embedding_backward(dwte.data(), dwpe.data(), r.data(), tokens.data(), B, T, C, V);
     // The objective is linear: the FD is exact up to ~1e-10, and the analytic value is an f32
     // sum of at most B*T terms of size <= max|r| (< 6 here): (B*T + 1) eps * 6 bounds it.
     const double tol = (B * T + 1) * kEpsF * 6 + kFdAllow;

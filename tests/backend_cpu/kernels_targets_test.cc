@@ -49,11 +49,11 @@ TEST(AllTargets, ExactKernelsMatchReferenceBitForBit) {
         dout = normal_buf(B * T * C, 1, 5);
     Buf eo(B * T * C, 1), ero(B * T * C, 1), dwte(V * C, 1), rdwte(V * C, 1), dwpe(T * C, 1),
         rdwpe(T * C, 1);
-    cpu::embedding_forward(pool(3), eo.p, tokens.data(), wte.p, wpe.p, B, T, C);
-    cpu::ref::embedding_forward(ero.p, tokens.data(), wte.p, wpe.p, B, T, C);
+    cpu::embedding_forward(pool(3), eo.p, tokens.data(), wte.p, wpe.p, B, T, C, V);
+    cpu::ref::embedding_forward(ero.p, tokens.data(), wte.p, wpe.p, B, T, C, V);
     ASSERT_EQ(0, std::memcmp(eo.p, ero.p, B * T * C * 4)) << name;
-    cpu::embedding_backward(pool(3), dwte.p, dwpe.p, dout.p, tokens.data(), B, T, C);
-    cpu::ref::embedding_backward(rdwte.p, rdwpe.p, dout.p, tokens.data(), B, T, C);
+    cpu::embedding_backward(pool(3), dwte.p, dwpe.p, dout.p, tokens.data(), B, T, C, V);
+    cpu::ref::embedding_backward(rdwte.p, rdwpe.p, dout.p, tokens.data(), B, T, C, V);
     ASSERT_EQ(0, std::memcmp(dwte.p, rdwte.p, V * C * 4)) << name;
     ASSERT_EQ(0, std::memcmp(dwpe.p, rdwpe.p, T * C * 4)) << name;
 

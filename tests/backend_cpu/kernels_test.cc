@@ -253,35 +253,47 @@ TEST(Embedding, ForwardAndBackwardMatchReferenceExactly) {
       for (auto& t : tokens) t = static_cast<int32_t>(rng.below(static_cast<uint64_t>(s.V)));
       Buf wte = normal_buf(s.V * s.C, off, 401), wpe = normal_buf(s.T * s.C, off, 402);
       Buf out(N * s.C, off), rout(N * s.C, off);
-      cpu::embedding_forward(pool(threads), out.p, tokens.data(), wte.p, wpe.p, s.B, s.T, s.C);
-      cpu::ref::embedding_forward(rout.p, tokens.data(), wte.p, wpe.p, s.B, s.T, s.C);
+      cpu::embedding_forward(pool(threads), out.p, tokens.data(), wte.p, wpe.p, s.B, s.T, s.C, s.V);
+      cpu::ref::embedding_forward(rout.p, tokens.data(), wte.p, wpe.p, s.B, s.T, s.C, s.V);
       ASSERT_EQ(0, std::memcmp(out.p, rout.p, static_cast<size_t>(N * s.C) * 4)) << "C=" << s.C;
       Buf dout = normal_buf(N * s.C, off, 403);
       Buf dwte = normal_buf(s.V * s.C, off, 404), dwpe = normal_buf(s.T * s.C, off, 405);
       std::vector<float> rdwte(dwte.p, dwte.p + s.V * s.C), rdwpe(dwpe.p, dwpe.p + s.T * s.C);
-      cpu::embedding_backward(pool(threads), dwte.p, dwpe.p, dout.p, tokens.data(), s.B, s.T, s.C);
-      cpu::ref::embedding_backward(rdwte.data(), rdwpe.data(), dout.p, tokens.data(), s.B, s.T,
-                                   s.C);
+      cpu::embedding_backward(pool(threads), dwte.p, dwpe.p, dout.p, tokens.data(), s.B, s.T, s.C,
+                              s.V);
+      cpu::ref::embedding_backward(rdwte.data(), rdwpe.data(), dout.p, tokens.data(), s.B, s.T, s.C,
+                                   s.V);
       ASSERT_EQ(0, std::memcmp(dwte.p, rdwte.data(), rdwte.size() * 4)) << "C=" << s.C;
       ASSERT_EQ(0, std::memcmp(dwpe.p, rdwpe.data(), rdwpe.size() * 4)) << "C=" << s.C;
     }
   }
 }
 
-TEST(Embedding, NegativeTokenThrows) {
-  std::vector<int32_t> tokens = {0, -3};
-  std::vector<float> wte(4, 1.0f), wpe(4, 1.0f), out(4), dwte(4, 0.0f), dwpe(4, 0.0f);
-  EXPECT_THROW(
-      cpu::embedding_forward(pool(2), out.data(), tokens.data(), wte.data(), wpe.data(), 1, 2, 2),
-      Error);
-  EXPECT_THROW(
-      cpu::ref::embedding_forward(out.data(), tokens.data(), wte.data(), wpe.data(), 1, 2, 2),
-      Error);
-  EXPECT_THROW(cpu::embedding_backward(pool(2), dwte.data(), dwpe.data(), out.data(), tokens.data(),
-                                       1, 2, 2),
-               Error);
-  // Validation happens before any update.
-  for (float v : dwte) EXPECT_EQ(v, 0.0f);
+TEST(Embedding, TokenOutsideTheVocabularyThrows) {
+  // wte has V = 2 rows; -3 and 2 both lie outside, and neither may be read or written.
+  for (const int32_t bad : {-3, 2}) {
+    std::vector<int32_t> tokens = {0, bad};
+    std::vector<float> wte(4, 1.0f), wpe(4, 1.0f), out(4), dwte(4, 0.0f), dwpe(4, 0.0f);
+    EXPECT_THROW(cpu::embedding_forward(pool(2), out.data(), tokens.data(), wte.data(), wpe.data(),
+                                        1, 2, 2, 2),
+                 Error)
+        << bad;
+    EXPECT_THROW(
+        cpu::ref::embedding_forward(out.data(), tokens.data(), wte.data(), wpe.data(), 1, 2, 2, 2),
+        Error)
+        << bad;
+    EXPECT_THROW(cpu::embedding_backward(pool(2), dwte.data(), dwpe.data(), out.data(),
+                                         tokens.data(), 1, 2, 2, 2),
+                 Error)
+        << bad;
+    EXPECT_THROW(cpu::ref::embedding_backward(dwte.data(), dwpe.data(), out.data(), tokens.data(),
+                                              1, 2, 2, 2),
+                 Error)
+        << bad;
+    // Validation happens before any update.
+    for (float v : dwte) EXPECT_EQ(v, 0.0f);
+    for (float v : dwpe) EXPECT_EQ(v, 0.0f);
+  }
 }
 
 TEST(Shapes, BadShapesThrow) {
@@ -292,8 +304,8 @@ TEST(Shapes, BadShapesThrow) {
   EXPECT_THROW(cpu::ref::layernorm_forward(f, f, f, f, f, f, -1, 4), Error);
   EXPECT_THROW(cpu::layernorm_backward(pool(2), f, f, f, f, f, f, f, f, -2, 4), Error);
   EXPECT_THROW(cpu::ref::layernorm_backward(f, f, f, f, f, f, f, f, 2, 0), Error);
-  EXPECT_THROW(cpu::embedding_forward(pool(2), f, tokens.data(), f, f, 1, 2, 0), Error);
-  EXPECT_THROW(cpu::ref::embedding_backward(f, f, f, tokens.data(), -1, 2, 2), Error);
+  EXPECT_THROW(cpu::embedding_forward(pool(2), f, tokens.data(), f, f, 1, 2, 0, 4), Error);
+  EXPECT_THROW(cpu::ref::embedding_backward(f, f, f, tokens.data(), -1, 2, 2, 4), Error);
 }
 
 }  // namespace

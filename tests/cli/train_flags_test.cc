@@ -93,6 +93,13 @@ TEST(TrainFlags, NonsenseThrowsNamingTheFlag) {
   expect_error([&] { parse({"--out", "o"}, &r); }, "--data");
   expect_error([&] { parse({"--resume", "somewhere", "--lr", "1e-3"}, &r); }, "--lr");
   expect_error([&] { parse(with({"--steps"}), &r); }, "--steps");
+  // Which CUDA step runs is a question only --device cuda asks.
+  expect_error([&] { parse(with({"--cuda-step", "shared"}), &r); }, "--cuda-step shared needs");
+  expect_error(
+      [&] {
+        parse(with({"--device", "cuda", "--precision", "bf16", "--cuda-step", "both"}), &r);
+      },
+      "--cuda-step must be twin or shared");
 }
 
 }  // namespace

@@ -1,8 +1,9 @@
-// GPT-2 training on the GPU (backend::DeviceGpt2: bf16 activations, f32 master weights and
-// gradients) against the CPU model in bf16 precision on a tiny model: the loss, every tensor's
+// GPT-2 training on the GPU against the CPU model in bf16 precision on a tiny model, through
+// both routes: the CUDA twin (backend::DeviceGpt2: bf16 activations, f32 master weights and
+// gradients) and the model's own step on the CUDA ops backend. The loss, every tensor's
 // gradient, and the loss curve over AdamW steps (with clipping and weight-decay runs) agree
-// within bf16 tolerances; the recompute policies give the same gradients in less device memory;
-// and bad batches are refused in one line.
+// within bf16 tolerances, and the trainer learns on either; the twin's recompute policies give
+// the same gradients in less device memory; and bad batches are refused in one line.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,10 +12,12 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/ops_backend.h"
 #include "backend/device_gpt2.h"
 #include "core/rng.h"
 #include "cuda_test_util.h"
 #include "model/gpt2.h"
+#include "ops/memory.h"
 #include "test_util/expect_error.h"
 #include "train/data.h"
 #include "train/optimizer.h"
@@ -46,28 +49,83 @@ void batch(uint64_t seed, std::vector<int32_t>& inp, std::vector<int32_t>& tgt) 
   }
 }
 
-TEST(CudaGpt2, GradientsAndLossCurveMatchCpu) {
+// The GPU side of a comparison: the CUDA twin (backend::DeviceGpt2), or the model's own step
+// (model::Gpt2 on a CUDA context, its ops on the CUDA ops backend) with its AdamW there.
+class GpuGpt2 {
+ public:
+  // Starts from cpu's parameters (planned for (kB, kT) in bf16 with recompute rc).
+  GpuGpt2(const model::Gpt2& cpu, bool shared, model::Recompute rc, const train::AdamWConfig& ac) {
+    if (!shared) {
+      twin_ = backend::make_cuda_gpt2(cpu.device_desc(kB, kT));
+      twin_->upload_params(cpu.params());
+      return;
+    }
+    cuda::register_ops_backend();
+    ctx_.device = ops::Device::cuda;
+    model_ = std::make_unique<model::Gpt2>(cpu.config(), ctx_);
+    model_->plan(kB, kT, model::Precision::bf16, rc);
+    const int64_t n = cpu.num_params();
+    ops::copy(ctx_, model_->params(), cpu.params(), static_cast<size_t>(n) * sizeof(float),
+              ops::CopyKind::host_to_device);
+    model_->params_updated();
+    opt_ = std::make_unique<train::AdamW>(model_->tensors(), ac, ctx_);
+  }
+  void zero_grads() { twin_ ? twin_->zero_grads() : model_->zero_grads(); }
+  float forward_backward(const std::vector<int32_t>& inp, const std::vector<int32_t>& tgt) {
+    return twin_ ? twin_->forward_backward(inp.data(), tgt.data(), kB, kT, 1.0f)
+                 : model_->forward_backward(inp.data(), tgt.data(), kB, kT, 1.0f);
+  }
+  float forward(const std::vector<int32_t>& inp, const std::vector<int32_t>& tgt) {
+    return twin_ ? twin_->forward(inp.data(), tgt.data(), kB, kT)
+                 : model_->forward(inp.data(), tgt.data(), kB, kT);
+  }
+  std::vector<float> grads(int64_t n) const {
+    std::vector<float> g(static_cast<size_t>(n));
+    if (twin_)
+      twin_->download_grads(g.data());
+    else
+      ops::copy(ctx_, g.data(), model_->grads(), g.size() * sizeof(float),
+                ops::CopyKind::device_to_host);
+    return g;
+  }
+  double adamw_step(const std::vector<ops::AdamWRun>& runs, const train::AdamWConfig& ac, float lr,
+                    int64_t t) {
+    if (twin_) return twin_->adamw_step(runs, ac, lr, t);
+    const double norm = opt_->step(model_->params(), model_->grads(), lr, t);
+    model_->params_updated();
+    return norm;
+  }
+
+ private:
+  std::unique_ptr<backend::DeviceGpt2> twin_;
+  ops::Context ctx_;
+  std::unique_ptr<model::Gpt2> model_;
+  std::unique_ptr<train::AdamW> opt_;
+};
+
+// Parameter: false runs the CUDA twin, true the shared step through the CUDA ops backend.
+class CudaGpt2Step : public ::testing::TestWithParam<bool> {};
+
+TEST_P(CudaGpt2Step, GradientsAndLossCurveMatchCpu) {
   TS_REQUIRE_CUDA_DEVICE();
   const ops::Context ctx;
   model::Gpt2 cpu(tiny_config(), ctx);
   cpu.init_weights(3);
   cpu.plan(kB, kT, model::Precision::bf16, model::Recompute::none);
   cpu.params_updated();
-  std::unique_ptr<backend::DeviceGpt2> gpu = backend::make_cuda_gpt2(cpu.device_desc(kB, kT));
-  gpu->upload_params(cpu.params());
+  train::AdamWConfig ac;
+  GpuGpt2 gpu(cpu, GetParam(), model::Recompute::none, ac);
 
   std::vector<int32_t> inp, tgt;
   batch(1, inp, tgt);
   cpu.zero_grads();
-  gpu->zero_grads();
+  gpu.zero_grads();
   const float want = cpu.forward_backward(inp.data(), tgt.data(), kB, kT, 1.0f);
-  const float got = gpu->forward_backward(inp.data(), tgt.data(), kB, kT, 1.0f);
+  const float got = gpu.forward_backward(inp, tgt);
   EXPECT_NEAR(got, want, 0.01 * want);
 
   // Each tensor's gradient: relative L2 error within bf16 activation rounding.
-  const int64_t P = cpu.num_params();
-  std::vector<float> g(static_cast<size_t>(P));
-  gpu->download_grads(g.data());
+  const std::vector<float> g = gpu.grads(cpu.num_params());
   for (const TensorInfo& t : cpu.tensors().tensors()) {
     double err = 0, ref = 0;
     for (int64_t i = t.offset; i < t.offset + t.shape.numel(); ++i) {
@@ -83,30 +141,29 @@ TEST(CudaGpt2, GradientsAndLossCurveMatchCpu) {
   }
 
   // Six AdamW steps on both (clip 1.0: the random model's first gradients exceed it).
-  train::AdamWConfig ac;
   train::AdamW opt(cpu.tensors(), ac, ctx);
   for (int64_t step = 1; step <= 6; ++step) {
     batch(10 + static_cast<uint64_t>(step), inp, tgt);
     cpu.zero_grads();
-    gpu->zero_grads();
+    gpu.zero_grads();
     const float lc = cpu.forward_backward(inp.data(), tgt.data(), kB, kT, 1.0f);
-    const float lg = gpu->forward_backward(inp.data(), tgt.data(), kB, kT, 1.0f);
+    const float lg = gpu.forward_backward(inp, tgt);
     EXPECT_NEAR(lg, lc, 0.02 * lc) << "step " << step;
     const double nc = opt.step(cpu.params(), cpu.grads(), 1e-3, step);
     cpu.params_updated();
-    const double ng = gpu->adamw_step(opt.runs(), ac, 1e-3f, step);
+    const double ng = gpu.adamw_step(opt.runs(), ac, 1e-3f, step);
     EXPECT_NEAR(ng, nc, 0.05 * nc) << "step " << step;
   }
   // The evaluation forward (no backward) agrees too, after the updates.
   batch(99, inp, tgt);
   const float want_eval = cpu.forward(inp.data(), tgt.data(), kB, kT);
-  EXPECT_NEAR(gpu->forward(inp.data(), tgt.data(), kB, kT), want_eval, 0.02 * want_eval);
+  EXPECT_NEAR(gpu.forward(inp, tgt), want_eval, 0.02 * want_eval);
 }
 
 // `tessera train --device cuda` end to end: a tiny GPT-2 learns a repeating 16-token cycle on
 // the GPU (a loss below 0.5 needs the previous token: see tests/train/trainer_test.cc), and the
 // checkpoint and final model it writes hold the device's weights.
-TEST(CudaGpt2, TrainerLearnsOnTheGpu) {
+TEST_P(CudaGpt2Step, TrainerLearnsOnTheGpu) {
   TS_REQUIRE_CUDA_DEVICE();
   namespace fs = std::filesystem;
   const std::string root = ::testing::TempDir() + "tessera_cuda_trainer";
@@ -128,6 +185,8 @@ TEST(CudaGpt2, TrainerLearnsOnTheGpu) {
   o.batch = 4, o.seq = 32;
   o.precision = "bf16";
   o.device = "cuda";
+  o.cuda_step = GetParam() ? "shared" : "twin";
+  if (GetParam()) cuda::register_ops_backend();
   o.lr = 3e-3, o.warmup = 10, o.steps = 100;
   o.eval_every = 50, o.eval_batches = 2;
   o.quiet = true;
@@ -141,12 +200,18 @@ TEST(CudaGpt2, TrainerLearnsOnTheGpu) {
   const double cpu_val = [&] {
     train::TrainOptions c = o;
     c.device = "cpu";
+    c.cuda_step = "twin";
     c.out_dir = root + "/cpu";
     c.init_from = o.out_dir + "/model";
     return train::Trainer(c, false).evaluate();
   }();
   EXPECT_NEAR(cpu_val, r.last_val, 0.05 + 0.05 * r.last_val);
 }
+
+INSTANTIATE_TEST_SUITE_P(Routes, CudaGpt2Step, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& i) {
+                           return std::string(i.param ? "shared" : "twin");
+                         });
 
 // The recompute policies change what the device keeps, not what it computes: the loss is the
 // same bits (the forward is the same launches), every gradient agrees with the policy `none`

@@ -144,7 +144,8 @@ TYPED_TEST(CudaKernels, EmbeddingForwardMatchesReferenceExactly) {
     const auto wte = as_e<E>(randn(s.V * s.C, 1));
     const auto wpe = s.pos ? as_e<E>(randn(s.T * s.C, 2)) : std::vector<float>(s.T * s.C, 0.0f);
     std::vector<float> ref(N * s.C);
-    cpu::ref::embedding_forward(ref.data(), tokens.data(), wte.data(), wpe.data(), s.B, s.T, s.C);
+    cpu::ref::embedding_forward(ref.data(), tokens.data(), wte.data(), wpe.data(), s.B, s.T, s.C,
+                                s.V);
     Buf<E> d_out(static_cast<int64_t>(N * s.C)), d_wte(wte), d_wpe(wpe);
     DeviceArray<int32_t> d_tok(tokens);
     cuda::embedding_forward<E>(d_out.get(), d_tok.get(), d_wte.get(), s.pos ? d_wpe.get() : nullptr,
@@ -196,7 +197,7 @@ TYPED_TEST(CudaKernels, EmbeddingBackwardMatchesReferenceExactly) {
                                 d_tok.get(), s.B, s.T, s.C, s.V, nullptr);
     std::vector<float> scratch_dwpe = dwpe;
     cpu::ref::embedding_backward(dwte.data(), scratch_dwpe.data(), dout.data(), tokens.data(), s.B,
-                                 s.T, s.C);
+                                 s.T, s.C, s.V);
     // Same f32 additions in the same (row) order as the reference.
     expect_bits_equal(d_dwte.download(), dwte, "dwte");
     expect_bits_equal(d_dwpe.download(), s.pos ? scratch_dwpe : dwpe, "dwpe");

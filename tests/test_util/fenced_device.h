@@ -82,12 +82,12 @@ class FencedDevice final : public ops::Backend {
   TS_FENCED(gemm, (const ops::Context& ctx, const ops::GemmArgs& g), g)
   TS_FENCED(embedding_forward,
             (const ops::Context& ctx, float* out, const int32_t* tokens, const float* wte,
-             const float* wpe, int64_t B, int64_t T, int64_t C),
-            out, tokens, wte, wpe, B, T, C)
+             const float* wpe, int64_t B, int64_t T, int64_t C, int64_t V),
+            out, tokens, wte, wpe, B, T, C, V)
   TS_FENCED(embedding_backward,
             (const ops::Context& ctx, float* dwte, float* dwpe, const float* dout,
-             const int32_t* tokens, int64_t B, int64_t T, int64_t C),
-            dwte, dwpe, dout, tokens, B, T, C)
+             const int32_t* tokens, int64_t B, int64_t T, int64_t C, int64_t V),
+            dwte, dwpe, dout, tokens, B, T, C, V)
   TS_FENCED(layernorm_forward,
             (const ops::Context& ctx, float* out, float* mean, float* rstd, const float* inp,
              const float* w, const float* b, int64_t N, int64_t C),

@@ -1,19 +1,26 @@
 // The GPT-2 trainer on a stand-in device whose memory the host cannot touch (test_util/
 // fenced_device.h): parameters, gradients, AdamW moments and activations live there, and a
 // step touches them only through ops/. Three AdamW steps give the CPU model's losses and
-// parameters bit for bit in both precisions and every recompute policy, and a checkpoint
-// written from the device loads on the CPU as the same model.
+// parameters bit for bit in both precisions and every recompute policy, a checkpoint written
+// from the device loads on the CPU as the same model, and the whole trainer (--device cuda
+// --cuda-step shared) writes the CPU run's losses, checkpoint and model.
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
 #include <vector>
 
+#include "core/file_io.h"
 #include "core/rng.h"
 #include "model/gpt2.h"
 #include "ops/memory.h"
 #include "test_util/fenced_device.h"
 #include "train/checkpoint.h"
+#include "train/data.h"
 #include "train/optimizer.h"
+#include "train/trainer.h"
 
 namespace tessera::train {
 namespace {
@@ -117,6 +124,92 @@ TEST_F(FencedTrainer, CheckpointFromTheDeviceLoadsOnTheCpu) {
                                  ops::HostMirror<const float>::read);
   EXPECT_EQ(std::vector<float>(p.data(), p.data() + again.num_params()), trained.params);
   std::filesystem::remove_all(dir);
+}
+
+// train.csv without its timing columns (tokens/s, GFLOP/s, elapsed): step, loss, val, lr, norm.
+std::string csv_without_times(const std::string& path) {
+  std::istringstream in(read_text_file(path));
+  std::string line, out;
+  while (std::getline(in, line)) {
+    std::vector<std::string> cells;
+    std::istringstream row(line);
+    for (std::string c; std::getline(row, c, ',');) cells.push_back(c);
+    EXPECT_EQ(cells.size(), 8u) << line;
+    if (cells.size() == 8)
+      out += cells[0] + "," + cells[1] + "," + cells[2] + "," + cells[3] + "," + cells[6] + "\n";
+  }
+  return out;
+}
+
+// What a run directory's checkpoint holds, read on the CPU: step, parameters, AdamW moments.
+struct Saved {
+  int64_t step = 0;
+  std::vector<float> params, m, v;
+  bool operator==(const Saved&) const = default;
+};
+Saved saved(const std::string& dir) {
+  const ops::Context cpu;
+  const std::unique_ptr<Gpt2> model = load_model_from_checkpoint(dir, cpu);
+  AdamW opt(model->tensors(), AdamWConfig{}, cpu);
+  Saved s;
+  s.step = load_checkpoint(dir, *model, opt).step;
+  const int64_t n = model->num_params();
+  s.params.assign(model->params(), model->params() + n);
+  s.m.assign(opt.m(), opt.m() + n);
+  s.v.assign(opt.v(), opt.v() + n);
+  return s;
+}
+
+TEST_F(FencedTrainer, WholeRunsMatchTheCpuRuns) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / "tessera_fenced_trainer_runs";
+  fs::remove_all(root);
+  fs::create_directories(root / "data");
+  Rng rng(4);
+  std::vector<int32_t> stream(3000);
+  for (auto& t : stream) t = static_cast<int32_t>(rng.below(50));
+  write_shard((root / "data/train_000.bin").string(), stream, 50);
+  write_shard((root / "data/val_000.bin").string(), {stream.begin(), stream.begin() + 400}, 50);
+
+  TrainOptions o;
+  o.model = "gpt2-tiny";
+  o.n_layer = 2, o.n_head = 2, o.n_embd = 32, o.max_seq = 16;
+  o.data_dir = (root / "data").string();
+  o.batch = 2, o.seq = 16, o.grad_accum = 2;
+  o.precision = "bf16";
+  o.steps = 6, o.warmup = 2, o.eval_every = 2, o.eval_batches = 2;
+  o.threads = 1;
+  o.quiet = true;
+  auto run = [&](TrainOptions opts, const std::string& out, bool on_device, int64_t stop_at) {
+    opts.out_dir = (root / out).string();
+    opts.stop_at = stop_at;
+    opts.device = on_device ? "cuda" : "cpu";
+    opts.cuda_step = on_device ? "shared" : "twin";
+    Trainer(opts, false).run();
+    return opts;
+  };
+
+  static test::FencedDevice device(false);  // outlives every buffer of the test
+  ops::register_backend(ops::Device::cuda, &device);
+  const TrainOptions cpu = run(o, "cpu", false, 0);
+  const TrainOptions dev = run(o, "device", true, 0);
+  EXPECT_GT(device.ops_run(), 1000);
+  EXPECT_EQ(csv_without_times(dev.out_dir + "/train.csv"),
+            csv_without_times(cpu.out_dir + "/train.csv"));
+  EXPECT_TRUE(saved(dev.out_dir) == saved(cpu.out_dir));
+  for (const char* f : {"model/model.safetensors", "model/config.json"})
+    EXPECT_EQ(read_text_file(dev.out_dir + "/" + f), read_text_file(cpu.out_dir + "/" + f)) << f;
+
+  // Interrupted on the device, resumed on the CPU: the same run.
+  const TrainOptions half = run(o, "half", true, 3);
+  TrainOptions rest = resume_options(half.out_dir);
+  rest.device = "cpu";
+  rest.cuda_step = "twin";
+  Trainer(rest, true).run();
+  EXPECT_TRUE(saved(half.out_dir) == saved(cpu.out_dir));
+  EXPECT_EQ(read_text_file(half.out_dir + "/model/model.safetensors"),
+            read_text_file(cpu.out_dir + "/model/model.safetensors"));
+  fs::remove_all(root);
 }
 
 }  // namespace

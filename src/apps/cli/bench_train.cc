@@ -34,39 +34,45 @@ int run(const Args& a) {
   const int64_t threads = a.i64("--threads");
   const int64_t vocab = a.i64("--vocab-size");
   const std::string device = a.str("--device");
+  const std::string cuda_step = a.str("--cuda-step");
   const bool json = a.on("--json");
   const bool per_op = a.on("--profile");
   const model::Precision prec = model::parse_precision(precision);
   const model::Recompute rec = model::parse_recompute(recompute);
   TS_CHECK(device == "cpu" || device == "cuda", "--device must be cpu or cuda, not '", device, "'");
   const bool cuda = device == "cuda";
+  TS_CHECK(cuda_step == "twin" || cuda_step == "shared",
+           "--cuda-step must be twin or shared, not '", cuda_step, "'");
+  TS_CHECK(cuda || !a.given("--cuda-step"), "--cuda-step needs --device cuda");
   if (cuda) {
     TS_CHECK(backend::cuda_device_count() > 0,
              "[cuda] --device cuda: ", backend::cuda_device_summary());
     TS_CHECK(prec == model::Precision::bf16, "--device cuda trains in --precision bf16, not ",
              precision);
     TS_CHECK(!per_op,
-             "--profile observes the CPU step's ops; the CUDA step does not go through "
-             "ops/ yet");
+             "--profile times each op on the host, where CUDA's run asynchronously: "
+             "use --device cpu");
   }
 
   std::unique_ptr<ThreadPool> pool;
   if (threads > 0) pool = std::make_unique<ThreadPool>(static_cast<int>(threads));
   ops::Context ctx;
   ctx.pool = pool.get();
+  // --cuda-step shared: the model's own step on the CUDA ops backend's memory.
+  if (cuda && cuda_step == "shared") ctx.device = ops::Device::cuda;
   ops::OpTally tally;  // observes every op of the timed steps with --profile
   if (per_op) ctx.observer = &tally;
   model::Gpt2 m(model::Gpt2Config::preset(preset, vocab), ctx);
   TS_CHECK(T <= m.config().max_seq, "--seq ", T, " exceeds ", preset, "'s max_seq ",
            m.config().max_seq);
   m.init_weights(1);
-  // On CUDA the host model only lays out and initializes the parameters; its arena is never
-  // allocated (plan() commits nothing until a host step runs).
+  // With the CUDA twin the host model only lays out and initializes the parameters; its arena is
+  // never allocated (plan() commits nothing until a host step runs).
   m.plan(B, T, prec, rec);
   m.params_updated();
   train::AdamW opt(m.tensors(), train::AdamWConfig{}, ctx);
   std::unique_ptr<backend::DeviceGpt2> dev;
-  if (cuda) {
+  if (cuda && cuda_step == "twin") {
     dev = backend::make_cuda_gpt2(m.device_desc(B, T));
     dev->upload_params(m.params());
   }
@@ -161,7 +167,7 @@ int run(const Args& a) {
   std::printf("  achieved             %10.2f GFLOP/s  (%.1f%% of %s peak %.1f GFLOP/s)\n", gflops,
               100.0 * mfu, use_bf16 ? "bf16" : "f32", peak);
   std::printf("  peak RSS             %10.1f MiB\n", rss_mib);
-  std::printf(cuda ? "  device memory        %10.1f MiB\n" : "  activation arena     %10.1f MiB\n",
+  std::printf(dev ? "  device memory        %10.1f MiB\n" : "  activation arena     %10.1f MiB\n",
               act_mib);
   if (per_op) {
     std::printf(
@@ -189,6 +195,8 @@ Command bench_train_command() {
           Flag::integer("--threads", 0, 0, 4096, "worker threads; 0: all cores"),
           Flag::integer("--vocab-size", 50257, 1, int64_t{1} << 24, "vocabulary size"),
           Flag::text("--device", "cpu", "cpu, or cuda (GPU 0, bf16)", "DEV"),
+          Flag::text("--cuda-step", "twin",
+                     "with --device cuda: twin (the CUDA GPT-2), or shared (ops/)", "WAY"),
           Flag::toggle("--profile", "time every op of the timed steps: a table per op"),
           Flag::toggle("--json", "one JSON line on stdout"),
       },

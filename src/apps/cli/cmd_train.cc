@@ -62,6 +62,8 @@ Flags train_session_flags() {
       Flag::integer("--stop-at", 0, 0, kBig, "checkpoint and stop at this step; 0: off"),
       Flag::integer("--threads", o.threads, 0, 4096, "worker threads; 0: all cores"),
       Flag::text("--device", o.device, "cpu, or cuda (the whole step on GPU 0, bf16)", "DEV"),
+      Flag::text("--cuda-step", o.cuda_step,
+                 "with --device cuda: twin (the CUDA GPT-2), or shared (ops/)", "WAY"),
       Flag::integer("--log-every", o.log_every, 1, kBig,
                     "steps between progress lines when stdout is not a terminal"),
       Flag::toggle("--quiet", "no progress output"),
@@ -80,7 +82,8 @@ train::TrainOptions parse_train_options(const Args& a, bool* resume) {
     for (const Flag& f : train_run_flags())
       TS_CHECK(!a.given(f.name), "flag ", f.name, " cannot be given with --resume (the run's ",
                "options come from ", resume_dir, "/checkpoint.safetensors; only --steps, ",
-               "--stop-at, --threads, --device, --log-every and --quiet may change)");
+               "--stop-at, --threads, --device, --cuda-step, --log-every and --quiet may "
+               "change)");
     o = train::resume_options(resume_dir);
   } else {
     o.model = a.str("--model");
@@ -116,6 +119,7 @@ train::TrainOptions parse_train_options(const Args& a, bool* resume) {
   o.stop_at = a.i64("--stop-at");
   if (!*resume || a.given("--threads")) o.threads = a.i64("--threads");
   if (!*resume || a.given("--device")) o.device = a.str("--device");
+  if (!*resume || a.given("--cuda-step") || a.given("--device")) o.cuda_step = a.str("--cuda-step");
   if (!*resume || a.given("--log-every")) o.log_every = a.i64("--log-every");
   if (a.on("--quiet")) o.quiet = true;
   train::validate_options(o);

@@ -31,13 +31,14 @@ class CpuBackend final : public ops::Backend {
 
   void gemm(const ops::Context& ctx, const ops::GemmArgs& g) override { TS_CPU_OP(gemm, g); }
   void embedding_forward(const ops::Context& ctx, float* out, const int32_t* tokens,
-                         const float* wte, const float* wpe, int64_t B, int64_t T,
-                         int64_t C) override {
-    TS_CPU_OP(embedding_forward, out, tokens, wte, wpe, B, T, C);
+                         const float* wte, const float* wpe, int64_t B, int64_t T, int64_t C,
+                         int64_t V) override {
+    TS_CPU_OP(embedding_forward, out, tokens, wte, wpe, B, T, C, V);
   }
   void embedding_backward(const ops::Context& ctx, float* dwte, float* dwpe, const float* dout,
-                          const int32_t* tokens, int64_t B, int64_t T, int64_t C) override {
-    TS_CPU_OP(embedding_backward, dwte, dwpe, dout, tokens, B, T, C);
+                          const int32_t* tokens, int64_t B, int64_t T, int64_t C,
+                          int64_t V) override {
+    TS_CPU_OP(embedding_backward, dwte, dwpe, dout, tokens, B, T, C, V);
   }
   void layernorm_forward(const ops::Context& ctx, float* out, float* mean, float* rstd,
                          const float* inp, const float* w, const float* b, int64_t N,

@@ -13,9 +13,9 @@ namespace tessera::cpu {
 
 void gemm(ThreadPool& pool, const ops::GemmArgs& g);
 void embedding_forward(ThreadPool& pool, float* out, const int32_t* tokens, const float* wte,
-                       const float* wpe, int64_t B, int64_t T, int64_t C);
+                       const float* wpe, int64_t B, int64_t T, int64_t C, int64_t V);
 void embedding_backward(ThreadPool& pool, float* dwte, float* dwpe, const float* dout,
-                        const int32_t* tokens, int64_t B, int64_t T, int64_t C);
+                        const int32_t* tokens, int64_t B, int64_t T, int64_t C, int64_t V);
 void layernorm_forward(ThreadPool& pool, float* out, float* mean, float* rstd, const float* inp,
                        const float* w, const float* b, int64_t N, int64_t C);
 void layernorm_backward(ThreadPool& pool, float* dinp, float* dw, float* db, const float* dout,

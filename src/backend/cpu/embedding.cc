@@ -37,22 +37,24 @@ HWY_INLINE void AddRow(float* dst, const float* a, const float* b, int64_t len) 
 }
 
 void EmbeddingForward(ThreadPool& pool, float* out, const int32_t* tokens, const float* wte,
-                      const float* wpe, int64_t B, int64_t T, int64_t C) {
+                      const float* wpe, int64_t B, int64_t T, int64_t C, int64_t V) {
   const int64_t rows = std::max<int64_t>(1, 16384 / std::max<int64_t>(C, 1));
   for_each_chunk(pool, B * T, rows, [&](int64_t, int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       const int32_t tok = tokens[n];
-      TS_CHECK(tok >= 0, "[embedding_forward] tokens[", n, "] = ", tok, " is negative");
+      TS_CHECK(tok >= 0 && tok < V, "[embedding_forward] tokens[", n, "] = ", tok,
+               " is outside the vocabulary [0, ", V, ")");
       AddRow(out + n * C, wte + static_cast<int64_t>(tok) * C, wpe + (n % T) * C, C);
     }
   });
 }
 
 void EmbeddingBackward(ThreadPool& pool, float* dwte, float* dwpe, const float* dout,
-                       const int32_t* tokens, int64_t B, int64_t T, int64_t C) {
+                       const int32_t* tokens, int64_t B, int64_t T, int64_t C, int64_t V) {
   // Validate first: a bad token found mid-way would leave dwte partly updated.
   for (int64_t n = 0; n < B * T; ++n)
-    TS_CHECK(tokens[n] >= 0, "[embedding_backward] tokens[", n, "] = ", tokens[n], " is negative");
+    TS_CHECK(tokens[n] >= 0 && tokens[n] < V, "[embedding_backward] tokens[", n, "] = ", tokens[n],
+             " is outside the vocabulary [0, ", V, ")");
   for_each_chunk(pool, C, kColBlock, [&](int64_t, int64_t c0, int64_t c1) {
     for (int64_t n = 0; n < B * T; ++n) {
       const float* dy = dout + n * C + c0;
@@ -73,15 +75,15 @@ HWY_EXPORT(EmbeddingForward);
 HWY_EXPORT(EmbeddingBackward);
 
 void embedding_forward(ThreadPool& pool, float* out, const int32_t* tokens, const float* wte,
-                       const float* wpe, int64_t B, int64_t T, int64_t C) {
+                       const float* wpe, int64_t B, int64_t T, int64_t C, int64_t V) {
   TS_CHECK(B >= 0 && T >= 0 && C > 0, "[embedding_forward] bad shape B=", B, " T=", T, " C=", C);
-  HWY_DYNAMIC_DISPATCH(EmbeddingForward)(pool, out, tokens, wte, wpe, B, T, C);
+  HWY_DYNAMIC_DISPATCH(EmbeddingForward)(pool, out, tokens, wte, wpe, B, T, C, V);
 }
 
 void embedding_backward(ThreadPool& pool, float* dwte, float* dwpe, const float* dout,
-                        const int32_t* tokens, int64_t B, int64_t T, int64_t C) {
+                        const int32_t* tokens, int64_t B, int64_t T, int64_t C, int64_t V) {
   TS_CHECK(B >= 0 && T >= 0 && C > 0, "[embedding_backward] bad shape B=", B, " T=", T, " C=", C);
-  HWY_DYNAMIC_DISPATCH(EmbeddingBackward)(pool, dwte, dwpe, dout, tokens, B, T, C);
+  HWY_DYNAMIC_DISPATCH(EmbeddingBackward)(pool, dwte, dwpe, dout, tokens, B, T, C, V);
 }
 
 }  // namespace tessera::cpu

@@ -1,12 +1,12 @@
 // ops::Backend on CUDA: argument mapping from ops/ onto the kernels' launch functions, device
-// memory, copies and a growable scratch buffer. Ops whose CUDA kernels take other types than
-// ops/ passes (training attention and embeddings, which run in bf16 inside DeviceGpt2) throw,
-// naming the op.
+// memory, copies and a growable scratch buffer. Training attention runs only with its operands
+// rounded to bf16 (the flash kernels' type); asked in f32 it throws, naming the op.
 #include "backend/cuda/ops_backend.h"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -18,6 +18,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/quant_matvec.h"
 #include "backend/cuda/runtime.h"
+#include "backend/cuda/train_kernels.h"
 #include "core/error.h"
 #include "ops/backend.h"
 
@@ -236,26 +237,80 @@ class CudaOpsBackend final : public ops::Backend {
     cuda::convert_f32_to_bf16(reinterpret_cast<__nv_bfloat16*>(dst), src, n, stream(ctx));
   }
 
-  // ---- not through ops/ on CUDA yet ----
-  void embedding_forward(const ops::Context&, float*, const int32_t*, const float*, const float*,
-                         int64_t, int64_t, int64_t) override {
-    not_here("embedding_forward", "the kernel needs the vocabulary size to bound token ids");
+  // ---- embeddings, training attention, bias gradients ----
+  void embedding_forward(const ops::Context& ctx, float* out, const int32_t* tokens,
+                         const float* wte, const float* wpe, int64_t B, int64_t T, int64_t C,
+                         int64_t V) override {
+    cuda::embedding_forward<float>(out, tokens, wte, wpe, B, T, C, V, stream(ctx));
   }
-  void embedding_backward(const ops::Context&, float*, float*, const float*, const int32_t*,
-                          int64_t, int64_t, int64_t) override {
-    not_here("embedding_backward", "the kernel needs the vocabulary size to bound token ids");
+  void embedding_backward(const ops::Context& ctx, float* dwte, float* dwpe, const float* dout,
+                          const int32_t* tokens, int64_t B, int64_t T, int64_t C,
+                          int64_t V) override {
+    cuda::embedding_backward<float>(dwte, dwpe, dout, tokens, B, T, C, V, stream(ctx));
   }
-  void attention_forward(const ops::Context&, float*, float*, const float*, int64_t, int64_t,
-                         int64_t, int64_t, bool) override {
-    not_here("attention_forward", "the flash kernels take bf16 or f16 activations, not f32");
+  // The flash kernels read and write bf16: q, k, v (and out, dout for the backward) are rounded
+  // into scratch, as the CPU's round_bf16 attention rounds its operands, and the results widened
+  // back. The log-sum-exp stays f32 either way.
+  void attention_forward(const ops::Context& ctx, float* out, float* lse, const float* qkv,
+                         int64_t B, int64_t T, int64_t C, int64_t H, bool round_bf16) override {
+    if (!round_bf16)
+      not_here("attention_forward in f32", "the flash kernels compute in bf16 (--precision bf16)");
+    cudaStream_t s = stream(ctx);
+    const int64_t N = B * T;
+    auto* qkv16 = static_cast<__nv_bfloat16*>(scratch(4 * N * C, sizeof(uint16_t)));
+    __nv_bfloat16* out16 = qkv16 + 3 * N * C;
+    cuda::convert_f32_to_bf16(qkv16, qkv, 3 * N * C, s);
+    const AttnLayout packed = packed_qkv_layout(T, H, C / H);
+    FlashForwardArgs f;
+    f.shape = flash_shape(B, T, C, H);
+    f.q = {qkv16, packed};
+    f.k = {qkv16 + C, packed};
+    f.v = {qkv16 + 2 * C, packed};
+    f.out = {out16, contiguous_layout(T, H, C / H)};
+    f.lse = lse;
+    flash_attention_forward(f, s);
+    cuda::convert_bf16_to_f32(out, out16, N * C, s);
   }
-  void attention_backward(const ops::Context&, float*, const float*, const float*, const float*,
-                          const float*, int64_t, int64_t, int64_t, int64_t, bool) override {
-    not_here("attention_backward", "the flash kernels take bf16 or f16 activations, not f32");
+  void attention_backward(const ops::Context& ctx, float* dqkv, const float* dout, const float* qkv,
+                          const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
+                          int64_t H, bool round_bf16) override {
+    if (!round_bf16)
+      not_here("attention_backward in f32", "the flash kernels compute in bf16 (--precision bf16)");
+    cudaStream_t s = stream(ctx);
+    const int64_t N = B * T;
+    const FlashAttentionShape shape = flash_shape(B, T, C, H);
+    // Scratch: the kernel's workspace, then qkv, dqkv, out and dout in bf16.
+    const int64_t ws =
+        (static_cast<int64_t>(flash_attention_backward_workspace_bytes(shape)) + 255) / 256 * 256;
+    auto* base = static_cast<char*>(scratch(ws + 8 * N * C * 2, 1));
+    auto* qkv16 = reinterpret_cast<__nv_bfloat16*>(base + ws);
+    __nv_bfloat16* dqkv16 = qkv16 + 3 * N * C;
+    __nv_bfloat16* out16 = dqkv16 + 3 * N * C;
+    __nv_bfloat16* dout16 = out16 + N * C;
+    cuda::convert_f32_to_bf16(qkv16, qkv, 3 * N * C, s);
+    cuda::convert_f32_to_bf16(out16, out, N * C, s);
+    cuda::convert_f32_to_bf16(dout16, dout, N * C, s);
+    const AttnLayout packed = packed_qkv_layout(T, H, C / H);
+    const AttnLayout plain = contiguous_layout(T, H, C / H);
+    FlashBackwardArgs f;
+    f.shape = shape;
+    f.q = {qkv16, packed};
+    f.k = {qkv16 + C, packed};
+    f.v = {qkv16 + 2 * C, packed};
+    f.out = {out16, plain};
+    f.dout = {dout16, plain};
+    f.lse = lse;
+    f.dq = {dqkv16, packed};
+    f.dk = {dqkv16 + C, packed};
+    f.dv = {dqkv16 + 2 * C, packed};
+    f.workspace = base;
+    flash_attention_backward(f, s);
+    cuda::convert_bf16_to_f32(dqkv, dqkv16, 3 * N * C, s);
   }
-
-  void bias_grad(const ops::Context&, float*, const float*, int64_t, int64_t) override {
-    not_here("bias_grad", "no column-sum kernel yet (DeviceGpt2 fuses it into cuBLASLt)");
+  void bias_grad(const ops::Context& ctx, float* db, const float* dy, int64_t m,
+                 int64_t n) override {
+    auto* ws = static_cast<float*>(scratch(bias_grad_workspace_floats(m, n), sizeof(float)));
+    bias_grad_accumulate<float>(db, dy, m, n, ws, stream(ctx));
   }
 
   // ---- the paged cache ----
@@ -359,6 +414,15 @@ class CudaOpsBackend final : public ops::Backend {
       scratch_ = allocate(scratch_bytes_);
     }
     return scratch_;
+  }
+  // GPT-2's causal self-attention over (B,T) rows of H heads of C/H.
+  static FlashAttentionShape flash_shape(int64_t B, int64_t T, int64_t C, int64_t H) {
+    FlashAttentionShape a;
+    a.B = B, a.T = T, a.Hq = a.Hkv = H, a.D = C / H;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(a.D));
+    a.causal = true;
+    a.dtype = DType::bf16;
+    return a;
   }
   static RopeTableView view(const ops::RopeTable& t) {
     TS_CHECK(t.device != nullptr,

@@ -4,15 +4,16 @@
 
 namespace tessera::cpu::ref {
 
-// out (B,T,C) = wte[tokens[b,t]] + wpe[t]; tokens (B,T), wte (V,C), wpe (>=T,C).
+// out (B,T,C) = wte[tokens[b,t]] + wpe[t]; tokens (B,T) in [0, V), wte (V,C), wpe (>=T,C).
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                       int64_t B, int64_t T, int64_t C) {
+                       int64_t B, int64_t T, int64_t C, int64_t V) {
   TS_CHECK(B >= 0 && T >= 0 && C > 0, "[embedding_forward] bad shape B=", B, " T=", T, " C=", C);
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < T; ++t) {
       const int64_t n = b * T + t;
       const int32_t tok = tokens[n];
-      TS_CHECK(tok >= 0, "[embedding_forward] tokens[", n, "] = ", tok, " is negative");
+      TS_CHECK(tok >= 0 && tok < V, "[embedding_forward] tokens[", n, "] = ", tok,
+               " is outside the vocabulary [0, ", V, ")");
       const float* e = wte + static_cast<int64_t>(tok) * C;
       const float* p = wpe + t * C;
       float* o = out + n * C;
@@ -24,11 +25,12 @@ void embedding_forward(float* out, const int32_t* tokens, const float* wte, cons
 // dwte (V,C) += dout rows scattered by token; dwpe (>=T,C) += dout summed over the batch.
 // Rows are accumulated in token order (b, then t), the order the SIMD kernel also uses.
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                        int64_t B, int64_t T, int64_t C) {
+                        int64_t B, int64_t T, int64_t C, int64_t V) {
   TS_CHECK(B >= 0 && T >= 0 && C > 0, "[embedding_backward] bad shape B=", B, " T=", T, " C=", C);
   // Validate first so a bad token leaves the gradients untouched.
   for (int64_t n = 0; n < B * T; ++n)
-    TS_CHECK(tokens[n] >= 0, "[embedding_backward] tokens[", n, "] = ", tokens[n], " is negative");
+    TS_CHECK(tokens[n] >= 0 && tokens[n] < V, "[embedding_backward] tokens[", n, "] = ", tokens[n],
+             " is outside the vocabulary [0, ", V, ")");
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < T; ++t) {
       const int64_t n = b * T + t;

@@ -11,9 +11,9 @@ namespace tessera::cpu::ref {
 
 void gemm(const ops::GemmArgs& g);
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                       int64_t B, int64_t T, int64_t C);
+                       int64_t B, int64_t T, int64_t C, int64_t V);
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                        int64_t B, int64_t T, int64_t C);
+                        int64_t B, int64_t T, int64_t C, int64_t V);
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
                        const float* b, int64_t N, int64_t C);
 void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
