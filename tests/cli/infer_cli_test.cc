@@ -259,6 +259,35 @@ TEST_F(InferCli, BenchTrainProfileJson) {
   EXPECT_NE(cuda.status, 0);
 }
 
+// A peak probed on a busy machine is too low, and a later run outruns it: bench train says so
+// rather than print an MFU above 100% as if it were a measurement.
+TEST_F(InferCli, BenchTrainSaysWhenTheCachedPeakIsTooLow) {
+  const std::string cache = scratch_path("cache");
+  std::filesystem::remove_all(cache);
+  const char* old = std::getenv("XDG_CACHE_HOME");
+  const std::string saved = old ? old : "";
+  setenv("XDG_CACHE_HOME", cache.c_str(), 1);
+  const std::string bench =
+      "bench train --model gpt2-tiny --batch 2 --seq 16 --steps 2 --threads 1";
+  ASSERT_EQ(run_tessera("probe --threads 1").status, 0);
+  const Result honest = run_tessera(bench);
+  ASSERT_EQ(honest.status, 0) << honest.err;
+  EXPECT_EQ(honest.out.find("note: above the cached peak"), std::string::npos) << honest.out;
+  const std::string path = cache + "/tessera/probe.json";
+  auto j = nlohmann::json::parse(slurp(path));
+  j["f32_gflops_all"] = 1e-3;
+  std::ofstream(path) << j.dump();
+  const Result low = run_tessera(bench);
+  ASSERT_EQ(low.status, 0) << low.err;
+  EXPECT_NE(low.out.find("note: above the cached peak probed 20"), std::string::npos) << low.out;
+  EXPECT_NE(low.out.find("tessera probe --force"), std::string::npos) << low.out;
+  if (old)
+    setenv("XDG_CACHE_HOME", saved.c_str(), 1);
+  else
+    unsetenv("XDG_CACHE_HOME");
+  std::filesystem::remove_all(cache);
+}
+
 TEST_F(InferCli, BadInputIsOneLine) {
   struct Case {
     std::string args, mention;

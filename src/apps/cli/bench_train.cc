@@ -3,6 +3,7 @@
 // peak RSS and the activation arena size (on CUDA: the device memory the trainer holds).
 #include <algorithm>
 #include <cstdio>
+#include <ctime>
 #include <memory>
 #include <string>
 #include <vector>
@@ -114,11 +115,13 @@ int run(const Args& a) {
   const double gflops = m.flops_per_token_train(T) * tps * 1e-9;
   bool use_bf16 = false;
   double peak = 0;
+  int64_t probed_at = 0;
   if (cuda) {
     use_bf16 = true;
     peak = backend::cuda_bf16_peak_flops() * 1e-9;  // dense tensor-core figure
   } else {
     const auto peaks = profile::cached_peaks(static_cast<int>(ctx.threads().size()));
+    probed_at = peaks.probed_at;
     use_bf16 = prec == model::Precision::bf16 && peaks.bf16_gflops_all > 0;
     peak = use_bf16 ? peaks.bf16_gflops_all : peaks.f32_gflops_all;
   }
@@ -166,6 +169,16 @@ int run(const Args& a) {
   std::printf("  throughput           %10.1f tokens/s\n", tps);
   std::printf("  achieved             %10.2f GFLOP/s  (%.1f%% of %s peak %.1f GFLOP/s)\n", gflops,
               100.0 * mfu, use_bf16 ? "bf16" : "f32", peak);
+  if (!cuda && mfu > 1.0) {
+    // No step outruns the machine: the cached peak is too low (measured while busy).
+    const std::time_t at = static_cast<std::time_t>(probed_at);
+    char when[32] = "an unknown time";
+    if (probed_at > 0) std::strftime(when, sizeof when, "%Y-%m-%d %H:%M UTC", std::gmtime(&at));
+    std::printf(
+        "  note: above the cached peak probed %s, which must have run on a busy machine; "
+        "`tessera probe --force` re-measures it\n",
+        when);
+  }
   std::printf("  peak RSS             %10.1f MiB\n", rss_mib);
   std::printf(dev ? "  device memory        %10.1f MiB\n" : "  activation arena     %10.1f MiB\n",
               act_mib);
