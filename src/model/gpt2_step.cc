@@ -48,7 +48,7 @@ class CausalAttention final : public BlockAttention {
       : ctx_(ctx), lse_(lse), B_(B), T_(T), C_(C), H_(H), bf16_(bf16) {}
   void attend(int64_t, float* qkv, float* att, int64_t n) override {
     TS_CHECK(n == B_ * T_, "[gpt2] attention over ", n, " rows, expected B*T = ", B_ * T_);
-    ops::attention_forward(ctx_, att, lse_, qkv, B_, T_, C_, H_, bf16_);
+    ops::attention_forward(ctx_, att, lse_, qkv, B_, T_, C_, H_, H_, bf16_);
   }
 
  private:
@@ -106,7 +106,7 @@ void Gpt2::Impl::layer_backward(int64_t l, int64_t B, int64_t T) {
 
   // Attention branch: resid_mid = resid[l] + c_proj(attn(c_attn(ln_1(resid[l])))).
   linear_backward(scratch_c, dresid, a.atty, lp.proj_w, lp.proj_b, N, C, C);
-  ops::attention_backward(ctx, dbig, scratch_c, a.qkv, a.atty, a.lse, B, T, C, H, bf16());
+  ops::attention_backward(ctx, dbig, scratch_c, a.qkv, a.atty, a.lse, B, T, C, H, H, bf16());
   linear_backward(scratch_c, dbig, a.ln1, lp.qkv_w, lp.qkv_b, N, C, 3 * C);
   ops::layernorm_backward(ctx, dresid, g(lp.ln1_w), g(lp.ln1_b), scratch_c, in, p(lp.ln1_w),
                           a.ln1_mean, a.ln1_rstd, N, C);

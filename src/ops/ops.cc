@@ -69,19 +69,27 @@ void add(const Context& ctx, float* out, const float* a, const float* b, int64_t
   TS_DISPATCH_COST(add, elementwise_cost(n, 1, 3), out, a, b, n);
 }
 
-void attention_forward(const Context& ctx, float* out, float* lse, const float* qkv, int64_t B,
-                       int64_t T, int64_t C, int64_t H, bool round_bf16) {
+namespace {
+void check_attention(int64_t C, int64_t H, int64_t Hkv) {
   TS_CHECK(H > 0 && C % H == 0, "[attention] width C=", C, " is not divisible by heads H=", H);
-  TS_DISPATCH_COST(attention_forward, attention_forward_cost(B, T, C, H), out, lse, qkv, B, T, C, H,
-                   round_bf16);
+  TS_CHECK(Hkv > 0 && H % Hkv == 0, "[attention] key/value heads Hkv=", Hkv,
+           " do not divide the query heads H=", H);
+}
+}  // namespace
+
+void attention_forward(const Context& ctx, float* out, float* lse, const float* qkv, int64_t B,
+                       int64_t T, int64_t C, int64_t H, int64_t Hkv, bool round_bf16) {
+  check_attention(C, H, Hkv);
+  TS_DISPATCH_COST(attention_forward, attention_forward_cost(B, T, C, H, Hkv), out, lse, qkv, B, T,
+                   C, H, Hkv, round_bf16);
 }
 
 void attention_backward(const Context& ctx, float* dqkv, const float* dout, const float* qkv,
                         const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
-                        int64_t H, bool round_bf16) {
-  TS_CHECK(H > 0 && C % H == 0, "[attention] width C=", C, " is not divisible by heads H=", H);
-  TS_DISPATCH_COST(attention_backward, attention_backward_cost(B, T, C, H), dqkv, dout, qkv, out,
-                   lse, B, T, C, H, round_bf16);
+                        int64_t H, int64_t Hkv, bool round_bf16) {
+  check_attention(C, H, Hkv);
+  TS_DISPATCH_COST(attention_backward, attention_backward_cost(B, T, C, H, Hkv), dqkv, dout, qkv,
+                   out, lse, B, T, C, H, Hkv, round_bf16);
 }
 
 void softmax_xent(const Context& ctx, float* losses, float* logits, const int32_t* targets,
@@ -147,18 +155,18 @@ OpCost gemm_cost(const GemmArgs& g) {
   return c;
 }
 
-OpCost attention_forward_cost(int64_t B, int64_t T, int64_t C, int64_t H) {
-  (void)H;
-  // Causal: about half of the T*T score matrix; QK^T and PV are 2*D flops per score each.
+OpCost attention_forward_cost(int64_t B, int64_t T, int64_t C, int64_t H, int64_t Hkv) {
+  // Causal: about half of the T*T score matrix; QK^T and PV are 2*D flops per score each, for
+  // every query head. Bytes: q, k, v in (k and v of Hkv heads), out.
   OpCost c;
   c.flops = 2.0 * 2.0 * B * (T * (T + 1) / 2.0) * C;
-  c.bytes = 4.0 * B * T * (3 * C + C);
+  c.bytes = 4.0 * B * T * (2 * C + 2 * Hkv * (C / H));
   return c;
 }
 
-OpCost attention_backward_cost(int64_t B, int64_t T, int64_t C, int64_t H) {
+OpCost attention_backward_cost(int64_t B, int64_t T, int64_t C, int64_t H, int64_t Hkv) {
   // Recompute QK^T, then dV, dP, dQ, dK: five score-sized matmuls against two forward ones.
-  OpCost c = attention_forward_cost(B, T, C, H);
+  OpCost c = attention_forward_cost(B, T, C, H, Hkv);
   c.flops *= 2.5;
   c.bytes *= 2.0;
   return c;

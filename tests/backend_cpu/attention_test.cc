@@ -1,5 +1,6 @@
-// Tests for causal self-attention: reference and tiled kernels against a double-precision naive
-// attention, against each other, against finite differences, and for causality and determinism.
+// Tests for causal self-attention (grouped key/value heads included): reference and tiled kernels
+// against a double-precision naive attention, against each other, against finite differences, and
+// for causality and determinism.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -25,9 +26,14 @@ namespace {
 constexpr double kU = FLT_EPSILON / 2;  // f32 unit roundoff
 constexpr double kUb = 1.0 / 512;       // bf16 unit roundoff, 2^-9
 
+// Hkv 0 means H (one key/value head per query head, GPT-2).
 struct AttnShape {
-  int64_t B, T, H, D;
+  int64_t B, T, H, D, Hkv = 0;
   int64_t C() const { return H * D; }
+  int64_t kv() const { return Hkv ? Hkv : H; }
+  int64_t KV() const { return kv() * D; }        // width of k (and of v) in a row
+  int64_t ld() const { return C() + 2 * KV(); }  // row of qkv: q | k | v
+  int64_t group() const { return H / kv(); }
 };
 
 // A float buffer whose data() starts `offset` floats past a 64-byte boundary, so kernels see
@@ -81,10 +87,11 @@ Exact naive_forward(const std::vector<double>& qkv, const AttnShape& s) {
   for (int64_t b = 0; b < s.B; ++b)
     for (int64_t h = 0; h < s.H; ++h)
       for (int64_t i = 0; i < T; ++i) {
-        const double* q = &qkv[static_cast<size_t>((b * T + i) * 3 * C + h * D)];
+        const double* q = &qkv[static_cast<size_t>((b * T + i) * s.ld() + h * D)];
+        const int64_t k_col = C + h / s.group() * D, v_col = k_col + s.KV();
         double m = -INFINITY;
         for (int64_t j = 0; j <= i; ++j) {
-          const double* k = &qkv[static_cast<size_t>((b * T + j) * 3 * C + C + h * D)];
+          const double* k = &qkv[static_cast<size_t>((b * T + j) * s.ld() + k_col)];
           double dot = 0, abs_dot = 0;
           for (int64_t d = 0; d < D; ++d) {
             dot += q[d] * k[d];
@@ -101,7 +108,7 @@ Exact naive_forward(const std::vector<double>& qkv, const AttnShape& s) {
         for (int64_t j = 0; j <= i; ++j) {
           const double pj = std::exp(p[j] - m) / sum;
           e.colsum[row + j] += pj;
-          const double* v = &qkv[static_cast<size_t>((b * T + j) * 3 * C + 2 * C + h * D)];
+          const double* v = &qkv[static_cast<size_t>((b * T + j) * s.ld() + v_col)];
           for (int64_t d = 0; d < D; ++d)
             e.out[static_cast<size_t>((b * T + i) * C + h * D + d)] += pj * v[d];
         }
@@ -132,11 +139,12 @@ struct Bounds {
 // and k in the scores (|ds| <= 2 ub s_abs), P before P V and P^T dO, v and dO, dS before dS K and
 // dS^T Q (ub each, relative).
 Bounds bounds(const AttnShape& s, const Exact& e, const Buf& qkv, const Buf& dout, double ub = 0) {
-  const size_t C = static_cast<size_t>(s.C());
+  const size_t C = static_cast<size_t>(s.C()), KV = static_cast<size_t>(s.KV());
+  const size_t ld = static_cast<size_t>(s.ld());
   const double T = static_cast<double>(s.T), D = static_cast<double>(s.D);
   const double scale = 1.0 / std::sqrt(D);
-  const double qmax = max_abs(qkv, 0, 3 * C, C), kmax = max_abs(qkv, C, 3 * C, C);
-  const double vmax = max_abs(qkv, 2 * C, 3 * C, C), domax = max_abs(dout, 0, C, C);
+  const double qmax = max_abs(qkv, 0, ld, C), kmax = max_abs(qkv, C, ld, KV);
+  const double vmax = max_abs(qkv, C + KV, ld, KV), domax = max_abs(dout, 0, C, C);
   Bounds b;
   b.E = 3 * D * kU * e.s_abs + (2 * T + D + 16) * kU + 2 * ub * e.s_abs + ub;
   b.out = vmax * (b.E + ub + (T + 2) * kU);
@@ -153,24 +161,29 @@ ThreadPool& pool(int n) {
   return n == 1 ? p1 : n == 2 ? p2 : p3;
 }
 
-// Checks a (B,T,3C) gradient against `want` with the per-element bounds above.
+// Checks a (B,T,C+2*KV) gradient against `want` with the per-element bounds above; a key/value
+// head's bound sums the column sums of its group's query heads.
 void expect_dqkv_near(const Buf& got, const std::vector<double>& want, const AttnShape& s,
                       const Exact& e, const Bounds& bd, double abs_extra, const char* what) {
-  const int64_t C = s.C();
+  const int64_t C = s.C(), KV = s.KV();
   int failures = 0;
   for (int64_t b = 0; b < s.B; ++b)
     for (int64_t t = 0; t < s.T; ++t)
       for (int64_t part = 0; part < 3; ++part)
-        for (int64_t c = 0; c < C; ++c) {
-          const size_t idx = static_cast<size_t>((b * s.T + t) * 3 * C + part * C + c);
-          const double col = e.colsum[static_cast<size_t>((b * s.H + c / s.D) * s.T + t)];
+        for (int64_t c = 0; c < (part == 0 ? C : KV); ++c) {
+          const int64_t first = part == 0 ? 0 : part == 1 ? C : C + KV;
+          const size_t idx = static_cast<size_t>((b * s.T + t) * s.ld() + first + c);
+          double col = 0;
+          for (int64_t h = c / s.D * s.group(); part > 0 && h < (c / s.D + 1) * s.group(); ++h)
+            col += e.colsum[static_cast<size_t>((b * s.H + h) * s.T + t)];
           const double tol = abs_extra + (part == 0   ? bd.dq
                                           : part == 1 ? bd.dk_per_col * col
                                                       : bd.dv_per_col * col);
           if (std::fabs(got[idx] - want[idx]) > tol + 1e-30 && ++failures <= 5)
-            ADD_FAILURE() << what << " B=" << s.B << " T=" << s.T << " H=" << s.H << " D=" << s.D
-                          << " b=" << b << " t=" << t << " part=" << part << " c=" << c << ": got "
-                          << got[idx] << " want " << want[idx] << " tol " << tol;
+            ADD_FAILURE() << what << " B=" << s.B << " T=" << s.T << " H=" << s.H
+                          << " Hkv=" << s.kv() << " D=" << s.D << " b=" << b << " t=" << t
+                          << " part=" << part << " c=" << c << ": got " << got[idx] << " want "
+                          << want[idx] << " tol " << tol;
         }
   EXPECT_EQ(failures, 0) << what;
 }
@@ -182,7 +195,7 @@ struct Case {
   Bounds bd;
   Case(const AttnShape& sh, uint64_t seed, size_t offset)
       : s(sh),
-        qkv(static_cast<size_t>(sh.B * sh.T * 3 * sh.C()), offset),
+        qkv(static_cast<size_t>(sh.B * sh.T * sh.ld()), offset),
         dout(static_cast<size_t>(sh.B * sh.T * sh.C()), offset + 1) {
     Rng rng(seed);
     fill_uniform(qkv, rng);
@@ -199,7 +212,7 @@ TEST(AttentionRef, ForwardMatchesDoubleNaive) {
        {AttnShape{1, 1, 1, 3}, AttnShape{2, 7, 3, 5}, AttnShape{1, 65, 4, 64}}) {
     Case c(s, 11, 0);
     Buf out(c.n_out(), 0), lse(c.n_lse(), 0);
-    ref::attention_forward(out.data(), lse.data(), c.qkv.data(), s.B, s.T, s.C(), s.H);
+    ref::attention_forward(out.data(), lse.data(), c.qkv.data(), s.B, s.T, s.C(), s.H, s.kv());
     // The reference works in double and rounds once: a few units of f32 rounding.
     const double vmax = max_abs(c.qkv, 2 * s.C(), 3 * s.C(), s.C());
     for (size_t i = 0; i < c.n_out(); ++i) ASSERT_NEAR(out[i], c.exact.out[i], 4 * kU * vmax);
@@ -215,9 +228,17 @@ std::vector<AttnShape> sweep_shapes() {
     for (int64_t D : {3, 8, 64})
       for (int64_t H : {1, 3, 4})
         for (int64_t B : {1, 2}) v.push_back({B, T, H, D});
-  // 16 or more heads in all: the backward's one-task-per-head path (fewer heads split key tiles).
+  // 16 or more key/value heads in all: the backward's one-task-per-head path (fewer heads split
+  // key tiles).
   v.push_back({4, 130, 4, 8});
   v.push_back({2, 65, 8, 3});
+  // Grouped key/value heads (Llama's GQA, and one head for all: multi-query), split key tiles
+  // and not.
+  v.push_back({1, 65, 4, 8, 2});
+  v.push_back({2, 130, 4, 5, 1});
+  v.push_back({1, 70, 6, 64, 3});
+  v.push_back({2, 7, 8, 16, 2});
+  v.push_back({4, 130, 8, 8, 4});
   return v;
 }
 
@@ -227,11 +248,13 @@ TEST(Attention, ForwardMatchesReference) {
     ++seed;
     Case c(s, seed, seed % 5);
     Buf out_ref(c.n_out(), 0), lse_ref(c.n_lse(), 0);
-    ref::attention_forward(out_ref.data(), lse_ref.data(), c.qkv.data(), s.B, s.T, s.C(), s.H);
+    ref::attention_forward(out_ref.data(), lse_ref.data(), c.qkv.data(), s.B, s.T, s.C(), s.H,
+                           s.kv());
     std::vector<float> first_out, first_lse;
     for (int threads = 1; threads <= 3; ++threads) {
       Buf out(c.n_out(), 3), lse(c.n_lse(), 1);
-      attention_forward(pool(threads), out.data(), lse.data(), c.qkv.data(), s.B, s.T, s.C(), s.H);
+      attention_forward(pool(threads), out.data(), lse.data(), c.qkv.data(), s.B, s.T, s.C(), s.H,
+                        s.kv(), false);
       for (size_t i = 0; i < c.n_out(); ++i)
         ASSERT_NEAR(out[i], out_ref[i], c.bd.out)
             << "out B=" << s.B << " T=" << s.T << " H=" << s.H << " D=" << s.D << " i=" << i;
@@ -256,16 +279,16 @@ TEST(Attention, BackwardMatchesReference) {
     ++seed;
     Case c(s, seed, seed % 7);
     Buf out(c.n_out(), 0), lse(c.n_lse(), 0), g_ref(c.qkv.size(), 0);
-    ref::attention_forward(out.data(), lse.data(), c.qkv.data(), s.B, s.T, s.C(), s.H);
+    ref::attention_forward(out.data(), lse.data(), c.qkv.data(), s.B, s.T, s.C(), s.H, s.kv());
     ref::attention_backward(g_ref.data(), c.dout.data(), c.qkv.data(), out.data(), lse.data(), s.B,
-                            s.T, s.C(), s.H);
+                            s.T, s.C(), s.H, s.kv());
     const std::vector<double> want = to_double(g_ref);
     std::vector<float> first;
     for (int threads = 1; threads <= 3; ++threads) {
       Buf g(c.qkv.size(), 5);
       std::fill(g.data(), g.data() + g.size(), NAN);  // every element must be overwritten
       attention_backward(pool(threads), g.data(), c.dout.data(), c.qkv.data(), out.data(),
-                         lse.data(), s.B, s.T, s.C(), s.H);
+                         lse.data(), s.B, s.T, s.C(), s.H, s.kv(), false);
       expect_dqkv_near(g, want, s, c.exact, c.bd, 0.0, "fast vs ref");
       if (threads == 1) {
         first.assign(g.data(), g.data() + g.size());
@@ -279,12 +302,13 @@ TEST(Attention, BackwardMatchesReference) {
 // Every SIMD target compiled in and supported here (e.g. SSE2, SSSE3, SSE4, AVX2 on an AVX2
 // machine: 4- and 8-lane vectors) must meet the same bounds, with odd D and partial tiles.
 TEST(Attention, EverySimdTargetMatchesReference) {
-  const AttnShape s{2, 70, 3, 5};
+  const AttnShape s{2, 70, 4, 5, 2};
   Case c(s, 77, 3);
   Buf out_ref(c.n_out(), 0), lse_ref(c.n_lse(), 0), g_ref(c.qkv.size(), 0);
-  ref::attention_forward(out_ref.data(), lse_ref.data(), c.qkv.data(), s.B, s.T, s.C(), s.H);
+  ref::attention_forward(out_ref.data(), lse_ref.data(), c.qkv.data(), s.B, s.T, s.C(), s.H,
+                         s.kv());
   ref::attention_backward(g_ref.data(), c.dout.data(), c.qkv.data(), out_ref.data(), lse_ref.data(),
-                          s.B, s.T, s.C(), s.H);
+                          s.B, s.T, s.C(), s.H, s.kv());
   const std::vector<double> want = to_double(g_ref);
   const std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
   EXPECT_FALSE(targets.empty());
@@ -292,12 +316,13 @@ TEST(Attention, EverySimdTargetMatchesReference) {
     hwy::SetSupportedTargetsForTest(target);
     SCOPED_TRACE(hwy::TargetName(target));
     Buf out(c.n_out(), 1), lse(c.n_lse(), 2), g(c.qkv.size(), 3);
-    attention_forward(pool(2), out.data(), lse.data(), c.qkv.data(), s.B, s.T, s.C(), s.H);
+    attention_forward(pool(2), out.data(), lse.data(), c.qkv.data(), s.B, s.T, s.C(), s.H, s.kv(),
+                      false);
     for (size_t i = 0; i < c.n_out(); ++i) ASSERT_NEAR(out[i], out_ref[i], c.bd.out);
     for (size_t i = 0; i < c.n_lse(); ++i)
       ASSERT_NEAR(lse[i], c.exact.lse[i], c.bd.lse_abs + 2 * kU * std::fabs(c.exact.lse[i]));
     attention_backward(pool(2), g.data(), c.dout.data(), c.qkv.data(), out_ref.data(),
-                       lse_ref.data(), s.B, s.T, s.C(), s.H);
+                       lse_ref.data(), s.B, s.T, s.C(), s.H, s.kv(), false);
     expect_dqkv_near(g, want, s, c.exact, c.bd, 0.0, hwy::TargetName(target));
   }
   hwy::SetSupportedTargetsForTest(0);  // back to the best target
@@ -308,59 +333,64 @@ TEST(Attention, EverySimdTargetMatchesReference) {
 // so h = 1e-3 leaves ~1e-7, and double rounding adds ~1e-16 |L| / h: both far below the f32
 // bounds checked against.
 TEST(Attention, BackwardMatchesFiniteDifferences) {
-  const AttnShape s{2, 9, 2, 5};
-  Case c(s, 7, 1);
-  std::vector<double> x = to_double(c.qkv);
-  auto loss = [&](const std::vector<double>& in) {
-    const Exact e = naive_forward(in, s);
-    double l = 0;
-    for (size_t i = 0; i < e.out.size(); ++i) l += e.out[i] * c.dout[i];
-    return l;
-  };
-  std::vector<double> fd(x.size());
-  const double h = 1e-3;
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double x0 = x[i];
-    x[i] = x0 + h;
-    const double lp = loss(x);
-    x[i] = x0 - h;
-    const double lm = loss(x);
-    x[i] = x0;
-    fd[i] = (lp - lm) / (2 * h);
-  }
-  const double kFdErr = 1e-6;
-  for (int use_ref = 0; use_ref < 2; ++use_ref) {
-    Buf out(c.n_out(), 0), lse(c.n_lse(), 0), g(c.qkv.size(), 2);
-    if (use_ref) {
-      ref::attention_forward(out.data(), lse.data(), c.qkv.data(), s.B, s.T, s.C(), s.H);
-      ref::attention_backward(g.data(), c.dout.data(), c.qkv.data(), out.data(), lse.data(), s.B,
-                              s.T, s.C(), s.H);
-    } else {
-      attention_forward(pool(2), out.data(), lse.data(), c.qkv.data(), s.B, s.T, s.C(), s.H);
-      attention_backward(pool(2), g.data(), c.dout.data(), c.qkv.data(), out.data(), lse.data(),
-                         s.B, s.T, s.C(), s.H);
+  for (const AttnShape& s : {AttnShape{2, 9, 2, 5}, AttnShape{2, 9, 4, 5, 2}}) {
+    Case c(s, 7, 1);
+    std::vector<double> x = to_double(c.qkv);
+    auto loss = [&](const std::vector<double>& in) {
+      const Exact e = naive_forward(in, s);
+      double l = 0;
+      for (size_t i = 0; i < e.out.size(); ++i) l += e.out[i] * c.dout[i];
+      return l;
+    };
+    std::vector<double> fd(x.size());
+    const double h = 1e-3;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double x0 = x[i];
+      x[i] = x0 + h;
+      const double lp = loss(x);
+      x[i] = x0 - h;
+      const double lm = loss(x);
+      x[i] = x0;
+      fd[i] = (lp - lm) / (2 * h);
     }
-    expect_dqkv_near(g, fd, s, c.exact, c.bd, kFdErr, use_ref ? "ref vs fd" : "fast vs fd");
+    const double kFdErr = 1e-6;
+    for (int use_ref = 0; use_ref < 2; ++use_ref) {
+      Buf out(c.n_out(), 0), lse(c.n_lse(), 0), g(c.qkv.size(), 2);
+      if (use_ref) {
+        ref::attention_forward(out.data(), lse.data(), c.qkv.data(), s.B, s.T, s.C(), s.H, s.kv());
+        ref::attention_backward(g.data(), c.dout.data(), c.qkv.data(), out.data(), lse.data(), s.B,
+                                s.T, s.C(), s.H, s.kv());
+      } else {
+        attention_forward(pool(2), out.data(), lse.data(), c.qkv.data(), s.B, s.T, s.C(), s.H,
+                          s.kv(), false);
+        attention_backward(pool(2), g.data(), c.dout.data(), c.qkv.data(), out.data(), lse.data(),
+                           s.B, s.T, s.C(), s.H, s.kv(), false);
+      }
+      expect_dqkv_near(g, fd, s, c.exact, c.bd, kFdErr, use_ref ? "ref vs fd" : "fast vs fd");
+    }
   }
 }
 
 // Changing the tokens after position t must leave out and lse at positions <= t bit-identical.
 TEST(Attention, Causal) {
-  const AttnShape s{1, 130, 2, 8};
+  const AttnShape s{1, 130, 4, 8, 2};
   Case c(s, 3, 0);
   const size_t C = static_cast<size_t>(s.C());
   for (int64_t t : {0, 63, 64, 100}) {
     Buf changed(c.qkv.size(), 0);
     std::copy(c.qkv.data(), c.qkv.data() + c.qkv.size(), changed.data());
-    for (size_t i = static_cast<size_t>(t + 1) * 3 * C; i < changed.size(); ++i) changed[i] += 1.5f;
+    for (size_t i = static_cast<size_t>((t + 1) * s.ld()); i < changed.size(); ++i)
+      changed[i] += 1.5f;
     for (int use_ref = 0; use_ref < 2; ++use_ref) {
       Buf o1(c.n_out(), 0), l1(c.n_lse(), 0), o2(c.n_out(), 0), l2(c.n_lse(), 0);
       if (use_ref) {
-        ref::attention_forward(o1.data(), l1.data(), c.qkv.data(), s.B, s.T, s.C(), s.H);
-        ref::attention_forward(o2.data(), l2.data(), changed.data(), s.B, s.T, s.C(), s.H);
+        ref::attention_forward(o1.data(), l1.data(), c.qkv.data(), s.B, s.T, s.C(), s.H, s.kv());
+        ref::attention_forward(o2.data(), l2.data(), changed.data(), s.B, s.T, s.C(), s.H, s.kv());
       } else {
-        attention_forward(pool(2), o1.data(), l1.data(), c.qkv.data(), s.B, s.T, s.C(), s.H);
-        attention_forward(pool(2), o2.data(), l2.data(), changed.data(), s.B, s.T, s.C(), s.H);
+        attention_forward(pool(2), o1.data(), l1.data(), c.qkv.data(), s.B, s.T, s.C(), s.H, s.kv(),
+                          false);
+        attention_forward(pool(2), o2.data(), l2.data(), changed.data(), s.B, s.T, s.C(), s.H,
+                          s.kv(), false);
       }
       const size_t n = static_cast<size_t>(t + 1);
       EXPECT_EQ(0, std::memcmp(o1.data(), o2.data(), n * C * sizeof(float))) << "t=" << t;
@@ -374,21 +404,25 @@ TEST(Attention, Causal) {
 
 TEST(Attention, EmptyShapesAreNoOps) {
   float x = 1.0f;
-  attention_forward(pool(2), &x, &x, &x, 0, 5, 4, 2);
-  attention_backward(pool(2), &x, &x, &x, &x, &x, 3, 0, 4, 2);
-  ref::attention_forward(&x, &x, &x, 0, 5, 4, 2);
+  attention_forward(pool(2), &x, &x, &x, 0, 5, 4, 2, 2, false);
+  attention_backward(pool(2), &x, &x, &x, &x, &x, 3, 0, 4, 2, 1, false);
+  ref::attention_forward(&x, &x, &x, 0, 5, 4, 2, 2);
   EXPECT_EQ(x, 1.0f);
 }
 
 TEST(Attention, RejectsBadShapes) {
   std::vector<float> buf(1000);
   float* p = buf.data();
-  EXPECT_THROW(attention_forward(pool(1), p, p, p, 1, 4, 10, 3), Error);  // C % H != 0
-  EXPECT_THROW(attention_forward(pool(1), p, p, p, 1, -1, 4, 2), Error);
-  EXPECT_THROW(attention_backward(pool(1), p, p, p, p, p, 1, 4, 4, 0), Error);
-  EXPECT_THROW(attention_forward(pool(1), nullptr, p, p, 1, 4, 4, 2), Error);
-  EXPECT_THROW(ref::attention_forward(p, p, p, 1, 4, 10, 3), Error);
-  EXPECT_THROW(ref::attention_backward(p, p, p, p, p, -2, 4, 4, 2), Error);
+  EXPECT_THROW(attention_forward(pool(1), p, p, p, 1, 4, 10, 3, 3, false), Error);  // C % H != 0
+  EXPECT_THROW(attention_forward(pool(1), p, p, p, 1, -1, 4, 2, 2, false), Error);
+  EXPECT_THROW(attention_backward(pool(1), p, p, p, p, p, 1, 4, 4, 0, 1, false), Error);
+  EXPECT_THROW(attention_forward(pool(1), nullptr, p, p, 1, 4, 4, 2, 2, false), Error);
+  EXPECT_THROW(ref::attention_forward(p, p, p, 1, 4, 10, 3, 3), Error);
+  EXPECT_THROW(ref::attention_backward(p, p, p, p, p, -2, 4, 4, 2, 2), Error);
+  // Key/value heads must divide the query heads.
+  EXPECT_THROW(attention_forward(pool(1), p, p, p, 1, 4, 12, 3, 2, false), Error);
+  EXPECT_THROW(attention_backward(pool(1), p, p, p, p, p, 1, 4, 12, 3, 0, false), Error);
+  EXPECT_THROW(ref::attention_forward(p, p, p, 1, 4, 12, 3, 2), Error);
 }
 
 // ---- bf16 products (round_bf16) ----
@@ -400,23 +434,25 @@ TEST(AttentionBf16, MatchesDoubleNaiveWithinBf16Bounds) {
   if (!attention_bf16::supported())
     GTEST_SKIP() << "this CPU has no AVX512-BF16 (" << simd_summary() << ")";
   uint64_t seed = 300;
-  for (const AttnShape& s : {AttnShape{1, 1, 1, 64}, AttnShape{2, 7, 3, 5}, AttnShape{1, 65, 4, 64},
-                             AttnShape{2, 130, 3, 8}, AttnShape{1, 70, 2, 128},
-                             AttnShape{4, 130, 4, 16}, AttnShape{1, 129, 1, 3}}) {
+  for (const AttnShape& s :
+       {AttnShape{1, 1, 1, 64}, AttnShape{2, 7, 3, 5}, AttnShape{1, 65, 4, 64},
+        AttnShape{2, 130, 3, 8}, AttnShape{1, 70, 2, 128}, AttnShape{4, 130, 4, 16},
+        AttnShape{1, 129, 1, 3}, AttnShape{2, 130, 4, 16, 2}, AttnShape{1, 65, 8, 64, 1}}) {
     ++seed;
     Case c(s, seed, seed % 5);
     const Bounds bd = bounds(s, c.exact, c.qkv, c.dout, kUb);
     Buf out_ref(c.n_out(), 0), lse_ref(c.n_lse(), 0), g_ref(c.qkv.size(), 0);
-    ref::attention_forward(out_ref.data(), lse_ref.data(), c.qkv.data(), s.B, s.T, s.C(), s.H);
+    ref::attention_forward(out_ref.data(), lse_ref.data(), c.qkv.data(), s.B, s.T, s.C(), s.H,
+                           s.kv());
     ref::attention_backward(g_ref.data(), c.dout.data(), c.qkv.data(), out_ref.data(),
-                            lse_ref.data(), s.B, s.T, s.C(), s.H);
+                            lse_ref.data(), s.B, s.T, s.C(), s.H, s.kv());
     const std::vector<double> want = to_double(g_ref);
     std::vector<float> first_out, first_g;
     for (int threads = 1; threads <= 3; ++threads) {
       Buf out(c.n_out(), 3), lse(c.n_lse(), 1), g(c.qkv.size(), 5);
       std::fill(g.data(), g.data() + g.size(), NAN);  // every element must be overwritten
       attention_forward(pool(threads), out.data(), lse.data(), c.qkv.data(), s.B, s.T, s.C(), s.H,
-                        true);
+                        s.kv(), true);
       for (size_t i = 0; i < c.n_out(); ++i)
         ASSERT_NEAR(out[i], c.exact.out[i], bd.out)
             << "out B=" << s.B << " T=" << s.T << " H=" << s.H << " D=" << s.D << " i=" << i;
@@ -424,7 +460,7 @@ TEST(AttentionBf16, MatchesDoubleNaiveWithinBf16Bounds) {
         ASSERT_NEAR(lse[i], c.exact.lse[i], bd.lse_abs + 2 * kU * std::fabs(c.exact.lse[i]));
       // The backward from the exact forward's outputs, as in the f32 test.
       attention_backward(pool(threads), g.data(), c.dout.data(), c.qkv.data(), out_ref.data(),
-                         lse_ref.data(), s.B, s.T, s.C(), s.H, true);
+                         lse_ref.data(), s.B, s.T, s.C(), s.H, s.kv(), true);
       expect_dqkv_near(g, want, s, c.exact, bd, 0.0, "bf16 vs ref");
       if (threads == 1) {
         first_out.assign(out.data(), out.data() + out.size());
@@ -436,7 +472,8 @@ TEST(AttentionBf16, MatchesDoubleNaiveWithinBf16Bounds) {
     }
     if (s.T > 1) {
       Buf out32(c.n_out(), 0), lse32(c.n_lse(), 0);
-      attention_forward(pool(2), out32.data(), lse32.data(), c.qkv.data(), s.B, s.T, s.C(), s.H);
+      attention_forward(pool(2), out32.data(), lse32.data(), c.qkv.data(), s.B, s.T, s.C(), s.H,
+                        s.kv(), false);
       EXPECT_NE(0, std::memcmp(first_out.data(), out32.data(), out32.size() * sizeof(float)))
           << "round_bf16 gave the f32 kernel's result bit for bit";
     }

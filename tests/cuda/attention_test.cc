@@ -375,13 +375,13 @@ TEST(CudaAttentionIndex, HostReferenceMatchesCpuReference) {
       v[size_t(bt * C + c)] = qkv[size_t(bt * 3 * C + 2 * C + c)];
     }
   std::vector<float> out(q.size()), lse(static_cast<size_t>(B * H * T)), dqkv(qkv.size());
-  cpu::ref::attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, H);
+  cpu::ref::attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, H, H);
   const double scale = 1.0 / std::sqrt(double(D));
   const FwdRef fr = ref_forward(q, k, v, B, T, H, H, D, scale, true);
   for (size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(out[i], fr.out[i], 1e-6);
   for (size_t i = 0; i < lse.size(); ++i) EXPECT_NEAR(lse[i], fr.lse[i], 1e-5);
   cpu::ref::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T,
-                               C, H);
+                               C, H, H);
   const BwdRef br = ref_backward(q, k, v, out, dout, lse, B, T, H, H, D, scale, true);
   for (int64_t bt = 0; bt < B * T; ++bt)
     for (int64_t c = 0; c < C; ++c) {
@@ -585,7 +585,7 @@ TEST(CudaFlashAttention, PackedQkvMatchesCpuReference) {
   const auto qkv = random_16bit(size_t(B * T * 3 * C), -2, 2, t, rng);
   const auto go = random_16bit(size_t(B * T * C), -1, 1, t, rng);
   std::vector<float> out(size_t(B * T * C)), lse(size_t(B * H * T)), dqkv(qkv.size());
-  cpu::ref::attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, H);
+  cpu::ref::attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, H, H);
   std::vector<float> q(out.size()), k(out.size()), v(out.size());
   for (int64_t bt = 0; bt < B * T; ++bt)
     for (int64_t c = 0; c < C; ++c) {
@@ -635,7 +635,7 @@ TEST(CudaFlashAttention, PackedQkvMatchesCpuReference) {
   std::vector<float> o16(out.size());
   for (size_t i = 0; i < out.size(); ++i) o16[i] = bf16_to_f32(f32_to_bf16(out[i]));
   cpu::ref::attention_backward(dqkv.data(), go.data(), qkv.data(), o16.data(), lse.data(), B, T, C,
-                               H);
+                               H, H);
   const BwdRef br = ref_backward(q, k, v, o16, go, lse, B, T, H, H, D, scale, true);
   DeviceArray<uint16_t> d_o(to_16bit(o16, t)), d_go(to_16bit(go, t)), d_dqkv(qkv.size());
   DeviceArray<float> d_lse_in(lse);

@@ -47,10 +47,12 @@ inline uint32_t* words(float* p) {
 }
 
 inline void check_args(const char* op, const void* a, const void* b, const void* c, int64_t B,
-                       int64_t T, int64_t C, int64_t H) {
+                       int64_t T, int64_t C, int64_t H, int64_t Hkv) {
   TS_CHECK(B >= 0 && T >= 0, "[", op, "] negative size B=", B, " T=", T);
   TS_CHECK(H > 0 && C > 0 && C % H == 0, "[", op, "] width C=", C,
            " must be a positive multiple of heads H=", H);
+  TS_CHECK(Hkv > 0 && H % Hkv == 0, "[", op, "] key/value heads Hkv=", Hkv,
+           " must divide the query heads H=", H);
   TS_CHECK(B * T == 0 || (a && b && c), "[", op, "] null tensor pointer");
 }
 
@@ -324,17 +326,20 @@ void forward_tile(bool bf16, float* qs, float* o, float* kt, float* v, float* s,
 
 }  // namespace
 
-// out (B,T,C), lse (B,H,T), qkv (B,T,3C). One task per (b, h, run of query tiles): the task
-// packs K^T and V of the keys its queries see once, then sweeps its query tiles.
+// out (B,T,C), lse (B,H,T), qkv (B,T,C+2*Hkv*D). One task per (b, h, run of query tiles): the
+// task packs K^T and V of its key/value head for the keys its queries see once, then sweeps its
+// query tiles.
 void AttentionForward(ThreadPool& pool, float* out, float* lse, const float* qkv, int64_t B,
-                      int64_t T, int64_t C, int64_t H, bool round_bf16) {
+                      int64_t T, int64_t C, int64_t H, int64_t Hkv, bool round_bf16) {
   if (B == 0 || T == 0) return;
   const DF df;
   const size_t N = hn::Lanes(df);
   const bool bf16 = round_bf16 && ab::supported();
   // The bf16 products work on 16-column vectors whatever the Highway target.
   const size_t D = static_cast<size_t>(C / H), Dp = round_up(D, bf16 ? 16 : N);
-  const size_t Tz = static_cast<size_t>(T), Cz = static_cast<size_t>(C), ld = 3 * Cz;
+  const size_t Tz = static_cast<size_t>(T), Cz = static_cast<size_t>(C);
+  const size_t KVw = static_cast<size_t>(Hkv) * D, ld = Cz + 2 * KVw;
+  const size_t group = static_cast<size_t>(H / Hkv);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const size_t BH = static_cast<size_t>(B * H), n_qt = (Tz + kBr - 1) / kBr;
   // Split each head's query tiles into runs only when there are too few heads to keep every
@@ -365,12 +370,14 @@ void AttentionForward(ThreadPool& pool, float* out, float* lse, const float* qkv
     const float* base = qkv + b * Tz * ld;
     const size_t qt_end = std::min(n_qt, (run + 1) * per_run);
     const size_t n_keys = std::min(Tz, qt_end * kBr);
+    const float* k_cols = base + Cz + h / group * D;
+    const float* v_cols = k_cols + KVw;
     if (bf16) {
-      ab::pack_tiles_along_d(words(kt), Dp / 2, kBc, base + Cz + h * D, ld, n_keys, D);
-      ab::pack_row_pairs(words(v), Dp, base + 2 * Cz + h * D, ld, n_keys, D, 1.0f);
+      ab::pack_tiles_along_d(words(kt), Dp / 2, kBc, k_cols, ld, n_keys, D);
+      ab::pack_row_pairs(words(v), Dp, v_cols, ld, n_keys, D, 1.0f);
     } else {
-      pack_transposed(kt, base + Cz + h * D, ld, n_keys, D);
-      pack_rows(v, Dp, base + 2 * Cz + h * D, ld, n_keys, D, 1.0f);
+      pack_transposed(kt, k_cols, ld, n_keys, D);
+      pack_rows(v, Dp, v_cols, ld, n_keys, D, 1.0f);
     }
     for (size_t qt = run * per_run; qt < qt_end; ++qt)
       forward_tile(bf16, qs, o, kt, v, s, pw, m, l, base + h * D, ld, qt * kBr,
@@ -379,174 +386,190 @@ void AttentionForward(ThreadPool& pool, float* out, float* lse, const float* qkv
   });
 }
 
-// dqkv (B,T,3C) overwritten; dout, out (B,T,C); qkv (B,T,3C); lse (B,H,T).
-// One task per (b, h, run of key tiles). A task owns the dk and dv rows of its keys, so they are
-// never accumulated across tasks. dq_i sums over all key tiles: with one run per head the task
-// owns dq too; otherwise each run writes a partial dq and a second pass adds the partials in run
-// order. The split depends on the shape alone, not on the thread count or on timing, so every bit
-// of the result is reproducible.
+// dqkv (B,T,C+2*Hkv*D) overwritten; dout, out (B,T,C); qkv as dqkv; lse (B,H,T).
+// One task per (b, key/value head, run of key tiles). A task owns the dk and dv rows of its keys,
+// so they are never accumulated across tasks: it sweeps the query heads of its group in order,
+// each over the run's key tiles, adding into the run's dk and dv. dq_i sums over all key tiles:
+// with one run per head the task owns dq too; otherwise each run writes a partial dq and a second
+// pass adds the partials in run order. The split depends on the shape alone, not on the thread
+// count or on timing, so every bit of the result is reproducible.
 void AttentionBackward(ThreadPool& pool, float* dqkv, const float* dout, const float* qkv,
                        const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
-                       int64_t H, bool round_bf16) {
+                       int64_t H, int64_t Hkv, bool round_bf16) {
   if (B == 0 || T == 0) return;
   const DF df;
   const size_t N = hn::Lanes(df);
   const bool bf16 = round_bf16 && ab::supported();
   const size_t D = static_cast<size_t>(C / H), Dp = round_up(D, bf16 ? 16 : N), Dh = Dp / 2;
-  const size_t Tz = static_cast<size_t>(T), Cz = static_cast<size_t>(C), ld = 3 * Cz;
+  const size_t Tz = static_cast<size_t>(T), Cz = static_cast<size_t>(C);
+  const size_t KVw = static_cast<size_t>(Hkv) * D, ld = Cz + 2 * KVw;
+  const size_t group = static_cast<size_t>(H / Hkv);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  const size_t BH = static_cast<size_t>(B * H), n_kt = (Tz + kBc - 1) / kBc;
-  // Fewer heads than kMinTasks: split each head's key tiles into runs so that small batches
+  const size_t BG = static_cast<size_t>(B * Hkv), n_kt = (Tz + kBc - 1) / kBc;
+  // Fewer kv heads than kMinTasks: split each head's key tiles into runs so that small batches
   // still spread over the threads. A fixed constant, so the split is the same on every machine.
   constexpr size_t kMinTasks = 16;
-  const size_t want_runs = BH >= kMinTasks ? 1 : std::min(n_kt, (kMinTasks + BH - 1) / BH);
+  const size_t want_runs = BG >= kMinTasks ? 1 : std::min(n_kt, (kMinTasks + BG - 1) / BG);
   const size_t kt_per_run = (n_kt + want_runs - 1) / want_runs;
   const size_t n_runs = (n_kt + kt_per_run - 1) / kt_per_run;
 
   // Per-thread scratch: Q*scale, dO, K, dQ (T, Dp) and Di (T) of the rows a task needs, packed
-  // once per task; per key tile K^T, V^T (D, kBc), dK, dV (kBc, Dp); S/P, dP/dS (kBr, kBc).
-  // bf16: Q*scale and dO packed twice, in pairs along d (as A of S and dP) and in pairs of rows
-  // (as B of dK and dV); K in pairs of rows; K^T and V^T tiles in pairs along d; P or dS in pairs
-  // of rows (kBr / 2, kBc words) and dS in pairs along keys (kBr, kBc / 2 words).
-  const size_t TD = round_up(Tz * Dp, 16);
+  // once per query head; the run's dK, dV (its keys, Dp); per key tile K^T, V^T (D, kBc);
+  // S/P, dP/dS (kBr, kBc). bf16: Q*scale and dO packed twice, in pairs along d (as A of S and
+  // dP) and in pairs of rows (as B of dK and dV); K in pairs of rows; K^T and V^T tiles in pairs
+  // along d; P or dS in pairs of rows (kBr / 2, kBc words) and dS in pairs along keys (kBr,
+  // kBc / 2 words).
+  const size_t TD = round_up(Tz * Dp, 16), RD = kt_per_run * kBc * Dp;
   const size_t q_off = 0, do_off = TD, k_off = 2 * TD, dq_off = 3 * TD, di_off = 4 * TD;
   const size_t kt_off = di_off + round_up(Tz, 16), vt_off = kt_off + round_up(Dp * kBc, 16);
-  const size_t dk_off = vt_off + round_up(Dp * kBc, 16), dv_off = dk_off + kBc * Dp;
-  const size_t s_off = dv_off + kBc * Dp, dp_off = s_off + kBr * kBc;
+  const size_t dk_off = vt_off + round_up(Dp * kBc, 16), dv_off = dk_off + RD;
+  const size_t s_off = dv_off + RD, dp_off = s_off + kBr * kBc;
   const size_t qr_off = dp_off + kBr * kBc, gr_off = qr_off + (bf16 ? TD : 0);
   const size_t pt_off = gr_off + (bf16 ? TD : 0), dsw_off = pt_off + (bf16 ? kBc * kBr : 0);
   const size_t per_thread = dsw_off + (bf16 ? kBr * kBc : 0);
   auto scratch = hwy::AllocateAligned<float>(per_thread * static_cast<size_t>(pool.size()));
   TS_CHECK(scratch, "[attention_backward] cannot allocate scratch");
-  // Partial dq per (b, h, run) when heads are split: (BH, n_runs, T, Dp).
+  // Partial dq per (b, query head, run) when heads are split: (B*H, n_runs, T, Dp).
   hwy::AlignedFreeUniquePtr<float[]> partial;
   if (n_runs > 1) {
-    partial = hwy::AllocateAligned<float>(BH * n_runs * TD);
+    partial = hwy::AllocateAligned<float>(static_cast<size_t>(B * H) * n_runs * TD);
     TS_CHECK(partial, "[attention_backward] cannot allocate partial dq");
   }
 
   // Early runs see the most queries: hand them out first.
-  run_tasks(pool, BH * n_runs, [&](int thread, size_t task) {
-    const size_t run = task / BH, bh = task % BH;
-    const size_t b = bh / static_cast<size_t>(H), h = bh % static_cast<size_t>(H);
+  run_tasks(pool, BG * n_runs, [&](int thread, size_t task) {
+    const size_t run = task / BG, bg = task % BG;
+    const size_t b = bg / static_cast<size_t>(Hkv), g = bg % static_cast<size_t>(Hkv);
     float* ws = scratch.get() + per_thread * static_cast<size_t>(thread);
     float *qs = ws + q_off, *go = ws + do_off, *kp = ws + k_off;
     float *di = ws + di_off, *kt = ws + kt_off, *vt = ws + vt_off, *dk = ws + dk_off;
     float *dv = ws + dv_off, *s = ws + s_off, *dp = ws + dp_off;
     float *qr = ws + qr_off, *gr = ws + gr_off, *pt = ws + pt_off, *dsw = ws + dsw_off;
-    float* dq = n_runs > 1 ? partial.get() + (bh * n_runs + run) * TD : ws + dq_off;
     const float* base = qkv + b * Tz * ld;
-    const float* lse_h = lse + bh * Tz;
     float* dbase = dqkv + b * Tz * ld;
     const size_t j_begin = run * kt_per_run * kBc, j_end = std::min(Tz, j_begin + kt_per_run * kBc);
     const size_t q_begin = j_begin / kBr * kBr;  // queries before the run's keys see none of them
-
-    // Packed rows keep their sequence index: row i of qs, go, dq is query i, row j of kp key j
-    // (bf16: row i of the along-d packs, pair i / 2 of the row-pair packs; runs start even).
-    const float* q_rows = base + q_begin * ld + h * D;
-    const float* do_rows = dout + (b * Tz + q_begin) * Cz + h * D;
-    const float* k_rows = base + j_begin * ld + Cz + h * D;
     const size_t nq_run = Tz - q_begin, nk_run = j_end - j_begin;
-    if (bf16) {
-      ab::pack_rows_along_d(words(qs) + q_begin * Dh, Dh, q_rows, ld, nq_run, D, scale);
-      ab::pack_row_pairs(words(qr) + q_begin / 2 * Dp, Dp, q_rows, ld, nq_run, D, scale);
-      ab::pack_rows_along_d(words(go) + q_begin * Dh, Dh, do_rows, Cz, nq_run, D, 1.0f);
-      ab::pack_row_pairs(words(gr) + q_begin / 2 * Dp, Dp, do_rows, Cz, nq_run, D, 1.0f);
-      ab::pack_row_pairs(words(kp) + j_begin / 2 * Dp, Dp, k_rows, ld, nk_run, D, 1.0f);
-    } else {
-      pack_rows(qs + q_begin * Dp, Dp, q_rows, ld, nq_run, D, scale);
-      pack_rows(go + q_begin * Dp, Dp, do_rows, Cz, nq_run, D, 1.0f);
-      pack_rows(kp + j_begin * Dp, Dp, k_rows, ld, nk_run, D, 1.0f);
-    }
-    std::fill(dq + q_begin * Dp, dq + Tz * Dp, 0.0f);
-    // Di = rowsum(dO_i * O_i), in double: it is subtracted from dP, where cancellation hurts.
-    for (size_t i = q_begin; i < Tz; ++i) {
-      const float* o = out + (b * Tz + i) * Cz + h * D;
-      const float* g = dout + (b * Tz + i) * Cz + h * D;
-      double acc = 0;
-      for (size_t d = 0; d < D; ++d) acc += static_cast<double>(g[d]) * o[d];
-      di[i] = static_cast<float>(acc);
-    }
+    const size_t k_col = Cz + g * D, v_col = k_col + KVw;
 
-    for (size_t j0 = j_begin; j0 < j_end; j0 += kBc) {
-      const size_t nkv = std::min(kBc, Tz - j0);
+    // Packed rows keep their sequence index: row i of qs, go, dq is query i, row j of kp key j,
+    // row j - j_begin of dk and dv key j (bf16: row i of the along-d packs, pair i / 2 of the
+    // row-pair packs; runs start even).
+    const float* k_rows = base + j_begin * ld + k_col;
+    if (bf16)
+      ab::pack_row_pairs(words(kp) + j_begin / 2 * Dp, Dp, k_rows, ld, nk_run, D, 1.0f);
+    else
+      pack_rows(kp + j_begin * Dp, Dp, k_rows, ld, nk_run, D, 1.0f);
+    std::fill(dk, dk + RD, 0.0f);
+    std::fill(dv, dv + RD, 0.0f);
+
+    for (size_t h = g * group; h < (g + 1) * group; ++h) {
+      const size_t bh = b * static_cast<size_t>(H) + h;
+      float* dq = n_runs > 1 ? partial.get() + (bh * n_runs + run) * TD : ws + dq_off;
+      const float* lse_h = lse + bh * Tz;
+      const float* q_rows = base + q_begin * ld + h * D;
+      const float* do_rows = dout + (b * Tz + q_begin) * Cz + h * D;
       if (bf16) {
-        ab::pack_tiles_along_d(words(kt), Dh, kBc, base + j0 * ld + Cz + h * D, ld, nkv, D);
-        ab::pack_tiles_along_d(words(vt), Dh, kBc, base + j0 * ld + 2 * Cz + h * D, ld, nkv, D);
+        ab::pack_rows_along_d(words(qs) + q_begin * Dh, Dh, q_rows, ld, nq_run, D, scale);
+        ab::pack_row_pairs(words(qr) + q_begin / 2 * Dp, Dp, q_rows, ld, nq_run, D, scale);
+        ab::pack_rows_along_d(words(go) + q_begin * Dh, Dh, do_rows, Cz, nq_run, D, 1.0f);
+        ab::pack_row_pairs(words(gr) + q_begin / 2 * Dp, Dp, do_rows, Cz, nq_run, D, 1.0f);
       } else {
-        pack_transposed(kt, base + j0 * ld + Cz + h * D, ld, nkv, D);
-        pack_transposed(vt, base + j0 * ld + 2 * Cz + h * D, ld, nkv, D);
+        pack_rows(qs + q_begin * Dp, Dp, q_rows, ld, nq_run, D, scale);
+        pack_rows(go + q_begin * Dp, Dp, do_rows, Cz, nq_run, D, 1.0f);
       }
-      std::fill(dk, dk + kBc * Dp, 0.0f);
-      std::fill(dv, dv + kBc * Dp, 0.0f);
-      // Query tiles at or below the diagonal, in increasing order (fixed summation order).
-      for (size_t i0 = j0 / kBr * kBr; i0 < Tz; i0 += kBr) {
-        const size_t nq = std::min(kBr, Tz - i0);
+      std::fill(dq + q_begin * Dp, dq + Tz * Dp, 0.0f);
+      // Di = rowsum(dO_i * O_i), in double: it is subtracted from dP, where cancellation hurts.
+      for (size_t i = q_begin; i < Tz; ++i) {
+        const float* o = out + (b * Tz + i) * Cz + h * D;
+        const float* gi = dout + (b * Tz + i) * Cz + h * D;
+        double acc = 0;
+        for (size_t d = 0; d < D; ++d) acc += static_cast<double>(gi[d]) * o[d];
+        di[i] = static_cast<float>(acc);
+      }
+
+      for (size_t j0 = j_begin; j0 < j_end; j0 += kBc) {
+        const size_t nkv = std::min(kBc, Tz - j0);
+        float* dk_t = dk + (j0 - j_begin) * Dp;
+        float* dv_t = dv + (j0 - j_begin) * Dp;
         if (bf16) {
-          ab::dot(s, kBc, words(qs) + i0 * Dh, Dh, 1, nq, words(kt), kBc, Dh, kBc, false);
-          ab::dot(dp, kBc, words(go) + i0 * Dh, Dh, 1, nq, words(vt), kBc, Dh, kBc, false);
+          ab::pack_tiles_along_d(words(kt), Dh, kBc, base + j0 * ld + k_col, ld, nkv, D);
+          ab::pack_tiles_along_d(words(vt), Dh, kBc, base + j0 * ld + v_col, ld, nkv, D);
         } else {
-          abt(qs + i0 * Dp, Dp, nq, kt, D, s);   // S = scale Q K^T
-          abt(go + i0 * Dp, Dp, nq, vt, D, dp);  // dP = dO V^T
+          pack_transposed(kt, base + j0 * ld + k_col, ld, nkv, D);
+          pack_transposed(vt, base + j0 * ld + v_col, ld, nkv, D);
         }
-        for (size_t r = 0; r < nq; ++r) {
-          const size_t i = i0 + r;
-          float* prow = s + r * kBc;
-          float* dsrow = dp + r * kBc;
-          // Rows of a tile that starts above this key tile's first key see no key here.
-          const size_t n_valid = i + 1 > j0 ? std::min(nkv, i + 1 - j0) : 0;
-          mask_tail(prow, n_valid, kBc);
-          exp_shift_sum(prow, nkv, lse_h[i]);  // P = exp(S - lse)
-          const VF div = hn::Set(df, di[i]);
-          for (size_t c = 0; c < nkv; c += N) {  // dS = P * (dP - Di)
-            const VF pv = hn::LoadU(df, prow + c);
-            hn::StoreU(hn::Mul(pv, hn::Sub(hn::LoadU(df, dsrow + c), div)), df, dsrow + c);
+        // Query tiles at or below the diagonal, in increasing order (fixed summation order).
+        for (size_t i0 = j0 / kBr * kBr; i0 < Tz; i0 += kBr) {
+          const size_t nq = std::min(kBr, Tz - i0);
+          if (bf16) {
+            ab::dot(s, kBc, words(qs) + i0 * Dh, Dh, 1, nq, words(kt), kBc, Dh, kBc, false);
+            ab::dot(dp, kBc, words(go) + i0 * Dh, Dh, 1, nq, words(vt), kBc, Dh, kBc, false);
+          } else {
+            abt(qs + i0 * Dp, Dp, nq, kt, D, s);   // S = scale Q K^T
+            abt(go + i0 * Dp, Dp, nq, vt, D, dp);  // dP = dO V^T
+          }
+          for (size_t r = 0; r < nq; ++r) {
+            const size_t i = i0 + r;
+            float* prow = s + r * kBc;
+            float* dsrow = dp + r * kBc;
+            // Rows of a tile that starts above this key tile's first key see no key here.
+            const size_t n_valid = i + 1 > j0 ? std::min(nkv, i + 1 - j0) : 0;
+            mask_tail(prow, n_valid, kBc);
+            exp_shift_sum(prow, nkv, lse_h[i]);  // P = exp(S - lse)
+            const VF div = hn::Set(df, di[i]);
+            for (size_t c = 0; c < nkv; c += N) {  // dS = P * (dP - Di)
+              const VF pv = hn::LoadU(df, prow + c);
+              hn::StoreU(hn::Mul(pv, hn::Sub(hn::LoadU(df, dsrow + c), div)), df, dsrow + c);
+            }
+          }
+          if (bf16) {  // the same three products on pairs (of queries, then of keys)
+            // P and dS in pairs of query rows (pt: (nq / 2, kBc) words), read transposed as A.
+            const size_t q_pairs = (nq + 1) / 2, k_pairs = (nkv + 1) / 2;
+            ab::pack_row_pairs(words(pt), kBc, s, kBc, nq, nkv, 1.0f);
+            ab::dot(dv_t, Dp, words(pt), 1, kBc, nkv, words(gr) + i0 / 2 * Dp, Dp, q_pairs, Dp,
+                    true);
+            ab::pack_row_pairs(words(pt), kBc, dp, kBc, nq, nkv, 1.0f);
+            ab::dot(dk_t, Dp, words(pt), 1, kBc, nkv, words(qr) + i0 / 2 * Dp, Dp, q_pairs, Dp,
+                    true);
+            ab::pairs_along_columns(words(dsw), kBc / 2, dp, kBc, nq, 2 * k_pairs);
+            ab::dot(dq + i0 * Dp, Dp, words(dsw), kBc / 2, 1, nq, words(kp) + j0 / 2 * Dp, Dp,
+                    k_pairs, Dp, true);
+          } else {
+            ab_acc(dv_t, Dp, nkv, s, 1, kBc, nq, go + i0 * Dp, Dp, Dp);   // dV += P^T dO
+            ab_acc(dk_t, Dp, nkv, dp, 1, kBc, nq, qs + i0 * Dp, Dp, Dp);  // dK += dS^T (scale Q)
+            ab_acc(dq + i0 * Dp, Dp, nq, dp, kBc, 1, nkv, kp + j0 * Dp, Dp, Dp);  // dQ += dS K
           }
         }
-        if (bf16) {  // the same three products on pairs (of queries, then of keys)
-          // P and dS in pairs of query rows (pt: (nq / 2, kBc) words), read transposed as A.
-          const size_t q_pairs = (nq + 1) / 2, k_pairs = (nkv + 1) / 2;
-          ab::pack_row_pairs(words(pt), kBc, s, kBc, nq, nkv, 1.0f);
-          ab::dot(dv, Dp, words(pt), 1, kBc, nkv, words(gr) + i0 / 2 * Dp, Dp, q_pairs, Dp, true);
-          ab::pack_row_pairs(words(pt), kBc, dp, kBc, nq, nkv, 1.0f);
-          ab::dot(dk, Dp, words(pt), 1, kBc, nkv, words(qr) + i0 / 2 * Dp, Dp, q_pairs, Dp, true);
-          ab::pairs_along_columns(words(dsw), kBc / 2, dp, kBc, nq, 2 * k_pairs);
-          ab::dot(dq + i0 * Dp, Dp, words(dsw), kBc / 2, 1, nq, words(kp) + j0 / 2 * Dp, Dp,
-                  k_pairs, Dp, true);
-        } else {
-          ab_acc(dv, Dp, nkv, s, 1, kBc, nq, go + i0 * Dp, Dp, Dp);   // dV += P^T dO
-          ab_acc(dk, Dp, nkv, dp, 1, kBc, nq, qs + i0 * Dp, Dp, Dp);  // dK += dS^T (scale Q)
-          ab_acc(dq + i0 * Dp, Dp, nq, dp, kBc, 1, nkv, kp + j0 * Dp, Dp, Dp);  // dQ += dS K
-        }
       }
-      for (size_t c = 0; c < nkv; ++c) {
-        float* g = dbase + (j0 + c) * ld + h * D;
-        for (size_t d = 0; d < D; ++d) {
-          g[Cz + d] = dk[c * Dp + d];
-          g[2 * Cz + d] = dv[c * Dp + d];
+      if (n_runs == 1) {
+        for (size_t i = 0; i < Tz; ++i) {
+          float* gq = dbase + i * ld + h * D;
+          for (size_t d = 0; d < D; ++d) gq[d] = dq[i * Dp + d] * scale;  // dq = scale dS K
         }
       }
     }
-    if (n_runs == 1) {
-      for (size_t i = 0; i < Tz; ++i) {
-        float* g = dbase + i * ld + h * D;
-        for (size_t d = 0; d < D; ++d) g[d] = dq[i * Dp + d] * scale;  // dq = scale dS K
+    for (size_t j = j_begin; j < j_end; ++j) {
+      float* row = dbase + j * ld;
+      for (size_t d = 0; d < D; ++d) {
+        row[k_col + d] = dk[(j - j_begin) * Dp + d];
+        row[v_col + d] = dv[(j - j_begin) * Dp + d];
       }
     }
   });
   if (n_runs == 1) return;
 
   // dq_i = scale * (partial of run 0 + run 1 + ...), runs whose keys query i sees, in run order.
-  run_tasks(pool, BH, [&](int, size_t bh) {
+  run_tasks(pool, static_cast<size_t>(B * H), [&](int, size_t bh) {
     const size_t b = bh / static_cast<size_t>(H), h = bh % static_cast<size_t>(H);
     const float* parts = partial.get() + bh * n_runs * TD;
     for (size_t i = 0; i < Tz; ++i) {
-      float* g = dqkv + (b * Tz + i) * ld + h * D;
+      float* gq = dqkv + (b * Tz + i) * ld + h * D;
       const size_t runs_seen = std::min(n_runs, i / (kt_per_run * kBc) + 1);
       for (size_t d = 0; d < D; ++d) {
         float sum = parts[i * Dp + d];
         for (size_t r = 1; r < runs_seen; ++r) sum += parts[r * TD + i * Dp + d];
-        g[d] = sum * scale;
+        gq[d] = sum * scale;
       }
     }
   });
@@ -562,17 +585,18 @@ HWY_EXPORT(AttentionForward);
 HWY_EXPORT(AttentionBackward);
 
 void attention_forward(ThreadPool& pool, float* out, float* lse, const float* qkv, int64_t B,
-                       int64_t T, int64_t C, int64_t H, bool round_bf16) {
-  attention_detail::check_args("attention_forward", out, lse, qkv, B, T, C, H);
-  HWY_DYNAMIC_DISPATCH(AttentionForward)(pool, out, lse, qkv, B, T, C, H, round_bf16);
+                       int64_t T, int64_t C, int64_t H, int64_t Hkv, bool round_bf16) {
+  attention_detail::check_args("attention_forward", out, lse, qkv, B, T, C, H, Hkv);
+  HWY_DYNAMIC_DISPATCH(AttentionForward)(pool, out, lse, qkv, B, T, C, H, Hkv, round_bf16);
 }
 
 void attention_backward(ThreadPool& pool, float* dqkv, const float* dout, const float* qkv,
                         const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
-                        int64_t H, bool round_bf16) {
-  attention_detail::check_args("attention_backward", dqkv, dout, qkv, B, T, C, H);
+                        int64_t H, int64_t Hkv, bool round_bf16) {
+  attention_detail::check_args("attention_backward", dqkv, dout, qkv, B, T, C, H, Hkv);
   TS_CHECK(B * T == 0 || (out && lse), "[attention_backward] null tensor pointer");
-  HWY_DYNAMIC_DISPATCH(AttentionBackward)(pool, dqkv, dout, qkv, out, lse, B, T, C, H, round_bf16);
+  HWY_DYNAMIC_DISPATCH(AttentionBackward)
+  (pool, dqkv, dout, qkv, out, lse, B, T, C, H, Hkv, round_bf16);
 }
 
 }  // namespace tessera::cpu

@@ -26,10 +26,10 @@ void gelu_backward(ThreadPool& pool, float* dinp, const float* inp, const float*
 void add(ThreadPool& pool, float* out, const float* a, const float* b, int64_t n);
 // round_bf16: the products on AVX512-BF16 where the CPU has it (attention_bf16.h), else f32.
 void attention_forward(ThreadPool& pool, float* out, float* lse, const float* qkv, int64_t B,
-                       int64_t T, int64_t C, int64_t H, bool round_bf16 = false);
+                       int64_t T, int64_t C, int64_t H, int64_t Hkv, bool round_bf16);
 void attention_backward(ThreadPool& pool, float* dqkv, const float* dout, const float* qkv,
                         const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
-                        int64_t H, bool round_bf16 = false);
+                        int64_t H, int64_t Hkv, bool round_bf16);
 void softmax_xent(ThreadPool& pool, float* losses, float* logits, const int32_t* targets, int64_t N,
                   int64_t V, int64_t Vp, float dlogits_scale);
 void adamw(ThreadPool& pool, float* params, const float* grads, float* m, float* v, int64_t n,

@@ -252,60 +252,61 @@ class CudaOpsBackend final : public ops::Backend {
   // into scratch, as the CPU's round_bf16 attention rounds its operands, and the results widened
   // back. The log-sum-exp stays f32 either way.
   void attention_forward(const ops::Context& ctx, float* out, float* lse, const float* qkv,
-                         int64_t B, int64_t T, int64_t C, int64_t H, bool round_bf16) override {
+                         int64_t B, int64_t T, int64_t C, int64_t H, int64_t Hkv,
+                         bool round_bf16) override {
     if (!round_bf16)
       not_here("attention_forward in f32", "the flash kernels compute in bf16 (--precision bf16)");
     cudaStream_t s = stream(ctx);
-    const int64_t N = B * T;
-    auto* qkv16 = static_cast<__nv_bfloat16*>(scratch(4 * N * C, sizeof(uint16_t)));
-    __nv_bfloat16* out16 = qkv16 + 3 * N * C;
-    cuda::convert_f32_to_bf16(qkv16, qkv, 3 * N * C, s);
-    const AttnLayout packed = packed_qkv_layout(T, H, C / H);
+    const int64_t N = B * T, D = C / H, ld = C + 2 * Hkv * D;
+    auto* qkv16 = static_cast<__nv_bfloat16*>(scratch(N * (ld + C), sizeof(uint16_t)));
+    __nv_bfloat16* out16 = qkv16 + N * ld;
+    cuda::convert_f32_to_bf16(qkv16, qkv, N * ld, s);
+    const AttnLayout rows{T * ld, ld, D};  // q, k and v inside each row of qkv
     FlashForwardArgs f;
-    f.shape = flash_shape(B, T, C, H);
-    f.q = {qkv16, packed};
-    f.k = {qkv16 + C, packed};
-    f.v = {qkv16 + 2 * C, packed};
-    f.out = {out16, contiguous_layout(T, H, C / H)};
+    f.shape = flash_shape(B, T, C, H, Hkv);
+    f.q = {qkv16, rows};
+    f.k = {qkv16 + C, rows};
+    f.v = {qkv16 + C + Hkv * D, rows};
+    f.out = {out16, contiguous_layout(T, H, D)};
     f.lse = lse;
     flash_attention_forward(f, s);
     cuda::convert_bf16_to_f32(out, out16, N * C, s);
   }
   void attention_backward(const ops::Context& ctx, float* dqkv, const float* dout, const float* qkv,
                           const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
-                          int64_t H, bool round_bf16) override {
+                          int64_t H, int64_t Hkv, bool round_bf16) override {
     if (!round_bf16)
       not_here("attention_backward in f32", "the flash kernels compute in bf16 (--precision bf16)");
     cudaStream_t s = stream(ctx);
-    const int64_t N = B * T;
-    const FlashAttentionShape shape = flash_shape(B, T, C, H);
+    const int64_t N = B * T, D = C / H, ld = C + 2 * Hkv * D;
+    const FlashAttentionShape shape = flash_shape(B, T, C, H, Hkv);
     // Scratch: the kernel's workspace, then qkv, dqkv, out and dout in bf16.
     const int64_t ws =
         (static_cast<int64_t>(flash_attention_backward_workspace_bytes(shape)) + 255) / 256 * 256;
-    auto* base = static_cast<char*>(scratch(ws + 8 * N * C * 2, 1));
+    auto* base = static_cast<char*>(scratch(ws + (2 * N * ld + 2 * N * C) * 2, 1));
     auto* qkv16 = reinterpret_cast<__nv_bfloat16*>(base + ws);
-    __nv_bfloat16* dqkv16 = qkv16 + 3 * N * C;
-    __nv_bfloat16* out16 = dqkv16 + 3 * N * C;
+    __nv_bfloat16* dqkv16 = qkv16 + N * ld;
+    __nv_bfloat16* out16 = dqkv16 + N * ld;
     __nv_bfloat16* dout16 = out16 + N * C;
-    cuda::convert_f32_to_bf16(qkv16, qkv, 3 * N * C, s);
+    cuda::convert_f32_to_bf16(qkv16, qkv, N * ld, s);
     cuda::convert_f32_to_bf16(out16, out, N * C, s);
     cuda::convert_f32_to_bf16(dout16, dout, N * C, s);
-    const AttnLayout packed = packed_qkv_layout(T, H, C / H);
-    const AttnLayout plain = contiguous_layout(T, H, C / H);
+    const AttnLayout rows{T * ld, ld, D};
+    const AttnLayout plain = contiguous_layout(T, H, D);
     FlashBackwardArgs f;
     f.shape = shape;
-    f.q = {qkv16, packed};
-    f.k = {qkv16 + C, packed};
-    f.v = {qkv16 + 2 * C, packed};
+    f.q = {qkv16, rows};
+    f.k = {qkv16 + C, rows};
+    f.v = {qkv16 + C + Hkv * D, rows};
     f.out = {out16, plain};
     f.dout = {dout16, plain};
     f.lse = lse;
-    f.dq = {dqkv16, packed};
-    f.dk = {dqkv16 + C, packed};
-    f.dv = {dqkv16 + 2 * C, packed};
+    f.dq = {dqkv16, rows};
+    f.dk = {dqkv16 + C, rows};
+    f.dv = {dqkv16 + C + Hkv * D, rows};
     f.workspace = base;
     flash_attention_backward(f, s);
-    cuda::convert_bf16_to_f32(dqkv, dqkv16, 3 * N * C, s);
+    cuda::convert_bf16_to_f32(dqkv, dqkv16, N * ld, s);
   }
   void bias_grad(const ops::Context& ctx, float* db, const float* dy, int64_t m,
                  int64_t n) override {
@@ -415,10 +416,10 @@ class CudaOpsBackend final : public ops::Backend {
     }
     return scratch_;
   }
-  // GPT-2's causal self-attention over (B,T) rows of H heads of C/H.
-  static FlashAttentionShape flash_shape(int64_t B, int64_t T, int64_t C, int64_t H) {
+  // Causal self-attention over (B,T) rows: H query heads of C/H, Hkv key/value heads.
+  static FlashAttentionShape flash_shape(int64_t B, int64_t T, int64_t C, int64_t H, int64_t Hkv) {
     FlashAttentionShape a;
-    a.B = B, a.T = T, a.Hq = a.Hkv = H, a.D = C / H;
+    a.B = B, a.T = T, a.Hq = H, a.Hkv = Hkv, a.D = C / H;
     a.scale = 1.0f / std::sqrt(static_cast<float>(a.D));
     a.causal = true;
     a.dtype = DType::bf16;
