@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "model/causal_attention.h"
 #include "model/decoder_block.h"
 #include "model/gpt2.h"
 #include "model/gpt2_impl.h"
@@ -37,31 +38,7 @@ void Gpt2::Impl::linear_backward(float* dinp, const float* dout, const float* in
   }
 }
 
-namespace {
-
-// Training attention: each of the B sequences' T rows attends causally to the rows before it;
-// the log-sum-exp per row and head is kept for the backward.
-class CausalAttention final : public BlockAttention {
- public:
-  CausalAttention(const ops::Context& ctx, float* lse, int64_t B, int64_t T, int64_t C, int64_t H,
-                  bool bf16)
-      : ctx_(ctx), lse_(lse), B_(B), T_(T), C_(C), H_(H), bf16_(bf16) {}
-  void attend(int64_t, float* qkv, float* att, int64_t n) override {
-    TS_CHECK(n == B_ * T_, "[gpt2] attention over ", n, " rows, expected B*T = ", B_ * T_);
-    ops::attention_forward(ctx_, att, lse_, qkv, B_, T_, C_, H_, H_, bf16_);
-  }
-
- private:
-  const ops::Context& ctx_;
-  float* lse_;
-  int64_t B_, T_, C_, H_;
-  bool bf16_;  // bf16 products, as the layer's linears in bf16 precision
-};
-
-}  // namespace
-
 void Gpt2::Impl::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute_only) {
-  const Gpt2Config& cfg = model.cfg_;
   const Gpt2LayerActs& a = acts[static_cast<size_t>(l)];
   BlockTensors t;
   t.in = resid[static_cast<size_t>(l)];
@@ -78,7 +55,7 @@ void Gpt2::Impl::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute_o
   t.rstd2 = a.ln2_rstd;
   t.ff_in = a.fch;
   t.ff_act = a.gelu;  // dbig when GELU is recomputed: read by c_proj before backward reuses it
-  CausalAttention attention(model.ctx_, a.lse, B, T, cfg.n_embd, cfg.n_head, bf16());
+  CausalAttention attention(model.ctx_, view.config, nullptr, nullptr, a.lse, B, T, bf16());
   block_forward(model.ctx_, view.config, view.weights.layers[static_cast<size_t>(l)], l, B * T, t,
                 attention, nullptr, recompute_only);
 }
@@ -87,7 +64,7 @@ void Gpt2::Impl::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute_o
 void Gpt2::Impl::layer_backward(int64_t l, int64_t B, int64_t T) {
   const ops::Context& ctx = model.ctx_;
   const Gpt2Config& cfg = model.cfg_;
-  const int64_t C = cfg.n_embd, H = cfg.n_head, N = B * T;
+  const int64_t C = cfg.n_embd, N = B * T;
   const Gpt2LayerParams& lp = layer_params[static_cast<size_t>(l)];
   const Gpt2LayerActs& a = acts[static_cast<size_t>(l)];
   const float* in = resid[static_cast<size_t>(l)];
@@ -106,7 +83,8 @@ void Gpt2::Impl::layer_backward(int64_t l, int64_t B, int64_t T) {
 
   // Attention branch: resid_mid = resid[l] + c_proj(attn(c_attn(ln_1(resid[l])))).
   linear_backward(scratch_c, dresid, a.atty, lp.proj_w, lp.proj_b, N, C, C);
-  ops::attention_backward(ctx, dbig, scratch_c, a.qkv, a.atty, a.lse, B, T, C, H, H, bf16());
+  CausalAttention(ctx, view.config, nullptr, nullptr, a.lse, B, T, bf16())
+      .backward(dbig, scratch_c, a.qkv, a.atty);
   linear_backward(scratch_c, dbig, a.ln1, lp.qkv_w, lp.qkv_b, N, C, 3 * C);
   ops::layernorm_backward(ctx, dresid, g(lp.ln1_w), g(lp.ln1_b), scratch_c, in, p(lp.ln1_w),
                           a.ln1_mean, a.ln1_rstd, N, C);

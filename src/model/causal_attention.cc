@@ -1,0 +1,49 @@
+// Training-mode causal attention over (B, T) rows, with the rotary embedding where the model has
+// one.
+#include "model/causal_attention.h"
+
+#include "core/error.h"
+
+namespace tessera::model {
+
+CausalAttention::CausalAttention(const ops::Context& ctx, const DecoderConfig& c,
+                                 const ops::RopeTable* rope, float* rot, float* lse, int64_t B,
+                                 int64_t T, bool round_bf16)
+    : ctx_(ctx), c_(c), rope_(rope), rot_(rot), lse_(lse), B_(B), T_(T), bf16_(round_bf16) {
+  const bool llama = c.arch == DecoderArch::llama;
+  TS_CHECK(!llama || (rope != nullptr && rot != nullptr),
+           "[attention] a Llama layer needs its RoPE table and rotation scratch");
+  TS_CHECK(!llama || T <= rope->max_pos, "[attention] T=", T, " exceeds the RoPE table's ",
+           rope->max_pos, " positions");
+}
+
+void CausalAttention::rotate(float* x, bool inverse) {
+  const int64_t D = c_.head_dim, QD = c_.q_dim(), KV = c_.kv_dim(), ld = QD + 2 * KV;
+  const int64_t n = B_ * T_;
+  // The rope ops read contiguous (B, T, heads, D): each block goes out, turns, and comes back.
+  for (const auto& [col, heads] : {std::pair{int64_t{0}, c_.n_heads}, {QD, c_.n_kv_heads}}) {
+    const int64_t w = heads * D;
+    ops::copy_rows(ctx_, rot_, w, x + col, ld, n, w);
+    if (inverse)
+      ops::rope_backward(ctx_, rot_, rot_, *rope_, nullptr, 0, B_, T_, heads, D, c_.rope_layout);
+    else
+      ops::rope_forward(ctx_, rot_, rot_, *rope_, nullptr, 0, B_, T_, heads, D, c_.rope_layout);
+    ops::copy_rows(ctx_, x + col, ld, rot_, w, n, w);
+  }
+}
+
+void CausalAttention::attend(int64_t, float* qkv, float* att, int64_t n) {
+  TS_CHECK(n == B_ * T_, "[attention] ", n, " rows, expected B*T = ", B_ * T_);
+  if (c_.arch == DecoderArch::llama) rotate(qkv, false);
+  ops::attention_forward(ctx_, att, lse_, qkv, B_, T_, c_.q_dim(), c_.n_heads, c_.n_kv_heads,
+                         bf16_);
+}
+
+void CausalAttention::backward(float* dqkv, const float* datt, const float* qkv, const float* att) {
+  ops::attention_backward(ctx_, dqkv, datt, qkv, att, lse_, B_, T_, c_.q_dim(), c_.n_heads,
+                          c_.n_kv_heads, bf16_);
+  // d/d(unrotated) = R^T d/d(rotated): the rotation is orthogonal.
+  if (c_.arch == DecoderArch::llama) rotate(dqkv, true);
+}
+
+}  // namespace tessera::model
