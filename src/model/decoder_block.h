@@ -1,8 +1,9 @@
-// One decoder layer's forward pass (GPT-2 and the Llama family), written once against ops/. The
-// engine runs it over a chunk of token rows whose keys and values go to the paged cache
-// (DecoderForward); the trainer runs it over (B,T) rows that attend causally among themselves and
-// keeps what its backward reads (Gpt2). What differs between the two is only where the tensors
-// live (BlockTensors) and how queries meet keys (BlockAttention).
+// One decoder layer's forward and backward passes (GPT-2 and the Llama family), written once
+// against ops/. The engine runs the forward over a chunk of token rows whose keys and values go
+// to the paged cache (DecoderForward); the trainer runs it over (B,T) rows that attend causally
+// among themselves, keeps what the backward reads, and runs the backward (Gpt2). What differs
+// between the two is only where the tensors live (BlockTensors) and how queries meet keys
+// (BlockAttention).
 #pragma once
 
 #include <cstdint>
@@ -60,6 +61,40 @@ class BlockAttention {
 void block_forward(const ops::Context& ctx, const DecoderConfig& c, const DecoderLayer& w,
                    int64_t layer, int64_t n, const BlockTensors& t, BlockAttention& attention,
                    StageStats* stages, bool stop_after_ff_in = false);
+
+class CausalAttention;  // model/causal_attention.h
+
+// Scratch a layer's backward writes (QKV = q_dim + 2 kv_dim, F = d_ff).
+struct BlockGradScratch {
+  float* dx = nullptr;    // (n,C) a branch input's gradient
+  float* dbig = nullptr;  // (n,max(QKV,F)) dq|dk|dv, and the MLP's inner gradients
+  float* dup = nullptr;   // (n,max(q_dim,F)) Llama's up-projection gradient, and q, k, v's
+                          // gradients packed for separate matrices; may be null for GPT-2
+};
+
+// The backward of block_forward over the tensors it left in t (ff_act recomputed by the caller
+// if it was not kept; it may be s.dbig itself). On entry dresid (n,C) holds the gradient of the
+// layer's output t.out; on exit that of its input t.in. Adds every weight's gradient into g, a
+// view of the gradient buffer in the layout of w (as_decoder over it: f32, biases present where
+// the weights have them). attention: the layer's CausalAttention as the forward used it.
+// round_bf16: the products take bf16 operands (bf16 precision).
+void block_backward(const ops::Context& ctx, const DecoderConfig& c, const DecoderLayer& w,
+                    const DecoderLayer& g, int64_t n, const BlockTensors& t,
+                    CausalAttention& attention, float* dresid, const BlockGradScratch& s,
+                    bool round_bf16);
+
+// Backward of y (n,N) = x (n,K) w^T + b: dw (N,K) += dy^T x; db (N) += column sums of dy unless
+// null; then dx (n,K) = dy w, or += with accumulate_dx (skipped if dx is null; dx may alias x,
+// which is read first). round_bf16: the products take bf16 operands.
+void linear_backward(const ops::Context& ctx, float* dx, bool accumulate_dx, const float* dy,
+                     const float* x, int64_t n, const WeightRef& w, float* dw, float* db,
+                     bool round_bf16);
+
+// dinp (n,C) += the norm's input gradient from dout (layer norm with mean and rstd for GPT-2,
+// RMSNorm with rstd for Llama); its weight's (and bias's) gradients added into dw (db).
+void norm_backward(const ops::Context& ctx, const DecoderConfig& c, float* dinp, const float* dout,
+                   const float* inp, const float* mean, const float* rstd, int64_t n,
+                   const WeightRef& w, const WeightRef& dw, const WeightRef& db);
 
 // out (n,C) = the model's norm of inp (layer norm for GPT-2, RMSNorm for Llama) with weight w
 // and bias b (GPT-2); saves mean (layer norm only) and rstd (n).

@@ -185,6 +185,7 @@ void Gpt2::plan(int64_t B, int64_t T, Precision precision, Recompute recompute) 
 
 void Gpt2::Impl::make_view() {
   view = as_decoder(model);
+  grad_view = as_decoder(model, model.grads());
   if (!bf16()) return;
   const float* base = model.params();
   for (DecoderLayer& l : view.weights.layers)

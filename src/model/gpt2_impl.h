@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/arena.h"
+#include "model/decoder_block.h"
 #include "model/gpt2.h"
 #include "ops/memory.h"
 #include "ops/ops.h"
@@ -67,8 +68,9 @@ struct Gpt2::Impl {
   // read in place on the CPU.
   ops::Buffer ints;
   // The model as the shared decoder layer reads it (block_forward): views of params, whose
-  // matrices point into params_bf16 in bf16 precision. Set by plan().
-  DecoderModel view;
+  // matrices point into params_bf16 in bf16 precision; and the same view of the gradients
+  // (block_backward adds into it). Set by plan().
+  DecoderModel view, grad_view;
 
   bool bf16() const { return precision == Precision::bf16; }
   // The weight operand a GEMM reads: the bf16 copy in bf16 precision, else the f32 master.
@@ -83,15 +85,13 @@ struct Gpt2::Impl {
   const float* p(int64_t off) const { return model.params() + off; }
   float* g(int64_t off) { return model.grads() + off; }
 
-  // dW += dout^T inp; db += colsum(dout) (skipped if b_off < 0); then dinp (N,n_in) = dout W
-  // (overwrites; skipped if null). dinp may alias inp: inp is read before dinp is written.
-  void linear_backward(float* dinp, const float* dout, const float* inp, int64_t w_off,
-                       int64_t b_off, int64_t n, int64_t n_in, int64_t n_out);
   // Runs block l (block_forward, attention causal among each sequence's T rows) on resid[l] and
   // writes resid[l+1], keeping block l's activations. With `recompute_only` (backward's replay
   // under Recompute::block) it stops after c_fc: backward recomputes GELU itself and needs
   // neither the MLP output nor resid[l+1].
   void layer_forward(int64_t l, int64_t B, int64_t T, bool recompute_only);
+  // Where block l's tensors live (its slots of the arena, the shared scratch).
+  BlockTensors tensors(int64_t l) const;
   // Points view at params (and the bf16 copy's matrices in bf16 precision).
   void make_view();
   void layer_backward(int64_t l, int64_t B, int64_t T);

@@ -12,33 +12,7 @@
 
 namespace tessera::model {
 
-void Gpt2::Impl::linear_backward(float* dinp, const float* dout, const float* inp, int64_t w_off,
-                                 int64_t b_off, int64_t n, int64_t n_in, int64_t n_out) {
-  const ops::Context& ctx = model.ctx_;
-  {  // dW (n_out,n_in) += dout^T (n_out,N) inp (N,n_in)
-    ops::GemmArgs g;
-    g.trans_a = ops::Trans::T;
-    g.m = n_out, g.n = n_in, g.k = n;
-    g.a = dout, g.lda = n_out;
-    g.b = inp, g.ldb = n_in;
-    g.c = this->g(w_off), g.ldc = n_in;
-    g.accumulate = true;
-    g.round_bf16 = bf16();
-    ops::gemm(ctx, g);
-  }
-  if (b_off >= 0) ops::bias_grad(ctx, this->g(b_off), dout, n, n_out);
-  if (dinp != nullptr) {  // dinp (N,n_in) = dout (N,n_out) W (n_out,n_in); last: may alias inp
-    ops::GemmArgs g;
-    g.m = n, g.n = n_in, g.k = n_out;
-    g.a = dout, g.lda = n_out;
-    g.b = weight(w_off), g.b_type = weight_type(), g.ldb = n_in;
-    g.c = dinp, g.ldc = n_in;
-    g.round_bf16 = bf16();
-    ops::gemm(ctx, g);
-  }
-}
-
-void Gpt2::Impl::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute_only) {
+BlockTensors Gpt2::Impl::tensors(int64_t l) const {
   const Gpt2LayerActs& a = acts[static_cast<size_t>(l)];
   BlockTensors t;
   t.in = resid[static_cast<size_t>(l)];
@@ -55,39 +29,30 @@ void Gpt2::Impl::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute_o
   t.rstd2 = a.ln2_rstd;
   t.ff_in = a.fch;
   t.ff_act = a.gelu;  // dbig when GELU is recomputed: read by c_proj before backward reuses it
-  CausalAttention attention(model.ctx_, view.config, nullptr, nullptr, a.lse, B, T, bf16());
-  block_forward(model.ctx_, view.config, view.weights.layers[static_cast<size_t>(l)], l, B * T, t,
-                attention, nullptr, recompute_only);
+  return t;
 }
 
-// On entry dresid holds d resid[l+1]; on exit d resid[l]. scratch_c serves as dx.
+void Gpt2::Impl::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute_only) {
+  CausalAttention attention(model.ctx_, view.config, nullptr, nullptr,
+                            acts[static_cast<size_t>(l)].lse, B, T, bf16());
+  block_forward(model.ctx_, view.config, view.weights.layers[static_cast<size_t>(l)], l, B * T,
+                tensors(l), attention, nullptr, recompute_only);
+}
+
+// On entry dresid holds d resid[l+1]; on exit d resid[l]. scratch_c serves as dx, dbig as dqkv
+// and the MLP's inner gradients.
 void Gpt2::Impl::layer_backward(int64_t l, int64_t B, int64_t T) {
   const ops::Context& ctx = model.ctx_;
-  const Gpt2Config& cfg = model.cfg_;
-  const int64_t C = cfg.n_embd, N = B * T;
-  const Gpt2LayerParams& lp = layer_params[static_cast<size_t>(l)];
+  const int64_t N = B * T;
   const Gpt2LayerActs& a = acts[static_cast<size_t>(l)];
-  const float* in = resid[static_cast<size_t>(l)];
   if (recompute == Recompute::block) layer_forward(l, B, T, /*recompute_only=*/true);
   // GELU output: kept per layer with Recompute::none, else recomputed into dbig (a.gelu == dbig).
-  if (recompute != Recompute::none) ops::gelu_forward(ctx, a.gelu, a.fch, N * 4 * C);
-
-  // MLP branch: resid[l+1] = resid_mid + c_proj(gelu(c_fc(ln_2(resid_mid)))).
-  // a.gelu may be dbig itself: linear_backward reads inp for dW before it writes dinp.
-  linear_backward(dbig, dresid, a.gelu, lp.fcproj_w, lp.fcproj_b, N, 4 * C, C);
-  ops::gelu_backward(ctx, dbig, a.fch, dbig, N * 4 * C);
-  linear_backward(scratch_c, dbig, a.ln2, lp.fc_w, lp.fc_b, N, C, 4 * C);
-  // layernorm_backward accumulates into dresid, which already holds the skip path's gradient.
-  ops::layernorm_backward(ctx, dresid, g(lp.ln2_w), g(lp.ln2_b), scratch_c, a.resid_mid,
-                          p(lp.ln2_w), a.ln2_mean, a.ln2_rstd, N, C);
-
-  // Attention branch: resid_mid = resid[l] + c_proj(attn(c_attn(ln_1(resid[l])))).
-  linear_backward(scratch_c, dresid, a.atty, lp.proj_w, lp.proj_b, N, C, C);
-  CausalAttention(ctx, view.config, nullptr, nullptr, a.lse, B, T, bf16())
-      .backward(dbig, scratch_c, a.qkv, a.atty);
-  linear_backward(scratch_c, dbig, a.ln1, lp.qkv_w, lp.qkv_b, N, C, 3 * C);
-  ops::layernorm_backward(ctx, dresid, g(lp.ln1_w), g(lp.ln1_b), scratch_c, in, p(lp.ln1_w),
-                          a.ln1_mean, a.ln1_rstd, N, C);
+  if (recompute != Recompute::none)
+    ops::gelu_forward(ctx, a.gelu, a.fch, N * 4 * model.cfg_.n_embd);
+  CausalAttention attention(ctx, view.config, nullptr, nullptr, a.lse, B, T, bf16());
+  const size_t li = static_cast<size_t>(l);
+  block_backward(ctx, view.config, view.weights.layers[li], grad_view.weights.layers[li], N,
+                 tensors(l), attention, dresid, {scratch_c, dbig, nullptr}, bf16());
 }
 
 void Gpt2::Impl::check_inputs(const int32_t* tokens, const int32_t* targets, int64_t B,
@@ -180,7 +145,9 @@ float Gpt2::forward_backward(const int32_t* tokens, const int32_t* targets, int6
   if (dscale == 0.0f) return count ? static_cast<float>(sum / static_cast<double>(count)) : 0.0f;
 
   // lm head: dlnf (N,C) = dlogits (N,Vp) wte; dwte (Vp,C) += dlogits^T lnf.
-  im.linear_backward(im.scratch_c, im.logits, im.lnf, im.wte, -1, N, C, Vp);
+  const WeightRef head{im.weight(im.wte), im.weight_type(), Shape({Vp, C})};
+  linear_backward(ctx_, im.scratch_c, false, im.logits, im.lnf, N, head, im.g(im.wte), nullptr,
+                  im.bf16());
   ops::zero(ctx_, im.dresid, static_cast<size_t>(N * C) * sizeof(float));
   ops::layernorm_backward(ctx_, im.dresid, im.g(im.lnf_w), im.g(im.lnf_b), im.scratch_c,
                           im.resid[static_cast<size_t>(L)], im.p(im.lnf_w), im.lnf_mean,

@@ -1,0 +1,196 @@
+// block_backward, the decoder layer's backward written once for both families, is the
+// derivative of block_forward: for Llama layers (GQA, multi-query, RoPE in either layout, q/k/v
+// bias; q, k and v as separate matrices or as rows of one), the gradients of the layer's input
+// and of every weight match central differences of the forward. GPT-2's layer is held to the
+// same by the trainer's gradient tests (tests/model/gpt2_test.cc).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "infer/tiny_model.h"
+#include "model/causal_attention.h"
+#include "model/decoder_block.h"
+#include "ops/ops.h"
+
+namespace tessera::model {
+namespace {
+
+// One layer's forward over (B, T) rows, every tensor its own buffer (the backward reads them).
+struct Layer {
+  const DecoderConfig& c;
+  int64_t B, T, n;
+  ops::Context ctx;
+  ops::RopeTable rope;
+  std::vector<float> in, mid, out, branch, xn1, xn2, rstd1, rstd2, qkv, att, ff_in, ff_up, ff_act;
+  std::vector<float> lse, rot;
+
+  Layer(const DecoderConfig& cfg, int64_t b, int64_t t)
+      : c(cfg), B(b), T(t), n(b * t), rope(ops::make_rope_table(t, rope_inv_freqs(cfg))) {
+    ctx.reference = true;  // products accumulated in double: finite differences stay clean
+    const int64_t C = c.d_model, F = c.d_ff, QD = c.q_dim(), KV = c.kv_dim();
+    for (auto* v : {&in, &mid, &out, &branch, &xn1, &xn2}) v->resize(n * C);
+    rstd1.resize(n), rstd2.resize(n);
+    qkv.resize(n * (QD + 2 * KV)), att.resize(n * QD), rot.resize(n * QD);
+    ff_in.resize(n * F), ff_up.resize(n * F), ff_act.resize(n * F);
+    lse.resize(B * c.n_heads * T);
+  }
+  BlockTensors tensors() {
+    BlockTensors t;
+    t.in = in.data(), t.mid = mid.data(), t.out = out.data(), t.branch = branch.data();
+    t.xn1 = xn1.data(), t.rstd1 = rstd1.data(), t.xn2 = xn2.data(), t.rstd2 = rstd2.data();
+    t.qkv = qkv.data(), t.att = att.data();
+    t.ff_in = ff_in.data(), t.ff_up = ff_up.data(), t.ff_act = ff_act.data();
+    return t;
+  }
+  CausalAttention attention() {
+    return CausalAttention(ctx, c, &rope, rot.data(), lse.data(), B, T, false);
+  }
+  // sum(out * r) after the forward of w on x.
+  double loss(const DecoderLayer& w, const std::vector<float>& x, const std::vector<float>& r) {
+    in = x;
+    CausalAttention a = attention();
+    block_forward(ctx, c, w, 0, n, tensors(), a, nullptr);
+    double l = 0;
+    for (size_t i = 0; i < out.size(); ++i) l += static_cast<double>(out[i]) * r[i];
+    return l;
+  }
+};
+
+// Zeroed f32 gradients in the layout of w's tensors, in one buffer (q, k, v consecutive, and
+// their biases: the joined path sees them as one matrix where w's are), and the view over them.
+struct Grads {
+  std::vector<float> store;
+  DecoderLayer view;
+  explicit Grads(const DecoderLayer& w) {
+    const std::pair<const WeightRef*, WeightRef*> order[] = {{&w.attn_norm, &view.attn_norm},
+                                                             {&w.wq, &view.wq},
+                                                             {&w.wk, &view.wk},
+                                                             {&w.wv, &view.wv},
+                                                             {&w.wo, &view.wo},
+                                                             {&w.bq, &view.bq},
+                                                             {&w.bk, &view.bk},
+                                                             {&w.bv, &view.bv},
+                                                             {&w.bo, &view.bo},
+                                                             {&w.ffn_norm, &view.ffn_norm},
+                                                             {&w.w_gate, &view.w_gate},
+                                                             {&w.w_up, &view.w_up},
+                                                             {&w.w_down, &view.w_down}};
+    int64_t total = 0;
+    for (const auto& [r, g] : order) total += r->present() ? r->shape.numel() : 0;
+    store.assign(static_cast<size_t>(total), 0.0f);
+    int64_t at = 0;
+    for (const auto& [r, g] : order) {
+      if (!r->present()) continue;
+      *g = WeightRef{store.data() + at, DType::f32, r->shape};
+      at += r->shape.numel();
+    }
+  }
+};
+
+// q, k and v of w moved into one matrix (and their biases into one vector), rows in order.
+DecoderLayer joined_qkv(const DecoderLayer& w, std::vector<std::vector<float>>& store) {
+  DecoderLayer j = w;
+  auto join = [&](WeightRef& a, WeightRef& b, WeightRef& c) {
+    if (!a.present()) return;
+    std::vector<float> v;
+    for (const WeightRef* r : {&a, &b, &c}) {
+      const auto* p = static_cast<const float*>(r->data);
+      v.insert(v.end(), p, p + r->shape.numel());
+    }
+    store.push_back(std::move(v));
+    float* base = store.back().data();
+    a.data = base;
+    b.data = base + a.shape.numel();
+    c.data = base + a.shape.numel() + b.shape.numel();
+  };
+  join(j.wq, j.wk, j.wv);
+  join(j.bq, j.bk, j.bv);
+  return j;
+}
+
+void check_layer(const test::TinyOptions& o, bool join, const std::string& what) {
+  const DecoderModel m = test::make_tiny_model(o);
+  const DecoderConfig& c = m.config;
+  std::vector<std::vector<float>> joined_store;
+  DecoderLayer w = join ? joined_qkv(m.weights.layers[0], joined_store) : m.weights.layers[0];
+  const int64_t B = 2, T = 5, C = c.d_model, F = c.d_ff;
+  Layer L(c, B, T);
+  const int64_t n = L.n;
+  Rng rng(5);
+  std::vector<float> x(n * C), r(n * C);
+  for (float& v : x) v = 2 * rng.uniform() - 1;
+  for (float& v : r) v = 2 * rng.uniform() - 1;
+
+  // Analytic: the forward, then the backward from dL/dout = r.
+  L.in = x;
+  CausalAttention a = L.attention();
+  block_forward(L.ctx, c, w, 0, n, L.tensors(), a, nullptr);
+  Grads g(w);
+  const int64_t big = std::max(c.q_dim() + 2 * c.kv_dim(), F);
+  std::vector<float> dresid = r, dx(n * C), dbig(n * big), dup(n * std::max(c.q_dim(), F));
+  block_backward(L.ctx, c, w, g.view, n, L.tensors(), a, dresid.data(),
+                 {dx.data(), dbig.data(), dup.data()}, false);
+
+  // Central differences; the tolerance covers h^2 curvature and f32 rounding of the loss.
+  const float h = 1e-2f;
+  int failures = 0;
+  auto expect = [&](double got, double fd, const std::string& where) {
+    if (std::fabs(got - fd) > 3e-3 + 1e-2 * std::fabs(fd) && ++failures <= 5)
+      ADD_FAILURE() << what << ": " << where << " got " << got << " want " << fd;
+  };
+  for (int64_t i = 0; i < n * C; ++i) {
+    std::vector<float> p = x, q = x;
+    p[i] += h, q[i] -= h;
+    expect(dresid[i], (L.loss(w, p, r) - L.loss(w, q, r)) / (2 * h), "input " + std::to_string(i));
+  }
+  const std::pair<const char*, WeightRef DecoderLayer::*> tensors[] = {
+      {"attn_norm", &DecoderLayer::attn_norm},
+      {"wq", &DecoderLayer::wq},
+      {"wk", &DecoderLayer::wk},
+      {"wv", &DecoderLayer::wv},
+      {"wo", &DecoderLayer::wo},
+      {"bq", &DecoderLayer::bq},
+      {"bk", &DecoderLayer::bk},
+      {"bv", &DecoderLayer::bv},
+      {"ffn_norm", &DecoderLayer::ffn_norm},
+      {"w_gate", &DecoderLayer::w_gate},
+      {"w_up", &DecoderLayer::w_up},
+      {"w_down", &DecoderLayer::w_down}};
+  int checked = 0;
+  for (const auto& [name, member] : tensors) {
+    const WeightRef& wr = w.*member;
+    if (!wr.present()) continue;
+    auto* p = const_cast<float*>(static_cast<const float*>(wr.data));
+    const auto* gp = static_cast<const float*>((g.view.*member).data);
+    for (int64_t i = 0; i < wr.shape.numel(); ++i) {
+      const float keep = p[i];
+      p[i] = keep + h;
+      const double lp = L.loss(w, x, r);
+      p[i] = keep - h;
+      const double lm = L.loss(w, x, r);
+      p[i] = keep;
+      expect(gp[i], (lp - lm) / (2 * h), std::string(name) + "[" + std::to_string(i) + "]");
+    }
+    ++checked;
+  }
+  EXPECT_EQ(failures, 0) << what;
+  EXPECT_GE(checked, 9) << what;
+}
+
+TEST(BlockBackward, LlamaLayerMatchesFiniteDifferences) {
+  test::TinyOptions o;
+  o.layers = 1, o.width = 16, o.heads = 4, o.kv_heads = 2, o.ffn = 24, o.vocab = 8;
+  check_layer(o, false, "GQA, half RoPE");
+  check_layer(o, true, "GQA, q/k/v as one matrix");
+  o.kv_heads = 1, o.rope_layout = ops::RopeLayout::interleaved, o.qkv_bias = true, o.seed = 2;
+  check_layer(o, false, "multi-query, interleaved RoPE, bias");
+  check_layer(o, true, "multi-query, bias, q/k/v and biases joined");
+}
+
+}  // namespace
+}  // namespace tessera::model
