@@ -77,6 +77,15 @@ struct WeightRef {
   int64_t rows() const { return shape.rank() == 2 ? shape[0] : 1; }
   int64_t cols() const { return shape[shape.rank() - 1]; }
   int64_t bytes() const { return dtype_bytes(type, shape.numel()); }
+  // Whether next starts in memory where this ends, with this type and rank (and row width): next
+  // continues this as more rows of one stored matrix, or more elements of one vector (GPT-2's
+  // c_attn seen as q, k and v).
+  bool continued_by(const WeightRef& next) const {
+    const int r = shape.rank();
+    return present() && next.present() && next.type == type && next.shape.rank() == r &&
+           (r == 1 || (r == 2 && next.cols() == cols())) &&
+           next.data == static_cast<const uint8_t*>(data) + bytes();
+  }
 };
 
 struct DecoderLayer {

@@ -37,8 +37,7 @@ void linear_group(const ops::Context& ctx, StageStats* stages, Stage stage, cons
   const profile::Timer t;
   int64_t bytes = 0, K = 0;
   ops::WtProduct products[4];
-  const void* next_w[4] = {};  // where a matrix continuing products[i] would start
-  const float* next_b[4] = {};
+  const LinearOut* tail[4] = {};  // the last linear joined into products[i]
   int64_t np = 0;
   for (const LinearOut& o : outs) {
     const WeightRef& w = *o.w;
@@ -47,20 +46,19 @@ void linear_group(const ops::Context& ctx, StageStats* stages, Stage stage, cons
     bytes += w.bytes();
     if (np > 0) {
       ops::WtProduct& last = products[np - 1];
-      const bool continues = w.data == next_w[np - 1] && w.type == last.w_type &&
-                             o.y == last.y + last.N && (b == nullptr) == (last.bias == nullptr) &&
-                             (b == nullptr || b == next_b[np - 1]);
+      const LinearOut& prev = *tail[np - 1];
+      const bool continues = prev.w->continued_by(w) && o.y == last.y + last.N &&
+                             (b == nullptr) == (last.bias == nullptr) &&
+                             (b == nullptr || prev.b->continued_by(*o.b));
       if (continues) {
         last.N += w.rows();
-        next_w[np - 1] = static_cast<const uint8_t*>(w.data) + w.bytes();
-        if (b) next_b[np - 1] = b + w.rows();
+        tail[np - 1] = &o;
         continue;
       }
     }
     TS_CHECK(np < 4, "[model] more than four products in one group");
     products[np] = ops::WtProduct{o.y, ldy, w.data, w.type, w.rows(), b};
-    next_w[np] = static_cast<const uint8_t*>(w.data) + w.bytes();
-    next_b[np] = b ? b + w.rows() : nullptr;
+    tail[np] = &o;
     ++np;
   }
   ops::matmul_wt_group(ctx, x, n, K, {products, static_cast<size_t>(np)});

@@ -16,18 +16,12 @@ float* grad(const WeightRef& g) {
   return g.present() ? const_cast<float*>(static_cast<const float*>(g.data)) : nullptr;
 }
 
-// a, b, c as one matrix (their rows consecutive in memory, one type), or absent (a.data null).
+// a, b, c as one matrix or vector (each continuing the one before in memory), or absent.
 WeightRef joined(const WeightRef& a, const WeightRef& b, const WeightRef& c) {
-  if (!a.present() || !b.present() || !c.present()) return {};
-  const auto* pa = static_cast<const uint8_t*>(a.data);
-  const bool rows = a.shape.rank() == 2;
-  const bool one = a.type == b.type && b.type == c.type &&
-                   (!rows || (a.cols() == b.cols() && b.cols() == c.cols())) &&
-                   b.data == pa + a.bytes() && c.data == pa + a.bytes() + b.bytes();
-  if (!one) return {};
+  if (!a.continued_by(b) || !b.continued_by(c)) return {};
   WeightRef j = a;
   const int64_t n = a.shape[0] + b.shape[0] + c.shape[0];  // rows, or a vector's length
-  j.shape = rows ? Shape({n, a.cols()}) : Shape({n});
+  j.shape = a.shape.rank() == 2 ? Shape({n, a.cols()}) : Shape({n});
   return j;
 }
 
