@@ -99,6 +99,9 @@ class DeviceDecoder {
   virtual std::string describe() const = 0;
   // Device memory in use by this decoder, bytes.
   virtual int64_t device_bytes() const = 0;
+  // Copies cache block src (every layer's keys and values) into block dst, ordered after the
+  // forward calls issued before it: a sequence's copy of a block it shared (copy-on-write).
+  virtual void copy_cache_block(int32_t dst, int32_t src) = 0;
 };
 
 // Uploads the weights and allocates the cache and activations on CUDA device `device`. Throws

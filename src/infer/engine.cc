@@ -20,7 +20,7 @@ using model::WeightRef;
 namespace {
 
 KvCacheShape cache_shape(const model::DecoderConfig& c, const EngineOptions& o) {
-  TS_CHECK(o.max_ctx > 0 && o.max_ctx <= c.max_ctx, "[engine] --ctx ", o.max_ctx,
+  TS_CHECK(o.max_ctx > 0 && o.max_ctx <= c.max_ctx, "[engine] max_ctx ", o.max_ctx,
            " must be in [1, ", c.max_ctx, "] (the model's context length)");
   TS_CHECK(o.block_tokens > 0, "[engine] block_tokens must be > 0");
   TS_CHECK(o.max_rows >= 0, "[engine] max_rows must be >= 0 (0 chooses from the weights)");
@@ -177,17 +177,23 @@ int32_t Engine::new_sequence() {
   return static_cast<int32_t>(seqs_.size() - 1);
 }
 
-void Engine::free_sequence(int32_t seq) {
+const Engine::Sequence& Engine::live_sequence(int32_t seq) const {
   TS_CHECK(seq >= 0 && static_cast<size_t>(seq) < seqs_.size() && seqs_[seq].live,
            "[engine] no live sequence ", seq);
-  for (int32_t b : seqs_[seq].blocks) cache_.release(b);
+  return seqs_[static_cast<size_t>(seq)];
+}
+
+void Engine::free_sequence(int32_t seq) {
+  for (int32_t b : live_sequence(seq).blocks) cache_.release(b);
   seqs_[seq] = Sequence{};
 }
 
 int64_t Engine::sequence_length(int32_t seq) const {
-  TS_CHECK(seq >= 0 && static_cast<size_t>(seq) < seqs_.size() && seqs_[seq].live,
-           "[engine] no live sequence ", seq);
-  return seqs_[seq].length;
+  return live_sequence(seq).length;
+}
+
+std::span<const int32_t> Engine::sequence_blocks(int32_t seq) const {
+  return live_sequence(seq).blocks;
 }
 
 void Engine::truncate_sequence(int32_t seq, int64_t length) {
@@ -202,15 +208,63 @@ void Engine::truncate_sequence(int32_t seq, int64_t length) {
   }
 }
 
-const std::vector<float>& Engine::forward(const std::vector<Feed>& feeds) {
+int32_t Engine::fork_sequence(int32_t src) {
+  live_sequence(src);
+  const int32_t seq = new_sequence();
+  Sequence& s = seqs_[static_cast<size_t>(seq)];
+  s.length = seqs_[static_cast<size_t>(src)].length;
+  s.blocks = seqs_[static_cast<size_t>(src)].blocks;
+  for (int32_t b : s.blocks) cache_.retain(b);
+  return seq;
+}
+
+void Engine::share_blocks(int32_t seq, std::span<const int32_t> blocks, int64_t tokens) {
+  TS_CHECK(live_sequence(seq).length == 0 && seqs_[seq].blocks.empty(), "[engine] sequence ", seq,
+           " is not empty");
+  const int64_t BT = opts_.block_tokens;
+  TS_CHECK(tokens > 0 && tokens <= opts_.max_ctx &&
+               (tokens + BT - 1) / BT == static_cast<int64_t>(blocks.size()),
+           "[engine] ", tokens, " tokens do not end in the last of ", blocks.size(), " blocks");
+  for (int32_t b : blocks) cache_.retain(b);  // checks that each is in use
+  Sequence& s = seqs_[static_cast<size_t>(seq)];
+  s.blocks.assign(blocks.begin(), blocks.end());
+  s.length = tokens;
+}
+
+int64_t Engine::blocks_to_append(int32_t seq, int64_t n) const {
+  const Sequence& s = live_sequence(seq);
+  const int64_t BT = opts_.block_tokens;
+  const int64_t grow = (s.length + n + BT - 1) / BT - static_cast<int64_t>(s.blocks.size());
+  const bool copy = n > 0 && s.length % BT != 0 && cache_.ref_count(s.blocks.back()) > 1;
+  return grow + (copy ? 1 : 0);
+}
+
+void Engine::own_last_block(Sequence& s) {
+  const int64_t BT = opts_.block_tokens;
+  if (s.length % BT == 0 || cache_.ref_count(s.blocks.back()) == 1) return;
+  const int32_t src = s.blocks.back(), dst = cache_.allocate();
+  if (device_) {
+    device_->copy_cache_block(dst, src);
+  } else {
+    const auto bytes = static_cast<size_t>(cache_.block_stride() * cache_.elem_bytes());
+    uint8_t* base = cache_device_.data() ? cache_device_.as<uint8_t>() : cache_.layer_base(0);
+    ops::copy(opts_.ctx, base + static_cast<size_t>(dst) * bytes,
+              base + static_cast<size_t>(src) * bytes, bytes, ops::CopyKind::device_to_device);
+  }
+  cache_.release(src);
+  s.blocks.back() = dst;
+}
+
+const std::vector<float>& Engine::forward(const std::vector<Feed>& feeds, Output what) {
   const profile::Timer timer;
   const int64_t V = config().vocab, BT = opts_.block_tokens;
+  TS_CHECK(what == Output::logits || !device_,
+           "[engine] hidden states need the shared forward pass (not the CUDA device decoder)");
   // Validate everything and count blocks before touching the cache.
   ++calls_;
   int64_t blocks_needed = 0, rows_total = 0;
   for (const Feed& f : feeds) {
-    TS_CHECK(f.seq >= 0 && static_cast<size_t>(f.seq) < seqs_.size() && seqs_[f.seq].live,
-             "[engine] no live sequence ", f.seq);
+    live_sequence(f.seq);
     TS_CHECK(seqs_[f.seq].fed_in_call != calls_, "[engine] sequence ", f.seq,
              " fed twice in one call");
     seqs_[f.seq].fed_in_call = calls_;
@@ -219,13 +273,13 @@ const std::vector<float>& Engine::forward(const std::vector<Feed>& feeds) {
       TS_CHECK(t >= 0 && t < V, "[engine] token id ", t, " outside the vocabulary [0, ", V, ")");
     const int64_t len = seqs_[f.seq].length, new_len = len + static_cast<int64_t>(f.tokens.size());
     TS_CHECK(new_len <= opts_.max_ctx, "[engine] sequence ", f.seq, " would reach ", new_len,
-             " tokens, past the context length ", opts_.max_ctx, " (--ctx)");
-    blocks_needed += (new_len + BT - 1) / BT - static_cast<int64_t>(seqs_[f.seq].blocks.size());
+             " tokens, past the context length ", opts_.max_ctx, " (max_ctx)");
+    blocks_needed += blocks_to_append(f.seq, static_cast<int64_t>(f.tokens.size()));
     rows_total += static_cast<int64_t>(f.tokens.size());
   }
   TS_CHECK(blocks_needed <= cache_.free_blocks(), "[kv-cache] full: ", blocks_needed,
            " more blocks needed, ", cache_.free_blocks(), " free (capacity ",
-           cache_.shape().n_blocks * BT, " tokens); raise --ctx or lower the batch");
+           cache_.shape().n_blocks * BT, " tokens)");
 
   std::vector<Row>& rows = rows_;
   rows.clear();
@@ -239,14 +293,16 @@ const std::vector<float>& Engine::forward(const std::vector<Feed>& feeds) {
       rows.push_back(Row{f.seq, f.tokens[i], static_cast<int32_t>(s.length + i), want});
       logit_rows += want;
     }
+    own_last_block(s);
     while (static_cast<int64_t>(s.blocks.size()) * BT < s.length + n)
       s.blocks.push_back(cache_.allocate());
   }
-  logits_.resize(static_cast<size_t>(logit_rows * V));
+  const int64_t width = what == Output::logits ? V : config().d_model;
+  logits_.resize(static_cast<size_t>(logit_rows * width));
   logit_rows_done_ = 0;
   for (size_t i = 0; i < rows.size(); i += static_cast<size_t>(opts_.max_rows)) {
     const int64_t n = std::min<int64_t>(opts_.max_rows, static_cast<int64_t>(rows.size() - i));
-    run_chunk(rows.data() + i, n);
+    run_chunk(rows.data() + i, n, what);
   }
   for (const Feed& f : feeds) seqs_[f.seq].length += static_cast<int64_t>(f.tokens.size());
   stats_.seconds += timer.seconds();
@@ -279,7 +335,7 @@ void Engine::count_stage(Stage stage, double seconds, int64_t weight_bytes) {
   s.weight_bytes += weight_bytes;
 }
 
-void Engine::run_chunk(const Row* rows, int64_t n) {
+void Engine::run_chunk(const Row* rows, int64_t n, Output what) {
   for (int64_t r = 0; r < n; ++r) {
     tokens_[r] = rows[r].token;
     positions_[r] = rows[r].pos;
@@ -308,8 +364,9 @@ void Engine::run_chunk(const Row* rows, int64_t n) {
   kv.layout.block_tokens = opts_.block_tokens;
   kv.layout.block_stride = cache_.block_stride();
   kv.layout.v_offset = cache_.half_block_elems();
+  const int64_t width = what == Output::logits ? config().vocab : config().d_model;
   logit_rows_done_ +=
-      fwd_->forward(dr, kv, logits_.data() + logit_rows_done_ * config().vocab, stats_.stages);
+      fwd_->forward(dr, kv, logits_.data() + logit_rows_done_ * width, stats_.stages, what);
 }
 
 void Engine::run_chunk_device(const Row* rows, int64_t n) {

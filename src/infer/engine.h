@@ -79,18 +79,34 @@ class Engine {
   const model::DecoderConfig& config() const { return model_.config; }
   const EngineOptions& options() const { return opts_; }
   const KvCache& cache() const { return cache_; }
+  // The cache's block references, for holders of blocks beside the sequences (the prefix cache).
+  KvCache& cache() { return cache_; }
 
   int32_t new_sequence();
-  void free_sequence(int32_t seq);  // returns its blocks to the cache
+  void free_sequence(int32_t seq);  // drops its references to its blocks
   int64_t sequence_length(int32_t seq) const;
   // Drops the last tokens so the sequence has `length` tokens (keeps blocks still needed).
   void truncate_sequence(int32_t seq, int64_t length);
+  // A new sequence holding the tokens src holds, in src's blocks (shared, not copied: a partly
+  // filled block that one of them then appends to is copied first).
+  int32_t fork_sequence(int32_t src);
+  // Gives the empty sequence seq the first `tokens` tokens, whose keys and values are in `blocks`
+  // (blocks in use, now shared); tokens must end in the last block.
+  void share_blocks(int32_t seq, std::span<const int32_t> blocks, int64_t tokens);
+  std::span<const int32_t> sequence_blocks(int32_t seq) const;
+  // Free cache blocks that appending n tokens to seq takes: new blocks, and the copy of a partly
+  // filled last block that seq shares.
+  int64_t blocks_to_append(int32_t seq, int64_t n) const;
 
+  // What forward() returns per row: logits (V), or the last hidden state (C: the final norm's
+  // output, for embeddings; not on the CUDA device decoder).
+  using Output = model::DecoderForward::Output;
   // Runs the model over the feeds (distinct sequences) and returns logits (rows, V): one row per
-  // feed (its last token), or one per token for feeds with all_logits, in feed order. Tokens
-  // outside [0, V) or a sequence growing past max_ctx throw, naming them; the cache is then
-  // unchanged for every sequence.
-  const std::vector<float>& forward(const std::vector<Feed>& feeds);
+  // feed (its last token), or one per token for feeds with all_logits, in feed order (with
+  // Output::hidden, hidden states (rows, C)). Tokens outside [0, V), a sequence growing past
+  // max_ctx or a cache without the blocks_to_append the feeds need throw, naming them; the cache
+  // is then unchanged for every sequence.
+  const std::vector<float>& forward(const std::vector<Feed>& feeds, Output what = Output::logits);
 
   // "cpu" or the device decoder's description (GPU name, device memory in use).
   std::string device_description() const;
@@ -115,7 +131,10 @@ class Engine {
     int32_t pos;
     bool want_logits;
   };
-  void run_chunk(const Row* rows, int64_t n);
+  const Sequence& live_sequence(int32_t seq) const;
+  // Makes seq's last block its own before an append writes to it (copy-on-write).
+  void own_last_block(Sequence& s);
+  void run_chunk(const Row* rows, int64_t n, Output what);
   void run_chunk_device(const Row* rows, int64_t n);
   backend::DecoderDesc device_desc() const;
   void count_stage(Stage stage, double seconds, int64_t weight_bytes);
@@ -133,7 +152,7 @@ class Engine {
   std::vector<int32_t> tokens_, positions_;
   std::vector<const int32_t*> tables_;
   std::vector<uint8_t> want_;
-  std::vector<float> logits_;
+  std::vector<float> logits_;  // or hidden states
   std::vector<Row> rows_;  // this call's token rows (kept to reuse its memory)
   // Device runs: the decoder, and per-chunk cache slots, block tables (rows, max_seq_blocks) and
   // the rows whose logits are wanted.

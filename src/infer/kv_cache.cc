@@ -21,7 +21,7 @@ size_t checked_bytes(const KvCacheShape& s) {
                        static_cast<double>(dtype_bytes(s.type, 1));
   // 1 TiB of cache is beyond any machine this runs on: a sign of a bad --ctx, not a request.
   TS_CHECK(bytes < 1099511627776.0, "[kv-cache] ", bytes / (1 << 30),
-           " GiB requested; lower --ctx or --batch");
+           " GiB requested");
   return static_cast<size_t>(bytes);
 }
 
@@ -32,6 +32,7 @@ KvCache::KvCache(const KvCacheShape& shape, bool host_storage)
       bytes_(static_cast<int64_t>(checked_bytes(shape))),
       data_(host_storage ? static_cast<size_t>(bytes_) : 0) {
   free_.reserve(static_cast<size_t>(shape.n_blocks));
+  refs_.assign(static_cast<size_t>(shape.n_blocks), 0);
   for (int64_t b = shape.n_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));
 }
 
@@ -42,15 +43,27 @@ int64_t KvCache::bytes_per_token() const {
 int32_t KvCache::allocate() {
   TS_CHECK(!free_.empty(), "[kv-cache] full: all ", shape_.n_blocks, " blocks of ",
            shape_.block_tokens, " tokens are in use (", shape_.n_blocks * shape_.block_tokens,
-           " tokens); raise --ctx");
+           " tokens)");
   const int32_t b = free_.back();
   free_.pop_back();
+  refs_[static_cast<size_t>(b)] = 1;
   return b;
 }
 
+void KvCache::retain(int32_t block) {
+  TS_CHECK(ref_count(block) > 0, "[kv-cache] retain of free block ", block);
+  ++refs_[static_cast<size_t>(block)];
+}
+
 void KvCache::release(int32_t block) {
-  TS_CHECK(block >= 0 && block < shape_.n_blocks, "[kv-cache] release of bad block ", block);
-  free_.push_back(block);
+  TS_CHECK(ref_count(block) > 0, "[kv-cache] release of free block ", block);
+  if (--refs_[static_cast<size_t>(block)] == 0) free_.push_back(block);
+}
+
+int32_t KvCache::ref_count(int32_t block) const {
+  TS_CHECK(block >= 0 && block < shape_.n_blocks, "[kv-cache] bad block ", block, " (",
+           shape_.n_blocks, " blocks)");
+  return refs_[static_cast<size_t>(block)];
 }
 
 }  // namespace tessera::infer

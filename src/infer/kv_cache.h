@@ -1,6 +1,8 @@
 // The key/value cache: one arena of fixed-size blocks (pages) shared by all sequences; each
 // sequence holds a table of its blocks, so sequences grow without copying and free their blocks
-// when done. Keys and values are f32 or f16 (half the memory and half the bytes attention reads,
+// when done. Blocks are reference-counted: sequences that share a prefix (n > 1 samples of one
+// prompt, the prefix cache) hold the same blocks, and a block returns to the free list when its
+// last holder releases it. Keys and values are f32 or f16 (half the memory and half the bytes attention reads,
 // for a rounding of 2^-11 relative on each cached value).
 #pragma once
 
@@ -43,16 +45,22 @@ class KvCache {
   int64_t bytes() const { return bytes_; }
   int64_t bytes_per_token() const;
 
-  // Takes a free block; throws when none is left, naming the capacity.
+  // Takes a free block with one reference; throws when none is left, naming the capacity.
   int32_t allocate();
+  // Adds a reference to a block in use.
+  void retain(int32_t block);
+  // Drops a reference; the block is free again when none is left.
   void release(int32_t block);
+  int32_t ref_count(int32_t block) const;
   int64_t free_blocks() const { return static_cast<int64_t>(free_.size()); }
+  int64_t used_blocks() const { return shape_.n_blocks - free_blocks(); }
 
  private:
   KvCacheShape shape_;
   int64_t bytes_ = 0;
   AlignedBuffer<uint8_t> data_;
   std::vector<int32_t> free_;  // a stack: the most recently freed block is reused first
+  std::vector<int32_t> refs_;  // per block; 0 = free
 };
 
 }  // namespace tessera::infer

@@ -21,7 +21,7 @@ struct SamplingParams {
   int64_t penalty_last_n = 64;      // history window for the penalties; 0: none
   uint64_t seed = 0;
 
-  // Throws naming the parameter (as its flag) when a value is out of range.
+  // Throws naming the field when a value is out of range.
   void validate() const;
 };
 

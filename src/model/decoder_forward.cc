@@ -124,8 +124,8 @@ void DecoderForward::embed(const DecoderRows& rows) {
   }
 }
 
-int64_t DecoderForward::forward(const DecoderRows& rows, const PagedKv& kv, float* logits,
-                                StageStats* stages) {
+int64_t DecoderForward::forward(const DecoderRows& rows, const PagedKv& kv, float* out,
+                                StageStats* stages, Output what) {
   const DecoderConfig& c = model_.config;
   const DecoderWeights& w = model_.weights;
   const int64_t C = c.d_model, V = c.vocab, n = rows.n, BT = kv.layout.block_tokens;
@@ -179,6 +179,14 @@ int64_t DecoderForward::forward(const DecoderRows& rows, const PagedKv& kv, floa
   // graph for kGraphKeysRound positions (the kernels read each row's own count).
   const int64_t bound = std::min(
       table_stride_ * BT, (max_keys + kGraphKeysRound - 1) / kGraphKeysRound * kGraphKeysRound);
+  if (what == Output::hidden) {
+    // Embedding requests are rare next to decode steps: run eagerly, no graph.
+    run_layers(n, m, bound, 0, kv, nullptr, stages);
+    ops::copy(ctx_, out, buf(kXn), static_cast<size_t>(m * C) * sizeof(float),
+              ops::CopyKind::device_to_host);
+    return m;
+  }
+  float* logits = out;
   float* head_out = on_host_ ? logits : logits_device_.as<float>();
   const int64_t first_piece = on_host_ ? m : std::min(m, kHeadRows);
   auto run = [&](StageStats* st) { run_layers(n, m, bound, first_piece, kv, head_out, st); };
@@ -232,7 +240,8 @@ void DecoderForward::run_layers(int64_t n, int64_t m, int64_t max_keys, int64_t 
   // Final norm and the output head, only for the rows whose logits were asked for.
   ops::gather_rows(ctx_, buf(kTmp), buf(kX), ints(kLogitRows), m, c.d_model, n);
   norm_forward(ctx_, c, buf(kXn), buf(kStatA), buf(kStatB), buf(kTmp), m, w.out_norm, w.out_norm_b);
-  linear_forward(ctx_, stages, Stage::head, head_out, buf(kXn), head_rows, w.output, {});
+  if (head_rows > 0)
+    linear_forward(ctx_, stages, Stage::head, head_out, buf(kXn), head_rows, w.output, {});
 }
 
 DeviceModel to_device(const DecoderModel& host, const ops::Context& ctx) {

@@ -55,11 +55,16 @@ class DecoderForward {
   // The rows' token embeddings (+ learned positions for GPT-2), (n, C) into host memory, x().
   void embed(const DecoderRows& rows);
   const float* x() const { return x_host_.data(); }
+  // What forward() writes for each row with want_logits: its logits (V), or its last hidden
+  // state (C: the final norm's output, which the head would read; for embeddings).
+  enum class Output { logits, hidden };
   // Embeds and runs rows.n <= max_rows rows through every layer, appending their keys and
-  // values to kv, then writes the logits (m, V) of the m rows with want_logits, in row order,
-  // to host memory. Returns m. Adds each stage's time and weight bytes to stages (kNumStages
-  // entries; on an asynchronous device the times are those of the launches).
-  int64_t forward(const DecoderRows& rows, const PagedKv& kv, float* logits, StageStats* stages);
+  // values to kv, then writes the logits (m, V) (or hidden states (m, C)) of the m rows with
+  // want_logits, in row order, to host memory `out`. Returns m. Adds each stage's time and
+  // weight bytes to stages (kNumStages entries; on an asynchronous device the times are those
+  // of the launches).
+  int64_t forward(const DecoderRows& rows, const PagedKv& kv, float* out, StageStats* stages,
+                  Output what = Output::logits);
 
   const ops::RopeTable& rope() const { return rope_; }
 
@@ -77,6 +82,7 @@ class DecoderForward {
   // Every layer over the n staged rows, then the final norm of the m rows with logits and the
   // head for the first head_rows of them into head_out: only ops on device memory and scalars,
   // so a graph can record it. max_keys bounds every row's key count.
+  // head_rows = 0 stops after the final norm (hidden states in the kXn buffer).
   void run_layers(int64_t n, int64_t m, int64_t max_keys, int64_t head_rows, const PagedKv& kv,
                   float* head_out, StageStats* stages);
   // A recorded step's shape: rows, logit rows, key bound, cache.

@@ -203,6 +203,48 @@ TEST(Engine, CacheBlocksAreReusedAndTruncationRewinds) {
   EXPECT_EQ(e.cache().free_blocks(), 8);
 }
 
+// A fork shares its source's blocks; the partly filled last block is copied before either
+// appends to it (copy-on-write), so both continue as sequences of their own would.
+TEST(Engine, ForkedSequencesShareBlocksAndCopyBeforeWriting) {
+  const model::DecoderModel m = test::make_tiny_model(variant(0));
+  const int64_t V = m.config.vocab;
+  EngineOptions o = small_options(false);
+  o.kv_tokens = 64;  // 16 blocks of 4
+  Engine e(m, o);
+  const std::vector<int32_t> t = test::random_tokens(10, V, 8);  // 2 full blocks and 2 tokens
+  const int32_t a = e.new_sequence();
+  e.forward({Feed{a, t, false}});
+  EXPECT_EQ(e.cache().used_blocks(), 3);
+  const int32_t b = e.fork_sequence(a);
+  EXPECT_EQ(e.cache().used_blocks(), 3) << "a fork copies nothing";
+  EXPECT_EQ(e.sequence_length(b), 10);
+  EXPECT_EQ(e.blocks_to_append(b, 1), 1) << "the shared last block is copied first";
+  EXPECT_EQ(e.blocks_to_append(b, 7), 3) << "17 tokens: 2 more blocks and the copy";
+  const int32_t na = 3, nb = 5;
+  const std::vector<float> got =
+      e.forward({Feed{a, {&na, 1}, false}, Feed{b, {&nb, 1}, false}});
+  EXPECT_EQ(e.cache().used_blocks(), 4) << "one copy of the shared block";
+  EXPECT_EQ(e.cache().ref_count(e.sequence_blocks(a)[0]), 2);
+  Engine solo(m, small_options(false));
+  for (int i = 0; i < 2; ++i) {
+    std::vector<int32_t> seq = t;
+    seq.push_back(i == 0 ? na : nb);
+    const int32_t s = solo.new_sequence();
+    const std::vector<float> want = solo.forward({Feed{s, seq, false}});
+    for (int64_t v = 0; v < V; ++v)
+      EXPECT_NEAR(got[i * V + v], want[v], 1e-5 * (1 + std::fabs(want[v]))) << i << " " << v;
+    solo.free_sequence(s);
+  }
+  // Blocks another holds: a new sequence takes a's first two blocks as its 8 tokens.
+  const int32_t c = e.new_sequence();
+  e.share_blocks(c, e.sequence_blocks(a).subspan(0, 2), 8);
+  EXPECT_EQ(e.cache().ref_count(e.sequence_blocks(a)[0]), 3);
+  test::expect_error([&] { e.share_blocks(c, e.sequence_blocks(a).subspan(0, 2), 8); },
+                     "not empty");
+  for (int32_t s : {a, b, c}) e.free_sequence(s);
+  EXPECT_EQ(e.cache().free_blocks(), 16);
+}
+
 TEST(Engine, BadInputGivesOneLineErrors) {
   const model::DecoderModel m = test::make_tiny_model(variant(0));
   Engine e(m, small_options(false));
@@ -220,7 +262,7 @@ TEST(Engine, BadInputGivesOneLineErrors) {
   EXPECT_EQ(e.sequence_length(s), 0);
   EngineOptions o = small_options(false);
   o.max_ctx = 1000;
-  test::expect_error([&] { Engine(m, o); }, "--ctx 1000");
+  test::expect_error([&] { Engine(m, o); }, "max_ctx 1000");
 }
 
 // max_rows 0 sizes the prefill chunks by the layer matrices' types: 512 rows where a product

@@ -1,6 +1,7 @@
-// The generate loop on a tiny random model with a trained byte-level tokenizer: streaming equals
-// the final text, stop strings and stop tokens, batches equal single runs, sessions reuse their
-// cached prefix without changing the result, and UTF-8 hold-back.
+// Generation to completion on a tiny random model with a trained byte-level tokenizer: streaming
+// equals the final text, stop strings and stop tokens, batches equal single runs, a
+// conversation's next turn reuses its cached prefix without changing the result, and UTF-8
+// hold-back.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -8,46 +9,14 @@
 
 #include "infer/generate.h"
 #include "test_util/expect_error.h"
-#include "tiny_model.h"
+#include "tiny_chat_model.h"
 
 namespace tessera::infer {
 namespace {
 
-struct Fixture {
-  tokenizer::Tokenizer tok;
-  model::DecoderModel m;
-  Fixture() {
-    std::string text;
-    for (int i = 0; i < 40; ++i)
-      text += "the quick brown fox jumps over the lazy dog. héllo wörld ";
-    tok = tokenizer::Tokenizer::train_bpe(text, 300);
-    test::TinyOptions o;
-    o.vocab = tok.vocab_size();
-    o.ctx = 256;
-    m = test::make_tiny_model(o);
-  }
-};
-
-const Fixture& fx() {
-  static const Fixture f;
-  return f;
-}
-
-EngineOptions options(int64_t sequences = 1) {
-  EngineOptions o;
-  o.max_ctx = 256;
-  o.kv_tokens = 256 * sequences;
-  o.block_tokens = 16;
-  return o;
-}
-
-GenerateRequest greedy(const std::string& prompt, int64_t n) {
-  GenerateRequest r;
-  r.prompt = fx().tok.encode(prompt);
-  r.max_new_tokens = n;
-  r.sampling.temperature = 0;
-  return r;
-}
+using test::greedy;
+const test::TinyChatModel& fx() { return test::tiny_chat(); }
+EngineOptions options(int64_t sequences = 1) { return test::tiny_chat_options(sequences); }
 
 TEST(Generate, StreamEqualsTextAndLengthStops) {
   Engine e(fx().m, options());
@@ -56,7 +25,7 @@ TEST(Generate, StreamEqualsTextAndLengthStops) {
     streamed += t;
     return true;
   });
-  EXPECT_EQ(r.finish_reason, "length");
+  EXPECT_EQ(r.finish_reason, FinishReason::length);
   EXPECT_EQ(r.tokens.size(), 40u);
   EXPECT_EQ(streamed, r.text);
   EXPECT_EQ(r.text, fx().tok.decode(r.tokens));
@@ -75,14 +44,14 @@ TEST(Generate, StopStringCutsTheText) {
     streamed += t;
     return true;
   });
-  EXPECT_EQ(r.finish_reason, "stop");
+  EXPECT_EQ(r.finish_reason, FinishReason::stop);
   EXPECT_EQ(r.text, full.text.substr(0, full.text.find(stop)));
   EXPECT_EQ(streamed, r.text) << "text past the stop string was streamed";
   // A stop token ends generation without being emitted.
   GenerateRequest tok_req = greedy("the quick", 40);
   tok_req.stop_tokens = {full.tokens[3]};
   const GenerateResult t = generate(e, fx().tok, tok_req);
-  EXPECT_EQ(t.finish_reason, "stop");
+  EXPECT_EQ(t.finish_reason, FinishReason::stop);
   EXPECT_EQ(t.tokens, std::vector<int32_t>(full.tokens.begin(), full.tokens.begin() + 3));
 }
 
@@ -99,18 +68,27 @@ TEST(Generate, BatchEqualsSingleRuns) {
   }
 }
 
-TEST(Generate, SessionReusesPrefixWithSameResult) {
+// A conversation on one scheduler: the next turn takes the last turn's full cache blocks from
+// the prefix cache and runs only the rest, with the same result as a fresh run.
+TEST(Generate, NextTurnReusesThePrefixWithTheSameResult) {
   Engine e(fx().m, options());
-  Session s;
-  const GenerateResult first = generate(e, fx().tok, greedy("the quick brown", 10), {}, &s);
-  // Second turn: the first prompt + reply + more text; only the new part runs.
-  std::string turn2 = "the quick brown" + first.text + " over the";
-  const GenerateResult cached = generate(e, fx().tok, greedy(turn2, 10), {}, &s);
+  SchedulerOptions so;
+  so.max_running = 1;
+  Scheduler sched(e, fx().tok, so);
+  const GenerateResult first = generate(sched, greedy("the quick brown fox jumps over", 30));
+  // Second turn: the first prompt + reply + more text.
+  const std::string turn2 = "the quick brown fox jumps over" + first.text + " over the";
+  const GenerateResult cached = generate(sched, greedy(turn2, 10));
   Engine fresh(fx().m, options());
   const GenerateResult want = generate(fresh, fx().tok, greedy(turn2, 10));
   EXPECT_EQ(cached.tokens, want.tokens);
-  EXPECT_LT(cached.prompt_tokens, want.prompt_tokens);
-  EXPECT_EQ(s.cached.size(), static_cast<size_t>(e.sequence_length(s.seq)));
+  EXPECT_EQ(cached.prompt_tokens, want.prompt_tokens);
+  EXPECT_GE(cached.cached_tokens, 16) << "no full block was taken from the prefix cache";
+  EXPECT_EQ(cached.computed_prompt_tokens + cached.cached_tokens, cached.prompt_tokens);
+  EXPECT_EQ(want.computed_prompt_tokens, want.prompt_tokens);
+  // Only the prefix cache holds blocks now; dropping it empties the cache.
+  sched.clear_prefix_cache();
+  EXPECT_EQ(e.cache().free_blocks(), e.cache().shape().n_blocks);
 }
 
 TEST(Generate, CallbackCanCancel) {
@@ -118,7 +96,7 @@ TEST(Generate, CallbackCanCancel) {
   int calls = 0;
   const GenerateResult r =
       generate(e, fx().tok, greedy("the", 50), [&](std::string_view) { return ++calls < 3; });
-  EXPECT_EQ(r.finish_reason, "cancelled");
+  EXPECT_EQ(r.finish_reason, FinishReason::cancelled);
   EXPECT_LT(r.tokens.size(), 50u);
 }
 
@@ -134,10 +112,10 @@ TEST(Generate, BadRequestsAreErrors) {
   Engine e(fx().m, options());
   GenerateRequest r = greedy("the", 5);
   r.prompt.clear();
-  test::expect_error([&] { generate(e, fx().tok, r); }, "empty prompt");
+  test::expect_error([&] { generate(e, fx().tok, r); }, "prompt is empty");
   r = greedy("the", 5);
   r.stop_strings = {""};
-  test::expect_error([&] { generate(e, fx().tok, r); }, "--stop");
+  test::expect_error([&] { generate(e, fx().tok, r); }, "empty stop string");
 }
 
 }  // namespace

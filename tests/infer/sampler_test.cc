@@ -127,16 +127,17 @@ TEST(Sampler, PenaltiesDiscourageRepeats) {
   EXPECT_EQ(Sampler(pres).sample(l, history), 0);
 }
 
-TEST(Sampler, BadParametersNameTheFlag) {
+// Library errors name the field (the CLI and the server map fields to their flags and params).
+TEST(Sampler, BadParametersNameTheField) {
   SamplingParams p;
   p.top_p = 0;
-  test::expect_error([&] { Sampler s(p); }, "--top-p");
+  test::expect_error([&] { Sampler s(p); }, "top_p");
   p = SamplingParams{};
   p.temperature = -1;
-  test::expect_error([&] { Sampler s(p); }, "--temperature");
+  test::expect_error([&] { Sampler s(p); }, "temperature");
   p = SamplingParams{};
   p.min_p = 1;
-  test::expect_error([&] { Sampler s(p); }, "--min-p");
+  test::expect_error([&] { Sampler s(p); }, "min_p");
 }
 
 }  // namespace

@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "apps/cli/args.h"
-#include "apps/cli/chat_prompt.h"
 #include "apps/cli/infer_flags.h"
 #include "core/error.h"
 #include "infer/generate.h"
@@ -30,7 +29,11 @@ int run(const Args& a) {
 
   const LoadedModel m = load_model_and_tokenizer(ef.model_path, engine_load_options(ef));
   infer::Engine engine(m.model, engine_options(ef, m.model));
-  infer::Session session;
+  // One conversation: the prefix cache keeps each turn's blocks, so the next turn runs only the
+  // tokens it does not share with the last (the template's re-rendering of the reply included).
+  infer::SchedulerOptions so;
+  so.max_running = 1;
+  infer::Scheduler sched(engine, m.tok, so);
   std::vector<tokenizer::ChatMessage> history;
   const bool interactive = isatty(0);
   std::fprintf(stderr, "chat with %s (%s); an empty line or end of input quits\n",
@@ -42,7 +45,7 @@ int run(const Args& a) {
       if (!std::getline(std::cin, line) || line.empty()) break;
     }
     history.push_back({"user", line});
-    const ChatPrompt cp = make_prompt(m, history, system, false, format);
+    const infer::ChatPrompt cp = make_cli_prompt(m, history, system, false, format);
     req.prompt = cp.tokens;
     req.max_new_tokens = n;
     req.stop_tokens = m.tok.end_of_generation_tokens();
@@ -52,20 +55,18 @@ int run(const Args& a) {
     TS_CHECK(room > 0, "[chat] the conversation (", req.prompt.size(),
              " tokens) no longer fits the context of ", engine.options().max_ctx, "; raise --ctx");
     req.max_new_tokens = std::min(n, room);
-    const infer::GenerateResult r = infer::generate(
-        engine, m.tok, req,
-        [](std::string_view t) {
-          std::fwrite(t.data(), 1, t.size(), stdout);
-          std::fflush(stdout);
-          return true;
-        },
-        &session);
+    const infer::GenerateResult r = infer::generate(sched, req, [](std::string_view t) {
+      std::fwrite(t.data(), 1, t.size(), stdout);
+      std::fflush(stdout);
+      return true;
+    });
     std::fputc('\n', stdout);
     if (stats)
       std::fprintf(
           stderr, "[%lld new prompt tokens at %.1f tokens/s, %zu tokens at %.1f tokens/s]\n",
-          static_cast<long long>(r.prompt_tokens),
-          r.prefill_seconds > 0 ? r.prompt_tokens / r.prefill_seconds : 0.0, r.tokens.size(),
+          static_cast<long long>(r.computed_prompt_tokens),
+          r.prefill_seconds > 0 ? r.computed_prompt_tokens / r.prefill_seconds : 0.0,
+          r.tokens.size(),
           r.decode_seconds > 0 ? r.tokens.size() / r.decode_seconds : 0.0);
     history.push_back({"assistant", r.text});
   }

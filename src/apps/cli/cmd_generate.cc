@@ -1,11 +1,11 @@
 // `tessera generate`: prompt in, text out, streamed as it is decoded; the chat template of the
 // model is applied unless --raw. --batch N decodes N samples of the prompt together.
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "apps/cli/args.h"
-#include "apps/cli/chat_prompt.h"
 #include "apps/cli/infer_flags.h"
 #include "core/error.h"
 #include "infer/generate.h"
@@ -13,18 +13,25 @@
 namespace tessera::cli {
 namespace {
 
-void print_stats(const infer::GenerateResult& r, int64_t sequences, const LoadedModel& m) {
-  const double gen = static_cast<double>(r.tokens.size()) * sequences;
-  const double decode_tps = r.decode_seconds > 0 ? gen / r.decode_seconds : 0;
+// Samples of one prompt: the prompt ran once; the decode rate counts every sample's tokens over
+// the longest decode.
+void print_stats(const std::vector<infer::GenerateResult>& rs, const LoadedModel& m) {
+  const infer::GenerateResult& r = rs[0];
+  double gen = 0, decode_s = 0;
+  for (const infer::GenerateResult& x : rs) {
+    gen += static_cast<double>(x.tokens.size());
+    decode_s = std::max(decode_s, x.decode_seconds);
+  }
+  const double decode_tps = decode_s > 0 ? gen / decode_s : 0;
+  const auto sequences = static_cast<double>(rs.size());
   std::fprintf(stderr,
                "\n[%s] prompt %lld tokens in %.3f s (%.1f tokens/s) | generated %.0f tokens in "
                "%.3f s (%.1f tokens/s, %.2f GB/s of weights) | finish: %s\n",
                m.model.config.name.c_str(), static_cast<long long>(r.prompt_tokens),
-               r.prefill_seconds,
-               r.prefill_seconds > 0 ? r.prompt_tokens * sequences / r.prefill_seconds : 0.0, gen,
-               r.decode_seconds, decode_tps,
+               r.prefill_seconds, r.prefill_seconds > 0 ? r.prompt_tokens / r.prefill_seconds : 0.0,
+               gen, decode_s, decode_tps,
                decode_tps / sequences * static_cast<double>(m.model.weight_bytes_per_token()) / 1e9,
-               r.finish_reason.c_str());
+               infer::finish_reason_name(r.finish_reason));
 }
 
 int run(const Args& a) {
@@ -41,7 +48,7 @@ int run(const Args& a) {
   req.sampling = parse_sampling_flags(a);
 
   const LoadedModel m = load_model_and_tokenizer(ef.model_path, engine_load_options(ef));
-  const ChatPrompt cp = make_prompt(m, {{"user", prompt}}, system, raw, format);
+  const infer::ChatPrompt cp = make_cli_prompt(m, {{"user", prompt}}, system, raw, format);
   req.prompt = cp.tokens;
   req.max_new_tokens = n;
   req.stop_tokens = m.tok.end_of_generation_tokens();
@@ -57,15 +64,17 @@ int run(const Args& a) {
       return true;
     });
     std::fputc('\n', stdout);
-    if (stats) print_stats(r, 1, m);
+    if (stats) print_stats({r}, m);
     return 0;
   }
-  std::vector<infer::GenerateRequest> reqs(static_cast<size_t>(batch), req);
-  for (size_t i = 0; i < reqs.size(); ++i) reqs[i].sampling.seed = req.sampling.seed + i;
-  const std::vector<infer::GenerateResult> rs = infer::generate_batch(engine, m.tok, reqs);
+  // One request with `batch` samples (seeds seed+i): the prompt runs once, its cache blocks
+  // shared by every sample.
+  req.n = batch;
+  const std::vector<infer::GenerateResult> rs = infer::generate_batch(engine, m.tok, {req});
   for (size_t i = 0; i < rs.size(); ++i)
-    std::printf("--- sample %zu (%s)\n%s\n", i, rs[i].finish_reason.c_str(), rs[i].text.c_str());
-  if (stats) print_stats(rs[0], batch, m);
+    std::printf("--- sample %zu (%s)\n%s\n", i, infer::finish_reason_name(rs[i].finish_reason),
+                rs[i].text.c_str());
+  if (stats) print_stats(rs, m);
   return 0;
 }
 

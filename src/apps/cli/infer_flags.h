@@ -8,7 +8,9 @@
 
 #include "apps/cli/args.h"
 #include "core/thread_pool.h"
+#include "infer/chat_prompt.h"
 #include "infer/engine.h"
+#include "infer/loaded_model.h"
 #include "infer/sampler.h"
 #include "model/decoder.h"
 #include "tokenizer/tokenizer.h"
@@ -18,18 +20,8 @@ namespace tessera::cli {
 // The default model that scripts/install-deps.sh fetches.
 inline constexpr const char* kDefaultModel = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
-struct LoadedModel {
-  model::DecoderModel model;
-  tokenizer::Tokenizer tok;
-  std::string chat_template;  // jinja text the file carries, or empty
-  bool has_tokenizer = false;
-};
-
-// A GGUF file (tokenizer from its metadata) or a Hugging Face folder (tokenizer.json).
-// With tokenizer_optional, a file without one loads (has_tokenizer false): quantize and convert
-// of synthetic benchmark models.
-LoadedModel load_model_and_tokenizer(const std::string& path, const model::DecoderLoadOptions& opts,
-                                     bool tokenizer_optional = false);
+using infer::load_model_and_tokenizer;
+using infer::LoadedModel;
 
 struct EngineFlags {
   std::string model_path;
@@ -60,5 +52,10 @@ infer::EngineOptions engine_options(const EngineFlags& f, const model::DecoderMo
 // --frequency-penalty --presence-penalty --seed (defaults from infer::SamplingParams).
 Flags sampling_flags();
 infer::SamplingParams parse_sampling_flags(const Args& a);
+
+// infer::make_prompt, with its notice (a model without a chat template) on stderr, naming the
+// flags that choose otherwise.
+infer::ChatPrompt make_cli_prompt(const LoadedModel& m, const std::vector<tokenizer::ChatMessage>& msgs,
+                              const std::string& system, bool raw, const std::string& format);
 
 }  // namespace tessera::cli

@@ -123,6 +123,7 @@ class CudaDecoder final : public DeviceDecoder {
   const DeviceStageTimes& stage_times() const override { return times_; }
   void reset_stage_times() override { times_ = {}; }
   std::string describe() const override;
+  void copy_cache_block(int32_t dst, int32_t src) override;
   int64_t device_bytes() const override {
     return static_cast<int64_t>(weights_.size() + cache_.size() + acts_.size() + ints_.size() +
                                 attn_ws_.size() + matvec_ws_.size() + rope_.size() + w16_.size() +

@@ -258,6 +258,15 @@ std::string CudaDecoder::describe() const {
              " GB, activations ", gb(acts_.size() + ints_.size() + attn_ws_.size()), " GB");
 }
 
+void CudaDecoder::copy_cache_block(int32_t dst, int32_t src) {
+  TS_CHECK(dst >= 0 && dst < d_.n_blocks && src >= 0 && src < d_.n_blocks,
+           "[cuda] cache block copy ", src, " -> ", dst, " outside [0, ", d_.n_blocks, ")");
+  const auto bytes = static_cast<size_t>(block_stride_ * elem_bytes_);
+  TS_CUDA_CHECK(cudaMemcpyAsync(cache_.as<uint8_t>() + static_cast<size_t>(dst) * bytes,
+                                cache_.as<uint8_t>() + static_cast<size_t>(src) * bytes, bytes,
+                                cudaMemcpyDeviceToDevice, stream_.get()));
+}
+
 }  // namespace cuda_decoder
 
 std::unique_ptr<DeviceDecoder> make_cuda_decoder(const DecoderDesc& desc, int device) {

@@ -1,14 +1,12 @@
 // Prompt construction for generate and chat: the model's own Jinja template where it ships one
 // (rendered as transformers renders it), a named built-in format on request, ChatML with a notice
 // otherwise.
-#include "apps/cli/chat_prompt.h"
-
-#include <cstdio>
+#include "infer/chat_prompt.h"
 
 #include "core/error.h"
 #include "tokenizer/jinja.h"
 
-namespace tessera::cli {
+namespace tessera::infer {
 
 ChatPrompt make_prompt(const LoadedModel& m, const std::vector<tokenizer::ChatMessage>& msgs,
                        const std::string& system, bool raw, const std::string& format_override) {
@@ -44,17 +42,14 @@ ChatPrompt make_prompt(const LoadedModel& m, const std::vector<tokenizer::ChatMe
     if (!guessed) p.stop_strings = tokenizer::chat_stop_strings(known);
   } else {
     if (!named)
-      std::fprintf(stderr,
-                   "[chat] %s ships no chat template: formatting as ChatML (choose another with "
-                   "--chat-template, or --raw)\n",
-                   m.model.source.c_str());
+      p.notice = m.model.source + " ships no chat template: formatting as ChatML";
     p.text = tokenizer::render_chat(f, conv, true, bos,
                                     tokenizer::default_system_prompt(m.chat_template));
     p.tokens = m.tok.encode(p.text);
     p.stop_strings = tokenizer::chat_stop_strings(f);
   }
-  TS_CHECK(!p.tokens.empty(), "[prompt] the prompt is empty; give -p TEXT");
+  TS_CHECK(!p.tokens.empty(), "[prompt] the prompt is empty");
   return p;
 }
 
-}  // namespace tessera::cli
+}  // namespace tessera::infer
