@@ -41,8 +41,7 @@ ChatPrompt make_prompt(const LoadedModel& m, const std::vector<tokenizer::ChatMe
     const tokenizer::ChatFormat known = tokenizer::detect_chat_format(m.chat_template, &guessed);
     if (!guessed) p.stop_strings = tokenizer::chat_stop_strings(known);
   } else {
-    if (!named)
-      p.notice = m.model.source + " ships no chat template: formatting as ChatML";
+    if (!named) p.notice = m.model.source + " ships no chat template: formatting as ChatML";
     p.text = tokenizer::render_chat(f, conv, true, bos,
                                     tokenizer::default_system_prompt(m.chat_template));
     p.tokens = m.tok.encode(p.text);

@@ -153,7 +153,7 @@ class Engine {
   std::vector<const int32_t*> tables_;
   std::vector<uint8_t> want_;
   std::vector<float> logits_;  // or hidden states
-  std::vector<Row> rows_;  // this call's token rows (kept to reuse its memory)
+  std::vector<Row> rows_;      // this call's token rows (kept to reuse its memory)
   // Device runs: the decoder, and per-chunk cache slots, block tables (rows, max_seq_blocks) and
   // the rows whose logits are wanted.
   std::unique_ptr<backend::DeviceDecoder> device_;

@@ -2,8 +2,8 @@
 // sequence holds a table of its blocks, so sequences grow without copying and free their blocks
 // when done. Blocks are reference-counted: sequences that share a prefix (n > 1 samples of one
 // prompt, the prefix cache) hold the same blocks, and a block returns to the free list when its
-// last holder releases it. Keys and values are f32 or f16 (half the memory and half the bytes attention reads,
-// for a rounding of 2^-11 relative on each cached value).
+// last holder releases it. Keys and values are f32 or f16 (half the memory and half the bytes
+// attention reads, for a rounding of 2^-11 relative on each cached value).
 #pragma once
 
 #include <cstdint>

@@ -24,8 +24,8 @@ uint64_t PrefixCache::block_key(uint64_t parent, std::span<const int32_t> block_
     return z ^ (z >> 31);
   };
   uint64_t h = mix(parent);
-  for (int32_t t : block_tokens) h = mix(h ^ (static_cast<uint64_t>(static_cast<uint32_t>(t)) +
-                                              0x9e3779b97f4a7c15ull));
+  for (int32_t t : block_tokens)
+    h = mix(h ^ (static_cast<uint64_t>(static_cast<uint32_t>(t)) + 0x9e3779b97f4a7c15ull));
   return h;
 }
 
@@ -37,8 +37,8 @@ std::vector<int32_t> PrefixCache::match(std::span<const int32_t> tokens, int64_t
   uint64_t key = kRootKey;
   ++clock_;
   for (int64_t i = 0; i < full; ++i) {
-    const std::span<const int32_t> own = tokens.subspan(static_cast<size_t>(i * BT),
-                                                        static_cast<size_t>(BT));
+    const std::span<const int32_t> own =
+        tokens.subspan(static_cast<size_t>(i * BT), static_cast<size_t>(BT));
     const uint64_t next = block_key(key, own);
     auto it = entries_.find(next);
     if (it == entries_.end() || it->second.parent != key ||
@@ -61,8 +61,8 @@ int64_t PrefixCache::insert(std::span<const int32_t> tokens, std::span<const int
   uint64_t key = *key_io;
   int64_t i = from;
   for (; i < full; ++i) {
-    const std::span<const int32_t> own = tokens.subspan(static_cast<size_t>(i * BT),
-                                                        static_cast<size_t>(BT));
+    const std::span<const int32_t> own =
+        tokens.subspan(static_cast<size_t>(i * BT), static_cast<size_t>(BT));
     const uint64_t next = block_key(key, own);
     auto it = entries_.find(next);
     if (it != entries_.end()) {
@@ -77,8 +77,8 @@ int64_t PrefixCache::insert(std::span<const int32_t> tokens, std::span<const int
       }
       const int32_t block = blocks[static_cast<size_t>(i)];
       cache_.retain(block);
-      entries_.emplace(next, Entry{block, key, std::vector<int32_t>(own.begin(), own.end()),
-                                   clock_, 0});
+      entries_.emplace(next,
+                       Entry{block, key, std::vector<int32_t>(own.begin(), own.end()), clock_, 0});
     }
     key = next;
   }

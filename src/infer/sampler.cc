@@ -11,8 +11,8 @@
 namespace tessera::infer {
 
 void SamplingParams::validate() const {
-  TS_CHECK(std::isfinite(temperature) && temperature >= 0, "[sampling] temperature must be >= 0 (got ",
-           temperature, ")");
+  TS_CHECK(std::isfinite(temperature) && temperature >= 0,
+           "[sampling] temperature must be >= 0 (got ", temperature, ")");
   TS_CHECK(top_k >= 0, "[sampling] top_k must be >= 0 (got ", top_k, ")");
   TS_CHECK(top_p > 0 && top_p <= 1, "[sampling] top_p must be in (0, 1] (got ", top_p, ")");
   TS_CHECK(min_p >= 0 && min_p < 1, "[sampling] min_p must be in [0, 1) (got ", min_p, ")");
@@ -22,7 +22,8 @@ void SamplingParams::validate() const {
            "[sampling] frequency_penalty must be in [-2, 2] (got ", frequency_penalty, ")");
   TS_CHECK(std::isfinite(presence_penalty) && std::fabs(presence_penalty) <= 2,
            "[sampling] presence_penalty must be in [-2, 2] (got ", presence_penalty, ")");
-  TS_CHECK(penalty_last_n >= 0, "[sampling] penalty_last_n must be >= 0 (got ", penalty_last_n, ")");
+  TS_CHECK(penalty_last_n >= 0, "[sampling] penalty_last_n must be >= 0 (got ", penalty_last_n,
+           ")");
 }
 
 Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {

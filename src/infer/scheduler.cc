@@ -15,11 +15,16 @@ namespace tessera::infer {
 
 const char* finish_reason_name(FinishReason r) {
   switch (r) {
-    case FinishReason::stop: return "stop";
-    case FinishReason::length: return "length";
-    case FinishReason::cancelled: return "cancelled";
-    case FinishReason::deadline: return "deadline";
-    case FinishReason::wait_limit: return "wait_limit";
+    case FinishReason::stop:
+      return "stop";
+    case FinishReason::length:
+      return "length";
+    case FinishReason::cancelled:
+      return "cancelled";
+    case FinishReason::deadline:
+      return "deadline";
+    case FinishReason::wait_limit:
+      return "wait_limit";
   }
   return "?";
 }
@@ -47,8 +52,8 @@ struct Scheduler::Sample {
   bool awaiting_fork = false;  // n > 1: takes sample 0's prompt blocks when they are done
   bool done = false;
   GenerateResult result;
-  std::string full_text;  // decode of every generated token
-  size_t streamed = 0;    // bytes of full_text handed to the sink
+  std::string full_text;                // decode of every generated token
+  size_t streamed = 0;                  // bytes of full_text handed to the sink
   std::vector<GeneratedToken> pending;  // tokens not yet handed to the sink
   explicit Sample(const SamplingParams& p) : sampler(p) {}
 };
@@ -97,16 +102,14 @@ Scheduler::RequestId Scheduler::add(GenerateRequest req, RequestSink sink) {
            req.max_new_tokens, ")");
   const auto P = static_cast<int64_t>(req.prompt.size());
   TS_CHECK(P + req.max_new_tokens <= ctx, "[generate] prompt (", P, " tokens) + max_new_tokens (",
-           req.max_new_tokens, ") = ", P + req.max_new_tokens, " exceeds the context length ",
-           ctx);
+           req.max_new_tokens, ") = ", P + req.max_new_tokens, " exceeds the context length ", ctx);
   TS_CHECK(req.n >= 1 && req.n <= opts_.max_running, "[generate] n must be in [1, ",
            opts_.max_running, "] (the running sequences), not ", req.n);
   // Alone in the cache it must fit: the prompt once, each sample's own blocks past it.
   const int64_t total = P + req.max_new_tokens;
   const int64_t need = (P / BT) + req.n * ((total + BT - 1) / BT - P / BT);
   TS_CHECK(need <= engine_.cache().shape().n_blocks, "[generate] the request needs ", need,
-           " KV-cache blocks of ", BT, " tokens; the cache has ",
-           engine_.cache().shape().n_blocks);
+           " KV-cache blocks of ", BT, " tokens; the cache has ", engine_.cache().shape().n_blocks);
   TS_CHECK(req.top_logprobs >= -1 && req.top_logprobs <= 20,
            "[generate] top_logprobs must be in [0, 20] (or -1: none), not ", req.top_logprobs);
   TS_CHECK(req.deadline_seconds >= 0 && std::isfinite(req.deadline_seconds),
@@ -267,14 +270,19 @@ bool Scheduler::step() {
           if (!s.done) finish(*r, s, why, now);
     remove_finished();
   };
-  end_if([&](const Request& r) {
-    return r.req.deadline_seconds > 0 && now - r.added > r.req.deadline_seconds;
-  }, FinishReason::deadline);
+  end_if(
+      [&](const Request& r) {
+        return r.req.deadline_seconds > 0 && now - r.added > r.req.deadline_seconds;
+      },
+      FinishReason::deadline);
   admit(now);
   // What could not start now and has waited too long leaves the queue.
-  end_if([&](const Request& r) {
-    return !r.started_once && opts_.max_wait_seconds > 0 && now - r.added > opts_.max_wait_seconds;
-  }, FinishReason::wait_limit);
+  end_if(
+      [&](const Request& r) {
+        return !r.started_once && opts_.max_wait_seconds > 0 &&
+               now - r.added > opts_.max_wait_seconds;
+      },
+      FinishReason::wait_limit);
 
   // This step's rows: every decode (one pending token), then prompt chunks in arrival order
   // within the budget. When the cache lacks the blocks, the newest request gives way.
@@ -295,10 +303,9 @@ bool Scheduler::step() {
           if ((pass == 0) != (pending == 1)) continue;
           const int64_t take = std::min(pending, budget - rows);
           if (take <= 0) continue;
-          feeds_.push_back(Feed{s.seq,
-                                std::span<const int32_t>(s.tokens.data() + s.fed,
-                                                         static_cast<size_t>(take)),
-                                false});
+          feeds_.push_back(Feed{
+              s.seq, std::span<const int32_t>(s.tokens.data() + s.fed, static_cast<size_t>(take)),
+              false});
           fed_.emplace_back(r.get(), &s);
           rows += take;
           blocks += engine_.blocks_to_append(s.seq, take);
@@ -412,7 +419,8 @@ void Scheduler::take_token(Request& r, Sample& s, const float* logits, double no
     s.full_text += tok_.decode_token(t);
   // A stop string ends the text where it starts.
   for (const std::string& stop : r.req.stop_strings) {
-    const size_t at = s.full_text.find(stop, s.streamed > stop.size() ? s.streamed - stop.size() : 0);
+    const size_t at =
+        s.full_text.find(stop, s.streamed > stop.size() ? s.streamed - stop.size() : 0);
     if (at != std::string::npos) {
       s.full_text.resize(at);
       finish(r, s, FinishReason::stop, now);
@@ -441,7 +449,8 @@ void Scheduler::emit(Request& r, Sample& s, bool final) {
     limit = std::max(limit, s.streamed);
   }
   if (s.pending.empty() && limit == s.streamed) return;
-  const std::string_view text = std::string_view(s.full_text).substr(s.streamed, limit - s.streamed);
+  const std::string_view text =
+      std::string_view(s.full_text).substr(s.streamed, limit - s.streamed);
   s.streamed = limit;
   const bool go_on = !r.sink.on_tokens || r.sink.on_tokens(s.index, s.pending, text);
   s.pending.clear();

@@ -221,8 +221,7 @@ TEST(Engine, ForkedSequencesShareBlocksAndCopyBeforeWriting) {
   EXPECT_EQ(e.blocks_to_append(b, 1), 1) << "the shared last block is copied first";
   EXPECT_EQ(e.blocks_to_append(b, 7), 3) << "17 tokens: 2 more blocks and the copy";
   const int32_t na = 3, nb = 5;
-  const std::vector<float> got =
-      e.forward({Feed{a, {&na, 1}, false}, Feed{b, {&nb, 1}, false}});
+  const std::vector<float> got = e.forward({Feed{a, {&na, 1}, false}, Feed{b, {&nb, 1}, false}});
   EXPECT_EQ(e.cache().used_blocks(), 4) << "one copy of the shared block";
   EXPECT_EQ(e.cache().ref_count(e.sequence_blocks(a)[0]), 2);
   Engine solo(m, small_options(false));

@@ -15,8 +15,12 @@ namespace tessera::infer {
 namespace {
 
 using test::greedy;
-const test::TinyChatModel& fx() { return test::tiny_chat(); }
-EngineOptions options(int64_t sequences = 1) { return test::tiny_chat_options(sequences); }
+const test::TinyChatModel& fx() {
+  return test::tiny_chat();
+}
+EngineOptions options(int64_t sequences = 1) {
+  return test::tiny_chat_options(sequences);
+}
 
 TEST(Generate, StreamEqualsTextAndLengthStops) {
   Engine e(fx().m, options());

@@ -18,7 +18,9 @@ namespace tessera::infer {
 namespace {
 
 using test::greedy;
-const test::TinyChatModel& fx() { return test::tiny_chat(); }
+const test::TinyChatModel& fx() {
+  return test::tiny_chat();
+}
 
 // Collects each request's results (by id and sample) and how often it was called.
 struct Collector {
@@ -40,9 +42,10 @@ struct Collector {
 };
 
 std::vector<GenerateRequest> mixed_requests() {
-  const char* prompts[] = {"the quick", "lazy dog. héllo wörld the quick brown fox jumps",
-                           "over", "héllo wörld héllo wörld héllo wörld the lazy dog jumps over",
-                           "the lazy", "brown fox"};
+  const char* prompts[] = {
+      "the quick", "lazy dog. héllo wörld the quick brown fox jumps",
+      "over",      "héllo wörld héllo wörld héllo wörld the lazy dog jumps over",
+      "the lazy",  "brown fox"};
   const int64_t lengths[] = {30, 12, 40, 25, 7, 33};
   std::vector<GenerateRequest> reqs;
   for (int i = 0; i < 6; ++i) reqs.push_back(greedy(prompts[i], lengths[i]));

@@ -66,8 +66,7 @@ int run(const Args& a) {
           stderr, "[%lld new prompt tokens at %.1f tokens/s, %zu tokens at %.1f tokens/s]\n",
           static_cast<long long>(r.computed_prompt_tokens),
           r.prefill_seconds > 0 ? r.computed_prompt_tokens / r.prefill_seconds : 0.0,
-          r.tokens.size(),
-          r.decode_seconds > 0 ? r.tokens.size() / r.decode_seconds : 0.0);
+          r.tokens.size(), r.decode_seconds > 0 ? r.tokens.size() / r.decode_seconds : 0.0);
     history.push_back({"assistant", r.text});
   }
   return 0;

@@ -116,8 +116,9 @@ infer::SamplingParams parse_sampling_flags(const Args& a) {
   return p;
 }
 
-infer::ChatPrompt make_cli_prompt(const LoadedModel& m, const std::vector<tokenizer::ChatMessage>& msgs,
-                              const std::string& system, bool raw, const std::string& format) {
+infer::ChatPrompt make_cli_prompt(const LoadedModel& m,
+                                  const std::vector<tokenizer::ChatMessage>& msgs,
+                                  const std::string& system, bool raw, const std::string& format) {
   infer::ChatPrompt p = infer::make_prompt(m, msgs, system, raw, format);
   if (!p.notice.empty())
     std::fprintf(stderr, "[chat] %s (choose another with --chat-template, or --raw)\n",

@@ -55,7 +55,8 @@ infer::SamplingParams parse_sampling_flags(const Args& a);
 
 // infer::make_prompt, with its notice (a model without a chat template) on stderr, naming the
 // flags that choose otherwise.
-infer::ChatPrompt make_cli_prompt(const LoadedModel& m, const std::vector<tokenizer::ChatMessage>& msgs,
-                              const std::string& system, bool raw, const std::string& format);
+infer::ChatPrompt make_cli_prompt(const LoadedModel& m,
+                                  const std::vector<tokenizer::ChatMessage>& msgs,
+                                  const std::string& system, bool raw, const std::string& format);
 
 }  // namespace tessera::cli
