@@ -503,14 +503,21 @@ SchedulerStats Scheduler::stats() const {
       ++st.waiting;
     }
   }
-  st.kv_blocks_free = engine_.cache().free_blocks();
-  st.kv_blocks_used = engine_.cache().used_blocks();
+  const int64_t cache_only = prefix_ ? prefix_->evictable() : 0;
+  st.kv_blocks_free = engine_.cache().free_blocks() + cache_only;
+  st.kv_blocks_used = engine_.cache().used_blocks() - cache_only;
   st.kv_blocks_cached = prefix_ ? prefix_->blocks() : 0;
   return st;
 }
 
 void Scheduler::clear_prefix_cache() {
   if (prefix_) prefix_->clear();
+}
+
+bool Scheduler::reserve_blocks(int64_t n) {
+  KvCache& cache = engine_.cache();
+  if (n > cache.free_blocks() && prefix_) prefix_->evict(n - cache.free_blocks());
+  return n <= cache.free_blocks();
 }
 
 }  // namespace tessera::infer

@@ -99,8 +99,9 @@ struct SchedulerOptions {
 struct SchedulerStats {
   int64_t running = 0, waiting = 0;  // requests
   int64_t running_sequences = 0;
-  int64_t kv_blocks_used = 0, kv_blocks_free = 0;
-  int64_t kv_blocks_cached = 0;  // held by the prefix cache (some also by sequences)
+  // Blocks requests hold; the others (free, or kept only by the prefix cache, which gives them
+  // up when needed); blocks the prefix cache keeps (some also held by requests).
+  int64_t kv_blocks_used = 0, kv_blocks_free = 0, kv_blocks_cached = 0;
   int64_t prompt_tokens = 0, generated_tokens = 0;
   int64_t prefix_query_tokens = 0, prefix_hit_tokens = 0;
   int64_t computed_prompt_tokens = 0;  // prompt and recomputed rows run through the model
@@ -137,6 +138,9 @@ class Scheduler {
   Engine& engine() { return engine_; }
   // Drops every prefix-cache block no sequence holds (tests: KV blocks return to zero).
   void clear_prefix_cache();
+  // Makes n cache blocks free for work beside the requests (an embedding's sequence), taking
+  // them from the prefix cache if need be; false when the running requests hold too many.
+  bool reserve_blocks(int64_t n);
 
  private:
   struct Sample;

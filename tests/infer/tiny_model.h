@@ -96,9 +96,11 @@ inline model::DecoderModel make_tiny_model(const TinyOptions& o) {
   return m;
 }
 
-// Logits (T, V) of every position of `tokens`, computed directly in double.
+// Logits (T, V) of every position of `tokens`, computed directly in double; with hidden_states,
+// the final norm's output (T, C) instead (what the head reads).
 inline std::vector<double> reference_logits(const model::DecoderModel& m,
-                                            const std::vector<int32_t>& tokens) {
+                                            const std::vector<int32_t>& tokens,
+                                            bool hidden_states = false) {
   const model::DecoderConfig& c = m.config;
   const bool gpt2 = c.arch == model::DecoderArch::gpt2;
   const auto T = static_cast<int64_t>(tokens.size());
@@ -198,8 +200,8 @@ inline std::vector<double> reference_logits(const model::DecoderModel& m,
   }
   std::vector<double> logits;
   for (int64_t t = 0; t < T; ++t) {
-    const Vec l =
-        linear(norm(x[t], m.weights.out_norm, m.weights.out_norm_b), m.weights.output, {});
+    const Vec xn = norm(x[t], m.weights.out_norm, m.weights.out_norm_b);
+    const Vec l = hidden_states ? xn : linear(xn, m.weights.output, {});
     logits.insert(logits.end(), l.begin(), l.end());
   }
   return logits;

@@ -165,6 +165,31 @@ std::vector<std::string> split_list(const std::string& flag, const std::string& 
   }
 }
 
+int64_t parse_bytes(const std::string& flag, const std::string& text) {
+  double v = 0;
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  const std::string unit(p, text.data() + text.size());
+  static const std::pair<const char*, double> units[] = {{"", 1},
+                                                         {"B", 1},
+                                                         {"KB", 1e3},
+                                                         {"MB", 1e6},
+                                                         {"GB", 1e9},
+                                                         {"TB", 1e12},
+                                                         {"KiB", 1024.0},
+                                                         {"MiB", 1048576.0},
+                                                         {"GiB", 1073741824.0},
+                                                         {"TiB", 1099511627776.0}};
+  double scale = 0;
+  for (const auto& [name, s] : units)
+    if (unit == name) scale = s;
+  TS_CHECK(ec == std::errc() && p != text.data() && scale > 0, "flag ", flag,
+           " expects a size such as 2GiB, 512MiB or 1e9 (bytes), got '", text, "'");
+  const double bytes = v * scale;
+  TS_CHECK(std::isfinite(bytes) && bytes >= 1 && bytes < 4.6e18, "flag ", flag,
+           " must be a positive size below 4 EiB, got '", text, "'");
+  return static_cast<int64_t>(bytes);
+}
+
 std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& text, int64_t lo,
                                     int64_t hi) {
   std::vector<int64_t> out;

@@ -53,6 +53,11 @@ std::vector<std::string> split_list(const std::string& flag, const std::string& 
 std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& text, int64_t lo,
                                     int64_t hi);
 
+// A size in bytes: a number with an optional unit (B; KB, MB, GB, TB in powers of 1000; KiB,
+// MiB, GiB, TiB in powers of 1024), e.g. "2GiB", "1.5GB", "4096"; refused naming the flag
+// unless it is positive and below 2^62.
+int64_t parse_bytes(const std::string& flag, const std::string& text);
+
 // A positional argument (in order).
 struct Positional {
   std::string name;  // IN
