@@ -102,17 +102,47 @@ int64_t PrefixCache::evict(int64_t n) {
   while (freed < n && !heap.empty()) {
     const uint64_t key = heap.top().second;
     heap.pop();
-    auto it = entries_.find(key);
-    const Entry e = std::move(it->second);
-    entries_.erase(it);
-    cache_.release(e.block);
-    ++freed;
-    if (e.parent == kRootKey) continue;
-    auto p = entries_.find(e.parent);
-    TS_CHECK(p != entries_.end(), "[prefix-cache] a cached block's parent is missing");
-    if (--p->second.children == 0 && cache_.ref_count(p->second.block) == 1)
-      heap.emplace(p->second.last_used, e.parent);
+    const uint64_t parent = entries_.at(key).parent;
+    freed += drop(key);
+    auto p = entries_.find(parent);
+    if (p != entries_.end() && p->second.children == 0 && cache_.ref_count(p->second.block) == 1)
+      heap.emplace(p->second.last_used, parent);
   }
+  // Blocks only the cache holds but whose descendants a sequence holds: a sequence that ran the
+  // same tokens as a cached chain in blocks of its own had its later blocks cached under that
+  // chain. Dropping the oldest such block drops its subtree from the cache (the held blocks stay
+  // with their sequences).
+  while (freed < n) {
+    const Entry* oldest = nullptr;
+    uint64_t key = 0;
+    for (const auto& [k, e] : entries_)
+      if (cache_.ref_count(e.block) == 1 && (!oldest || e.last_used < oldest->last_used)) {
+        oldest = &e;
+        key = k;
+      }
+    if (!oldest) break;
+    freed += drop(key);
+  }
+  return freed;
+}
+
+int64_t PrefixCache::drop(uint64_t key) {
+  // The subtree's keys, breadth first (children are found by their parent key: a rare path).
+  std::vector<uint64_t> keys = {key};
+  for (size_t i = 0; i < keys.size(); ++i)
+    if (entries_.at(keys[i]).children > 0)
+      for (const auto& [k, e] : entries_)
+        if (e.parent == keys[i]) keys.push_back(k);
+  const uint64_t parent = entries_.at(key).parent;
+  int64_t freed = 0;
+  for (uint64_t k : keys) {
+    auto it = entries_.find(k);
+    freed += cache_.ref_count(it->second.block) == 1;
+    cache_.release(it->second.block);
+    entries_.erase(it);
+  }
+  auto p = entries_.find(parent);
+  if (p != entries_.end()) --p->second.children;
   return freed;
 }
 

@@ -4,7 +4,8 @@
 // A block's key chains its parent's key with its own tokens (the keys and values of a block
 // depend on every token before it); a match also compares the tokens, so a hash collision
 // costs a miss, never a wrong block. The cache holds one reference on each block it keeps;
-// blocks nobody else holds are evicted least recently used first, leaves before their parents.
+// blocks nobody else holds are evicted least recently used first, leaves before their parents
+// (a parent nobody holds above a child a sequence holds goes with its subtree).
 #pragma once
 
 #include <cstdint>
@@ -40,7 +41,8 @@ class PrefixCache {
 
   // Blocks only the cache holds: free for the asking (evict).
   int64_t evictable() const;
-  // Frees up to n blocks only the cache holds, least recently used first; returns how many.
+  // Frees at least n blocks only the cache holds (or all of them), least recently used leaves
+  // first; returns how many it freed.
   int64_t evict(int64_t n);
   // Drops every block only the cache holds.
   void clear() { evict(static_cast<int64_t>(entries_.size())); }
@@ -54,6 +56,9 @@ class PrefixCache {
     uint64_t last_used;
     int32_t children;  // cached blocks whose parent this is (evicted first)
   };
+  // Removes the entry and every cached block under it; returns the blocks this freed.
+  int64_t drop(uint64_t key);
+
   KvCache& cache_;
   int64_t block_tokens_;
   uint64_t clock_ = 0;

@@ -43,7 +43,9 @@ struct GenerationRequest {
   int64_t n = 1;
   bool stream = false, include_usage = false;
   int64_t top_logprobs = -1;  // -1: no log-probabilities
-  bool ignore_eos = false;    // extension (vLLM, llama-server): generate exactly max_tokens
+  // Extension (vLLM, llama-server): no end-of-generation token or chat-template end-of-turn
+  // text ends the answer, so it runs to max_tokens (unless a `stop` string is met).
+  bool ignore_eos = false;
 };
 
 struct EmbeddingRequest {

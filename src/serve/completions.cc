@@ -80,7 +80,8 @@ void Server::handle_generation(const httplib::Request& req, httplib::Response& r
       if (chat) {
         const infer::ChatPrompt p = infer::make_prompt(model_, g.messages, "", false, "");
         r.prompt = p.tokens;
-        r.stop_strings = p.stop_strings;
+        // The template's end-of-turn text stops like the end token (not with ignore_eos).
+        if (!g.ignore_eos) r.stop_strings = p.stop_strings;
       } else if (g.prompt_is_tokens) {
         r.prompt = g.prompt_tokens;
       } else {

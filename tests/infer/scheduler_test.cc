@@ -125,6 +125,29 @@ TEST(Scheduler, PreemptsTheNewestWhenTheCacheRunsOutAndStillMatches) {
   }
 }
 
+// The same request twice, one at a time, in a cache that holds one at full length: the second
+// takes back the blocks the prefix cache kept of the first.
+TEST(Scheduler, PrefixCacheGivesItsBlocksBackToTheNextRequest) {
+  EngineOptions eo = test::tiny_chat_options();
+  eo.kv_tokens = 12 * 16;
+  Engine e(fx().m, eo);
+  SchedulerOptions so;
+  so.max_running = 1;
+  Scheduler s(e, fx().tok, so);
+  // A prompt longer than a block: the second request also takes the first's first block.
+  GenerateRequest r = greedy(
+      "the quick brown fox jumps over the lazy dog. héllo wörld the lazy dog jumps over the quick "
+      "brown fox",
+      150);
+  ASSERT_GT(r.prompt.size(), 16u);
+  Collector c;
+  const Scheduler::RequestId a = c.add(s, r), b = c.add(s, r);
+  s.run_until_idle();
+  EXPECT_EQ(c.results.at({a, 0}).tokens.size(), 150u);
+  EXPECT_EQ(c.results.at({b, 0}).tokens, c.results.at({a, 0}).tokens);
+  EXPECT_EQ(c.results.at({b, 0}).cached_tokens, 16);
+}
+
 TEST(Scheduler, PrefixCacheSkipsTheSharedPrefill) {
   std::string prefix;
   for (int i = 0; i < 8; ++i) prefix += "the quick brown fox jumps over the lazy dog. ";

@@ -42,6 +42,14 @@ std::vector<std::string> read_api_keys(const std::string& path) {
 }
 
 int run(const Args& a) {
+  // Signals go to one thread that waits for them: blocked before any other thread starts (the
+  // engine's pool, the HTTP threads), so that every thread inherits the mask.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);  // a client that leaves mid-write is an error return, not death
   const EngineFlags ef = parse_engine_flags(a);
   serve::ServerOptions so;
   so.host = a.str("--host");
@@ -77,15 +85,6 @@ int run(const Args& a) {
 
   const int threads = static_cast<int>(eo.ctx.threads().size());
   so.memory_bandwidth = profile::measure_triad_gbs(threads) * 1e9;
-
-  // Signals go to one thread that waits for them (set before any other thread starts, so
-  // every thread inherits the mask).
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  std::signal(SIGPIPE, SIG_IGN);  // a client that leaves mid-write is an error return, not death
 
   serve::Server server(m, engine, sched, so);
   const int port = server.bind();
