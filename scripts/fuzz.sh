@@ -3,7 +3,7 @@
 # each for a bounded time over a copy of its seed corpus; exits non-zero if any target fails.
 # Usage: scripts/fuzz.sh [build-dir (default build-fuzz)]
 #   FUZZ_SECONDS=60   seconds per target
-#   FUZZ_TARGETS="gguf safetensors tokenizer_json jinja"
+#   FUZZ_TARGETS="gguf safetensors tokenizer_json jinja api_request"
 #   FUZZ_BUILD_JOBS=2 ninja -j
 # Crash reproducers land in fuzz/crashes/<target>-crash-<sha1>; rerun one with
 #   <build-dir>/fuzz/<target>_fuzz fuzz/crashes/<file>
@@ -12,7 +12,7 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build-fuzz}
 seconds=${FUZZ_SECONDS:-60}
-targets=${FUZZ_TARGETS:-"gguf safetensors tokenizer_json jinja"}
+targets=${FUZZ_TARGETS:-"gguf safetensors tokenizer_json jinja api_request"}
 build_jobs=${FUZZ_BUILD_JOBS:-2}
 
 # Coverage instrumentation on the library too (fuzzer-no-link), sanitizers through the project's

@@ -285,15 +285,25 @@ bool Scheduler::step() {
       FinishReason::wait_limit);
 
   // This step's rows: every decode (one pending token), then prompt chunks in arrival order
-  // within the budget. When the cache lacks the blocks, the newest request gives way.
-  const int64_t budget =
-      opts_.step_tokens > 0 ? opts_.step_tokens : std::numeric_limits<int64_t>::max();
+  // within the budget: step_tokens rows in all while some sequence decodes (at least a quarter of
+  // it for prompts, so they always advance), at least a chunk of the engine's when none does
+  // (no stream waits on the step then). When the cache lacks the blocks, the newest request
+  // gives way.
+  const int64_t unbounded = std::numeric_limits<int64_t>::max();
+  int64_t decode_rows = 0, prompt_rows = 0;
   for (;;) {
     feeds_.clear();
     fed_.clear();
-    int64_t rows = 0, blocks = 0;
+    decode_rows = prompt_rows = 0;
+    int64_t blocks = 0, prompt_budget = 0;
     Request* oldest = nullptr;
-    for (int pass = 0; pass < 2; ++pass)
+    for (int pass = 0; pass < 2; ++pass) {
+      if (pass == 1) {
+        const int64_t T = opts_.step_tokens;
+        prompt_budget = T == 0            ? unbounded
+                        : decode_rows > 0 ? std::max(T - decode_rows, (T + 3) / 4)
+                                          : std::max(T, engine_.options().max_rows);
+      }
       for (auto& r : requests_) {
         if (!r->running) continue;
         if (!oldest) oldest = r.get();
@@ -301,16 +311,17 @@ bool Scheduler::step() {
           if (s.done || s.seq < 0) continue;
           const int64_t pending = static_cast<int64_t>(s.tokens.size()) - s.fed;
           if ((pass == 0) != (pending == 1)) continue;
-          const int64_t take = std::min(pending, budget - rows);
+          const int64_t take = pass == 0 ? 1 : std::min(pending, prompt_budget - prompt_rows);
           if (take <= 0) continue;
           feeds_.push_back(Feed{
               s.seq, std::span<const int32_t>(s.tokens.data() + s.fed, static_cast<size_t>(take)),
               false});
           fed_.emplace_back(r.get(), &s);
-          rows += take;
+          (pass == 0 ? decode_rows : prompt_rows) += take;
           blocks += engine_.blocks_to_append(s.seq, take);
         }
       }
+    }
     if (feeds_.empty()) return false;
     KvCache& cache = engine_.cache();
     if (blocks > cache.free_blocks() && prefix_) prefix_->evict(blocks - cache.free_blocks());
@@ -328,9 +339,9 @@ bool Scheduler::step() {
   const std::vector<float>& logits = engine_.forward(feeds_);
   stats_.busy_seconds += timer.seconds();
   ++stats_.steps;
-  int64_t rows = 0;
-  for (const Feed& f : feeds_) rows += static_cast<int64_t>(f.tokens.size());
+  const int64_t rows = decode_rows + prompt_rows;
   stats_.last_step_rows = rows;
+  stats_.last_step_prompt_rows = prompt_rows;
   stats_.last_step_sequences = static_cast<int64_t>(feeds_.size());
   const int64_t max_rows = engine_.options().max_rows;
   stats_.memory_read_bytes +=

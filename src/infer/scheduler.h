@@ -89,8 +89,11 @@ struct RequestSink {
 
 struct SchedulerOptions {
   int64_t max_running = 32;  // sequences in the cache at once (each sample is one)
-  // Token rows per engine step: decode rows first, then prompt chunks up to the budget; 0: no
-  // budget (every pending row in one forward: the fastest prefill, for batch jobs).
+  // Token rows per engine step while sequences decode: every decode row, then prompt chunks up
+  // to this many rows in all (at least a quarter of it for prompts); steps without decodes take
+  // at least an engine chunk (EngineOptions::max_rows) of prompt. 0: no budget (every pending
+  // row in one forward: the fastest prefill, for batch jobs). A step costs about its rows, so
+  // the budget bounds how much a long prompt arriving slows the streams already running.
   int64_t step_tokens = 0;
   double max_wait_seconds = 0;  // a request not started by then ends with wait_limit; 0: none
   bool prefix_cache = true;
@@ -106,7 +109,7 @@ struct SchedulerStats {
   int64_t prefix_query_tokens = 0, prefix_hit_tokens = 0;
   int64_t computed_prompt_tokens = 0;  // prompt and recomputed rows run through the model
   int64_t preemptions = 0, steps = 0;
-  int64_t last_step_sequences = 0, last_step_rows = 0;
+  int64_t last_step_sequences = 0, last_step_rows = 0, last_step_prompt_rows = 0;
   int64_t memory_read_bytes = 0;  // weights and cached keys/values the steps read (estimated)
   double busy_seconds = 0;        // in engine forwards
 };

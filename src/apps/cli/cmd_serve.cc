@@ -61,7 +61,10 @@ int run(const Args& a) {
   if (a.given("--api-key-file")) so.api_keys = read_api_keys(a.str("--api-key-file"));
   infer::SchedulerOptions sched;
   sched.max_running = a.i64("--max-batch");
-  sched.step_tokens = a.i64("--step-tokens");
+  // A CPU step costs about its rows even at batch 32 (compute-bound), so prompt rows beside
+  // decodes are held to about the decodes' number; a GPU's decode step is bound by the weight
+  // reads, and prompt rows beside it come almost free.
+  sched.step_tokens = a.given("--step-tokens") ? a.i64("--step-tokens") : ef.cuda ? 512 : 64;
   sched.max_wait_seconds = a.f64("--max-wait");
   sched.prefix_cache = !a.on("--no-prefix-cache");
   const int64_t kv_memory = parse_bytes("--kv-memory", a.str("--kv-memory"));
@@ -124,9 +127,9 @@ const Registrar reg({
               Flag::text("--kv-memory", "2GiB",
                          "KV-cache memory (at most a full context per sequence of the batch)",
                          "SIZE"),
-              Flag::integer("--step-tokens", 256, 0, 1 << 20,
-                            "token rows per engine step: decodes, then prompt chunks up to this; "
-                            "0: whole prompts at once"),
+              Flag::integer("--step-tokens", 64, 0, 1 << 20,
+                            "token rows per engine step while sequences decode (decodes, then "
+                            "prompt chunks); default 64 on cpu, 512 on cuda; 0: no limit"),
               Flag::integer("--max-queue", 256, 0, 1 << 20,
                             "requests waiting to start; more are answered 429"),
               Flag::number("--max-wait", 120.0, 0, 1e6,
