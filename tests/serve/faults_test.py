@@ -95,7 +95,8 @@ with Server(tessera, model, "--api-key-file", keys.name, "--max-body", "64KiB", 
     r = conn.getresponse()
     for _ in range(4):
         r.fp.readline()
-    check(s.metrics()["tessera_kv_blocks_used"] > 0, "the stream holds KV blocks")
+    check(s.wait_metric("tessera_kv_blocks_used", lambda v: v > 0, 10) > 0,
+          "the stream holds KV blocks")
     conn.sock.shutdown(socket.SHUT_RDWR)
     conn.close()
     check(s.wait_metric("tessera_kv_blocks_used", lambda v: v == 0, 10) == 0,
