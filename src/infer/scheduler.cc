@@ -424,9 +424,10 @@ void Scheduler::take_token(Request& r, Sample& s, const float* logits, double no
   // Append the new token's bytes rather than decoding everything again (a long generation would
   // be quadratic). Until some text exists, decode it all: SentencePiece drops the leading space
   // of the whole text, which only a full decode knows.
+  const bool skip = r.req.skip_special_tokens;
   if (s.full_text.empty())
-    s.full_text = tok_.decode(s.result.tokens);
-  else
+    s.full_text = tok_.decode(s.result.tokens, skip);
+  else if (!(skip && tok_.is_special(t)))
     s.full_text += tok_.decode_token(t);
   // A stop string ends the text where it starts.
   for (const std::string& stop : r.req.stop_strings) {

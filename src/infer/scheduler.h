@@ -52,7 +52,8 @@ struct GenerateRequest {
   // Log-probabilities of each generated token under the model (log-softmax of the raw logits,
   // before penalties and temperature) and of the top_logprobs most likely tokens; -1: none.
   int64_t top_logprobs = -1;
-  double deadline_seconds = 0;  // from add(); 0: none
+  double deadline_seconds = 0;       // from add(); 0: none
+  bool skip_special_tokens = false;  // special added tokens generated add no text
 };
 
 struct TokenLogprob {

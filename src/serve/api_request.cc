@@ -232,6 +232,14 @@ void parse_common(Fields& f, GenerationRequest& r) {
     o.no_others();
   }
   r.ignore_eos = f.boolean("ignore_eos").value_or(false);
+  r.skip_special_tokens = f.boolean("skip_special_tokens").value_or(true);
+  // SGLang's fields, which its router adds to every request it forwards: accepted where they ask
+  // for what this server does anyway (it has no reasoning parser, so splitting reasoning from
+  // content changes nothing), refused where they ask for more.
+  f.boolean("separate_reasoning");
+  f.boolean("stream_reasoning");
+  for (const char* key : {"no_stop_trim", "continue_final_message", "return_hidden_states"})
+    if (f.boolean(key).value_or(false)) f.fail(key, "true is not supported by this server");
   f.string("user");  // an end-user id for abuse monitoring: accepted, kept nowhere
   f.unsupported({"logit_bias", "tools", "tool_choice", "functions", "function_call",
                  "response_format", "parallel_tool_calls", "prediction", "audio", "modalities",

@@ -46,6 +46,7 @@ struct GenerationRequest {
   // Extension (vLLM, llama-server): no end-of-generation token or chat-template end-of-turn
   // text ends the answer, so it runs to max_tokens (unless a `stop` string is met).
   bool ignore_eos = false;
+  bool skip_special_tokens = true;  // as vLLM and SGLang: special tokens add no text
 };
 
 struct EmbeddingRequest {

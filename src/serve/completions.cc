@@ -131,6 +131,7 @@ void Server::handle_generation(const httplib::Request& req, httplib::Response& r
     if (!g.ignore_eos) r.stop_tokens = model_.tok.end_of_generation_tokens();
     r.stop_strings.insert(r.stop_strings.end(), g.stop.begin(), g.stop.end());
     r.n = g.n;
+    r.skip_special_tokens = g.skip_special_tokens;
     r.top_logprobs = g.top_logprobs;
     r.deadline_seconds = opts_.request_timeout_seconds;
     if (loop_->waiting() >= opts_.max_queue)

@@ -4,6 +4,7 @@
 #include "serve/server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <cstdio>
@@ -70,11 +71,21 @@ Server::~Server() {
 }
 
 int Server::bind() {
+  // cpp-httplib listens with a backlog of 5 (built into Debian's library): 64 clients connecting
+  // at once would see refused attempts retried a second later. Its socket-options hook hands us
+  // the listening socket; once bound, listen again with the system's maximum.
+  int listener = -1;
+  http_->set_socket_options([&listener](int fd) {
+    httplib::default_socket_options(fd);
+    listener = fd;
+  });
   const int port = opts_.port == 0
                        ? http_->bind_to_any_port(opts_.host)
                        : (http_->bind_to_port(opts_.host, opts_.port) ? opts_.port : -1);
   TS_CHECK(port > 0, "[serve] cannot listen on ", opts_.host, ":", opts_.port,
            " (in use, or not an address of this machine)");
+  http_->set_socket_options(httplib::default_socket_options);  // the hook held a local
+  if (listener >= 0) ::listen(listener, SOMAXCONN);
   opts_.port = port;
   if (opts_.replica.empty()) opts_.replica = opts_.host + ":" + std::to_string(port);
   return port;
@@ -122,7 +133,8 @@ bool Server::authorized(const httplib::Request& req, httplib::Response& res) {
 }
 
 void Server::check_model(const std::string& model) const {
-  if (!model.empty() && model != opts_.model_name)
+  // "unknown": what SGLang's router sends for a client that named no model.
+  if (!model.empty() && model != "unknown" && model != opts_.model_name)
     throw ApiError(
         404,
         "the model '" + model + "' does not exist here; this server has '" + opts_.model_name + "'",
@@ -185,6 +197,17 @@ void Server::routes() {
     }
     metrics_->count_request(req.path, res.status);
   });
+  // What SGLang's router asks a worker for (its model's name), under both its names. No model
+  // or tokenizer path: given one, the router would try to load a tokenizer itself.
+  for (const char* path : {"/server_info", "/get_server_info"})
+    s.Get(path, [this](const httplib::Request& req, httplib::Response& res) {
+      send_json(res, 200,
+                {{"served_model_name", opts_.model_name},
+                 {"max_total_num_tokens",
+                  engine_.cache().shape().n_blocks * engine_.cache().shape().block_tokens},
+                 {"context_length", engine_.options().max_ctx}});
+      metrics_->count_request(req.path, 200);
+    });
   s.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
     handle_generation(req, res, true);
   });

@@ -74,6 +74,23 @@ TEST(ApiRequest, ChatFieldsAndDefaults) {
   EXPECT_NE(d.sampling.seed, d2.sampling.seed) << "without a seed each request draws its own";
 }
 
+// SGLang's router adds its own fields to every request: accepted where they ask for what the
+// server does anyway, refused where they ask for more.
+TEST(ApiRequest, RouterFields) {
+  const GenerationRequest r = parse_chat_request(
+      R"({"messages":[{"role":"user","content":"x"}],"model":"unknown","no_stop_trim":false,
+          "continue_final_message":false,"skip_special_tokens":true,"separate_reasoning":true,
+          "stream_reasoning":true,"return_hidden_states":false,"logprobs":false})");
+  EXPECT_TRUE(r.skip_special_tokens);
+  EXPECT_FALSE(parse_chat_request(R"({"messages":[{"role":"user","content":"x"}],
+                                      "skip_special_tokens":false})")
+                   .skip_special_tokens);
+  expect_400(R"({"messages":[{"role":"user","content":"x"}],"no_stop_trim":true})", "no_stop_trim",
+             "not supported");
+  expect_400(R"({"messages":[{"role":"user","content":"x"}],"return_hidden_states":true})",
+             "return_hidden_states", "not supported");
+}
+
 TEST(ApiRequest, CompletionPrompts) {
   EXPECT_EQ(parse_completion_request(R"({"prompt":"hi"})").prompt, "hi");
   EXPECT_EQ(parse_completion_request(R"({"prompt":["hi"]})").prompt, "hi");
