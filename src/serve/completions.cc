@@ -50,13 +50,6 @@ struct Choices {
   }
 };
 
-// The request as the engine takes it: the prompt's tokens, and the limits checked against the
-// context and the cache before any work.
-struct Prepared {
-  infer::GenerateRequest req;
-  std::string prompt_field;
-};
-
 }  // namespace
 
 void Server::handle_generation(const httplib::Request& req, httplib::Response& res, bool chat) {
