@@ -155,7 +155,7 @@ static_assert(static_cast<int>(Stage::qkv) == 0 && static_cast<int>(Stage::attn_
               static_cast<int>(Stage::head) == 4 && static_cast<int>(Stage::attention) == 5);
 
 void Engine::set_stage_timing(bool on) {
-  if (!device_) return;  // the CPU path always times its stages
+  if (!device_) return;  // elsewhere the stages are scopes for an observer
   device_->set_stage_timing(on);
   device_->reset_stage_times();
 }
@@ -365,8 +365,7 @@ void Engine::run_chunk(const Row* rows, int64_t n, Output what) {
   kv.layout.block_stride = cache_.block_stride();
   kv.layout.v_offset = cache_.half_block_elems();
   const int64_t width = what == Output::logits ? config().vocab : config().d_model;
-  logit_rows_done_ +=
-      fwd_->forward(dr, kv, logits_.data() + logit_rows_done_ * width, stats_.stages, what);
+  logit_rows_done_ += fwd_->forward(dr, kv, logits_.data() + logit_rows_done_ * width, what);
 }
 
 void Engine::run_chunk_device(const Row* rows, int64_t n) {

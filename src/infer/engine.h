@@ -50,14 +50,17 @@ struct Feed {
   bool all_logits = false;          // logits for every token, not only the last
 };
 
-// The parts of a forward pass timed apart: the weight products by the matrices they read (q/k/v
-// together, the attention output, the MLP's input matrices (gate and up, or GPT-2's up), its down
-// matrix, the output head), and attention over the cache.
-// Stages of the forward pass, as the model reports them.
+// The parts of a forward pass (model::Stage). On the CPU and through the ops backend they are
+// ops::Scopes that an observer in EngineOptions::ctx sums (ops/op_tally.h); the CUDA device twin
+// times them with its own events, into EngineStats::stages, while set_stage_timing is on.
 using model::kNumStages;
 using model::Stage;
 using model::stage_name;
-using model::StageStats;
+
+struct StageStats {
+  double seconds = 0;
+  int64_t weight_bytes = 0;  // weight bytes read (one pass over each matrix per call)
+};
 
 struct EngineStats {
   double seconds = 0;
@@ -113,9 +116,9 @@ class Engine {
 
   const EngineStats& stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }
-  // The per-stage figures of stats(): always kept on the CPU (host timers around each op); on a
-  // device only while this is on, from events between the stages, with eager launches instead
-  // of CUDA graphs (so a timed decode is slower than an untimed one).
+  // The per-stage figures of stats(), kept by the CUDA device twin only while this is on, from
+  // events between the stages, with eager launches instead of CUDA graphs (so a timed decode is
+  // slower than an untimed one). Elsewhere stages are scopes an observer sums; this does nothing.
   void set_stage_timing(bool on);
 
  private:

@@ -5,18 +5,10 @@
 #include "core/error.h"
 #include "ops/ops.h"
 #include "ops/quant.h"
-#include "profile/timer.h"
 
 namespace tessera::model {
 
 namespace {
-
-void count(StageStats* stages, Stage stage, double seconds, int64_t weight_bytes) {
-  if (stages == nullptr) return;
-  StageStats& s = stages[static_cast<int>(stage)];
-  s.seconds += seconds;
-  s.weight_bytes += weight_bytes;
-}
 
 const float* bias_of(const WeightRef& b) {
   return b.present() ? static_cast<const float*>(b.data) : nullptr;
@@ -32,10 +24,10 @@ struct LinearOut {
 // product, x quantized once. Outputs side by side in y whose matrices are consecutive rows of one
 // stored matrix (GPT-2's c_attn seen as q, k and v) become one product: the packed GEMM then
 // packs x once instead of once per part.
-void linear_group(const ops::Context& ctx, StageStats* stages, Stage stage, const float* x,
-                  int64_t n, int64_t ldy, std::initializer_list<LinearOut> outs) {
-  const profile::Timer t;
-  int64_t bytes = 0, K = 0;
+void linear_group(const ops::Context& ctx, Stage stage, const float* x, int64_t n, int64_t ldy,
+                  std::initializer_list<LinearOut> outs) {
+  const ops::Scope scope(ctx, stage_name(stage));
+  int64_t K = 0;
   ops::WtProduct products[4];
   const LinearOut* tail[4] = {};  // the last linear joined into products[i]
   int64_t np = 0;
@@ -43,7 +35,6 @@ void linear_group(const ops::Context& ctx, StageStats* stages, Stage stage, cons
     const WeightRef& w = *o.w;
     const float* b = o.b ? bias_of(*o.b) : nullptr;
     K = w.cols();
-    bytes += w.bytes();
     if (np > 0) {
       ops::WtProduct& last = products[np - 1];
       const LinearOut& prev = *tail[np - 1];
@@ -62,7 +53,6 @@ void linear_group(const ops::Context& ctx, StageStats* stages, Stage stage, cons
     ++np;
   }
   ops::matmul_wt_group(ctx, x, n, K, {products, static_cast<size_t>(np)});
-  count(stages, stage, t.seconds(), bytes);
 }
 
 }  // namespace
@@ -83,16 +73,15 @@ void norm_forward(const ops::Context& ctx, const DecoderConfig& c, float* out, f
     ops::rmsnorm_forward(ctx, out, rstd, inp, wf, n, c.d_model, c.norm_eps);
 }
 
-void linear_forward(const ops::Context& ctx, StageStats* stages, Stage stage, float* y,
-                    const float* x, int64_t n, const WeightRef& w, const WeightRef& b) {
-  const profile::Timer t;
+void linear_forward(const ops::Context& ctx, Stage stage, float* y, const float* x, int64_t n,
+                    const WeightRef& w, const WeightRef& b) {
+  const ops::Scope scope(ctx, stage_name(stage));
   ops::matmul_wt(ctx, y, w.rows(), x, n, w.cols(), w.data, w.type, w.rows(), bias_of(b));
-  count(stages, stage, t.seconds(), w.bytes());
 }
 
 void block_forward(const ops::Context& ctx, const DecoderConfig& c, const DecoderLayer& w,
                    int64_t layer, int64_t n, const BlockTensors& t, BlockAttention& attention,
-                   StageStats* stages, bool stop_after_ff_in) {
+                   bool stop_after_ff_in) {
   const int64_t C = c.d_model, QD = c.q_dim(), KV = c.kv_dim();
   const bool llama = c.arch == DecoderArch::llama;
 
@@ -100,30 +89,29 @@ void block_forward(const ops::Context& ctx, const DecoderConfig& c, const Decode
   norm_forward(ctx, c, t.xn1, t.mean1, t.rstd1, t.in, n, w.attn_norm, w.attn_norm_b);
   // q, k and v read the same input: one grouped product into the rows of qkv.
   linear_group(
-      ctx, stages, Stage::qkv, t.xn1, n, QD + 2 * KV,
+      ctx, Stage::qkv, t.xn1, n, QD + 2 * KV,
       {{t.qkv, &w.wq, &w.bq}, {t.qkv + QD, &w.wk, &w.bk}, {t.qkv + QD + KV, &w.wv, &w.bv}});
   {
-    const profile::Timer timer;
+    const ops::Scope scope(ctx, stage_name(Stage::attention));
     attention.attend(layer, t.qkv, t.att, n);
-    count(stages, Stage::attention, timer.seconds(), 0);
   }
-  linear_forward(ctx, stages, Stage::attn_out, t.branch, t.att, n, w.wo, w.bo);
+  linear_forward(ctx, Stage::attn_out, t.branch, t.att, n, w.wo, w.bo);
   ops::add(ctx, t.mid, t.in, t.branch, n * C);
 
   // MLP branch: out = mid + down(act(up(norm(mid)))).
   norm_forward(ctx, c, t.xn2, t.mean2, t.rstd2, t.mid, n, w.ffn_norm, w.ffn_norm_b);
   const int64_t F = c.d_ff;
   if (llama) {
-    linear_group(ctx, stages, Stage::mlp_in, t.xn2, n, F,
+    linear_group(ctx, Stage::mlp_in, t.xn2, n, F,
                  {{t.ff_in, &w.w_gate, nullptr}, {t.ff_up, &w.w_up, nullptr}});
     if (stop_after_ff_in) return;
     ops::swiglu_forward(ctx, t.ff_act, t.ff_in, t.ff_up, n, F);
   } else {
-    linear_forward(ctx, stages, Stage::mlp_in, t.ff_in, t.xn2, n, w.w_up, w.b_up);
+    linear_forward(ctx, Stage::mlp_in, t.ff_in, t.xn2, n, w.w_up, w.b_up);
     if (stop_after_ff_in) return;
     ops::gelu_forward(ctx, t.ff_act, t.ff_in, n * F);
   }
-  linear_forward(ctx, stages, Stage::mlp_down, t.branch, t.ff_act, n, w.w_down, w.b_down);
+  linear_forward(ctx, Stage::mlp_down, t.branch, t.ff_act, n, w.w_down, w.b_down);
   ops::add(ctx, t.out, t.mid, t.branch, n * C);
 }
 

@@ -13,15 +13,13 @@
 
 namespace tessera::model {
 
-// The parts of a forward pass whose time and weight bytes are reported, in this order.
+// The parts of a forward pass, each an ops::Scope of that name around its ops, so an observer
+// (ops/op_tally.h) sums their time and bytes: the weight products by the matrices they read (q/k/v
+// together, the attention output, the MLP's input matrices, its down matrix, the output head),
+// and attention over the cache.
 enum class Stage { qkv, attn_out, mlp_in, mlp_down, head, attention };
 inline constexpr int kNumStages = 6;
 const char* stage_name(Stage s);
-
-struct StageStats {
-  double seconds = 0;
-  int64_t weight_bytes = 0;  // weight bytes read (one pass over each matrix per call)
-};
 
 // Where one layer's tensors live, for n rows (C = d_model, F = d_ff, QKV = q_dim + 2 kv_dim).
 // The trainer points each layer at its own slots of the activation arena, which the backward
@@ -56,11 +54,11 @@ class BlockAttention {
 
 // Runs layer `layer` (weights w) on n rows of t.in, writing t.mid and t.out and every
 // intermediate in t. With stop_after_ff_in it stops once ff_in (and ff_up) are written: a
-// backward that keeps no MLP activations replays the layer that far. Adds each stage's time and
-// weight bytes to stages (kNumStages entries) unless null. Norm weights and biases must be f32.
+// backward that keeps no MLP activations replays the layer that far. Each stage runs in its
+// scope (Stage). Norm weights and biases must be f32.
 void block_forward(const ops::Context& ctx, const DecoderConfig& c, const DecoderLayer& w,
                    int64_t layer, int64_t n, const BlockTensors& t, BlockAttention& attention,
-                   StageStats* stages, bool stop_after_ff_in = false);
+                   bool stop_after_ff_in = false);
 
 class CausalAttention;  // model/causal_attention.h
 
@@ -101,8 +99,8 @@ void norm_backward(const ops::Context& ctx, const DecoderConfig& c, float* dinp,
 void norm_forward(const ops::Context& ctx, const DecoderConfig& c, float* out, float* mean,
                   float* rstd, const float* inp, int64_t n, const WeightRef& w, const WeightRef& b);
 
-// y (n, w.rows()) = x (n, w.cols()) w^T + b, counted as `stage` in stages unless null.
-void linear_forward(const ops::Context& ctx, StageStats* stages, Stage stage, float* y,
-                    const float* x, int64_t n, const WeightRef& w, const WeightRef& b);
+// y (n, w.rows()) = x (n, w.cols()) w^T + b, in the scope of `stage`.
+void linear_forward(const ops::Context& ctx, Stage stage, float* y, const float* x, int64_t n,
+                    const WeightRef& w, const WeightRef& b);
 
 }  // namespace tessera::model

@@ -125,7 +125,7 @@ void DecoderForward::embed(const DecoderRows& rows) {
 }
 
 int64_t DecoderForward::forward(const DecoderRows& rows, const PagedKv& kv, float* out,
-                                StageStats* stages, Output what) {
+                                Output what) {
   const DecoderConfig& c = model_.config;
   const DecoderWeights& w = model_.weights;
   const int64_t C = c.d_model, V = c.vocab, n = rows.n, BT = kv.layout.block_tokens;
@@ -181,7 +181,7 @@ int64_t DecoderForward::forward(const DecoderRows& rows, const PagedKv& kv, floa
       table_stride_ * BT, (max_keys + kGraphKeysRound - 1) / kGraphKeysRound * kGraphKeysRound);
   if (what == Output::hidden) {
     // Embedding requests are rare next to decode steps: run eagerly, no graph.
-    run_layers(n, m, bound, 0, kv, nullptr, stages);
+    run_layers(n, m, bound, 0, kv, nullptr);
     ops::copy(ctx_, out, buf(kXn), static_cast<size_t>(m * C) * sizeof(float),
               ops::CopyKind::device_to_host);
     return m;
@@ -189,7 +189,7 @@ int64_t DecoderForward::forward(const DecoderRows& rows, const PagedKv& kv, floa
   float* logits = out;
   float* head_out = on_host_ ? logits : logits_device_.as<float>();
   const int64_t first_piece = on_host_ ? m : std::min(m, kHeadRows);
-  auto run = [&](StageStats* st) { run_layers(n, m, bound, first_piece, kv, head_out, st); };
+  auto run = [&] { run_layers(n, m, bound, first_piece, kv, head_out); };
   if (n <= kGraphMaxRows && m <= kHeadRows && ops::records_graphs(ctx_)) {
     const GraphKey key{n, m, bound, kv.base};
     auto it = graphs_.find(key);
@@ -197,21 +197,21 @@ int64_t DecoderForward::forward(const DecoderRows& rows, const PagedKv& kv, floa
       // First sighting: eager, which also lets the backend size its scratch (nothing may be
       // allocated while recording).
       if (graphs_.size() < kMaxGraphs) graphs_.emplace(key, ops::Graph());
-      run(stages);
+      run();
     } else {
-      if (it->second.empty()) it->second = ops::record(ctx_, [&] { run(nullptr); });
+      if (it->second.empty()) it->second = ops::record(ctx_, run);
       it->second.replay(ctx_);
     }
   } else {
-    run(stages);
+    run();
   }
   if (m == 0 || on_host_) return m;
   // The logits to the host, piece by piece (the device holds kHeadRows rows of them).
   for (int64_t r0 = 0; r0 < m; r0 += kHeadRows) {
     const int64_t rows_here = std::min(kHeadRows, m - r0);
     if (r0 > 0)
-      linear_forward(ctx_, stages, Stage::head, logits_device_.as<float>(), buf(kXn) + r0 * C,
-                     rows_here, w.output, {});
+      linear_forward(ctx_, Stage::head, logits_device_.as<float>(), buf(kXn) + r0 * C, rows_here,
+                     w.output, {});
     ops::copy(ctx_, logits + r0 * V, logits_device_.data(),
               static_cast<size_t>(rows_here * V) * sizeof(float), ops::CopyKind::device_to_host);
   }
@@ -219,7 +219,7 @@ int64_t DecoderForward::forward(const DecoderRows& rows, const PagedKv& kv, floa
 }
 
 void DecoderForward::run_layers(int64_t n, int64_t m, int64_t max_keys, int64_t head_rows,
-                                const PagedKv& kv, float* head_out, StageStats* stages) {
+                                const PagedKv& kv, float* head_out) {
   const DecoderConfig& c = model_.config;
   const DecoderWeights& w = model_.weights;
   // Every layer runs in place on x: one scratch set serves them all.
@@ -235,13 +235,12 @@ void DecoderForward::run_layers(int64_t n, int64_t m, int64_t max_keys, int64_t 
   t.ff_up = buf(kFfB);
   PagedAttention attention(*this, kv, max_keys);
   for (int64_t l = 0; l < c.n_layers; ++l)
-    block_forward(ctx_, c, w.layers[static_cast<size_t>(l)], l, n, t, attention, stages);
+    block_forward(ctx_, c, w.layers[static_cast<size_t>(l)], l, n, t, attention);
   if (m == 0) return;
   // Final norm and the output head, only for the rows whose logits were asked for.
   ops::gather_rows(ctx_, buf(kTmp), buf(kX), ints(kLogitRows), m, c.d_model, n);
   norm_forward(ctx_, c, buf(kXn), buf(kStatA), buf(kStatB), buf(kTmp), m, w.out_norm, w.out_norm_b);
-  if (head_rows > 0)
-    linear_forward(ctx_, stages, Stage::head, head_out, buf(kXn), head_rows, w.output, {});
+  if (head_rows > 0) linear_forward(ctx_, Stage::head, head_out, buf(kXn), head_rows, w.output, {});
 }
 
 DeviceModel to_device(const DecoderModel& host, const ops::Context& ctx) {

@@ -60,10 +60,9 @@ class DecoderForward {
   enum class Output { logits, hidden };
   // Embeds and runs rows.n <= max_rows rows through every layer, appending their keys and
   // values to kv, then writes the logits (m, V) (or hidden states (m, C)) of the m rows with
-  // want_logits, in row order, to host memory `out`. Returns m. Adds each stage's time and
-  // weight bytes to stages (kNumStages entries; on an asynchronous device the times are those
-  // of the launches).
-  int64_t forward(const DecoderRows& rows, const PagedKv& kv, float* out, StageStats* stages,
+  // want_logits, in row order, to host memory `out`. Returns m. Each stage runs in its
+  // ops::Scope.
+  int64_t forward(const DecoderRows& rows, const PagedKv& kv, float* out,
                   Output what = Output::logits);
 
   const ops::RopeTable& rope() const { return rope_; }
@@ -84,7 +83,7 @@ class DecoderForward {
   // so a graph can record it. max_keys bounds every row's key count.
   // head_rows = 0 stops after the final norm (hidden states in the kXn buffer).
   void run_layers(int64_t n, int64_t m, int64_t max_keys, int64_t head_rows, const PagedKv& kv,
-                  float* head_out, StageStats* stages);
+                  float* head_out);
   // A recorded step's shape: rows, logit rows, key bound, cache.
   struct GraphKey {
     int64_t n, m, max_keys;

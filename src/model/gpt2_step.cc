@@ -36,7 +36,7 @@ void Gpt2::Impl::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute_o
   CausalAttention attention(model.ctx_, view.config, nullptr, nullptr,
                             acts[static_cast<size_t>(l)].lse, B, T, bf16());
   block_forward(model.ctx_, view.config, view.weights.layers[static_cast<size_t>(l)], l, B * T,
-                tensors(l), attention, nullptr, recompute_only);
+                tensors(l), attention, recompute_only);
 }
 
 // On entry dresid holds d resid[l+1]; on exit d resid[l]. scratch_c serves as dx, dbig as dqkv
@@ -104,7 +104,7 @@ void Gpt2::Impl::forward_to_logits(const int32_t* tokens, int64_t B, int64_t T) 
                          p(lnf_b), N, C);
   // Tied lm head: logits (N,Vp) = lnf (N,C) wte^T, over the padded rows too (zero weights).
   const WeightRef head{weight(wte), weight_type(), Shape({Vp, C})};
-  model::linear_forward(ctx, nullptr, Stage::head, logits, lnf, N, head, {});
+  model::linear_forward(ctx, Stage::head, logits, lnf, N, head, {});
   have_logits = true;
 }
 
@@ -114,6 +114,7 @@ float Gpt2::forward(const int32_t* tokens, const int32_t* targets, int64_t B, in
   im.ensure_arena();
   const int64_t N = B * T;
   const auto [dev_tokens, dev_targets] = im.device_ints(tokens, targets, N);
+  const ops::Scope scope(ctx_, "forward");
   im.forward_to_logits(dev_tokens, B, T);
   if (targets == nullptr) return 0.0f;
   ops::softmax_xent(ctx_, im.losses, im.logits, dev_targets, N, cfg_.vocab_size,
@@ -131,7 +132,10 @@ float Gpt2::forward_backward(const int32_t* tokens, const int32_t* targets, int6
   const int64_t C = cfg_.n_embd, L = cfg_.n_layer, V = cfg_.vocab_size, Vp = cfg_.padded_vocab_size,
                 N = B * T;
   const auto [dev_tokens, dev_targets] = im.device_ints(tokens, targets, N);
-  im.forward_to_logits(dev_tokens, B, T);
+  {
+    const ops::Scope scope(ctx_, "forward");
+    im.forward_to_logits(dev_tokens, B, T);
+  }
 
   int64_t count = 0;
   for (int64_t i = 0; i < N; ++i) count += targets[i] >= 0;
@@ -139,12 +143,16 @@ float Gpt2::forward_backward(const int32_t* tokens, const int32_t* targets, int6
   const float dscale = count ? loss_scale / static_cast<float>(count) : 0.0f;
   // dscale == 0 would leave the logits in place (the op's "forward only" mode), so the lm-head
   // backward below would read logits instead of zeros; skip the backward in that case.
-  ops::softmax_xent(ctx_, im.losses, im.logits, dev_targets, N, V, Vp, dscale);
+  {
+    const ops::Scope scope(ctx_, "loss");
+    ops::softmax_xent(ctx_, im.losses, im.logits, dev_targets, N, V, Vp, dscale);
+  }
   im.have_logits = false;  // now holds dlogits
   const double sum = im.loss_sum(targets, N).first;
   if (dscale == 0.0f) return count ? static_cast<float>(sum / static_cast<double>(count)) : 0.0f;
 
   // lm head: dlnf (N,C) = dlogits (N,Vp) wte; dwte (Vp,C) += dlogits^T lnf.
+  const ops::Scope scope(ctx_, "backward");
   const WeightRef head{im.weight(im.wte), im.weight_type(), Shape({Vp, C})};
   linear_backward(ctx_, im.scratch_c, false, im.logits, im.lnf, N, head, im.g(im.wte), nullptr,
                   im.bf16());

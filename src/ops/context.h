@@ -19,4 +19,11 @@ struct Context {
   ThreadPool& threads() const { return pool ? *pool : default_pool(); }
 };
 
+inline Scope::Scope(const Context& ctx, std::string_view name) : ctx_(ctx), name_(name) {
+  if (ctx_.observer) ctx_.observer->enter_scope(name_, ctx_);
+}
+inline Scope::~Scope() {
+  if (ctx_.observer) ctx_.observer->exit_scope(name_, ctx_);
+}
+
 }  // namespace tessera::ops

@@ -29,13 +29,13 @@ void Graph::replay(const Context& ctx) const {
 }
 
 bool records_graphs(const Context& ctx) {
-  return backend(ctx.device).records_graphs();
+  return !ctx.observer && backend(ctx.device).records_graphs();
 }
 
 Graph record(const Context& ctx, const std::function<void()>& ops) {
   Graph g;
   Backend& b = backend(ctx.device);
-  if (!b.records_graphs()) return g;
+  if (!records_graphs(ctx)) return g;
   b.begin_graph(ctx);
   try {
     ops();

@@ -32,7 +32,8 @@ class Graph {
   void* handle_ = nullptr;
 };
 
-// Whether ctx.device's backend records graphs.
+// Whether ctx.device's backend records graphs, and ctx has no observer: an observed context
+// runs every op eagerly, so the observer sees (and times) each one.
 bool records_graphs(const Context& ctx);
 // Records the ops `ops` issues on ctx without running them, where the device records graphs
 // (the ops must not synchronize with the host or allocate); elsewhere returns an empty graph and

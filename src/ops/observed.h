@@ -1,5 +1,6 @@
 // Internal to ops/: runs an entry point's backend call and, when the context has an observer,
-// times it and reports it with its cost (computed only then).
+// tells it the call begins, times it, and reports it with its shape and cost (computed only
+// then).
 #pragma once
 
 #include <chrono>
@@ -11,13 +12,15 @@
 
 namespace tessera::ops::detail {
 
-template <typename CostFn, typename CallFn>
-decltype(auto) observed(const Context& ctx, std::string_view op, CostFn&& cost, CallFn&& call) {
+template <typename ShapeFn, typename CostFn, typename CallFn>
+decltype(auto) observed(const Context& ctx, std::string_view op, ShapeFn&& shape, CostFn&& cost,
+                        CallFn&& call) {
   if (!ctx.observer) return call();
+  ctx.observer->on_begin(op, ctx);
   const auto t0 = std::chrono::steady_clock::now();
   auto report = [&] {
     const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
-    ctx.observer->on_op(OpRecord{op, ctx.device, cost(), dt.count()});
+    ctx.observer->on_op(OpRecord{op, ctx.device, shape(), cost(), dt.count()});
   };
   if constexpr (std::is_void_v<decltype(call())>) {
     call();

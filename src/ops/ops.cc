@@ -8,10 +8,11 @@
 
 namespace tessera::ops {
 
-// Calls `name(ctx, args...)` on ctx.device's backend, reported to ctx.observer with `cost`.
-#define TS_DISPATCH_COST(name, cost, ...) \
-  return detail::observed(                \
-      ctx, #name, [&] { return cost; },   \
+// Calls `name(ctx, args...)` on ctx.device's backend, reported to ctx.observer with `shape`
+// (an OpShape, in parentheses: its braces hold commas) and `cost`.
+#define TS_DISPATCH(name, shape, cost, ...)                    \
+  return detail::observed(                                     \
+      ctx, #name, [&] { return shape; }, [&] { return cost; }, \
       [&]() -> decltype(auto) { return backend(ctx.device).name(ctx, __VA_ARGS__); })
 
 namespace {
@@ -22,51 +23,57 @@ OpCost elementwise_cost(int64_t n, double flops, double f32_passes) {
   return OpCost{flops * static_cast<double>(n), 4.0 * f32_passes * static_cast<double>(n)};
 }
 
+// All of c's bytes are long-lived state (OpCost::state_bytes).
+OpCost state_cost(OpCost c) {
+  c.state_bytes = c.bytes;
+  return c;
+}
+
 }  // namespace
 
 void gemm(const Context& ctx, const GemmArgs& g) {
   if (!validate_gemm_args(g)) return;
-  TS_DISPATCH_COST(gemm, gemm_cost(g), g);
+  TS_DISPATCH(gemm, (OpShape{"m n k", {g.m, g.n, g.k}, dtype_name(g.b_type)}), gemm_cost(g), g);
 }
 
 void embedding_forward(const Context& ctx, float* out, const int32_t* tokens, const float* wte,
                        const float* wpe, int64_t B, int64_t T, int64_t C, int64_t V) {
   TS_CHECK(V > 0, "[embedding_forward] vocabulary size V=", V, " must be positive");
-  TS_DISPATCH_COST(embedding_forward, elementwise_cost(B * T * C, 1, 3), out, tokens, wte, wpe, B,
-                   T, C, V);
+  TS_DISPATCH(embedding_forward, (OpShape{"rows c", {B * T, C}}), elementwise_cost(B * T * C, 1, 3),
+              out, tokens, wte, wpe, B, T, C, V);
 }
 
 void embedding_backward(const Context& ctx, float* dwte, float* dwpe, const float* dout,
                         const int32_t* tokens, int64_t B, int64_t T, int64_t C, int64_t V) {
   TS_CHECK(V > 0, "[embedding_backward] vocabulary size V=", V, " must be positive");
-  TS_DISPATCH_COST(embedding_backward, elementwise_cost(B * T * C, 2, 5), dwte, dwpe, dout, tokens,
-                   B, T, C, V);
+  TS_DISPATCH(embedding_backward, (OpShape{"rows c", {B * T, C}}),
+              elementwise_cost(B * T * C, 2, 5), dwte, dwpe, dout, tokens, B, T, C, V);
 }
 
 void layernorm_forward(const Context& ctx, float* out, float* mean, float* rstd, const float* inp,
                        const float* w, const float* b, int64_t N, int64_t C) {
-  TS_DISPATCH_COST(layernorm_forward, elementwise_cost(N * C, 7, 2), out, mean, rstd, inp, w, b, N,
-                   C);
+  TS_DISPATCH(layernorm_forward, (OpShape{"n c", {N, C}}), elementwise_cost(N * C, 7, 2), out, mean,
+              rstd, inp, w, b, N, C);
 }
 
 void layernorm_backward(const Context& ctx, float* dinp, float* dw, float* db, const float* dout,
                         const float* inp, const float* w, const float* mean, const float* rstd,
                         int64_t N, int64_t C) {
-  TS_DISPATCH_COST(layernorm_backward, elementwise_cost(N * C, 12, 4), dinp, dw, db, dout, inp, w,
-                   mean, rstd, N, C);
+  TS_DISPATCH(layernorm_backward, (OpShape{"n c", {N, C}}), elementwise_cost(N * C, 12, 4), dinp,
+              dw, db, dout, inp, w, mean, rstd, N, C);
 }
 
 void gelu_forward(const Context& ctx, float* out, const float* inp, int64_t n) {
-  TS_DISPATCH_COST(gelu_forward, elementwise_cost(n, 8, 2), out, inp, n);
+  TS_DISPATCH(gelu_forward, (OpShape{"n", {n}}), elementwise_cost(n, 8, 2), out, inp, n);
 }
 
 void gelu_backward(const Context& ctx, float* dinp, const float* inp, const float* dout,
                    int64_t n) {
-  TS_DISPATCH_COST(gelu_backward, elementwise_cost(n, 15, 3), dinp, inp, dout, n);
+  TS_DISPATCH(gelu_backward, (OpShape{"n", {n}}), elementwise_cost(n, 15, 3), dinp, inp, dout, n);
 }
 
 void add(const Context& ctx, float* out, const float* a, const float* b, int64_t n) {
-  TS_DISPATCH_COST(add, elementwise_cost(n, 1, 3), out, a, b, n);
+  TS_DISPATCH(add, (OpShape{"n", {n}}), elementwise_cost(n, 1, 3), out, a, b, n);
 }
 
 namespace {
@@ -80,50 +87,55 @@ void check_attention(int64_t C, int64_t H, int64_t Hkv) {
 void attention_forward(const Context& ctx, float* out, float* lse, const float* qkv, int64_t B,
                        int64_t T, int64_t C, int64_t H, int64_t Hkv, bool round_bf16) {
   check_attention(C, H, Hkv);
-  TS_DISPATCH_COST(attention_forward, attention_forward_cost(B, T, C, H, Hkv), out, lse, qkv, B, T,
-                   C, H, Hkv, round_bf16);
+  TS_DISPATCH(attention_forward, (OpShape{"b t c h hkv", {B, T, C, H, Hkv}}),
+              attention_forward_cost(B, T, C, H, Hkv), out, lse, qkv, B, T, C, H, Hkv, round_bf16);
 }
 
 void attention_backward(const Context& ctx, float* dqkv, const float* dout, const float* qkv,
                         const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
                         int64_t H, int64_t Hkv, bool round_bf16) {
   check_attention(C, H, Hkv);
-  TS_DISPATCH_COST(attention_backward, attention_backward_cost(B, T, C, H, Hkv), dqkv, dout, qkv,
-                   out, lse, B, T, C, H, Hkv, round_bf16);
+  TS_DISPATCH(attention_backward, (OpShape{"b t c h hkv", {B, T, C, H, Hkv}}),
+              attention_backward_cost(B, T, C, H, Hkv), dqkv, dout, qkv, out, lse, B, T, C, H, Hkv,
+              round_bf16);
 }
 
 void softmax_xent(const Context& ctx, float* losses, float* logits, const int32_t* targets,
                   int64_t N, int64_t V, int64_t Vp, float dlogits_scale) {
   TS_CHECK(V > 0 && Vp >= V, "[softmax_xent] vocab V=", V,
            " must be positive and <= padded Vp=", Vp);
-  TS_DISPATCH_COST(softmax_xent, elementwise_cost(N * Vp, 4, dlogits_scale != 0.0f ? 2 : 1), losses,
-                   logits, targets, N, V, Vp, dlogits_scale);
+  TS_DISPATCH(softmax_xent, (OpShape{"n v", {N, Vp}}),
+              elementwise_cost(N * Vp, 4, dlogits_scale != 0.0f ? 2 : 1), losses, logits, targets,
+              N, V, Vp, dlogits_scale);
 }
 
 void adamw(const Context& ctx, float* params, const float* grads, float* m, float* v, int64_t n,
            const AdamWArgs& a) {
   TS_CHECK(a.t >= 1, "[adamw] step must count from 1, got ", a.t);
-  TS_DISPATCH_COST(adamw, elementwise_cost(n, 12, 7), params, grads, m, v, n, a);
+  // Parameters and both moments are state (the gradients too: written by the backward long
+  // before).
+  TS_DISPATCH(adamw, (OpShape{"n", {n}}), state_cost(elementwise_cost(n, 12, 7)), params, grads, m,
+              v, n, a);
 }
 
 double sum_squares(const Context& ctx, const float* x, int64_t n) {
-  TS_DISPATCH_COST(sum_squares, elementwise_cost(n, 2, 1), x, n);
+  TS_DISPATCH(sum_squares, (OpShape{"n", {n}}), elementwise_cost(n, 2, 1), x, n);
 }
 
 void scale(const Context& ctx, float* x, int64_t n, float s) {
-  TS_DISPATCH_COST(scale, elementwise_cost(n, 1, 2), x, n, s);
+  TS_DISPATCH(scale, (OpShape{"n", {n}}), elementwise_cost(n, 1, 2), x, n, s);
 }
 
 void convert_f32_to_bf16(const Context& ctx, uint16_t* dst, const float* src, int64_t n) {
   // 4 bytes read and 2 written per element.
-  TS_DISPATCH_COST(convert_f32_to_bf16,
-                   (OpCost{static_cast<double>(n), 6.0 * static_cast<double>(n)}), dst, src, n);
+  TS_DISPATCH(convert_f32_to_bf16, (OpShape{"n", {n}, "bf16"}),
+              (OpCost{static_cast<double>(n), 6.0 * static_cast<double>(n)}), dst, src, n);
 }
 
 void bias_grad(const Context& ctx, float* db, const float* dy, int64_t m, int64_t n) {
   TS_CHECK(m >= 0 && n >= 0, "[ops] bias_grad: bad shape (", m, " x ", n, ")");
   if (m == 0 || n == 0) return;
-  TS_DISPATCH_COST(bias_grad, elementwise_cost(m * n, 1, 1), db, dy, m, n);
+  TS_DISPATCH(bias_grad, (OpShape{"m n", {m, n}}), elementwise_cost(m * n, 1, 1), db, dy, m, n);
 }
 
 void copy_rows(const Context& ctx, float* dst, int64_t ld_dst, const float* src, int64_t ld_src,
@@ -132,8 +144,8 @@ void copy_rows(const Context& ctx, float* dst, int64_t ld_dst, const float* src,
            "[ops] copy_rows: bad shape (", rows, " x ", cols, ", ld_dst ", ld_dst, ", ld_src ",
            ld_src, ")");
   if (rows == 0 || cols == 0) return;
-  TS_DISPATCH_COST(copy_rows, elementwise_cost(rows * cols, 0, 2), dst, ld_dst, src, ld_src, rows,
-                   cols);
+  TS_DISPATCH(copy_rows, (OpShape{"rows cols", {rows, cols}}), elementwise_cost(rows * cols, 0, 2),
+              dst, ld_dst, src, ld_src, rows, cols);
 }
 
 void gather_rows(const Context& ctx, float* dst, const float* src, const int32_t* index, int64_t n,
@@ -144,7 +156,8 @@ void gather_rows(const Context& ctx, float* dst, const float* src, const int32_t
     for (int64_t r = 0; r < n; ++r)
       TS_CHECK(index[r] >= 0 && index[r] < src_rows, "[ops] gather_rows: index[", r,
                "] = ", index[r], " outside [0, ", src_rows, ")");
-  TS_DISPATCH_COST(gather_rows, elementwise_cost(n * C, 0, 2), dst, src, index, n, C);
+  TS_DISPATCH(gather_rows, (OpShape{"n c", {n, C}}), elementwise_cost(n * C, 0, 2), dst, src, index,
+              n, C);
 }
 
 OpCost gemm_cost(const GemmArgs& g) {
@@ -176,38 +189,42 @@ OpCost attention_backward_cost(int64_t B, int64_t T, int64_t C, int64_t H, int64
 
 void rmsnorm_forward(const Context& ctx, float* out, float* rstd, const float* inp, const float* w,
                      int64_t N, int64_t C, float eps) {
-  TS_DISPATCH_COST(rmsnorm_forward, rmsnorm_forward_cost(N, C), out, rstd, inp, w, N, C, eps);
+  TS_DISPATCH(rmsnorm_forward, (OpShape{"n c", {N, C}}), rmsnorm_forward_cost(N, C), out, rstd, inp,
+              w, N, C, eps);
 }
 
 void rmsnorm_backward(const Context& ctx, float* dinp, float* dw, const float* dout,
                       const float* inp, const float* w, const float* rstd, int64_t N, int64_t C) {
-  TS_DISPATCH_COST(rmsnorm_backward, elementwise_cost(N * C, 8, 4), dinp, dw, dout, inp, w, rstd, N,
-                   C);
+  TS_DISPATCH(rmsnorm_backward, (OpShape{"n c", {N, C}}), elementwise_cost(N * C, 8, 4), dinp, dw,
+              dout, inp, w, rstd, N, C);
 }
 
 void rope_forward(const Context& ctx, float* out, const float* inp, const RopeTable& table,
                   const int32_t* positions, int64_t pos0, int64_t B, int64_t T, int64_t H,
                   int64_t D, RopeLayout layout) {
-  TS_DISPATCH_COST(rope_forward, rope_cost(B, T, H, D, table.rotary_dim), out, inp, table,
-                   positions, pos0, B, T, H, D, layout);
+  TS_DISPATCH(rope_forward, (OpShape{"rows h d", {B * T, H, D}}),
+              rope_cost(B, T, H, D, table.rotary_dim), out, inp, table, positions, pos0, B, T, H, D,
+              layout);
 }
 
 void rope_backward(const Context& ctx, float* dinp, const float* dout, const RopeTable& table,
                    const int32_t* positions, int64_t pos0, int64_t B, int64_t T, int64_t H,
                    int64_t D, RopeLayout layout) {
-  TS_DISPATCH_COST(rope_backward, rope_cost(B, T, H, D, table.rotary_dim), dinp, dout, table,
-                   positions, pos0, B, T, H, D, layout);
+  TS_DISPATCH(rope_backward, (OpShape{"rows h d", {B * T, H, D}}),
+              rope_cost(B, T, H, D, table.rotary_dim), dinp, dout, table, positions, pos0, B, T, H,
+              D, layout);
 }
 
 void swiglu_forward(const Context& ctx, float* out, const float* gate, const float* up, int64_t N,
                     int64_t F) {
-  TS_DISPATCH_COST(swiglu_forward, swiglu_forward_cost(N, F), out, gate, up, N, F);
+  TS_DISPATCH(swiglu_forward, (OpShape{"n f", {N, F}}), swiglu_forward_cost(N, F), out, gate, up, N,
+              F);
 }
 
 void swiglu_backward(const Context& ctx, float* dgate, float* dup, const float* dout,
                      const float* gate, const float* up, int64_t N, int64_t F) {
-  TS_DISPATCH_COST(swiglu_backward, elementwise_cost(N * F, 10, 5), dgate, dup, dout, gate, up, N,
-                   F);
+  TS_DISPATCH(swiglu_backward, (OpShape{"n f", {N, F}}), elementwise_cost(N * F, 10, 5), dgate, dup,
+              dout, gate, up, N, F);
 }
 
 // Per element: square-accumulate, two multiplies; reads inp and w, writes out (rstd negligible).

@@ -42,7 +42,11 @@ void paged_attention(const Context& ctx, const PagedAttentionArgs& a) {
     TS_CHECK(a.max_keys > 0, "[attention] max_keys must be set on ", device_name(ctx.device));
   if (a.rows == 0) return;
   detail::observed(
-      ctx, "paged_attention", [&] { return paged_attention_cost(a, host); },
+      ctx, "paged_attention",
+      [&] {
+        return OpShape{"rows h hkv d", {a.rows, a.H, a.Hkv, a.D}, dtype_name(a.kv_type)};
+      },
+      [&] { return paged_attention_cost(a, host); },
       [&] { backend(ctx.device).paged_attention(ctx, a); });
 }
 
@@ -63,6 +67,9 @@ void kv_append(const Context& ctx, const KvAppendArgs& a) {
   detail::observed(
       ctx, "kv_append",
       [&] {
+        return OpShape{"rows hkv d", {a.rows, a.Hkv, a.D}, dtype_name(a.kv_type)};
+      },
+      [&] {
         const double n = static_cast<double>(a.rows * KV);
         return OpCost{0, 2 * n * (4 + dtype_bytes(a.kv_type, 1))};
       },
@@ -78,6 +85,7 @@ OpCost paged_attention_cost(const PagedAttentionArgs& a, bool arrays_on_host) {
     c.flops += 4.0 * keys * static_cast<double>(a.H * a.D);  // q.k and p.v, 2 flops each
     c.bytes += 2.0 * keys * static_cast<double>(a.Hkv * a.D) * dtype_bytes(a.kv_type, 1);
   }
+  c.state_bytes = c.bytes;  // all of it the cache's keys and values
   return c;
 }
 

@@ -33,7 +33,11 @@ void matmul_wt(const Context& ctx, float* y, int64_t ldy, const float* x, int64_
   check_matmul_wt_args(ldy, M, K, w_type, N);
   TS_CHECK(M * N == 0 || (y && x && w), "[matmul_wt] null y, x or w");
   detail::observed(
-      ctx, "matmul_wt", [&] { return matmul_wt_cost(M, K, N, w_type, bias != nullptr); },
+      ctx, "matmul_wt",
+      [&] {
+        return OpShape{"m k n", {M, K, N}, dtype_name(w_type)};
+      },
+      [&] { return matmul_wt_cost(M, K, N, w_type, bias != nullptr); },
       [&] { backend(ctx.device).matmul_wt(ctx, y, ldy, x, M, K, w, w_type, N, bias); });
 }
 
@@ -49,12 +53,18 @@ void matmul_wt_group(const Context& ctx, const float* x, int64_t M, int64_t K,
       const OpCost one = matmul_wt_cost(M, K, p.N, p.w_type, p.bias != nullptr);
       c.flops += one.flops;
       c.bytes += one.bytes;
+      c.state_bytes += one.state_bytes;
     }
     if (!products.empty())
       c.bytes -= 4.0 * static_cast<double>(M * K) * static_cast<double>(products.size() - 1);
     return c;  // x is read once for the whole group
   };
-  detail::observed(ctx, "matmul_wt_group", cost,
+  auto shape = [&] {  // the products side by side: n is their sum
+    OpShape s{"m k n", {M, K, 0}, products.empty() ? "f32" : dtype_name(products[0].w_type)};
+    for (const WtProduct& p : products) s.dims[2] += p.N;
+    return s;
+  };
+  detail::observed(ctx, "matmul_wt_group", shape, cost,
                    [&] { backend(ctx.device).matmul_wt_group(ctx, x, M, K, products); });
 }
 
@@ -62,8 +72,9 @@ OpCost matmul_wt_cost(int64_t M, int64_t K, int64_t N, DType w_type, bool bias) 
   OpCost c;
   c.flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) +
             (bias ? static_cast<double>(M) * static_cast<double>(N) : 0.0);
-  c.bytes = static_cast<double>(N) * static_cast<double>(dtype_bytes(w_type, K)) +
-            4.0 * static_cast<double>(M) * static_cast<double>(K + N) + (bias ? 4.0 * N : 0.0);
+  c.state_bytes = static_cast<double>(N) * static_cast<double>(dtype_bytes(w_type, K)) +
+                  (bias ? 4.0 * N : 0.0);  // the weights
+  c.bytes = c.state_bytes + 4.0 * static_cast<double>(M) * static_cast<double>(K + N);
   return c;
 }
 

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "ops/observe.h"
+
 namespace tessera::train {
 
 struct TrainOptions {
@@ -24,6 +26,9 @@ struct TrainOptions {
   // the model's own step (model/gpt2_step.cc) through the CUDA ops backend. Until the twin
   // retires; may change on --resume.
   std::string cuda_step = "twin";
+  // Sees every op of the host model's steps, and their scopes (forward, loss, backward,
+  // optimizer, the forward's stages); null: none. The CUDA twin is not observed.
+  ops::OpObserver* observer = nullptr;
 
   double lr = 6e-4, min_lr_fraction = 0.1;
   int64_t warmup = 0;

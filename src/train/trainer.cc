@@ -96,6 +96,7 @@ Trainer::Trainer(const TrainOptions& opts, bool resume) : opts_(opts) {
   if (opts_.threads > 0) pool_ = std::make_unique<ThreadPool>(static_cast<int>(opts_.threads));
   ops::Context ctx;
   ctx.pool = pool_.get();
+  ctx.observer = opts_.observer;
   // --cuda-step shared: the model's own step, its tensors in the memory of the CUDA ops backend.
   if (opts_.device == "cuda" && opts_.cuda_step == "shared") ctx.device = ops::Device::cuda;
   train_data_ = load_split(opts_.data_dir, "train");
@@ -245,6 +246,7 @@ TrainResult Trainer::run() {
     if (dev_) {
       norm = dev_->adamw_step(runs_, opt_->config(), static_cast<float>(lr), st_.step + 1);
     } else {
+      const ops::Scope scope(opt_->context(), "optimizer");
       norm = opt_->step(model_->params(), model_->grads(), lr, st_.step + 1);
       model_->params_updated();
     }

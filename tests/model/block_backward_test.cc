@@ -54,7 +54,7 @@ struct Layer {
   double loss(const DecoderLayer& w, const std::vector<float>& x, const std::vector<float>& r) {
     in = x;
     CausalAttention a = attention();
-    block_forward(ctx, c, w, 0, n, tensors(), a, nullptr);
+    block_forward(ctx, c, w, 0, n, tensors(), a);
     double l = 0;
     for (size_t i = 0; i < out.size(); ++i) l += static_cast<double>(out[i]) * r[i];
     return l;
@@ -129,7 +129,7 @@ void check_layer(const test::TinyOptions& o, bool join, const std::string& what)
   // Analytic: the forward, then the backward from dL/dout = r.
   L.in = x;
   CausalAttention a = L.attention();
-  block_forward(L.ctx, c, w, 0, n, L.tensors(), a, nullptr);
+  block_forward(L.ctx, c, w, 0, n, L.tensors(), a);
   Grads g(w);
   const int64_t big = std::max(c.q_dim() + 2 * c.kv_dim(), F);
   std::vector<float> dresid = r, dx(n * C), dbig(n * big), dup(n * std::max(c.q_dim(), F));

@@ -48,13 +48,13 @@ std::vector<float> training_mode_logits(const DecoderModel& m, const std::vector
     t.ff_in = t.ff_act = ff_in.data();
     t.ff_up = ff_up.data();
     CausalAttention attention(ctx, c, &rope, rot.data(), lse.data(), B, T, false);
-    block_forward(ctx, c, m.weights.layers[static_cast<size_t>(l)], l, n, t, attention, nullptr);
+    block_forward(ctx, c, m.weights.layers[static_cast<size_t>(l)], l, n, t, attention);
   }
   norm_forward(ctx, c, xn.data(), mean.data(), rstd.data(), x.data(), n, m.weights.out_norm,
                m.weights.out_norm_b);
   const WeightRef& head = m.weights.output.present() ? m.weights.output : m.weights.tok_embd;
   std::vector<float> logits(n * c.vocab);
-  linear_forward(ctx, nullptr, Stage::head, logits.data(), xn.data(), n, head, {});
+  linear_forward(ctx, Stage::head, logits.data(), xn.data(), n, head, {});
   return logits;
 }
 

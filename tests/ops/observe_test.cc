@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/memory.h"
 #include "ops/op_tally.h"
 #include "ops/ops.h"
 #include "ops/quant.h"
@@ -20,10 +21,14 @@ struct Recorder final : OpObserver {
     Device device;
     OpCost cost;
     double seconds;
+    std::string shape, dtype;
   };
   std::vector<Seen> seen;
+  int begins = 0;
+  void on_begin(std::string_view, const Context&) override { ++begins; }
   void on_op(const OpRecord& r) override {
-    seen.push_back({std::string(r.op), r.device, r.cost, r.seconds});
+    seen.push_back({std::string(r.op), r.device, r.cost, r.seconds, shape_string(r.shape),
+                    std::string(r.shape.dtype)});
   }
 };
 
@@ -106,6 +111,105 @@ TEST(OpTally, SumsPerOp) {
   EXPECT_EQ(x[0], 4.0f);  // 1 doubled three times, halved
   tally.reset();
   EXPECT_TRUE(tally.totals().empty());
+}
+
+// Each op kind's shape and cost against a count by hand: FLOPs per element, and every array read
+// or written once (f32: 4 bytes), the long-lived part as state_bytes.
+TEST(OpObserver, ShapesAndCostsCountedByHand) {
+  Recorder rec;
+  Context ctx;
+  ctx.observer = &rec;
+  constexpr int64_t N = 2, C = 8, F = 4, V = 5, Vp = 8, K = 8, M = 3;
+  std::vector<float> x(N * C, 1.0f), y(N * C), w(C, 1.0f), rstd(N), gate(N * F, 0.5f),
+      up(N * F, 2.0f), act(N * F), logits(N * Vp, 0.1f), losses(N), p(16, 1.0f), g(16, 0.1f), m(16),
+      v(16), wt(F * K, 0.25f), out(M * F);
+  std::vector<int32_t> targets{1, 3}, index{1, 0};
+  rmsnorm_forward(ctx, y.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
+  swiglu_forward(ctx, act.data(), gate.data(), up.data(), N, F);
+  softmax_xent(ctx, losses.data(), logits.data(), targets.data(), N, V, Vp, 0.0f);
+  adamw(ctx, p.data(), g.data(), m.data(), v.data(), 16, AdamWArgs{});
+  gather_rows(ctx, y.data(), x.data(), index.data(), N, C, N);
+  matmul_wt(ctx, out.data(), F, x.data(), M - 1, K, wt.data(), DType::f32, F);
+  copy(ctx, y.data(), x.data(), 64, CopyKind::host_to_device);
+  zero(ctx, y.data(), 32);
+  ASSERT_EQ(rec.seen.size(), 8u);
+  EXPECT_EQ(rec.begins, 8);
+  struct Want {
+    const char* op;
+    const char* shape;
+    const char* dtype;
+    double flops, bytes, state_bytes;
+  };
+  const Want want[] = {
+      // square-accumulate and two multiplies; read x and w, write y and rstd
+      {"rmsnorm_forward", "n=2 c=8", "f32", 4.0 * N * C, 4.0 * (2 * N * C + C + N), 0},
+      // exp, add, divide, two multiplies; read gate and up, write out
+      {"swiglu_forward", "n=2 f=4", "f32", 5.0 * N * F, 4.0 * 3 * N * F, 0},
+      // max, exp, sum, divide over the padded row; read once (no gradient written)
+      {"softmax_xent", "n=2 v=8", "f32", 4.0 * N * Vp, 4.0 * N * Vp, 0},
+      // 12 FLOPs per parameter; read p, g, m, v and write p, m, v: all of it state
+      {"adamw", "n=16", "f32", 12.0 * 16, 4.0 * 7 * 16, 4.0 * 7 * 16},
+      {"gather_rows", "n=2 c=8", "f32", 0, 4.0 * 2 * N * C, 0},
+      // 2 FLOPs per multiply-add; the weights are state, x and y are not
+      {"matmul_wt", "m=2 k=8 n=4", "f32", 2.0 * 2 * F * K, 4.0 * (F * K + 2 * (K + F)),
+       4.0 * F * K},
+      {"copy", "bytes=64 kind=0", "bytes", 0, 2.0 * 64, 0},
+      {"zero", "bytes=32", "bytes", 0, 32, 0}};
+  for (size_t i = 0; i < std::size(want); ++i) {
+    SCOPED_TRACE(want[i].op);
+    EXPECT_EQ(rec.seen[i].op, want[i].op);
+    EXPECT_EQ(rec.seen[i].shape, want[i].shape);
+    EXPECT_EQ(rec.seen[i].dtype, want[i].dtype);
+    EXPECT_EQ(rec.seen[i].cost.flops, want[i].flops);
+    EXPECT_EQ(rec.seen[i].cost.bytes, want[i].bytes);
+    EXPECT_EQ(rec.seen[i].cost.state_bytes, want[i].state_bytes);
+  }
+}
+
+// Scopes nest; an op belongs to the innermost one, and every enclosing scope sums its cost.
+// One total per (op, shape, dtype, scope) by default, one per op without by_shape.
+TEST(OpTally, ScopesAndShapes) {
+  OpTally tally, per_op(false);
+  for (OpTally* t : {&tally, &per_op}) {
+    Context ctx;
+    ctx.observer = t;
+    std::vector<float> x(64, 1.0f);
+    {
+      const Scope outer(ctx, "outer");
+      add(ctx, x.data(), x.data(), x.data(), 64);
+      {
+        const Scope inner(ctx, "inner");
+        scale(ctx, x.data(), 32, 0.5f);
+        scale(ctx, x.data(), 64, 0.5f);
+      }
+    }
+    scale(ctx, x.data(), 64, 0.5f);
+  }
+  std::vector<OpTotal> rows = tally.totals();
+  ASSERT_EQ(rows.size(), 4u);  // add in outer; scale n=32 and n=64 in inner; scale n=64 outside
+  int found = 0;
+  for (const OpTotal& r : rows) {
+    if (r.op == "add") found += r.scope == "outer" && r.shape == "n=64" && r.calls == 1;
+    if (r.op == "scale" && r.scope == "inner") found += r.calls == 1;
+    if (r.op == "scale" && r.scope.empty()) found += r.shape == "n=64" && r.calls == 1;
+  }
+  EXPECT_EQ(found, 4);
+  const std::vector<ScopeTotal> scopes = tally.scopes();
+  ASSERT_EQ(scopes.size(), 2u);
+  EXPECT_EQ(scopes[0].name, "outer");
+  EXPECT_EQ(scopes[1].name, "inner");
+  EXPECT_EQ(scopes[0].calls, 1);
+  EXPECT_EQ(scopes[0].flops, 64.0 + 32.0 + 64.0);  // its add and the inner scales
+  EXPECT_EQ(scopes[1].flops, 32.0 + 64.0);
+  EXPECT_GE(scopes[0].seconds, scopes[1].seconds);
+  EXPECT_GE(scopes[0].seconds, scopes[0].op_seconds * 0.999);
+  EXPECT_EQ(tally.sum().calls, 4);
+  EXPECT_EQ(tally.sum().flops, 64.0 + 32.0 + 64.0 + 64.0);
+  // Without by_shape: add in outer, scale in inner (both shapes), scale outside.
+  EXPECT_EQ(per_op.totals().size(), 3u);
+  // A scope without an observer does nothing.
+  Context bare;
+  const Scope nothing(bare, "x");
 }
 
 }  // namespace

@@ -316,7 +316,8 @@ std::string help_text(const Command& c, const std::string& path) {
     return out + "\n'" + path + " <subcommand> --help' lists a subcommand's flags.\n";
   }
   for (const Positional& p : c.positionals) out += " " + p.name;
-  out += " [flags]\n" + c.help + "\n";
+  out += c.wraps ? " [flags] -- COMMAND [ARGS...]\n" : " [flags]\n";
+  out += c.help + "\n";
   if (!c.positionals.empty()) {
     out += "\narguments:\n";
     size_t w = 0;
@@ -367,11 +368,20 @@ int dispatch(const Command& c, const std::vector<std::string>& argv, const std::
       if (s.name == argv[0]) return dispatch(s, rest, path + " " + s.name);
     fail("unknown subcommand '", argv[0], "' (known: ", known, ")");
   }
-  if (wants_help(c.flags, argv)) {
+  std::vector<std::string> own = argv, wrapped;
+  if (c.wraps) {
+    const auto dash = std::find(own.begin(), own.end(), "--");
+    if (dash != own.end()) {
+      wrapped.assign(dash + 1, own.end());
+      own.erase(dash, own.end());
+    }
+  }
+  if (wants_help(c.flags, own)) {
     std::fputs(help_text(c, path).c_str(), stdout);
     return 0;
   }
-  const Args args(c.flags, argv, c.positionals);
+  Args args(c.flags, own, c.positionals);
+  args.set_wrapped(std::move(wrapped));
   return c.run(args);
 }
 

@@ -84,6 +84,9 @@ class Args {
   // The value, refused when missing or empty (for flags required only in some cases).
   std::string required(const std::string& flag) const;
   const std::vector<std::string>& positional() const { return positional_; }
+  // A command that wraps another (Command::wraps): the words after "--", unparsed.
+  const std::vector<std::string>& wrapped() const { return wrapped_; }
+  void set_wrapped(std::vector<std::string> w) { wrapped_ = std::move(w); }
 
  private:
   const Flag& find(const std::string& flag, FlagKind kind) const;
@@ -92,6 +95,7 @@ class Args {
   std::map<std::string, Flag> table_;
   std::map<std::string, std::string> values_;
   std::vector<std::string> positional_;
+  std::vector<std::string> wrapped_;
 };
 
 // A command (or a subcommand of `bench` and `tokenizer`): its name, one line of help, its flags
@@ -103,6 +107,9 @@ struct Command {
   std::vector<Positional> positionals;
   int (*run)(const Args& args) = nullptr;
   std::vector<Command> subcommands;
+  // Takes another command after "--" (`tessera profile -- generate ...`): the words after it
+  // reach run() unparsed, as Args::wrapped(); help and flags are those before it.
+  bool wraps = false;
 };
 
 // The help text of `c` reached as `path` ("tessera bench gemm").

@@ -30,13 +30,52 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Hands each observed op to the tally of the phase being measured (none between phases).
+// Hands what it observes to the tally of the phase being measured (none between phases).
 struct PhaseObserver final : ops::OpObserver {
   ops::OpTally* into = nullptr;
   void on_op(const ops::OpRecord& r) override {
     if (into) into->on_op(r);
   }
+  void enter_scope(std::string_view name, const ops::Context& ctx) override {
+    if (into) into->enter_scope(name, ctx);
+  }
+  void exit_scope(std::string_view name, const ops::Context& ctx) override {
+    if (into) into->exit_scope(name, ctx);
+  }
 };
+
+// A phase's time by stage of the forward pass (model::Stage), and the bytes each stage's ops
+// moved: from the scopes an observer summed, or from the CUDA device twin's events.
+struct StageSplit {
+  double seconds[infer::kNumStages] = {}, bytes[infer::kNumStages] = {};
+  double matmul_seconds() const {
+    double t = 0;
+    for (int i = 0; i < infer::kNumStages; ++i)
+      if (static_cast<infer::Stage>(i) != infer::Stage::attention) t += seconds[i];
+    return t;
+  }
+  double attention_seconds() const { return seconds[static_cast<int>(infer::Stage::attention)]; }
+};
+
+StageSplit stage_split(const ops::OpTally& t) {
+  StageSplit s;
+  for (const ops::ScopeTotal& sc : t.scopes())
+    for (int i = 0; i < infer::kNumStages; ++i)
+      if (sc.name == infer::stage_name(static_cast<infer::Stage>(i))) {
+        s.seconds[i] += sc.seconds;
+        s.bytes[i] += sc.bytes;
+      }
+  return s;
+}
+
+StageSplit stage_split(const infer::EngineStats& e) {
+  StageSplit s;
+  for (int i = 0; i < infer::kNumStages; ++i) {
+    s.seconds[i] = e.stages[i].seconds;
+    s.bytes[i] = static_cast<double>(e.stages[i].weight_bytes);
+  }
+  return s;
+}
 
 int32_t argmax(const float* x, int64_t n) {
   return static_cast<int32_t>(std::max_element(x, x + n) - x);
@@ -69,6 +108,9 @@ int run(const Args& a) {
   TS_CHECK(!per_op || !ef.cuda,
            "--profile observes the CPU engine's ops; the CUDA decoder does not go through ops/ "
            "yet");
+  // The CPU's stages are scopes an observer sums, so the engine always has one there (a clock
+  // read per op); the CUDA twin times its stages itself, and an observer would stop its graphs.
+  const bool observe = per_op || !ef.cuda;
 
   // No tokenizer needed: the prompt is random token ids (synthetic models carry none).
   LoadedModel m;
@@ -88,9 +130,9 @@ int run(const Args& a) {
   eo.kv_tokens =
       std::max((prompt_len + gen + bt - 1) / bt, max_batch * ((batch_prompt + gen + bt - 1) / bt)) *
       bt;
-  PhaseObserver observer;  // with --profile: prefill's and decode's ops, tallied apart
+  PhaseObserver observer;  // prefill's and decode's ops and stages, tallied apart
   ops::OpTally prefill_ops, decode_ops;
-  if (per_op) eo.ctx.observer = &observer;
+  if (observe) eo.ctx.observer = &observer;
   infer::Engine engine(m.model, eo);
   const int threads = eo.ctx.threads().size();
   // The roofline's yardsticks: the CPU's probed triad bandwidth and FMA peak, or on CUDA the
@@ -129,26 +171,25 @@ int run(const Args& a) {
   // Where decode time goes (all reps): matmuls, attention, the rest (norms, RoPE, adds, the
   // cache append, thread hand-offs).
   std::vector<double> prefill_s, decode_s;
-  infer::EngineStats pre, dec;  // totals over the reps
   for (int64_t r = 0; r < reps; ++r) {
     const int32_t seq = engine.new_sequence();
-    engine.reset_stats();
     observer.into = &prefill_ops;
     const profile::Timer t;
     engine.forward({infer::Feed{seq, prompt, false}});
     prefill_s.push_back(t.seconds());
-    pre += engine.stats();
-    engine.reset_stats();
     observer.into = &decode_ops;
     decode_s.push_back(timed_decode(engine, {seq}, gen));
     observer.into = nullptr;
-    dec += engine.stats();
     engine.free_sequence(seq);
   }
-  const double pre_frac_matmul = pre.matmul_seconds() / pre.seconds;
-  const double pre_frac_attention = pre.attention_seconds() / pre.seconds;
-  const double frac_matmul = dec.matmul_seconds() / dec.seconds;
-  const double frac_attention = dec.attention_seconds() / dec.seconds;
+  double pre_total = 0, dec_total = 0;
+  for (double x : prefill_s) pre_total += x;
+  for (double x : decode_s) dec_total += x;
+  const StageSplit pre = stage_split(prefill_ops), dec = stage_split(decode_ops);
+  const double pre_frac_matmul = pre.matmul_seconds() / pre_total;
+  const double pre_frac_attention = pre.attention_seconds() / pre_total;
+  const double frac_matmul = dec.matmul_seconds() / dec_total;
+  const double frac_attention = dec.attention_seconds() / dec_total;
   const double prefill_tps = prompt_len / median(prefill_s);
   const double decode_tps = gen / median(decode_s);
   const double bytes_per_token = static_cast<double>(m.model.weight_bytes_per_token());
@@ -174,28 +215,26 @@ int run(const Args& a) {
   // Per op: prefill per prompt, decode per token; the products against the products' peak.
   std::vector<OpProfileRow> prefill_rows, decode_rows;
   if (per_op) {
-    auto peak_of = [&](const std::string& op) {
-      return op.starts_with("matmul_wt") ? peaks.gflops : peaks.f32_gflops;
-    };
-    double pre_total = 0, dec_total = 0;
-    for (double x : prefill_s) pre_total += x;
-    for (double x : decode_s) dec_total += x;
-    prefill_rows = op_profile(prefill_ops.totals(), reps, pre_total, peak_of, peaks.gbs);
-    decode_rows = op_profile(decode_ops.totals(), reps * gen, dec_total, peak_of, peaks.gbs);
+    // The probe's roofs, with memory's bandwidth the triad measured beside this run.
+    const Roofs roofs = cpu_roofs(profile::cached_peaks(threads), threads, peaks.gbs);
+    prefill_rows = op_profile(prefill_ops.totals(), reps, pre_total, roofs);
+    decode_rows = op_profile(decode_ops.totals(), reps * gen, dec_total, roofs);
   }
 
   // On a device the stages are timed in a decode pass of their own: the events between stages
   // need eager launches, where the reps above replay CUDA graphs. Its tokens/s is reported with
   // it (below the graphs' figure by what the graphs save).
-  infer::EngineStats stages = dec;
-  double stage_tokens = static_cast<double>(gen * reps), stage_tps = decode_tps;
+  StageSplit stages = dec;
+  double stage_seconds = dec_total, stage_tokens = static_cast<double>(gen * reps),
+         stage_tps = decode_tps;
   if (ef.cuda) {
     const int32_t seq = engine.new_sequence();
     engine.forward({infer::Feed{seq, prompt, false}});
     engine.set_stage_timing(true);
     engine.reset_stats();
-    stage_tps = gen / timed_decode(engine, {seq}, gen);
-    stages = engine.stats();
+    stage_seconds = timed_decode(engine, {seq}, gen);
+    stage_tps = gen / stage_seconds;
+    stages = stage_split(engine.stats());
     engine.set_stage_timing(false);
     engine.free_sequence(seq);
     stage_tokens = static_cast<double>(gen);
@@ -245,15 +284,15 @@ int run(const Args& a) {
                     at, 1 - mm - at);
       return std::string(buf);
     };
-    // Per stage of decode: its share of the forward time and the weight bytes it read per second
-    // of its own time (attention reads the cache, not weights: no rate).
+    // Per stage of decode: its share of the decode time and the bytes its ops moved per second
+    // of its own time (the products' weights; attention's cached keys and values).
     // (On CUDA from the eager pass with events between stages; its tokens/s beside it.)
     std::printf("], \"decode_stages\": ");
     for (int i = 0; i < infer::kNumStages; ++i) {
-      const infer::StageStats& st = stages.stages[i];
-      std::printf("%s\"%s\": {\"time_fraction\": %.4f, \"weight_gbs\": %.3f}", i ? ", " : "{",
-                  infer::stage_name(static_cast<infer::Stage>(i)), st.seconds / stages.seconds,
-                  st.seconds > 0 ? st.weight_bytes / st.seconds / 1e9 : 0.0);
+      const double sec = stages.seconds[i];
+      std::printf("%s\"%s\": {\"time_fraction\": %.4f, \"gbs\": %.3f}", i ? ", " : "{",
+                  infer::stage_name(static_cast<infer::Stage>(i)), sec / stage_seconds,
+                  sec > 0 ? stages.bytes[i] / sec / 1e9 : 0.0);
     }
     std::printf("}, \"decode_stages_tokens_per_s\": %.3f", stage_tps);
     std::printf(
@@ -298,11 +337,10 @@ int run(const Args& a) {
   else
     std::printf("decode stages:");
   for (int i = 0; i < infer::kNumStages; ++i) {
-    const infer::StageStats& st = stages.stages[i];
+    const double sec = stages.seconds[i];
     std::printf(" %s %.0f%% %.0f us", infer::stage_name(static_cast<infer::Stage>(i)),
-                100 * st.seconds / stages.seconds, 1e6 * st.seconds / stage_tokens);
-    if (st.weight_bytes > 0 && st.seconds > 0)
-      std::printf(" %.1f GB/s", st.weight_bytes / st.seconds / 1e9);
+                100 * sec / stage_seconds, 1e6 * sec / stage_tokens);
+    if (stages.bytes[i] > 0 && sec > 0) std::printf(" %.1f GB/s", stages.bytes[i] / sec / 1e9);
     std::printf(i + 1 < infer::kNumStages ? ";" : "\n");
   }
   for (const BatchRow& r : batch_rows)
@@ -310,9 +348,9 @@ int run(const Args& a) {
                 (long long)r.batch, r.tps, r.tps / decode_tps);
   if (per_op) {
     std::printf(
-        "prefill ops, per %lld-token prompt (roof: %s peak for products, f32 for the "
-        "rest; triad bandwidth):\n",
-        (long long)prompt_len, peaks.flops_kind.c_str());
+        "prefill ops, per %lld-token prompt (roofs: the probe's, memory's the triad measured "
+        "now):\n",
+        (long long)prompt_len);
     print_op_profile(prefill_rows, "/prompt");
     std::printf("decode ops, per token:\n");
     print_op_profile(decode_rows, "/token");

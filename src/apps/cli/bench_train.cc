@@ -131,12 +131,15 @@ int run(const Args& a) {
     const auto peaks = profile::cached_peaks(static_cast<int>(ctx.threads().size()));
     // The step's products (attention's too) run on bf16 dot products in bf16 precision; every
     // other op in f32.
-    auto peak_of = [&](const std::string& op) {
-      const bool product = op == "gemm" || op == "matmul_wt" || op == "matmul_wt_group" ||
-                           op.starts_with("attention_");
-      return product ? peak : peaks.f32_gflops_all;
+    Roofs roofs = cpu_roofs(peaks, static_cast<int>(ctx.threads().size()));
+    const double f32 = peaks.f32_gflops_all;
+    const std::string product_peak = use_bf16 ? "bf16" : "f32";
+    roofs.compute = [&, f32](const ops::OpTotal& t) {
+      const bool product =
+          t.op == "gemm" || t.op.starts_with("matmul_wt") || t.op.starts_with("attention_");
+      return product ? ComputePeak{peak, product_peak} : ComputePeak{f32, "f32"};
     };
-    rows = op_profile(tally.totals(), steps, total, peak_of, peaks.triad_gbs_all);
+    rows = op_profile(tally.totals(), steps, total, roofs);
   }
   // The products of a step: bf16 compute rounds both operands (the f32 activations while
   // packed), so on the CPU its kernel is the one cpu::gemm takes for bf16 compute at B*T rows.

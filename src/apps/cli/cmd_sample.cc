@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "apps/cli/args.h"
+#include "apps/cli/profiling.h"
 #include "core/error.h"
 #include "core/file_io.h"
 #include "infer/generate.h"
@@ -41,6 +42,7 @@ int run(const Args& a) {
   if (threads > 0) pool = std::make_unique<ThreadPool>(static_cast<int>(threads));
   ops::Context ctx;
   ctx.pool = pool.get();
+  ctx.observer = wrapped_observer();  // `tessera profile` around this command
   std::unique_ptr<model::Gpt2> m;
   std::string model_dir;
   if (file_exists(in_dir(in_dir(dir, "model"), "config.json"))) {

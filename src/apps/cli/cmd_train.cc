@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "apps/cli/args.h"
+#include "apps/cli/profiling.h"
 #include "apps/cli/train_flags.h"
 #include "core/error.h"
 #include "train/trainer.h"
@@ -116,6 +117,7 @@ train::TrainOptions parse_train_options(const Args& a, bool* resume) {
   }
   // Session flags override what the checkpoint holds only when given.
   if (!*resume || a.given("--steps")) o.steps = a.i64("--steps");
+  o.observer = wrapped_observer();  // `tessera profile` around this command
   o.stop_at = a.i64("--stop-at");
   if (!*resume || a.given("--threads")) o.threads = a.i64("--threads");
   if (!*resume || a.given("--device")) o.device = a.str("--device");

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "apps/cli/profiling.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 
@@ -70,6 +71,7 @@ infer::EngineOptions engine_options(const EngineFlags& f, const model::DecoderMo
                                     int64_t sequences) {
   infer::EngineOptions o;
   o.ctx.pool = f.pool.get();
+  o.ctx.observer = wrapped_observer();  // `tessera profile` around this command
   o.max_ctx = f.ctx > 0 ? f.ctx : std::min<int64_t>(model.config.max_ctx, 4096);
   TS_CHECK(o.max_ctx <= model.config.max_ctx, "--ctx ", o.max_ctx,
            " is longer than the model's context length ", model.config.max_ctx);
