@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "ops/context.h"
 #include "profile/timer.h"
 
 namespace tessera::infer {
@@ -346,8 +347,13 @@ bool Scheduler::step() {
   const int64_t max_rows = engine_.options().max_rows;
   stats_.memory_read_bytes +=
       (rows + max_rows - 1) / max_rows * engine_.model().weight_bytes_per_token();
-  after_forward(logits, profile::now_seconds());
-  remove_finished();
+  {
+    // What follows the forward, named for a profiler: sampling each row's token and handing it
+    // to its request (detokenizing, stop strings, streaming).
+    const ops::Scope scope(engine_.options().ctx, "sample");
+    after_forward(logits, profile::now_seconds());
+    remove_finished();
+  }
   return true;
 }
 

@@ -78,6 +78,11 @@ TEST(ProfileCli, GenerateRunsAsAloneAndEveryOpIsAccounted) {
     ASSERT_TRUE(scopes.contains(s)) << s;
   EXPECT_EQ(scopes.at("head")["calls"].get<double>(), forwards);
   EXPECT_EQ(scopes.at("qkv")["calls"].get<double>(), 30 * forwards);
+  // The scheduler's sampling after each forward is named though it runs no op.
+  ASSERT_TRUE(scopes.contains("sample"));
+  EXPECT_EQ(scopes.at("sample")["calls"].get<double>(), forwards);
+  EXPECT_EQ(scopes.at("sample")["op_seconds"].get<double>(), 0.0);
+  EXPECT_GT(j["named_outside_ops_s"].get<double>(), 0.0);
   // The span of the ops lies inside the run; the ops' own time inside their span (one thread
   // calls them).
   EXPECT_LE(j["ops_window_s"].get<double>(), j["wall_s"].get<double>());

@@ -178,6 +178,14 @@ int run(const Args& a) {
   const double window = std::max(0.0, last - first);
   const std::vector<OpProfileRow> rows = op_profile(observer.tally().totals(), 1, window, roofs);
   const double other = rows.back().ms / 1e3;
+  // Time outside ops that a scope still names: scopes that ran no op (the scheduler's sampling).
+  double named = 0;
+  std::string named_parts;
+  for (const ops::ScopeTotal& s : observer.tally().scopes())
+    if (s.op_seconds == 0 && s.seconds > 0) {
+      named += s.seconds;
+      named_parts += " + " + s.name + " " + std::to_string(s.seconds).substr(0, 5) + " s";
+    }
   const int64_t age = std::max<int64_t>(0, std::time(nullptr) - peaks.probed_at);
 
   std::string report;
@@ -189,6 +197,7 @@ int run(const Args& a) {
                         {"ops_window_s", window},
                         {"ops_s", sum.seconds},
                         {"other_s", other},
+                        {"named_outside_ops_s", named},
                         {"after_last_op_s", t1 - last},
                         {"flops", sum.flops},
                         {"bytes", sum.bytes},
@@ -212,6 +221,13 @@ int run(const Args& a) {
                   "(other) over %.3f s, after the last op %.3f s\n",
                   joined(cmd).c_str(), t1 - t0, first - t0, sum.seconds, other, window, t1 - last);
     report += buf;
+    if (window > 0) {
+      std::snprintf(buf, sizeof buf,
+                    "  named: %.1f%% of the ops' span (ops %.3f s%s), unnamed %.3f s\n",
+                    100 * std::min(1.0, (sum.seconds + named) / window), sum.seconds,
+                    named_parts.c_str(), std::max(0.0, window - sum.seconds - named));
+      report += buf;
+    }
     std::snprintf(buf, sizeof buf,
                   "roofs: probe of %s (%lld min ago, load %.2f on %d cores), %d threads: memory "
                   "%.1f GB/s read, L2 %.0f GB/s, L3 %.1f GB/s; f32 %.0f GFLOP/s, bf16 %.0f, int8 "
