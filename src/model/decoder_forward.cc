@@ -2,6 +2,7 @@
 #include "model/decoder_forward.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 
@@ -14,6 +15,12 @@ namespace {
 
 // The activation buffers (DecoderForward::acts_), each max_rows rows of the width beside it.
 enum Act { kX, kTmp, kXn, kQkv, kQ, kK, kAtt, kFfA, kFfB, kStatA, kStatB, kNumActs };
+
+// Each activation buffer's floats per row, in Act's order.
+std::array<int64_t, kNumActs> act_widths(const DecoderConfig& c) {
+  return {c.d_model, c.d_model, c.d_model, c.q_dim() + 2 * c.kv_dim(), c.q_dim(), c.kv_dim(),
+          c.q_dim(), c.d_ff,    c.d_ff,    1,                          1};
+}
 // Logit rows per head call on a device (bounds the device's logits buffer at large vocabularies).
 constexpr int64_t kHeadRows = 64;
 // Graphs: chunks of up to kGraphMaxRows rows, key bounds rounded to kGraphKeysRound (the paged
@@ -131,10 +138,7 @@ int64_t DecoderForward::forward(const DecoderRows& rows, const PagedKv& kv, floa
   const int64_t C = c.d_model, V = c.vocab, n = rows.n, BT = kv.layout.block_tokens;
   const auto R = static_cast<size_t>(max_rows_);
   if (acts_.empty()) {
-    const int64_t widths[kNumActs] = {C,         C,          C,         c.q_dim() + 2 * c.kv_dim(),
-                                      c.q_dim(), c.kv_dim(), c.q_dim(), c.d_ff,
-                                      c.d_ff,    1,          1};
-    for (int64_t width : widths)
+    for (int64_t width : act_widths(c))
       acts_.emplace_back(ctx_.device, R * static_cast<size_t>(width) * sizeof(float));
     table_stride_ = (max_ctx_ + BT - 1) / BT;
     ints_.resize(R * static_cast<size_t>(kTables + table_stride_));
@@ -265,6 +269,12 @@ DeviceModel to_device(const DecoderModel& host, const ops::Context& ctx) {
   upload(d.view.weights.out_norm_b);
   upload(d.view.weights.output);
   return d;
+}
+
+int64_t DecoderForward::activation_bytes(const DecoderConfig& c, int64_t max_rows) {
+  int64_t floats = 0;
+  for (int64_t width : act_widths(c)) floats += width;
+  return floats * max_rows * static_cast<int64_t>(sizeof(float));
 }
 
 }  // namespace tessera::model

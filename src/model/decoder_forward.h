@@ -66,6 +66,8 @@ class DecoderForward {
                   Output what = Output::logits);
 
   const ops::RopeTable& rope() const { return rope_; }
+  // The activation buffers' bytes for chunks of max_rows rows (what the first forward allocates).
+  static int64_t activation_bytes(const DecoderConfig& c, int64_t max_rows);
 
  private:
   class PagedAttention;

@@ -16,6 +16,10 @@ struct Context {
   void* stream = nullptr;          // CUDA: the cudaStream_t ops are queued on; null: the backend's
   bool reference = false;          // CPU: use backend/cpu/ref kernels instead of the SIMD ones
   OpObserver* observer = nullptr;  // sees every op call (ops/observe.h); null: none
+  // Every op is checked and reported to the observer (with zero seconds) but not run: the
+  // planner walks a forward pass's ops, shapes and costs at any batch and context without the
+  // work or the memory. Results are unspecified (ops returning a value return zero).
+  bool dry_run = false;
   ThreadPool& threads() const { return pool ? *pool : default_pool(); }
 };
 

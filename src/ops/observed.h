@@ -15,6 +15,14 @@ namespace tessera::ops::detail {
 template <typename ShapeFn, typename CostFn, typename CallFn>
 decltype(auto) observed(const Context& ctx, std::string_view op, ShapeFn&& shape, CostFn&& cost,
                         CallFn&& call) {
+  using Result = decltype(call());
+  if (ctx.dry_run) {
+    if (ctx.observer) ctx.observer->on_op(OpRecord{op, ctx.device, shape(), cost(), 0.0});
+    if constexpr (std::is_void_v<Result>)
+      return;
+    else
+      return std::remove_cvref_t<Result>{};
+  }
   if (!ctx.observer) return call();
   ctx.observer->on_begin(op, ctx);
   const auto t0 = std::chrono::steady_clock::now();
@@ -22,7 +30,7 @@ decltype(auto) observed(const Context& ctx, std::string_view op, ShapeFn&& shape
     const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
     ctx.observer->on_op(OpRecord{op, ctx.device, shape(), cost(), dt.count()});
   };
-  if constexpr (std::is_void_v<decltype(call())>) {
+  if constexpr (std::is_void_v<Result>) {
     call();
     report();
   } else {

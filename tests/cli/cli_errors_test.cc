@@ -13,14 +13,9 @@
 
 namespace {
 
+using tessera::test::count_lines;
 using tessera::test::run_tessera;
 using Result = tessera::test::CliResult;
-
-int count_lines(const std::string& s) {
-  int n = 0;
-  for (char c : s) n += c == '\n';
-  return n;
-}
 
 void expect_one_line_error(const std::string& args, const std::string& must_mention) {
   const Result r = run_tessera(args);

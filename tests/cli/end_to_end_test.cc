@@ -10,9 +10,12 @@
 #include <sstream>
 #include <string>
 
+#include "test_util/run_tessera.h"
+
 namespace {
 
 namespace fs = std::filesystem;
+using tessera::test::count_lines;
 
 // Runs `tessera <args>`, stdout to `out_path`; returns the exit status (-1 if it crashed).
 int tessera(const std::string& args, const std::string& out_path) {
@@ -27,12 +30,6 @@ std::string slurp(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
-}
-
-int count_lines(const std::string& s) {
-  int n = 0;
-  for (char c : s) n += c == '\n';
-  return n;
 }
 
 TEST(EndToEnd, TokenizerPrepareTrainResumeSample) {

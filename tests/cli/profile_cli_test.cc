@@ -15,6 +15,7 @@
 namespace {
 
 namespace fs = std::filesystem;
+using tessera::test::count_lines;
 using tessera::test::run_tessera;
 using tessera::test::scratch_path;
 using tessera::test::slurp;
@@ -22,12 +23,6 @@ using Result = tessera::test::CliResult;
 
 const std::string kModel =
     std::string(TESSERA_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
-
-int count_lines(const std::string& s) {
-  int n = 0;
-  for (char c : s) n += c == '\n';
-  return n;
-}
 
 // The report's op rows: shares add up to 1 with (other), and every op has a shape, a cost model
 // (a positive roof time) and a verdict. Returns calls per op name.

@@ -16,6 +16,13 @@ struct CliResult {
   std::string out, err;
 };
 
+// Lines of s ('\n' characters): an error report must be exactly one.
+inline int count_lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
 inline std::string slurp(const std::string& path) {
   std::ifstream in(path);
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());

@@ -10,12 +10,12 @@
 #include "apps/cli/args.h"
 #include "apps/cli/bench.h"
 #include "apps/cli/infer_flags.h"
-#include "apps/cli/op_profile.h"
 #include "backend/cpu/gemm.h"
 #include "backend/device.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
+#include "explain/op_profile.h"
 #include "infer/engine.h"
 #include "model/synthetic.h"
 #include "ops/op_tally.h"
@@ -23,6 +23,7 @@
 #include "profile/timer.h"
 
 namespace tessera::cli {
+
 namespace {
 
 double median(std::vector<double> v) {
@@ -213,12 +214,13 @@ int run(const Args& a) {
   const double prefill_flops = prompt_len * (layer_flops + attn_flops) + head_flops;
   const double prefill_gflops = prefill_flops / median(prefill_s) / 1e9;
   // Per op: prefill per prompt, decode per token; the products against the products' peak.
-  std::vector<OpProfileRow> prefill_rows, decode_rows;
+  std::vector<explain::OpProfileRow> prefill_rows, decode_rows;
   if (per_op) {
     // The probe's roofs, with memory's bandwidth the triad measured beside this run.
-    const Roofs roofs = cpu_roofs(profile::cached_peaks(threads), threads, peaks.gbs);
-    prefill_rows = op_profile(prefill_ops.totals(), reps, pre_total, roofs);
-    decode_rows = op_profile(decode_ops.totals(), reps * gen, dec_total, roofs);
+    const explain::Roofs roofs =
+        explain::cpu_roofs(profile::cached_peaks(threads), threads, peaks.gbs);
+    prefill_rows = explain::op_profile(prefill_ops.totals(), reps, pre_total, roofs);
+    decode_rows = explain::op_profile(decode_ops.totals(), reps * gen, dec_total, roofs);
   }
 
   // On a device the stages are timed in a decode pass of their own: the events between stages
@@ -307,7 +309,8 @@ int run(const Args& a) {
         static_cast<long long>(profile::huge_page_bytes()));
     if (per_op)
       std::printf(", \"prefill_ops\": %s, \"decode_ops\": %s",
-                  op_profile_json(prefill_rows).c_str(), op_profile_json(decode_rows).c_str());
+                  explain::op_profile_json(prefill_rows).c_str(),
+                  explain::op_profile_json(decode_rows).c_str());
     std::printf("}\n");
     return 0;
   }
@@ -351,9 +354,9 @@ int run(const Args& a) {
         "prefill ops, per %lld-token prompt (roofs: the probe's, memory's the triad measured "
         "now):\n",
         (long long)prompt_len);
-    print_op_profile(prefill_rows, "/prompt");
+    explain::print_op_profile(prefill_rows, "/prompt");
     std::printf("decode ops, per token:\n");
-    print_op_profile(decode_rows, "/token");
+    explain::print_op_profile(decode_rows, "/token");
   }
   if (ef.cuda) {  // the cache lives on the device; host memory holds the weights' file copy
     std::printf("memory: %s; host peak RSS %.1f MB\n", engine.device_description().c_str(),

@@ -10,12 +10,12 @@
 
 #include "apps/cli/args.h"
 #include "apps/cli/bench.h"
-#include "apps/cli/op_profile.h"
 #include "backend/cpu/gemm.h"
 #include "backend/device.h"
 #include "backend/device_gpt2.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "explain/op_profile.h"
 #include "model/gpt2.h"
 #include "ops/op_tally.h"
 #include "profile/probe.h"
@@ -23,6 +23,7 @@
 #include "train/optimizer.h"
 
 namespace tessera::cli {
+
 namespace {
 
 int run(const Args& a) {
@@ -126,20 +127,20 @@ int run(const Args& a) {
     peak = use_bf16 ? peaks.bf16_gflops_all : peaks.f32_gflops_all;
   }
   const double mfu = peak > 0 ? gflops / peak : 0;
-  std::vector<OpProfileRow> rows;
+  std::vector<explain::OpProfileRow> rows;
   if (per_op) {
     const auto peaks = profile::cached_peaks(static_cast<int>(ctx.threads().size()));
     // The step's products (attention's too) run on bf16 dot products in bf16 precision; every
     // other op in f32.
-    Roofs roofs = cpu_roofs(peaks, static_cast<int>(ctx.threads().size()));
+    explain::Roofs roofs = explain::cpu_roofs(peaks, static_cast<int>(ctx.threads().size()));
     const double f32 = peaks.f32_gflops_all;
     const std::string product_peak = use_bf16 ? "bf16" : "f32";
     roofs.compute = [&, f32](const ops::OpTotal& t) {
       const bool product =
           t.op == "gemm" || t.op.starts_with("matmul_wt") || t.op.starts_with("attention_");
-      return product ? ComputePeak{peak, product_peak} : ComputePeak{f32, "f32"};
+      return product ? explain::ComputePeak{peak, product_peak} : explain::ComputePeak{f32, "f32"};
     };
-    rows = op_profile(tally.totals(), steps, total, roofs);
+    rows = explain::op_profile(tally.totals(), steps, total, roofs);
   }
   // The products of a step: bf16 compute rounds both operands (the f32 activations while
   // packed), so on the CPU its kernel is the one cpu::gemm takes for bf16 compute at B*T rows.
@@ -160,7 +161,7 @@ int run(const Args& a) {
         preset.c_str(), device.c_str(), static_cast<long long>(m.num_params()),
         static_cast<long long>(B), static_cast<long long>(T), precision.c_str(), recompute.c_str(),
         ctx.threads().size(), med * 1e3, tps, gflops, peak, mfu, rss_mib, act_mib, kernel.c_str(),
-        per_op ? ", \"ops\": " : "", per_op ? op_profile_json(rows).c_str() : "");
+        per_op ? ", \"ops\": " : "", per_op ? explain::op_profile_json(rows).c_str() : "");
     return 0;
   }
   std::printf("bench train: %s (%.1fM params), B=%lld T=%lld, %s, recompute %s, %d threads\n",
@@ -190,7 +191,7 @@ int run(const Args& a) {
         "  ops of the timed steps (roof: the %s peak for products and attention, the f32 peak "
         "for the rest, triad bandwidth):\n",
         use_bf16 ? "bf16" : "f32");
-    print_op_profile(rows, "/step");
+    explain::print_op_profile(rows, "/step");
   }
   return 0;
 }

@@ -1,6 +1,6 @@
 // `tessera profile [flags] -- COMMAND ...`: runs any command with an observer on every context
 // it makes, then reports where its time went, op by op and scope by scope, against this machine's
-// roofs (apps/cli/op_profile.h).
+// roofs (explain/op_profile.h).
 #include <signal.h>
 #include <unistd.h>
 
@@ -18,14 +18,15 @@
 #include <vector>
 
 #include "apps/cli/args.h"
-#include "apps/cli/op_profile.h"
 #include "apps/cli/profiling.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "explain/op_profile.h"
 #include "ops/op_tally.h"
 #include "profile/probe.h"
 
 namespace tessera::cli {
+
 namespace {
 
 double now_seconds() {
@@ -171,12 +172,13 @@ int run(const Args& a) {
   // nothing).
   const int threads = static_cast<int>(default_pool().size());
   const profile::MachinePeaks peaks = profile::cached_peaks(threads);
-  const Roofs roofs = cpu_roofs(peaks, threads);
+  const explain::Roofs roofs = explain::cpu_roofs(peaks, threads);
   const ops::OpTotal sum = observer.tally().sum();
   const bool any = observer.first() > 0;
   const double first = any ? observer.first() : t1, last = any ? observer.last() : t1;
   const double window = std::max(0.0, last - first);
-  const std::vector<OpProfileRow> rows = op_profile(observer.tally().totals(), 1, window, roofs);
+  const std::vector<explain::OpProfileRow> rows =
+      explain::op_profile(observer.tally().totals(), 1, window, roofs);
   const double other = rows.back().ms / 1e3;
   // Time outside ops that a scope still names: scopes that ran no op (the scheduler's sampling).
   double named = 0;
@@ -203,7 +205,7 @@ int run(const Args& a) {
                         {"bytes", sum.bytes},
                         {"probe", nlohmann::json::parse(profile::peaks_to_json(peaks))},
                         {"probe_age_s", age},
-                        {"ops", nlohmann::json::parse(op_profile_json(rows))},
+                        {"ops", nlohmann::json::parse(explain::op_profile_json(rows))},
                         {"scopes", nlohmann::json::array()}};
     for (const ops::ScopeTotal& s : observer.tally().scopes())
       j["scopes"].push_back({{"scope", s.name},
@@ -250,7 +252,7 @@ int run(const Args& a) {
   std::fputs(report.c_str(), to);
   if (!json && any) {
     std::fflush(to);
-    print_op_profile(rows, "total", static_cast<size_t>(top), to);
+    explain::print_op_profile(rows, "total", static_cast<size_t>(top), to);
     std::fprintf(to, "scopes (wall time; the ops inside, nested scopes included):\n");
     for (const ops::ScopeTotal& s : observer.tally().scopes())
       std::fprintf(to,

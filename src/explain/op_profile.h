@@ -13,7 +13,7 @@
 #include "ops/op_tally.h"
 #include "profile/probe.h"
 
-namespace tessera::cli {
+namespace tessera::explain {
 
 // The machine's roofs an op is judged against. Where its bytes come from: an op whose bytes are
 // mostly long-lived state (weights, the KV cache: OpCost::state_bytes) reads them from the
@@ -60,6 +60,18 @@ struct OpProfileRow {
 // product for quantized ones where the CPU has them (the kernels this build dispatches to).
 Roofs cpu_roofs(const profile::MachinePeaks& p, int threads, double memory_gbs = 0);
 
+// The time an op's totals need at the roofs: its FLOPs at its compute peak, its bytes at the
+// bandwidth of the level that holds them (the rule above; state_per_run: every op's state bytes
+// per run). What the profiler judges a measurement against and the planner predicts with.
+struct RoofTime {
+  double compute_s = 0, memory_s = 0;
+  std::string compute_roof, memory_level;  // "f32", "int8", ...; "L2", "L3", "DRAM", ...
+  double seconds() const { return compute_s > memory_s ? compute_s : memory_s; }
+  bool compute_bound() const { return compute_s >= memory_s; }
+  const std::string& roof() const { return compute_bound() ? compute_roof : memory_level; }
+};
+RoofTime roof_time(const Roofs& roofs, const ops::OpTotal& t, double state_per_run);
+
 // totals were observed over `runs` runs that took `seconds` in all. The last row, "(other)", is
 // the time no op accounts for (never negative: ops that overlap in time, on several threads, can
 // sum past the wall time).
@@ -70,4 +82,4 @@ void print_op_profile(const std::vector<OpProfileRow>& rows, const char* per, si
                       std::FILE* to = stdout);
 std::string op_profile_json(const std::vector<OpProfileRow>& rows);
 
-}  // namespace tessera::cli
+}  // namespace tessera::explain

@@ -1,12 +1,12 @@
 // Per-op profile rows from an OpTally's totals, judged against the machine's roofs, as a table or
 // JSON.
-#include "apps/cli/op_profile.h"
+#include "explain/op_profile.h"
 
 #include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
-namespace tessera::cli {
+namespace tessera::explain {
 
 namespace {
 
@@ -40,6 +40,20 @@ Roofs cpu_roofs(const profile::MachinePeaks& p, int threads, double memory_gbs) 
   return r;
 }
 
+RoofTime roof_time(const Roofs& roofs, const ops::OpTotal& t, double state_per_run) {
+  RoofTime rt;
+  const ComputePeak peak = roofs.compute ? roofs.compute(t) : ComputePeak{};
+  const bool state = t.state_bytes >= 0.5 * t.bytes && t.state_bytes > 0;
+  const auto [bw, level] = memory_roof(roofs, state         ? state_per_run
+                                              : t.calls > 0 ? t.bytes / t.calls
+                                                            : 0);
+  rt.compute_s = peak.gflops > 0 ? t.flops / (peak.gflops * 1e9) : 0;
+  rt.memory_s = bw > 0 ? t.bytes / (bw * 1e9) : 0;
+  rt.compute_roof = peak.name;
+  rt.memory_level = level;
+  return rt;
+}
+
 std::vector<OpProfileRow> op_profile(const std::vector<ops::OpTotal>& totals, int64_t runs,
                                      double seconds, const Roofs& roofs) {
   std::vector<OpProfileRow> rows;
@@ -61,17 +75,12 @@ std::vector<OpProfileRow> op_profile(const std::vector<ops::OpTotal>& totals, in
       r.gflops = t.flops / t.seconds * 1e-9;
       r.gbs = t.bytes / t.seconds * 1e-9;
     }
-    const ComputePeak peak = roofs.compute ? roofs.compute(t) : ComputePeak{};
-    const bool state = t.state_bytes >= 0.5 * t.bytes && t.state_bytes > 0;
-    const auto [bw, level] = memory_roof(roofs, state         ? state_per_run
-                                                : t.calls > 0 ? t.bytes / t.calls
-                                                              : 0);
-    const double compute_s = peak.gflops > 0 ? t.flops / (peak.gflops * 1e9) : 0;
-    const double memory_s = bw > 0 ? t.bytes / (bw * 1e9) : 0;
-    r.roof_ms = std::max(compute_s, memory_s) / n * 1e3;
+    const RoofTime rt = roof_time(roofs, t, state_per_run);
+    const double compute_s = rt.compute_s, memory_s = rt.memory_s;
+    r.roof_ms = rt.seconds() / n * 1e3;
     if (r.roof_ms > 0) {
-      const bool compute = compute_s >= memory_s;
-      r.roof = compute ? peak.name : level;
+      const bool compute = rt.compute_bound();
+      r.roof = rt.roof();
       const double roof_per_call = std::max(compute_s, memory_s) / std::max<double>(t.calls, 1);
       const bool overhead =
           r.roof_fraction() < kOverheadBelow && roof_per_call < kOverheadCallSeconds;
@@ -141,4 +150,4 @@ std::string op_profile_json(const std::vector<OpProfileRow>& rows) {
   return out.dump();
 }
 
-}  // namespace tessera::cli
+}  // namespace tessera::explain

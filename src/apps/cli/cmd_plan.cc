@@ -1,0 +1,378 @@
+// `tessera plan`: before a run, whether the model, its KV cache and buffers fit, the largest
+// batch and context that do, prefill and decode tokens/s per batch with where the time goes, the
+// batch past which decode stops scaling and why, and joules and dollars per million tokens.
+// --check runs the engine on this CPU and prints the prediction beside the measurement.
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "apps/cli/args.h"
+#include "apps/cli/infer_flags.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "core/thread_pool.h"
+#include "explain/plan.h"
+#include "infer/engine.h"
+#include "model/synthetic.h"
+#include "ops/quant.h"
+#include "profile/timer.h"
+
+namespace tessera::cli {
+namespace {
+
+using explain::Machine;
+using explain::Plan;
+using explain::PlanInput;
+using explain::StepPrediction;
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  TS_CHECK(in, "--device ", path, ": cannot read");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// "1.23 GB"
+std::string gb(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g GB", bytes / 1e9);
+  return buf;
+}
+
+// The engine's prompt chunk on the CPU: enough rows to saturate the products of every type the
+// layers store (as the engine picks it).
+int64_t cpu_prefill_rows(const model::DecoderModel& m) {
+  ops::Context ctx;
+  int64_t rows = 0;
+  for (const model::WeightRef* w : m.weights.layers.at(0).matrices())
+    if (w->present()) rows = std::max(rows, ops::matmul_wt_saturating_rows(ctx, w->type));
+  return rows > 0 ? rows : 512;
+}
+
+struct Measured {
+  int64_t batch = 0;
+  double decode_tps = 0, prefill_tps = 0;
+};
+
+// Runs the engine as `tessera bench generate` does: for each batch, that many sequences with a
+// prompt of context - gen random tokens (prefill timed on the first), then gen decode steps of
+// all of them together (timed).
+std::vector<Measured> measure(const model::DecoderModel& m, const PlanInput& in, int threads,
+                              int64_t gen, double* peak_rss) {
+  ThreadPool pool(threads);
+  infer::EngineOptions eo;
+  eo.ctx.pool = &pool;
+  eo.max_ctx = in.context;
+  eo.kv_type = in.kv_type;
+  eo.block_tokens = in.block_tokens;
+  eo.max_rows = in.prefill_rows;
+  const int64_t biggest = *std::max_element(in.batches.begin(), in.batches.end());
+  const int64_t blocks = (in.context + in.block_tokens - 1) / in.block_tokens;
+  eo.kv_tokens = biggest * blocks * in.block_tokens;
+  infer::Engine engine(m, eo);
+  Rng rng(7);
+  const int64_t V = m.config.vocab, P = in.context - gen;
+  std::vector<Measured> out;
+  for (int64_t b : in.batches) {
+    Measured r;
+    r.batch = b;
+    std::vector<int32_t> seqs;
+    for (int64_t i = 0; i < b; ++i) {
+      std::vector<int32_t> prompt(static_cast<size_t>(P));
+      for (int32_t& t : prompt) t = static_cast<int32_t>(rng.below(static_cast<uint64_t>(V)));
+      const int32_t s = engine.new_sequence();
+      seqs.push_back(s);
+      const profile::Timer t;
+      engine.forward({infer::Feed{s, prompt, false}});
+      if (i == 0) r.prefill_tps = static_cast<double>(P) / t.seconds();
+    }
+    std::vector<int32_t> next(seqs.size(), 1);
+    std::vector<infer::Feed> feeds(seqs.size());
+    const profile::Timer t;
+    for (int64_t step = 0; step < gen; ++step) {
+      for (size_t i = 0; i < seqs.size(); ++i)
+        feeds[i] = infer::Feed{seqs[i], {&next[i], 1}, false};
+      const std::vector<float>& logits = engine.forward(feeds);
+      for (size_t i = 0; i < seqs.size(); ++i)
+        next[i] = static_cast<int32_t>(
+            std::max_element(logits.begin() + static_cast<int64_t>(i) * V,
+                             logits.begin() + static_cast<int64_t>(i + 1) * V) -
+            (logits.begin() + static_cast<int64_t>(i) * V));
+    }
+    r.decode_tps = static_cast<double>(b * gen) / t.seconds();
+    for (int32_t s : seqs) engine.free_sequence(s);
+    out.push_back(r);
+  }
+  *peak_rss = static_cast<double>(profile::peak_rss_bytes());
+  return out;
+}
+
+nlohmann::json step_json(const StepPrediction& s) {
+  return {{"sequences", s.sequences},
+          {"rows", s.rows},
+          {"context", s.context},
+          {"seconds", s.seconds},
+          {"tokens_per_s", s.tokens_per_s},
+          {"weights_s", s.weights_s},
+          {"kv_s", s.kv_s},
+          {"compute_s", s.compute_s},
+          {"overhead_s", s.overhead_s},
+          {"attention_s", s.attention_s},
+          {"bound", s.bound}};
+}
+
+int run(const Args& a) {
+  const double baseline = static_cast<double>(profile::current_rss_bytes());
+  const std::string path = a.str("--model"), device = a.str("--device");
+  const int threads =
+      static_cast<int>(a.i64("--threads") > 0 ? a.i64("--threads") : default_pool().size());
+  const std::string kv = a.str("--kv-type");
+  TS_CHECK(kv == "f16" || kv == "f32", "--kv-type must be f16 or f32, got '", kv, "'");
+  const double price = a.f64("--price-per-hour"), watts_flag = a.f64("--watts");
+  const bool json = a.on("--json"), check = a.on("--check");
+  TS_CHECK(!check || device == "cpu", "--check measures on this machine: use --device cpu");
+
+  // The device first: a bad name or spec file is refused before any loading.
+  std::optional<profile::GpuSpec> gpu;
+  if (device != "cpu") {
+    if (const profile::GpuSpec* spec = profile::find_gpu_spec(device)) {
+      gpu = *spec;
+    } else {
+      std::string known;
+      for (const std::string& n : profile::gpu_spec_names())
+        known += (known.empty() ? "" : ", ") + n;
+      TS_CHECK(device.ends_with(".json"), "--device '", device, "' is not cpu, a known GPU (",
+               known, ") or a spec .json file");
+      gpu = profile::gpu_spec_from_json(read_text(device), device);
+    }
+  }
+
+  // The model as a map of its file: its tensors' types and shapes, no bytes read.
+  model::DecoderLoadOptions lo;
+  lo.mmap = true;
+  const model::DecoderModel m = model::is_synthetic_spec(path) ? model::make_synthetic_decoder(path)
+                                                               : model::load_decoder(path, lo);
+  PlanInput in;
+  in.context = a.i64("--context");
+  TS_CHECK(in.context <= m.config.max_ctx, "--context ", in.context,
+           " is longer than the model's context length ", m.config.max_ctx);
+  in.batches = a.ints("--batch");
+  in.kv_type = kv == "f16" ? DType::f16 : DType::f32;
+  in.baseline_bytes = device == "cpu" ? baseline : 0;
+  Machine machine;
+  if (!gpu) {
+    in.prefill_rows = cpu_prefill_rows(m);
+    machine = explain::cpu_machine(profile::cached_peaks(threads), threads, m, in.prefill_rows);
+  } else {
+    in.prefill_rows = 512;
+    machine = explain::gpu_machine(*gpu);
+  }
+  if (watts_flag > 0) {
+    machine.watts = watts_flag;
+    machine.watts_source = "--watts";
+  }
+  const Plan plan = explain::make_plan(m, machine, in);
+
+  // Energy and money per million generated tokens at each batch.
+  auto per_million = [&](double tokens_per_s, double* joules, double* dollars) {
+    const double s = tokens_per_s > 0 ? 1e6 / tokens_per_s : 0;
+    *joules = machine.watts > 0 ? machine.watts * s : 0;
+    *dollars = price > 0 ? price / 3600.0 * s : 0;
+  };
+
+  std::vector<Measured> measured;
+  double peak_rss = 0, check_rss0 = 0;
+  explain::MemoryPrediction check_memory;
+  model::DecoderModel loaded;
+  if (check) {
+    // The check's own prediction: the process as it stands now, plus what the engine loads.
+    check_rss0 = static_cast<double>(profile::current_rss_bytes());
+    profile::reset_peak_rss();
+    PlanInput now = in;
+    now.baseline_bytes = check_rss0;
+    check_memory = explain::predict_memory(
+        m, now, *std::max_element(in.batches.begin(), in.batches.end()), in.context);
+    // The engine's own load: read into memory, in the CPU's layout.
+    model::DecoderLoadOptions el;
+    el.cpu_layout = true;
+    if (model::is_synthetic_spec(path)) {
+      loaded = model::make_synthetic_decoder(path);
+      model::use_cpu_layout(loaded);
+    } else {
+      loaded = model::load_decoder(path, el);
+    }
+    measured = measure(loaded, in, threads, a.i64("--gen"), &peak_rss);
+  }
+
+  if (json) {
+    nlohmann::json j = {{"model", path},
+                        {"device", machine.name},
+                        {"measured_roofs", machine.measured},
+                        {"context", in.context},
+                        {"kv_type", kv},
+                        {"prefill_rows", in.prefill_rows},
+                        {"memory",
+                         {{"weights", plan.memory.weights},
+                          {"kv_per_token", plan.memory.kv_per_token},
+                          {"kv", plan.memory.kv},
+                          {"activations", plan.memory.activations},
+                          {"logits", plan.memory.logits},
+                          {"baseline", plan.memory.baseline},
+                          {"total", plan.memory.total()},
+                          {"capacity", machine.memory_bytes}}},
+                        {"fits", plan.fits},
+                        {"max_batch", plan.max_batch},
+                        {"max_context", plan.max_context},
+                        {"prefill_tokens_per_s", plan.prefill_tokens_per_s},
+                        {"knee_batch", plan.knee_batch},
+                        {"knee_reason", plan.knee_reason},
+                        {"watts", machine.watts},
+                        {"decode", nlohmann::json::array()},
+                        {"sweep", nlohmann::json::array()}};
+    for (const auto& [t, b] : plan.memory.weights_by_dtype) j["memory"]["weights_by_dtype"][t] = b;
+    for (const StepPrediction& s : plan.decode) {
+      nlohmann::json d = step_json(s);
+      double joules = 0, dollars = 0;
+      per_million(s.tokens_per_s, &joules, &dollars);
+      d["joules_per_million_tokens"] = joules;
+      d["dollars_per_million_tokens"] = dollars;
+      j["decode"].push_back(d);
+    }
+    for (const StepPrediction& s : plan.sweep) j["sweep"].push_back(step_json(s));
+    if (check) {
+      j["check"]["peak_rss"] = peak_rss;
+      j["check"]["predicted_peak_rss"] = check_memory.total();
+      for (const Measured& r : measured)
+        j["check"]["batches"].push_back({{"batch", r.batch},
+                                         {"decode_tokens_per_s", r.decode_tps},
+                                         {"prefill_tokens_per_s", r.prefill_tps}});
+    }
+    std::printf("%s\n", j.dump(1).c_str());
+    return 0;
+  }
+
+  const model::DecoderConfig& c = m.config;
+  std::printf("plan: %s (%s) on %s; context %lld, KV cache %s, prompt chunks of %lld rows\n",
+              c.name.c_str(), path.c_str(), machine.name.c_str(),
+              static_cast<long long>(in.context), kv.c_str(),
+              static_cast<long long>(in.prefill_rows));
+  if (machine.measured) {
+    std::printf(
+        "roofs (measured here): memory %.1f GB/s (%s), L2 %.0f GB/s, L3 %.1f GB/s; a call "
+        "costs %.1f us; the %s products at 1/4/16/64/%lld rows:",
+        machine.roofs.memory_gbs, machine.roofs.memory_name.c_str(), machine.roofs.l2_gbs,
+        machine.roofs.l3_gbs, machine.call_overhead_s * 1e6, machine.product_dtype.c_str(),
+        static_cast<long long>(in.prefill_rows));
+    for (int64_t r : {int64_t{1}, int64_t{4}, int64_t{16}, int64_t{64}, in.prefill_rows})
+      std::printf(" %.0f", machine.product_gflops(machine.product_dtype, r));
+    std::printf(" GFLOP/s\n");
+  } else {
+    std::printf("roofs (datasheet): memory %.0f GB/s; %.0f W\n", machine.roofs.memory_gbs,
+                machine.watts);
+  }
+  std::printf("memory at batch %lld: weights %s (",
+              static_cast<long long>(plan.decode.back().sequences),
+              gb(plan.memory.weights).c_str());
+  for (size_t i = 0; i < plan.memory.weights_by_dtype.size(); ++i)
+    std::printf("%s%s %s", i ? ", " : "", plan.memory.weights_by_dtype[i].first.c_str(),
+                gb(plan.memory.weights_by_dtype[i].second).c_str());
+  std::printf(
+      "), KV cache %s (%.1f KB per token), buffers %s, logits %s, process %s = %s of %s: %s\n",
+      gb(plan.memory.kv).c_str(), plan.memory.kv_per_token / 1e3,
+      gb(plan.memory.activations).c_str(), gb(plan.memory.logits).c_str(),
+      gb(plan.memory.baseline).c_str(), gb(plan.memory.total()).c_str(),
+      gb(machine.memory_bytes).c_str(),
+      plan.fits ? "fits"
+                : ("does not fit, by " + gb(plan.memory.total() - machine.memory_bytes)).c_str());
+  std::printf("largest batch at context %lld: %lld; longest context at batch 1: %lld\n",
+              static_cast<long long>(in.context), static_cast<long long>(plan.max_batch),
+              static_cast<long long>(plan.max_context));
+  std::printf("prefill: %.1f tokens/s over a %lld-token prompt (last chunk %.1f ms, %s-bound)\n",
+              plan.prefill_tokens_per_s, static_cast<long long>(in.context),
+              plan.prefill.seconds * 1e3, plan.prefill.bound.c_str());
+  std::printf("decode (per step: time bound by weights / KV cache / compute / call overhead):\n");
+  std::printf("  %6s %12s %10s %9s %9s %9s %9s %8s %10s %12s %10s\n", "batch", "tokens/s",
+              "step ms", "weights", "kv", "compute", "overhead", "attn", "bound", "J/Mtok",
+              "$/Mtok");
+  for (const StepPrediction& s : plan.decode) {
+    double joules = 0, dollars = 0;
+    per_million(s.tokens_per_s, &joules, &dollars);
+    std::printf("  %6lld %12.1f %10.3f %8.0f%% %8.0f%% %8.0f%% %8.0f%% %7.0f%% %10s",
+                static_cast<long long>(s.sequences), s.tokens_per_s, s.seconds * 1e3,
+                100 * s.weights_s / s.seconds, 100 * s.kv_s / s.seconds,
+                100 * s.compute_s / s.seconds, 100 * s.overhead_s / s.seconds,
+                100 * s.attention_s / s.seconds, s.bound.c_str());
+    if (joules > 0)
+      std::printf(" %12.3g", joules);
+    else
+      std::printf(" %12s", "-");
+    if (dollars > 0)
+      std::printf(" %10.3g\n", dollars);
+    else
+      std::printf(" %10s\n", "-");
+  }
+  if (plan.knee_batch > 0)
+    std::printf("decode stops scaling past batch %lld: %s\n",
+                static_cast<long long>(plan.knee_batch), plan.knee_reason.c_str());
+  else
+    std::printf("decode still scales at batch %lld\n",
+                static_cast<long long>(plan.sweep.back().sequences));
+  if (machine.watts <= 0)
+    std::printf("energy: no power figure for this CPU (give --watts W for joules per token)\n");
+  else
+    std::printf("energy: %.0f W (%s)\n", machine.watts, machine.watts_source.c_str());
+  if (check) {
+    std::printf("check (measured here, this engine; decode at positions %lld..%lld):\n",
+                static_cast<long long>(in.context - a.i64("--gen")),
+                static_cast<long long>(in.context));
+    std::printf("  peak memory (from %s before loading): predicted %s, measured %s (%+.1f%%)\n",
+                gb(check_rss0).c_str(), gb(check_memory.total()).c_str(), gb(peak_rss).c_str(),
+                100 * (check_memory.total() - peak_rss) / peak_rss);
+    std::printf("  %6s %14s %14s %8s %16s %16s %8s\n", "batch", "decode pred", "measured", "err",
+                "prefill pred", "measured", "err");
+    for (size_t i = 0; i < measured.size(); ++i) {
+      const double pd = plan.decode[i].tokens_per_s, md = measured[i].decode_tps;
+      std::printf(
+          "  %6lld %14.1f %14.1f %+7.1f%% %16.1f %16.1f %+7.1f%%\n",
+          static_cast<long long>(measured[i].batch), pd, md, 100 * (pd - md) / md,
+          plan.prefill_tokens_per_s, measured[i].prefill_tps,
+          100 * (plan.prefill_tokens_per_s - measured[i].prefill_tps) / measured[i].prefill_tps);
+    }
+  }
+  return 0;
+}
+
+const Registrar reg{Command{
+    "plan",
+    "predict a run before it starts: memory, fit, tokens/s per batch, the knee, energy and cost",
+    {Flag::text("--model", kDefaultModel,
+                "a .gguf file, a Hugging Face folder or synthetic:SIZE:TYPE", "PATH")
+         .short_name("-m"),
+     Flag::text("--device", "cpu",
+                "cpu (this machine, measured), h100, h200, a100, l4, rtx4090 (datasheets), or a "
+                "spec .json",
+                "DEV"),
+     Flag::integer("--context", 4096, 1, int64_t{1} << 24, "tokens per sequence"),
+     Flag::int_list("--batch", "1,8,32,128", 1, 1 << 20, "sequences decoding together"),
+     Flag::integer("--threads", 0, 0, 4096, "cpu: worker threads; 0: all cores"),
+     Flag::text("--kv-type", "f16", "KV cache element type: f16 or f32", "TYPE"),
+     Flag::number("--price-per-hour", 0.0, 0.0, 1e6, "the machine's price, $/hour (0: none)"),
+     Flag::number("--watts", 0.0, 0.0, 1e6,
+                  "power while running, W (0: the GPU's TDP; none for a CPU)"),
+     Flag::toggle("--check", "cpu: run the engine here and print predicted beside measured"),
+     Flag::integer("--gen", 16, 1, 100000, "--check: decode steps measured per batch"),
+     Flag::toggle("--json", "the plan as JSON")},
+    {},
+    run,
+    {},
+    false}};
+
+}  // namespace
+}  // namespace tessera::cli

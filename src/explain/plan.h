@@ -1,0 +1,107 @@
+// The planner: what an inference run will need and how fast it will go, before it runs. Memory
+// from the model's tensors, the KV cache and the forward's buffers; time from the forward pass
+// itself, walked with a dry-run context (ops::Context::dry_run: every op reported with its shape
+// and cost, none run) at the batch and context asked for, each op's time the roof that binds it
+// (explain/op_profile.h: the same rule the profiler judges measurements by) plus a measured
+// fixed cost per call. The weight products' compute roof is this machine's measured rate of its
+// own kernels at that many rows, where the planner can measure it (the CPU it runs on); a GPU
+// from the datasheet table is a prediction from its datasheet roofs alone.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "explain/op_profile.h"
+#include "model/decoder.h"
+#include "profile/gpu_specs.h"
+#include "profile/probe.h"
+
+namespace tessera::explain {
+
+// The machine a plan is for.
+struct Machine {
+  std::string name;       // "cpu: <brand>, 2 threads", "h100 (datasheet)"
+  bool measured = false;  // the roofs were measured here (probe, kernel rates), not read
+  Roofs roofs;
+  double call_overhead_s = 0;  // fixed cost of one op call (thread hand-off, a launch)
+  double memory_bytes = 0;     // what weights, cache and buffers must fit in
+  double watts = 0;            // power while running (TDP or measured)
+  std::string watts_source;    // "RAPL", "TDP (datasheet)", "--watts", ...
+  // GFLOP/s of the weight products of `dtype` at `rows` rows; 0: use roofs.compute.
+  std::function<double(const std::string& dtype, int64_t rows)> product_gflops;
+  std::string product_dtype;  // the type product_gflops was measured on
+};
+
+// This CPU from its probe, with its kernels' product rates measured on `model`'s own first
+// layer (in the layout the engine uses) at 1, 4, 16, 64 and prefill_rows rows, and the call
+// overhead measured on a small op. threads: the engine's.
+Machine cpu_machine(const profile::MachinePeaks& peaks, int threads,
+                    const model::DecoderModel& model, int64_t prefill_rows);
+// A GPU from its datasheet (or a spec.json): memory read at its HBM bandwidth, products at its
+// dense bf16 peak, 5 us per launch as the call overhead (graphs replay a decode step in one
+// launch, so this bounds the step from above).
+Machine gpu_machine(const profile::GpuSpec& spec);
+
+struct PlanInput {
+  int64_t context = 4096;  // tokens in each sequence (prompt and output)
+  std::vector<int64_t> batches{1, 8, 32, 128};
+  DType kv_type = DType::f32;  // the engine's cache elements
+  int64_t block_tokens = 32;   // the engine's cache block
+  int64_t prefill_rows = 512;  // the engine's chunk of prompt rows
+  double baseline_bytes = 0;   // the process before it loads the model (the planner's own RSS)
+};
+
+// One op's predicted time in a step.
+struct OpPrediction {
+  ops::OpTotal op;  // calls, FLOPs and bytes of the step (seconds unused)
+  RoofTime roof;
+  double overhead_s = 0;  // calls x the machine's call overhead
+  double seconds() const { return roof.seconds() + overhead_s; }
+};
+
+struct StepPrediction {
+  int64_t sequences = 0, rows = 0, context = 0;
+  double seconds = 0, tokens_per_s = 0;  // rows per second
+  // Where the time goes: ops bound by weight bytes, by the KV cache's bytes, by compute, and
+  // the fixed cost of calls.
+  double weights_s = 0, kv_s = 0, compute_s = 0, overhead_s = 0, other_memory_s = 0;
+  double attention_s = 0;  // paged attention and the cache append, whatever binds them
+  std::string bound;       // "weights", "kv-cache", "compute" or "overhead": the largest part
+  std::vector<OpPrediction> ops;
+};
+
+struct MemoryPrediction {
+  std::vector<std::pair<std::string, double>> weights_by_dtype;  // bytes per stored type
+  double weights = 0, kv_per_token = 0, kv = 0, activations = 0, logits = 0, baseline = 0;
+  double total() const { return weights + kv + activations + logits + baseline; }
+};
+
+struct Plan {
+  Machine machine;
+  PlanInput input;
+  MemoryPrediction memory;  // at the largest batch
+  bool fits = true;
+  int64_t max_batch = 0;            // at input.context, within machine.memory_bytes
+  int64_t max_context = 0;          // for one sequence
+  StepPrediction prefill;           // one chunk of prefill_rows at the end of a context-long prompt
+  double prefill_tokens_per_s = 0;  // a whole context-long prompt, chunk by chunk
+  std::vector<StepPrediction> decode;  // one per input batch
+  std::vector<StepPrediction> sweep;   // decode at 1, 2, 4, ... up to the largest batch
+  int64_t knee_batch = 0;              // past it, doubling the batch buys < 10% throughput
+  std::string knee_reason;
+};
+
+// The ops of one forward over `sequences` sequences of `rows_each` rows each, ending at
+// position context - 1 (decode: rows_each = 1), from the model's own forward pass in a dry run.
+std::vector<ops::OpTotal> forward_ops(const model::DecoderModel& m, int64_t sequences,
+                                      int64_t rows_each, int64_t context, DType kv_type,
+                                      int64_t block_tokens);
+StepPrediction predict_step(const model::DecoderModel& m, const Machine& machine, int64_t sequences,
+                            int64_t rows_each, int64_t context, const PlanInput& in);
+MemoryPrediction predict_memory(const model::DecoderModel& m, const PlanInput& in,
+                                int64_t sequences, int64_t context);
+Plan make_plan(const model::DecoderModel& m, const Machine& machine, const PlanInput& in);
+
+}  // namespace tessera::explain
