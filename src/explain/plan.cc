@@ -74,7 +74,8 @@ Machine cpu_machine(const profile::MachinePeaks& peaks, int threads,
   {
     constexpr int64_t C = 576, Kp = 64, Np = 64;
     std::vector<float> x(C, 1.0f), w(C, 1.0f), y(C), rstd(1), wp(Np * Kp, 0.5f), yp(Np);
-    const double add_s = median_seconds(51, [&] { ops::add(ctx, y.data(), x.data(), x.data(), C); });
+    const double add_s =
+        median_seconds(51, [&] { ops::add(ctx, y.data(), x.data(), x.data(), C); });
     const double norm_s = median_seconds(51, [&] {
       ops::rmsnorm_forward(ctx, y.data(), rstd.data(), x.data(), w.data(), 1, C, 1e-5f);
     });
@@ -108,8 +109,7 @@ Machine cpu_machine(const profile::MachinePeaks& peaks, int threads,
       interleave_rows(w->type, wb.data(), N, K);
     }
     for (int64_t rows : rows_list) {
-      std::vector<float> x(static_cast<size_t>(rows * K), 0.01f),
-          y(static_cast<size_t>(rows * N));
+      std::vector<float> x(static_cast<size_t>(rows * K), 0.01f), y(static_cast<size_t>(rows * N));
       const double s = median_seconds(rows >= 64 ? 3 : 7, [&] {
         ops::matmul_wt(ctx, y.data(), N, x.data(), rows, K, wb.data(), type, N);
       });

@@ -18,8 +18,9 @@ enum Act { kX, kTmp, kXn, kQkv, kQ, kK, kAtt, kFfA, kFfB, kStatA, kStatB, kNumAc
 
 // Each activation buffer's floats per row, in Act's order.
 std::array<int64_t, kNumActs> act_widths(const DecoderConfig& c) {
-  return {c.d_model, c.d_model, c.d_model, c.q_dim() + 2 * c.kv_dim(), c.q_dim(), c.kv_dim(),
-          c.q_dim(), c.d_ff,    c.d_ff,    1,                          1};
+  return {c.d_model, c.d_model,  c.d_model, c.q_dim() + 2 * c.kv_dim(),
+          c.q_dim(), c.kv_dim(), c.q_dim(), c.d_ff,
+          c.d_ff,    1,          1};
 }
 // Logit rows per head call on a device (bounds the device's logits buffer at large vocabularies).
 constexpr int64_t kHeadRows = 64;
