@@ -82,6 +82,10 @@ Scheduler::Scheduler(Engine& engine, const tokenizer::Tokenizer& tok, const Sche
            ")");
   TS_CHECK(opts.max_wait_seconds >= 0 && std::isfinite(opts.max_wait_seconds),
            "[scheduler] max_wait_seconds must be >= 0");
+  TS_CHECK(
+      opts.max_step_ratio == 0 || (opts.max_step_ratio >= 1 && std::isfinite(opts.max_step_ratio)),
+      "[scheduler] max_step_ratio must be 0 or at least 1 (got ", opts.max_step_ratio, ")");
+  attention_scale_ = attention_scale(engine.config());
   if (opts.prefix_cache) prefix_.emplace(engine.cache());
 }
 
@@ -292,11 +296,14 @@ bool Scheduler::step() {
   // gives way.
   const int64_t unbounded = std::numeric_limits<int64_t>::max();
   int64_t decode_rows = 0, prompt_rows = 0;
+  double decode_units = 0, prompt_units = 0;
   for (;;) {
     feeds_.clear();
     fed_.clear();
     decode_rows = prompt_rows = 0;
+    decode_units = prompt_units = 0;
     int64_t blocks = 0, prompt_budget = 0;
+    double unit_budget = std::numeric_limits<double>::infinity();
     Request* oldest = nullptr;
     for (int pass = 0; pass < 2; ++pass) {
       if (pass == 1) {
@@ -304,6 +311,13 @@ bool Scheduler::step() {
         prompt_budget = T == 0            ? unbounded
                         : decode_rows > 0 ? std::max(T - decode_rows, (T + 3) / 4)
                                           : std::max(T, engine_.options().max_rows);
+        // The time bound: prompt units such that fixed + (decode + prompt units) x per_unit
+        // stays within max_step_ratio x (fixed + decode units x per_unit).
+        if (decode_rows > 0 && opts_.max_step_ratio > 0 && step_cost_.valid()) {
+          const double f = step_cost_.fixed_seconds(), c = step_cost_.seconds_per_unit();
+          unit_budget = (opts_.max_step_ratio - 1) * (f + decode_units * c) / c;
+          unit_budget = std::max(unit_budget, static_cast<double>((T + 15) / 16));
+        }
       }
       for (auto& r : requests_) {
         if (!r->running) continue;
@@ -312,13 +326,23 @@ bool Scheduler::step() {
           if (s.done || s.seq < 0) continue;
           const int64_t pending = static_cast<int64_t>(s.tokens.size()) - s.fed;
           if ((pass == 0) != (pending == 1)) continue;
-          const int64_t take = pass == 0 ? 1 : std::min(pending, prompt_budget - prompt_rows);
+          int64_t take = pass == 0 ? 1 : std::min(pending, prompt_budget - prompt_rows);
+          if (pass == 1 && take > 0 && std::isfinite(unit_budget)) {
+            // As many rows as the units left allow, each costing about what the chunk's middle
+            // row does.
+            const double left = unit_budget - prompt_units;
+            const double per_row =
+                row_units(s.fed, take, attention_scale_) / static_cast<double>(take);
+            const int64_t fits = static_cast<int64_t>(left / per_row);
+            take = std::min(take, std::max<int64_t>(fits, prompt_rows == 0 ? 1 : 0));  // progress
+          }
           if (take <= 0) continue;
           feeds_.push_back(Feed{
               s.seq, std::span<const int32_t>(s.tokens.data() + s.fed, static_cast<size_t>(take)),
               false});
           fed_.emplace_back(r.get(), &s);
           (pass == 0 ? decode_rows : prompt_rows) += take;
+          (pass == 0 ? decode_units : prompt_units) += row_units(s.fed, take, attention_scale_);
           blocks += engine_.blocks_to_append(s.seq, take);
         }
       }
@@ -338,7 +362,9 @@ bool Scheduler::step() {
 
   const profile::Timer timer;
   const std::vector<float>& logits = engine_.forward(feeds_);
-  stats_.busy_seconds += timer.seconds();
+  const double step_seconds = timer.seconds();
+  step_cost_.add(decode_units + prompt_units, step_seconds);
+  stats_.busy_seconds += step_seconds;
   ++stats_.steps;
   const int64_t rows = decode_rows + prompt_rows;
   stats_.last_step_rows = rows;

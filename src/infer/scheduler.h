@@ -25,6 +25,7 @@
 #include "infer/engine.h"
 #include "infer/prefix_cache.h"
 #include "infer/sampler.h"
+#include "infer/step_cost.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tessera::infer {
@@ -96,6 +97,12 @@ struct SchedulerOptions {
   // row in one forward: the fastest prefill, for batch jobs). A step costs about its rows, so
   // the budget bounds how much a long prompt arriving slows the streams already running.
   int64_t step_tokens = 0;
+  // While sequences decode, prompt rows are also held to what keeps the step within this many
+  // times the cost of the decode rows alone, by the step costs seen so far (infer/step_cost.h: a
+  // prompt row deep into a long context counts for more than one), so a long prompt's chunks
+  // slow the streams by at most about this factor. At least a sixteenth of step_tokens still
+  // goes to prompts each step. 0: rows alone bound the step.
+  double max_step_ratio = 0;
   double max_wait_seconds = 0;  // a request not started by then ends with wait_limit; 0: none
   bool prefix_cache = true;
 };
@@ -165,6 +172,8 @@ class Scheduler {
   const tokenizer::Tokenizer& tok_;
   SchedulerOptions opts_;
   std::optional<PrefixCache> prefix_;
+  StepCostFit step_cost_;
+  double attention_scale_ = 1;
   std::deque<std::unique_ptr<Request>> requests_;  // in order of arrival (preempted keep theirs)
   RequestId next_id_ = 1;
   SchedulerStats stats_;

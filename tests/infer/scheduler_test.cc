@@ -107,7 +107,9 @@ TEST(Scheduler, PreemptsTheNewestWhenTheCacheRunsOutAndStillMatches) {
   std::vector<GenerateRequest> reqs = mixed_requests();
   for (GenerateRequest& r : reqs) r.max_new_tokens = 100;
   const std::vector<GenerateResult> want = solo_runs(reqs);
-  for (bool prefix : {false, true}) {
+  // With and without the prefix cache, and with prompt rows held to a step-time ratio (what
+  // rows a step takes changes, never what each request gets).
+  for (const auto& [prefix, ratio] : {std::pair{false, 0.0}, {true, 0.0}, {true, 1.5}}) {
     EngineOptions eo = test::tiny_chat_options();
     eo.kv_tokens = 20 * 16;  // 20 blocks: room for three of the six at full length
     Engine e(fx().m, eo);
@@ -115,6 +117,7 @@ TEST(Scheduler, PreemptsTheNewestWhenTheCacheRunsOutAndStillMatches) {
     so.max_running = 6;
     so.step_tokens = 16;
     so.prefix_cache = prefix;
+    so.max_step_ratio = ratio;
     Scheduler s(e, fx().tok, so);
     Collector c;
     std::vector<Scheduler::RequestId> ids;

@@ -65,6 +65,9 @@ int run(const Args& a) {
   // decodes are held to about the decodes' number; a GPU's decode step is bound by the weight
   // reads, and prompt rows beside it come almost free.
   sched.step_tokens = a.given("--step-tokens") ? a.i64("--step-tokens") : ef.cuda ? 512 : 64;
+  sched.max_step_ratio = a.f64("--max-step-ratio");
+  TS_CHECK(sched.max_step_ratio == 0 || sched.max_step_ratio >= 1,
+           "--max-step-ratio must be 0 (off) or at least 1, got ", sched.max_step_ratio);
   sched.max_wait_seconds = a.f64("--max-wait");
   sched.prefix_cache = !a.on("--no-prefix-cache");
   const int64_t kv_memory = parse_bytes("--kv-memory", a.str("--kv-memory"));
@@ -130,6 +133,9 @@ const Registrar reg({
               Flag::integer("--step-tokens", 64, 0, 1 << 20,
                             "token rows per engine step while sequences decode (decodes, then "
                             "prompt chunks); default 64 on cpu, 512 on cuda; 0: no limit"),
+              Flag::number("--max-step-ratio", 2.5, 0, 1e6,
+                           "while sequences decode, prompt rows keep a step within this many "
+                           "times the decode rows' cost (learned from the steps); 0: rows only"),
               Flag::integer("--max-queue", 256, 0, 1 << 20,
                             "requests waiting to start; more are answered 429"),
               Flag::number("--max-wait", 120.0, 0, 1e6,
