@@ -133,7 +133,7 @@ const Registrar reg({
               Flag::integer("--step-tokens", 64, 0, 1 << 20,
                             "token rows per engine step while sequences decode (decodes, then "
                             "prompt chunks); default 64 on cpu, 512 on cuda; 0: no limit"),
-              Flag::number("--max-step-ratio", 2.5, 0, 1e6,
+              Flag::number("--max-step-ratio", 1.5, 0, 1e6,
                            "while sequences decode, prompt rows keep a step within this many "
                            "times the decode rows' cost (learned from the steps); 0: rows only"),
               Flag::integer("--max-queue", 256, 0, 1 << 20,
