@@ -18,6 +18,7 @@
 #include "core/rng.h"
 #include "core/thread_pool.h"
 #include "explain/plan.h"
+#include "explain/report_html.h"
 #include "infer/engine.h"
 #include "model/synthetic.h"
 #include "ops/quant.h"
@@ -211,6 +212,26 @@ int run(const Args& a) {
     measured = measure(loaded, in, threads, a.i64("--gen"), &peak_rss);
   }
 
+  if (const std::string html = a.str("--html"); !html.empty()) {
+    std::vector<std::string> notes{
+        path + " on " + machine.name + ", context " + std::to_string(in.context),
+        "memory at the largest batch: " + gb(plan.memory.total()) + " of " +
+            gb(machine.memory_bytes) + (plan.fits ? ": fits" : ": does not fit"),
+        "prefill " + std::to_string(static_cast<int64_t>(plan.prefill_tokens_per_s)) + " tokens/s"};
+    if (plan.knee_batch > 0)
+      notes.push_back("decode stops scaling past batch " + std::to_string(plan.knee_batch) + ": " +
+                      plan.knee_reason);
+    explain::RoofLines lines;
+    if (gpu) {
+      lines.memory.emplace_back("HBM", gpu->hbm_gbs);
+      lines.compute.emplace_back("bf16 tensor", gpu->bf16_dense_tflops * 1e3);
+    } else {
+      lines = explain::roof_lines(profile::cached_peaks(threads));
+    }
+    std::ofstream f(html);
+    f << explain::plan_html("plan: " + m.config.name, notes, plan, lines);
+    TS_CHECK(f.good(), "--html ", html, ": cannot write");
+  }
   if (json) {
     nlohmann::json j = {{"model", path},
                         {"device", machine.name},
@@ -368,7 +389,9 @@ const Registrar reg{Command{
                   "power while running, W (0: the GPU's TDP; none for a CPU)"),
      Flag::toggle("--check", "cpu: run the engine here and print predicted beside measured"),
      Flag::integer("--gen", 16, 1, 100000, "--check: decode steps measured per batch"),
-     Flag::toggle("--json", "the plan as JSON")},
+     Flag::toggle("--json", "the plan as JSON"),
+     Flag::text("--html", "", "also write the plan as a page: throughput against batch, roofline",
+                "PATH")},
     {},
     run,
     {},

@@ -22,6 +22,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "explain/op_profile.h"
+#include "explain/report_html.h"
 #include "ops/op_tally.h"
 #include "profile/probe.h"
 
@@ -263,6 +264,21 @@ int run(const Args& a) {
                    s.bytes / 1e6);
   }
   if (file) TS_CHECK(std::fclose(file) == 0, "--out ", out_path, ": write failed");
+  if (const std::string html = a.str("--html"); !html.empty()) {
+    char buf[256];
+    std::snprintf(buf, sizeof buf,
+                  "%.3f s in all: %.3f s before the first op, ops %.3f s and %.3f s between them "
+                  "over %.3f s, %.3f s after the last",
+                  t1 - t0, first - t0, sum.seconds, other, window, t1 - last);
+    const std::vector<std::string> notes{"tessera " + joined(cmd), buf,
+                                         "roofs: the probe of " + utc(peaks.probed_at) + " (load " +
+                                             std::to_string(peaks.load_at_probe).substr(0, 4) +
+                                             " on " + std::to_string(peaks.cores) + " cores), " +
+                                             peaks.cpu};
+    std::ofstream f(html);
+    f << explain::profile_html("profile: tessera " + name, notes, rows, explain::roof_lines(peaks));
+    TS_CHECK(f.good(), "--html ", html, ": cannot write");
+  }
   return rc;
 }
 
@@ -276,6 +292,8 @@ const Registrar reg{Command{
                   "run until it stops"),
      Flag::toggle("--json", "the report as JSON"),
      Flag::text("--out", "", "write the report to PATH instead of stderr", "PATH"),
+     Flag::text("--html", "", "also write the report as a page: the table and a roofline chart",
+                "PATH"),
      Flag::integer("--top", 30, 0, 100000,
                    "op rows in the table, the rest summed in one (0: all; JSON has all)")},
     {},
