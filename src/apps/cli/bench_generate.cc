@@ -19,6 +19,7 @@
 #include "infer/engine.h"
 #include "model/synthetic.h"
 #include "ops/op_tally.h"
+#include "profile/power.h"
 #include "profile/probe.h"
 #include "profile/timer.h"
 
@@ -172,6 +173,9 @@ int run(const Args& a) {
   // Where decode time goes (all reps): matmuls, attention, the rest (norms, RoPE, adds, the
   // cache append, thread hand-offs).
   std::vector<double> prefill_s, decode_s;
+  // Energy of the batch-1 decodes, where the machine's counters can be read (-1: not here).
+  const profile::EnergyMeter meter;
+  double decode_joules = meter.source() == profile::EnergyMeter::Source::none ? -1 : 0;
   for (int64_t r = 0; r < reps; ++r) {
     const int32_t seq = engine.new_sequence();
     observer.into = &prefill_ops;
@@ -179,7 +183,12 @@ int run(const Args& a) {
     engine.forward({infer::Feed{seq, prompt, false}});
     prefill_s.push_back(t.seconds());
     observer.into = &decode_ops;
+    const profile::EnergySample e0 = meter.sample();
     decode_s.push_back(timed_decode(engine, {seq}, gen));
+    if (decode_joules >= 0) {
+      const double j = meter.joules_between(e0, meter.sample());
+      decode_joules = j < 0 ? -1 : decode_joules + j;
+    }
     observer.into = nullptr;
     engine.free_sequence(seq);
   }
@@ -297,6 +306,11 @@ int run(const Args& a) {
                   sec > 0 ? stages.bytes[i] / sec / 1e9 : 0.0);
     }
     std::printf("}, \"decode_stages_tokens_per_s\": %.3f", stage_tps);
+    if (decode_joules >= 0)
+      std::printf(", \"decode_joules_per_token\": %.6g, \"energy_source\": \"%s\"",
+                  decode_joules / static_cast<double>(gen * reps), meter.source_name());
+    else
+      std::printf(", \"decode_joules_per_token\": null");
     std::printf(
         ", \"decode_time_split\": %s, \"prefill_time_split\": %s, "
         "\"kv_cache_bytes\": %lld, \"file_weight_bytes\": %lld, \"peak_rss_bytes\": %lld, "
@@ -346,6 +360,11 @@ int run(const Args& a) {
     if (stages.bytes[i] > 0 && sec > 0) std::printf(" %.1f GB/s", stages.bytes[i] / sec / 1e9);
     std::printf(i + 1 < infer::kNumStages ? ";" : "\n");
   }
+  if (decode_joules >= 0)
+    std::printf(
+        "decode energy: %s\n",
+        profile::energy_text(decode_joules, static_cast<double>(gen * reps), meter.source_name())
+            .c_str());
   for (const BatchRow& r : batch_rows)
     std::printf("batched decode, %4lld sequences: %8.1f tokens/s (%.2fx batch 1)\n",
                 (long long)r.batch, r.tps, r.tps / decode_tps);

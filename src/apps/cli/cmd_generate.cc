@@ -9,13 +9,16 @@
 #include "apps/cli/infer_flags.h"
 #include "core/error.h"
 #include "infer/generate.h"
+#include "profile/power.h"
 
 namespace tessera::cli {
 namespace {
 
 // Samples of one prompt: the prompt ran once; the decode rate counts every sample's tokens over
 // the longest decode.
-void print_stats(const std::vector<infer::GenerateResult>& rs, const LoadedModel& m) {
+// joules: what the run used by the machine's counters (-1: none readable, and nothing said).
+void print_stats(const std::vector<infer::GenerateResult>& rs, const LoadedModel& m, double joules,
+                 const char* source) {
   const infer::GenerateResult& r = rs[0];
   double gen = 0, decode_s = 0;
   for (const infer::GenerateResult& x : rs) {
@@ -32,6 +35,10 @@ void print_stats(const std::vector<infer::GenerateResult>& rs, const LoadedModel
                gen, decode_s, decode_tps,
                decode_tps / sequences * static_cast<double>(m.model.weight_bytes_per_token()) / 1e9,
                infer::finish_reason_name(r.finish_reason));
+  if (joules >= 0)
+    std::fprintf(
+        stderr, "energy: %s\n",
+        profile::energy_text(joules, gen + static_cast<double>(r.prompt_tokens), source).c_str());
 }
 
 int run(const Args& a) {
@@ -55,6 +62,9 @@ int run(const Args& a) {
   req.stop_strings = cp.stop_strings;
   if (!stop.empty()) req.stop_strings.push_back(stop);
   infer::Engine engine(m.model, engine_options(ef, m.model, batch));
+  const profile::EnergyMeter meter;
+  const profile::EnergySample e0 = meter.sample();
+  auto joules = [&] { return meter.joules_between(e0, meter.sample()); };
 
   if (batch == 1) {
     if (raw) std::fwrite(prompt.data(), 1, prompt.size(), stdout);
@@ -64,7 +74,7 @@ int run(const Args& a) {
       return true;
     });
     std::fputc('\n', stdout);
-    if (stats) print_stats({r}, m);
+    if (stats) print_stats({r}, m, joules(), meter.source_name());
     return 0;
   }
   // One request with `batch` samples (seeds seed+i): the prompt runs once, its cache blocks
@@ -74,7 +84,7 @@ int run(const Args& a) {
   for (size_t i = 0; i < rs.size(); ++i)
     std::printf("--- sample %zu (%s)\n%s\n", i, infer::finish_reason_name(rs[i].finish_reason),
                 rs[i].text.c_str());
-  if (stats) print_stats(rs, m);
+  if (stats) print_stats(rs, m, joules(), meter.source_name());
   return 0;
 }
 
