@@ -200,18 +200,24 @@ std::vector<ops::OpTotal> forward_ops(const model::DecoderModel& m, int64_t sequ
   return tally.totals();
 }
 
-StepPrediction predict_step(const model::DecoderModel& m, const Machine& machine, int64_t sequences,
-                            int64_t rows_each, int64_t context, const PlanInput& in) {
-  StepPrediction p;
+StepPrediction predict_step(const model::DecoderModel& m, const Machine& machine,
+                            int64_t sequences, int64_t rows_each, int64_t context,
+                            const PlanInput& in) {
+  StepPrediction p = price_ops(
+      forward_ops(m, sequences, rows_each, context, in.kv_type, in.block_tokens), machine,
+      sequences * rows_each);
   p.sequences = sequences;
-  p.rows = sequences * rows_each;
   p.context = context;
-  const std::vector<ops::OpTotal> ops =
-      forward_ops(m, sequences, rows_each, context, in.kv_type, in.block_tokens);
+  return p;
+}
+
+StepPrediction price_ops(const std::vector<ops::OpTotal>& ops, const Machine& machine,
+                         int64_t rows) {
+  StepPrediction p;
+  p.rows = rows;
   double state = 0;
   for (const ops::OpTotal& t : ops) state += t.state_bytes;
   Roofs roofs = machine.roofs;
-  const int64_t rows = p.rows;
   if (machine.product_gflops) {
     const auto base = roofs.compute;
     const auto product = machine.product_gflops;

@@ -98,6 +98,10 @@ struct Plan {
 std::vector<ops::OpTotal> forward_ops(const model::DecoderModel& m, int64_t sequences,
                                       int64_t rows_each, int64_t context, DType kv_type,
                                       int64_t block_tokens);
+// The time of a step of these ops over `rows` token rows on `machine`: each op's roof time plus
+// its calls' fixed cost, split by what binds it.
+StepPrediction price_ops(const std::vector<ops::OpTotal>& ops, const Machine& machine,
+                         int64_t rows);
 StepPrediction predict_step(const model::DecoderModel& m, const Machine& machine, int64_t sequences,
                             int64_t rows_each, int64_t context, const PlanInput& in);
 MemoryPrediction predict_memory(const model::DecoderModel& m, const PlanInput& in,

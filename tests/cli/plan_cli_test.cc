@@ -63,6 +63,31 @@ TEST(PlanCli, DatasheetGpuWithEnergyAndCost) {
   }
 }
 
+TEST(PlanCli, TrainingStep) {
+  const Result r = run_tessera(
+      "plan --train --model gpt2-tiny --vocab-size 300 --batch 2,4 --seq 32 --precision bf16 "
+      "--recompute block --grad-accum 2 --threads 1 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["plans"].size(), 2u);
+  for (const auto& p : j["plans"]) {
+    const auto& m = p["memory"];
+    double parts = 0;
+    for (const char* k : {"params", "grads", "adamw", "bf16_copy", "activations", "baseline"})
+      parts += m[k].get<double>();
+    EXPECT_DOUBLE_EQ(parts, m["total"].get<double>());
+    EXPECT_GT(m["bf16_copy"].get<double>(), 0);  // bf16 keeps a copy of the matrices
+    EXPECT_GT(p["step_seconds"].get<double>(), 0);
+    EXPECT_TRUE(p["fits"].get<bool>());
+    EXPECT_GE(p["max_batch"].get<int64_t>(), p["batch"].get<int64_t>());
+  }
+  // Twice the batch: twice the activations, the same parameters.
+  EXPECT_DOUBLE_EQ(j["plans"][1]["memory"]["params"].get<double>(),
+                   j["plans"][0]["memory"]["params"].get<double>());
+  EXPECT_GT(j["plans"][1]["memory"]["activations"].get<double>(),
+            j["plans"][0]["memory"]["activations"].get<double>());
+}
+
 TEST(PlanCli, BadInputIsOneLine) {
   const std::string spec = scratch_path("spec.json");
   {
@@ -75,6 +100,9 @@ TEST(PlanCli, BadInputIsOneLine) {
                                           {"plan --context 99999999", "--context"},
                                           {"plan --check --device h100", "--check"},
                                           {"plan --kv-type q4", "--kv-type"},
+                                          {"plan --train --model gpt9", "gpt9"},
+                                          {"plan --train --model gpt2-tiny --precision f8", "f8"},
+                                          {"plan --train --model gpt2-tiny --seq 99999", "99999"},
                                           {"plan -m /nonexistent/m.gguf", "/nonexistent/m.gguf"}}) {
     const Result r = run_tessera(args);
     EXPECT_EQ(r.status, 1) << args;

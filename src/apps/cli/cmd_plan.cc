@@ -14,6 +14,7 @@
 
 #include "apps/cli/args.h"
 #include "apps/cli/infer_flags.h"
+#include "apps/cli/plan_train.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
@@ -31,14 +32,6 @@ using explain::Machine;
 using explain::Plan;
 using explain::PlanInput;
 using explain::StepPrediction;
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  TS_CHECK(in, "--device ", path, ": cannot read");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // "1.23 GB"
 std::string gb(double bytes) {
@@ -141,19 +134,8 @@ int run(const Args& a) {
   TS_CHECK(!check || device == "cpu", "--check measures on this machine: use --device cpu");
 
   // The device first: a bad name or spec file is refused before any loading.
-  std::optional<profile::GpuSpec> gpu;
-  if (device != "cpu") {
-    if (const profile::GpuSpec* spec = profile::find_gpu_spec(device)) {
-      gpu = *spec;
-    } else {
-      std::string known;
-      for (const std::string& n : profile::gpu_spec_names())
-        known += (known.empty() ? "" : ", ") + n;
-      TS_CHECK(device.ends_with(".json"), "--device '", device, "' is not cpu, a known GPU (",
-               known, ") or a spec .json file");
-      gpu = profile::gpu_spec_from_json(read_text(device), device);
-    }
-  }
+  const std::optional<profile::GpuSpec> gpu = plan_device(device);
+  if (a.on("--train")) return run_train_plan(a, gpu, threads, baseline);
 
   // The model as a map of its file: its tensors' types and shapes, no bytes read.
   model::DecoderLoadOptions lo;
@@ -390,6 +372,13 @@ const Registrar reg{Command{
      Flag::toggle("--check", "cpu: run the engine here and print predicted beside measured"),
      Flag::integer("--gen", 16, 1, 100000, "--check: decode steps measured per batch"),
      Flag::toggle("--json", "the plan as JSON"),
+     Flag::toggle("--train",
+                  "plan a GPT-2 training step: --model names a preset (gpt2-small, ...)"),
+     Flag::integer("--seq", 1024, 1, int64_t{1} << 20, "--train: tokens per sequence"),
+     Flag::text("--precision", "f32", "--train: f32 or bf16", "P"),
+     Flag::text("--recompute", "none", "--train: none, gelu or block", "R"),
+     Flag::integer("--grad-accum", 1, 1, 1 << 20, "--train: micro-batches per optimizer step"),
+     Flag::integer("--vocab-size", 50257, 1, int64_t{1} << 24, "--train: vocabulary size"),
      Flag::text("--html", "", "also write the plan as a page: throughput against batch, roofline",
                 "PATH")},
     {},

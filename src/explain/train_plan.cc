@@ -1,0 +1,116 @@
+// The training planner: the model's own step in a dry run, scaled to the batch.
+#include "explain/train_plan.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "ops/op_tally.h"
+#include "ops/ops.h"
+#include "profile/timer.h"
+#include "train/optimizer.h"
+
+namespace tessera::explain {
+
+namespace {
+
+// Ops observed on one sequence, scaled to `batch` (every op of a forward and backward is linear
+// in the sequences it carries: products in rows, attention in sequences).
+std::vector<ops::OpTotal> scaled(std::vector<ops::OpTotal> ops, int64_t batch) {
+  for (ops::OpTotal& t : ops) {
+    t.flops *= static_cast<double>(batch);
+    t.bytes *= static_cast<double>(batch);
+    t.state_bytes *= static_cast<double>(batch);
+  }
+  return ops;
+}
+
+}  // namespace
+
+void calibrate_gemm(Machine& machine, int threads, int64_t rows, int64_t C, bool bf16) {
+  ThreadPool pool(threads);
+  ops::Context ctx;
+  ctx.pool = &pool;
+  std::vector<float> a(static_cast<size_t>(rows * C), 0.01f), b(static_cast<size_t>(C * C), 0.02f),
+      c(static_cast<size_t>(rows * C));
+  ops::GemmArgs g;
+  g.m = rows, g.n = C, g.k = C;
+  g.a = a.data(), g.lda = C;
+  g.b = b.data(), g.ldb = C;
+  g.c = c.data(), g.ldc = C;
+  g.round_bf16 = bf16;
+  ops::gemm(ctx, g);  // warm: packing buffers, pages
+  std::vector<double> t;
+  for (int i = 0; i < 5; ++i) {
+    const profile::Timer timer;
+    ops::gemm(ctx, g);
+    t.push_back(timer.seconds());
+  }
+  std::sort(t.begin(), t.end());
+  const double gflops = 2.0 * static_cast<double>(rows * C * C) / t[t.size() / 2] * 1e-9;
+  machine.product_gflops = [gflops](const std::string&, int64_t) { return gflops; };
+  machine.product_dtype = bf16 ? "bf16 gemm" : "f32 gemm";
+}
+
+TrainPlan make_train_plan(const TrainPlanInput& in, const Machine& machine) {
+  TS_CHECK(in.batch >= 1 && in.seq >= 1 && in.grad_accum >= 1, "[plan] bad training shape: batch ",
+           in.batch, ", seq ", in.seq, ", grad_accum ", in.grad_accum);
+  TrainPlan p;
+  const model::Gpt2Config cfg = model::Gpt2Config::preset(in.preset, in.vocab);
+  TS_CHECK(in.seq <= cfg.max_seq, "[plan] seq ", in.seq, " exceeds ", in.preset, "'s max_seq ",
+           cfg.max_seq);
+  ops::OpTally micro_ops, opt_ops;
+  ops::Context ctx;
+  ctx.dry_run = true;
+  ctx.observer = &micro_ops;
+  // The model's buffers are allocated but never touched in a dry run (pages stay unbacked).
+  model::Gpt2 m(cfg, ctx);
+  p.params = m.num_params();
+  const double n = static_cast<double>(p.params);
+  p.param_bytes = 4 * n;
+  p.grad_bytes = 4 * n;
+  p.adam_bytes = 8 * n;
+  if (in.precision == model::Precision::bf16) {
+    double matrices = 0;  // the bf16 copy holds the weight matrices only
+    for (const TensorInfo& t : m.tensors().tensors())
+      if (t.shape.rank() >= 2) matrices += static_cast<double>(t.shape.numel());
+    p.bf16_copy_bytes = 2 * matrices;
+  }
+  m.plan(in.batch, in.seq, in.precision, in.recompute);
+  p.activation_bytes = static_cast<double>(m.activation_bytes());
+  p.baseline_bytes = in.baseline_bytes;
+  const double cap = machine.memory_bytes;
+  p.fits = cap <= 0 || p.total() <= cap;
+  auto fits_batch = [&](int64_t b) {
+    m.plan(b, in.seq, in.precision, in.recompute);
+    return cap <= 0 ||
+           p.total() - p.activation_bytes + static_cast<double>(m.activation_bytes()) <= cap;
+  };
+  for (int64_t b = 1; b <= (int64_t{1} << 16) && fits_batch(b); b *= 2) p.max_batch = b;
+  for (int64_t step = p.max_batch / 2; step >= 1; step /= 2)  // between it and the next power
+    if (fits_batch(p.max_batch + step)) p.max_batch += step;
+  // One sequence's forward and backward, then the optimizer's step and the bf16 refresh.
+  m.plan(1, in.seq, in.precision, in.recompute);
+  std::vector<int32_t> tokens(static_cast<size_t>(in.seq), 1), targets(tokens);
+  m.forward_backward(tokens.data(), targets.data(), 1, in.seq, 1.0f);
+  ctx.observer = &opt_ops;
+  {
+    ops::Context opt_ctx = ctx;
+    train::AdamW opt(m.tensors(), train::AdamWConfig{}, opt_ctx);
+    const ops::Scope scope(opt_ctx, "optimizer");
+    opt.step(m.params(), m.grads(), 1e-4, 1);
+  }
+  m.params_updated();
+  p.micro = price_ops(scaled(micro_ops.totals(), in.batch), machine, in.batch * in.seq);
+  p.micro.sequences = in.batch;
+  p.micro.context = in.seq;
+  p.optimizer = price_ops(opt_ops.totals(), machine, 0);
+  p.step_seconds = static_cast<double>(in.grad_accum) * p.micro.seconds + p.optimizer.seconds;
+  p.tokens_per_s = p.step_seconds > 0
+                       ? static_cast<double>(in.batch * in.seq * in.grad_accum) / p.step_seconds
+                       : 0;
+  return p;
+}
+
+}  // namespace tessera::explain

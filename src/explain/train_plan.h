@@ -1,0 +1,48 @@
+// The training planner: what a GPT-2 training step needs and how long it takes, before it runs.
+// Memory from the model's own layout (parameters, gradients, AdamW's two moments, the bf16 copy
+// of the matrices in bf16 precision, the activation arena Gpt2::plan sizes for the batch,
+// sequence and recompute policy) and the process; time from the model's own step walked in a dry
+// run (ops::Context::dry_run) for one sequence, each op scaled to the batch, priced like the
+// inference planner's (explain/plan.h), the products at this machine's measured GEMM rate.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "explain/plan.h"
+#include "model/gpt2.h"
+
+namespace tessera::explain {
+
+struct TrainPlanInput {
+  std::string preset = "gpt2-small";
+  int64_t vocab = 50257;
+  int64_t batch = 8, seq = 1024, grad_accum = 1;
+  model::Precision precision = model::Precision::f32;
+  ops::Recompute recompute = ops::Recompute::none;
+  double baseline_bytes = 0;  // the process before the model
+};
+
+struct TrainPlan {
+  int64_t params = 0;  // parameters
+  double param_bytes = 0, grad_bytes = 0, adam_bytes = 0, bf16_copy_bytes = 0, activation_bytes = 0,
+         baseline_bytes = 0;
+  double total() const {
+    return param_bytes + grad_bytes + adam_bytes + bf16_copy_bytes + activation_bytes +
+           baseline_bytes;
+  }
+  bool fits = true;
+  int64_t max_batch = 0;                      // at this sequence length and recompute policy
+  StepPrediction micro;                       // one forward and backward of the batch
+  StepPrediction optimizer;                   // AdamW and the bf16 refresh
+  double step_seconds = 0, tokens_per_s = 0;  // grad_accum micro-steps and one optimizer step
+};
+
+// The machine's GEMM rate for the training products (f32, or bf16 compute), measured on this
+// CPU at rows x C x C: what the planner prices `gemm` ops at (sets machine.product_gflops for
+// dtype "gemm").
+void calibrate_gemm(Machine& machine, int threads, int64_t rows, int64_t C, bool bf16);
+
+TrainPlan make_train_plan(const TrainPlanInput& in, const Machine& machine);
+
+}  // namespace tessera::explain

@@ -1,0 +1,81 @@
+// The training planner: memory from the model's own layout counted by hand, the step's ops from
+// the model's own step in a dry run (the same ops and costs a real step reports), scaled to the
+// batch.
+#include "explain/train_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "ops/op_tally.h"
+
+namespace tessera::explain {
+namespace {
+
+Machine flat_machine() {
+  Machine m;
+  m.roofs.memory_gbs = 10;
+  m.roofs.compute = [](const ops::OpTotal&) { return ComputePeak{100, "f32"}; };
+  return m;
+}
+
+TEST(TrainPlan, MemoryFromTheModelsLayout) {
+  TrainPlanInput in;
+  in.preset = "gpt2-tiny";
+  in.vocab = 300;
+  in.batch = 2;
+  in.seq = 16;
+  in.precision = model::Precision::bf16;
+  in.baseline_bytes = 1000;
+  const TrainPlan p = make_train_plan(in, flat_machine());
+  ops::Context ctx;
+  ctx.dry_run = true;
+  model::Gpt2 m(model::Gpt2Config::preset("gpt2-tiny", 300), ctx);
+  m.plan(2, 16, model::Precision::bf16, ops::Recompute::none);
+  EXPECT_EQ(p.params, m.num_params());
+  EXPECT_EQ(p.param_bytes, 4.0 * m.num_params());
+  EXPECT_EQ(p.grad_bytes, 4.0 * m.num_params());
+  EXPECT_EQ(p.adam_bytes, 8.0 * m.num_params());
+  double matrices = 0;
+  for (const TensorInfo& t : m.tensors().tensors())
+    if (t.shape.rank() >= 2) matrices += static_cast<double>(t.shape.numel());
+  EXPECT_EQ(p.bf16_copy_bytes, 2 * matrices);
+  EXPECT_EQ(p.activation_bytes, static_cast<double>(m.activation_bytes()));
+  EXPECT_EQ(p.total(), p.param_bytes + p.grad_bytes + p.adam_bytes + p.bf16_copy_bytes +
+                           p.activation_bytes + 1000);
+  EXPECT_TRUE(p.fits);  // no capacity given
+}
+
+// Twice the batch: the micro-step's FLOPs and bytes double, the optimizer's do not; gradient
+// accumulation repeats the micro-step.
+TEST(TrainPlan, StepScalesWithTheBatch) {
+  TrainPlanInput in;
+  in.preset = "gpt2-tiny";
+  in.vocab = 300;
+  in.seq = 16;
+  in.batch = 2;
+  const TrainPlan a = make_train_plan(in, flat_machine());
+  in.batch = 4;
+  const TrainPlan b = make_train_plan(in, flat_machine());
+  in.grad_accum = 3;
+  const TrainPlan c = make_train_plan(in, flat_machine());
+  double fa = 0, fb = 0, oa = 0, ob = 0;
+  for (const OpPrediction& o : a.micro.ops) fa += o.op.flops;
+  for (const OpPrediction& o : b.micro.ops) fb += o.op.flops;
+  for (const OpPrediction& o : a.optimizer.ops) oa += o.op.flops;
+  for (const OpPrediction& o : b.optimizer.ops) ob += o.op.flops;
+  EXPECT_DOUBLE_EQ(fb, 2 * fa);
+  EXPECT_DOUBLE_EQ(ob, oa);
+  EXPECT_GT(oa, 0);
+  EXPECT_NEAR(c.step_seconds, 3 * b.micro.seconds + b.optimizer.seconds, 1e-12);
+  std::map<std::string, int64_t> calls;
+  for (const OpPrediction& o : a.micro.ops) calls[o.op.op] += o.op.calls;
+  for (const char* op : {"gemm", "attention_forward", "attention_backward", "softmax_xent"})
+    EXPECT_GT(calls[op], 0) << op;
+  std::map<std::string, int64_t> opt_calls;
+  for (const OpPrediction& o : a.optimizer.ops) opt_calls[o.op.op] += o.op.calls;
+  EXPECT_GT(opt_calls["adamw"], 0);
+}
+
+}  // namespace
+}  // namespace tessera::explain
