@@ -5,31 +5,15 @@
 #include <cmath>
 #include <cstdio>
 
+#include "tokenizer/jinja_string.h"
+
 namespace tessera::explain {
 
 namespace {
 
+// Text into HTML: the one escape the project has (markupsafe's, for chat templates).
 std::string escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
+  return tokenizer::jinja::html_escape(s);
 }
 
 std::string fmt(const char* f, double v) {
