@@ -10,6 +10,7 @@
 #include "apps/cli/args.h"
 #include "apps/cli/bench.h"
 #include "apps/cli/infer_flags.h"
+#include "apps/cli/timed_decode.h"
 #include "backend/cpu/gemm.h"
 #include "backend/device.h"
 #include "core/error.h"
@@ -77,25 +78,6 @@ StageSplit stage_split(const infer::EngineStats& e) {
     s.bytes[i] = static_cast<double>(e.stages[i].weight_bytes);
   }
   return s;
-}
-
-int32_t argmax(const float* x, int64_t n) {
-  return static_cast<int32_t>(std::max_element(x, x + n) - x);
-}
-
-// Decode `steps` tokens for each of `batch` sequences that already hold `prompt`; returns the
-// seconds of the decode steps only.
-double timed_decode(infer::Engine& e, const std::vector<int32_t>& seqs, int64_t steps) {
-  const int64_t V = e.config().vocab;
-  std::vector<int32_t> next(seqs.size(), 1);
-  std::vector<infer::Feed> feeds(seqs.size());
-  const profile::Timer t;
-  for (int64_t s = 0; s < steps; ++s) {
-    for (size_t i = 0; i < seqs.size(); ++i) feeds[i] = infer::Feed{seqs[i], {&next[i], 1}, false};
-    const std::vector<float>& logits = e.forward(feeds);
-    for (size_t i = 0; i < seqs.size(); ++i) next[i] = argmax(logits.data() + i * V, V);
-  }
-  return t.seconds();
 }
 
 int run(const Args& a) {

@@ -15,6 +15,7 @@
 #include "apps/cli/args.h"
 #include "apps/cli/infer_flags.h"
 #include "apps/cli/plan_train.h"
+#include "apps/cli/timed_decode.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
@@ -87,20 +88,8 @@ std::vector<Measured> measure(const model::DecoderModel& m, const PlanInput& in,
       engine.forward({infer::Feed{s, prompt, false}});
       if (i == 0) r.prefill_tps = static_cast<double>(P) / t.seconds();
     }
-    std::vector<int32_t> next(seqs.size(), 1);
-    std::vector<infer::Feed> feeds(seqs.size());
-    const profile::Timer t;
-    for (int64_t step = 0; step < gen; ++step) {
-      for (size_t i = 0; i < seqs.size(); ++i)
-        feeds[i] = infer::Feed{seqs[i], {&next[i], 1}, false};
-      const std::vector<float>& logits = engine.forward(feeds);
-      for (size_t i = 0; i < seqs.size(); ++i)
-        next[i] = static_cast<int32_t>(
-            std::max_element(logits.begin() + static_cast<int64_t>(i) * V,
-                             logits.begin() + static_cast<int64_t>(i + 1) * V) -
-            (logits.begin() + static_cast<int64_t>(i) * V));
-    }
-    r.decode_tps = static_cast<double>(b * gen) / t.seconds();
+    const double seconds = timed_decode(engine, seqs, gen);
+    r.decode_tps = static_cast<double>(b * gen) / seconds;
     for (int32_t s : seqs) engine.free_sequence(s);
     out.push_back(r);
   }
