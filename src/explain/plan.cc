@@ -200,12 +200,11 @@ std::vector<ops::OpTotal> forward_ops(const model::DecoderModel& m, int64_t sequ
   return tally.totals();
 }
 
-StepPrediction predict_step(const model::DecoderModel& m, const Machine& machine,
-                            int64_t sequences, int64_t rows_each, int64_t context,
-                            const PlanInput& in) {
-  StepPrediction p = price_ops(
-      forward_ops(m, sequences, rows_each, context, in.kv_type, in.block_tokens), machine,
-      sequences * rows_each);
+StepPrediction predict_step(const model::DecoderModel& m, const Machine& machine, int64_t sequences,
+                            int64_t rows_each, int64_t context, const PlanInput& in) {
+  StepPrediction p =
+      price_ops(forward_ops(m, sequences, rows_each, context, in.kv_type, in.block_tokens), machine,
+                sequences * rows_each);
   p.sequences = sequences;
   p.context = context;
   return p;
