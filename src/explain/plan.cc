@@ -217,11 +217,13 @@ StepPrediction price_ops(const std::vector<ops::OpTotal>& ops, const Machine& ma
   double state = 0;
   for (const ops::OpTotal& t : ops) state += t.state_bytes;
   Roofs roofs = machine.roofs;
-  if (machine.product_gflops) {
+  if (machine.product_gflops || machine.op_gflops) {
     const auto base = roofs.compute;
     const auto product = machine.product_gflops;
-    roofs.compute = [base, product, rows](const ops::OpTotal& t) {
-      const double g = is_product(t.op) ? product(plain_name(t.dtype), rows) : 0;
+    const auto by_op = machine.op_gflops;
+    roofs.compute = [base, product, by_op, rows](const ops::OpTotal& t) {
+      double g = 0;
+      if (is_product(t.op)) g = by_op ? by_op(t, rows) : product(plain_name(t.dtype), rows);
       return g > 0 ? ComputePeak{g, "kernel"} : base(t);
     };
   }

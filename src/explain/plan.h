@@ -32,6 +32,9 @@ struct Machine {
   // GFLOP/s of the weight products of `dtype` at `rows` rows; 0: use roofs.compute.
   std::function<double(const std::string& dtype, int64_t rows)> product_gflops;
   std::string product_dtype;  // the type product_gflops was measured on
+  // Where set, the GFLOP/s of a product op by its kind at `rows` rows (0: as above); the
+  // training planner's, whose forward products and backward GEMMs run different kernels.
+  std::function<double(const ops::OpTotal& op, int64_t rows)> op_gflops;
 };
 
 // This CPU from its probe, with its kernels' product rates measured on `model`'s own first

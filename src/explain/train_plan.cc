@@ -8,6 +8,7 @@
 #include "core/thread_pool.h"
 #include "ops/op_tally.h"
 #include "ops/ops.h"
+#include "ops/quant.h"
 #include "profile/timer.h"
 #include "train/optimizer.h"
 
@@ -26,31 +27,58 @@ std::vector<ops::OpTotal> scaled(std::vector<ops::OpTotal> ops, int64_t batch) {
   return ops;
 }
 
+// Hands what it observes to the tally of the part being walked (none while planning memory).
+struct PartObserver final : ops::OpObserver {
+  ops::OpTally* into = nullptr;
+  void on_op(const ops::OpRecord& r) override {
+    if (into) into->on_op(r);
+  }
+  void enter_scope(std::string_view name, const ops::Context& ctx) override {
+    if (into) into->enter_scope(name, ctx);
+  }
+  void exit_scope(std::string_view name, const ops::Context& ctx) override {
+    if (into) into->exit_scope(name, ctx);
+  }
+};
+
 }  // namespace
 
 void calibrate_gemm(Machine& machine, int threads, int64_t rows, int64_t C, bool bf16) {
   ThreadPool pool(threads);
   ops::Context ctx;
   ctx.pool = &pool;
+  auto median_gflops = [&](auto&& run) {
+    run();  // warm: packing buffers, pages
+    std::vector<double> t;
+    for (int i = 0; i < 5; ++i) {
+      const profile::Timer timer;
+      run();
+      t.push_back(timer.seconds());
+    }
+    std::sort(t.begin(), t.end());
+    return 2.0 * static_cast<double>(rows * C * C) / t[t.size() / 2] * 1e-9;
+  };
   std::vector<float> a(static_cast<size_t>(rows * C), 0.01f), b(static_cast<size_t>(C * C), 0.02f),
       c(static_cast<size_t>(rows * C));
+  // The backward's GEMMs: f32 operands, rounded to bf16 while packed in bf16 precision.
   ops::GemmArgs g;
   g.m = rows, g.n = C, g.k = C;
   g.a = a.data(), g.lda = C;
   g.b = b.data(), g.ldb = C;
   g.c = c.data(), g.ldc = C;
   g.round_bf16 = bf16;
-  ops::gemm(ctx, g);  // warm: packing buffers, pages
-  std::vector<double> t;
-  for (int i = 0; i < 5; ++i) {
-    const profile::Timer timer;
-    ops::gemm(ctx, g);
-    t.push_back(timer.seconds());
-  }
-  std::sort(t.begin(), t.end());
-  const double gflops = 2.0 * static_cast<double>(rows * C * C) / t[t.size() / 2] * 1e-9;
-  machine.product_gflops = [gflops](const std::string&, int64_t) { return gflops; };
-  machine.product_dtype = bf16 ? "bf16 gemm" : "f32 gemm";
+  const double gemm = median_gflops([&] { ops::gemm(ctx, g); });
+  // The forward's products: the weights as the step keeps them (its bf16 copy in bf16 precision).
+  std::vector<uint16_t> wb(static_cast<size_t>(C * C));
+  if (bf16) ops::convert_f32_to_bf16(ctx, wb.data(), b.data(), C * C);
+  const void* w = bf16 ? static_cast<const void*>(wb.data()) : b.data();
+  const DType wt = bf16 ? DType::bf16 : DType::f32;
+  const double forward =
+      median_gflops([&] { ops::matmul_wt(ctx, c.data(), C, a.data(), rows, C, w, wt, C); });
+  machine.op_gflops = [gemm, forward](const ops::OpTotal& t, int64_t) {
+    return t.op.starts_with("matmul_wt") ? forward : gemm;
+  };
+  machine.product_dtype = bf16 ? "bf16" : "f32";
 }
 
 TrainPlan make_train_plan(const TrainPlanInput& in, const Machine& machine) {
@@ -61,9 +89,10 @@ TrainPlan make_train_plan(const TrainPlanInput& in, const Machine& machine) {
   TS_CHECK(in.seq <= cfg.max_seq, "[plan] seq ", in.seq, " exceeds ", in.preset, "'s max_seq ",
            cfg.max_seq);
   ops::OpTally micro_ops, opt_ops;
+  PartObserver observer;  // plan() refreshes the bf16 copy: not part of a step
   ops::Context ctx;
   ctx.dry_run = true;
-  ctx.observer = &micro_ops;
+  ctx.observer = &observer;
   // The model's buffers are allocated but never touched in a dry run (pages stay unbacked).
   model::Gpt2 m(cfg, ctx);
   p.params = m.num_params();
@@ -93,15 +122,17 @@ TrainPlan make_train_plan(const TrainPlanInput& in, const Machine& machine) {
   // One sequence's forward and backward, then the optimizer's step and the bf16 refresh.
   m.plan(1, in.seq, in.precision, in.recompute);
   std::vector<int32_t> tokens(static_cast<size_t>(in.seq), 1), targets(tokens);
+  observer.into = &micro_ops;
   m.forward_backward(tokens.data(), targets.data(), 1, in.seq, 1.0f);
-  ctx.observer = &opt_ops;
+  observer.into = nullptr;
   {
-    ops::Context opt_ctx = ctx;
-    train::AdamW opt(m.tensors(), train::AdamWConfig{}, opt_ctx);
-    const ops::Scope scope(opt_ctx, "optimizer");
+    train::AdamW opt(m.tensors(), train::AdamWConfig{}, ctx);
+    observer.into = &opt_ops;
+    const ops::Scope scope(ctx, "optimizer");
     opt.step(m.params(), m.grads(), 1e-4, 1);
+    m.params_updated();
+    observer.into = nullptr;
   }
-  m.params_updated();
   p.micro = price_ops(scaled(micro_ops.totals(), in.batch), machine, in.batch * in.seq);
   p.micro.sequences = in.batch;
   p.micro.context = in.seq;

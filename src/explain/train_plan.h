@@ -38,9 +38,9 @@ struct TrainPlan {
   double step_seconds = 0, tokens_per_s = 0;  // grad_accum micro-steps and one optimizer step
 };
 
-// The machine's GEMM rate for the training products (f32, or bf16 compute), measured on this
-// CPU at rows x C x C: what the planner prices `gemm` ops at (sets machine.product_gflops for
-// dtype "gemm").
+// The machine's rates for the training products, measured on this CPU at rows x C x C: the
+// forward's weight products (matmul_wt on f32 weights, or the bf16 copy) and the backward's
+// GEMMs (f32, or rounded to bf16); what the planner prices those ops at (machine.op_gflops).
 void calibrate_gemm(Machine& machine, int threads, int64_t rows, int64_t C, bool bf16);
 
 TrainPlan make_train_plan(const TrainPlanInput& in, const Machine& machine);
