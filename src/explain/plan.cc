@@ -18,6 +18,7 @@
 #include "model/decoder_forward.h"
 #include "ops/op_tally.h"
 #include "ops/ops.h"
+#include "ops/paged_attention.h"
 #include "ops/quant.h"
 #include "profile/timer.h"
 
@@ -53,6 +54,47 @@ std::string plain_name(const std::string& dtype) {
   return dtype;
 }
 
+// The rate (GB/s of cached keys and values) at which paged attention reads a cache that streams
+// from memory: 8 decode rows of 512 keys each, the layer's cache cycled through 48 copies (past
+// the ~100 MiB of L3 these VMs have, as a decode step's cache reads are between one layer and
+// the next), the model's heads and the engine's layout. The kernel's arithmetic (exponentials,
+// f16 widening) is in the rate: on these VMs it reaches about half the read roof.
+double measure_attention_gbs(const ops::Context& ctx, const model::DecoderConfig& c,
+                             DType kv_type) {
+  constexpr int64_t kRows = 8, kKeys = 512, kBlock = 32, kCopies = 48;
+  ops::PagedAttentionArgs a;
+  a.Hkv = c.n_kv_heads;
+  a.D = c.head_dim;
+  a.kv_type = kv_type;
+  a.k_transposed = ops::paged_keys_transposed(ops::Device::cpu);
+  a.block_tokens = kBlock;
+  a.v_offset = kBlock * a.Hkv * a.D;
+  a.block_stride = 2 * a.v_offset;
+  const int64_t blocks = kRows * kKeys / kBlock, elems = blocks * a.block_stride;
+  const auto layer_bytes = static_cast<size_t>(elems * dtype_bytes(kv_type, 1));
+  AlignedBuffer<uint8_t> kv(layer_bytes * kCopies);
+  std::memset(kv.data(), 0, kv.size());  // zeros: finite in f32 and f16 alike
+  std::vector<int32_t> tables(static_cast<size_t>(blocks)), n_keys(kRows, kKeys);
+  for (size_t i = 0; i < tables.size(); ++i) tables[i] = static_cast<int32_t>(i);
+  std::vector<float> q(static_cast<size_t>(kRows * c.n_heads * c.head_dim), 0.1f), out(q.size());
+  a.out = out.data();
+  a.q = q.data();
+  a.rows = kRows;
+  a.H = c.n_heads;
+  a.block_tables = tables.data();
+  a.table_stride = kKeys / kBlock;
+  a.n_keys = n_keys.data();
+  a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  int64_t copy = 0;
+  const double s = median_seconds(3, [&] {
+    for (int64_t i = 0; i < kCopies; ++i, ++copy) {
+      a.kv = kv.data() + static_cast<size_t>(copy % kCopies) * layer_bytes;
+      ops::paged_attention(ctx, a);
+    }
+  });
+  return static_cast<double>(kCopies) * ops::paged_attention_cost(a).bytes / s * 1e-9;
+}
+
 bool is_attention(const std::string& op) {
   return op == "paged_attention" || op == "kv_append";
 }
@@ -60,7 +102,7 @@ bool is_attention(const std::string& op) {
 }  // namespace
 
 Machine cpu_machine(const profile::MachinePeaks& peaks, int threads,
-                    const model::DecoderModel& model, int64_t prefill_rows) {
+                    const model::DecoderModel& model, int64_t prefill_rows, DType kv_type) {
   Machine m;
   m.name = "cpu: " + peaks.cpu + ", " + std::to_string(threads) + " threads";
   m.measured = true;
@@ -131,6 +173,7 @@ Machine cpu_machine(const profile::MachinePeaks& peaks, int threads,
         (std::log(static_cast<double>(hi->first)) - std::log(static_cast<double>(lo->first)));
     return lo->second + f * (hi->second - lo->second);
   };
+  m.attention_gbs = measure_attention_gbs(ctx, model.config, kv_type);
   m.memory_bytes = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
   return m;
 }
@@ -231,6 +274,12 @@ StepPrediction price_ops(const std::vector<ops::OpTotal>& ops, const Machine& ma
     OpPrediction o;
     o.op = t;
     o.roof = roof_time(roofs, t, state);
+    if (t.op == "paged_attention" && machine.attention_gbs > 0 && o.roof.memory_level != "L2") {
+      // Measured with its arithmetic running: the time, not a roof to max() with compute.
+      o.roof.memory_s = t.bytes / (machine.attention_gbs * 1e9);
+      o.roof.compute_s = 0;
+      o.roof.memory_level = "attention";
+    }
     o.overhead_s = static_cast<double>(t.calls) * machine.call_overhead_s;
     const double roof_s = o.roof.seconds();
     p.seconds += o.seconds();

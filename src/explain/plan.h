@@ -32,6 +32,9 @@ struct Machine {
   // GFLOP/s of the weight products of `dtype` at `rows` rows; 0: use roofs.compute.
   std::function<double(const std::string& dtype, int64_t rows)> product_gflops;
   std::string product_dtype;  // the type product_gflops was measured on
+  // GB/s of cached keys and values paged attention reads from memory, its arithmetic included
+  // (measured); 0: its roofs.
+  double attention_gbs = 0;
   // Where set, the GFLOP/s of a product op by its kind at `rows` rows (0: as above); the
   // training planner's, whose forward products and backward GEMMs run different kernels.
   std::function<double(const ops::OpTotal& op, int64_t rows)> op_gflops;
@@ -41,7 +44,7 @@ struct Machine {
 // layer (in the layout the engine uses) at 1, 4, 16, 64 and prefill_rows rows, and the call
 // overhead measured on a small op. threads: the engine's.
 Machine cpu_machine(const profile::MachinePeaks& peaks, int threads,
-                    const model::DecoderModel& model, int64_t prefill_rows);
+                    const model::DecoderModel& model, int64_t prefill_rows, DType kv_type);
 // A GPU from its datasheet (or a spec.json): memory read at its HBM bandwidth, products at its
 // dense bf16 peak, 5 us per launch as the call overhead (graphs replay a decode step in one
 // launch, so this bounds the step from above).

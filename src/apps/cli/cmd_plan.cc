@@ -141,7 +141,8 @@ int run(const Args& a) {
   Machine machine;
   if (!gpu) {
     in.prefill_rows = cpu_prefill_rows(m);
-    machine = explain::cpu_machine(profile::cached_peaks(threads), threads, m, in.prefill_rows);
+    machine = explain::cpu_machine(profile::cached_peaks(threads), threads, m, in.prefill_rows,
+                                   in.kv_type);
   } else {
     in.prefill_rows = 512;
     machine = explain::gpu_machine(*gpu);
@@ -264,7 +265,7 @@ int run(const Args& a) {
         static_cast<long long>(in.prefill_rows));
     for (int64_t r : {int64_t{1}, int64_t{4}, int64_t{16}, int64_t{64}, in.prefill_rows})
       std::printf(" %.0f", machine.product_gflops(machine.product_dtype, r));
-    std::printf(" GFLOP/s\n");
+    std::printf(" GFLOP/s; attention reads the cache at %.1f GB/s\n", machine.attention_gbs);
   } else {
     std::printf("roofs (datasheet): memory %.0f GB/s; %.0f W\n", machine.roofs.memory_gbs,
                 machine.watts);
