@@ -27,20 +27,6 @@ std::vector<ops::OpTotal> scaled(std::vector<ops::OpTotal> ops, int64_t batch) {
   return ops;
 }
 
-// Hands what it observes to the tally of the part being walked (none while planning memory).
-struct PartObserver final : ops::OpObserver {
-  ops::OpTally* into = nullptr;
-  void on_op(const ops::OpRecord& r) override {
-    if (into) into->on_op(r);
-  }
-  void enter_scope(std::string_view name, const ops::Context& ctx) override {
-    if (into) into->enter_scope(name, ctx);
-  }
-  void exit_scope(std::string_view name, const ops::Context& ctx) override {
-    if (into) into->exit_scope(name, ctx);
-  }
-};
-
 }  // namespace
 
 void calibrate_gemm(Machine& machine, int threads, int64_t rows, int64_t C, bool bf16) {
@@ -89,7 +75,7 @@ TrainPlan make_train_plan(const TrainPlanInput& in, const Machine& machine) {
   TS_CHECK(in.seq <= cfg.max_seq, "[plan] seq ", in.seq, " exceeds ", in.preset, "'s max_seq ",
            cfg.max_seq);
   ops::OpTally micro_ops, opt_ops;
-  PartObserver observer;  // plan() refreshes the bf16 copy: not part of a step
+  ops::TallySwitch observer;  // plan() refreshes the bf16 copy: not part of a step
   ops::Context ctx;
   ctx.dry_run = true;
   ctx.observer = &observer;

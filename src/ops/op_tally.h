@@ -72,6 +72,23 @@ class OpTally final : public OpObserver {
   std::map<std::thread::id, std::vector<Open>> open_;  // each thread's open scopes, innermost last
 };
 
+// Hands what it observes to the tally `into` points at, none while it is null: one observer fixed
+// in a context (a model keeps its context) that sorts the calls of a run into phases (prefill
+// and decode, a step and the planning around it).
+class TallySwitch final : public OpObserver {
+ public:
+  OpTally* into = nullptr;
+  void on_op(const OpRecord& r) override {
+    if (into) into->on_op(r);
+  }
+  void enter_scope(std::string_view name, const Context& ctx) override {
+    if (into) into->enter_scope(name, ctx);
+  }
+  void exit_scope(std::string_view name, const Context& ctx) override {
+    if (into) into->exit_scope(name, ctx);
+  }
+};
+
 // "m=1 k=576 n=1728": the shape's named extents.
 std::string shape_string(const OpShape& s);
 

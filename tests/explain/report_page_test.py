@@ -12,6 +12,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "serve"))
+from serve_util import browser_paths  # noqa: E402
+
 
 def skip(reason):
     print(f"{reason}: skipped")
@@ -30,14 +33,7 @@ try:
     from selenium.webdriver.common.by import By
 except ImportError:
     skip("selenium is missing (pip install selenium)")
-chromium = next(filter(None, map(shutil.which, ["chromium", "chromium-browser", "google-chrome"])),
-                None)
-chromedriver = shutil.which("chromedriver") or next(
-    (p for p in ["/usr/lib/chromium/chromedriver"] if os.path.exists(p)), None)
-if not chromium:
-    skip("chromium is missing (apt-get install chromium)")
-if not chromedriver:
-    skip("chromedriver is missing (apt-get install chromium-driver)")
+chromium, chromedriver = browser_paths(skip)
 
 failures = []
 

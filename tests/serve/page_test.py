@@ -18,7 +18,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from serve_util import Checks, Server, free_port  # noqa: E402
+from serve_util import Checks, Server, browser_paths, free_port  # noqa: E402
 
 KEY = "page-test-key"
 
@@ -47,14 +47,7 @@ try:
     from selenium.webdriver.common.keys import Keys
 except ImportError:
     skip("selenium is missing (pip install selenium)")
-chromium = next(filter(None, map(shutil.which, ["chromium", "chromium-browser", "google-chrome"])),
-                None)
-chromedriver = shutil.which("chromedriver") or next(
-    (p for p in ["/usr/lib/chromium/chromedriver"] if os.path.exists(p)), None)
-if not chromium:
-    skip("chromium is missing (apt-get install chromium)")
-if not chromedriver:
-    skip("chromedriver is missing (apt-get install chromium-driver)")
+chromium, chromedriver = browser_paths(skip)
 
 
 class MockServer(Server):

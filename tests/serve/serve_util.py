@@ -4,11 +4,26 @@ Every wait is bounded."""
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+
+
+def browser_paths(skip):
+    """Chromium's and chromedriver's paths for Selenium; skip(reason), which exits 77, where
+    either is missing."""
+    chromium = next(filter(None, map(shutil.which, ["chromium", "chromium-browser",
+                                                    "google-chrome"])), None)
+    chromedriver = shutil.which("chromedriver") or next(
+        (p for p in ["/usr/lib/chromium/chromedriver"] if os.path.exists(p)), None)
+    if not chromium:
+        skip("chromium is missing (apt-get install chromium)")
+    if not chromedriver:
+        skip("chromedriver is missing (apt-get install chromium-driver)")
+    return chromium, chromedriver
 
 
 def free_port():

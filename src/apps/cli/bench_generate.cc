@@ -33,20 +33,6 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Hands what it observes to the tally of the phase being measured (none between phases).
-struct PhaseObserver final : ops::OpObserver {
-  ops::OpTally* into = nullptr;
-  void on_op(const ops::OpRecord& r) override {
-    if (into) into->on_op(r);
-  }
-  void enter_scope(std::string_view name, const ops::Context& ctx) override {
-    if (into) into->enter_scope(name, ctx);
-  }
-  void exit_scope(std::string_view name, const ops::Context& ctx) override {
-    if (into) into->exit_scope(name, ctx);
-  }
-};
-
 // A phase's time by stage of the forward pass (model::Stage), and the bytes each stage's ops
 // moved: from the scopes an observer summed, or from the CUDA device twin's events.
 struct StageSplit {
@@ -114,7 +100,7 @@ int run(const Args& a) {
   eo.kv_tokens =
       std::max((prompt_len + gen + bt - 1) / bt, max_batch * ((batch_prompt + gen + bt - 1) / bt)) *
       bt;
-  PhaseObserver observer;  // prefill's and decode's ops and stages, tallied apart
+  ops::TallySwitch observer;  // prefill's and decode's ops and stages, tallied apart
   ops::OpTally prefill_ops, decode_ops;
   if (observe) eo.ctx.observer = &observer;
   infer::Engine engine(m.model, eo);
