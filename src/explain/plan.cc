@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -14,7 +15,9 @@
 #include "core/arena.h"
 #include "core/error.h"
 #include "core/interleave.h"
+#include "core/rng.h"
 #include "core/thread_pool.h"
+#include "infer/sampler.h"
 #include "model/decoder_forward.h"
 #include "ops/op_tally.h"
 #include "ops/ops.h"
@@ -95,11 +98,252 @@ double measure_attention_gbs(const ops::Context& ctx, const model::DecoderConfig
   return static_cast<double>(kCopies) * ops::paged_attention_cost(a).bytes / s * 1e-9;
 }
 
+// The GFLOP/s of paged attention over a prompt: 128 rows of one sequence at positions 384..511
+// (each attending to the keys up to its own), the sequence's cache hot as a prompt chunk finds
+// it, the model's heads and the engine's layout.
+double measure_prefill_attention_gflops(const ops::Context& ctx, const model::DecoderConfig& c,
+                                        DType kv_type) {
+  constexpr int64_t kRows = 128, kKeys = 512, kBlock = 32, kBlocks = kKeys / kBlock;
+  ops::PagedAttentionArgs a;
+  a.Hkv = c.n_kv_heads;
+  a.D = c.head_dim;
+  a.kv_type = kv_type;
+  a.k_transposed = ops::paged_keys_transposed(ops::Device::cpu);
+  a.block_tokens = kBlock;
+  a.v_offset = kBlock * a.Hkv * a.D;
+  a.block_stride = 2 * a.v_offset;
+  AlignedBuffer<uint8_t> kv(
+      static_cast<size_t>(kBlocks * a.block_stride * dtype_bytes(kv_type, 1)));
+  std::memset(kv.data(), 0, kv.size());
+  std::vector<int32_t> tables(static_cast<size_t>(kRows * kBlocks)), n_keys(kRows);
+  for (size_t i = 0; i < tables.size(); ++i) tables[i] = static_cast<int32_t>(i % kBlocks);
+  for (int64_t r = 0; r < kRows; ++r) n_keys[static_cast<size_t>(r)] = kKeys - kRows + 1 + r;
+  std::vector<float> q(static_cast<size_t>(kRows * c.n_heads * c.head_dim), 0.1f), out(q.size());
+  a.kv = kv.data();
+  a.out = out.data();
+  a.q = q.data();
+  a.rows = kRows;
+  a.H = c.n_heads;
+  a.block_tables = tables.data();
+  a.table_stride = kBlocks;
+  a.n_keys = n_keys.data();
+  a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  const double s = median_seconds(5, [&] { ops::paged_attention(ctx, a); });
+  return ops::paged_attention_cost(a).flops / s * 1e-9;
+}
+
+// Seconds per row that the cache append takes writing into a cache that streams from memory:
+// 16 rows a call, each into a block of its own, successive calls into other blocks of a cache
+// as large as the attention measurement's (6,144 blocks: 151 MB for SmolLM2 in f16; with 768
+// the lines stayed in the caches and the append came out 4x faster than in a decode step). With
+// the keys stored transposed, each key element lands in a cache line of its own, so the append
+// costs far more than its bytes say.
+double measure_kv_append_row_s(const ops::Context& ctx, const model::DecoderConfig& c,
+                               DType kv_type) {
+  constexpr int64_t kRows = 16, kBlock = 32, kBlocks = 16 * 48 * 8;
+  ops::KvAppendArgs a;
+  a.Hkv = c.n_kv_heads;
+  a.D = c.head_dim;
+  a.kv_type = kv_type;
+  a.k_transposed = ops::paged_keys_transposed(ops::Device::cpu);
+  a.block_tokens = kBlock;
+  a.v_offset = kBlock * a.Hkv * a.D;
+  a.block_stride = 2 * a.v_offset;
+  a.n_blocks = kBlocks;
+  AlignedBuffer<uint8_t> kv(
+      static_cast<size_t>(kBlocks * a.block_stride * dtype_bytes(kv_type, 1)));
+  std::memset(kv.data(), 0, kv.size());
+  const int64_t KV = a.Hkv * a.D;
+  std::vector<float> k(static_cast<size_t>(kRows * KV), 0.5f), v(k);
+  std::vector<int32_t> slot(kRows);
+  a.kv = kv.data();
+  a.k = k.data();
+  a.v = v.data();
+  a.ldk = a.ldv = KV;
+  a.rows = kRows;
+  a.slot = slot.data();
+  int64_t step = 0;
+  constexpr int64_t kCalls = 48;  // one per copy of the layer, as a step's layers follow
+  const double s = median_seconds(5, [&] {
+    for (int64_t call = 0; call < kCalls; ++call, ++step) {
+      for (int64_t r = 0; r < kRows; ++r)  // row r of this call: its block, the next token
+        slot[static_cast<size_t>(r)] =
+            static_cast<int32_t>(((step % 384) * kRows + r) * kBlock + (step / 384) % kBlock);
+      ops::kv_append(ctx, a);
+    }
+  });
+  return s / static_cast<double>(kCalls * kRows);
+}
+
+// One greedy pick over the vocabulary's logits (the sampler every decode step runs per
+// sequence), in seconds.
+double measure_sample_s(int64_t vocab) {
+  std::vector<float> logits(static_cast<size_t>(vocab));
+  Rng rng(3);
+  for (float& x : logits) x = static_cast<float>(rng.uniform());
+  infer::SamplingParams p;
+  p.temperature = 0;
+  infer::Sampler sampler(p);
+  return median_seconds(7, [&] { (void)sampler.sample(logits, {}); });
+}
+
 bool is_attention(const std::string& op) {
   return op == "paged_attention" || op == "kv_append";
 }
 
+// "m=1 k=576 n=960", "k" -> 576; 0 when absent.
+int64_t shape_extent(const std::string& shape, const std::string& name) {
+  const std::string key = name + "=";
+  for (size_t at = shape.find(key); at != std::string::npos; at = shape.find(key, at + 1))
+    if (at == 0 || shape[at - 1] == ' ') return std::atoll(shape.c_str() + at + key.size());
+  return 0;
+}
+
+// The matrices the weight products read: every layer's, and the head (the embedding if tied).
+std::vector<const model::WeightRef*> product_sources(const model::DecoderModel& model) {
+  std::vector<const model::WeightRef*> out;
+  for (const model::DecoderLayer& l : model.weights.layers)
+    for (const model::WeightRef* w : l.matrices()) out.push_back(w);
+  out.push_back(model.weights.output.present() ? &model.weights.output : &model.weights.tok_embd);
+  return out;
+}
+
+double weight_bytes(const model::DecoderModel& model) {
+  double bytes = 0;
+  std::map<const void*, bool> seen;  // a tied head is the embedding's bytes
+  for (const model::WeightRef* w : product_sources(model))
+    if (w->present() && !seen[w->data]) {
+      seen[w->data] = true;
+      bytes += static_cast<double>(w->bytes());
+    }
+  return bytes;
+}
+
+// The measured rate of products of this type and shape, or null.
+const ProductRate* machine_rate(const Machine& m, const std::string& dtype, int64_t k, int64_t n) {
+  for (const ProductRate& r : m.product_rates)
+    if (r.dtype == dtype && r.k == k && r.n == n) return &r;
+  return nullptr;
+}
+
+// The rows of each product in one call of a grouped product of `n` rows: the layer's matrices
+// of this type and width whose rows add up to n (the fewest that do; matrices of equal shapes
+// time alike), those that follow each other in memory joined into one product as the model's
+// forward joins them. {n} where none add up.
+std::vector<int64_t> group_parts(const model::DecoderModel& model, const std::string& dtype,
+                                 int64_t k, int64_t n) {
+  std::vector<const model::WeightRef*> cand;
+  for (const model::WeightRef* w : model.weights.layers.at(0).matrices())
+    if (w->present() && w->shape.rank() == 2 && w->cols() == k &&
+        dtype_name(plain_type(w->type)) == dtype)
+      cand.push_back(w);
+  uint32_t best = 0;
+  for (uint32_t set = 1; set < (1u << cand.size()); ++set) {
+    int64_t rows = 0;
+    for (size_t i = 0; i < cand.size(); ++i)
+      if (set >> i & 1) rows += cand[i]->rows();
+    if (rows == n && std::popcount(set) >= 2 &&
+        (best == 0 || std::popcount(set) < std::popcount(best)))
+      best = set;
+  }
+  if (best == 0) return {n};
+  std::vector<int64_t> parts;
+  const model::WeightRef* last = nullptr;
+  for (size_t i = 0; i < cand.size(); ++i) {
+    if (!(best >> i & 1)) continue;
+    if (last != nullptr && last->continued_by(*cand[i]))
+      parts.back() += cand[i]->rows();
+    else
+      parts.push_back(cand[i]->rows());
+    last = cand[i];
+  }
+  return parts;
+}
+
+// Measures rate (its dtype, k and n set) at each of rows_list: the products of one call (a
+// group's parts, or one matrix) made of the model's own rows of that type and width, in the
+// layout the engine gives them, cycled through copies that fill ring_bytes (see cpu_machine).
+// False when the model has no rows of that type and width.
+bool measure_product(const ops::Context& ctx, const model::DecoderModel& model, bool grouped,
+                     double ring_bytes, const std::vector<int64_t>& rows_list, ProductRate& rate) {
+  const model::WeightRef* src = nullptr;
+  for (const model::WeightRef* w : product_sources(model))
+    if (w->present() && w->shape.rank() == 2 && w->cols() == rate.k &&
+        dtype_name(plain_type(w->type)) == rate.dtype)
+      src = w;
+  if (src == nullptr) return false;
+  const int64_t N = rate.n, K = rate.k;
+  const std::vector<int64_t> parts =
+      grouped ? group_parts(model, rate.dtype, K, N) : std::vector<int64_t>{N};
+  const auto row_bytes = static_cast<size_t>(dtype_bytes(src->type, K));
+  std::vector<size_t> offset;  // of each part in a copy
+  std::vector<DType> layout;
+  size_t stride = 0;
+  for (int64_t p : parts) {
+    offset.push_back(stride);
+    layout.push_back(ops::cpu_preferred_layout(plain_type(src->type), p));
+    stride += (row_bytes * static_cast<size_t>(p) + 63) / 64 * 64;
+  }
+  const auto copies =
+      static_cast<size_t>(std::max(1.0, std::ceil(ring_bytes / static_cast<double>(stride))));
+  AlignedBuffer<uint8_t> wb(stride * copies);
+  const auto* from = static_cast<const uint8_t*>(src->data);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    uint8_t* to = wb.data() + offset[i];
+    for (int64_t r = 0; r < parts[i]; ++r)  // the source's rows, over again where it has fewer
+      std::memcpy(to + static_cast<size_t>(r) * row_bytes,
+                  from + static_cast<size_t>(r % src->rows()) * row_bytes, row_bytes);
+    // The engine rearranges plain matrices once at load; so does this copy.
+    if (src->type != layout[i]) interleave_rows(src->type, to, parts[i], K);
+  }
+  for (size_t i = 1; i < copies; ++i) std::memcpy(wb.data() + i * stride, wb.data(), stride);
+  size_t cursor = 0;  // where the ring goes on: what the last call read is not read again soon
+  for (int64_t rows : rows_list) {
+    std::vector<float> x(static_cast<size_t>(rows * K), 0.01f), y(static_cast<size_t>(rows * N));
+    auto call = [&](size_t copy) {
+      ops::WtProduct products[8];
+      int64_t col = 0;
+      for (size_t i = 0; i < parts.size() && i < 8; ++i) {
+        products[i] = ops::WtProduct{
+            y.data() + col, N, wb.data() + copy * stride + offset[i], layout[i], parts[i], nullptr};
+        col += parts[i];
+      }
+      if (parts.size() == 1)
+        ops::matmul_wt(ctx, y.data(), N, x.data(), rows, K, products[0].w, layout[0], N);
+      else
+        ops::matmul_wt_group(ctx, x.data(), rows, K, {products, std::min<size_t>(parts.size(), 8)});
+    };
+    double flops = 0;
+    for (size_t i = 0; i < parts.size(); ++i)
+      flops += ops::matmul_wt_cost(rows, K, parts[i], layout[i]).flops;
+    // Each timed call reads the whole ring, or ~2 GFLOP of it where that is less (the ring's
+    // place persists, so the bytes stay cold); prefill's rows read one hot copy.
+    const size_t per_call =
+        rows > 64 ? 1 : std::clamp<size_t>(static_cast<size_t>(2e9 / flops), 1, copies);
+    const double s = median_seconds(rows >= 64 ? 3 : 5, [&] {
+      for (size_t i = 0; i<per_call; ++i, cursor = rows> 64 ? 0 : (cursor + 1) % copies)
+        call(cursor);
+    });
+    rate.gflops[rows] = static_cast<double>(per_call) * flops / s * 1e-9;
+    rate.hot_gflops[rows] =
+        rows > 64 ? rate.gflops[rows] : flops / median_seconds(5, [&] { call(0); }) * 1e-9;
+  }
+  return true;
+}
+
 }  // namespace
+
+double ProductRate::interpolate(const std::map<int64_t, double>& g, int64_t rows) {
+  if (g.empty()) return 0;
+  auto hi = g.lower_bound(rows);
+  if (hi == g.end()) return std::prev(hi)->second;
+  if (hi->first == rows || hi == g.begin()) return hi->second;
+  auto lo = std::prev(hi);
+  const double f =
+      (std::log(static_cast<double>(rows)) - std::log(static_cast<double>(lo->first))) /
+      (std::log(static_cast<double>(hi->first)) - std::log(static_cast<double>(lo->first)));
+  return lo->second + f * (hi->second - lo->second);
+}
 
 Machine cpu_machine(const profile::MachinePeaks& peaks, int threads,
                     const model::DecoderModel& model, int64_t prefill_rows, DType kv_type) {
@@ -126,54 +370,34 @@ Machine cpu_machine(const profile::MachinePeaks& peaks, int threads,
     });
     m.call_overhead_s = (add_s + norm_s + product_s) / 3;
   }
-  // The products' rate at several row counts, per stored type, on a matrix of the model of that
-  // type (at most 4096 of its rows: the head's are many) in the layout the engine gives it, its
-  // bytes hot in the caches: the kernels' compute roof at that many rows.
+  // The products' rate at several row counts for each product of a decode step (type, k, n:
+  // a grouped product counts as one of all its rows), on a matrix of that shape made of the
+  // model's own rows of that type in the layout the engine gives it. A decode step reads every
+  // weight once, so for 1..64 rows the matrix is cycled through copies that together are as
+  // large as the model's weights (at most twice the L3): the rate then includes reading the
+  // weights from where a step finds them (the L3 for a model that fits, memory for one that
+  // does not) and however much of that the kernel overlaps with its arithmetic, which the
+  // roofline's max() of the two would assume is all of it. Prefill's many rows reuse each
+  // weight enough that one hot matrix gives their rate.
+  const double ring_cap = peaks.l3_bytes > 0 ? 2.0 * static_cast<double>(peaks.l3_bytes) : 1 << 30;
+  const double ring_bytes = std::min(weight_bytes(model), ring_cap);
   std::vector<int64_t> rows_list{1, 4, 16, 64};
   if (prefill_rows > 64) rows_list.push_back(prefill_rows);
-  std::map<std::string, std::map<int64_t, double>> rates;  // plain type -> rows -> GFLOP/s
-  std::vector<const model::WeightRef*> matrices;
-  for (const model::WeightRef* w : model.weights.layers.at(0).matrices()) matrices.push_back(w);
-  matrices.push_back(model.weights.output.present() ? &model.weights.output
-                                                    : &model.weights.tok_embd);
-  for (const model::WeightRef* w : matrices) {
-    if (!w->present() || w->shape.rank() != 2) continue;
-    const std::string plain(dtype_name(plain_type(w->type)));
-    if (rates.contains(plain)) continue;
-    const int64_t N = std::min<int64_t>(w->rows(), 4096), K = w->cols();
-    const DType type = ops::cpu_preferred_layout(plain_type(w->type), N);
-    const auto bytes = static_cast<size_t>(dtype_bytes(w->type, N * K));
-    AlignedBuffer<uint8_t> wb(bytes);
-    if (w->type == type) {
-      std::memcpy(wb.data(), w->data, bytes);
-    } else {  // the engine rearranges plain matrices once at load; so does this copy
-      std::memcpy(wb.data(), w->data, bytes);
-      interleave_rows(w->type, wb.data(), N, K);
-    }
-    for (int64_t rows : rows_list) {
-      std::vector<float> x(static_cast<size_t>(rows * K), 0.01f), y(static_cast<size_t>(rows * N));
-      const double s = median_seconds(rows >= 64 ? 3 : 7, [&] {
-        ops::matmul_wt(ctx, y.data(), N, x.data(), rows, K, wb.data(), type, N);
-      });
-      rates[plain][rows] = ops::matmul_wt_cost(rows, K, N, type).flops / s * 1e-9;
-    }
+  for (const ops::OpTotal& t :
+       forward_ops(model, 1, 1, 1, kv_type, std::min<int64_t>(32, model.config.max_ctx))) {
+    if (!is_product(t.op)) continue;
+    ProductRate rate;
+    rate.dtype = plain_name(t.dtype);
+    rate.k = shape_extent(t.shape, "k");
+    rate.n = shape_extent(t.shape, "n");
+    if (machine_rate(m, rate.dtype, rate.k, rate.n) != nullptr) continue;
+    if (measure_product(ctx, model, t.op == "matmul_wt_group", ring_bytes, rows_list, rate))
+      m.product_rates.push_back(std::move(rate));
   }
-  m.product_dtype = rates.empty() ? "" : rates.begin()->first;
-  // Between measured row counts the rate is interpolated in log(rows); past the last it stays.
-  m.product_gflops = [rates](const std::string& d, int64_t rows) {
-    auto it = rates.find(d);
-    if (it == rates.end()) return 0.0;  // not measured: the probe's peak for it
-    const std::map<int64_t, double>& g = it->second;
-    auto hi = g.lower_bound(rows);
-    if (hi == g.end()) return std::prev(hi)->second;
-    if (hi->first == rows || hi == g.begin()) return hi->second;
-    auto lo = std::prev(hi);
-    const double f =
-        (std::log(static_cast<double>(rows)) - std::log(static_cast<double>(lo->first))) /
-        (std::log(static_cast<double>(hi->first)) - std::log(static_cast<double>(lo->first)));
-    return lo->second + f * (hi->second - lo->second);
-  };
   m.attention_gbs = measure_attention_gbs(ctx, model.config, kv_type);
+  m.prefill_attention_gflops = measure_prefill_attention_gflops(ctx, model.config, kv_type);
+  m.kv_append_row_s = measure_kv_append_row_s(ctx, model.config, kv_type);
+  m.sample_s = measure_sample_s(model.config.vocab);
   m.memory_bytes = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
   return m;
 }
@@ -247,26 +471,30 @@ StepPrediction predict_step(const model::DecoderModel& m, const Machine& machine
                             int64_t rows_each, int64_t context, const PlanInput& in) {
   StepPrediction p =
       price_ops(forward_ops(m, sequences, rows_each, context, in.kv_type, in.block_tokens), machine,
-                sequences * rows_each);
+                sequences * rows_each, rows_each);
+  // Each sequence's next token picked from its logits: host work beside the ops.
+  p.sample_s = static_cast<double>(sequences) * machine.sample_s;
+  p.seconds += p.sample_s;
+  p.overhead_s += p.sample_s;
+  p.tokens_per_s = p.seconds > 0 ? static_cast<double>(p.rows) / p.seconds : 0;
   p.sequences = sequences;
   p.context = context;
   return p;
 }
 
-StepPrediction price_ops(const std::vector<ops::OpTotal>& ops, const Machine& machine,
-                         int64_t rows) {
+StepPrediction price_ops(const std::vector<ops::OpTotal>& ops, const Machine& machine, int64_t rows,
+                         int64_t rows_each) {
+  const bool decode = rows_each == 1;
   StepPrediction p;
   p.rows = rows;
   double state = 0;
   for (const ops::OpTotal& t : ops) state += t.state_bytes;
   Roofs roofs = machine.roofs;
-  if (machine.product_gflops || machine.op_gflops) {
+  if (machine.op_gflops) {
     const auto base = roofs.compute;
-    const auto product = machine.product_gflops;
-    const auto by_op = machine.op_gflops;
-    roofs.compute = [base, product, by_op, rows](const ops::OpTotal& t) {
-      double g = 0;
-      if (is_product(t.op)) g = by_op ? by_op(t, rows) : product(plain_name(t.dtype), rows);
+    roofs.compute = [base, &machine, rows](const ops::OpTotal& t) {
+      const int64_t m = shape_extent(t.shape, "m");  // the op's rows (the head's: 1 a sequence)
+      const double g = is_product(t.op) ? machine.op_gflops(t, m > 0 ? m : rows) : 0;
       return g > 0 ? ComputePeak{g, "kernel"} : base(t);
     };
   }
@@ -274,11 +502,40 @@ StepPrediction price_ops(const std::vector<ops::OpTotal>& ops, const Machine& ma
     OpPrediction o;
     o.op = t;
     o.roof = roof_time(roofs, t, state);
-    if (t.op == "paged_attention" && machine.attention_gbs > 0 && o.roof.memory_level != "L2") {
+    if (rows_each > 1 && t.op == "paged_attention" && machine.prefill_attention_gflops > 0) {
+      // Measured with its cache hot, as a prompt's rows find it: the time, not a roof.
+      o.roof.compute_s = t.flops / (machine.prefill_attention_gflops * 1e9);
+      o.roof.memory_s = 0;
+      o.roof.compute_roof = "attention";
+    }
+    const ProductRate* rate =
+        is_product(t.op) ? machine_rate(machine, plain_name(t.dtype), shape_extent(t.shape, "k"),
+                                        shape_extent(t.shape, "n"))
+                         : nullptr;
+    if (rate != nullptr) {
+      // The measured time, on the side of whichever binds: the kernel's hot compute time or
+      // the weights' bytes at the memory roof.
+      const int64_t m = std::max<int64_t>(shape_extent(t.shape, "m"), 1);
+      const double measured_s = t.flops / (rate->at(m) * 1e9),
+                   hot_s = t.flops / (rate->hot_at(m) * 1e9);
+      o.roof.compute_roof = "kernel";
+      if (hot_s >= o.roof.memory_s)
+        o.roof.compute_s = std::max(measured_s, hot_s);
+      else
+        o.roof.memory_s = std::max(measured_s, o.roof.memory_s), o.roof.compute_s = hot_s;
+    }
+    if (decode && t.op == "paged_attention" && machine.attention_gbs > 0 &&
+        o.roof.memory_level != "L2") {
       // Measured with its arithmetic running: the time, not a roof to max() with compute.
       o.roof.memory_s = t.bytes / (machine.attention_gbs * 1e9);
       o.roof.compute_s = 0;
       o.roof.memory_level = "attention";
+    }
+    if (decode && t.op == "kv_append" && machine.kv_append_row_s > 0) {
+      o.roof.memory_s =
+          static_cast<double>(t.calls * shape_extent(t.shape, "rows")) * machine.kv_append_row_s;
+      o.roof.compute_s = 0;
+      o.roof.memory_level = "kv append";
     }
     o.overhead_s = static_cast<double>(t.calls) * machine.call_overhead_s;
     const double roof_s = o.roof.seconds();

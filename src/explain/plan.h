@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,21 @@
 
 namespace tessera::explain {
 
+// The measured rate of one weight product (a type and a shape) at several row counts.
+struct ProductRate {
+  std::string dtype;  // the stored type, "q4_1"
+  int64_t k = 0, n = 0;
+  // rows -> GFLOP/s with the weights read from where a step finds them: the time a step pays.
+  std::map<int64_t, double> gflops;
+  // rows -> GFLOP/s with the matrix hot in the caches: the kernel's compute roof at that many
+  // rows, which the time is set beside the memory roof's to say which of the two binds.
+  std::map<int64_t, double> hot_gflops;
+  // Interpolated in log(rows) between measured counts; past the last, the last.
+  double at(int64_t rows) const { return interpolate(gflops, rows); }
+  double hot_at(int64_t rows) const { return interpolate(hot_gflops, rows); }
+  static double interpolate(const std::map<int64_t, double>& g, int64_t rows);
+};
+
 // The machine a plan is for.
 struct Machine {
   std::string name;       // "cpu: <brand>, 2 threads", "h100 (datasheet)"
@@ -29,20 +45,28 @@ struct Machine {
   double memory_bytes = 0;     // what weights, cache and buffers must fit in
   double watts = 0;            // power while running (TDP or measured)
   std::string watts_source;    // "RAPL", "TDP (datasheet)", "--watts", ...
-  // GFLOP/s of the weight products of `dtype` at `rows` rows; 0: use roofs.compute.
-  std::function<double(const std::string& dtype, int64_t rows)> product_gflops;
-  std::string product_dtype;  // the type product_gflops was measured on
+  // The weight products' measured rates (a product not among them: roofs.compute).
+  std::vector<ProductRate> product_rates;
   // GB/s of cached keys and values paged attention reads from memory, its arithmetic included
   // (measured); 0: its roofs.
   double attention_gbs = 0;
+  // GFLOP/s of paged attention over a prompt's rows, the sequence's cache hot (measured); 0: its
+  // roofs.
+  double prefill_attention_gflops = 0;
+  // Seconds per row of one layer's cache append into a cache that streams (measured); 0: its
+  // roofs.
+  double kv_append_row_s = 0;
+  // Seconds of one greedy pick over the vocabulary (measured); 0: not counted.
+  double sample_s = 0;
   // Where set, the GFLOP/s of a product op by its kind at `rows` rows (0: as above); the
   // training planner's, whose forward products and backward GEMMs run different kernels.
   std::function<double(const ops::OpTotal& op, int64_t rows)> op_gflops;
 };
 
 // This CPU from its probe, with its kernels' product rates measured on `model`'s own first
-// layer (in the layout the engine uses) at 1, 4, 16, 64 and prefill_rows rows, and the call
-// overhead measured on a small op. threads: the engine's.
+// layer (in the layout the engine uses) at 1, 4, 16, 64 rows with the weights streaming from
+// where a decode step finds them, and hot at prefill_rows rows; the call overhead measured on a
+// small op. threads: the engine's.
 Machine cpu_machine(const profile::MachinePeaks& peaks, int threads,
                     const model::DecoderModel& model, int64_t prefill_rows, DType kv_type);
 // A GPU from its datasheet (or a spec.json): memory read at its HBM bandwidth, products at its
@@ -74,6 +98,7 @@ struct StepPrediction {
   // the fixed cost of calls.
   double weights_s = 0, kv_s = 0, compute_s = 0, overhead_s = 0, other_memory_s = 0;
   double attention_s = 0;  // paged attention and the cache append, whatever binds them
+  double sample_s = 0;     // picking each sequence's next token (in overhead_s)
   std::string bound;       // "weights", "kv-cache", "compute" or "overhead": the largest part
   std::vector<OpPrediction> ops;
 };
@@ -104,10 +129,13 @@ struct Plan {
 std::vector<ops::OpTotal> forward_ops(const model::DecoderModel& m, int64_t sequences,
                                       int64_t rows_each, int64_t context, DType kv_type,
                                       int64_t block_tokens);
-// The time of a step of these ops over `rows` token rows on `machine`: each op's roof time plus
-// its calls' fixed cost, split by what binds it.
-StepPrediction price_ops(const std::vector<ops::OpTotal>& ops, const Machine& machine,
-                         int64_t rows);
+// The time of a step of these ops over `rows` token rows, `rows_each` of each sequence, on
+// `machine`: each op's roof time plus its calls' fixed cost, split by what binds it. Decode (one
+// row a sequence) reads each sequence's cache once and appends to it in one place: attention
+// and the append at their measured streaming rates. With more rows a sequence, its rows reuse
+// its cache: attention at its measured rate over a prompt, the append at its roofs.
+StepPrediction price_ops(const std::vector<ops::OpTotal>& ops, const Machine& machine, int64_t rows,
+                         int64_t rows_each = 0);
 StepPrediction predict_step(const model::DecoderModel& m, const Machine& machine, int64_t sequences,
                             int64_t rows_each, int64_t context, const PlanInput& in);
 MemoryPrediction predict_memory(const model::DecoderModel& m, const PlanInput& in,

@@ -64,7 +64,6 @@ void calibrate_gemm(Machine& machine, int threads, int64_t rows, int64_t C, bool
   machine.op_gflops = [gemm, forward](const ops::OpTotal& t, int64_t) {
     return t.op.starts_with("matmul_wt") ? forward : gemm;
   };
-  machine.product_dtype = bf16 ? "bf16" : "f32";
 }
 
 TrainPlan make_train_plan(const TrainPlanInput& in, const Machine& machine) {

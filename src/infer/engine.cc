@@ -218,6 +218,33 @@ int32_t Engine::fork_sequence(int32_t src) {
   return seq;
 }
 
+int32_t Engine::copy_sequence(int32_t src) {
+  const int64_t n = static_cast<int64_t>(live_sequence(src).blocks.size());
+  TS_CHECK(cache_.free_blocks() >= n, "[engine] copying sequence ", src, " takes ", n,
+           " cache blocks; ", cache_.free_blocks(), " are free");
+  const int32_t seq = fork_sequence(src);
+  Sequence& s = seqs_[static_cast<size_t>(seq)];
+  for (int32_t& b : s.blocks) {
+    const int32_t dst = copy_block(b);
+    cache_.release(b);
+    b = dst;
+  }
+  return seq;
+}
+
+int32_t Engine::copy_block(int32_t src) {
+  const int32_t dst = cache_.allocate();
+  if (device_) {
+    device_->copy_cache_block(dst, src);
+  } else {
+    const auto bytes = static_cast<size_t>(cache_.block_stride() * cache_.elem_bytes());
+    uint8_t* base = cache_device_.data() ? cache_device_.as<uint8_t>() : cache_.layer_base(0);
+    ops::copy(opts_.ctx, base + static_cast<size_t>(dst) * bytes,
+              base + static_cast<size_t>(src) * bytes, bytes, ops::CopyKind::device_to_device);
+  }
+  return dst;
+}
+
 void Engine::share_blocks(int32_t seq, std::span<const int32_t> blocks, int64_t tokens) {
   TS_CHECK(live_sequence(seq).length == 0 && seqs_[seq].blocks.empty(), "[engine] sequence ", seq,
            " is not empty");
@@ -242,15 +269,7 @@ int64_t Engine::blocks_to_append(int32_t seq, int64_t n) const {
 void Engine::own_last_block(Sequence& s) {
   const int64_t BT = opts_.block_tokens;
   if (s.length % BT == 0 || cache_.ref_count(s.blocks.back()) == 1) return;
-  const int32_t src = s.blocks.back(), dst = cache_.allocate();
-  if (device_) {
-    device_->copy_cache_block(dst, src);
-  } else {
-    const auto bytes = static_cast<size_t>(cache_.block_stride() * cache_.elem_bytes());
-    uint8_t* base = cache_device_.data() ? cache_device_.as<uint8_t>() : cache_.layer_base(0);
-    ops::copy(opts_.ctx, base + static_cast<size_t>(dst) * bytes,
-              base + static_cast<size_t>(src) * bytes, bytes, ops::CopyKind::device_to_device);
-  }
+  const int32_t src = s.blocks.back(), dst = copy_block(src);
   cache_.release(src);
   s.blocks.back() = dst;
 }

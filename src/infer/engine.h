@@ -93,6 +93,10 @@ class Engine {
   // A new sequence holding the tokens src holds, in src's blocks (shared, not copied: a partly
   // filled block that one of them then appends to is copied first).
   int32_t fork_sequence(int32_t src);
+  // A new sequence holding the tokens src holds, in blocks of its own (copied now): what a
+  // benchmark uses to make many sequences of one long prompt without prefilling each, their
+  // keys and values still read from distinct memory.
+  int32_t copy_sequence(int32_t src);
   // Gives the empty sequence seq the first `tokens` tokens, whose keys and values are in `blocks`
   // (blocks in use, now shared); tokens must end in the last block.
   void share_blocks(int32_t seq, std::span<const int32_t> blocks, int64_t tokens);
@@ -137,6 +141,7 @@ class Engine {
   const Sequence& live_sequence(int32_t seq) const;
   // Makes seq's last block its own before an append writes to it (copy-on-write).
   void own_last_block(Sequence& s);
+  int32_t copy_block(int32_t src);  // a new block holding src's keys and values
   void run_chunk(const Row* rows, int64_t n, Output what);
   void run_chunk_device(const Row* rows, int64_t n);
   backend::DecoderDesc device_desc() const;

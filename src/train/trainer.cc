@@ -16,6 +16,7 @@
 #include "core/file_io.h"
 #include "model/decoder_save.h"
 #include "ops/memory.h"
+#include "profile/power.h"
 #include "profile/probe.h"
 #include "profile/timer.h"
 #include "tokenizer/tokenizer.h"
@@ -218,6 +219,9 @@ TrainResult Trainer::run() {
                     fpt, peak);
   const double inv_ga = 1.0 / static_cast<double>(GA);
   const profile::Timer run_timer;
+  const profile::EnergyMeter meter;  // the run's joules where RAPL or NVML is readable
+  const profile::EnergySample energy_at_start = meter.sample();
+  const int64_t first_step = st_.step;
   TrainResult res;
   res.last_loss = std::numeric_limits<double>::quiet_NaN();
   double last_val = std::numeric_limits<double>::quiet_NaN();
@@ -303,10 +307,17 @@ TrainResult Trainer::run() {
   res.last_val = last_val;
   res.best_val = st_.evals > 0 ? st_.best_val : last_val;
   res.early_stopped = st_.early_stopped;
-  if (!opts_.quiet)
+  res.joules = meter.joules_between(energy_at_start, meter.sample());
+  res.tokens_trained = (st_.step - first_step) * B * T * GA;
+  if (!opts_.quiet) {
     std::printf("done: %lld steps, val loss %s (best %s)%s; outputs in %s\n",
                 static_cast<long long>(st_.step), fmt(last_val).c_str(), fmt(res.best_val).c_str(),
                 st_.early_stopped ? ", stopped early" : "", opts_.out_dir.c_str());
+    std::printf("energy: %s\n",
+                profile::energy_text(res.joules, static_cast<double>(res.tokens_trained),
+                                     meter.source_name())
+                    .c_str());
+  }
   return res;
 }
 

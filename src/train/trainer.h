@@ -23,6 +23,8 @@ struct TrainResult {
   double last_val = 0;     // validation loss at the end
   double best_val = 0;
   bool early_stopped = false;
+  double joules = -1;          // energy this run used (RAPL / NVML); -1: not readable here
+  int64_t tokens_trained = 0;  // tokens this run's steps trained on (a resumed run: its own)
 };
 
 class Trainer {

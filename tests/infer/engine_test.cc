@@ -244,6 +244,36 @@ TEST(Engine, ForkedSequencesShareBlocksAndCopyBeforeWriting) {
   EXPECT_EQ(e.cache().free_blocks(), 16);
 }
 
+// A copy holds the same keys and values in blocks of its own: both continue as the source
+// would, and freeing one leaves the other whole.
+TEST(Engine, CopiedSequencesOwnTheirBlocks) {
+  const model::DecoderModel m = test::make_tiny_model(variant(0));
+  const int64_t V = m.config.vocab;
+  EngineOptions o = small_options(false);
+  o.kv_tokens = 32;  // 8 blocks of 4
+  Engine e(m, o);
+  const std::vector<int32_t> t = test::random_tokens(10, V, 9);  // 3 blocks
+  const int32_t a = e.new_sequence();
+  e.forward({Feed{a, t, false}});
+  const int32_t b = e.copy_sequence(a);
+  EXPECT_EQ(e.cache().used_blocks(), 6);
+  EXPECT_EQ(e.sequence_length(b), 10);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_NE(e.sequence_blocks(a)[i], e.sequence_blocks(b)[i]);
+    EXPECT_EQ(e.cache().ref_count(e.sequence_blocks(b)[i]), 1);
+  }
+  const int32_t next = 4;
+  const std::vector<float> from_a = e.forward({Feed{a, {&next, 1}, false}});
+  e.free_sequence(a);
+  const std::vector<float> from_b = e.forward({Feed{b, {&next, 1}, false}});
+  for (int64_t v = 0; v < V; ++v) EXPECT_EQ(from_a[v], from_b[v]) << v;
+  const int32_t c = e.copy_sequence(b), d = e.new_sequence();
+  e.forward({Feed{d, {&next, 1}, false}});  // the last free block
+  test::expect_error([&] { e.copy_sequence(c); }, "cache blocks");
+  for (int32_t s : {b, c, d}) e.free_sequence(s);
+  EXPECT_EQ(e.cache().free_blocks(), 8);
+}
+
 TEST(Engine, BadInputGivesOneLineErrors) {
   const model::DecoderModel m = test::make_tiny_model(variant(0));
   Engine e(m, small_options(false));

@@ -101,7 +101,7 @@ int run(const Args& a) {
       std::max((prompt_len + gen + bt - 1) / bt, max_batch * ((batch_prompt + gen + bt - 1) / bt)) *
       bt;
   ops::TallySwitch observer;  // prefill's and decode's ops and stages, tallied apart
-  ops::OpTally prefill_ops, decode_ops;
+  ops::OpTally prefill_ops, decode_ops, batched_ops;  // batched: the largest batch's steps
   if (observe) eo.ctx.observer = &observer;
   infer::Engine engine(m.model, eo);
   const int threads = eo.ctx.threads().size();
@@ -224,6 +224,7 @@ int run(const Args& a) {
     double tps;
   };
   std::vector<BatchRow> batch_rows;
+  std::vector<explain::OpProfileRow> batched_rows;  // per step of the largest batch (--profile)
   for (int64_t b : batches) {
     std::vector<int32_t> seqs;
     std::vector<infer::Feed> feeds;
@@ -232,8 +233,14 @@ int run(const Args& a) {
     for (int64_t i = 0; i < b; ++i) seqs.push_back(engine.new_sequence());
     for (int32_t s : seqs) feeds.push_back(infer::Feed{s, p, false});
     engine.forward(feeds);
+    if (per_op && b == max_batch) observer.into = &batched_ops;
     const double secs = timed_decode(engine, seqs, gen);
+    observer.into = nullptr;
     batch_rows.push_back({b, static_cast<double>(b * gen) / secs});
+    if (per_op && b == max_batch)
+      batched_rows = explain::op_profile(
+          batched_ops.totals(), gen, secs,
+          explain::cpu_roofs(profile::cached_peaks(threads), threads, peaks.gbs));
     for (int32_t s : seqs) engine.free_sequence(s);
   }
 
@@ -290,9 +297,10 @@ int run(const Args& a) {
         static_cast<long long>(profile::peak_rss_bytes()),
         static_cast<long long>(profile::huge_page_bytes()));
     if (per_op)
-      std::printf(", \"prefill_ops\": %s, \"decode_ops\": %s",
+      std::printf(", \"prefill_ops\": %s, \"decode_ops\": %s, \"batched_decode_ops\": %s",
                   explain::op_profile_json(prefill_rows).c_str(),
-                  explain::op_profile_json(decode_rows).c_str());
+                  explain::op_profile_json(decode_rows).c_str(),
+                  explain::op_profile_json(batched_rows).c_str());
     std::printf("}\n");
     return 0;
   }
@@ -344,6 +352,8 @@ int run(const Args& a) {
     explain::print_op_profile(prefill_rows, "/prompt");
     std::printf("decode ops, per token:\n");
     explain::print_op_profile(decode_rows, "/token");
+    std::printf("decode ops at batch %lld, per step:\n", static_cast<long long>(max_batch));
+    explain::print_op_profile(batched_rows, "/step");
   }
   if (ef.cuda) {  // the cache lives on the device; host memory holds the weights' file copy
     std::printf("memory: %s; host peak RSS %.1f MB\n", engine.device_description().c_str(),

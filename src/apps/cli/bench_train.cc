@@ -18,6 +18,7 @@
 #include "explain/op_profile.h"
 #include "model/gpt2.h"
 #include "ops/op_tally.h"
+#include "profile/power.h"
 #include "profile/probe.h"
 #include "profile/timer.h"
 #include "train/optimizer.h"
@@ -106,8 +107,12 @@ int run(const Args& a) {
   };
   one_step(1);  // warm-up: first touch of the arena and packed buffers
   tally.reset();
+  const profile::EnergyMeter meter;
+  const profile::EnergySample e0 = meter.sample();
   std::vector<double> times;
   for (int64_t s = 0; s < steps; ++s) times.push_back(one_step(s + 2));
+  const double joules = meter.joules_between(e0, meter.sample());
+  const double trained = static_cast<double>(B * T * steps);
   double total = 0;
   for (double t : times) total += t;
   std::sort(times.begin(), times.end());
@@ -157,10 +162,11 @@ int run(const Args& a) {
         "\"precision\": \"%s\", \"recompute\": \"%s\", \"threads\": %d, "
         "\"median_ms\": %.3f, \"tokens_per_s\": %.1f, \"gflops\": %.2f, "
         "\"peak_gflops\": %.2f, \"mfu\": %.4f, \"peak_rss_mib\": %.1f, "
-        "\"activation_mib\": %.1f, \"gemm_kernel\": \"%s\"%s%s}\n",
+        "\"activation_mib\": %.1f, \"gemm_kernel\": \"%s\", \"joules_per_token\": %s%s%s}\n",
         preset.c_str(), device.c_str(), static_cast<long long>(m.num_params()),
         static_cast<long long>(B), static_cast<long long>(T), precision.c_str(), recompute.c_str(),
         ctx.threads().size(), med * 1e3, tps, gflops, peak, mfu, rss_mib, act_mib, kernel.c_str(),
+        joules >= 0 ? std::to_string(joules / trained).c_str() : "null",
         per_op ? ", \"ops\": " : "", per_op ? explain::op_profile_json(rows).c_str() : "");
     return 0;
   }
@@ -186,6 +192,8 @@ int run(const Args& a) {
   std::printf("  peak RSS             %10.1f MiB\n", rss_mib);
   std::printf(dev ? "  device memory        %10.1f MiB\n" : "  activation arena     %10.1f MiB\n",
               act_mib);
+  std::printf("  energy               %s\n",
+              profile::energy_text(joules, trained, meter.source_name()).c_str());
   if (per_op) {
     std::printf(
         "  ops of the timed steps (roof: the %s peak for products and attention, the f32 peak "

@@ -56,9 +56,10 @@ struct Measured {
   double decode_tps = 0, prefill_tps = 0;
 };
 
-// Runs the engine as `tessera bench generate` does: for each batch, that many sequences with a
-// prompt of context - gen random tokens (prefill timed on the first), then gen decode steps of
-// all of them together (timed).
+// Runs the engine: one sequence with a prompt of context - gen random tokens (its prefill
+// timed), then for each batch that many copies of it (their keys and values in blocks of their
+// own, so decode reads as many caches as sequences) and gen decode steps of all of them
+// together (timed).
 std::vector<Measured> measure(const model::DecoderModel& m, const PlanInput& in, int threads,
                               int64_t gen, double* peak_rss) {
   ThreadPool pool(threads);
@@ -70,24 +71,23 @@ std::vector<Measured> measure(const model::DecoderModel& m, const PlanInput& in,
   eo.max_rows = in.prefill_rows;
   const int64_t biggest = *std::max_element(in.batches.begin(), in.batches.end());
   const int64_t blocks = (in.context + in.block_tokens - 1) / in.block_tokens;
-  eo.kv_tokens = biggest * blocks * in.block_tokens;
+  eo.kv_tokens = (biggest + 1) * blocks * in.block_tokens;  // the copies and their source
   infer::Engine engine(m, eo);
   Rng rng(7);
   const int64_t V = m.config.vocab, P = in.context - gen;
+  std::vector<int32_t> prompt(static_cast<size_t>(P));
+  for (int32_t& t : prompt) t = static_cast<int32_t>(rng.below(static_cast<uint64_t>(V)));
+  const int32_t source = engine.new_sequence();
+  const profile::Timer prefill;
+  engine.forward({infer::Feed{source, prompt, false}});
+  const double prefill_tps = static_cast<double>(P) / prefill.seconds();
   std::vector<Measured> out;
   for (int64_t b : in.batches) {
     Measured r;
     r.batch = b;
+    r.prefill_tps = prefill_tps;
     std::vector<int32_t> seqs;
-    for (int64_t i = 0; i < b; ++i) {
-      std::vector<int32_t> prompt(static_cast<size_t>(P));
-      for (int32_t& t : prompt) t = static_cast<int32_t>(rng.below(static_cast<uint64_t>(V)));
-      const int32_t s = engine.new_sequence();
-      seqs.push_back(s);
-      const profile::Timer t;
-      engine.forward({infer::Feed{s, prompt, false}});
-      if (i == 0) r.prefill_tps = static_cast<double>(P) / t.seconds();
-    }
+    for (int64_t i = 0; i < b; ++i) seqs.push_back(engine.copy_sequence(source));
     const double seconds = timed_decode(engine, seqs, gen);
     r.decode_tps = static_cast<double>(b * gen) / seconds;
     for (int32_t s : seqs) engine.free_sequence(s);
@@ -98,6 +98,18 @@ std::vector<Measured> measure(const model::DecoderModel& m, const PlanInput& in,
 }
 
 nlohmann::json step_json(const StepPrediction& s) {
+  nlohmann::json ops = nlohmann::json::array();
+  for (const explain::OpPrediction& o : s.ops)
+    ops.push_back({{"op", o.op.op},
+                   {"shape", o.op.shape},
+                   {"dtype", o.op.dtype},
+                   {"scope", o.op.scope},
+                   {"calls", o.op.calls},
+                   {"flops", o.op.flops},
+                   {"bytes", o.op.bytes},
+                   {"seconds", o.seconds()},
+                   {"roof", o.roof.roof()},
+                   {"compute_bound", o.roof.compute_bound()}});
   return {{"sequences", s.sequences},
           {"rows", s.rows},
           {"context", s.context},
@@ -108,7 +120,8 @@ nlohmann::json step_json(const StepPrediction& s) {
           {"compute_s", s.compute_s},
           {"overhead_s", s.overhead_s},
           {"attention_s", s.attention_s},
-          {"bound", s.bound}};
+          {"bound", s.bound},
+          {"ops", ops}};
 }
 
 int run(const Args& a) {
@@ -170,8 +183,8 @@ int run(const Args& a) {
     profile::reset_peak_rss();
     PlanInput now = in;
     now.baseline_bytes = check_rss0;
-    check_memory = explain::predict_memory(
-        m, now, *std::max_element(in.batches.begin(), in.batches.end()), in.context);
+    check_memory = explain::predict_memory(  // the copies and the sequence they copy
+        m, now, *std::max_element(in.batches.begin(), in.batches.end()) + 1, in.context);
     // The engine's own load: read into memory, in the CPU's layout.
     model::DecoderLoadOptions el;
     el.cpu_layout = true;
@@ -208,6 +221,7 @@ int run(const Args& a) {
     nlohmann::json j = {{"model", path},
                         {"device", machine.name},
                         {"measured_roofs", machine.measured},
+                        {"attention_gbs", machine.attention_gbs},
                         {"context", in.context},
                         {"kv_type", kv},
                         {"prefill_rows", in.prefill_rows},
@@ -239,6 +253,12 @@ int run(const Args& a) {
       j["decode"].push_back(d);
     }
     for (const StepPrediction& s : plan.sweep) j["sweep"].push_back(step_json(s));
+    j["prefill_chunk"] = step_json(plan.prefill);
+    for (const explain::ProductRate& r : machine.product_rates) {
+      nlohmann::json g;
+      for (const auto& [rows, gflops] : r.gflops) g[std::to_string(rows)] = gflops;
+      j["product_rates"].push_back({{"dtype", r.dtype}, {"k", r.k}, {"n", r.n}, {"gflops", g}});
+    }
     if (check) {
       j["check"]["peak_rss"] = peak_rss;
       j["check"]["predicted_peak_rss"] = check_memory.total();
@@ -259,13 +279,18 @@ int run(const Args& a) {
   if (machine.measured) {
     std::printf(
         "roofs (measured here): memory %.1f GB/s (%s), L2 %.0f GB/s, L3 %.1f GB/s; a call "
-        "costs %.1f us; the %s products at 1/4/16/64/%lld rows:",
+        "costs %.1f us; attention reads the cache at %.1f GB/s\n",
         machine.roofs.memory_gbs, machine.roofs.memory_name.c_str(), machine.roofs.l2_gbs,
-        machine.roofs.l3_gbs, machine.call_overhead_s * 1e6, machine.product_dtype.c_str(),
-        static_cast<long long>(in.prefill_rows));
-    for (int64_t r : {int64_t{1}, int64_t{4}, int64_t{16}, int64_t{64}, in.prefill_rows})
-      std::printf(" %.0f", machine.product_gflops(machine.product_dtype, r));
-    std::printf(" GFLOP/s; attention reads the cache at %.1f GB/s\n", machine.attention_gbs);
+        machine.roofs.l3_gbs, machine.call_overhead_s * 1e6, machine.attention_gbs);
+    std::printf("products (GFLOP/s at 1/4/16/64/%lld rows, weights as a step reads them):",
+                static_cast<long long>(in.prefill_rows));
+    for (const explain::ProductRate& r : machine.product_rates) {
+      std::printf("\n  %s k=%lld n=%lld:", r.dtype.c_str(), static_cast<long long>(r.k),
+                  static_cast<long long>(r.n));
+      for (int64_t rows : {int64_t{1}, int64_t{4}, int64_t{16}, int64_t{64}, in.prefill_rows})
+        std::printf(" %.0f", r.at(rows));
+    }
+    std::printf("\n");
   } else {
     std::printf("roofs (datasheet): memory %.0f GB/s; %.0f W\n", machine.roofs.memory_gbs,
                 machine.watts);
@@ -328,15 +353,15 @@ int run(const Args& a) {
     std::printf("  peak memory (from %s before loading): predicted %s, measured %s (%+.1f%%)\n",
                 gb(check_rss0).c_str(), gb(check_memory.total()).c_str(), gb(peak_rss).c_str(),
                 100 * (check_memory.total() - peak_rss) / peak_rss);
-    std::printf("  %6s %14s %14s %8s %16s %16s %8s\n", "batch", "decode pred", "measured", "err",
-                "prefill pred", "measured", "err");
+    const double pp = plan.prefill_tokens_per_s, mp = measured.front().prefill_tps;
+    std::printf(
+        "  prefill of a %lld-token prompt: predicted %.1f tokens/s, measured %.1f (%+.1f%%)\n",
+        static_cast<long long>(in.context - a.i64("--gen")), pp, mp, 100 * (pp - mp) / mp);
+    std::printf("  %6s %14s %14s %8s\n", "batch", "decode pred", "measured", "err");
     for (size_t i = 0; i < measured.size(); ++i) {
       const double pd = plan.decode[i].tokens_per_s, md = measured[i].decode_tps;
-      std::printf(
-          "  %6lld %14.1f %14.1f %+7.1f%% %16.1f %16.1f %+7.1f%%\n",
-          static_cast<long long>(measured[i].batch), pd, md, 100 * (pd - md) / md,
-          plan.prefill_tokens_per_s, measured[i].prefill_tps,
-          100 * (plan.prefill_tokens_per_s - measured[i].prefill_tps) / measured[i].prefill_tps);
+      std::printf("  %6lld %14.1f %14.1f %+7.1f%%\n", static_cast<long long>(measured[i].batch), pd,
+                  md, 100 * (pd - md) / md);
     }
   }
   return 0;
