@@ -129,4 +129,45 @@ TrainPlan make_train_plan(const TrainPlanInput& in, const Machine& machine) {
   return p;
 }
 
+ParallelPlan plan_parallel(const TrainPlan& one, const TrainPlanInput& in, const ParallelInput& par,
+                           double memory_bytes) {
+  TS_CHECK(par.data >= 1 && par.pipeline >= 1,
+           "[plan] data-parallel ranks and pipeline stages "
+           "must be at least 1");
+  TS_CHECK(par.link_gbs > 0 || (par.data == 1 && par.pipeline == 1),
+           "[plan] data or pipeline parallel needs the link's bandwidth");
+  const model::Gpt2Config cfg = model::Gpt2Config::preset(in.preset, in.vocab);
+  TS_CHECK(par.pipeline <= cfg.n_layer, "[plan] ", par.pipeline, " pipeline stages for ",
+           cfg.n_layer, " layers");
+  ParallelPlan p;
+  const auto P = static_cast<double>(par.pipeline), N = static_cast<double>(par.data);
+  const auto m = static_cast<double>(in.grad_accum);
+  p.ranks = par.data * par.pipeline;
+  p.param_bytes = one.param_bytes / P;
+  p.grad_bytes = one.grad_bytes / P;
+  p.adam_bytes = one.adam_bytes / P;
+  p.bf16_copy_bytes = one.bf16_copy_bytes / P;
+  p.activation_bytes = one.activation_bytes / P * std::min(m, P);
+  p.baseline_bytes = one.baseline_bytes;
+  p.fits = memory_bytes <= 0 || p.total() <= memory_bytes;
+  const double stage_s = one.micro.seconds / P;  // one micro-step's forward and backward
+  p.compute_s = m * stage_s;
+  p.bubble_s = (P - 1) * stage_s;
+  p.bubble_fraction = (P - 1) / (m + P - 1);
+  const double bytes_per_s = par.link_gbs * 1e9;
+  if (par.pipeline > 1) {
+    // Each of the m + P - 1 slots on the critical path sends a micro-batch's activations
+    // (B, T, C) forward and their gradients back; f32 or bf16 as the step keeps activations.
+    const double elem = in.precision == model::Precision::bf16 ? 2 : 4;
+    const double act = static_cast<double>(in.batch * in.seq * cfg.n_embd) * elem;
+    p.p2p_s = (m + P - 1) * 2 * (act / bytes_per_s + par.link_latency_s);
+  }
+  if (par.data > 1)  // a ring: 2 (N-1) steps, each moving 1/N of a stage's f32 gradients
+    p.allreduce_s = 2 * (N - 1) * (p.grad_bytes / N / bytes_per_s + par.link_latency_s);
+  p.optimizer_s = one.optimizer.seconds / P;
+  p.step_seconds = p.compute_s + p.bubble_s + p.p2p_s + p.allreduce_s + p.optimizer_s;
+  p.tokens_per_s = N * static_cast<double>(in.batch * in.seq) * m / p.step_seconds;
+  return p;
+}
+
 }  // namespace tessera::explain

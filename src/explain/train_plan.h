@@ -45,4 +45,38 @@ void calibrate_gemm(Machine& machine, int threads, int64_t rows, int64_t C, bool
 
 TrainPlan make_train_plan(const TrainPlanInput& in, const Machine& machine);
 
+// Data and pipeline parallel, as predictions from a one-rank plan (Tessera's trainer runs on one
+// rank today; these say what N ranks would give over a link of the stated speed).
+struct ParallelInput {
+  int64_t data = 1;              // ranks each running the whole step on its own batch
+  int64_t pipeline = 1;          // stages each holding n_layer / pipeline layers
+  double link_gbs = 0;           // GB/s one way between two ranks (NVLink, PCIe, a NIC)
+  double link_latency_s = 5e-6;  // per message
+};
+
+struct ParallelPlan {
+  int64_t ranks = 1;  // data x pipeline
+  // Per rank: its share of the parameters, gradients and AdamW state (a stage's layers), and
+  // the activations of the micro-batches in flight on the first stage (1F1B: at most
+  // `pipeline` of them, never more than grad_accum).
+  double param_bytes = 0, grad_bytes = 0, adam_bytes = 0, bf16_copy_bytes = 0, activation_bytes = 0,
+         baseline_bytes = 0;
+  double total() const {
+    return param_bytes + grad_bytes + adam_bytes + bf16_copy_bytes + activation_bytes +
+           baseline_bytes;
+  }
+  bool fits = true;
+  // The step: the micro-steps through the pipeline (grad_accum + pipeline - 1 slots of one
+  // stage's forward and backward), the activations and their gradients sent between stages,
+  // the gradients' ring all-reduce over the data-parallel ranks (after the backward, not
+  // overlapped with it: the upper bound), then AdamW on a stage's share.
+  double compute_s = 0, bubble_s = 0, p2p_s = 0, allreduce_s = 0, optimizer_s = 0;
+  double step_seconds = 0, tokens_per_s = 0;  // all ranks together
+  double bubble_fraction = 0;                 // (pipeline - 1) / (grad_accum + pipeline - 1)
+};
+
+// The layers split evenly over the stages (the embedding and head counted as spread with them).
+ParallelPlan plan_parallel(const TrainPlan& one, const TrainPlanInput& in, const ParallelInput& par,
+                           double memory_bytes);
+
 }  // namespace tessera::explain

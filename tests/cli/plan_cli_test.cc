@@ -82,10 +82,30 @@ TEST(PlanCli, TrainingStep) {
     EXPECT_GE(p["max_batch"].get<int64_t>(), p["batch"].get<int64_t>());
   }
   // Twice the batch: twice the activations, the same parameters.
+  EXPECT_FALSE(j["plans"][0].contains("parallel"));
   EXPECT_DOUBLE_EQ(j["plans"][1]["memory"]["params"].get<double>(),
                    j["plans"][0]["memory"]["params"].get<double>());
   EXPECT_GT(j["plans"][1]["memory"]["activations"].get<double>(),
             j["plans"][0]["memory"]["activations"].get<double>());
+}
+
+TEST(PlanCli, DataAndPipelineParallelArePredicted) {
+  const Result r = run_tessera(
+      "plan --train --model gpt2-tiny --vocab-size 300 --batch 2 --seq 32 --grad-accum 4 "
+      "--threads 1 --data-parallel 4 --pipeline-stages 2 --link-gbs 25 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  const auto& p = j["plans"][0];
+  const auto& par = p["parallel"];
+  EXPECT_EQ(par["data"].get<int64_t>(), 4);
+  EXPECT_EQ(par["pipeline"].get<int64_t>(), 2);
+  EXPECT_GT(par["allreduce_s"].get<double>(), 0);
+  EXPECT_GT(par["p2p_s"].get<double>(), 0);
+  EXPECT_LT(par["memory_per_rank"].get<double>(), p["memory"]["total"].get<double>());
+  // Eight ranks: more tokens/s than one, less than eight times as many.
+  const double one = p["tokens_per_s"], all = par["tokens_per_s"];
+  EXPECT_GT(all, one);
+  EXPECT_LT(all, 8 * one);
 }
 
 TEST(PlanCli, BadInputIsOneLine) {
@@ -94,16 +114,23 @@ TEST(PlanCli, BadInputIsOneLine) {
     std::ofstream f(spec);
     f << R"({"name": "mine", "memory_bytes": 1000000000, "hbm_gbs": 100})";
   }
-  for (const auto& [args, mention] :
-       std::map<std::string, std::string>{{"plan --device tpu9", "tpu9"},
-                                          {"plan --device " + spec, "spec.json"},
-                                          {"plan --context 99999999", "--context"},
-                                          {"plan --check --device h100", "--check"},
-                                          {"plan --kv-type q4", "--kv-type"},
-                                          {"plan --train --model gpt9", "gpt9"},
-                                          {"plan --train --model gpt2-tiny --precision f8", "f8"},
-                                          {"plan --train --model gpt2-tiny --seq 99999", "99999"},
-                                          {"plan -m /nonexistent/m.gguf", "/nonexistent/m.gguf"}}) {
+  for (const auto& [args, mention] : std::map<std::string, std::string>{
+           {"plan --device tpu9", "tpu9"},
+           {"plan --device " + spec, "spec.json"},
+           {"plan --context 99999999", "--context"},
+           {"plan --check --device h100", "--check"},
+           {"plan --kv-type q4", "--kv-type"},
+           {"plan --train --model gpt9", "gpt9"},
+           {"plan --train --model gpt2-tiny --precision f8", "f8"},
+           {"plan --train --model gpt2-tiny --seq 99999", "99999"},
+           {"plan -m /nonexistent/m.gguf", "/nonexistent/m.gguf"},
+           {"plan --seq 64", "--seq"},
+           {"plan --train --model gpt2-tiny --context 64", "--context"},
+           {"plan --train --model gpt2-tiny --data-parallel 2", "--link-gbs"},
+           {"plan --train --model gpt2-tiny --link-gbs 9", "--link-gbs"},
+           {"plan --train --model gpt2-tiny --seq 64 --pipeline-stages 99 "
+            "--link-gbs 9",
+            "pipeline stages"}}) {
     const Result r = run_tessera(args);
     EXPECT_EQ(r.status, 1) << args;
     EXPECT_EQ(count_lines(r.err), 1) << args << " printed: " << r.err;

@@ -7,6 +7,7 @@
 
 #include <map>
 
+#include "core/error.h"
 #include "ops/op_tally.h"
 
 namespace tessera::explain {
@@ -75,6 +76,50 @@ TEST(TrainPlan, StepScalesWithTheBatch) {
   std::map<std::string, int64_t> opt_calls;
   for (const OpPrediction& o : a.optimizer.ops) opt_calls[o.op.op] += o.op.calls;
   EXPECT_GT(opt_calls["adamw"], 0);
+}
+
+// Data and pipeline parallel from a one-rank plan, against the schedule worked by hand: 4
+// micro-batches through 2 stages take 5 slots of half a micro-step; the activations (B, T, C)
+// cross the link forward and back in each slot; the ring all-reduce moves 2 (N-1)/N of a
+// stage's gradients.
+TEST(TrainPlan, DataAndPipelineParallelByHand) {
+  TrainPlanInput in;
+  in.preset = "gpt2-tiny";
+  in.vocab = 300;
+  in.seq = 16;
+  in.batch = 2;
+  in.grad_accum = 4;
+  const TrainPlan one = make_train_plan(in, flat_machine());
+  ParallelInput par;
+  par.data = 4;
+  par.pipeline = 2;
+  par.link_gbs = 1;
+  par.link_latency_s = 1e-6;
+  const ParallelPlan p = plan_parallel(one, in, par, 0);
+  const model::Gpt2Config cfg = model::Gpt2Config::preset("gpt2-tiny", 300);
+  const double half = one.micro.seconds / 2;
+  EXPECT_EQ(p.ranks, 8);
+  EXPECT_NEAR(p.compute_s, 4 * half, 1e-15);
+  EXPECT_NEAR(p.bubble_s, half, 1e-15);
+  EXPECT_DOUBLE_EQ(p.bubble_fraction, 1.0 / 5);
+  const double act = 2.0 * 16 * static_cast<double>(cfg.n_embd) * 4;
+  EXPECT_NEAR(p.p2p_s, 5 * 2 * (act / 1e9 + 1e-6), 1e-15);
+  const double grads = one.grad_bytes / 2;
+  EXPECT_NEAR(p.allreduce_s, 2 * 3 * (grads / 4 / 1e9 + 1e-6), 1e-15);
+  EXPECT_NEAR(p.optimizer_s, one.optimizer.seconds / 2, 1e-15);
+  EXPECT_NEAR(p.step_seconds, p.compute_s + p.bubble_s + p.p2p_s + p.allreduce_s + p.optimizer_s,
+              1e-15);
+  EXPECT_NEAR(p.tokens_per_s, 4 * 2 * 16 * 4 / p.step_seconds, 1e-6);
+  EXPECT_DOUBLE_EQ(p.param_bytes, one.param_bytes / 2);
+  EXPECT_DOUBLE_EQ(p.activation_bytes, one.activation_bytes);  // two micro-batches of a half
+  // One rank is the one-rank plan; a link is needed beyond it; stages cannot outnumber layers.
+  const ParallelPlan solo = plan_parallel(one, in, ParallelInput{}, 0);
+  EXPECT_NEAR(solo.step_seconds, one.step_seconds, 1e-15);
+  par.link_gbs = 0;
+  EXPECT_THROW(plan_parallel(one, in, par, 0), tessera::Error);
+  par.link_gbs = 1;
+  par.pipeline = cfg.n_layer + 1;
+  EXPECT_THROW(plan_parallel(one, in, par, 0), tessera::Error);
 }
 
 }  // namespace

@@ -137,7 +137,14 @@ int run(const Args& a) {
 
   // The device first: a bad name or spec file is refused before any loading.
   const std::optional<profile::GpuSpec> gpu = plan_device(device);
-  if (a.on("--train")) return run_train_plan(a, gpu, threads, baseline);
+  // Flags of the other kind of plan are refused, never ignored.
+  const bool train = a.on("--train");
+  for (const char* f : {"--seq", "--precision", "--recompute", "--grad-accum", "--vocab-size",
+                        "--data-parallel", "--pipeline-stages", "--link-gbs", "--link-latency-us"})
+    TS_CHECK(train || !a.given(f), f, " plans training: add --train");
+  for (const char* f : {"--context", "--kv-type", "--gen", "--html"})
+    TS_CHECK(!train || !a.given(f), f, " is for an inference plan, not --train");
+  if (train) return run_train_plan(a, gpu, threads, baseline);
 
   // The model as a map of its file: its tensors' types and shapes, no bytes read.
   model::DecoderLoadOptions lo;
@@ -394,6 +401,14 @@ const Registrar reg{Command{
      Flag::text("--recompute", "none", "--train: none, gelu or block", "R"),
      Flag::integer("--grad-accum", 1, 1, 1 << 20, "--train: micro-batches per optimizer step"),
      Flag::integer("--vocab-size", 50257, 1, int64_t{1} << 24, "--train: vocabulary size"),
+     Flag::integer("--data-parallel", 1, 1, 1 << 20,
+                   "--train: ranks each running the step on a batch of its own (a prediction)"),
+     Flag::integer("--pipeline-stages", 1, 1, 1024,
+                   "--train: stages the layers are split over, grad-accum micro-batches through "
+                   "them (a prediction)"),
+     Flag::number("--link-gbs", 0.0, 0.0, 1e6,
+                  "--train: GB/s one way between two ranks; needed with the two above"),
+     Flag::number("--link-latency-us", 5.0, 0.0, 1e6, "--train: microseconds per message"),
      Flag::text("--html", "", "also write the plan as a page: throughput against batch, roofline",
                 "PATH")},
     {},

@@ -81,6 +81,19 @@ int run_train_plan(const Args& a, const std::optional<profile::GpuSpec>& gpu, in
   const bool json = a.on("--json"), check = a.on("--check");
   TS_CHECK(!check || !gpu, "--check measures on this machine: use --device cpu");
   const double price = a.f64("--price-per-hour");
+  explain::ParallelInput par;
+  par.data = a.i64("--data-parallel");
+  par.pipeline = a.i64("--pipeline-stages");
+  par.link_gbs = a.f64("--link-gbs");
+  par.link_latency_s = a.f64("--link-latency-us") * 1e-6;
+  const bool parallel = par.data > 1 || par.pipeline > 1;
+  TS_CHECK(!parallel || par.link_gbs > 0,
+           "--data-parallel and --pipeline-stages need --link-gbs (the link between ranks)");
+  TS_CHECK(parallel || !a.given("--link-gbs"),
+           "--link-gbs is for --data-parallel or --pipeline-stages above 1");
+  TS_CHECK(!parallel || !check,
+           "--check measures one process: drop --data-parallel and "
+           "--pipeline-stages");
   explain::Machine machine;
   if (gpu) {
     machine = explain::gpu_machine(*gpu);
@@ -154,6 +167,35 @@ int run_train_plan(const Args& a, const std::optional<profile::GpuSpec>& gpu, in
                     100 * (p.total() - rss * (1 << 20)) / (rss * (1 << 20)));
       measured = buf;
     }
+    std::string par_text;
+    if (parallel) {
+      const explain::ParallelPlan pp = explain::plan_parallel(p, in, par, machine.memory_bytes);
+      j["parallel"] = {{"data", par.data},
+                       {"pipeline", par.pipeline},
+                       {"link_gbs", par.link_gbs},
+                       {"memory_per_rank", pp.total()},
+                       {"fits", pp.fits},
+                       {"compute_s", pp.compute_s},
+                       {"bubble_s", pp.bubble_s},
+                       {"p2p_s", pp.p2p_s},
+                       {"allreduce_s", pp.allreduce_s},
+                       {"optimizer_s", pp.optimizer_s},
+                       {"step_seconds", pp.step_seconds},
+                       {"tokens_per_s", pp.tokens_per_s}};
+      char buf[512];
+      std::snprintf(buf, sizeof buf,
+                    "\n    %lld ranks (data %lld x pipeline %lld, link %.0f GB/s), predicted: "
+                    "memory per rank %s (%s); step %.1f ms = micro-steps %.1f + pipeline bubble "
+                    "%.1f (%.0f%%) + activations between stages %.1f + gradient all-reduce %.1f "
+                    "+ optimizer %.1f; %.1f tokens/s (%.2fx one rank)",
+                    static_cast<long long>(pp.ranks), static_cast<long long>(par.data),
+                    static_cast<long long>(par.pipeline), par.link_gbs, gb(pp.total()).c_str(),
+                    pp.fits ? "fits" : "does not fit", pp.step_seconds * 1e3, pp.compute_s * 1e3,
+                    pp.bubble_s * 1e3, 100 * pp.bubble_fraction, pp.p2p_s * 1e3,
+                    pp.allreduce_s * 1e3, pp.optimizer_s * 1e3, pp.tokens_per_s,
+                    pp.tokens_per_s / p.tokens_per_s);
+      par_text = buf;
+    }
     out.push_back(j);
     if (!json)
       std::printf(
@@ -166,6 +208,7 @@ int run_train_plan(const Args& a, const std::optional<profile::GpuSpec>& gpu, in
           p.fits ? "fits" : "does not fit", static_cast<long long>(p.max_batch),
           p.step_seconds * 1e3, p.tokens_per_s, p.micro.seconds * 1e3, p.micro.bound.c_str(),
           p.optimizer.seconds * 1e3, measured.c_str());
+    if (!json && parallel) std::printf("%s\n", par_text.c_str() + 1);
   }
   if (json)
     std::printf("%s\n", nlohmann::json{{"device", machine.name}, {"plans", out}}.dump(1).c_str());
