@@ -58,13 +58,15 @@ std::string plain_name(const std::string& dtype) {
 }
 
 // The rate (GB/s of cached keys and values) at which paged attention reads a cache that streams
-// from memory: 8 decode rows of 512 keys each, the layer's cache cycled through 48 copies (past
-// the ~100 MiB of L3 these VMs have, as a decode step's cache reads are between one layer and
-// the next), the model's heads and the engine's layout. The kernel's arithmetic (exponentials,
-// f16 widening) is in the rate: on these VMs it reaches about half the read roof.
+// from memory: `rows` decode rows of `keys` keys each, the layer's cache cycled through copies
+// that together pass ~150 MB (past the L3 these VMs give a process, as a decode step's cache
+// reads are between one layer and the next), the model's heads and the engine's layout. The
+// kernel's arithmetic (exponentials, f16 widening) and how its work splits over the threads at
+// that many rows are in the rate: on these VMs it reaches about half the read roof at 8 rows, a
+// third at one.
 double measure_attention_gbs(const ops::Context& ctx, const model::DecoderConfig& c,
-                             DType kv_type) {
-  constexpr int64_t kRows = 8, kKeys = 512, kBlock = 32, kCopies = 48;
+                             DType kv_type, int64_t kRows, int64_t kKeys) {
+  constexpr int64_t kBlock = 32;
   ops::PagedAttentionArgs a;
   a.Hkv = c.n_kv_heads;
   a.D = c.head_dim;
@@ -73,9 +75,10 @@ double measure_attention_gbs(const ops::Context& ctx, const model::DecoderConfig
   a.block_tokens = kBlock;
   a.v_offset = kBlock * a.Hkv * a.D;
   a.block_stride = 2 * a.v_offset;
-  const int64_t blocks = kRows * kKeys / kBlock, elems = blocks * a.block_stride;
+  const int64_t blocks = kRows * ((kKeys + kBlock - 1) / kBlock), elems = blocks * a.block_stride;
   const auto layer_bytes = static_cast<size_t>(elems * dtype_bytes(kv_type, 1));
-  AlignedBuffer<uint8_t> kv(layer_bytes * kCopies);
+  const auto kCopies = static_cast<int64_t>(std::max<size_t>(2, (150u << 20) / layer_bytes + 1));
+  AlignedBuffer<uint8_t> kv(layer_bytes * static_cast<size_t>(kCopies));
   std::memset(kv.data(), 0, kv.size());  // zeros: finite in f32 and f16 alike
   std::vector<int32_t> tables(static_cast<size_t>(blocks)), n_keys(kRows, kKeys);
   for (size_t i = 0; i < tables.size(); ++i) tables[i] = static_cast<int32_t>(i);
@@ -85,7 +88,7 @@ double measure_attention_gbs(const ops::Context& ctx, const model::DecoderConfig
   a.rows = kRows;
   a.H = c.n_heads;
   a.block_tables = tables.data();
-  a.table_stride = kKeys / kBlock;
+  a.table_stride = (kKeys + kBlock - 1) / kBlock;
   a.n_keys = n_keys.data();
   a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   int64_t copy = 0;
@@ -346,7 +349,8 @@ double ProductRate::interpolate(const std::map<int64_t, double>& g, int64_t rows
 }
 
 Machine cpu_machine(const profile::MachinePeaks& peaks, int threads,
-                    const model::DecoderModel& model, int64_t prefill_rows, DType kv_type) {
+                    const model::DecoderModel& model, int64_t prefill_rows, DType kv_type,
+                    int64_t context) {
   Machine m;
   m.name = "cpu: " + peaks.cpu + ", " + std::to_string(threads) + " threads";
   m.measured = true;
@@ -394,7 +398,12 @@ Machine cpu_machine(const profile::MachinePeaks& peaks, int threads,
     if (measure_product(ctx, model, t.op == "matmul_wt_group", ring_bytes, rows_list, rate))
       m.product_rates.push_back(std::move(rate));
   }
-  m.attention_gbs = measure_attention_gbs(ctx, model.config, kv_type);
+  // Decode's attention at the plan's context (at most 4,096 keys a row, to bound the
+  // measurement), at 1, 8 and 32 rows.
+  const int64_t keys = std::clamp<int64_t>(context, 32, 4096);
+  for (int64_t rows : {1, 8, 32})
+    m.attention_gbs_at[rows] = measure_attention_gbs(ctx, model.config, kv_type, rows, keys);
+  m.attention_gbs = m.attention_gbs_at[8];
   m.prefill_attention_gflops = measure_prefill_attention_gflops(ctx, model.config, kv_type);
   m.kv_append_row_s = measure_kv_append_row_s(ctx, model.config, kv_type);
   m.sample_s = measure_sample_s(model.config.vocab);
@@ -527,7 +536,11 @@ StepPrediction price_ops(const std::vector<ops::OpTotal>& ops, const Machine& ma
     if (decode && t.op == "paged_attention" && machine.attention_gbs > 0 &&
         o.roof.memory_level != "L2") {
       // Measured with its arithmetic running: the time, not a roof to max() with compute.
-      o.roof.memory_s = t.bytes / (machine.attention_gbs * 1e9);
+      const double gbs = machine.attention_gbs_at.empty()
+                             ? machine.attention_gbs
+                             : ProductRate::interpolate(machine.attention_gbs_at,
+                                                        shape_extent(t.shape, "rows"));
+      o.roof.memory_s = t.bytes / (gbs * 1e9);
       o.roof.compute_s = 0;
       o.roof.memory_level = "attention";
     }

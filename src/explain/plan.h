@@ -50,6 +50,9 @@ struct Machine {
   // GB/s of cached keys and values paged attention reads from memory, its arithmetic included
   // (measured); 0: its roofs.
   double attention_gbs = 0;
+  // The same measured at the plan's context for 1, 8 and 32 rows (interpolated between; empty:
+  // attention_gbs for every row count).
+  std::map<int64_t, double> attention_gbs_at;
   // GFLOP/s of paged attention over a prompt's rows, the sequence's cache hot (measured); 0: its
   // roofs.
   double prefill_attention_gflops = 0;
@@ -65,10 +68,12 @@ struct Machine {
 
 // This CPU from its probe, with its kernels' product rates measured on `model`'s own first
 // layer (in the layout the engine uses) at 1, 4, 16, 64 rows with the weights streaming from
-// where a decode step finds them, and hot at prefill_rows rows; the call overhead measured on a
+// where a decode step finds them, and hot at prefill_rows rows; attention, the cache append and
+// sampling measured as a decode step at `context` runs them; the call overhead measured on a
 // small op. threads: the engine's.
 Machine cpu_machine(const profile::MachinePeaks& peaks, int threads,
-                    const model::DecoderModel& model, int64_t prefill_rows, DType kv_type);
+                    const model::DecoderModel& model, int64_t prefill_rows, DType kv_type,
+                    int64_t context);
 // A GPU from its datasheet (or a spec.json): memory read at its HBM bandwidth, products at its
 // dense bf16 peak, 5 us per launch as the call overhead (graphs replay a decode step in one
 // launch, so this bounds the step from above).

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <map>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -15,32 +16,59 @@ namespace tessera::model {
 Gpt2::Gpt2(const Gpt2Config& cfg, const ops::Context& ctx)
     : cfg_(cfg), ctx_(ctx), impl_(std::make_unique<Impl>(*this)) {
   cfg_.validate();
-  const int64_t C = cfg_.n_embd, L = cfg_.n_layer;
+  const int64_t C = cfg_.n_embd, L = cfg_.n_layer, F = cfg_.ff(), Vp = cfg_.padded_vocab_size;
   Impl& im = *impl_;
-  // wte has Vp rows; rows >= V are padding so the lm-head GEMM has an aligned N. They stay zero:
-  // init_weights zeroes them, no token selects them, their logits are masked by softmax_xent
-  // (gradient 0) and forward_backward re-zeroes their gradient rows.
-  im.wte = table_.add("wte.weight", {cfg_.padded_vocab_size, C});
-  im.wpe = table_.add("wpe.weight", {cfg_.max_seq, C});
-  for (int64_t l = 0; l < L; ++l) {
-    const std::string h = cat("h.", l, ".");
-    Gpt2LayerParams lp;
-    lp.ln1_w = table_.add(h + "ln_1.weight", {C});
-    lp.ln1_b = table_.add(h + "ln_1.bias", {C});
-    lp.qkv_w = table_.add(h + "attn.c_attn.weight", {3 * C, C});
-    lp.qkv_b = table_.add(h + "attn.c_attn.bias", {3 * C});
-    lp.proj_w = table_.add(h + "attn.c_proj.weight", {C, C});
-    lp.proj_b = table_.add(h + "attn.c_proj.bias", {C});
-    lp.ln2_w = table_.add(h + "ln_2.weight", {C});
-    lp.ln2_b = table_.add(h + "ln_2.bias", {C});
-    lp.fc_w = table_.add(h + "mlp.c_fc.weight", {4 * C, C});
-    lp.fc_b = table_.add(h + "mlp.c_fc.bias", {4 * C});
-    lp.fcproj_w = table_.add(h + "mlp.c_proj.weight", {C, 4 * C});
-    lp.fcproj_b = table_.add(h + "mlp.c_proj.bias", {C});
-    im.layer_params.push_back(lp);
+  // The token embedding (and an untied head) has Vp rows; rows >= V are padding so the head's
+  // product has an aligned N. They stay zero: init_weights zeroes them, no token selects them,
+  // their logits are masked by softmax_xent (gradient 0) and forward_backward re-zeroes their
+  // gradient rows.
+  if (cfg_.arch == DecoderArch::gpt2) {  // Hugging Face GPT-2's names and order
+    im.wte = table_.add("wte.weight", {Vp, C});
+    im.wpe = table_.add("wpe.weight", {cfg_.max_seq, C});
+    for (int64_t l = 0; l < L; ++l) {
+      const std::string h = cat("h.", l, ".");
+      Gpt2LayerParams lp;
+      lp.ln1_w = table_.add(h + "ln_1.weight", {C});
+      lp.ln1_b = table_.add(h + "ln_1.bias", {C});
+      lp.qkv_w = table_.add(h + "attn.c_attn.weight", {3 * C, C});
+      lp.qkv_b = table_.add(h + "attn.c_attn.bias", {3 * C});
+      lp.proj_w = table_.add(h + "attn.c_proj.weight", {C, C});
+      lp.proj_b = table_.add(h + "attn.c_proj.bias", {C});
+      lp.ln2_w = table_.add(h + "ln_2.weight", {C});
+      lp.ln2_b = table_.add(h + "ln_2.bias", {C});
+      lp.fc_w = table_.add(h + "mlp.c_fc.weight", {F, C});
+      lp.fc_b = table_.add(h + "mlp.c_fc.bias", {F});
+      lp.fcproj_w = table_.add(h + "mlp.c_proj.weight", {C, F});
+      lp.fcproj_b = table_.add(h + "mlp.c_proj.bias", {C});
+      im.layer_params.push_back(lp);
+    }
+    im.lnf_w = table_.add("ln_f.weight", {C});
+    im.lnf_b = table_.add("ln_f.bias", {C});
+    im.head = im.wte;
+  } else {  // Hugging Face Llama's names; q, k, v adjacent and gate, up adjacent, so the layer
+            // code runs each trio / pair as one product
+    const int64_t QD = C, KVD = cfg_.kv_heads() * (C / cfg_.n_head);
+    im.wte = table_.add("model.embed_tokens.weight", {Vp, C});
+    for (int64_t l = 0; l < L; ++l) {
+      const std::string h = cat("model.layers.", l, ".");
+      table_.add(h + "input_layernorm.weight", {C});
+      table_.add(h + "self_attn.q_proj.weight", {QD, C});
+      table_.add(h + "self_attn.k_proj.weight", {KVD, C});
+      table_.add(h + "self_attn.v_proj.weight", {KVD, C});
+      if (cfg_.qkv_bias) {
+        table_.add(h + "self_attn.q_proj.bias", {QD});
+        table_.add(h + "self_attn.k_proj.bias", {KVD});
+        table_.add(h + "self_attn.v_proj.bias", {KVD});
+      }
+      table_.add(h + "self_attn.o_proj.weight", {C, QD});
+      table_.add(h + "post_attention_layernorm.weight", {C});
+      table_.add(h + "mlp.gate_proj.weight", {F, C});
+      table_.add(h + "mlp.up_proj.weight", {F, C});
+      table_.add(h + "mlp.down_proj.weight", {C, F});
+    }
+    im.lnf_w = table_.add("model.norm.weight", {C});
+    im.head = cfg_.tied ? im.wte : table_.add("lm_head.weight", {Vp, C});
   }
-  im.lnf_w = table_.add("ln_f.weight", {C});
-  im.lnf_b = table_.add("ln_f.bias", {C});
   const auto bytes = static_cast<size_t>(table_.total_elems()) * sizeof(float);
   params_ = ops::Buffer(ctx_.device, bytes);
   grads_ = ops::Buffer(ctx_.device, bytes);
@@ -57,7 +85,23 @@ void Gpt2::zero_grads() {
 void Gpt2::init_weights(uint64_t seed) {
   const auto& ts = table_.tensors();
   const float proj_std = 0.02f / std::sqrt(2.0f * static_cast<float>(cfg_.n_layer));
+  // Each tensor's role from the model's own description of its layers (as_decoder): norm
+  // weights 1, biases 0, the products that feed the residual stream (attention output, MLP
+  // down) N(0, 0.02 / sqrt(2L)), every other matrix N(0, 0.02).
+  const DecoderModel view = as_decoder(*this);
+  std::map<const void*, float> role;  // first float of a tensor -> its value (ones) or std
+  auto mark = [&role](const WeightRef& w, float v) {
+    if (w.present()) role[w.data] = v;
+  };
+  for (const DecoderLayer& l : view.weights.layers) {
+    mark(l.attn_norm, -1.0f);
+    mark(l.ffn_norm, -1.0f);
+    mark(l.wo, proj_std);
+    mark(l.w_down, proj_std);
+  }
+  mark(view.weights.out_norm, -1.0f);
   ops::HostMirror<float> host(ctx_, params(), num_params(), ops::HostMirror<float>::write);
+  const float* base = params();
   // Each tensor draws from its own stream (seed, tensor index), so tensors can be filled in
   // parallel and the result does not depend on the thread count.
   ctx_.threads().parallel_for(static_cast<int64_t>(ts.size()), 1, [&](int64_t b, int64_t e) {
@@ -65,17 +109,16 @@ void Gpt2::init_weights(uint64_t seed) {
       const TensorInfo& t = ts[static_cast<size_t>(i)];
       float* dst = host.data() + t.offset;
       const int64_t n = t.numel();
-      const bool is_ln = t.name.find("ln_") != std::string::npos;
+      const auto it = role.find(base + t.offset);
       if (t.shape.rank() == 1) {
-        const float v = is_ln && t.name.ends_with(".weight") ? 1.0f : 0.0f;
+        const float v = it != role.end() && it->second < 0 ? 1.0f : 0.0f;
         for (int64_t j = 0; j < n; ++j) dst[j] = v;
         continue;
       }
-      const bool is_proj = t.name.ends_with("c_proj.weight");
-      const float std = is_proj ? proj_std : 0.02f;
+      const float std = it != role.end() ? it->second : 0.02f;
       Rng rng(seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(i) * 0xd1b54a32d192ed03ull + 1);
-      int64_t real = n;
-      if (t.name == "wte.weight") real = cfg_.vocab_size * cfg_.n_embd;  // padding rows stay 0
+      int64_t real = n;  // the padding rows of the embedding and of an untied head stay 0
+      if (t.offset == impl_->wte || t.offset == impl_->head) real = cfg_.vocab_size * cfg_.n_embd;
       for (int64_t j = 0; j < real; ++j) dst[j] = std * rng.normal();
       for (int64_t j = real; j < n; ++j) dst[j] = 0.0f;
     }
@@ -101,7 +144,10 @@ void Gpt2::plan(int64_t B, int64_t T, Precision precision, Recompute recompute) 
   TS_CHECK(T > 0 && T <= cfg_.max_seq, "[gpt2] plan: sequence length T=", T,
            " must be in [1, max_seq=", cfg_.max_seq, "]");
   Impl& im = *impl_;
+  const DecoderConfig dc = cfg_.decoder_config();
+  const bool llama = dc.arch == DecoderArch::llama;
   const int64_t C = cfg_.n_embd, L = cfg_.n_layer, H = cfg_.n_head, Vp = cfg_.padded_vocab_size;
+  const int64_t QD = dc.q_dim(), QKV = QD + 2 * dc.kv_dim(), F = dc.d_ff;
   const int64_t N = B * T;
   const size_t f = sizeof(float);
   ArenaPlan plan;
@@ -112,12 +158,15 @@ void Gpt2::plan(int64_t B, int64_t T, Precision precision, Recompute recompute) 
   std::vector<size_t> resid_off;
   for (int64_t l = 0; l <= L; ++l) resid_off.push_back(res(cat("resid.", l), N * C));
   const size_t scratch_c = res("scratch_c", N * C), dresid = res("dresid", N * C),
-               dbig = res("dbig", N * 4 * C);
+               dbig = res("dbig", N * std::max(QKV, F)),
+               dup = llama ? res("dup", N * std::max(QD, F)) : 0,
+               rot = llama ? res("rot", N * std::max(QD, dc.kv_dim())) : 0;
   struct LayerOff {
-    size_t ln1, ln1_mean, ln1_rstd, qkv, atty, lse, resid_mid, ln2, ln2_mean, ln2_rstd, fch, gelu;
+    size_t ln1, ln1_mean, ln1_rstd, qkv, atty, lse, resid_mid, ln2, ln2_mean, ln2_rstd, fch, fup,
+        gelu;
   };
-  // none: a full set per layer; gelu: per layer but GELU outputs live in dbig (recomputed in
-  // backward); block: one shared set, replayed per layer in backward.
+  // none: a full set per layer; gelu: per layer but the MLP's activation (GELU, SwiGLU) lives in
+  // dbig (recomputed in backward); block: one shared set, replayed per layer in backward.
   const int64_t n_sets = recompute == Recompute::block ? 1 : L;
   std::vector<LayerOff> lo;
   for (int64_t s = 0; s < n_sets; ++s) {
@@ -126,15 +175,16 @@ void Gpt2::plan(int64_t B, int64_t T, Precision precision, Recompute recompute) 
     o.ln1 = res(h + "ln1", N * C);
     o.ln1_mean = res(h + "ln1_mean", N);
     o.ln1_rstd = res(h + "ln1_rstd", N);
-    o.qkv = res(h + "qkv", N * 3 * C);
-    o.atty = res(h + "atty", N * C);
+    o.qkv = res(h + "qkv", N * QKV);
+    o.atty = res(h + "atty", N * QD);
     o.lse = res(h + "lse", N * H);
     o.resid_mid = res(h + "resid_mid", N * C);
     o.ln2 = res(h + "ln2", N * C);
     o.ln2_mean = res(h + "ln2_mean", N);
     o.ln2_rstd = res(h + "ln2_rstd", N);
-    o.fch = res(h + "fch", N * 4 * C);
-    o.gelu = recompute == Recompute::none ? res(h + "gelu", N * 4 * C) : dbig;
+    o.fch = res(h + "fch", N * F);
+    o.fup = llama ? res(h + "fup", N * F) : 0;
+    o.gelu = recompute == Recompute::none ? res(h + "gelu", N * F) : dbig;
     lo.push_back(o);
   }
   const size_t lnf = res("lnf", N * C), lnf_mean = res("lnf_mean", N),
@@ -146,20 +196,22 @@ void Gpt2::plan(int64_t B, int64_t T, Precision precision, Recompute recompute) 
   im.planned = false;
   im.arena = ops::Buffer();
   im.plan = plan;
-  im.bind = [&im, L, recompute, resid_off, scratch_c, dresid, dbig, lo, lnf, lnf_mean, lnf_rstd,
-             logits, losses](char* base) {
+  im.bind = [&im, L, llama, recompute, resid_off, scratch_c, dresid, dbig, dup, rot, lo, lnf,
+             lnf_mean, lnf_rstd, logits, losses](char* base) {
     auto at = [base](size_t off) { return reinterpret_cast<float*>(base + off); };
     im.resid.clear();
     for (size_t off : resid_off) im.resid.push_back(at(off));
     im.scratch_c = at(scratch_c);
     im.dresid = at(dresid);
     im.dbig = at(dbig);
+    im.dup = llama ? at(dup) : nullptr;
+    im.rot = llama ? at(rot) : nullptr;
     im.acts.clear();
     for (int64_t l = 0; l < L; ++l) {
       const LayerOff& o = lo[static_cast<size_t>(recompute == Recompute::block ? 0 : l)];
       im.acts.push_back({at(o.ln1), at(o.ln1_mean), at(o.ln1_rstd), at(o.qkv), at(o.atty),
                          at(o.lse), at(o.resid_mid), at(o.ln2), at(o.ln2_mean), at(o.ln2_rstd),
-                         at(o.fch), at(o.gelu)});
+                         at(o.fch), llama ? at(o.fup) : nullptr, at(o.gelu)});
     }
     im.lnf = at(lnf);
     im.lnf_mean = at(lnf_mean);
@@ -167,6 +219,18 @@ void Gpt2::plan(int64_t B, int64_t T, Precision precision, Recompute recompute) 
     im.logits = at(logits);
     im.losses = at(losses);
   };
+  if (llama) {  // the rotary table for positions 0..T-1, on the step's device
+    im.rope = ops::make_rope_table(T, rope_inv_freqs(dc));
+    im.rope_device = ops::Buffer();
+    if (ctx_.device != ops::Device::cpu) {
+      std::vector<float> both(im.rope.cos);
+      both.insert(both.end(), im.rope.sin.begin(), im.rope.sin.end());
+      im.rope_device = ops::Buffer(ctx_.device, both.size() * sizeof(float));
+      ops::copy(ctx_, im.rope_device.data(), both.data(), both.size() * sizeof(float),
+                ops::CopyKind::host_to_device);
+      im.rope.device = im.rope_device.as<float>();
+    }
+  }
   im.max_n = N;
   im.max_t = T;
   im.precision = precision;
@@ -217,19 +281,23 @@ const float* Gpt2::logits() const {
 
 double Gpt2::flops_per_token_train(int64_t T) const {
   // 6 FLOPs per parameter per token (2 forward, 4 backward) for every matrix the token passes
-  // through: the non-embedding parameters (embedding lookups are not matmuls) plus the tied
-  // lm head (V x C, counted with the real vocabulary). Attention's QK^T and PV add 2*2*T*C
-  // FLOPs per token per layer forward over the full T x T scores, times 3 for training = 12*L*T*C;
-  // the causal mask halves it: 6*L*T*C.
+  // through: the non-embedding parameters (embedding lookups are not matmuls; an untied head
+  // counted with the head below) plus the head (V x C, counted with the real vocabulary).
+  // Attention's QK^T and PV add 2*2*T*q_dim FLOPs per token per layer forward over the full
+  // T x T scores, times 3 for training = 12*L*T*q_dim; the causal mask halves it: 6*L*T*q_dim.
   const double C = static_cast<double>(cfg_.n_embd), L = static_cast<double>(cfg_.n_layer);
+  const Impl& im = *impl_;
   double non_embedding = 0;
   for (const auto& t : table_.tensors())
-    if (t.name != "wte.weight" && t.name != "wpe.weight") non_embedding += t.numel();
-  const double lm_head = static_cast<double>(cfg_.vocab_size) * C;
-  return 6.0 * (non_embedding + lm_head) + 6.0 * L * static_cast<double>(T) * C;
+    if (t.offset != im.wte && t.offset != im.wpe && t.offset != im.head)
+      non_embedding += static_cast<double>(t.numel());
+  const double head = static_cast<double>(cfg_.vocab_size) * C;
+  return 6.0 * (non_embedding + head) + 6.0 * L * static_cast<double>(T) * C;
 }
 
 backend::Gpt2DeviceDesc Gpt2::device_desc(int64_t B, int64_t T) const {
+  TS_CHECK(cfg_.arch == DecoderArch::gpt2 && cfg_.ff() == 4 * cfg_.n_embd,
+           "[train] the CUDA device twin trains GPT-2 shapes only");
   backend::Gpt2DeviceDesc d;
   d.L = cfg_.n_layer;
   d.H = cfg_.n_head;

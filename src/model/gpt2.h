@@ -16,17 +16,32 @@
 
 namespace tessera::model {
 
+// The shape of a model to train: GPT-2 (learned positions, LayerNorm, GELU, biases, tied head)
+// or the Llama family (RoPE, RMSNorm, SwiGLU, grouped key/value heads, optional q/k/v biases,
+// tied or untied head). decoder_config() gives the inference description of the same model.
 struct Gpt2Config {
+  DecoderArch arch = DecoderArch::gpt2;
   int64_t n_layer = 12, n_head = 12, n_embd = 768;
+  int64_t n_kv_head = 0;              // Llama: key/value heads (0: n_head)
+  int64_t d_ff = 0;                   // MLP width (0: 4 n_embd)
   int64_t vocab_size = 50257;         // real vocabulary V
   int64_t padded_vocab_size = 50304;  // Vp: V rounded up to a multiple of 128 for aligned GEMMs
-  int64_t max_seq = 1024;             // positions in wpe
+  int64_t max_seq = 1024;             // positions in wpe (GPT-2), the longest sequence (Llama)
+  double rope_theta = 10000.0;        // Llama
+  float norm_eps = 1e-5f;             // Llama's RMSNorm (GPT-2's LayerNorm: 1e-5)
+  bool tied = true;                   // the head is the token embedding
+  bool qkv_bias = false;              // Llama: q/k/v carry biases (Qwen2); GPT-2 always
 
-  // Presets: gpt2-tiny, gpt2-small (124M), gpt2-medium, gpt2-large, gpt2-xl. Throws naming the
-  // preset if unknown. vocab sets vocab_size and the padded size.
+  // Presets: gpt2-tiny, gpt2-mini, gpt2-small (124M), gpt2-medium, gpt2-large, gpt2-xl, and the
+  // Llama shapes llama:tiny, llama:smollm2-135m, llama:smollm2-360m, llama:tinyllama-1.1b.
+  // Throws naming the preset if unknown. vocab sets vocab_size and the padded size.
   static Gpt2Config preset(const std::string& name, int64_t vocab);
   static int64_t pad_vocab(int64_t v) { return (v + 127) / 128 * 128; }
-  void validate() const;  // throws on non-positive sizes or n_embd % n_head != 0
+  void validate() const;  // throws naming the field on a bad size or combination
+  int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  int64_t ff() const { return d_ff > 0 ? d_ff : 4 * n_embd; }
+  // The model as the inference engine and the shared layer code describe it.
+  DecoderConfig decoder_config() const;
 };
 
 enum class Precision { f32, bf16 };

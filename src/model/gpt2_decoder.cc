@@ -1,4 +1,4 @@
-// A training GPT-2 seen as an inference DecoderModel: views into its flat parameter buffer, so
+// A training model (GPT-2 or Llama) seen as an inference DecoderModel: views into its flat parameter buffer, so
 // the engine runs (and generates from) a model being trained without copying or converting it.
 #include "core/error.h"
 #include "model/decoder.h"
@@ -11,24 +11,9 @@ DecoderModel as_decoder(const Gpt2& m) {
 }
 
 DecoderModel as_decoder(const Gpt2& m, const float* params) {
-  const Gpt2Config& g = m.config();
   DecoderModel d;
-  DecoderConfig& c = d.config;
-  c.arch = DecoderArch::gpt2;
-  c.name = "gpt2 (training model)";
-  c.n_layers = g.n_layer;
-  c.d_model = g.n_embd;
-  c.n_heads = g.n_head;
-  c.n_kv_heads = g.n_head;
-  c.head_dim = g.n_embd / g.n_head;
-  c.d_ff = 4 * g.n_embd;
-  c.vocab = g.vocab_size;
-  c.max_ctx = g.max_seq;
-  c.norm_eps = 1e-5f;  // the eps of ops::layernorm_forward, which training uses
-  c.tied_embeddings = true;
-  c.qkv_bias = true;
-  c.validate(c.name);
-
+  d.config = m.config().decoder_config();
+  const DecoderConfig& c = d.config;
   const TensorTable& table = m.tensors();
   auto ref = [&](const std::string& name, Shape shape) {
     const TensorInfo& t = table.at(name);
@@ -45,36 +30,60 @@ DecoderModel as_decoder(const Gpt2& m, const float* params) {
     s.shape = matrix ? Shape({n, r.cols()}) : Shape({n});
     return s;
   };
-  const int64_t C = c.d_model, F = c.d_ff;
+  const int64_t C = c.d_model, F = c.d_ff, QD = c.q_dim(), KVD = c.kv_dim();
   DecoderWeights& w = d.weights;
-  w.tok_embd = ref("wte.weight", Shape({c.vocab, C}));  // the first V of the Vp padded rows
-  w.pos_embd = ref("wpe.weight", Shape({c.max_ctx, C}));
   w.layers.resize(static_cast<size_t>(c.n_layers));
-  for (int64_t i = 0; i < c.n_layers; ++i) {
-    const std::string p = cat("h.", i, ".");
-    DecoderLayer& l = w.layers[static_cast<size_t>(i)];
-    l.attn_norm = ref(p + "ln_1.weight", Shape({C}));
-    l.attn_norm_b = ref(p + "ln_1.bias", Shape({C}));
-    const WeightRef qkv = ref(p + "attn.c_attn.weight", Shape({3 * C, C}));  // q, k, v rows
-    l.wq = rows(qkv, 0, C);
-    l.wk = rows(qkv, C, C);
-    l.wv = rows(qkv, 2 * C, C);
-    const WeightRef qkv_b = ref(p + "attn.c_attn.bias", Shape({3 * C}));
-    l.bq = rows(qkv_b, 0, C);
-    l.bk = rows(qkv_b, C, C);
-    l.bv = rows(qkv_b, 2 * C, C);
-    l.wo = ref(p + "attn.c_proj.weight", Shape({C, C}));
-    l.bo = ref(p + "attn.c_proj.bias", Shape({C}));
-    l.ffn_norm = ref(p + "ln_2.weight", Shape({C}));
-    l.ffn_norm_b = ref(p + "ln_2.bias", Shape({C}));
-    l.w_up = ref(p + "mlp.c_fc.weight", Shape({F, C}));
-    l.b_up = ref(p + "mlp.c_fc.bias", Shape({F}));
-    l.w_down = ref(p + "mlp.c_proj.weight", Shape({C, F}));
-    l.b_down = ref(p + "mlp.c_proj.bias", Shape({C}));
+  if (c.arch == DecoderArch::gpt2) {
+    w.tok_embd = ref("wte.weight", Shape({c.vocab, C}));  // the first V of the Vp padded rows
+    w.pos_embd = ref("wpe.weight", Shape({c.max_ctx, C}));
+    for (int64_t i = 0; i < c.n_layers; ++i) {
+      const std::string p = cat("h.", i, ".");
+      DecoderLayer& l = w.layers[static_cast<size_t>(i)];
+      l.attn_norm = ref(p + "ln_1.weight", Shape({C}));
+      l.attn_norm_b = ref(p + "ln_1.bias", Shape({C}));
+      const WeightRef qkv = ref(p + "attn.c_attn.weight", Shape({3 * C, C}));  // q, k, v rows
+      l.wq = rows(qkv, 0, C);
+      l.wk = rows(qkv, C, C);
+      l.wv = rows(qkv, 2 * C, C);
+      const WeightRef qkv_b = ref(p + "attn.c_attn.bias", Shape({3 * C}));
+      l.bq = rows(qkv_b, 0, C);
+      l.bk = rows(qkv_b, C, C);
+      l.bv = rows(qkv_b, 2 * C, C);
+      l.wo = ref(p + "attn.c_proj.weight", Shape({C, C}));
+      l.bo = ref(p + "attn.c_proj.bias", Shape({C}));
+      l.ffn_norm = ref(p + "ln_2.weight", Shape({C}));
+      l.ffn_norm_b = ref(p + "ln_2.bias", Shape({C}));
+      l.w_up = ref(p + "mlp.c_fc.weight", Shape({F, C}));
+      l.b_up = ref(p + "mlp.c_fc.bias", Shape({F}));
+      l.w_down = ref(p + "mlp.c_proj.weight", Shape({C, F}));
+      l.b_down = ref(p + "mlp.c_proj.bias", Shape({C}));
+    }
+    w.out_norm = ref("ln_f.weight", Shape({C}));
+    w.out_norm_b = ref("ln_f.bias", Shape({C}));
+    w.output = w.tok_embd;
+  } else {
+    w.tok_embd = ref("model.embed_tokens.weight", Shape({c.vocab, C}));
+    for (int64_t i = 0; i < c.n_layers; ++i) {
+      const std::string p = cat("model.layers.", i, ".");
+      DecoderLayer& l = w.layers[static_cast<size_t>(i)];
+      l.attn_norm = ref(p + "input_layernorm.weight", Shape({C}));
+      l.wq = ref(p + "self_attn.q_proj.weight", Shape({QD, C}));
+      l.wk = ref(p + "self_attn.k_proj.weight", Shape({KVD, C}));
+      l.wv = ref(p + "self_attn.v_proj.weight", Shape({KVD, C}));
+      if (c.qkv_bias) {
+        l.bq = ref(p + "self_attn.q_proj.bias", Shape({QD}));
+        l.bk = ref(p + "self_attn.k_proj.bias", Shape({KVD}));
+        l.bv = ref(p + "self_attn.v_proj.bias", Shape({KVD}));
+      }
+      l.wo = ref(p + "self_attn.o_proj.weight", Shape({C, QD}));
+      l.ffn_norm = ref(p + "post_attention_layernorm.weight", Shape({C}));
+      l.w_gate = ref(p + "mlp.gate_proj.weight", Shape({F, C}));
+      l.w_up = ref(p + "mlp.up_proj.weight", Shape({F, C}));
+      l.w_down = ref(p + "mlp.down_proj.weight", Shape({C, F}));
+    }
+    w.out_norm = ref("model.norm.weight", Shape({C}));
+    w.output = c.tied_embeddings ? w.tok_embd : ref("lm_head.weight", Shape({c.vocab, C}));
   }
-  w.out_norm = ref("ln_f.weight", Shape({C}));
-  w.out_norm_b = ref("ln_f.bias", Shape({C}));
-  w.output = w.tok_embd;
   d.source = c.name;
   return d;
 }

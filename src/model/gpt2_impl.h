@@ -19,28 +19,31 @@ struct Gpt2LayerParams {
   int64_t ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w, fcproj_b;
 };
 
-// One block's saved activations (N = B*T rows). With Recompute::block every layer points at the
+// One block's saved activations (N = B*T rows; C, QKV = q_dim + 2 kv_dim, F from the config). With Recompute::block every layer points at the
 // same shared set; with Recompute::gelu every layer's `gelu` points at one shared buffer.
 struct Gpt2LayerActs {
   float* ln1;        // (N,C) ln_1 output
   float* ln1_mean;   // (N)
   float* ln1_rstd;   // (N)
-  float* qkv;        // (N,3C)
-  float* atty;       // (N,C) attention output before c_proj
+  float* qkv;        // (N,QKV)
+  float* atty;       // (N,q_dim) attention output before c_proj
   float* lse;        // (B,H,T) attention log-sum-exp
   float* resid_mid;  // (N,C) residual stream after the attention branch
   float* ln2;        // (N,C)
   float* ln2_mean;   // (N)
   float* ln2_rstd;   // (N)
-  float* fch;        // (N,4C) c_fc output (GELU input)
-  float* gelu;       // (N,4C) GELU output
+  float* fch;        // (N,F) c_fc output (GELU input), or Llama's gate projection
+  float* fup;        // (N,F) Llama's up projection; null for GPT-2
+  float* gelu;       // (N,F) GELU output, or Llama's SwiGLU(gate, up)
 };
 
 struct Gpt2::Impl {
   explicit Impl(Gpt2& m) : model(m) {}
 
   Gpt2& model;
-  int64_t wte = 0, wpe = 0, lnf_w = 0, lnf_b = 0;
+  // Offsets of the embedding, GPT-2's position table and final norm's bias (-1 for Llama), the
+  // final norm's weight and the head (the embedding's offset when tied).
+  int64_t wte = 0, wpe = -1, lnf_w = 0, lnf_b = -1, head = 0;
   std::vector<Gpt2LayerParams> layer_params;
 
   // Activation plan; capacity is max_n = B*T rows with T <= max_t.
@@ -59,7 +62,11 @@ struct Gpt2::Impl {
   // Scratch reused by every layer: forward branch outputs and backward activation gradients.
   float* scratch_c = nullptr;  // (N,C): c_proj outputs in forward, dx in backward
   float* dresid = nullptr;     // (N,C): gradient of the residual stream
-  float* dbig = nullptr;       // (N,4C): dqkv / dfch; doubles as the shared GELU buffer
+  float* dbig = nullptr;       // (N,max(QKV,F)): dqkv / dfch; doubles as the shared GELU buffer
+  float* dup = nullptr;        // (N,max(q_dim,F)): Llama's up-projection gradient; else null
+  float* rot = nullptr;        // (N,max(q_dim,kv_dim)): Llama's rotation scratch; else null
+  ops::RopeTable rope;         // Llama's rotary table for positions 0..max_t-1
+  ops::Buffer rope_device;     // its copy on a device that is not the CPU
   bool have_logits = false;
 
   // bf16 copy of params (same offsets), bf16 precision only; on the device.
@@ -95,6 +102,7 @@ struct Gpt2::Impl {
   // Points view at params (and the bf16 copy's matrices in bf16 precision).
   void make_view();
   void layer_backward(int64_t l, int64_t B, int64_t T);
+  const ops::RopeTable* rope_table() const;  // Llama's, null for GPT-2
   // Embedding, all blocks, ln_f and the tied lm head into logits (N,Vp).
   void forward_to_logits(const int32_t* tokens, int64_t B, int64_t T);
   void ensure_arena();

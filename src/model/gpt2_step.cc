@@ -28,12 +28,17 @@ BlockTensors Gpt2::Impl::tensors(int64_t l) const {
   t.mean2 = a.ln2_mean;
   t.rstd2 = a.ln2_rstd;
   t.ff_in = a.fch;
+  t.ff_up = a.fup;
   t.ff_act = a.gelu;  // dbig when GELU is recomputed: read by c_proj before backward reuses it
   return t;
 }
 
+const ops::RopeTable* Gpt2::Impl::rope_table() const {
+  return view.config.arch == DecoderArch::llama ? &rope : nullptr;
+}
+
 void Gpt2::Impl::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute_only) {
-  CausalAttention attention(model.ctx_, view.config, nullptr, nullptr,
+  CausalAttention attention(model.ctx_, view.config, rope_table(), rot,
                             acts[static_cast<size_t>(l)].lse, B, T, bf16());
   block_forward(model.ctx_, view.config, view.weights.layers[static_cast<size_t>(l)], l, B * T,
                 tensors(l), attention, recompute_only);
@@ -46,13 +51,19 @@ void Gpt2::Impl::layer_backward(int64_t l, int64_t B, int64_t T) {
   const int64_t N = B * T;
   const Gpt2LayerActs& a = acts[static_cast<size_t>(l)];
   if (recompute == Recompute::block) layer_forward(l, B, T, /*recompute_only=*/true);
-  // GELU output: kept per layer with Recompute::none, else recomputed into dbig (a.gelu == dbig).
-  if (recompute != Recompute::none)
-    ops::gelu_forward(ctx, a.gelu, a.fch, N * 4 * model.cfg_.n_embd);
-  CausalAttention attention(ctx, view.config, nullptr, nullptr, a.lse, B, T, bf16());
+  // The MLP's activation (GELU, or SwiGLU of gate and up): kept per layer with
+  // Recompute::none, else recomputed into dbig (a.gelu == dbig).
+  const int64_t F = view.config.d_ff;
+  if (recompute != Recompute::none) {
+    if (view.config.arch == DecoderArch::llama)
+      ops::swiglu_forward(ctx, a.gelu, a.fch, a.fup, N, F);
+    else
+      ops::gelu_forward(ctx, a.gelu, a.fch, N * F);
+  }
+  CausalAttention attention(ctx, view.config, rope_table(), rot, a.lse, B, T, bf16());
   const size_t li = static_cast<size_t>(l);
   block_backward(ctx, view.config, view.weights.layers[li], grad_view.weights.layers[li], N,
-                 tensors(l), attention, dresid, {scratch_c, dbig, nullptr}, bf16());
+                 tensors(l), attention, dresid, {scratch_c, dbig, dup}, bf16());
 }
 
 void Gpt2::Impl::check_inputs(const int32_t* tokens, const int32_t* targets, int64_t B,
@@ -98,13 +109,15 @@ void Gpt2::Impl::forward_to_logits(const int32_t* tokens, int64_t B, int64_t T) 
   const ops::Context& ctx = model.ctx_;
   const Gpt2Config& cfg = model.cfg_;
   const int64_t C = cfg.n_embd, L = cfg.n_layer, Vp = cfg.padded_vocab_size, N = B * T;
-  ops::embedding_forward(ctx, resid[0], tokens, p(wte), p(wpe), B, T, C, cfg.vocab_size);
+  ops::embedding_forward(ctx, resid[0], tokens, p(wte), wpe >= 0 ? p(wpe) : nullptr, B, T, C,
+                         cfg.vocab_size);
   for (int64_t l = 0; l < L; ++l) layer_forward(l, B, T, /*recompute_only=*/false);
-  ops::layernorm_forward(ctx, lnf, lnf_mean, lnf_rstd, resid[static_cast<size_t>(L)], p(lnf_w),
-                         p(lnf_b), N, C);
-  // Tied lm head: logits (N,Vp) = lnf (N,C) wte^T, over the padded rows too (zero weights).
-  const WeightRef head{weight(wte), weight_type(), Shape({Vp, C})};
-  model::linear_forward(ctx, Stage::head, logits, lnf, N, head, {});
+  norm_forward(ctx, view.config, lnf, lnf_mean, lnf_rstd, resid[static_cast<size_t>(L)], N,
+               view.weights.out_norm, view.weights.out_norm_b);
+  // The head (tied: the embedding): logits (N,Vp) = lnf (N,C) head^T, over the padded rows too
+  // (zero weights).
+  const WeightRef head_w{weight(head), weight_type(), Shape({Vp, C})};
+  model::linear_forward(ctx, Stage::head, logits, lnf, N, head_w, {});
   have_logits = true;
 }
 
@@ -151,19 +164,22 @@ float Gpt2::forward_backward(const int32_t* tokens, const int32_t* targets, int6
   const double sum = im.loss_sum(targets, N).first;
   if (dscale == 0.0f) return count ? static_cast<float>(sum / static_cast<double>(count)) : 0.0f;
 
-  // lm head: dlnf (N,C) = dlogits (N,Vp) wte; dwte (Vp,C) += dlogits^T lnf.
+  // The head: dlnf (N,C) = dlogits (N,Vp) head; dhead (Vp,C) += dlogits^T lnf.
   const ops::Scope scope(ctx_, "backward");
-  const WeightRef head{im.weight(im.wte), im.weight_type(), Shape({Vp, C})};
-  linear_backward(ctx_, im.scratch_c, false, im.logits, im.lnf, N, head, im.g(im.wte), nullptr,
+  const WeightRef head{im.weight(im.head), im.weight_type(), Shape({Vp, C})};
+  linear_backward(ctx_, im.scratch_c, false, im.logits, im.lnf, N, head, im.g(im.head), nullptr,
                   im.bf16());
   ops::zero(ctx_, im.dresid, static_cast<size_t>(N * C) * sizeof(float));
-  ops::layernorm_backward(ctx_, im.dresid, im.g(im.lnf_w), im.g(im.lnf_b), im.scratch_c,
-                          im.resid[static_cast<size_t>(L)], im.p(im.lnf_w), im.lnf_mean,
-                          im.lnf_rstd, N, C);
+  norm_backward(ctx_, im.view.config, im.dresid, im.scratch_c, im.resid[static_cast<size_t>(L)],
+                im.lnf_mean, im.lnf_rstd, N, im.view.weights.out_norm,
+                im.grad_view.weights.out_norm, im.grad_view.weights.out_norm_b);
   for (int64_t l = L - 1; l >= 0; --l) im.layer_backward(l, B, T);
-  ops::embedding_backward(ctx_, im.g(im.wte), im.g(im.wpe), im.dresid, dev_tokens, B, T, C, V);
-  // Padding rows of wte get no gradient by construction; keep them exactly zero regardless.
-  ops::zero(ctx_, im.g(im.wte) + V * C, static_cast<size_t>((Vp - V) * C) * sizeof(float));
+  ops::embedding_backward(ctx_, im.g(im.wte), im.wpe >= 0 ? im.g(im.wpe) : nullptr, im.dresid,
+                          dev_tokens, B, T, C, V);
+  // Padding rows of the embedding (and an untied head) get no gradient by construction; keep
+  // them exactly zero regardless.
+  for (int64_t off : {im.wte, im.head})
+    ops::zero(ctx_, im.g(off) + V * C, static_cast<size_t>((Vp - V) * C) * sizeof(float));
   return static_cast<float>(sum / static_cast<double>(count));
 }
 

@@ -38,12 +38,14 @@ struct GemmArgs {
 };
 void gemm(const Context& ctx, const GemmArgs& g);
 
-// out (N,C) = wte[tokens] + wpe[position]; tokens (B,T), wte (V,C), wpe (maxT,C); N = B*T.
+// out (N,C) = wte[tokens] + wpe[position]; tokens (B,T), wte (V,C), wpe (maxT,C) or null (a
+// model without learned positions: out = wte[tokens]); N = B*T.
 // Every token must lie in [0, V): the CPU throws naming the first that does not; a device that
 // cannot check its memory from the host writes that row as NaN.
 void embedding_forward(const Context& ctx, float* out, const int32_t* tokens, const float* wte,
                        const float* wpe, int64_t B, int64_t T, int64_t C, int64_t V);
-// dwte (V,C) += scatter of dout by token; dwpe (maxT,C) += sum over batch. dout (B,T,C). A token
+// dwte (V,C) += scatter of dout by token; dwpe (maxT,C) += sum over batch, unless null. dout
+// (B,T,C). A token
 // outside [0, V): the CPU throws before writing anything, a device skips the row.
 void embedding_backward(const Context& ctx, float* dwte, float* dwpe, const float* dout,
                         const int32_t* tokens, int64_t B, int64_t T, int64_t C, int64_t V);

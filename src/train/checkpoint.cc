@@ -81,7 +81,14 @@ std::string config_json(const model::Gpt2Config& c) {
                       {"n_embd", c.n_embd},
                       {"vocab_size", c.vocab_size},
                       {"padded_vocab_size", c.padded_vocab_size},
-                      {"max_seq", c.max_seq}};
+                      {"max_seq", c.max_seq},
+                      {"arch", c.arch == model::DecoderArch::llama ? "llama" : "gpt2"},
+                      {"n_kv_head", c.n_kv_head},
+                      {"d_ff", c.d_ff},
+                      {"rope_theta", c.rope_theta},
+                      {"norm_eps", c.norm_eps},
+                      {"tied", c.tied},
+                      {"qkv_bias", c.qkv_bias}};
   return j.dump();
 }
 
@@ -95,6 +102,17 @@ model::Gpt2Config config_from(const formats::SafetensorsReader& r) {
     c.vocab_size = j.at("vocab_size").get<int64_t>();
     c.padded_vocab_size = j.at("padded_vocab_size").get<int64_t>();
     c.max_seq = j.at("max_seq").get<int64_t>();
+    // Checkpoints from before the Llama family have none of these: GPT-2's values.
+    const std::string arch = j.value("arch", "gpt2");
+    TS_CHECK(arch == "gpt2" || arch == "llama", "[checkpoint] ", r.path(),
+             ": metadata field 'config': unknown arch '", arch, "'");
+    c.arch = arch == "llama" ? model::DecoderArch::llama : model::DecoderArch::gpt2;
+    c.n_kv_head = j.value("n_kv_head", int64_t{0});
+    c.d_ff = j.value("d_ff", int64_t{0});
+    c.rope_theta = j.value("rope_theta", 10000.0);
+    c.norm_eps = j.value("norm_eps", 1e-5f);
+    c.tied = j.value("tied", true);
+    c.qkv_bias = j.value("qkv_bias", false);
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {

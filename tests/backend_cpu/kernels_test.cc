@@ -265,6 +265,20 @@ TEST(Embedding, ForwardAndBackwardMatchReferenceExactly) {
                                    s.V);
       ASSERT_EQ(0, std::memcmp(dwte.p, rdwte.data(), rdwte.size() * 4)) << "C=" << s.C;
       ASSERT_EQ(0, std::memcmp(dwpe.p, rdwpe.data(), rdwpe.size() * 4)) << "C=" << s.C;
+      // Without a position table (Llama): the token rows alone, and no position gradient.
+      cpu::embedding_forward(pool(threads), out.p, tokens.data(), wte.p, nullptr, s.B, s.T, s.C,
+                             s.V);
+      for (int64_t n = 0; n < N; ++n)
+        ASSERT_EQ(0, std::memcmp(out.p + n * s.C, wte.p + tokens[static_cast<size_t>(n)] * s.C,
+                                 static_cast<size_t>(s.C) * 4))
+            << n;
+      cpu::ref::embedding_forward(rout.p, tokens.data(), wte.p, nullptr, s.B, s.T, s.C, s.V);
+      ASSERT_EQ(0, std::memcmp(out.p, rout.p, static_cast<size_t>(N * s.C) * 4));
+      cpu::embedding_backward(pool(threads), dwte.p, nullptr, dout.p, tokens.data(), s.B, s.T, s.C,
+                              s.V);
+      cpu::ref::embedding_backward(rdwte.data(), nullptr, dout.p, tokens.data(), s.B, s.T, s.C,
+                                   s.V);
+      ASSERT_EQ(0, std::memcmp(dwte.p, rdwte.data(), rdwte.size() * 4)) << "C=" << s.C;
     }
   }
 }

@@ -162,7 +162,7 @@ int run(const Args& a) {
   if (!gpu) {
     in.prefill_rows = cpu_prefill_rows(m);
     machine = explain::cpu_machine(profile::cached_peaks(threads), threads, m, in.prefill_rows,
-                                   in.kv_type);
+                                   in.kv_type, in.context);
   } else {
     in.prefill_rows = 512;
     machine = explain::gpu_machine(*gpu);

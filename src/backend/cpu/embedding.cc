@@ -44,7 +44,11 @@ void EmbeddingForward(ThreadPool& pool, float* out, const int32_t* tokens, const
       const int32_t tok = tokens[n];
       TS_CHECK(tok >= 0 && tok < V, "[embedding_forward] tokens[", n, "] = ", tok,
                " is outside the vocabulary [0, ", V, ")");
-      AddRow(out + n * C, wte + static_cast<int64_t>(tok) * C, wpe + (n % T) * C, C);
+      const float* e = wte + static_cast<int64_t>(tok) * C;
+      if (wpe != nullptr)
+        AddRow(out + n * C, e, wpe + (n % T) * C, C);
+      else
+        std::memcpy(out + n * C, e, static_cast<size_t>(C) * sizeof(float));
     }
   });
 }
@@ -59,7 +63,7 @@ void EmbeddingBackward(ThreadPool& pool, float* dwte, float* dwpe, const float* 
     for (int64_t n = 0; n < B * T; ++n) {
       const float* dy = dout + n * C + c0;
       AddRow(dwte + static_cast<int64_t>(tokens[n]) * C + c0, dy, nullptr, c1 - c0);
-      AddRow(dwpe + (n % T) * C + c0, dy, nullptr, c1 - c0);
+      if (dwpe != nullptr) AddRow(dwpe + (n % T) * C + c0, dy, nullptr, c1 - c0);
     }
   });
 }

@@ -4,7 +4,8 @@
 
 namespace tessera::cpu::ref {
 
-// out (B,T,C) = wte[tokens[b,t]] + wpe[t]; tokens (B,T) in [0, V), wte (V,C), wpe (>=T,C).
+// out (B,T,C) = wte[tokens[b,t]] + wpe[t]; tokens (B,T) in [0, V), wte (V,C), wpe (>=T,C) or
+// null (no position table).
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
                        int64_t B, int64_t T, int64_t C, int64_t V) {
   TS_CHECK(B >= 0 && T >= 0 && C > 0, "[embedding_forward] bad shape B=", B, " T=", T, " C=", C);
@@ -15,14 +16,14 @@ void embedding_forward(float* out, const int32_t* tokens, const float* wte, cons
       TS_CHECK(tok >= 0 && tok < V, "[embedding_forward] tokens[", n, "] = ", tok,
                " is outside the vocabulary [0, ", V, ")");
       const float* e = wte + static_cast<int64_t>(tok) * C;
-      const float* p = wpe + t * C;
       float* o = out + n * C;
-      for (int64_t c = 0; c < C; ++c) o[c] = e[c] + p[c];
+      for (int64_t c = 0; c < C; ++c) o[c] = e[c] + (wpe != nullptr ? wpe[t * C + c] : 0.0f);
     }
   }
 }
 
-// dwte (V,C) += dout rows scattered by token; dwpe (>=T,C) += dout summed over the batch.
+// dwte (V,C) += dout rows scattered by token; dwpe (>=T,C) += dout summed over the batch (none
+// when dwpe is null).
 // Rows are accumulated in token order (b, then t), the order the SIMD kernel also uses.
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
                         int64_t B, int64_t T, int64_t C, int64_t V) {
@@ -37,10 +38,9 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
       const int32_t tok = tokens[n];
       const float* d = dout + n * C;
       float* dw = dwte + static_cast<int64_t>(tok) * C;
-      float* dp = dwpe + t * C;
       for (int64_t c = 0; c < C; ++c) {
         dw[c] += d[c];
-        dp[c] += d[c];
+        if (dwpe != nullptr) dwpe[t * C + c] += d[c];
       }
     }
   }
