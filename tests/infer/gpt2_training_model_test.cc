@@ -1,11 +1,14 @@
-// The engine runs a training GPT-2 through model::as_decoder (views of its parameters) and gives
-// the logits of the training forward pass: two forward implementations checked against each
-// other, over a whole prompt and over cached decode steps.
+// The engine runs a training model (GPT-2, and Llama shapes: grouped and single key/value heads,
+// tied and untied heads, q/k/v biases) through model::as_decoder (views of its parameters) and
+// gives the logits of the training forward pass: two forward implementations (the training
+// attention over (B,T) rows with RoPE applied in place, the engine's paged attention over its
+// cache) checked against each other, over a whole prompt and over cached decode steps.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/rng.h"
@@ -17,11 +20,20 @@ namespace {
 
 constexpr int64_t kVocab = 300, kT = 40;
 
-// A gpt2-tiny with every parameter perturbed (biases and norm weights away from 0 and 1), so a
+// The shapes checked: by preset name, with variants of llama:tiny.
+model::Gpt2Config shape(const std::string& name) {
+  if (name == "llama-mqa-bias-tied") {
+    model::Gpt2Config c = model::Gpt2Config::preset("llama:tiny", kVocab);
+    c.n_kv_head = 1, c.qkv_bias = true, c.tied = true;
+    return c;
+  }
+  return model::Gpt2Config::preset(name, kVocab);
+}
+
+// The shape with every parameter perturbed (biases and norm weights away from 0 and 1), so a
 // bias or a norm parameter the view mislays changes the logits.
-std::unique_ptr<model::Gpt2> make_model() {
-  auto m =
-      std::make_unique<model::Gpt2>(model::Gpt2Config::preset("gpt2-tiny", kVocab), ops::Context{});
+std::unique_ptr<model::Gpt2> make_model(const std::string& name = "gpt2-tiny") {
+  auto m = std::make_unique<model::Gpt2>(shape(name), ops::Context{});
   m->init_weights(7);
   Rng rng(11);
   for (int64_t i = 0; i < m->num_params(); ++i) m->params()[i] += 0.05f * rng.normal();
@@ -50,13 +62,13 @@ double rel_diff(const float* a, const float* b, int64_t n) {
 
 // The training model's logits (1, T, Vp) over tokens(), and an engine over its parameters.
 struct BothForwards {
-  std::unique_ptr<model::Gpt2> m = make_model();
+  std::unique_ptr<model::Gpt2> m;
   std::vector<int32_t> toks = tokens();
   model::DecoderModel view;
   std::unique_ptr<Engine> engine;
   int64_t Vp = 0;
 
-  BothForwards() {
+  explicit BothForwards(const std::string& name) : m(make_model(name)) {
     m->plan(1, kT, model::Precision::f32, model::Recompute::none);
     m->forward(toks.data(), nullptr, 1, kT);
     Vp = m->config().padded_vocab_size;
@@ -69,8 +81,10 @@ struct BothForwards {
   const float* training_logits(int64_t t) const { return m->logits() + t * Vp; }
 };
 
-TEST(Gpt2TrainingModelInEngine, PromptLogitsEqualTrainingForward) {
-  BothForwards f;
+class TrainingModelInEngine : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TrainingModelInEngine, PromptLogitsEqualTrainingForward) {
+  BothForwards f(GetParam());
   const int32_t s = f.engine->new_sequence();
   const std::vector<float> all = f.engine->forward({Feed{s, f.toks, true}});
   ASSERT_EQ(static_cast<int64_t>(all.size()), kT * kVocab);
@@ -78,8 +92,8 @@ TEST(Gpt2TrainingModelInEngine, PromptLogitsEqualTrainingForward) {
     EXPECT_LT(rel_diff(all.data() + t * kVocab, f.training_logits(t), kVocab), 1e-5) << "row " << t;
 }
 
-TEST(Gpt2TrainingModelInEngine, CachedDecodeStepsEqualTrainingForward) {
-  BothForwards f;
+TEST_P(TrainingModelInEngine, CachedDecodeStepsEqualTrainingForward) {
+  BothForwards f(GetParam());
   const int32_t s = f.engine->new_sequence();
   constexpr int64_t kPrefill = kT - 5;
   std::vector<float> last = f.engine->forward({Feed{s, {f.toks.data(), kPrefill}, false}});
@@ -89,6 +103,15 @@ TEST(Gpt2TrainingModelInEngine, CachedDecodeStepsEqualTrainingForward) {
     EXPECT_LT(rel_diff(last.data(), f.training_logits(t), kVocab), 1e-5) << "step " << t;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Shapes, TrainingModelInEngine,
+                         ::testing::Values("gpt2-tiny", "llama:tiny", "llama-mqa-bias-tied"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& ch : n)
+                             if (ch == ':' || ch == '-') ch = '_';
+                           return n;
+                         });
 
 TEST(Gpt2TrainingModelInEngine, ViewFollowsParameterUpdates) {
   auto m = make_model();
@@ -102,6 +125,23 @@ TEST(Gpt2TrainingModelInEngine, ViewFollowsParameterUpdates) {
   const int64_t C = m->config().n_embd;
   EXPECT_EQ(d.weights.layers[0].bk.data, qkv_b + C);
   EXPECT_EQ(d.weights.layers[0].bv.data, qkv_b + 2 * C);
+}
+
+// A Llama shape: Hugging Face Llama's tensors, the head untied.
+TEST(Gpt2TrainingModelInEngine, LlamaViewUsesItsOwnTensors) {
+  auto m = make_model("llama:tiny");
+  const model::DecoderModel d = model::as_decoder(*m);
+  const float* base = m->params();
+  EXPECT_EQ(d.config.arch, model::DecoderArch::llama);
+  EXPECT_EQ(d.config.n_kv_heads, 2);
+  EXPECT_EQ(d.weights.tok_embd.data, base + m->tensors().at("model.embed_tokens.weight").offset);
+  EXPECT_EQ(d.weights.output.data, base + m->tensors().at("lm_head.weight").offset);
+  EXPECT_FALSE(d.weights.pos_embd.present());
+  EXPECT_EQ(d.weights.layers[3].w_gate.data,
+            base + m->tensors().at("model.layers.3.mlp.gate_proj.weight").offset);
+  EXPECT_TRUE(d.weights.layers[0].wq.continued_by(d.weights.layers[0].wk));
+  EXPECT_TRUE(d.weights.layers[0].w_gate.continued_by(d.weights.layers[0].w_up));
+  EXPECT_FALSE(d.weights.layers[0].bq.present());
 }
 
 }  // namespace
