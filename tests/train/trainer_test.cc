@@ -1,5 +1,7 @@
-// End-to-end training on synthetic token streams: a tiny GPT-2 learns, an interrupted and resumed
-// run equals an uninterrupted one bit for bit, early stopping fires, and bad inputs throw.
+// End-to-end training on synthetic token streams: a tiny GPT-2 and a tiny Llama learn (and the
+// engine continues what they learned, from the saved Hugging Face folder too), an interrupted
+// and resumed run equals an uninterrupted one bit for bit, early stopping fires, and bad inputs
+// throw.
 #include "train/trainer.h"
 
 #include <gtest/gtest.h>
@@ -49,9 +51,10 @@ std::string make_data(const std::string& name, int64_t va, int64_t vb) {
   return d;
 }
 
-TrainOptions tiny_options(const std::string& data, const std::string& out) {
+TrainOptions tiny_options(const std::string& data, const std::string& out,
+                          const std::string& model = "gpt2-tiny") {
   TrainOptions o;
-  o.model = "gpt2-tiny";
+  o.model = model;
   o.n_layer = 2, o.n_head = 4, o.n_embd = 64, o.max_seq = 64;
   o.data_dir = data;
   o.out_dir = out;
@@ -70,9 +73,15 @@ using tessera::test::expect_error;
 // Uniform guessing over V=64 costs ln 64 = 4.16 nats and the best context-free guess (the 16
 // cycle tokens are equally frequent) ln 16 = 2.77. A loss below 0.5 can only come from using the
 // previous token, i.e. from learning the cycle's successor map.
-TEST(Trainer, TinyModelLearnsRepeatingCycle) {
-  const std::string data = make_data("learn_data", 5, 3);
-  TrainOptions o = tiny_options(data, fresh_dir("learn_run"));
+// Both families, on the one trainer.
+class TrainerFamilies : public ::testing::TestWithParam<std::string> {
+ protected:
+  std::string tag() const { return GetParam() == "gpt2-tiny" ? "gpt2" : "llama"; }
+};
+
+TEST_P(TrainerFamilies, TinyModelLearnsRepeatingCycle) {
+  const std::string data = make_data("learn_data_" + tag(), 5, 3);
+  TrainOptions o = tiny_options(data, fresh_dir("learn_run_" + tag()), GetParam());
   o.save_model = true;
   Trainer t(o, false);
   const double before = t.evaluate();
@@ -88,28 +97,32 @@ TEST(Trainer, TinyModelLearnsRepeatingCycle) {
 
   // Greedy decoding (the inference engine over the trained parameters) continues the cycle:
   // after token x comes 5 * (j+1) + 3 where x = 5j + 3.
-  const model::DecoderModel view = model::as_decoder(t.model());
-  infer::EngineOptions eo;
-  eo.max_ctx = 64;
-  eo.kv_type = DType::f32;
-  infer::Engine engine(view, eo);
-  const int32_t seq = engine.new_sequence();
-  std::vector<int32_t> feed = cycle_stream(5, 5, 3), out;
-  for (int step = 0; step < 8; ++step) {
-    const std::vector<float>& logits = engine.forward({infer::Feed{seq, feed, false}});
-    const int32_t next = static_cast<int32_t>(
-        std::max_element(logits.begin(), logits.begin() + view.config.vocab) - logits.begin());
-    out.push_back(next);
-    feed = {next};
+  // The same from the Hugging Face folder the run saved, read back by the inference loader.
+  const model::DecoderModel saved = model::load_decoder(o.out_dir + "/model");
+  EXPECT_EQ(saved.config.arch, model::as_decoder(t.model()).config.arch);
+  for (const model::DecoderModel& view : {model::as_decoder(t.model()), saved}) {
+    infer::EngineOptions eo;
+    eo.max_ctx = 64;
+    eo.kv_type = DType::f32;
+    infer::Engine engine(view, eo);
+    const int32_t seq = engine.new_sequence();
+    std::vector<int32_t> feed = cycle_stream(5, 5, 3), out;
+    for (int step = 0; step < 8; ++step) {
+      const std::vector<float>& logits = engine.forward({infer::Feed{seq, feed, false}});
+      const int32_t next = static_cast<int32_t>(
+          std::max_element(logits.begin(), logits.begin() + view.config.vocab) - logits.begin());
+      out.push_back(next);
+      feed = {next};
+    }
+    const auto expect = cycle_stream(13, 5, 3);
+    ASSERT_EQ(out.size(), 8u);
+    for (size_t i = 0; i < 8; ++i) EXPECT_EQ(out[i], expect[5 + i]) << i;
   }
-  const auto expect = cycle_stream(13, 5, 3);
-  ASSERT_EQ(out.size(), 8u);
-  for (size_t i = 0; i < 8; ++i) EXPECT_EQ(out[i], expect[5 + i]) << i;
 }
 
-TEST(Trainer, ResumeIsBitIdentical) {
-  const std::string data = make_data("resume_data", 5, 3);
-  TrainOptions o = tiny_options(data, fresh_dir("resume_straight"));
+TEST_P(TrainerFamilies, ResumeIsBitIdentical) {
+  const std::string data = make_data("resume_data_" + tag(), 5, 3);
+  TrainOptions o = tiny_options(data, fresh_dir("resume_straight_" + tag()), GetParam());
   // Two threads: parallel kernels must also be deterministic for a given thread count.
   o.threads = 2;
   o.steps = 8, o.grad_accum = 2, o.eval_every = 2, o.early_stop = 10, o.warmup = 2;
@@ -117,7 +130,7 @@ TEST(Trainer, ResumeIsBitIdentical) {
   const TrainResult rs = straight.run();
 
   TrainOptions half = o;
-  half.out_dir = fresh_dir("resume_split");
+  half.out_dir = fresh_dir("resume_split_" + tag());
   half.stop_at = 4;  // interrupted after step 4 (checkpointed as at any stop)
   {
     Trainer first(half, false);
@@ -137,6 +150,11 @@ TEST(Trainer, ResumeIsBitIdentical) {
   EXPECT_EQ(straight.state().best_val, second.state().best_val);
   EXPECT_EQ(rs.last_val, rr.last_val);
 }
+
+INSTANTIATE_TEST_SUITE_P(Models, TrainerFamilies, ::testing::Values("gpt2-tiny", "llama:tiny"),
+                         [](const auto& info) {
+                           return std::string(info.param == "gpt2-tiny" ? "gpt2" : "llama");
+                         });
 
 // Validation follows a different cycle (9j + 1 mod 64) than training (5j + 3): most of its tokens
 // never occur in training and its successor map disagrees, so the better the model fits the
