@@ -31,6 +31,8 @@ struct Gpt2Config {
   float norm_eps = 1e-5f;             // Llama's RMSNorm (GPT-2's LayerNorm: 1e-5)
   bool tied = true;                   // the head is the token embedding
   bool qkv_bias = false;              // Llama: q/k/v carry biases (Qwen2); GPT-2 always
+  // Llama: the q/k rows' rotary order (half: Hugging Face's; interleaved: a GGUF file's).
+  ops::RopeLayout rope_layout = ops::RopeLayout::half;
 
   // Presets: gpt2-tiny, gpt2-mini, gpt2-small (124M), gpt2-medium, gpt2-large, gpt2-xl, and the
   // Llama shapes llama:tiny, llama:smollm2-135m, llama:smollm2-360m, llama:tinyllama-1.1b.
@@ -110,13 +112,15 @@ class Gpt2 {
   std::unique_ptr<Impl> impl_;
 };
 
-// Loads config.json and model.safetensors from dir (transposing Conv1D weights as HF stores
-// them (in, out)); throws naming the file and tensor on any mismatch.
-std::unique_ptr<Gpt2> load_gpt2(const std::string& dir, const ops::Context& ctx);
+// Loads a model to train from what the inference loaders read (load_decoder: a GGUF file or a
+// Hugging Face folder; GPT-2 or Llama family; f32, f16, bf16 or quantized weights, widened to
+// the f32 masters); throws naming the file, field or tensor on any mismatch, and refuses by
+// name what training does not implement (RoPE scaling, sliding windows, partial rotary).
+std::unique_ptr<Gpt2> load_trainable(const std::string& path, const ops::Context& ctx);
 
 // The model as an inference DecoderModel (arch gpt2, f32 weights) whose weights view m's
 // parameters: the engine runs it without a copy, and save_decoder_hf writes it as a Hugging
-// Face folder (model/decoder_save.h; load_gpt2 reads such a folder back). m must outlive it, and
+// Face folder (model/decoder_save.h; load_trainable reads such a folder back). m must outlive it, and
 // the view sees parameter updates as they happen.
 DecoderModel as_decoder(const Gpt2& m);
 // The same view into `params`: a flat buffer laid out as m's parameters (a host copy of a

@@ -81,7 +81,7 @@ DecoderConfig Gpt2Config::decoder_config() const {
   if (arch == DecoderArch::llama) {
     c.rope_theta = rope_theta;
     c.rope_dim = c.head_dim;
-    c.rope_layout = ops::RopeLayout::half;  // Hugging Face's, as the model is saved
+    c.rope_layout = rope_layout;
   }
   c.validate(c.name);
   return c;

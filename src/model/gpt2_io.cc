@@ -1,9 +1,11 @@
-// Loads a Hugging Face GPT-2 folder into a training model (--init-from, sample): the folder is
-// read and checked by load_decoder_hf (config.json fields, tensor names and shapes, Conv1D
-// transposes, f32/bf16/f16), then copied into the training model's f32 parameters. Folders are
-// written by save_decoder_hf on as_decoder(m) (model/decoder_save.h).
+// Loads any model the inference loaders read (a GGUF file or a Hugging Face folder, GPT-2 or
+// Llama family, weights in any stored type) into a training model (--init-from, sample): the
+// file is read and checked by load_decoder, its shape becomes the training model's and every
+// weight is widened to the f32 masters. Folders are written by save_decoder_hf on as_decoder(m)
+// (model/decoder_save.h).
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <utility>
 #include <vector>
 
@@ -12,33 +14,51 @@
 
 namespace tessera::model {
 
-std::unique_ptr<Gpt2> load_gpt2(const std::string& dir, const ops::Context& ctx) {
-  const DecoderModel src = load_decoder_hf(dir);
+std::unique_ptr<Gpt2> load_trainable(const std::string& path, const ops::Context& ctx) {
+  const DecoderModel src = load_decoder(path);
   const DecoderConfig& c = src.config;
-  const std::string cfg_path = dir + "/config.json";
-  TS_CHECK(c.arch == DecoderArch::gpt2, "[gpt2] ", cfg_path,
-           ": not a GPT-2 model (training takes GPT2LMHeadModel folders)");
-  TS_CHECK(c.d_ff == 4 * c.d_model, "[gpt2] ", cfg_path, ": field 'n_inner' is ", c.d_ff,
-           "; the training model's MLP is 4 * n_embd = ", 4 * c.d_model);
-  TS_CHECK(std::fabs(c.norm_eps - 1e-5f) <= 1e-12f, "[gpt2] ", cfg_path,
-           ": field 'layer_norm_epsilon' is ", c.norm_eps, "; the kernels use 1e-5");
-  TS_CHECK(c.tied_embeddings, "[gpt2] ", cfg_path,
-           ": field 'tie_word_embeddings' is false; the training model ties its head to wte");
+  // Where the shape came from, for errors: a folder's config.json, or the GGUF file itself.
+  const std::string from =
+      std::filesystem::is_directory(path) ? path + "/config.json" : path;
   Gpt2Config cfg;
+  cfg.arch = c.arch;
+  if (c.arch == DecoderArch::gpt2) {
+    TS_CHECK(std::fabs(c.norm_eps - 1e-5f) <= 1e-12f, "[train] ", from,
+             ": field 'layer_norm_epsilon' is ", c.norm_eps, "; the kernels use 1e-5");
+    TS_CHECK(c.tied_embeddings, "[train] ", from,
+             ": field 'tie_word_embeddings' is false; the training model ties GPT-2's head to wte");
+  } else {
+    // What the training attention does not do is refused by name, never approximated.
+    TS_CHECK(c.rope_scaling == RopeScaling::none && c.rope_freq_divisors.empty(), "[train] ",
+             from, ": RoPE scaling is not implemented in training");
+    TS_CHECK(c.sliding_window == 0, "[train] ", from,
+             ": sliding-window attention is not implemented in training");
+    TS_CHECK(c.rope_dim == c.head_dim, "[train] ", from, ": partial rotary (rope_dim ", c.rope_dim,
+             " of head_dim ", c.head_dim, ") is not implemented in training");
+    TS_CHECK(c.head_dim * c.n_heads == c.d_model, "[train] ", from, ": head_dim ", c.head_dim,
+             " x ", c.n_heads, " heads differs from the width ", c.d_model);
+    cfg.n_kv_head = c.n_kv_heads;
+    cfg.rope_theta = c.rope_theta;
+    cfg.rope_layout = c.rope_layout;
+    cfg.norm_eps = c.norm_eps;
+    cfg.tied = c.tied_embeddings;
+    cfg.qkv_bias = c.qkv_bias;
+  }
   cfg.n_layer = c.n_layers;
   cfg.n_head = c.n_heads;
   cfg.n_embd = c.d_model;
+  cfg.d_ff = c.d_ff;
   cfg.vocab_size = c.vocab;
   cfg.padded_vocab_size = Gpt2Config::pad_vocab(c.vocab);
   cfg.max_seq = c.max_ctx;
   try {
     cfg.validate();
   } catch (const Error& e) {
-    fail("[gpt2] ", cfg_path, ": ", e.what());
+    fail("[train] ", from, ": ", e.what());
   }
 
   // Every tensor of the loaded model into the same tensor of the training model's view (whose
-  // q, k and v are rows of c_attn, and whose wte has padding rows beyond the vocabulary: zero).
+  // embedding, and untied head, have padding rows beyond the vocabulary: zero).
   auto model = std::make_unique<Gpt2>(cfg, ctx);  // parameters zero
   ops::HostMirror<float> host(ctx, model->params(), model->num_params(),
                               ops::HostMirror<float>::write);
@@ -49,6 +69,7 @@ std::unique_ptr<Gpt2> load_gpt2(const std::string& dir, const ops::Context& ctx)
       {&src.weights.pos_embd, &dst.weights.pos_embd},
       {&src.weights.out_norm, &dst.weights.out_norm},
       {&src.weights.out_norm_b, &dst.weights.out_norm_b}};
+  if (!cfg.tied) pairs.emplace_back(&src.weights.output, &dst.weights.output);
   for (size_t l = 0; l < src.weights.layers.size(); ++l) {
     const DecoderLayer& a = src.weights.layers[l];
     const DecoderLayer& b = dst.weights.layers[l];
@@ -64,18 +85,21 @@ std::unique_ptr<Gpt2> load_gpt2(const std::string& dir, const ops::Context& ctx)
                         {&a.bo, &b.bo},
                         {&a.ffn_norm, &b.ffn_norm},
                         {&a.ffn_norm_b, &b.ffn_norm_b},
+                        {&a.w_gate, &b.w_gate},
                         {&a.w_up, &b.w_up},
                         {&a.b_up, &b.b_up},
                         {&a.w_down, &b.w_down},
                         {&a.b_down, &b.b_down}})
       pairs.emplace_back(x, y);
   }
-  for (const auto& [from, to] : pairs) {
-    TS_CHECK(from->present() && from->shape == to->shape, "[gpt2] ", dir,
-             ": a tensor does not fit the training model (", from->shape.str(), " for ",
-             to->shape.str(), ")");
+  for (const auto& [from_w, to] : pairs) {
+    TS_CHECK(from_w->present() == to->present(), "[train] ", path,
+             ": a tensor the training model ", to->present() ? "needs is missing" : "lacks is present");
+    if (!to->present()) continue;
+    TS_CHECK(from_w->shape == to->shape, "[train] ", path, ": a tensor does not fit the training "
+             "model (", from_w->shape.str(), " for ", to->shape.str(), ")");
     float* out = host.data() + (static_cast<const float*>(to->data) - model->params());
-    to_f32(from->type, from->data, out, from->shape.numel());
+    to_f32(from_w->type, from_w->data, out, from_w->shape.numel());  // any plain stored type
   }
   host.flush();
   model->params_updated();

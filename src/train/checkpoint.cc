@@ -88,7 +88,8 @@ std::string config_json(const model::Gpt2Config& c) {
                       {"rope_theta", c.rope_theta},
                       {"norm_eps", c.norm_eps},
                       {"tied", c.tied},
-                      {"qkv_bias", c.qkv_bias}};
+                      {"qkv_bias", c.qkv_bias},
+                      {"rope_interleaved", c.rope_layout == ops::RopeLayout::interleaved}};
   return j.dump();
 }
 
@@ -113,6 +114,8 @@ model::Gpt2Config config_from(const formats::SafetensorsReader& r) {
     c.norm_eps = j.value("norm_eps", 1e-5f);
     c.tied = j.value("tied", true);
     c.qkv_bias = j.value("qkv_bias", false);
+    c.rope_layout =
+        j.value("rope_interleaved", false) ? ops::RopeLayout::interleaved : ops::RopeLayout::half;
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {

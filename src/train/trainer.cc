@@ -107,7 +107,7 @@ Trainer::Trainer(const TrainOptions& opts, bool resume) : opts_(opts) {
   if (resume) {
     model_ = std::make_unique<model::Gpt2>(read_checkpoint_info(opts_.out_dir).config, ctx);
   } else if (!opts_.init_from.empty()) {
-    model_ = model::load_gpt2(opts_.init_from, ctx);
+    model_ = model::load_trainable(opts_.init_from, ctx);
     TS_CHECK(opts_.vocab_size == 0 || opts_.vocab_size == model_->config().vocab_size,
              "--vocab-size ", opts_.vocab_size, " differs from the vocabulary of --init-from '",
              opts_.init_from, "' (", model_->config().vocab_size, ")");

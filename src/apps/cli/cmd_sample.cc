@@ -51,7 +51,7 @@ int run(const Args& a) {
     model_dir = dir;
   }
   if (!model_dir.empty()) {
-    m = model::load_gpt2(model_dir, ctx);
+    m = model::load_trainable(model_dir, ctx);
   } else {
     TS_CHECK(file_exists(train::checkpoint_path(dir)), "[sample] --ckpt '", dir,
              "' holds no model/config.json, config.json or checkpoint.safetensors");

@@ -1,4 +1,5 @@
-// `tessera train`: trains a GPT-2 on prepared shards, or continues a run with --resume DIR.
+// `tessera train`: trains a GPT-2 or Llama-shaped model on prepared shards, or continues a run
+// with --resume DIR.
 #include <string>
 #include <vector>
 
@@ -17,7 +18,9 @@ constexpr int64_t kBig = int64_t{1} << 40;
 Flags train_run_flags() {
   const train::TrainOptions o;
   return {
-      Flag::text("--model", o.model, "preset: gpt2-tiny, -mini, -small, -medium, -large or -xl",
+      Flag::text("--model", o.model,
+                 "preset: gpt2-tiny, -mini, -small, -medium, -large, -xl; llama:tiny, "
+                 "llama:smollm2-135m, llama:smollm2-360m, llama:tinyllama-1.1b",
                  "NAME"),
       Flag::integer("--n-layer", 0, 0, 1024, "layers; 0: the preset's"),
       Flag::integer("--n-head", 0, 0, 65536, "attention heads; 0: the preset's"),
@@ -25,7 +28,10 @@ Flags train_run_flags() {
       Flag::integer("--max-seq", 0, 0, int64_t{1} << 20, "longest sequence; 0: the preset's"),
       Flag::integer("--vocab-size", 0, 0, int64_t{1} << 24,
                     "vocabulary; 0: the data's (else at least it)"),
-      Flag::text("--init-from", "", "a Hugging Face GPT-2 folder to start from", "DIR"),
+      Flag::text("--init-from", "",
+                 "a model to fine-tune: a .gguf file or Hugging Face folder (GPT-2 or Llama "
+                 "family, any stored type; trained in f32 masters)",
+                 "PATH"),
       Flag::text("--data", "", "prepared shards (tessera prepare); required without --resume",
                  "DIR"),
       Flag::text("--out", "", "the run's folder; required without --resume", "DIR"),
@@ -64,7 +70,7 @@ Flags train_session_flags() {
       Flag::integer("--threads", o.threads, 0, 4096, "worker threads; 0: all cores"),
       Flag::text("--device", o.device, "cpu, or cuda (the whole step on GPU 0, bf16)", "DEV"),
       Flag::text("--cuda-step", o.cuda_step,
-                 "with --device cuda: twin (the CUDA GPT-2), or shared (ops/)", "WAY"),
+                 "with --device cuda: twin (the CUDA GPT-2, GPT-2 only), or shared (ops/)", "WAY"),
       Flag::integer("--log-every", o.log_every, 1, kBig,
                     "steps between progress lines when stdout is not a terminal"),
       Flag::toggle("--quiet", "no progress output"),
@@ -141,7 +147,7 @@ int run(const Args& a) {
 
 const Registrar reg({
     "train",
-    "train a GPT-2 on prepared shards, or continue a run (--resume)",
+    "train a GPT-2 or Llama-shaped model on prepared shards, or continue a run (--resume)",
     train_flags(),
     {},
     &run,

@@ -1,0 +1,130 @@
+// Starting a training run from a model file: a Llama written as GGUF (q/k rows in the
+// interleaved RoPE order) and as a Hugging Face folder (rotate-half order) loads into the
+// training model, whose forward pass then gives the logits the inference engine gives on the
+// file itself; the real SmolLM2 GGUF (Q4_1 layers, Q8_0 head) loads at its published size; what
+// training does not implement is refused by name.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "infer/engine.h"
+#include "model/decoder_save.h"
+#include "model/gpt2.h"
+
+namespace tessera::model {
+namespace {
+
+constexpr int64_t kVocab = 300, kT = 24;
+
+std::string temp_path(const std::string& name) {
+  return ::testing::TempDir() + "/init_from_" + std::to_string(::getpid()) + "_" + name;
+}
+
+// A Llama shape (GQA, untied head, q/k/v biases) with every parameter perturbed.
+std::unique_ptr<Gpt2> source_model() {
+  Gpt2Config c = Gpt2Config::preset("llama:tiny", kVocab);
+  c.qkv_bias = true;
+  auto m = std::make_unique<Gpt2>(c, ops::Context{});
+  m->init_weights(21);
+  Rng rng(5);
+  const int64_t V = c.vocab_size, C = c.n_embd;
+  for (const TensorInfo& t : m->tensors().tensors()) {
+    const bool padded = t.shape.rank() == 2 && t.shape[0] == c.padded_vocab_size;
+    for (int64_t i = 0; i < (padded ? V * C : t.numel()); ++i)
+      m->params()[t.offset + i] += 0.05f * rng.normal();
+  }
+  return m;
+}
+
+double max_rel_diff(const float* a, const float* b, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    num = std::max(num, std::fabs(static_cast<double>(a[i]) - b[i]));
+    den = std::max(den, std::fabs(static_cast<double>(b[i])));
+  }
+  return num / den;
+}
+
+// The training forward of a model loaded from `path` against the engine on the file.
+void expect_same_logits(const std::string& path) {
+  auto m = load_trainable(path, ops::Context{});
+  std::vector<int32_t> toks(kT);
+  Rng rng(8);
+  for (int32_t& t : toks) t = static_cast<int32_t>(rng.below(kVocab));
+  m->plan(1, kT, Precision::f32, Recompute::none);
+  m->forward(toks.data(), nullptr, 1, kT);
+  const DecoderModel file = load_decoder(path);
+  infer::EngineOptions eo;
+  eo.max_ctx = kT;
+  eo.kv_type = DType::f32;
+  infer::Engine engine(file, eo);
+  const int32_t s = engine.new_sequence();
+  const std::vector<float> all = engine.forward({infer::Feed{s, toks, true}});
+  const int64_t Vp = m->config().padded_vocab_size;
+  for (int64_t t = 0; t < kT; ++t)
+    EXPECT_LT(max_rel_diff(all.data() + t * kVocab, m->logits() + t * Vp, kVocab), 1e-5)
+        << path << " row " << t;
+}
+
+TEST(InitFrom, LlamaGgufAndHfFolderGiveTheFilesLogits) {
+  auto src = source_model();
+  const std::string gguf = temp_path("tiny.gguf"), hf = temp_path("hf");
+  save_decoder_gguf(as_decoder(*src), gguf);
+  save_decoder_hf(as_decoder(*src), hf, DType::f32);
+  EXPECT_EQ(load_decoder(gguf).config.rope_layout, ops::RopeLayout::interleaved);
+  EXPECT_EQ(load_trainable(gguf, ops::Context{})->config().rope_layout,
+            ops::RopeLayout::interleaved);
+  expect_same_logits(gguf);
+  expect_same_logits(hf);
+  // The HF folder holds the source's parameters exactly (f32, rotate-half order both ways).
+  auto back = load_trainable(hf, ops::Context{});
+  ASSERT_EQ(back->num_params(), src->num_params());
+  EXPECT_EQ(std::memcmp(back->params(), src->params(), 4 * static_cast<size_t>(src->num_params())),
+            0);
+  std::filesystem::remove(gguf);
+  std::filesystem::remove_all(hf);
+}
+
+TEST(InitFrom, RealQuantizedFileLoadsAtItsSize) {
+  const std::string path =
+      std::string(TESSERA_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  ASSERT_TRUE(std::filesystem::exists(path)) << "run scripts/install-deps.sh";
+  auto m = load_trainable(path, ops::Context{});
+  EXPECT_EQ(m->config().arch, DecoderArch::llama);
+  EXPECT_EQ(m->config().kv_heads(), 3);
+  EXPECT_TRUE(m->config().tied);
+  EXPECT_EQ(m->num_params(), 134515008);
+  // The Q4_1 rows widened: the first layer's q row 0 equals the file's dequantized row.
+  const DecoderModel file = load_decoder(path);
+  std::vector<float> row(576);
+  to_f32(file.weights.layers[0].wq.type, file.weights.layers[0].wq.data, row.data(), 576);
+  const float* q = m->params() + m->tensors().at("model.layers.0.self_attn.q_proj.weight").offset;
+  for (int i = 0; i < 576; ++i) ASSERT_EQ(q[i], row[static_cast<size_t>(i)]) << i;
+}
+
+TEST(InitFrom, RefusesWhatTrainingDoesNotImplement) {
+  auto src = source_model();
+  DecoderModel d = as_decoder(*src);
+  d.config.sliding_window = 8;
+  const std::string path = temp_path("swa.gguf");
+  save_decoder_gguf(d, path);
+  try {
+    load_trainable(path, ops::Context{});
+    ADD_FAILURE() << "a sliding-window model was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sliding-window"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace tessera::model
