@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/file_io.h"
+#include "formats/gguf.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tessera::train {
@@ -154,7 +155,17 @@ PrepareStats prepare_data(const PrepareOptions& opt) {
   TS_CHECK(opt.val_fraction > 0 && opt.val_fraction < 1, "--val-fraction must be in (0, 1), got ",
            opt.val_fraction);
   TS_CHECK(!opt.out_dir.empty(), "--out must name a folder");
-  const tokenizer::Tokenizer tok = tokenizer::Tokenizer::load_json(opt.tokenizer_path);
+  // The tokenizer: a tokenizer.json, a Hugging Face folder holding one, or a GGUF model's own.
+  namespace fs = std::filesystem;
+  std::string tok_json;
+  const bool gguf = opt.tokenizer_path.ends_with(".gguf");
+  const std::string tok_path =
+      fs::is_directory(opt.tokenizer_path) ? (fs::path(opt.tokenizer_path) / "tokenizer.json").string()
+                                           : opt.tokenizer_path;
+  const tokenizer::Tokenizer tok =
+      gguf ? tokenizer::Tokenizer::from_gguf(formats::GgufFile(tok_path))
+           : tokenizer::Tokenizer::load_json(tok_path);
+  tok_json = gguf ? tok.to_json_text() : read_text_file(tok_path);
   const std::string text = read_text_file(opt.input_path);
   const std::vector<std::string> docs = split_documents(text);
   TS_CHECK(!docs.empty(), "[prepare] ", opt.input_path, ": no text (empty corpus)");
@@ -180,9 +191,9 @@ PrepareStats prepare_data(const PrepareOptions& opt) {
   st.val_tokens = n_val;
   st.train_shards = write_split(opt.out_dir, "train", tokens, 0, n_train, st.vocab);
   st.val_shards = write_split(opt.out_dir, "val", tokens, n_train, n, st.vocab);
-  // A byte copy, so the run uses exactly the file the user named.
-  write_file_atomic((std::filesystem::path(opt.out_dir) / "tokenizer.json").string(),
-                    read_text_file(opt.tokenizer_path));
+  // A byte copy of a tokenizer.json, so the run uses exactly the file the user named; a GGUF's
+  // tokenizer as the tokenizer.json it converts to.
+  write_file_atomic((std::filesystem::path(opt.out_dir) / "tokenizer.json").string(), tok_json);
   nlohmann::json meta = {{"format", "tessera-tokens"},       {"version", kShardVersion},
                          {"source", opt.input_path},         {"documents", st.documents},
                          {"vocab_size", st.vocab},           {"eot_token", eot},

@@ -30,7 +30,10 @@ const Registrar reg({
     "prepare",
     "tokenize a corpus into train/val token shards",
     {
-        Flag::text("--tokenizer", "", "a tokenizer.json", "PATH").required(),
+        Flag::text("--tokenizer", "",
+                   "a tokenizer.json, a Hugging Face folder with one, or a .gguf model's own",
+                   "PATH")
+            .required(),
         Flag::text("--in", "", "the corpus: documents split at '%' lines or blank lines", "PATH")
             .required(),
         Flag::text("--out", "", "folder for the shards", "DIR").required(),
