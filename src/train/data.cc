@@ -43,19 +43,22 @@ std::string shard_name(const std::string& dir, const std::string& split, int i) 
   return (std::filesystem::path(dir) / (split + buf)).string();
 }
 
-// Writes tokens[begin, end) as shards <split>_000.bin, ...; returns the shard count.
+}  // namespace
+
 int write_split(const std::string& dir, const std::string& split,
-                const std::vector<int32_t>& tokens, int64_t begin, int64_t end, int64_t vocab) {
+                const std::vector<int32_t>& tokens, int64_t begin, int64_t end, int64_t vocab,
+                const std::vector<int32_t>* loss_mask) {
   int n = 0;
   for (int64_t at = begin; at < end; at += kShardMaxTokens, ++n) {
     const int64_t stop = std::min(end, at + kShardMaxTokens);
-    write_shard(shard_name(dir, split, n),
-                std::vector<int32_t>(tokens.begin() + at, tokens.begin() + stop), vocab);
+    const std::string path = shard_name(dir, split, n);
+    write_shard(path, std::vector<int32_t>(tokens.begin() + at, tokens.begin() + stop), vocab);
+    if (loss_mask != nullptr)
+      write_shard(mask_path_for(path),
+                  std::vector<int32_t>(loss_mask->begin() + at, loss_mask->begin() + stop), 2);
   }
   return n;
 }
-
-}  // namespace
 
 void write_shard(const std::string& path, const std::vector<int32_t>& tokens, int64_t vocab) {
   TS_CHECK(vocab > 0 && vocab <= (int64_t{1} << 31) - 1, "[data] ", path, ": bad vocab size ",
@@ -221,13 +224,43 @@ TokenData load_split(const std::string& dir, const std::string& split) {
   TokenData d;
   d.dir = dir;
   d.split = split;
+  int masked = 0;
   for (const auto& p : paths) {
     Shard s = read_shard(p);
     d.vocab = std::max(d.vocab, s.vocab);
     d.tokens.insert(d.tokens.end(), s.tokens.begin(), s.tokens.end());
+    const std::string mask_path = mask_path_for(p);
+    if (!file_exists(mask_path)) continue;
+    ++masked;
+    const Shard m = read_shard(mask_path);
+    TS_CHECK(m.vocab == 2 && m.tokens.size() == s.tokens.size(), "[data] ", mask_path,
+             ": a loss mask must hold one 0 or 1 for each of the ", s.tokens.size(),
+             " tokens of ", p);
+    d.loss_mask.insert(d.loss_mask.end(), m.tokens.begin(), m.tokens.end());
   }
+  TS_CHECK(masked == 0 || masked == static_cast<int>(paths.size()), "[data] data folder '", dir,
+           "': ", masked, " of the ", paths.size(), " ", split,
+           " shards have a loss mask (.mask); all or none must");
   return d;
 }
+
+std::string mask_path_for(const std::string& shard_path) {
+  return std::filesystem::path(shard_path).replace_extension(".mask").string();
+}
+
+namespace {
+// targets (T) = the tokens after src (T), or -1 (ignored by the loss) where the data's loss mask
+// leaves the target token out.
+void copy_targets(const TokenData& d, int64_t start, int64_t T, int32_t* targets) {
+  const int32_t* src = d.tokens.data() + start + 1;
+  if (d.loss_mask.empty()) {
+    std::memcpy(targets, src, static_cast<size_t>(T) * 4);
+    return;
+  }
+  const uint8_t* mask = d.loss_mask.data() + start + 1;
+  for (int64_t t = 0; t < T; ++t) targets[t] = mask[t] ? src[t] : -1;
+}
+}  // namespace
 
 BatchLoader::BatchLoader(const TokenData& data, int64_t T, uint64_t seed)
     : data_(data), T_(T), rng_(seed) {
@@ -251,9 +284,9 @@ void BatchLoader::next(int64_t B, int32_t* inputs, int32_t* targets) {
       ++epoch_;
       shuffle();
     }
-    const int32_t* src = data_.tokens.data() + order_[static_cast<size_t>(index_++)] * T_;
-    std::memcpy(inputs + b * T_, src, static_cast<size_t>(T_) * 4);
-    std::memcpy(targets + b * T_, src + 1, static_cast<size_t>(T_) * 4);
+    const int64_t start = order_[static_cast<size_t>(index_++)] * T_;
+    std::memcpy(inputs + b * T_, data_.tokens.data() + start, static_cast<size_t>(T_) * 4);
+    copy_targets(data_, start, T_, targets + b * T_);
   }
 }
 
@@ -284,9 +317,8 @@ ValLoader::ValLoader(const TokenData& data, int64_t T) : data_(data), T_(T) {
 void ValLoader::batch(int64_t b, int64_t B, int32_t* inputs, int32_t* targets) const {
   for (int64_t i = 0; i < B; ++i) {
     const int64_t w = (b * B + i) % n_windows_;
-    const int32_t* src = data_.tokens.data() + w * T_;
-    std::memcpy(inputs + i * T_, src, static_cast<size_t>(T_) * 4);
-    std::memcpy(targets + i * T_, src + 1, static_cast<size_t>(T_) * 4);
+    std::memcpy(inputs + i * T_, data_.tokens.data() + w * T_, static_cast<size_t>(T_) * 4);
+    copy_targets(data_, w * T_, T_, targets + i * T_);
   }
 }
 

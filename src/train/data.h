@@ -31,6 +31,12 @@ struct Shard {
 // every token < vocab. Throws Error naming the file and the field at fault.
 Shard read_shard(const std::string& path);
 
+// Writes tokens[begin, end) as shards <split>_000.bin, ... (and loss_mask[begin, end), when
+// given, as <split>_000.mask, ...); returns the shard count.
+int write_split(const std::string& dir, const std::string& split,
+                const std::vector<int32_t>& tokens, int64_t begin, int64_t end, int64_t vocab,
+                const std::vector<int32_t>* loss_mask = nullptr);
+
 // Documents are separated by a line holding only "%" (fortune files) or by a blank line (two
 // consecutive newlines). Empty documents are dropped. Separator lines are not part of any text.
 std::vector<std::string> split_documents(const std::string& text);
@@ -55,9 +61,15 @@ struct TokenData {
   std::string dir, split;
   int64_t vocab = 0;
   std::vector<int32_t> tokens;
+  // One 0/1 per token where the shards carry loss masks (chat data: 1 on the assistant's
+  // tokens); a target token with 0 is ignored by the loss. Empty: every token counts.
+  std::vector<uint8_t> loss_mask;
 };
-// Throws if the folder is missing or holds no <split>_*.bin shard.
+// Throws if the folder is missing or holds no <split>_*.bin shard, or if some shards have a loss
+// mask (<shard>.mask, a shard of 0/1 values with vocabulary 2) and others not.
 TokenData load_split(const std::string& dir, const std::string& split);
+// "<dir>/train_000.bin" -> "<dir>/train_000.mask".
+std::string mask_path_for(const std::string& shard_path);
 
 // Where the loader stands: the epoch, windows consumed in it, and the rng state at the start of
 // the epoch (the epoch's permutation is regenerated from it, so the position is 6 integers).
@@ -72,7 +84,7 @@ class BatchLoader {
  public:
   // Throws if the data holds fewer than T+1 tokens.
   BatchLoader(const TokenData& data, int64_t T, uint64_t seed);
-  // inputs (B,T) and targets (B,T) = inputs shifted by one token.
+  // inputs (B,T) and targets (B,T) = inputs shifted by one token (-1 where the loss mask is 0).
   void next(int64_t B, int32_t* inputs, int32_t* targets);
   LoaderPosition position() const;
   void set_position(const LoaderPosition& p);  // throws if index is out of range

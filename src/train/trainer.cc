@@ -330,9 +330,13 @@ void Trainer::finish_outputs(bool finished) {
     ops::HostMirror<const float> params(model_->context(), model_->params(), model_->num_params(),
                                         ops::HostMirror<const float>::read);
     model::save_decoder_hf(model::as_decoder(*model_, params.data()), mdir, DType::f32, tok_text);
+    // Chat data carries the template it was rendered with (prepare --chat): the saved model
+    // keeps it.
+    const std::string tmpl_path = path_in(opts_.data_dir, "chat_template.jinja");
+    const std::string tmpl = file_exists(tmpl_path) ? read_text_file(tmpl_path) : "";
     if (!tok_text.empty())
-      tokenizer::write_hf_tokenizer_config(mdir,
-                                           tokenizer::Tokenizer::from_json_text(tok_text, tok), "");
+      tokenizer::write_hf_tokenizer_config(
+          mdir, tokenizer::Tokenizer::from_json_text(tok_text, tok), tmpl);
   }
   if (file_exists(tok))
     write_file_atomic(path_in(opts_.out_dir, "tokenizer.json"), read_text_file(tok));

@@ -1,16 +1,52 @@
 // `tessera prepare`: tokenizes a text corpus into train/val token shards for `tessera train`.
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "apps/cli/args.h"
 #include "core/error.h"
+#include "infer/loaded_model.h"
+#include "train/chat_data.h"
 #include "train/data.h"
 
 namespace tessera::cli {
 namespace {
 
+// --chat: the conversations rendered with the chat template of the model --tokenizer names.
+int run_chat(const Args& a) {
+  const std::string path = a.str("--tokenizer");
+  TS_CHECK(path.ends_with(".gguf") || std::filesystem::is_directory(path),
+           "--tokenizer ", path, ": --chat needs a model (a .gguf file or Hugging Face folder) "
+           "whose chat template renders the conversations");
+  model::DecoderLoadOptions lo;
+  lo.mmap = true;
+  const infer::LoadedModel m = infer::load_model_and_tokenizer(path, lo, false);
+  TS_CHECK(!m.chat_template.empty(), "--tokenizer ", path,
+           ": the model has no chat template to render the conversations with");
+  const tokenizer::SpecialTokens& sp = m.tok.special_tokens();
+  train::ChatTemplate t;
+  t.source = m.chat_template;
+  t.name = path + " chat template";
+  t.bos = sp.bos >= 0 ? m.tok.decode({sp.bos}) : "";
+  t.eos = sp.eos >= 0 ? m.tok.decode({sp.eos}) : "";
+  train::PrepareChatOptions o;
+  o.input_path = a.str("--in");
+  o.out_dir = a.str("--out");
+  o.tokenizer_json = m.tok.to_json_text();
+  o.val_fraction = a.f64("--val-fraction");
+  o.min_tokens = a.i64("--seq") + 1;
+  const train::PrepareStats s = train::prepare_chat_data(o, m.tok, t);
+  std::printf("%lld conversations, vocab %lld: %lld train tokens, %lld val tokens, the assistant's "
+              "turns counted by the loss -> %s\n",
+              static_cast<long long>(s.documents), static_cast<long long>(s.vocab),
+              static_cast<long long>(s.train_tokens), static_cast<long long>(s.val_tokens),
+              o.out_dir.c_str());
+  return 0;
+}
+
 int run(const Args& a) {
+  if (a.on("--chat")) return run_chat(a);
   train::PrepareOptions o;
   o.tokenizer_path = a.str("--tokenizer");
   o.input_path = a.str("--in");
@@ -34,8 +70,14 @@ const Registrar reg({
                    "a tokenizer.json, a Hugging Face folder with one, or a .gguf model's own",
                    "PATH")
             .required(),
-        Flag::text("--in", "", "the corpus: documents split at '%' lines or blank lines", "PATH")
+        Flag::text("--in", "",
+                   "the corpus: documents split at '%' lines or blank lines (with --chat: JSONL "
+                   "conversations)",
+                   "PATH")
             .required(),
+        Flag::toggle("--chat",
+                     "--in is chat JSONL ({\"messages\": [...]} a line): rendered with the "
+                     "--tokenizer model's chat template, the loss on the assistant turns only"),
         Flag::text("--out", "", "folder for the shards", "DIR").required(),
         Flag::number("--val-fraction", 0.01, 1e-9, 1.0 - 1e-9, "share of documents for validation"),
         Flag::integer("--seq", 64, 1, int64_t{1} << 20,
