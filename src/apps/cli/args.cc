@@ -20,6 +20,7 @@ std::string standard_alias(const std::string& name) {
   if (name == "--tokens") return "-n";
   if (name == "--file") return "-f";
   if (name == "--threads") return "-t";
+  if (name == "--out") return "-o";
   return "";
 }
 

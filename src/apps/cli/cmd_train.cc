@@ -16,6 +16,10 @@ constexpr int64_t kBig = int64_t{1} << 40;
 }  // namespace
 
 Flags train_run_flags() {
+  return join({train_model_flags(), train_step_flags()});
+}
+
+Flags train_model_flags() {
   const train::TrainOptions o;
   return {
       Flag::text("--model", o.model,
@@ -35,6 +39,12 @@ Flags train_run_flags() {
       Flag::text("--data", "", "prepared shards (tessera prepare); required without --resume",
                  "DIR"),
       Flag::text("--out", "", "the run's folder; required without --resume", "DIR"),
+  };
+}
+
+Flags train_step_flags() {
+  const train::TrainOptions o;
+  return {
       Flag::integer("--batch", o.batch, 1, 1 << 20, "sequences per micro-batch"),
       Flag::integer("--seq", o.seq, 1, int64_t{1} << 20, "tokens per sequence"),
       Flag::integer("--grad-accum", o.grad_accum, 1, 1 << 20, "micro-batches per step"),
@@ -102,36 +112,44 @@ train::TrainOptions parse_train_options(const Args& a, bool* resume) {
     o.init_from = a.str("--init-from");
     o.data_dir = a.required("--data");
     o.out_dir = a.required("--out");
-    o.batch = a.i64("--batch");
-    o.seq = a.i64("--seq");
-    o.grad_accum = a.i64("--grad-accum");
-    o.precision = a.str("--precision");
-    o.recompute = a.str("--recompute");
-    o.lr = a.f64("--lr");
-    o.min_lr_fraction = a.f64("--min-lr-fraction");
-    o.warmup = a.i64("--warmup");
-    o.schedule = a.str("--schedule");
-    o.weight_decay = a.f64("--weight-decay");
-    o.clip = a.f64("--clip");
-    o.beta1 = a.f64("--beta1");
-    o.beta2 = a.f64("--beta2");
-    o.eval_every = a.i64("--eval-every");
-    o.eval_batches = a.i64("--eval-batches");
-    o.early_stop = a.i64("--early-stop");
-    o.checkpoint_every = a.i64("--checkpoint-every");
-    o.seed = static_cast<uint64_t>(a.i64("--seed"));
+    parse_step_options(a, o);
   }
+  parse_session_options(a, *resume, o);
+  return o;
+}
+
+void parse_step_options(const Args& a, train::TrainOptions& o) {
+  o.batch = a.i64("--batch");
+  o.seq = a.i64("--seq");
+  o.grad_accum = a.i64("--grad-accum");
+  o.precision = a.str("--precision");
+  o.recompute = a.str("--recompute");
+  o.lr = a.f64("--lr");
+  o.min_lr_fraction = a.f64("--min-lr-fraction");
+  o.warmup = a.i64("--warmup");
+  o.schedule = a.str("--schedule");
+  o.weight_decay = a.f64("--weight-decay");
+  o.clip = a.f64("--clip");
+  o.beta1 = a.f64("--beta1");
+  o.beta2 = a.f64("--beta2");
+  o.eval_every = a.i64("--eval-every");
+  o.eval_batches = a.i64("--eval-batches");
+  o.early_stop = a.i64("--early-stop");
+  o.checkpoint_every = a.i64("--checkpoint-every");
+  o.seed = static_cast<uint64_t>(a.i64("--seed"));
+}
+
+void parse_session_options(const Args& a, bool resume, train::TrainOptions& o) {
   // Session flags override what the checkpoint holds only when given.
-  if (!*resume || a.given("--steps")) o.steps = a.i64("--steps");
+  if (!resume || a.given("--steps")) o.steps = a.i64("--steps");
   o.observer = wrapped_observer();  // `tessera profile` around this command
   o.stop_at = a.i64("--stop-at");
-  if (!*resume || a.given("--threads")) o.threads = a.i64("--threads");
-  if (!*resume || a.given("--device")) o.device = a.str("--device");
-  if (!*resume || a.given("--cuda-step") || a.given("--device")) o.cuda_step = a.str("--cuda-step");
-  if (!*resume || a.given("--log-every")) o.log_every = a.i64("--log-every");
+  if (!resume || a.given("--threads")) o.threads = a.i64("--threads");
+  if (!resume || a.given("--device")) o.device = a.str("--device");
+  if (!resume || a.given("--cuda-step") || a.given("--device")) o.cuda_step = a.str("--cuda-step");
+  if (!resume || a.given("--log-every")) o.log_every = a.i64("--log-every");
   if (a.on("--quiet")) o.quiet = true;
   train::validate_options(o);
-  return o;
 }
 
 namespace {

@@ -6,8 +6,11 @@
 
 namespace tessera::cli {
 
-// Flags that define a run; with --resume they come from the checkpoint and may not be given.
+// Flags that define a run; with --resume they come from the checkpoint and may not be given:
+// the model and data (train_model_flags) and the step with its schedule (train_step_flags).
 Flags train_run_flags();
+Flags train_model_flags();
+Flags train_step_flags();
 // Flags of one session of a run: --resume and those that may change on it.
 Flags train_session_flags();
 // The whole table of `tessera train`.
@@ -16,5 +19,9 @@ Flags train_flags();
 // Parses train flags into options; *resume tells whether --resume was given. With --resume the
 // run's options come from its checkpoint and only the session flags may be given.
 train::TrainOptions parse_train_options(const Args& a, bool* resume);
+// The flags of the step and its schedule (--batch ... --seed) into o.
+void parse_step_options(const Args& a, train::TrainOptions& o);
+// The session flags into o (on a resumed run only those given), then validates o.
+void parse_session_options(const Args& a, bool resume, train::TrainOptions& o);
 
 }  // namespace tessera::cli

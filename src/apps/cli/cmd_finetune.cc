@@ -1,0 +1,119 @@
+// `tessera finetune`: a full fine-tune of a model file on the user's data in one command. The data
+// is prepared with the model's own tokenizer (chat JSONL rendered with its chat template and
+// masked to the assistant turns, or plain text), into <out>/data, then `tessera train` runs from
+// the model (--init-from). --resume continues the run as train does.
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include "apps/cli/args.h"
+#include "apps/cli/train_flags.h"
+#include "core/error.h"
+#include "infer/loaded_model.h"
+#include "train/chat_data.h"
+#include "train/data.h"
+#include "train/trainer.h"
+
+namespace tessera::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The data as shards in `dir`: a prepared folder as it is, else chat JSONL (.jsonl) or text.
+std::string prepare(const std::string& model, const std::string& data, const std::string& out,
+                    double val_fraction, int64_t seq) {
+  if (fs::is_directory(data)) return data;
+  TS_CHECK(fs::is_regular_file(data), "--data ", data, ": no such file or folder");
+  const std::string dir = (fs::path(out) / "data").string();
+  model::DecoderLoadOptions lo;
+  lo.mmap = true;
+  const infer::LoadedModel m = infer::load_model_and_tokenizer(model, lo, false);
+  train::PrepareStats s;
+  if (data.ends_with(".jsonl")) {
+    TS_CHECK(!m.chat_template.empty(), "-m ", model,
+             ": the model has no chat template to render --data's conversations with");
+    const tokenizer::SpecialTokens& sp = m.tok.special_tokens();
+    train::ChatTemplate t;
+    t.source = m.chat_template;
+    t.name = model + " chat template";
+    t.bos = sp.bos >= 0 ? m.tok.decode({sp.bos}) : "";
+    t.eos = sp.eos >= 0 ? m.tok.decode({sp.eos}) : "";
+    train::PrepareChatOptions o;
+    o.input_path = data;
+    o.out_dir = dir;
+    o.tokenizer_json = m.tok.to_json_text();
+    o.val_fraction = val_fraction;
+    o.min_tokens = seq + 1;
+    s = train::prepare_chat_data(o, m.tok, t);
+  } else {
+    train::PrepareOptions o;
+    o.tokenizer_path = model;
+    o.input_path = data;
+    o.out_dir = dir;
+    o.val_fraction = val_fraction;
+    o.min_tokens = seq + 1;
+    s = train::prepare_data(o);
+  }
+  std::printf("data: %lld %s, %lld train tokens, %lld validation tokens -> %s\n",
+              static_cast<long long>(s.documents),
+              data.ends_with(".jsonl") ? "conversations (loss on the assistant turns)"
+                                       : "documents",
+              static_cast<long long>(s.train_tokens), static_cast<long long>(s.val_tokens),
+              dir.c_str());
+  return dir;
+}
+
+int run(const Args& a) {
+  const bool resume = a.given("--resume");
+  train::TrainOptions o;
+  if (resume) {
+    for (const char* f : {"--model", "--data", "--out", "--val-fraction"})
+      TS_CHECK(!a.given(f), "flag ", f, " cannot be given with --resume (the run's options come "
+               "from its checkpoint)");
+    for (const Flag& f : train_step_flags())
+      TS_CHECK(!a.given(f.name), "flag ", f.name, " cannot be given with --resume (the run's "
+               "options come from its checkpoint)");
+    o = train::resume_options(a.str("--resume"));
+  } else {
+    const std::string model = a.required("--model"), out = a.required("--out");
+    o.init_from = model;
+    parse_step_options(a, o);
+    o.out_dir = out;
+    o.data_dir = prepare(model, a.required("--data"), out, a.f64("--val-fraction"), o.seq);
+  }
+  parse_session_options(a, resume, o);
+  train::Trainer t(o, resume);
+  t.run();
+  return 0;
+}
+
+Flags finetune_flags() {
+  return join({{
+                   Flag::text("--model", "",
+                              "the model to fine-tune: a .gguf file or Hugging Face folder (its "
+                              "tokenizer and chat template prepare the data)",
+                              "PATH"),
+                   Flag::text("--data", "",
+                              "chat JSONL (.jsonl, {\"messages\": [...]} a line: the loss on the "
+                              "assistant turns), a text corpus, or a folder of prepared shards",
+                              "PATH"),
+                   Flag::text("--out", "", "the run's folder (the data, checkpoints, the model)",
+                              "DIR"),
+                   Flag::number("--val-fraction", 0.05, 1e-9, 1.0 - 1e-9,
+                                "share of the conversations (documents) held out for validation"),
+               },
+               train_step_flags(), train_session_flags()});
+}
+
+const Registrar reg({
+    "finetune",
+    "fine-tune a model file on chat JSONL or text: the data prepared with its own tokenizer and "
+    "template, every weight trained in f32 masters",
+    finetune_flags(),
+    {},
+    &run,
+    {},
+});
+
+}  // namespace
+}  // namespace tessera::cli
