@@ -64,8 +64,8 @@ std::string plain_name(const std::string& dtype) {
 // kernel's arithmetic (exponentials, f16 widening) and how its work splits over the threads at
 // that many rows are in the rate: on these VMs it reaches about half the read roof at 8 rows, a
 // third at one.
-double measure_attention_gbs(const ops::Context& ctx, const model::DecoderConfig& c,
-                             DType kv_type, int64_t kRows, int64_t kKeys) {
+double measure_attention_gbs(const ops::Context& ctx, const model::DecoderConfig& c, DType kv_type,
+                             int64_t kRows, int64_t kKeys) {
   constexpr int64_t kBlock = 32;
   ops::PagedAttentionArgs a;
   a.Hkv = c.n_kv_heads;
@@ -536,10 +536,10 @@ StepPrediction price_ops(const std::vector<ops::OpTotal>& ops, const Machine& ma
     if (decode && t.op == "paged_attention" && machine.attention_gbs > 0 &&
         o.roof.memory_level != "L2") {
       // Measured with its arithmetic running: the time, not a roof to max() with compute.
-      const double gbs = machine.attention_gbs_at.empty()
-                             ? machine.attention_gbs
-                             : ProductRate::interpolate(machine.attention_gbs_at,
-                                                        shape_extent(t.shape, "rows"));
+      const double gbs =
+          machine.attention_gbs_at.empty()
+              ? machine.attention_gbs
+              : ProductRate::interpolate(machine.attention_gbs_at, shape_extent(t.shape, "rows"));
       o.roof.memory_s = t.bytes / (gbs * 1e9);
       o.roof.compute_s = 0;
       o.roof.memory_level = "attention";

@@ -120,8 +120,8 @@ std::unique_ptr<Gpt2> load_trainable(const std::string& path, const ops::Context
 
 // The model as an inference DecoderModel (arch gpt2, f32 weights) whose weights view m's
 // parameters: the engine runs it without a copy, and save_decoder_hf writes it as a Hugging
-// Face folder (model/decoder_save.h; load_trainable reads such a folder back). m must outlive it, and
-// the view sees parameter updates as they happen.
+// Face folder (model/decoder_save.h; load_trainable reads such a folder back). m must outlive it,
+// and the view sees parameter updates as they happen.
 DecoderModel as_decoder(const Gpt2& m);
 // The same view into `params`: a flat buffer laid out as m's parameters (a host copy of a
 // device's, say), which must outlive the view.

@@ -1,5 +1,6 @@
-// A training model (GPT-2 or Llama) seen as an inference DecoderModel: views into its flat parameter buffer, so
-// the engine runs (and generates from) a model being trained without copying or converting it.
+// A training model (GPT-2 or Llama) seen as an inference DecoderModel: views into its flat
+// parameter buffer, so the engine runs (and generates from) a model being trained without copying
+// or converting it.
 #include "core/error.h"
 #include "model/decoder.h"
 #include "model/gpt2.h"

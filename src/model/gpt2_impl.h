@@ -19,8 +19,9 @@ struct Gpt2LayerParams {
   int64_t ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w, fcproj_b;
 };
 
-// One block's saved activations (N = B*T rows; C, QKV = q_dim + 2 kv_dim, F from the config). With Recompute::block every layer points at the
-// same shared set; with Recompute::gelu every layer's `gelu` points at one shared buffer.
+// One block's saved activations (N = B*T rows; C, QKV = q_dim + 2 kv_dim, F from the config). With
+// Recompute::block every layer points at the same shared set; with Recompute::gelu every layer's
+// `gelu` points at one shared buffer.
 struct Gpt2LayerActs {
   float* ln1;        // (N,C) ln_1 output
   float* ln1_mean;   // (N)

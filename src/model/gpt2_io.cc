@@ -18,8 +18,7 @@ std::unique_ptr<Gpt2> load_trainable(const std::string& path, const ops::Context
   const DecoderModel src = load_decoder(path);
   const DecoderConfig& c = src.config;
   // Where the shape came from, for errors: a folder's config.json, or the GGUF file itself.
-  const std::string from =
-      std::filesystem::is_directory(path) ? path + "/config.json" : path;
+  const std::string from = std::filesystem::is_directory(path) ? path + "/config.json" : path;
   Gpt2Config cfg;
   cfg.arch = c.arch;
   if (c.arch == DecoderArch::gpt2) {
@@ -29,8 +28,8 @@ std::unique_ptr<Gpt2> load_trainable(const std::string& path, const ops::Context
              ": field 'tie_word_embeddings' is false; the training model ties GPT-2's head to wte");
   } else {
     // What the training attention does not do is refused by name, never approximated.
-    TS_CHECK(c.rope_scaling == RopeScaling::none && c.rope_freq_divisors.empty(), "[train] ",
-             from, ": RoPE scaling is not implemented in training");
+    TS_CHECK(c.rope_scaling == RopeScaling::none && c.rope_freq_divisors.empty(), "[train] ", from,
+             ": RoPE scaling is not implemented in training");
     TS_CHECK(c.sliding_window == 0, "[train] ", from,
              ": sliding-window attention is not implemented in training");
     TS_CHECK(c.rope_dim == c.head_dim, "[train] ", from, ": partial rotary (rope_dim ", c.rope_dim,
@@ -93,11 +92,13 @@ std::unique_ptr<Gpt2> load_trainable(const std::string& path, const ops::Context
       pairs.emplace_back(x, y);
   }
   for (const auto& [from_w, to] : pairs) {
-    TS_CHECK(from_w->present() == to->present(), "[train] ", path,
-             ": a tensor the training model ", to->present() ? "needs is missing" : "lacks is present");
+    TS_CHECK(from_w->present() == to->present(), "[train] ", path, ": a tensor the training model ",
+             to->present() ? "needs is missing" : "lacks is present");
     if (!to->present()) continue;
-    TS_CHECK(from_w->shape == to->shape, "[train] ", path, ": a tensor does not fit the training "
-             "model (", from_w->shape.str(), " for ", to->shape.str(), ")");
+    TS_CHECK(from_w->shape == to->shape, "[train] ", path,
+             ": a tensor does not fit the training "
+             "model (",
+             from_w->shape.str(), " for ", to->shape.str(), ")");
     float* out = host.data() + (static_cast<const float*>(to->data) - model->params());
     to_f32(from_w->type, from_w->data, out, from_w->shape.numel());  // any plain stored type
   }

@@ -40,10 +40,10 @@ nlohmann::ordered_json conversation(const std::string& line, const std::string& 
   } catch (const std::exception&) {
     fail("[prepare] ", where, ": not valid JSON");
   }
-  TS_CHECK(j.is_object() && j.contains("messages") && j["messages"].is_array() &&
-               !j["messages"].empty(),
-           "[prepare] ", where,
-           ": not a conversation (expected {\"messages\": [{\"role\": ..., \"content\": ...}]})");
+  TS_CHECK(
+      j.is_object() && j.contains("messages") && j["messages"].is_array() && !j["messages"].empty(),
+      "[prepare] ", where,
+      ": not a conversation (expected {\"messages\": [{\"role\": ..., \"content\": ...}]})");
   nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
   bool assistant = false;
   for (size_t i = 0; i < j["messages"].size(); ++i) {
@@ -99,8 +99,8 @@ PrepareStats prepare_chat_data(const PrepareChatOptions& opt, const tokenizer::T
   }
   TS_CHECK(convs.size() >= 2, "[prepare] ", opt.input_path, ": ", convs.size(),
            " conversations; training and validation need at least one each");
-  const auto n_val = static_cast<size_t>(std::max(
-      1.0, std::ceil(opt.val_fraction * static_cast<double>(convs.size()))));
+  const auto n_val = static_cast<size_t>(
+      std::max(1.0, std::ceil(opt.val_fraction * static_cast<double>(convs.size()))));
   TS_CHECK(n_val < convs.size(), "[prepare] ", opt.input_path,
            ": --val-fraction leaves no conversation for training");
   std::vector<int32_t> tokens, mask;
@@ -111,8 +111,8 @@ PrepareStats prepare_chat_data(const PrepareChatOptions& opt, const tokenizer::T
     mask.insert(mask.end(), convs[c].mask.begin(), convs[c].mask.end());
   }
   const auto n = static_cast<int64_t>(tokens.size());
-  TS_CHECK(n_train >= opt.min_tokens && n - n_train >= opt.min_tokens, "[prepare] ",
-           opt.input_path, ": ", n_train, " train and ", n - n_train,
+  TS_CHECK(n_train >= opt.min_tokens && n - n_train >= opt.min_tokens, "[prepare] ", opt.input_path,
+           ": ", n_train, " train and ", n - n_train,
            " validation tokens; each split needs at least ", opt.min_tokens,
            " (one sequence plus its target): use more conversations or another --val-fraction");
   make_dirs(opt.out_dir);
@@ -130,19 +130,14 @@ PrepareStats prepare_chat_data(const PrepareChatOptions& opt, const tokenizer::T
                     tmpl.source);
   int64_t counted = 0;
   for (int32_t m : mask) counted += m;
-  nlohmann::json meta = {{"format", "tessera-tokens"},
-                         {"version", kShardVersion},
-                         {"source", opt.input_path},
-                         {"chat_template", tmpl.name},
-                         {"conversations", st.documents},
-                         {"vocab_size", st.vocab},
-                         {"loss_tokens", counted},
-                         {"packing", "conversations back to back"},
-                         {"val_fraction", opt.val_fraction},
-                         {"train_tokens", st.train_tokens},
-                         {"val_tokens", st.val_tokens},
-                         {"train_shards", st.train_shards},
-                         {"val_shards", st.val_shards}};
+  nlohmann::json meta = {
+      {"format", "tessera-tokens"},       {"version", kShardVersion},
+      {"source", opt.input_path},         {"chat_template", tmpl.name},
+      {"conversations", st.documents},    {"vocab_size", st.vocab},
+      {"loss_tokens", counted},           {"packing", "conversations back to back"},
+      {"val_fraction", opt.val_fraction}, {"train_tokens", st.train_tokens},
+      {"val_tokens", st.val_tokens},      {"train_shards", st.train_shards},
+      {"val_shards", st.val_shards}};
   write_file_atomic((std::filesystem::path(opt.out_dir) / "meta.json").string(),
                     meta.dump(2) + "\n");
   return st;

@@ -162,9 +162,9 @@ PrepareStats prepare_data(const PrepareOptions& opt) {
   namespace fs = std::filesystem;
   std::string tok_json;
   const bool gguf = opt.tokenizer_path.ends_with(".gguf");
-  const std::string tok_path =
-      fs::is_directory(opt.tokenizer_path) ? (fs::path(opt.tokenizer_path) / "tokenizer.json").string()
-                                           : opt.tokenizer_path;
+  const std::string tok_path = fs::is_directory(opt.tokenizer_path)
+                                   ? (fs::path(opt.tokenizer_path) / "tokenizer.json").string()
+                                   : opt.tokenizer_path;
   const tokenizer::Tokenizer tok =
       gguf ? tokenizer::Tokenizer::from_gguf(formats::GgufFile(tok_path))
            : tokenizer::Tokenizer::load_json(tok_path);
@@ -234,8 +234,8 @@ TokenData load_split(const std::string& dir, const std::string& split) {
     ++masked;
     const Shard m = read_shard(mask_path);
     TS_CHECK(m.vocab == 2 && m.tokens.size() == s.tokens.size(), "[data] ", mask_path,
-             ": a loss mask must hold one 0 or 1 for each of the ", s.tokens.size(),
-             " tokens of ", p);
+             ": a loss mask must hold one 0 or 1 for each of the ", s.tokens.size(), " tokens of ",
+             p);
     d.loss_mask.insert(d.loss_mask.end(), m.tokens.begin(), m.tokens.end());
   }
   TS_CHECK(masked == 0 || masked == static_cast<int>(paths.size()), "[data] data folder '", dir,

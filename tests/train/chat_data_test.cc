@@ -54,8 +54,8 @@ TEST(ChatData, MaskCoversTheAssistantTurnsExactly) {
   const ChatTokens c = tokenize_chat(s.m.tok, s.t, conversation(), "test");
   ASSERT_EQ(c.tokens.size(), c.mask.size());
   // All of it is the template's own rendering of the conversation.
-  const std::string full = tokenizer::jinja::render_chat_template(
-      s.t.source, conversation(), s.t.bos, s.t.eos, false);
+  const std::string full =
+      tokenizer::jinja::render_chat_template(s.t.source, conversation(), s.t.bos, s.t.eos, false);
   EXPECT_EQ(s.m.tok.decode(c.tokens), full);
   // The masked tokens are the two answers with their end of turn, nothing else.
   std::vector<int32_t> counted, first, second;
@@ -90,9 +90,8 @@ TEST(ChatData, MaskedLossIsTheAssistantTokensMean) {
   std::vector<int32_t> in(2 * T), tgt(2 * T);
   val.batch(0, 2, in.data(), tgt.data());
   for (int64_t i = 0; i < 2 * T; ++i)
-    EXPECT_EQ(tgt[static_cast<size_t>(i)], d.loss_mask[static_cast<size_t>(i + 1)]
-                                               ? d.tokens[static_cast<size_t>(i + 1)]
-                                               : -1);
+    EXPECT_EQ(tgt[static_cast<size_t>(i)],
+              d.loss_mask[static_cast<size_t>(i + 1)] ? d.tokens[static_cast<size_t>(i + 1)] : -1);
   ops::Context ctx;
   ctx.reference = true;
   model::Gpt2Config c = model::Gpt2Config::preset("llama:tiny", 37);
@@ -120,8 +119,7 @@ TEST(ChatData, MaskedLossIsTheAssistantTokensMean) {
 
 TEST(ChatData, BadLinesNameFileAndLine) {
   const Smol s;
-  const std::string dir =
-      ::testing::TempDir() + "/chat_data_" + std::to_string(::getpid());
+  const std::string dir = ::testing::TempDir() + "/chat_data_" + std::to_string(::getpid());
   std::filesystem::create_directories(dir);
   const std::string good = R"({"messages": [{"role": "user", "content": "hi"}, )"
                            R"({"role": "assistant", "content": "hello"}]})";

@@ -54,12 +54,11 @@ std::string prepare(const std::string& model, const std::string& data, const std
     o.min_tokens = seq + 1;
     s = train::prepare_data(o);
   }
-  std::printf("data: %lld %s, %lld train tokens, %lld validation tokens -> %s\n",
-              static_cast<long long>(s.documents),
-              data.ends_with(".jsonl") ? "conversations (loss on the assistant turns)"
-                                       : "documents",
-              static_cast<long long>(s.train_tokens), static_cast<long long>(s.val_tokens),
-              dir.c_str());
+  std::printf(
+      "data: %lld %s, %lld train tokens, %lld validation tokens -> %s\n",
+      static_cast<long long>(s.documents),
+      data.ends_with(".jsonl") ? "conversations (loss on the assistant turns)" : "documents",
+      static_cast<long long>(s.train_tokens), static_cast<long long>(s.val_tokens), dir.c_str());
   return dir;
 }
 
@@ -68,10 +67,12 @@ int run(const Args& a) {
   train::TrainOptions o;
   if (resume) {
     for (const char* f : {"--model", "--data", "--out", "--val-fraction"})
-      TS_CHECK(!a.given(f), "flag ", f, " cannot be given with --resume (the run's options come "
+      TS_CHECK(!a.given(f), "flag ", f,
+               " cannot be given with --resume (the run's options come "
                "from its checkpoint)");
     for (const Flag& f : train_step_flags())
-      TS_CHECK(!a.given(f.name), "flag ", f.name, " cannot be given with --resume (the run's "
+      TS_CHECK(!a.given(f.name), "flag ", f.name,
+               " cannot be given with --resume (the run's "
                "options come from its checkpoint)");
     o = train::resume_options(a.str("--resume"));
   } else {
@@ -88,21 +89,22 @@ int run(const Args& a) {
 }
 
 Flags finetune_flags() {
-  return join({{
-                   Flag::text("--model", "",
-                              "the model to fine-tune: a .gguf file or Hugging Face folder (its "
-                              "tokenizer and chat template prepare the data)",
-                              "PATH"),
-                   Flag::text("--data", "",
-                              "chat JSONL (.jsonl, {\"messages\": [...]} a line: the loss on the "
-                              "assistant turns), a text corpus, or a folder of prepared shards",
-                              "PATH"),
-                   Flag::text("--out", "", "the run's folder (the data, checkpoints, the model)",
-                              "DIR"),
-                   Flag::number("--val-fraction", 0.05, 1e-9, 1.0 - 1e-9,
-                                "share of the conversations (documents) held out for validation"),
-               },
-               train_step_flags(), train_session_flags()});
+  return join(
+      {{
+           Flag::text("--model", "",
+                      "the model to fine-tune: a .gguf file or Hugging Face folder (its "
+                      "tokenizer and chat template prepare the data)",
+                      "PATH"),
+           Flag::text("--data", "",
+                      "chat JSONL (.jsonl, {\"messages\": [...]} a line: the loss on the "
+                      "assistant turns), a text corpus, or a folder of prepared shards",
+                      "PATH"),
+           Flag::text("--out", "", "the run's folder (the data, checkpoints, the model)", "DIR"),
+           Flag::number("--val-fraction", 0.05, 1e-9, 1.0 - 1e-9,
+                        "share of the conversations (documents) held out for validation"),
+       },
+       train_step_flags(),
+       train_session_flags()});
 }
 
 const Registrar reg({

@@ -395,7 +395,8 @@ const Registrar reg{Command{
      Flag::integer("--gen", 16, 1, 100000, "--check: decode steps measured per batch"),
      Flag::toggle("--json", "the plan as JSON"),
      Flag::toggle("--train",
-                  "plan a training step: --model names a tessera train preset (gpt2-small, llama:smollm2-135m, ...)"),
+                  "plan a training step: --model names a tessera train preset (gpt2-small, "
+                  "llama:smollm2-135m, ...)"),
      Flag::integer("--seq", 1024, 1, int64_t{1} << 20, "--train: tokens per sequence"),
      Flag::text("--precision", "f32", "--train: f32 or bf16", "P"),
      Flag::text("--recompute", "none", "--train: none, gelu or block", "R"),

@@ -16,8 +16,8 @@ namespace {
 // --chat: the conversations rendered with the chat template of the model --tokenizer names.
 int run_chat(const Args& a) {
   const std::string path = a.str("--tokenizer");
-  TS_CHECK(path.ends_with(".gguf") || std::filesystem::is_directory(path),
-           "--tokenizer ", path, ": --chat needs a model (a .gguf file or Hugging Face folder) "
+  TS_CHECK(path.ends_with(".gguf") || std::filesystem::is_directory(path), "--tokenizer ", path,
+           ": --chat needs a model (a .gguf file or Hugging Face folder) "
            "whose chat template renders the conversations");
   model::DecoderLoadOptions lo;
   lo.mmap = true;
@@ -37,11 +37,12 @@ int run_chat(const Args& a) {
   o.val_fraction = a.f64("--val-fraction");
   o.min_tokens = a.i64("--seq") + 1;
   const train::PrepareStats s = train::prepare_chat_data(o, m.tok, t);
-  std::printf("%lld conversations, vocab %lld: %lld train tokens, %lld val tokens, the assistant's "
-              "turns counted by the loss -> %s\n",
-              static_cast<long long>(s.documents), static_cast<long long>(s.vocab),
-              static_cast<long long>(s.train_tokens), static_cast<long long>(s.val_tokens),
-              o.out_dir.c_str());
+  std::printf(
+      "%lld conversations, vocab %lld: %lld train tokens, %lld val tokens, the assistant's "
+      "turns counted by the loss -> %s\n",
+      static_cast<long long>(s.documents), static_cast<long long>(s.vocab),
+      static_cast<long long>(s.train_tokens), static_cast<long long>(s.val_tokens),
+      o.out_dir.c_str());
   return 0;
 }
 
