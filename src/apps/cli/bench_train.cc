@@ -212,7 +212,7 @@ Command bench_train_command() {
       "GPT-2 training-step time on random tokens: tokens/s, MFU, memory",
       {
           Flag::text("--model", "gpt2-small",
-                     "a tessera train preset (gpt2-small, llama:smollm2-135m, ...)", "NAME"),
+                     "a train preset (gpt2-small, llama:smollm2-135m, ...)", "NAME"),
           Flag::integer("--batch", 4, 1, 4096, "sequences per step"),
           Flag::integer("--seq", 64, 1, int64_t{1} << 20, "tokens per sequence"),
           Flag::integer("--steps", 5, 1, 100000, "timed steps (median)"),

@@ -91,17 +91,13 @@ int run(const Args& a) {
 Flags finetune_flags() {
   return join(
       {{
-           Flag::text("--model", "",
-                      "the model to fine-tune: a .gguf file or Hugging Face folder (its "
-                      "tokenizer and chat template prepare the data)",
+           Flag::text("--model", "", "the model: a .gguf or HF folder (its tokenizer, template)",
                       "PATH"),
-           Flag::text("--data", "",
-                      "chat JSONL (.jsonl, {\"messages\": [...]} a line: the loss on the "
-                      "assistant turns), a text corpus, or a folder of prepared shards",
+           Flag::text("--data", "", "chat .jsonl (loss on assistant turns), text, or shards",
                       "PATH"),
            Flag::text("--out", "", "the run's folder (the data, checkpoints, the model)", "DIR"),
            Flag::number("--val-fraction", 0.05, 1e-9, 1.0 - 1e-9,
-                        "share of the conversations (documents) held out for validation"),
+                        "share of conversations (documents) held out"),
        },
        train_step_flags(),
        train_session_flags()});
@@ -109,8 +105,7 @@ Flags finetune_flags() {
 
 const Registrar reg({
     "finetune",
-    "fine-tune a model file on chat JSONL or text: the data prepared with its own tokenizer and "
-    "template, every weight trained in f32 masters",
+    "fine-tune a model file on chat JSONL or text, with its own tokenizer and template",
     finetune_flags(),
     {},
     &run,

@@ -67,18 +67,12 @@ const Registrar reg({
     "prepare",
     "tokenize a corpus into train/val token shards",
     {
-        Flag::text("--tokenizer", "",
-                   "a tokenizer.json, a Hugging Face folder with one, or a .gguf model's own",
+        Flag::text("--tokenizer", "", "a tokenizer.json, an HF folder, or a .gguf model's own",
                    "PATH")
             .required(),
-        Flag::text("--in", "",
-                   "the corpus: documents split at '%' lines or blank lines (with --chat: JSONL "
-                   "conversations)",
-                   "PATH")
+        Flag::text("--in", "", "documents split at '%' or blank lines; with --chat, JSONL", "PATH")
             .required(),
-        Flag::toggle("--chat",
-                     "--in is chat JSONL ({\"messages\": [...]} a line): rendered with the "
-                     "--tokenizer model's chat template, the loss on the assistant turns only"),
+        Flag::toggle("--chat", "--in is chat JSONL: the model's template, loss on the assistant"),
         Flag::text("--out", "", "folder for the shards", "DIR").required(),
         Flag::number("--val-fraction", 0.01, 1e-9, 1.0 - 1e-9, "share of documents for validation"),
         Flag::integer("--seq", 64, 1, int64_t{1} << 20,

@@ -288,8 +288,7 @@ const Registrar reg{Command{
     {Flag::integer("--steps", 0, 0, 1000000,
                    "train: run this many steps (replaces the command's --steps); 0: its own"),
      Flag::number("--seconds", 0.0, 0.0, 1e6,
-                  "serve: stop the server after this many seconds (SIGTERM: it drains); 0: "
-                  "run until it stops"),
+                  "serve: SIGTERM (it drains) after this many seconds; 0: never"),
      Flag::toggle("--json", "the report as JSON"),
      Flag::text("--out", "", "write the report to PATH instead of stderr", "PATH"),
      Flag::text("--html", "", "also write the report as a page: the table and a roofline chart",

@@ -23,8 +23,7 @@ Flags train_model_flags() {
   const train::TrainOptions o;
   return {
       Flag::text("--model", o.model,
-                 "preset: gpt2-tiny, -mini, -small, -medium, -large, -xl; llama:tiny, "
-                 "llama:smollm2-135m, llama:smollm2-360m, llama:tinyllama-1.1b",
+                 "a preset: gpt2-small, llama:smollm2-135m, ... (an unknown one lists all)",
                  "NAME"),
       Flag::integer("--n-layer", 0, 0, 1024, "layers; 0: the preset's"),
       Flag::integer("--n-head", 0, 0, 65536, "attention heads; 0: the preset's"),
@@ -32,9 +31,7 @@ Flags train_model_flags() {
       Flag::integer("--max-seq", 0, 0, int64_t{1} << 20, "longest sequence; 0: the preset's"),
       Flag::integer("--vocab-size", 0, 0, int64_t{1} << 24,
                     "vocabulary; 0: the data's (else at least it)"),
-      Flag::text("--init-from", "",
-                 "a model to fine-tune: a .gguf file or Hugging Face folder (GPT-2 or Llama "
-                 "family, any stored type; trained in f32 masters)",
+      Flag::text("--init-from", "", "a model to fine-tune (.gguf or HF folder, GPT-2 or Llama)",
                  "PATH"),
       Flag::text("--data", "", "prepared shards (tessera prepare); required without --resume",
                  "DIR"),
