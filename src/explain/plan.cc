@@ -57,6 +57,19 @@ std::string plain_name(const std::string& dtype) {
   return dtype;
 }
 
+// The engine's cache layout on the CPU for the model's heads: blocks of `block` tokens, keys
+// then values in each.
+void set_cpu_layout(ops::PagedKvLayout& a, const model::DecoderConfig& c, DType kv_type,
+                    int64_t block) {
+  a.Hkv = c.n_kv_heads;
+  a.D = c.head_dim;
+  a.kv_type = kv_type;
+  a.k_transposed = ops::paged_keys_transposed(ops::Device::cpu);
+  a.block_tokens = block;
+  a.v_offset = block * a.Hkv * a.D;
+  a.block_stride = 2 * a.v_offset;
+}
+
 // The rate (GB/s of cached keys and values) at which paged attention reads a cache that streams
 // from memory: `rows` decode rows of `keys` keys each, the layer's cache cycled through copies
 // that together pass ~150 MB (past the L3 these VMs give a process, as a decode step's cache
@@ -68,13 +81,7 @@ double measure_attention_gbs(const ops::Context& ctx, const model::DecoderConfig
                              int64_t kRows, int64_t kKeys) {
   constexpr int64_t kBlock = 32;
   ops::PagedAttentionArgs a;
-  a.Hkv = c.n_kv_heads;
-  a.D = c.head_dim;
-  a.kv_type = kv_type;
-  a.k_transposed = ops::paged_keys_transposed(ops::Device::cpu);
-  a.block_tokens = kBlock;
-  a.v_offset = kBlock * a.Hkv * a.D;
-  a.block_stride = 2 * a.v_offset;
+  set_cpu_layout(a, c, kv_type, kBlock);
   const int64_t blocks = kRows * ((kKeys + kBlock - 1) / kBlock), elems = blocks * a.block_stride;
   const auto layer_bytes = static_cast<size_t>(elems * dtype_bytes(kv_type, 1));
   const auto kCopies = static_cast<int64_t>(std::max<size_t>(2, (150u << 20) / layer_bytes + 1));
@@ -108,13 +115,7 @@ double measure_prefill_attention_gflops(const ops::Context& ctx, const model::De
                                         DType kv_type) {
   constexpr int64_t kRows = 128, kKeys = 512, kBlock = 32, kBlocks = kKeys / kBlock;
   ops::PagedAttentionArgs a;
-  a.Hkv = c.n_kv_heads;
-  a.D = c.head_dim;
-  a.kv_type = kv_type;
-  a.k_transposed = ops::paged_keys_transposed(ops::Device::cpu);
-  a.block_tokens = kBlock;
-  a.v_offset = kBlock * a.Hkv * a.D;
-  a.block_stride = 2 * a.v_offset;
+  set_cpu_layout(a, c, kv_type, kBlock);
   AlignedBuffer<uint8_t> kv(
       static_cast<size_t>(kBlocks * a.block_stride * dtype_bytes(kv_type, 1)));
   std::memset(kv.data(), 0, kv.size());
@@ -145,13 +146,7 @@ double measure_kv_append_row_s(const ops::Context& ctx, const model::DecoderConf
                                DType kv_type) {
   constexpr int64_t kRows = 16, kBlock = 32, kBlocks = 16 * 48 * 8;
   ops::KvAppendArgs a;
-  a.Hkv = c.n_kv_heads;
-  a.D = c.head_dim;
-  a.kv_type = kv_type;
-  a.k_transposed = ops::paged_keys_transposed(ops::Device::cpu);
-  a.block_tokens = kBlock;
-  a.v_offset = kBlock * a.Hkv * a.D;
-  a.block_stride = 2 * a.v_offset;
+  set_cpu_layout(a, c, kv_type, kBlock);
   a.n_blocks = kBlocks;
   AlignedBuffer<uint8_t> kv(
       static_cast<size_t>(kBlocks * a.block_stride * dtype_bytes(kv_type, 1)));

@@ -115,16 +115,9 @@ PrepareStats prepare_chat_data(const PrepareChatOptions& opt, const tokenizer::T
            ": ", n_train, " train and ", n - n_train,
            " validation tokens; each split needs at least ", opt.min_tokens,
            " (one sequence plus its target): use more conversations or another --val-fraction");
-  make_dirs(opt.out_dir);
-  PrepareStats st;
+  PrepareStats st =
+      write_splits(opt.out_dir, tokens, n_train, tok.vocab_size(), &mask, opt.tokenizer_json);
   st.documents = static_cast<int64_t>(convs.size());
-  st.vocab = tok.vocab_size();
-  st.train_tokens = n_train;
-  st.val_tokens = n - n_train;
-  st.train_shards = write_split(opt.out_dir, "train", tokens, 0, n_train, st.vocab, &mask);
-  st.val_shards = write_split(opt.out_dir, "val", tokens, n_train, n, st.vocab, &mask);
-  write_file_atomic((std::filesystem::path(opt.out_dir) / "tokenizer.json").string(),
-                    opt.tokenizer_json);
   // The template travels with the data, so the model a run saves renders chats as it learned.
   write_file_atomic((std::filesystem::path(opt.out_dir) / "chat_template.jinja").string(),
                     tmpl.source);

@@ -43,8 +43,8 @@ std::string shard_name(const std::string& dir, const std::string& split, int i) 
   return (std::filesystem::path(dir) / (split + buf)).string();
 }
 
-}  // namespace
-
+// Writes tokens[begin, end) as shards <split>_000.bin, ... (and loss_mask[begin, end), when
+// given, as <split>_000.mask, ...); returns the shard count.
 int write_split(const std::string& dir, const std::string& split,
                 const std::vector<int32_t>& tokens, int64_t begin, int64_t end, int64_t vocab,
                 const std::vector<int32_t>* loss_mask) {
@@ -59,6 +59,8 @@ int write_split(const std::string& dir, const std::string& split,
   }
   return n;
 }
+
+}  // namespace
 
 void write_shard(const std::string& path, const std::vector<int32_t>& tokens, int64_t vocab) {
   TS_CHECK(vocab > 0 && vocab <= (int64_t{1} << 31) - 1, "[data] ", path, ": bad vocab size ",
@@ -186,17 +188,10 @@ PrepareStats prepare_data(const PrepareOptions& opt) {
            n, " tokens split into ", n_train, " train and ", n_val,
            " validation tokens; each split needs at least ", opt.min_tokens,
            " (one sequence plus its target): use a larger corpus or --val-fraction");
-  make_dirs(opt.out_dir);
-  PrepareStats st;
-  st.documents = static_cast<int64_t>(docs.size());
-  st.vocab = tok.vocab_size();
-  st.train_tokens = n_train;
-  st.val_tokens = n_val;
-  st.train_shards = write_split(opt.out_dir, "train", tokens, 0, n_train, st.vocab);
-  st.val_shards = write_split(opt.out_dir, "val", tokens, n_train, n, st.vocab);
   // A byte copy of a tokenizer.json, so the run uses exactly the file the user named; a GGUF's
   // tokenizer as the tokenizer.json it converts to.
-  write_file_atomic((std::filesystem::path(opt.out_dir) / "tokenizer.json").string(), tok_json);
+  PrepareStats st = write_splits(opt.out_dir, tokens, n_train, tok.vocab_size(), nullptr, tok_json);
+  st.documents = static_cast<int64_t>(docs.size());
   nlohmann::json meta = {{"format", "tessera-tokens"},       {"version", kShardVersion},
                          {"source", opt.input_path},         {"documents", st.documents},
                          {"vocab_size", st.vocab},           {"eot_token", eot},
@@ -205,6 +200,21 @@ PrepareStats prepare_data(const PrepareOptions& opt) {
                          {"val_shards", st.val_shards}};
   write_file_atomic((std::filesystem::path(opt.out_dir) / "meta.json").string(),
                     meta.dump(2) + "\n");
+  return st;
+}
+
+PrepareStats write_splits(const std::string& dir, const std::vector<int32_t>& tokens,
+                          int64_t n_train, int64_t vocab, const std::vector<int32_t>* loss_mask,
+                          const std::string& tokenizer_json) {
+  make_dirs(dir);
+  const auto n = static_cast<int64_t>(tokens.size());
+  PrepareStats st;
+  st.vocab = vocab;
+  st.train_tokens = n_train;
+  st.val_tokens = n - n_train;
+  st.train_shards = write_split(dir, "train", tokens, 0, n_train, vocab, loss_mask);
+  st.val_shards = write_split(dir, "val", tokens, n_train, n, vocab, loss_mask);
+  write_file_atomic((std::filesystem::path(dir) / "tokenizer.json").string(), tokenizer_json);
   return st;
 }
 

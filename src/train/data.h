@@ -31,12 +31,6 @@ struct Shard {
 // every token < vocab. Throws Error naming the file and the field at fault.
 Shard read_shard(const std::string& path);
 
-// Writes tokens[begin, end) as shards <split>_000.bin, ... (and loss_mask[begin, end), when
-// given, as <split>_000.mask, ...); returns the shard count.
-int write_split(const std::string& dir, const std::string& split,
-                const std::vector<int32_t>& tokens, int64_t begin, int64_t end, int64_t vocab,
-                const std::vector<int32_t>* loss_mask = nullptr);
-
 // Documents are separated by a line holding only "%" (fortune files) or by a blank line (two
 // consecutive newlines). Empty documents are dropped. Separator lines are not part of any text.
 std::vector<std::string> split_documents(const std::string& text);
@@ -55,6 +49,12 @@ struct PrepareStats {
 // count: the last ceil(val_fraction * N) tokens go to validation. Writes <out>/train_NNN.bin,
 // <out>/val_NNN.bin, <out>/tokenizer.json and <out>/meta.json.
 PrepareStats prepare_data(const PrepareOptions& opt);
+// Writes tokens[0, n_train) as the train split and the rest as the validation split (shards
+// <split>_NNN.bin, and loss_mask's values as <split>_NNN.mask where given) and tokenizer.json into
+// `dir` (created); returns the counts, documents left to the caller.
+PrepareStats write_splits(const std::string& dir, const std::vector<int32_t>& tokens,
+                          int64_t n_train, int64_t vocab, const std::vector<int32_t>* loss_mask,
+                          const std::string& tokenizer_json);
 
 // One split ("train" or "val") of a data folder: all its shards concatenated in order.
 struct TokenData {

@@ -7,10 +7,9 @@
 #include <string>
 
 #include "apps/cli/args.h"
+#include "apps/cli/chat_prepare.h"
 #include "apps/cli/train_flags.h"
 #include "core/error.h"
-#include "infer/loaded_model.h"
-#include "train/chat_data.h"
 #include "train/data.h"
 #include "train/trainer.h"
 
@@ -25,26 +24,9 @@ std::string prepare(const std::string& model, const std::string& data, const std
   if (fs::is_directory(data)) return data;
   TS_CHECK(fs::is_regular_file(data), "--data ", data, ": no such file or folder");
   const std::string dir = (fs::path(out) / "data").string();
-  model::DecoderLoadOptions lo;
-  lo.mmap = true;
-  const infer::LoadedModel m = infer::load_model_and_tokenizer(model, lo, false);
   train::PrepareStats s;
   if (data.ends_with(".jsonl")) {
-    TS_CHECK(!m.chat_template.empty(), "-m ", model,
-             ": the model has no chat template to render --data's conversations with");
-    const tokenizer::SpecialTokens& sp = m.tok.special_tokens();
-    train::ChatTemplate t;
-    t.source = m.chat_template;
-    t.name = model + " chat template";
-    t.bos = sp.bos >= 0 ? m.tok.decode({sp.bos}) : "";
-    t.eos = sp.eos >= 0 ? m.tok.decode({sp.eos}) : "";
-    train::PrepareChatOptions o;
-    o.input_path = data;
-    o.out_dir = dir;
-    o.tokenizer_json = m.tok.to_json_text();
-    o.val_fraction = val_fraction;
-    o.min_tokens = seq + 1;
-    s = train::prepare_chat_data(o, m.tok, t);
+    s = prepare_chat_for_model("-m", model, data, dir, val_fraction, seq + 1);
   } else {
     train::PrepareOptions o;
     o.tokenizer_path = model;

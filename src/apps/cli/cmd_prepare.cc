@@ -5,9 +5,8 @@
 #include <vector>
 
 #include "apps/cli/args.h"
+#include "apps/cli/chat_prepare.h"
 #include "core/error.h"
-#include "infer/loaded_model.h"
-#include "train/chat_data.h"
 #include "train/data.h"
 
 namespace tessera::cli {
@@ -15,34 +14,15 @@ namespace {
 
 // --chat: the conversations rendered with the chat template of the model --tokenizer names.
 int run_chat(const Args& a) {
-  const std::string path = a.str("--tokenizer");
-  TS_CHECK(path.ends_with(".gguf") || std::filesystem::is_directory(path), "--tokenizer ", path,
-           ": --chat needs a model (a .gguf file or Hugging Face folder) "
-           "whose chat template renders the conversations");
-  model::DecoderLoadOptions lo;
-  lo.mmap = true;
-  const infer::LoadedModel m = infer::load_model_and_tokenizer(path, lo, false);
-  TS_CHECK(!m.chat_template.empty(), "--tokenizer ", path,
-           ": the model has no chat template to render the conversations with");
-  const tokenizer::SpecialTokens& sp = m.tok.special_tokens();
-  train::ChatTemplate t;
-  t.source = m.chat_template;
-  t.name = path + " chat template";
-  t.bos = sp.bos >= 0 ? m.tok.decode({sp.bos}) : "";
-  t.eos = sp.eos >= 0 ? m.tok.decode({sp.eos}) : "";
-  train::PrepareChatOptions o;
-  o.input_path = a.str("--in");
-  o.out_dir = a.str("--out");
-  o.tokenizer_json = m.tok.to_json_text();
-  o.val_fraction = a.f64("--val-fraction");
-  o.min_tokens = a.i64("--seq") + 1;
-  const train::PrepareStats s = train::prepare_chat_data(o, m.tok, t);
+  const std::string out = a.str("--out");
+  const train::PrepareStats s =
+      prepare_chat_for_model("--tokenizer", a.str("--tokenizer"), a.str("--in"), out,
+                             a.f64("--val-fraction"), a.i64("--seq") + 1);
   std::printf(
       "%lld conversations, vocab %lld: %lld train tokens, %lld val tokens, the assistant's "
       "turns counted by the loss -> %s\n",
       static_cast<long long>(s.documents), static_cast<long long>(s.vocab),
-      static_cast<long long>(s.train_tokens), static_cast<long long>(s.val_tokens),
-      o.out_dir.c_str());
+      static_cast<long long>(s.train_tokens), static_cast<long long>(s.val_tokens), out.c_str());
   return 0;
 }
 
