@@ -1,7 +1,7 @@
 // GPT-2 training on an accelerator: f32 master parameters, their bf16 copy, f32 gradients, AdamW
 // state and bf16 activations all in device memory; a step is forward, backward and AdamW as
 // launches on one stream. The description is plain data (tensor offsets into the flat parameter
-// buffer that model::Gpt2 lays out), so the backend stays below model/. Implemented by
+// buffer that model::TrainModel lays out), so the backend stays below model/. Implemented by
 // backend/cuda; backend/no_cuda's factory says the build has no CUDA.
 #pragma once
 

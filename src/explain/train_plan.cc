@@ -70,7 +70,7 @@ TrainPlan make_train_plan(const TrainPlanInput& in, const Machine& machine) {
   TS_CHECK(in.batch >= 1 && in.seq >= 1 && in.grad_accum >= 1, "[plan] bad training shape: batch ",
            in.batch, ", seq ", in.seq, ", grad_accum ", in.grad_accum);
   TrainPlan p;
-  const model::Gpt2Config cfg = model::Gpt2Config::preset(in.preset, in.vocab);
+  const model::TrainConfig cfg = model::TrainConfig::preset(in.preset, in.vocab);
   TS_CHECK(in.seq <= cfg.max_seq, "[plan] seq ", in.seq, " exceeds ", in.preset, "'s max_seq ",
            cfg.max_seq);
   ops::OpTally micro_ops, opt_ops;
@@ -79,7 +79,7 @@ TrainPlan make_train_plan(const TrainPlanInput& in, const Machine& machine) {
   ctx.dry_run = true;
   ctx.observer = &observer;
   // The model's buffers are allocated but never touched in a dry run (pages stay unbacked).
-  model::Gpt2 m(cfg, ctx);
+  model::TrainModel m(cfg, ctx);
   p.params = m.num_params();
   const double n = static_cast<double>(p.params);
   p.param_bytes = 4 * n;
@@ -136,7 +136,7 @@ ParallelPlan plan_parallel(const TrainPlan& one, const TrainPlanInput& in, const
            "must be at least 1");
   TS_CHECK(par.link_gbs > 0 || (par.data == 1 && par.pipeline == 1),
            "[plan] data or pipeline parallel needs the link's bandwidth");
-  const model::Gpt2Config cfg = model::Gpt2Config::preset(in.preset, in.vocab);
+  const model::TrainConfig cfg = model::TrainConfig::preset(in.preset, in.vocab);
   TS_CHECK(par.pipeline <= cfg.n_layer, "[plan] ", par.pipeline, " pipeline stages for ",
            cfg.n_layer, " layers");
   ParallelPlan p;

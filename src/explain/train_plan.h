@@ -1,6 +1,6 @@
 // The training planner: what a GPT-2 training step needs and how long it takes, before it runs.
 // Memory from the model's own layout (parameters, gradients, AdamW's two moments, the bf16 copy
-// of the matrices in bf16 precision, the activation arena Gpt2::plan sizes for the batch,
+// of the matrices in bf16 precision, the activation arena TrainModel::plan sizes for the batch,
 // sequence and recompute policy) and the process; time from the model's own step walked in a dry
 // run (ops::Context::dry_run) for one sequence, each op scaled to the batch, priced like the
 // inference planner's (explain/plan.h), the products at this machine's measured GEMM rate.
@@ -10,7 +10,7 @@
 #include <string>
 
 #include "explain/plan.h"
-#include "model/gpt2.h"
+#include "model/train_model.h"
 
 namespace tessera::explain {
 

@@ -1,7 +1,7 @@
 // One decoder layer's forward and backward passes (GPT-2 and the Llama family), written once
 // against ops/. The engine runs the forward over a chunk of token rows whose keys and values go
 // to the paged cache (DecoderForward); the trainer runs it over (B,T) rows that attend causally
-// among themselves, keeps what the backward reads, and runs the backward (Gpt2). What differs
+// among themselves, keeps what the backward reads, and runs the backward (TrainModel). What differs
 // between the two is only where the tensors live (BlockTensors) and how queries meet keys
 // (BlockAttention).
 #pragma once

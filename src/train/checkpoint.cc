@@ -75,7 +75,7 @@ std::string rng_str(const uint64_t s[4]) {
   return cat(s[0], " ", s[1], " ", s[2], " ", s[3]);
 }
 
-std::string config_json(const model::Gpt2Config& c) {
+std::string config_json(const model::TrainConfig& c) {
   nlohmann::json j = {{"n_layer", c.n_layer},
                       {"n_head", c.n_head},
                       {"n_embd", c.n_embd},
@@ -93,8 +93,8 @@ std::string config_json(const model::Gpt2Config& c) {
   return j.dump();
 }
 
-model::Gpt2Config config_from(const formats::SafetensorsReader& r) {
-  model::Gpt2Config c;
+model::TrainConfig config_from(const formats::SafetensorsReader& r) {
+  model::TrainConfig c;
   try {
     const auto j = nlohmann::json::parse(meta(r, "config"));
     c.n_layer = j.at("n_layer").get<int64_t>();
@@ -140,7 +140,7 @@ std::string checkpoint_path(const std::string& dir) {
   return (std::filesystem::path(dir) / "checkpoint.safetensors").string();
 }
 
-void save_checkpoint(const std::string& dir, const model::Gpt2& m, const AdamW& opt,
+void save_checkpoint(const std::string& dir, const model::TrainModel& m, const AdamW& opt,
                      const TrainState& st, const std::string& options_json) {
   make_dirs(dir);
   const Shape flat{m.num_params()};
@@ -179,7 +179,7 @@ CheckpointInfo read_checkpoint_info(const std::string& dir) {
   return info;
 }
 
-TrainState load_checkpoint(const std::string& dir, model::Gpt2& m, AdamW& opt) {
+TrainState load_checkpoint(const std::string& dir, model::TrainModel& m, AdamW& opt) {
   const std::string path = checkpoint_path(dir);
   TS_CHECK(file_exists(path), "[checkpoint] no checkpoint at '", path, "'");
   formats::SafetensorsReader r(path);
@@ -211,13 +211,13 @@ TrainState load_checkpoint(const std::string& dir, model::Gpt2& m, AdamW& opt) {
   return st;
 }
 
-std::unique_ptr<model::Gpt2> load_model_from_checkpoint(const std::string& dir,
-                                                        const ops::Context& ctx) {
+std::unique_ptr<model::TrainModel> load_model_from_checkpoint(const std::string& dir,
+                                                              const ops::Context& ctx) {
   const std::string path = checkpoint_path(dir);
   TS_CHECK(file_exists(path), "[checkpoint] no checkpoint at '", path, "'");
   formats::SafetensorsReader r(path);
   check_format(r);
-  auto m = std::make_unique<model::Gpt2>(config_from(r), ctx);
+  auto m = std::make_unique<model::TrainModel>(config_from(r), ctx);
   ops::HostMirror<float> params(ctx, m->params(), m->num_params(), ops::HostMirror<float>::write);
   r.read_f32("params", Shape{m->num_params()}, params.data());
   params.flush();

@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-#include "model/gpt2.h"
+#include "model/train_model.h"
 #include "train/data.h"
 #include "train/optimizer.h"
 
@@ -25,22 +25,22 @@ struct TrainState {
 
 std::string checkpoint_path(const std::string& dir);  // <dir>/checkpoint.safetensors
 
-void save_checkpoint(const std::string& dir, const model::Gpt2& m, const AdamW& opt,
+void save_checkpoint(const std::string& dir, const model::TrainModel& m, const AdamW& opt,
                      const TrainState& st, const std::string& options_json);
 
 // Reads only the metadata: the run options JSON and the model config. Throws naming the file.
 struct CheckpointInfo {
   std::string options_json;
-  model::Gpt2Config config;
+  model::TrainConfig config;
 };
 CheckpointInfo read_checkpoint_info(const std::string& dir);
 
 // Restores params (then calls params_updated()), m, v and the state. The model and optimizer must
 // have the checkpoint's layout; throws naming the file and the tensor or field otherwise.
-TrainState load_checkpoint(const std::string& dir, model::Gpt2& m, AdamW& opt);
+TrainState load_checkpoint(const std::string& dir, model::TrainModel& m, AdamW& opt);
 
 // Builds a model from a checkpoint's config and params alone (for `sample` without model/).
-std::unique_ptr<model::Gpt2> load_model_from_checkpoint(const std::string& dir,
-                                                        const ops::Context& ctx);
+std::unique_ptr<model::TrainModel> load_model_from_checkpoint(const std::string& dir,
+                                                              const ops::Context& ctx);
 
 }  // namespace tessera::train

@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "model/gpt2.h"
+#include "model/train_model.h"
 #include "ops/ops.h"
 
 namespace tessera::train {
@@ -29,7 +29,7 @@ AdamW::AdamW(const TensorTable& table, const AdamWConfig& cfg, const ops::Contex
   for (size_t i = 0; i < ts.size(); ++i) {
     const int64_t begin = ts[i]->offset;
     const int64_t end = i + 1 < ts.size() ? ts[i + 1]->offset : n_;
-    const bool decay = model::Gpt2::decays(*ts[i]);
+    const bool decay = model::TrainModel::decays(*ts[i]);
     if (!runs_.empty() && runs_.back().decay == decay &&
         runs_.back().offset + runs_.back().n == begin) {
       runs_.back().n += end - begin;

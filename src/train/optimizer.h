@@ -1,5 +1,6 @@
 // AdamW over the model's flat parameter buffer: m and v share the parameter layout, weight decay
-// applies per tensor (Gpt2::decays), and the global gradient norm is clipped before the update.
+// applies per tensor (TrainModel::decays), and the global gradient norm is clipped before the
+// update.
 #pragma once
 
 #include <cstdint>

@@ -4,7 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "model/gpt2.h"
+#include "model/train_model.h"
 #include "train/lr_schedule.h"
 
 namespace tessera::train {
@@ -94,7 +94,7 @@ void validate_options(const TrainOptions& o) {
   TS_CHECK(o.early_stop == 0 || o.eval_every > 0, "--early-stop needs --eval-every > 0");
   TS_CHECK(o.checkpoint_every >= 0, "--checkpoint-every must be >= 0");
   TS_CHECK(o.vocab_size >= 0, "--vocab-size must be >= 0, got ", o.vocab_size);
-  if (o.init_from.empty()) model::Gpt2Config::preset(o.model, 1);  // throws naming the preset
+  if (o.init_from.empty()) model::TrainConfig::preset(o.model, 1);  // throws naming the preset
   model::parse_precision(o.precision);
   model::parse_recompute(o.recompute);
   parse_schedule(o.schedule);

@@ -42,8 +42,8 @@ std::string fmt(double v) {
   return buf;
 }
 
-model::Gpt2Config build_config(const TrainOptions& o, int64_t vocab) {
-  model::Gpt2Config c = model::Gpt2Config::preset(o.model, vocab);
+model::TrainConfig build_config(const TrainOptions& o, int64_t vocab) {
+  model::TrainConfig c = model::TrainConfig::preset(o.model, vocab);
   if (o.n_layer > 0) c.n_layer = o.n_layer;
   if (o.n_head > 0) c.n_head = o.n_head;
   if (o.n_embd > 0) c.n_embd = o.n_embd;
@@ -105,7 +105,7 @@ Trainer::Trainer(const TrainOptions& opts, bool resume) : opts_(opts) {
   const int64_t data_vocab = std::max(train_data_.vocab, val_data_.vocab);
 
   if (resume) {
-    model_ = std::make_unique<model::Gpt2>(read_checkpoint_info(opts_.out_dir).config, ctx);
+    model_ = std::make_unique<model::TrainModel>(read_checkpoint_info(opts_.out_dir).config, ctx);
   } else if (!opts_.init_from.empty()) {
     model_ = model::load_trainable(opts_.init_from, ctx);
     TS_CHECK(opts_.vocab_size == 0 || opts_.vocab_size == model_->config().vocab_size,
@@ -113,9 +113,9 @@ Trainer::Trainer(const TrainOptions& opts, bool resume) : opts_(opts) {
              opts_.init_from, "' (", model_->config().vocab_size, ")");
   } else {
     const int64_t vocab = opts_.vocab_size > 0 ? opts_.vocab_size : data_vocab;
-    model_ = std::make_unique<model::Gpt2>(build_config(opts_, vocab), ctx);
+    model_ = std::make_unique<model::TrainModel>(build_config(opts_, vocab), ctx);
   }
-  const model::Gpt2Config& cfg = model_->config();
+  const model::TrainConfig& cfg = model_->config();
   TS_CHECK(data_vocab <= cfg.vocab_size, "[train] data in '", opts_.data_dir,
            "' has vocabulary size ", data_vocab, ", larger than the model's ", cfg.vocab_size,
            (opts_.vocab_size > 0 ? " (--vocab-size)" : ""));

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "backend/device_gpt2.h"
-#include "model/gpt2.h"
+#include "model/train_model.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
 #include "train/lr_schedule.h"
@@ -40,7 +40,7 @@ class Trainer {
   // Mean validation loss over the fixed windows (min(eval_batches, windows/B rounded up) batches).
   double evaluate();
 
-  model::Gpt2& model() { return *model_; }
+  model::TrainModel& model() { return *model_; }
   const TrainState& state() const { return st_; }
   const TrainOptions& options() const { return opts_; }
 
@@ -55,7 +55,7 @@ class Trainer {
   TrainOptions opts_;
   std::unique_ptr<ThreadPool> pool_;  // --threads N; otherwise the context's default pool
   TokenData train_data_, val_data_;
-  std::unique_ptr<model::Gpt2> model_;
+  std::unique_ptr<model::TrainModel> model_;
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<BatchLoader> loader_;
   std::unique_ptr<ValLoader> val_loader_;

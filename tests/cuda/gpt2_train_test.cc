@@ -16,7 +16,7 @@
 #include "backend/device_gpt2.h"
 #include "core/rng.h"
 #include "cuda_test_util.h"
-#include "model/gpt2.h"
+#include "model/train_model.h"
 #include "ops/memory.h"
 #include "test_util/expect_error.h"
 #include "train/data.h"
@@ -28,13 +28,13 @@ namespace {
 
 constexpr int64_t kB = 2, kT = 64;
 
-model::Gpt2Config tiny_config() {
-  model::Gpt2Config c;
+model::TrainConfig tiny_config() {
+  model::TrainConfig c;
   c.n_layer = 2;
   c.n_head = 2;
   c.n_embd = 128;  // head dim 64, as the flash attention kernels need
   c.vocab_size = 300;
-  c.padded_vocab_size = model::Gpt2Config::pad_vocab(300);
+  c.padded_vocab_size = model::TrainConfig::pad_vocab(300);
   c.max_seq = 128;
   return c;
 }
@@ -50,11 +50,12 @@ void batch(uint64_t seed, std::vector<int32_t>& inp, std::vector<int32_t>& tgt) 
 }
 
 // The GPU side of a comparison: the CUDA twin (backend::DeviceGpt2), or the model's own step
-// (model::Gpt2 on a CUDA context, its ops on the CUDA ops backend) with its AdamW there.
+// (model::TrainModel on a CUDA context, its ops on the CUDA ops backend) with its AdamW there.
 class GpuGpt2 {
  public:
   // Starts from cpu's parameters (planned for (kB, kT) in bf16 with recompute rc).
-  GpuGpt2(const model::Gpt2& cpu, bool shared, model::Recompute rc, const train::AdamWConfig& ac) {
+  GpuGpt2(const model::TrainModel& cpu, bool shared, model::Recompute rc,
+          const train::AdamWConfig& ac) {
     if (!shared) {
       twin_ = backend::make_cuda_gpt2(cpu.device_desc(kB, kT));
       twin_->upload_params(cpu.params());
@@ -62,7 +63,7 @@ class GpuGpt2 {
     }
     cuda::register_ops_backend();
     ctx_.device = ops::Device::cuda;
-    model_ = std::make_unique<model::Gpt2>(cpu.config(), ctx_);
+    model_ = std::make_unique<model::TrainModel>(cpu.config(), ctx_);
     model_->plan(kB, kT, model::Precision::bf16, rc);
     const int64_t n = cpu.num_params();
     ops::copy(ctx_, model_->params(), cpu.params(), static_cast<size_t>(n) * sizeof(float),
@@ -99,7 +100,7 @@ class GpuGpt2 {
  private:
   std::unique_ptr<backend::DeviceGpt2> twin_;
   ops::Context ctx_;
-  std::unique_ptr<model::Gpt2> model_;
+  std::unique_ptr<model::TrainModel> model_;
   std::unique_ptr<train::AdamW> opt_;
 };
 
@@ -109,7 +110,7 @@ class CudaGpt2Step : public ::testing::TestWithParam<bool> {};
 TEST_P(CudaGpt2Step, GradientsAndLossCurveMatchCpu) {
   TS_REQUIRE_CUDA_DEVICE();
   const ops::Context ctx;
-  model::Gpt2 cpu(tiny_config(), ctx);
+  model::TrainModel cpu(tiny_config(), ctx);
   cpu.init_weights(3);
   cpu.plan(kB, kT, model::Precision::bf16, model::Recompute::none);
   cpu.params_updated();
@@ -228,7 +229,7 @@ TEST(CudaGpt2, RecomputePoliciesGiveTheSameGradientsInLessMemory) {
     std::vector<float> grads;
   };
   auto run = [&](model::Recompute rc) {
-    model::Gpt2 m(tiny_config(), ctx);
+    model::TrainModel m(tiny_config(), ctx);
     m.init_weights(4);
     m.plan(kB, kT, model::Precision::bf16, rc);
     m.params_updated();
@@ -248,7 +249,7 @@ TEST(CudaGpt2, RecomputePoliciesGiveTheSameGradientsInLessMemory) {
   const Run block = run(model::Recompute::block);
   EXPECT_LT(gelu.bytes, none.bytes);
   EXPECT_LT(block.bytes, gelu.bytes);
-  model::Gpt2 layout(tiny_config(), ctx);
+  model::TrainModel layout(tiny_config(), ctx);
   for (const Run* r : {&gelu, &block}) {
     EXPECT_EQ(r->loss, none.loss);
     EXPECT_EQ(r->eval, none.eval);
@@ -272,11 +273,11 @@ TEST(CudaGpt2, RecomputePoliciesGiveTheSameGradientsInLessMemory) {
 TEST(CudaGpt2, RefusesBadShapesAndBatches) {
   TS_REQUIRE_CUDA_DEVICE();
   const ops::Context ctx;
-  model::Gpt2Config c = tiny_config();
+  model::TrainConfig c = tiny_config();
   c.n_head = 4;  // head dim 32
-  model::Gpt2 odd(c, ctx);
+  model::TrainModel odd(c, ctx);
   test::expect_error([&] { backend::make_cuda_gpt2(odd.device_desc(kB, kT)); }, "head dim 32");
-  model::Gpt2 m(tiny_config(), ctx);
+  model::TrainModel m(tiny_config(), ctx);
   m.init_weights(1);
   auto gpu = backend::make_cuda_gpt2(m.device_desc(kB, kT));
   gpu->upload_params(m.params());

@@ -31,7 +31,7 @@ TEST(TrainPlan, MemoryFromTheModelsLayout) {
   const TrainPlan p = make_train_plan(in, flat_machine());
   ops::Context ctx;
   ctx.dry_run = true;
-  model::Gpt2 m(model::Gpt2Config::preset("gpt2-tiny", 300), ctx);
+  model::TrainModel m(model::TrainConfig::preset("gpt2-tiny", 300), ctx);
   m.plan(2, 16, model::Precision::bf16, ops::Recompute::none);
   EXPECT_EQ(p.params, m.num_params());
   EXPECT_EQ(p.param_bytes, 4.0 * m.num_params());
@@ -96,7 +96,7 @@ TEST(TrainPlan, DataAndPipelineParallelByHand) {
   par.link_gbs = 1;
   par.link_latency_s = 1e-6;
   const ParallelPlan p = plan_parallel(one, in, par, 0);
-  const model::Gpt2Config cfg = model::Gpt2Config::preset("gpt2-tiny", 300);
+  const model::TrainConfig cfg = model::TrainConfig::preset("gpt2-tiny", 300);
   const double half = one.micro.seconds / 2;
   EXPECT_EQ(p.ranks, 8);
   EXPECT_NEAR(p.compute_s, 4 * half, 1e-15);

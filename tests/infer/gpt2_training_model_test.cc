@@ -13,7 +13,7 @@
 
 #include "core/rng.h"
 #include "infer/engine.h"
-#include "model/gpt2.h"
+#include "model/train_model.h"
 
 namespace tessera::infer {
 namespace {
@@ -21,19 +21,19 @@ namespace {
 constexpr int64_t kVocab = 300, kT = 40;
 
 // The shapes checked: by preset name, with variants of llama:tiny.
-model::Gpt2Config shape(const std::string& name) {
+model::TrainConfig shape(const std::string& name) {
   if (name == "llama-mqa-bias-tied") {
-    model::Gpt2Config c = model::Gpt2Config::preset("llama:tiny", kVocab);
+    model::TrainConfig c = model::TrainConfig::preset("llama:tiny", kVocab);
     c.n_kv_head = 1, c.qkv_bias = true, c.tied = true;
     return c;
   }
-  return model::Gpt2Config::preset(name, kVocab);
+  return model::TrainConfig::preset(name, kVocab);
 }
 
 // The shape with every parameter perturbed (biases and norm weights away from 0 and 1), so a
 // bias or a norm parameter the view mislays changes the logits.
-std::unique_ptr<model::Gpt2> make_model(const std::string& name = "gpt2-tiny") {
-  auto m = std::make_unique<model::Gpt2>(shape(name), ops::Context{});
+std::unique_ptr<model::TrainModel> make_model(const std::string& name = "gpt2-tiny") {
+  auto m = std::make_unique<model::TrainModel>(shape(name), ops::Context{});
   m->init_weights(7);
   Rng rng(11);
   for (int64_t i = 0; i < m->num_params(); ++i) m->params()[i] += 0.05f * rng.normal();
@@ -62,7 +62,7 @@ double rel_diff(const float* a, const float* b, int64_t n) {
 
 // The training model's logits (1, T, Vp) over tokens(), and an engine over its parameters.
 struct BothForwards {
-  std::unique_ptr<model::Gpt2> m;
+  std::unique_ptr<model::TrainModel> m;
   std::vector<int32_t> toks = tokens();
   model::DecoderModel view;
   std::unique_ptr<Engine> engine;

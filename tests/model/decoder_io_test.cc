@@ -217,7 +217,7 @@ TEST(DecoderRoundTrip, MistralSlidingWindow) {
 TEST(DecoderRoundTrip, Qwen2) {
   round_trip(test::tiny_llama(false, "Qwen2ForCausalLM"), "rt_qw");
 }
-TEST(DecoderRoundTrip, Gpt2) {
+TEST(DecoderRoundTrip, TrainModel) {
   round_trip(test::tiny_gpt2(), "rt_gpt2");
 }
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "formats/safetensors.h"
-#include "model/gpt2.h"
+#include "model/train_model.h"
 
 namespace tessera::model {
 namespace {
@@ -26,7 +26,7 @@ constexpr double kEpsBf16 = 1.0 / 128;                             // 2^-7 (8-bi
 
 struct Golden {
   formats::SafetensorsReader r{kGolden};
-  Gpt2Config cfg;
+  TrainConfig cfg;
   int64_t B = 0, T = 0;
   std::vector<int32_t> tokens, targets;
 
@@ -36,7 +36,7 @@ struct Golden {
     cfg.n_head = meta("n_head");
     cfg.n_embd = meta("n_embd");
     cfg.vocab_size = meta("vocab_size");
-    cfg.padded_vocab_size = Gpt2Config::pad_vocab(cfg.vocab_size);
+    cfg.padded_vocab_size = TrainConfig::pad_vocab(cfg.vocab_size);
     cfg.max_seq = meta("max_seq");
     B = meta("B");
     T = meta("T");
@@ -60,10 +60,10 @@ struct Golden {
     if (t.name == "wte.weight") return {cfg.vocab_size, cfg.n_embd};
     return t.shape;
   }
-  std::unique_ptr<Gpt2> make_model(bool reference) const {
+  std::unique_ptr<TrainModel> make_model(bool reference) const {
     ops::Context ctx;
     ctx.reference = reference;
-    auto m = std::make_unique<Gpt2>(cfg, ctx);
+    auto m = std::make_unique<TrainModel>(cfg, ctx);
     for (const TensorInfo& t : m->tensors().tensors())
       r.read_f32("param." + t.name, file_shape(t), m->params() + t.offset);
     return m;

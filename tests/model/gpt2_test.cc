@@ -1,7 +1,7 @@
 // GPT-2 model tests: parameter table, init, recompute policies, plan reuse, activation memory,
 // FLOP formula, HF save/load round trip and input/file errors.
-#include "model/gpt2.h"
 #include "model/decoder_save.h"
+#include "model/train_model.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -25,11 +25,11 @@ namespace tessera::model {
 namespace {
 
 // A small model that still has every feature: 2 blocks, 4 heads, odd vocabulary (padded).
-Gpt2Config tiny_config() {
-  Gpt2Config c;
+TrainConfig tiny_config() {
+  TrainConfig c;
   c.n_layer = 2, c.n_head = 4, c.n_embd = 64, c.max_seq = 32;
   c.vocab_size = 101;
-  c.padded_vocab_size = Gpt2Config::pad_vocab(101);
+  c.padded_vocab_size = TrainConfig::pad_vocab(101);
   return c;
 }
 
@@ -60,7 +60,7 @@ struct TempFolder {
   }
 };
 
-std::vector<float> grads_of(Gpt2& m, const Batch& b, Precision p, Recompute rc) {
+std::vector<float> grads_of(TrainModel& m, const Batch& b, Precision p, Recompute rc) {
   m.plan(b.B, b.T, p, rc);
   m.zero_grads();
   m.forward_backward(b.tokens.data(), b.targets.data(), b.B, b.T, 1.0f);
@@ -68,7 +68,7 @@ std::vector<float> grads_of(Gpt2& m, const Batch& b, Precision p, Recompute rc) 
 }
 
 TEST(Gpt2, ParameterTableMatchesHuggingFace) {
-  Gpt2 m(tiny_config(), ops::Context{});
+  TrainModel m(tiny_config(), ops::Context{});
   const auto& ts = m.tensors().tensors();
   const int64_t C = 64;
   ASSERT_EQ(ts.size(), 2u + 2 * 12 + 2);
@@ -79,13 +79,13 @@ TEST(Gpt2, ParameterTableMatchesHuggingFace) {
   EXPECT_EQ(m.tensors().at("h.1.mlp.c_proj.weight").shape, (Shape{C, 4 * C}));
   EXPECT_EQ(m.tensors().at("h.0.mlp.c_fc.bias").shape, (Shape{4 * C}));
   EXPECT_EQ(ts.back().name, "ln_f.bias");
-  EXPECT_TRUE(Gpt2::decays(m.tensors().at("h.0.mlp.c_fc.weight")));
-  EXPECT_FALSE(Gpt2::decays(m.tensors().at("h.0.ln_1.weight")));
+  EXPECT_TRUE(TrainModel::decays(m.tensors().at("h.0.mlp.c_fc.weight")));
+  EXPECT_FALSE(TrainModel::decays(m.tensors().at("h.0.ln_1.weight")));
 }
 
 TEST(Gpt2, InitIsDeterministicAndShaped) {
-  const Gpt2Config cfg = tiny_config();
-  Gpt2 a(cfg, ops::Context{}), b(cfg, ops::Context{});
+  const TrainConfig cfg = tiny_config();
+  TrainModel a(cfg, ops::Context{}), b(cfg, ops::Context{});
   a.init_weights(7);
   b.init_weights(7);
   EXPECT_EQ(std::memcmp(a.params(), b.params(), sizeof(float) * a.num_params()), 0);
@@ -119,7 +119,7 @@ TEST(Gpt2, InitIsDeterministicAndShaped) {
 void check_recompute_policies(bool reference) {
   ops::Context ctx;
   ctx.reference = reference;
-  Gpt2 m(tiny_config(), ctx);
+  TrainModel m(tiny_config(), ctx);
   m.init_weights(3);
   const Batch b = make_batch(2, 16, 101, 11);
   const auto g_none = grads_of(m, b, Precision::f32, Recompute::none);
@@ -147,7 +147,7 @@ TEST(Gpt2, RecomputePoliciesGiveIdenticalGradsSimd) {
 TEST(Gpt2, SmallerBatchReusesPlan) {
   ops::Context ctx;
   ctx.reference = true;
-  Gpt2 m(tiny_config(), ctx);
+  TrainModel m(tiny_config(), ctx);
   m.init_weights(5);
   const Batch small = make_batch(1, 8, 101, 2);
   const auto exact = grads_of(m, small, Precision::f32, Recompute::block);
@@ -172,7 +172,7 @@ TEST(Gpt2, SgdOverfitsOneBatch) {
   ThreadPool pool(1);
   ops::Context ctx;
   ctx.pool = &pool;
-  Gpt2 m(tiny_config(), ctx);
+  TrainModel m(tiny_config(), ctx);
   m.init_weights(4);
   const Batch b = make_batch(2, 16, 101, 8);
   m.plan(2, 16, Precision::bf16, Recompute::gelu);
@@ -190,7 +190,7 @@ TEST(Gpt2, SgdOverfitsOneBatch) {
 }
 
 TEST(Gpt2, BadInputsThrow) {
-  Gpt2 m(tiny_config(), ops::Context{});
+  TrainModel m(tiny_config(), ops::Context{});
   Batch b = make_batch(2, 8, 101, 1);
   EXPECT_THROW(m.forward(b.tokens.data(), nullptr, 2, 8), Error);       // not planned
   EXPECT_THROW(m.plan(2, 33, Precision::f32, Recompute::none), Error);  // T > max_seq
@@ -202,13 +202,13 @@ TEST(Gpt2, BadInputsThrow) {
   b.tokens[3] = 0;
   b.targets[5] = 500;
   EXPECT_THROW(m.forward_backward(b.tokens.data(), b.targets.data(), 2, 8, 1.0f), Error);
-  Gpt2Config bad = tiny_config();
+  TrainConfig bad = tiny_config();
   bad.n_head = 5;
-  EXPECT_THROW(Gpt2(bad, ops::Context{}), Error);
+  EXPECT_THROW(TrainModel(bad, ops::Context{}), Error);
 }
 
 TEST(Gpt2, AllTargetsIgnoredGivesNoGradient) {
-  Gpt2 m(tiny_config(), ops::Context{});
+  TrainModel m(tiny_config(), ops::Context{});
   m.init_weights(1);
   Batch b = make_batch(1, 4, 101, 1);
   for (auto& t : b.targets) t = -1;
@@ -220,8 +220,8 @@ TEST(Gpt2, AllTargetsIgnoredGivesNoGradient) {
 
 TEST(Gpt2, BlockRecomputeCutsActivationMemory) {
   // GPT-2 small at B=8, T=512: planning only (the arena is allocated at the first step).
-  const Gpt2Config cfg = Gpt2Config::preset("gpt2-small", 50257);
-  Gpt2 m(cfg, ops::Context{});
+  const TrainConfig cfg = TrainConfig::preset("gpt2-small", 50257);
+  TrainModel m(cfg, ops::Context{});
   // 124,439,808 real parameters + 47 padding rows of wte.
   EXPECT_EQ(m.num_params(), 124439808 + 47 * 768);
   m.plan(8, 512, Precision::f32, Recompute::none);
@@ -243,7 +243,7 @@ TEST(Gpt2, BlockRecomputeCutsActivationMemory) {
   EXPECT_EQ(m.device_desc(8, 512).recompute, Recompute::block);
   m.plan(8, 512, Precision::bf16, Recompute::gelu);
   EXPECT_EQ(m.device_desc(8, 512).recompute, Recompute::gelu);
-  EXPECT_EQ(Gpt2(cfg, ops::Context{}).device_desc(8, 512).recompute, Recompute::none);
+  EXPECT_EQ(TrainModel(cfg, ops::Context{}).device_desc(8, 512).recompute, Recompute::none);
 
   // FLOPs: 6 * (non-embedding params 85,056,000 + lm head 50257*768) + 6*L*T*C.
   const double expect = 6.0 * (85056000.0 + 50257.0 * 768) + 6.0 * 12 * 1024 * 768;
@@ -252,7 +252,7 @@ TEST(Gpt2, BlockRecomputeCutsActivationMemory) {
 
 TEST(Gpt2, SaveLoadRoundTrip) {
   ops::Context ctx;
-  Gpt2 m(tiny_config(), ctx);
+  TrainModel m(tiny_config(), ctx);
   m.init_weights(9);
   const Batch b = make_batch(2, 8, 101, 4);
   m.plan(2, 8, Precision::f32, Recompute::none);
@@ -328,7 +328,7 @@ void rewrite_as_hf_checkpoint(const std::string& dir, bool untie) {
 // every parameter equals its bf16 value widened.
 TEST(Gpt2, LoadsBf16Folder) {
   ops::Context ctx;
-  Gpt2 m(tiny_config(), ctx);
+  TrainModel m(tiny_config(), ctx);
   m.init_weights(4);
   const TempFolder tmp("bf16");
   save_decoder_hf(as_decoder(m), tmp.path, DType::bf16);
@@ -340,7 +340,7 @@ TEST(Gpt2, LoadsBf16Folder) {
 
 TEST(Gpt2, LoadsHuggingFaceNamingVariants) {
   ops::Context ctx;
-  Gpt2 m(tiny_config(), ctx);
+  TrainModel m(tiny_config(), ctx);
   m.init_weights(2);
   const TempFolder tmp("hfnames");
   const std::string& dir = tmp.path;
@@ -354,7 +354,7 @@ TEST(Gpt2, LoadsHuggingFaceNamingVariants) {
 }
 
 TEST(Gpt2, LoadErrorsNameFileAndField) {
-  Gpt2 m(tiny_config(), ops::Context{});
+  TrainModel m(tiny_config(), ops::Context{});
   m.init_weights(1);
   const TempFolder tmp("errors");
   const std::string& dir = tmp.path;

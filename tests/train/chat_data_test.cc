@@ -17,7 +17,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "infer/loaded_model.h"
-#include "model/gpt2.h"
+#include "model/train_model.h"
 #include "tokenizer/jinja.h"
 
 namespace tessera::train {
@@ -94,9 +94,9 @@ TEST(ChatData, MaskedLossIsTheAssistantTokensMean) {
               d.loss_mask[static_cast<size_t>(i + 1)] ? d.tokens[static_cast<size_t>(i + 1)] : -1);
   ops::Context ctx;
   ctx.reference = true;
-  model::Gpt2Config c = model::Gpt2Config::preset("llama:tiny", 37);
+  model::TrainConfig c = model::TrainConfig::preset("llama:tiny", 37);
   c.n_layer = 2, c.n_embd = 32, c.d_ff = 48, c.max_seq = T;
-  model::Gpt2 m(c, ctx);
+  model::TrainModel m(c, ctx);
   m.init_weights(3);
   m.plan(2, T, model::Precision::f32, model::Recompute::none);
   const double masked = m.forward(in.data(), tgt.data(), 2, T);

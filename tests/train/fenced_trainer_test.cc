@@ -14,7 +14,7 @@
 
 #include "core/file_io.h"
 #include "core/rng.h"
-#include "model/gpt2.h"
+#include "model/train_model.h"
 #include "ops/memory.h"
 #include "test_util/fenced_device.h"
 #include "train/checkpoint.h"
@@ -25,18 +25,18 @@
 namespace tessera::train {
 namespace {
 
-using model::Gpt2;
-using model::Gpt2Config;
 using model::Precision;
 using model::Recompute;
+using model::TrainConfig;
+using model::TrainModel;
 
-Gpt2Config tiny() {
-  Gpt2Config c;
+TrainConfig tiny() {
+  TrainConfig c;
   c.n_layer = 2;
   c.n_head = 2;
   c.n_embd = 32;
   c.vocab_size = 101;
-  c.padded_vocab_size = Gpt2Config::pad_vocab(101);
+  c.padded_vocab_size = TrainConfig::pad_vocab(101);
   c.max_seq = 16;
   return c;
 }
@@ -46,7 +46,7 @@ struct Steps {
 };
 
 // Three steps of B=2, T=12 (one target ignored), then an evaluation loss.
-Steps train(Gpt2& m, AdamW& opt, Precision p, Recompute rc) {
+Steps train(TrainModel& m, AdamW& opt, Precision p, Recompute rc) {
   constexpr int64_t B = 2, T = 12;
   m.init_weights(5);
   m.plan(B, T, p, rc);
@@ -78,7 +78,7 @@ TEST_F(FencedTrainer, StepsMatchTheCpuBitForBit) {
   for (Precision p : {Precision::f32, Precision::bf16})
     for (Recompute rc : {Recompute::none, Recompute::gelu, Recompute::block}) {
       const ops::Context cpu_ctx;
-      Gpt2 cpu(tiny(), cpu_ctx);
+      TrainModel cpu(tiny(), cpu_ctx);
       AdamW cpu_opt(cpu.tensors(), AdamWConfig{}, cpu_ctx);
       const Steps want = train(cpu, cpu_opt, p, rc);
 
@@ -88,7 +88,7 @@ TEST_F(FencedTrainer, StepsMatchTheCpuBitForBit) {
       ctx.device = ops::Device::cuda;
       Steps got;
       {  // the device's buffers go before the device does
-        Gpt2 dev(tiny(), ctx);
+        TrainModel dev(tiny(), ctx);
         AdamW dev_opt(dev.tensors(), AdamWConfig{}, ctx);
         got = train(dev, dev_opt, p, rc);
       }
@@ -104,7 +104,7 @@ TEST_F(FencedTrainer, CheckpointFromTheDeviceLoadsOnTheCpu) {
   ops::register_backend(ops::Device::cuda, &device);
   ops::Context ctx;
   ctx.device = ops::Device::cuda;
-  Gpt2 dev(tiny(), ctx);
+  TrainModel dev(tiny(), ctx);
   AdamW opt(dev.tensors(), AdamWConfig{}, ctx);
   const Steps trained = train(dev, opt, Precision::f32, Recompute::none);
   const std::string dir =
@@ -114,10 +114,10 @@ TEST_F(FencedTrainer, CheckpointFromTheDeviceLoadsOnTheCpu) {
   save_checkpoint(dir, dev, opt, st, "{}");
 
   const ops::Context cpu_ctx;
-  const std::unique_ptr<Gpt2> cpu = load_model_from_checkpoint(dir, cpu_ctx);
+  const std::unique_ptr<TrainModel> cpu = load_model_from_checkpoint(dir, cpu_ctx);
   EXPECT_EQ(std::vector<float>(cpu->params(), cpu->params() + cpu->num_params()), trained.params);
   // And back onto the device, moments included.
-  Gpt2 again(tiny(), ctx);
+  TrainModel again(tiny(), ctx);
   AdamW again_opt(again.tensors(), AdamWConfig{}, ctx);
   EXPECT_EQ(load_checkpoint(dir, again, again_opt).step, 3);
   ops::HostMirror<const float> p(ctx, again.params(), again.num_params(),
@@ -149,7 +149,7 @@ struct Saved {
 };
 Saved saved(const std::string& dir) {
   const ops::Context cpu;
-  const std::unique_ptr<Gpt2> model = load_model_from_checkpoint(dir, cpu);
+  const std::unique_ptr<TrainModel> model = load_model_from_checkpoint(dir, cpu);
   AdamW opt(model->tensors(), AdamWConfig{}, cpu);
   Saved s;
   s.step = load_checkpoint(dir, *model, opt).step;

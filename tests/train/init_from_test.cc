@@ -17,7 +17,7 @@
 #include "core/rng.h"
 #include "infer/engine.h"
 #include "model/decoder_save.h"
-#include "model/gpt2.h"
+#include "model/train_model.h"
 
 namespace tessera::model {
 namespace {
@@ -29,10 +29,10 @@ std::string temp_path(const std::string& name) {
 }
 
 // A Llama shape (GQA, untied head, q/k/v biases) with every parameter perturbed.
-std::unique_ptr<Gpt2> source_model() {
-  Gpt2Config c = Gpt2Config::preset("llama:tiny", kVocab);
+std::unique_ptr<TrainModel> source_model() {
+  TrainConfig c = TrainConfig::preset("llama:tiny", kVocab);
   c.qkv_bias = true;
-  auto m = std::make_unique<Gpt2>(c, ops::Context{});
+  auto m = std::make_unique<TrainModel>(c, ops::Context{});
   m->init_weights(21);
   Rng rng(5);
   const int64_t V = c.vocab_size, C = c.n_embd;

@@ -12,14 +12,14 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
-#include "model/gpt2.h"
+#include "model/train_model.h"
 #include "train/optimizer.h"
 
 namespace tessera::model {
 namespace {
 
-Gpt2Config small_llama(int64_t kv_heads, bool bias, bool tied) {
-  Gpt2Config c = Gpt2Config::preset("llama:tiny", 37);
+TrainConfig small_llama(int64_t kv_heads, bool bias, bool tied) {
+  TrainConfig c = TrainConfig::preset("llama:tiny", 37);
   c.n_layer = 2, c.n_embd = 32, c.n_head = 4, c.n_kv_head = kv_heads, c.d_ff = 48;
   c.max_seq = 16, c.qkv_bias = bias, c.tied = tied;
   return c;
@@ -55,7 +55,7 @@ TEST_P(LlamaTraining, GradientsMatchCentralDifferences) {
   const Shape s = GetParam();
   ops::Context ctx;
   ctx.reference = true;
-  Gpt2 m(small_llama(s.kv_heads, s.bias, s.tied), ctx);
+  TrainModel m(small_llama(s.kv_heads, s.bias, s.tied), ctx);
   m.init_weights(5);
   Rng noise(9);
   const int64_t V = m.config().vocab_size, C = m.config().n_embd;
@@ -103,7 +103,7 @@ TEST_P(LlamaTraining, RecomputePoliciesGiveIdenticalGradients) {
   ThreadPool pool(2);
   ops::Context ctx;
   ctx.pool = &pool;
-  Gpt2 m(small_llama(s.kv_heads, s.bias, s.tied), ctx);
+  TrainModel m(small_llama(s.kv_heads, s.bias, s.tied), ctx);
   m.init_weights(6);
   const Batch b = make_batch(2 * 16, m.config().vocab_size, 4);
   auto grads = [&](Precision p, Recompute r) {
@@ -132,7 +132,7 @@ TEST_P(LlamaTraining, AdamWOverfitsOneBatch) {
   ThreadPool pool(1);
   ops::Context ctx;
   ctx.pool = &pool;
-  Gpt2 m(small_llama(s.kv_heads, s.bias, s.tied), ctx);
+  TrainModel m(small_llama(s.kv_heads, s.bias, s.tied), ctx);
   m.init_weights(4);
   train::AdamW opt(m.tensors(), train::AdamWConfig{}, ctx);
   const Batch b = make_batch(2 * 16, m.config().vocab_size, 8);
@@ -156,15 +156,15 @@ INSTANTIATE_TEST_SUITE_P(Shapes, LlamaTraining,
                          [](const auto& info) { return std::string(info.param.name); });
 
 TEST(LlamaTraining, PresetsAreTheirModels) {
-  const Gpt2Config c = Gpt2Config::preset("llama:smollm2-135m", 49152);
+  const TrainConfig c = TrainConfig::preset("llama:smollm2-135m", 49152);
   ops::Context ctx;
   ctx.dry_run = true;  // the table only
-  Gpt2 m(c, ctx);
+  TrainModel m(c, ctx);
   // SmolLM2-135M: 134,515,008 parameters with its tied 49152-row embedding.
   EXPECT_EQ(m.num_params(), 134515008);
   EXPECT_EQ(c.decoder_config().n_kv_heads, 3);
-  EXPECT_THROW(Gpt2Config::preset("llama:nope", 10), Error);
-  Gpt2Config bad = Gpt2Config::preset("llama:tiny", 10);
+  EXPECT_THROW(TrainConfig::preset("llama:nope", 10), Error);
+  TrainConfig bad = TrainConfig::preset("llama:tiny", 10);
   bad.n_kv_head = 3;  // 4 heads do not share 3 key/value heads
   EXPECT_THROW(bad.validate(), Error);
 }

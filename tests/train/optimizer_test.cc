@@ -1,4 +1,4 @@
-// AdamW: weight decay only on tensors Gpt2::decays() selects, and global-norm clipping.
+// AdamW: weight decay only on tensors TrainModel::decays() selects, and global-norm clipping.
 #include "train/optimizer.h"
 
 #include <gtest/gtest.h>
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "model/gpt2.h"
+#include "model/train_model.h"
 
 namespace tessera::train {
 namespace {
@@ -43,7 +43,7 @@ TEST(AdamW, DecayOnlyOnMatrices) {
   opt.step(p.data(), g.data(), 0.1, 1);
   for (const auto& ti : t.tensors()) {
     // Decoupled decay: p -= lr * wd * p = 2 - 0.1 * 0.5 * 2 = 1.9 (exact to f32 rounding, 1 ulp).
-    const float expect = model::Gpt2::decays(ti) ? 1.9f : 2.0f;
+    const float expect = model::TrainModel::decays(ti) ? 1.9f : 2.0f;
     for (int64_t i = 0; i < ti.numel(); ++i)
       EXPECT_NEAR(p[static_cast<size_t>(ti.offset + i)], expect, 4e-7f) << ti.name;
   }

@@ -16,7 +16,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "explain/op_profile.h"
-#include "model/gpt2.h"
+#include "model/train_model.h"
 #include "ops/op_tally.h"
 #include "profile/power.h"
 #include "profile/probe.h"
@@ -65,7 +65,7 @@ int run(const Args& a) {
   if (cuda && cuda_step == "shared") ctx.device = ops::Device::cuda;
   ops::OpTally tally;  // observes every op of the timed steps with --profile
   if (per_op) ctx.observer = &tally;
-  model::Gpt2 m(model::Gpt2Config::preset(preset, vocab), ctx);
+  model::TrainModel m(model::TrainConfig::preset(preset, vocab), ctx);
   TS_CHECK(T <= m.config().max_seq, "--seq ", T, " exceeds ", preset, "'s max_seq ",
            m.config().max_seq);
   m.init_weights(1);

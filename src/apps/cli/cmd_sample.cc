@@ -12,7 +12,7 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "infer/generate.h"
-#include "model/gpt2.h"
+#include "model/train_model.h"
 #include "tokenizer/tokenizer.h"
 #include "train/checkpoint.h"
 
@@ -43,7 +43,7 @@ int run(const Args& a) {
   ops::Context ctx;
   ctx.pool = pool.get();
   ctx.observer = wrapped_observer();  // `tessera profile` around this command
-  std::unique_ptr<model::Gpt2> m;
+  std::unique_ptr<model::TrainModel> m;
   std::string model_dir;
   if (file_exists(in_dir(in_dir(dir, "model"), "config.json"))) {
     model_dir = in_dir(dir, "model");

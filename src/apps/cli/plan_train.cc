@@ -104,7 +104,7 @@ int run_train_plan(const Args& a, const std::optional<profile::GpuSpec>& gpu, in
     machine.roofs = explain::cpu_roofs(peaks, threads);
     machine.memory_bytes =
         static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
-    const model::Gpt2Config cfg = model::Gpt2Config::preset(in.preset, in.vocab);
+    const model::TrainConfig cfg = model::TrainConfig::preset(in.preset, in.vocab);
     explain::calibrate_gemm(machine, threads, std::min<int64_t>(in.seq * batches.front(), 512),
                             cfg.n_embd, in.precision == model::Precision::bf16);
   }

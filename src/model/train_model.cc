@@ -1,6 +1,7 @@
-// GPT-2 setup: the parameter table (Hugging Face names and order), initialization, the
-// activation-arena plan for each recompute policy, the bf16 weight copy, and the FLOP count.
-#include "model/gpt2.h"
+// The training model's setup (GPT-2 or Llama): the parameter table (Hugging Face names and order),
+// initialization, the activation-arena plan for each recompute policy, the bf16 weight copy, and
+// the FLOP count.
+#include "model/train_model.h"
 
 #include <cmath>
 #include <cstring>
@@ -8,12 +9,12 @@
 
 #include "core/error.h"
 #include "core/rng.h"
-#include "model/gpt2_impl.h"
+#include "model/train_model_impl.h"
 #include "ops/ops.h"
 
 namespace tessera::model {
 
-Gpt2::Gpt2(const Gpt2Config& cfg, const ops::Context& ctx)
+TrainModel::TrainModel(const TrainConfig& cfg, const ops::Context& ctx)
     : cfg_(cfg), ctx_(ctx), impl_(std::make_unique<Impl>(*this)) {
   cfg_.validate();
   const int64_t C = cfg_.n_embd, L = cfg_.n_layer, F = cfg_.ff(), Vp = cfg_.padded_vocab_size;
@@ -76,13 +77,13 @@ Gpt2::Gpt2(const Gpt2Config& cfg, const ops::Context& ctx)
   ops::zero(ctx_, grads_.data(), bytes);
 }
 
-Gpt2::~Gpt2() = default;
+TrainModel::~TrainModel() = default;
 
-void Gpt2::zero_grads() {
+void TrainModel::zero_grads() {
   ops::zero(ctx_, grads_.data(), grads_.size());
 }
 
-void Gpt2::init_weights(uint64_t seed) {
+void TrainModel::init_weights(uint64_t seed) {
   const auto& ts = table_.tensors();
   const float proj_std = 0.02f / std::sqrt(2.0f * static_cast<float>(cfg_.n_layer));
   // Each tensor's role from the model's own description of its layers (as_decoder): norm
@@ -127,21 +128,21 @@ void Gpt2::init_weights(uint64_t seed) {
   params_updated();
 }
 
-const void* Gpt2::Impl::weight(int64_t off) const {
+const void* TrainModel::Impl::weight(int64_t off) const {
   if (bf16()) return params_bf16.as<uint16_t>() + off;
   return p(off);
 }
 
-void Gpt2::params_updated() {
+void TrainModel::params_updated() {
   Impl& im = *impl_;
   if (!im.bf16() || im.params_bf16.size() == 0) return;  // f32: GEMMs read the master weights
   ops::convert_f32_to_bf16(ctx_, im.params_bf16.as<uint16_t>(), params(), num_params());
 }
 
-void Gpt2::plan(int64_t B, int64_t T, Precision precision, Recompute recompute) {
-  TS_CHECK(B > 0 && B <= (int64_t{1} << 20), "[gpt2] plan: batch size B must be in [1, 2^20], got ",
-           B);
-  TS_CHECK(T > 0 && T <= cfg_.max_seq, "[gpt2] plan: sequence length T=", T,
+void TrainModel::plan(int64_t B, int64_t T, Precision precision, Recompute recompute) {
+  TS_CHECK(B > 0 && B <= (int64_t{1} << 20),
+           "[train] plan: batch size B must be in [1, 2^20], got ", B);
+  TS_CHECK(T > 0 && T <= cfg_.max_seq, "[train] plan: sequence length T=", T,
            " must be in [1, max_seq=", cfg_.max_seq, "]");
   Impl& im = *impl_;
   const DecoderConfig dc = cfg_.decoder_config();
@@ -247,7 +248,7 @@ void Gpt2::plan(int64_t B, int64_t T, Precision precision, Recompute recompute) 
   params_updated();
 }
 
-void Gpt2::Impl::make_view() {
+void TrainModel::Impl::make_view() {
   view = as_decoder(model);
   grad_view = as_decoder(model, model.grads());
   if (!bf16()) return;
@@ -260,12 +261,12 @@ void Gpt2::Impl::make_view() {
     }
 }
 
-size_t Gpt2::activation_bytes() const {
+size_t TrainModel::activation_bytes() const {
   return impl_->plan.total_bytes();
 }
 
-void Gpt2::Impl::ensure_arena() {
-  TS_CHECK(planned, "[gpt2] call plan(B, T, precision, recompute) before forward");
+void TrainModel::Impl::ensure_arena() {
+  TS_CHECK(planned, "[train] call plan(B, T, precision, recompute) before forward");
   if (arena.size() != 0) return;
   arena = ops::Buffer(model.ctx_.device, plan.total_bytes());
   ops::zero(model.ctx_, arena.data(), arena.size());
@@ -274,12 +275,12 @@ void Gpt2::Impl::ensure_arena() {
   bind(arena.as<char>());
 }
 
-const float* Gpt2::logits() const {
-  TS_CHECK(impl_->have_logits, "[gpt2] logits(): no forward pass has run since plan()");
+const float* TrainModel::logits() const {
+  TS_CHECK(impl_->have_logits, "[train] logits(): no forward pass has run since plan()");
   return impl_->logits;
 }
 
-double Gpt2::flops_per_token_train(int64_t T) const {
+double TrainModel::flops_per_token_train(int64_t T) const {
   // 6 FLOPs per parameter per token (2 forward, 4 backward) for every matrix the token passes
   // through: the non-embedding parameters (embedding lookups are not matmuls; an untied head
   // counted with the head below) plus the head (V x C, counted with the real vocabulary).
@@ -295,7 +296,7 @@ double Gpt2::flops_per_token_train(int64_t T) const {
   return 6.0 * (non_embedding + head) + 6.0 * L * static_cast<double>(T) * C;
 }
 
-backend::Gpt2DeviceDesc Gpt2::device_desc(int64_t B, int64_t T) const {
+backend::Gpt2DeviceDesc TrainModel::device_desc(int64_t B, int64_t T) const {
   TS_CHECK(cfg_.arch == DecoderArch::gpt2 && cfg_.ff() == 4 * cfg_.n_embd,
            "[train] the CUDA device twin trains GPT-2 shapes only");
   backend::Gpt2DeviceDesc d;

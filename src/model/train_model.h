@@ -1,6 +1,7 @@
-// GPT-2 family: configuration and presets, one flat parameter buffer with a tensor table, and an
-// explicit forward/backward over ops/ with an activation arena planned for (B, T, recompute).
-// The same object serves training, evaluation, sampling and tests.
+// The model the trainer trains, GPT-2 or a Llama shape: configuration and presets, one flat
+// parameter buffer with a tensor table, and an explicit forward/backward over ops/ (the shared
+// decoder layer) with an activation arena planned for (B, T, recompute). The same object serves
+// training, evaluation, sampling and tests.
 #pragma once
 
 #include <cstdint>
@@ -19,7 +20,7 @@ namespace tessera::model {
 // The shape of a model to train: GPT-2 (learned positions, LayerNorm, GELU, biases, tied head)
 // or the Llama family (RoPE, RMSNorm, SwiGLU, grouped key/value heads, optional q/k/v biases,
 // tied or untied head). decoder_config() gives the inference description of the same model.
-struct Gpt2Config {
+struct TrainConfig {
   DecoderArch arch = DecoderArch::gpt2;
   int64_t n_layer = 12, n_head = 12, n_embd = 768;
   int64_t n_kv_head = 0;              // Llama: key/value heads (0: n_head)
@@ -37,7 +38,7 @@ struct Gpt2Config {
   // Presets: gpt2-tiny, gpt2-mini, gpt2-small (124M), gpt2-medium, gpt2-large, gpt2-xl, and the
   // Llama shapes llama:tiny, llama:smollm2-135m, llama:smollm2-360m, llama:tinyllama-1.1b.
   // Throws naming the preset if unknown. vocab sets vocab_size and the padded size.
-  static Gpt2Config preset(const std::string& name, int64_t vocab);
+  static TrainConfig preset(const std::string& name, int64_t vocab);
   static int64_t pad_vocab(int64_t v) { return (v + 127) / 128 * 128; }
   void validate() const;  // throws naming the field on a bad size or combination
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
@@ -51,12 +52,12 @@ using ops::Recompute;
 Precision parse_precision(const std::string& s);
 Recompute parse_recompute(const std::string& s);
 
-class Gpt2 {
+class TrainModel {
  public:
-  Gpt2(const Gpt2Config& cfg, const ops::Context& ctx);
-  ~Gpt2();
+  TrainModel(const TrainConfig& cfg, const ops::Context& ctx);
+  ~TrainModel();
 
-  const Gpt2Config& config() const { return cfg_; }
+  const TrainConfig& config() const { return cfg_; }
   // Tensor names follow Hugging Face GPT-2: wte.weight, wpe.weight, h.{i}.ln_1.weight,
   // h.{i}.attn.c_attn.weight, ..., ln_f.weight. Weights are stored (out, in) = (N, K).
   const TensorTable& tensors() const { return table_; }
@@ -105,7 +106,7 @@ class Gpt2 {
 
  private:
   struct Impl;
-  Gpt2Config cfg_;
+  TrainConfig cfg_;
   ops::Context ctx_;
   TensorTable table_;
   ops::Buffer params_, grads_;
@@ -116,15 +117,15 @@ class Gpt2 {
 // Hugging Face folder; GPT-2 or Llama family; f32, f16, bf16 or quantized weights, widened to
 // the f32 masters); throws naming the file, field or tensor on any mismatch, and refuses by
 // name what training does not implement (RoPE scaling, sliding windows, partial rotary).
-std::unique_ptr<Gpt2> load_trainable(const std::string& path, const ops::Context& ctx);
+std::unique_ptr<TrainModel> load_trainable(const std::string& path, const ops::Context& ctx);
 
 // The model as an inference DecoderModel (arch gpt2, f32 weights) whose weights view m's
 // parameters: the engine runs it without a copy, and save_decoder_hf writes it as a Hugging
 // Face folder (model/decoder_save.h; load_trainable reads such a folder back). m must outlive it,
 // and the view sees parameter updates as they happen.
-DecoderModel as_decoder(const Gpt2& m);
+DecoderModel as_decoder(const TrainModel& m);
 // The same view into `params`: a flat buffer laid out as m's parameters (a host copy of a
 // device's, say), which must outlive the view.
-DecoderModel as_decoder(const Gpt2& m, const float* params);
+DecoderModel as_decoder(const TrainModel& m, const float* params);
 
 }  // namespace tessera::model

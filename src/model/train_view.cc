@@ -3,15 +3,15 @@
 // or converting it.
 #include "core/error.h"
 #include "model/decoder.h"
-#include "model/gpt2.h"
+#include "model/train_model.h"
 
 namespace tessera::model {
 
-DecoderModel as_decoder(const Gpt2& m) {
+DecoderModel as_decoder(const TrainModel& m) {
   return as_decoder(m, m.params());
 }
 
-DecoderModel as_decoder(const Gpt2& m, const float* params) {
+DecoderModel as_decoder(const TrainModel& m, const float* params) {
   DecoderModel d;
   d.config = m.config().decoder_config();
   const DecoderConfig& c = d.config;

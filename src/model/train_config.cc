@@ -1,13 +1,14 @@
-// GPT-2 presets, config validation, and parsing of precision / recompute names.
+// Training presets (GPT-2 and Llama shapes), config validation, and parsing of precision /
+// recompute names.
 #include "core/error.h"
-#include "model/gpt2.h"
+#include "model/train_model.h"
 
 namespace tessera::model {
 
-Gpt2Config Gpt2Config::preset(const std::string& name, int64_t vocab) {
+TrainConfig TrainConfig::preset(const std::string& name, int64_t vocab) {
   TS_CHECK(vocab > 0 && vocab <= (int64_t{1} << 24),
            "[model] vocabulary size must be in [1, 2^24], got ", vocab);
-  Gpt2Config c;
+  TrainConfig c;
   auto llama = [&c](int64_t L, int64_t C, int64_t H, int64_t Hkv, int64_t F, int64_t T,
                     double theta, bool tied) {
     c.arch = DecoderArch::llama;
@@ -44,7 +45,7 @@ Gpt2Config Gpt2Config::preset(const std::string& name, int64_t vocab) {
   return c;
 }
 
-void Gpt2Config::validate() const {
+void TrainConfig::validate() const {
   TS_CHECK(n_layer > 0 && n_layer <= 1024, "[model] n_layer must be in [1, 1024], got ", n_layer);
   TS_CHECK(n_head > 0 && n_embd > 0 && n_embd % n_head == 0, "[model] n_embd (", n_embd,
            ") must be a positive multiple of n_head (", n_head, ")");
@@ -63,7 +64,7 @@ void Gpt2Config::validate() const {
            "[model] RoPE needs an even head dimension, got ", n_embd / n_head);
 }
 
-DecoderConfig Gpt2Config::decoder_config() const {
+DecoderConfig TrainConfig::decoder_config() const {
   DecoderConfig c;
   c.arch = arch;
   c.name = arch == DecoderArch::gpt2 ? "gpt2 (training model)" : "llama (training model)";

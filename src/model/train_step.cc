@@ -1,19 +1,19 @@
-// GPT-2 training step: explicit forward and backward over ops/, with the recompute policies
-// (none / gelu / block) replaying what the plan did not keep.
+// The training step (GPT-2 or Llama): explicit forward and backward over ops/, with the recompute
+// policies (none / gelu / block) replaying what the plan did not keep.
 #include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
 #include "model/causal_attention.h"
 #include "model/decoder_block.h"
-#include "model/gpt2.h"
-#include "model/gpt2_impl.h"
+#include "model/train_model.h"
+#include "model/train_model_impl.h"
 #include "ops/ops.h"
 
 namespace tessera::model {
 
-BlockTensors Gpt2::Impl::tensors(int64_t l) const {
-  const Gpt2LayerActs& a = acts[static_cast<size_t>(l)];
+BlockTensors TrainModel::Impl::tensors(int64_t l) const {
+  const LayerActs& a = acts[static_cast<size_t>(l)];
   BlockTensors t;
   t.in = resid[static_cast<size_t>(l)];
   t.mid = a.resid_mid;
@@ -33,11 +33,11 @@ BlockTensors Gpt2::Impl::tensors(int64_t l) const {
   return t;
 }
 
-const ops::RopeTable* Gpt2::Impl::rope_table() const {
+const ops::RopeTable* TrainModel::Impl::rope_table() const {
   return view.config.arch == DecoderArch::llama ? &rope : nullptr;
 }
 
-void Gpt2::Impl::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute_only) {
+void TrainModel::Impl::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute_only) {
   CausalAttention attention(model.ctx_, view.config, rope_table(), rot,
                             acts[static_cast<size_t>(l)].lse, B, T, bf16());
   block_forward(model.ctx_, view.config, view.weights.layers[static_cast<size_t>(l)], l, B * T,
@@ -46,10 +46,10 @@ void Gpt2::Impl::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute_o
 
 // On entry dresid holds d resid[l+1]; on exit d resid[l]. scratch_c serves as dx, dbig as dqkv
 // and the MLP's inner gradients.
-void Gpt2::Impl::layer_backward(int64_t l, int64_t B, int64_t T) {
+void TrainModel::Impl::layer_backward(int64_t l, int64_t B, int64_t T) {
   const ops::Context& ctx = model.ctx_;
   const int64_t N = B * T;
-  const Gpt2LayerActs& a = acts[static_cast<size_t>(l)];
+  const LayerActs& a = acts[static_cast<size_t>(l)];
   if (recompute == Recompute::block) layer_forward(l, B, T, /*recompute_only=*/true);
   // The MLP's activation (GELU, or SwiGLU of gate and up): kept per layer with
   // Recompute::none, else recomputed into dbig (a.gelu == dbig).
@@ -66,27 +66,27 @@ void Gpt2::Impl::layer_backward(int64_t l, int64_t B, int64_t T) {
                  tensors(l), attention, dresid, {scratch_c, dbig, dup}, bf16());
 }
 
-void Gpt2::Impl::check_inputs(const int32_t* tokens, const int32_t* targets, int64_t B,
-                              int64_t T) const {
-  const Gpt2Config& cfg = model.cfg_;
-  TS_CHECK(planned, "[gpt2] call plan(B, T, precision, recompute) before forward");
-  TS_CHECK(B > 0 && T > 0, "[gpt2] forward: B and T must be positive, got B=", B, " T=", T);
-  TS_CHECK(T <= max_t && B * T <= max_n, "[gpt2] forward: (B=", B, ", T=", T,
+void TrainModel::Impl::check_inputs(const int32_t* tokens, const int32_t* targets, int64_t B,
+                                    int64_t T) const {
+  const TrainConfig& cfg = model.cfg_;
+  TS_CHECK(planned, "[train] call plan(B, T, precision, recompute) before forward");
+  TS_CHECK(B > 0 && T > 0, "[train] forward: B and T must be positive, got B=", B, " T=", T);
+  TS_CHECK(T <= max_t && B * T <= max_n, "[train] forward: (B=", B, ", T=", T,
            ") exceeds the plan (B*T <= ", max_n, ", T <= ", max_t, ")");
-  TS_CHECK(tokens != nullptr, "[gpt2] forward: tokens is null");
+  TS_CHECK(tokens != nullptr, "[train] forward: tokens is null");
   const int64_t V = cfg.vocab_size;
   for (int64_t i = 0; i < B * T; ++i)
-    TS_CHECK(tokens[i] >= 0 && tokens[i] < V, "[gpt2] forward: tokens[", i, "] = ", tokens[i],
+    TS_CHECK(tokens[i] >= 0 && tokens[i] < V, "[train] forward: tokens[", i, "] = ", tokens[i],
              " is outside the vocabulary [0, ", V, ")");
   if (targets != nullptr)
     for (int64_t i = 0; i < B * T; ++i)
-      TS_CHECK(targets[i] < V, "[gpt2] forward: targets[", i, "] = ", targets[i],
+      TS_CHECK(targets[i] < V, "[train] forward: targets[", i, "] = ", targets[i],
                " is outside the vocabulary [0, ", V, ") (negative means ignore)");
 }
 
-std::pair<const int32_t*, const int32_t*> Gpt2::Impl::device_ints(const int32_t* tokens,
-                                                                  const int32_t* targets,
-                                                                  int64_t n) {
+std::pair<const int32_t*, const int32_t*> TrainModel::Impl::device_ints(const int32_t* tokens,
+                                                                        const int32_t* targets,
+                                                                        int64_t n) {
   const ops::Context& ctx = model.ctx_;
   if (ctx.device == ops::Device::cpu) return {tokens, targets};
   auto* d = ints.as<int32_t>();
@@ -96,7 +96,7 @@ std::pair<const int32_t*, const int32_t*> Gpt2::Impl::device_ints(const int32_t*
   return {d, targets ? d + max_n : nullptr};
 }
 
-std::pair<double, int64_t> Gpt2::Impl::loss_sum(const int32_t* targets, int64_t N) const {
+std::pair<double, int64_t> TrainModel::Impl::loss_sum(const int32_t* targets, int64_t N) const {
   ops::HostMirror<float> l(model.ctx_, losses, N, ops::HostMirror<float>::read);
   double sum = 0;
   int64_t count = 0;
@@ -105,9 +105,9 @@ std::pair<double, int64_t> Gpt2::Impl::loss_sum(const int32_t* targets, int64_t 
   return {sum, count};
 }
 
-void Gpt2::Impl::forward_to_logits(const int32_t* tokens, int64_t B, int64_t T) {
+void TrainModel::Impl::forward_to_logits(const int32_t* tokens, int64_t B, int64_t T) {
   const ops::Context& ctx = model.ctx_;
-  const Gpt2Config& cfg = model.cfg_;
+  const TrainConfig& cfg = model.cfg_;
   const int64_t C = cfg.n_embd, L = cfg.n_layer, Vp = cfg.padded_vocab_size, N = B * T;
   ops::embedding_forward(ctx, resid[0], tokens, p(wte), wpe >= 0 ? p(wpe) : nullptr, B, T, C,
                          cfg.vocab_size);
@@ -121,7 +121,7 @@ void Gpt2::Impl::forward_to_logits(const int32_t* tokens, int64_t B, int64_t T) 
   have_logits = true;
 }
 
-float Gpt2::forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T) {
+float TrainModel::forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T) {
   Impl& im = *impl_;
   im.check_inputs(tokens, targets, B, T);
   im.ensure_arena();
@@ -136,10 +136,10 @@ float Gpt2::forward(const int32_t* tokens, const int32_t* targets, int64_t B, in
   return count ? static_cast<float>(sum / static_cast<double>(count)) : 0.0f;
 }
 
-float Gpt2::forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
-                             float loss_scale) {
+float TrainModel::forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B,
+                                   int64_t T, float loss_scale) {
   Impl& im = *impl_;
-  TS_CHECK(targets != nullptr, "[gpt2] forward_backward: targets is null");
+  TS_CHECK(targets != nullptr, "[train] forward_backward: targets is null");
   im.check_inputs(tokens, targets, B, T);
   im.ensure_arena();
   const int64_t C = cfg_.n_embd, L = cfg_.n_layer, V = cfg_.vocab_size, Vp = cfg_.padded_vocab_size,

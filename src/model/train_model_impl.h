@@ -1,5 +1,6 @@
-// Private state of Gpt2 (parameter offsets, the activation arena's buffers, bf16 weight copy)
-// shared by gpt2.cc (setup, planning) and gpt2_step.cc (forward/backward). Not a public header.
+// Private state of TrainModel (parameter offsets, the activation arena's buffers, bf16 weight copy)
+// shared by train_model.cc (setup, planning) and train_step.cc (forward/backward). Not a public
+// header.
 #pragma once
 
 #include <cstdint>
@@ -8,13 +9,14 @@
 
 #include "core/arena.h"
 #include "model/decoder_block.h"
-#include "model/gpt2.h"
+#include "model/train_model.h"
 #include "ops/memory.h"
 #include "ops/ops.h"
 
 namespace tessera::model {
 
-// Element offsets of one block's tensors in the flat parameter/gradient buffers.
+// Element offsets of one GPT-2 block's tensors in the flat parameter/gradient buffers (what the CUDA
+// twin reads: model::TrainModel::device_desc).
 struct Gpt2LayerParams {
   int64_t ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w, fcproj_b;
 };
@@ -22,7 +24,7 @@ struct Gpt2LayerParams {
 // One block's saved activations (N = B*T rows; C, QKV = q_dim + 2 kv_dim, F from the config). With
 // Recompute::block every layer points at the same shared set; with Recompute::gelu every layer's
 // `gelu` points at one shared buffer.
-struct Gpt2LayerActs {
+struct LayerActs {
   float* ln1;        // (N,C) ln_1 output
   float* ln1_mean;   // (N)
   float* ln1_rstd;   // (N)
@@ -38,10 +40,10 @@ struct Gpt2LayerActs {
   float* gelu;       // (N,F) GELU output, or Llama's SwiGLU(gate, up)
 };
 
-struct Gpt2::Impl {
-  explicit Impl(Gpt2& m) : model(m) {}
+struct TrainModel::Impl {
+  explicit Impl(TrainModel& m) : model(m) {}
 
-  Gpt2& model;
+  TrainModel& model;
   // Offsets of the embedding, GPT-2's position table and final norm's bias (-1 for Llama), the
   // final norm's weight and the head (the embedding's offset when tied).
   int64_t wte = 0, wpe = -1, lnf_w = 0, lnf_b = -1, head = 0;
@@ -56,7 +58,7 @@ struct Gpt2::Impl {
   ops::Buffer arena;                // on the device, allocated by ensure_arena() at the first step
   std::function<void(char*)> bind;  // points the buffers below into an arena at `base`
   std::vector<float*> resid;        // L+1 residual streams (N,C): resid[l] is block l's input
-  std::vector<Gpt2LayerActs> acts;
+  std::vector<LayerActs> acts;
   float *lnf = nullptr, *lnf_mean = nullptr, *lnf_rstd = nullptr;
   float* logits = nullptr;  // (N,Vp)
   float* losses = nullptr;  // (N)

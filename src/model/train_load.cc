@@ -10,16 +10,16 @@
 #include <vector>
 
 #include "core/error.h"
-#include "model/gpt2.h"
+#include "model/train_model.h"
 
 namespace tessera::model {
 
-std::unique_ptr<Gpt2> load_trainable(const std::string& path, const ops::Context& ctx) {
+std::unique_ptr<TrainModel> load_trainable(const std::string& path, const ops::Context& ctx) {
   const DecoderModel src = load_decoder(path);
   const DecoderConfig& c = src.config;
   // Where the shape came from, for errors: a folder's config.json, or the GGUF file itself.
   const std::string from = std::filesystem::is_directory(path) ? path + "/config.json" : path;
-  Gpt2Config cfg;
+  TrainConfig cfg;
   cfg.arch = c.arch;
   if (c.arch == DecoderArch::gpt2) {
     TS_CHECK(std::fabs(c.norm_eps - 1e-5f) <= 1e-12f, "[train] ", from,
@@ -48,7 +48,7 @@ std::unique_ptr<Gpt2> load_trainable(const std::string& path, const ops::Context
   cfg.n_embd = c.d_model;
   cfg.d_ff = c.d_ff;
   cfg.vocab_size = c.vocab;
-  cfg.padded_vocab_size = Gpt2Config::pad_vocab(c.vocab);
+  cfg.padded_vocab_size = TrainConfig::pad_vocab(c.vocab);
   cfg.max_seq = c.max_ctx;
   try {
     cfg.validate();
@@ -58,7 +58,7 @@ std::unique_ptr<Gpt2> load_trainable(const std::string& path, const ops::Context
 
   // Every tensor of the loaded model into the same tensor of the training model's view (whose
   // embedding, and untied head, have padding rows beyond the vocabulary: zero).
-  auto model = std::make_unique<Gpt2>(cfg, ctx);  // parameters zero
+  auto model = std::make_unique<TrainModel>(cfg, ctx);  // parameters zero
   ops::HostMirror<float> host(ctx, model->params(), model->num_params(),
                               ops::HostMirror<float>::write);
   std::memset(host.data(), 0, static_cast<size_t>(model->num_params()) * sizeof(float));
