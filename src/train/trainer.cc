@@ -21,6 +21,7 @@
 #include "profile/timer.h"
 #include "tokenizer/tokenizer.h"
 #include "train/progress.h"
+#include "train/step.h"
 #include "train/svg_plot.h"
 
 namespace tessera::train {
@@ -230,29 +231,26 @@ TrainResult Trainer::run() {
   const int64_t end_step = opts_.stop_at > 0 ? std::min(opts_.stop_at, opts_.steps) : opts_.steps;
   while (st_.step < end_step && !st_.early_stopped) {
     const profile::Timer step_timer;
-    if (dev_)
-      dev_->zero_grads();
-    else
-      model_->zero_grads();
-    double loss = 0;
-    for (int64_t micro = 0; micro < GA; ++micro) {
-      loader_->next(B, inputs_.data(), targets_.data());
-      loss += dev_ ? dev_->forward_backward(inputs_.data(), targets_.data(), B, T,
-                                            static_cast<float>(inv_ga))
-                   : model_->forward_backward(inputs_.data(), targets_.data(), B, T,
-                                              static_cast<float>(inv_ga));
-    }
-    loss *= inv_ga;
-    TS_CHECK(std::isfinite(loss), "[train] loss is not finite at step ", st_.step + 1,
-             " (training diverged: lower --lr or raise --warmup)");
     const double lr = sched_.at(st_.step);
-    double norm = 0;
+    double loss = 0, norm = 0;
     if (dev_) {
+      dev_->zero_grads();
+      for (int64_t micro = 0; micro < GA; ++micro) {
+        loader_->next(B, inputs_.data(), targets_.data());
+        loss += dev_->forward_backward(inputs_.data(), targets_.data(), B, T,
+                                       static_cast<float>(inv_ga));
+      }
+      loss *= inv_ga;
+      TS_CHECK(std::isfinite(loss), "[train] loss is not finite at step ", st_.step + 1,
+               " (training diverged: lower --lr or raise --warmup)");
       norm = dev_->adamw_step(runs_, opt_->config(), static_cast<float>(lr), st_.step + 1);
     } else {
-      const ops::Scope scope(opt_->context(), "optimizer");
-      norm = opt_->step(model_->params(), model_->grads(), lr, st_.step + 1);
-      model_->params_updated();
+      const StepResult r = train_step(
+          *model_, *opt_, B, T, GA, lr, st_.step + 1,
+          [&](int32_t* in, int32_t* tg) { loader_->next(B, in, tg); }, inputs_.data(),
+          targets_.data());
+      loss = r.loss;
+      norm = r.grad_norm;
     }
     ++st_.step;
     st_.loader = loader_->position();

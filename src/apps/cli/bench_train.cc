@@ -22,6 +22,7 @@
 #include "profile/probe.h"
 #include "profile/timer.h"
 #include "train/optimizer.h"
+#include "train/step.h"
 
 namespace tessera::cli {
 
@@ -83,15 +84,19 @@ int run(const Args& a) {
   std::vector<int32_t> tokens(static_cast<size_t>(B * (T + 1)));
   std::vector<int32_t> inp(static_cast<size_t>(B * T)), tgt(inp.size());
 
-  auto one_step = [&](int64_t t) {
+  // A random (B, T+1) window: inputs and the targets one token on.
+  auto next_batch = [&](int32_t* in, int32_t* tg) {
     for (auto& x : tokens) x = static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab)));
     for (int64_t b = 0; b < B; ++b)
       for (int64_t i = 0; i < T; ++i) {
-        inp[static_cast<size_t>(b * T + i)] = tokens[static_cast<size_t>(b * (T + 1) + i)];
-        tgt[static_cast<size_t>(b * T + i)] = tokens[static_cast<size_t>(b * (T + 1) + i + 1)];
+        in[b * T + i] = tokens[static_cast<size_t>(b * (T + 1) + i)];
+        tg[b * T + i] = tokens[static_cast<size_t>(b * (T + 1) + i + 1)];
       }
-    const profile::Timer timer;
+  };
+  auto one_step = [&](int64_t t) {
     if (dev) {
+      next_batch(inp.data(), tgt.data());
+      const profile::Timer timer;
       // The loss read at the end of forward_backward and the norm read in adamw_step wait for
       // the device, so each timed step includes the previous step's AdamW kernels.
       dev->zero_grads();
@@ -99,10 +104,10 @@ int run(const Args& a) {
       dev->adamw_step(opt.runs(), opt.config(), 1e-4f, t);
       return timer.seconds();
     }
-    m.zero_grads();
-    m.forward_backward(inp.data(), tgt.data(), B, T, 1.0f);
-    opt.step(m.params(), m.grads(), 1e-4, t);
-    m.params_updated();
+    // The trainer's own step (train/step.h), the batch's generation inside the timed step as
+    // the trainer's loading is.
+    const profile::Timer timer;
+    train::train_step(m, opt, B, T, 1, 1e-4, t, next_batch, inp.data(), tgt.data());
     return timer.seconds();
   };
   one_step(1);  // warm-up: first touch of the arena and packed buffers
