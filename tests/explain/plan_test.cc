@@ -142,5 +142,62 @@ TEST(Plan, KneeAndItsReason) {
   EXPECT_EQ(p.max_batch, 0);
 }
 
+// What the planner measured prices an op: a product at its rate with the weights streaming
+// (on the side of whichever binds: the memory roof when the bytes take longer than the hot
+// kernel's arithmetic), decode's attention at its rate for that many rows, the cache append per
+// row; a prompt's attention at its hot rate. By hand on a machine of round numbers.
+TEST(Plan, MeasuredRatesPriceTheirOps) {
+  Machine m;
+  m.roofs.memory_gbs = 10;
+  m.roofs.compute = [](const ops::OpTotal&) { return ComputePeak{100, "f32"}; };
+  ProductRate r;
+  r.dtype = "q8_0";
+  r.k = 64, r.n = 128;
+  r.gflops = {{1, 1.0}, {16, 10.0}};
+  r.hot_gflops = {{1, 50.0}, {16, 100.0}};
+  m.product_rates.push_back(r);
+  m.attention_gbs = 4;
+  m.attention_gbs_at = {{1, 2.0}, {8, 4.0}};
+  m.kv_append_row_s = 1e-6;
+  m.prefill_attention_gflops = 20;
+  auto op = [](std::string name, std::string shape, std::string dtype, double flops, double bytes,
+               double state) {
+    ops::OpTotal t;
+    t.op = std::move(name);
+    t.shape = std::move(shape);
+    t.dtype = std::move(dtype);
+    t.calls = 1;
+    t.flops = flops, t.bytes = bytes, t.state_bytes = state;
+    return t;
+  };
+  // One row: 16,384 FLOPs at the streaming rate of 1 GFLOP/s is 16.4 us, its 8,704 bytes at 10
+  // GB/s 0.87 us, hot arithmetic 0.33 us: memory binds, at the measured time.
+  const std::vector<ops::OpTotal> decode = {
+      op("matmul_wt", "m=1 k=64 n=128", "q8_0x8", 16384, 8704, 8704),
+      op("paged_attention", "rows=1 h=4 hkv=2 d=16", "f16", 4096, 2e6, 2e6),
+      op("kv_append", "rows=1 hkv=2 d=16", "f16", 0, 192, 0)};
+  const StepPrediction d = price_ops(decode, m, 1, 1);
+  ASSERT_EQ(d.ops.size(), 3u);
+  EXPECT_NEAR(d.ops[0].roof.seconds(), 16384 / 1e9, 1e-12);
+  EXPECT_FALSE(d.ops[0].roof.compute_bound());
+  EXPECT_NEAR(d.ops[1].roof.seconds(), 2e6 / 2e9, 1e-12);  // 1 row: 2 GB/s
+  EXPECT_NEAR(d.ops[2].roof.seconds(), 1e-6, 1e-15);
+  EXPECT_NEAR(d.weights_s, 16384 / 1e9, 1e-12);
+  // Sixteen rows: 262,144 FLOPs at 10 GFLOP/s is 26.2 us; hot, at 100 GFLOP/s, 2.6 us against
+  // 1.7 us of bytes: the kernel binds; a prompt's attention (16 rows of one sequence) at its hot
+  // 20 GFLOP/s.
+  const std::vector<ops::OpTotal> prompt = {
+      op("matmul_wt", "m=16 k=64 n=128", "q8_0x8", 262144, 8704 + 16 * 64 * 4 * 2, 8704),
+      op("paged_attention", "rows=16 h=4 hkv=2 d=16", "f16", 65536, 3e6, 3e6)};
+  const StepPrediction pr = price_ops(prompt, m, 16, 16);
+  EXPECT_NEAR(pr.ops[0].roof.seconds(), 262144 / 10e9, 1e-12);
+  EXPECT_TRUE(pr.ops[0].roof.compute_bound());
+  EXPECT_NEAR(pr.ops[1].roof.seconds(), 65536 / 20e9, 1e-12);
+  // A product the machine did not measure falls back to the roofs.
+  const StepPrediction other =
+      price_ops({op("matmul_wt", "m=1 k=32 n=32", "f32", 2048, 4096, 4096)}, m, 1, 1);
+  EXPECT_NEAR(other.ops[0].roof.seconds(), 4096 / 10e9, 1e-12);
+}
+
 }  // namespace
 }  // namespace tessera::explain
