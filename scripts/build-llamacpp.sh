@@ -7,7 +7,8 @@
 # web UI left empty (no npm, no download of prebuilt assets), without OpenSSL, and without AMX
 # unless LLAMACPP_AMX=1 (ggml's AMX matmul faults in the VMs used here: SIGSEGV on ldtilecfg or
 # SIGILL in the warm-up run, while the rest of -march=native is kept); every other target shares
-# $WORK/build, configured with the server off as before.
+# $WORK/build, configured with the server off as before; TARGET=llama-finetune (an example
+# program) builds in $WORK/build-examples with the examples enabled.
 # Environment: LLAMACPP_PYPI_VERSION (0.3.36), WORK (/tmp/tessera-llamacpp), LLAMACPP_AMX (0; only
 # read for llama-server). Prints the binary.
 set -euo pipefail
@@ -17,7 +18,12 @@ work=${WORK:-/tmp/tessera-llamacpp}
 src=$work/llama_cpp_python-$version/vendor/llama.cpp
 build=$work/build
 server=OFF
+examples=OFF
 extra=()
+if [[ $target == llama-finetune ]]; then
+  build=$work/build-examples
+  examples=ON
+fi
 if [[ $target == llama-server ]]; then
   build=$work/build-server
   server=ON
@@ -36,9 +42,9 @@ if [[ ! -x $bin ]]; then
   fi
   [[ -f $build/CMakeCache.txt ]] ||
     cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
-      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=$server -DGGML_CUDA=OFF \
-      "${extra[@]}" > "$work/configure$([[ $server == ON ]] && echo -server).log" 2>&1 ||
-      { tail -30 "$work/configure$([[ $server == ON ]] && echo -server).log" >&2; exit 1; }
+      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=$examples -DLLAMA_BUILD_SERVER=$server -DGGML_CUDA=OFF \
+      "${extra[@]}" > "$work/configure-$(basename "$build").log" 2>&1 ||
+      { tail -30 "$work/configure-$(basename "$build").log" >&2; exit 1; }
   # Compiler warnings go to the log with the rest; its tail is shown when the build fails.
   cmake --build "$build" --target "$target" -j "$(nproc)" > "$work/build-$target.log" 2>&1 ||
     { tail -30 "$work/build-$target.log" >&2; exit 1; }

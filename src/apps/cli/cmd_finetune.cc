@@ -70,6 +70,19 @@ int run(const Args& a) {
   return 0;
 }
 
+// A fine-tune's defaults where they differ from training from scratch: a tenth of the learning
+// rate (the weights already know the language), no weight decay pulling them to zero, a short
+// warm-up, and evaluations often enough for short runs.
+train::TrainOptions finetune_defaults() {
+  train::TrainOptions o;
+  o.lr = 1e-4;
+  o.weight_decay = 0;
+  o.warmup = 10;
+  o.eval_every = 50;
+  o.steps = 200;
+  return o;
+}
+
 Flags finetune_flags() {
   return join(
       {{
@@ -81,8 +94,8 @@ Flags finetune_flags() {
            Flag::number("--val-fraction", 0.05, 1e-9, 1.0 - 1e-9,
                         "share of conversations (documents) held out"),
        },
-       train_step_flags(),
-       train_session_flags()});
+       train_step_flags(finetune_defaults()),
+       train_session_flags(finetune_defaults())});
 }
 
 const Registrar reg({

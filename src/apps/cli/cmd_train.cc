@@ -39,8 +39,7 @@ Flags train_model_flags() {
   };
 }
 
-Flags train_step_flags() {
-  const train::TrainOptions o;
+Flags train_step_flags(const train::TrainOptions& o) {
   return {
       Flag::integer("--batch", o.batch, 1, 1 << 20, "sequences per micro-batch"),
       Flag::integer("--seq", o.seq, 1, int64_t{1} << 20, "tokens per sequence"),
@@ -68,8 +67,7 @@ Flags train_step_flags() {
   };
 }
 
-Flags train_session_flags() {
-  const train::TrainOptions o;
+Flags train_session_flags(const train::TrainOptions& o) {
   return {
       Flag::text("--resume", "", "continue the run in DIR from its checkpoint", "DIR"),
       Flag::integer("--steps", o.steps, 0, kBig, "total optimizer steps (on --resume: new total)"),

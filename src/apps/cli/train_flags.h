@@ -10,9 +10,10 @@ namespace tessera::cli {
 // the model and data (train_model_flags) and the step with its schedule (train_step_flags).
 Flags train_run_flags();
 Flags train_model_flags();
-Flags train_step_flags();
+// With o's values as the defaults (finetune's differ from train's).
+Flags train_step_flags(const train::TrainOptions& o = {});
 // Flags of one session of a run: --resume and those that may change on it.
-Flags train_session_flags();
+Flags train_session_flags(const train::TrainOptions& o = {});
 // The whole table of `tessera train`.
 Flags train_flags();
 
