@@ -161,7 +161,22 @@ class CpuBackend final : public ops::Backend {
     std::memcpy(dst, src, bytes);
   }
   void synchronize(const ops::Context&) override {}
-  void zero(const ops::Context&, void* p, size_t bytes) override { std::memset(p, 0, bytes); }
+  // Large buffers in 1 MiB pieces over the threads: one thread's stores reach about a quarter of
+  // the memory's write bandwidth here (the gradients of SmolLM2, 538 MB zeroed every training
+  // step, took 96 ms on one thread of two).
+  void zero(const ops::Context& ctx, void* p, size_t bytes) override {
+    constexpr size_t kPiece = size_t{1} << 20;
+    if (bytes < 4 * kPiece) {
+      std::memset(p, 0, bytes);
+      return;
+    }
+    auto* b = static_cast<uint8_t*>(p);
+    const auto pieces = static_cast<int64_t>((bytes + kPiece - 1) / kPiece);
+    ctx.threads().parallel_for(pieces, 1, [&](int64_t s, int64_t e) {
+      const size_t lo = static_cast<size_t>(s) * kPiece;
+      std::memset(b + lo, 0, std::min(bytes, static_cast<size_t>(e) * kPiece) - lo);
+    });
+  }
   void bias_grad(const ops::Context& ctx, float* db, const float* dy, int64_t m,
                  int64_t n) override {
     cpu::bias_grad(ctx.threads(), db, dy, m, n);
