@@ -15,8 +15,8 @@
 
 namespace tessera::model {
 
-// Element offsets of one GPT-2 block's tensors in the flat parameter/gradient buffers (what the CUDA
-// twin reads: model::TrainModel::device_desc).
+// Element offsets of one GPT-2 block's tensors in the flat parameter/gradient buffers (what the
+// CUDA twin reads: model::TrainModel::device_desc).
 struct Gpt2LayerParams {
   int64_t ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w, fcproj_b;
 };
