@@ -103,12 +103,20 @@ PrepareStats prepare_chat_data(const PrepareChatOptions& opt, const tokenizer::T
       std::max(1.0, std::ceil(opt.val_fraction * static_cast<double>(convs.size()))));
   TS_CHECK(n_val < convs.size(), "[prepare] ", opt.input_path,
            ": --val-fraction leaves no conversation for training");
+  const tokenizer::SpecialTokens& sp = tok.special_tokens();
+  const int32_t pad = sp.pad >= 0 ? sp.pad : sp.eos >= 0 ? sp.eos : 0;
   std::vector<int32_t> tokens, mask;
   int64_t n_train = 0;
   for (size_t c = 0; c < convs.size(); ++c) {
     if (c == convs.size() - n_val) n_train = static_cast<int64_t>(tokens.size());
     tokens.insert(tokens.end(), convs[c].tokens.begin(), convs[c].tokens.end());
     mask.insert(mask.end(), convs[c].mask.begin(), convs[c].mask.end());
+    // To the next window's start. A window's targets reach one token into the next conversation,
+    // whose first token (template text) is masked.
+    while (opt.pad_to > 0 && tokens.size() % static_cast<size_t>(opt.pad_to) != 0) {
+      tokens.push_back(pad);
+      mask.push_back(0);
+    }
   }
   const auto n = static_cast<int64_t>(tokens.size());
   TS_CHECK(n_train >= opt.min_tokens && n - n_train >= opt.min_tokens, "[prepare] ", opt.input_path,
@@ -123,14 +131,16 @@ PrepareStats prepare_chat_data(const PrepareChatOptions& opt, const tokenizer::T
                     tmpl.source);
   int64_t counted = 0;
   for (int32_t m : mask) counted += m;
-  nlohmann::json meta = {
-      {"format", "tessera-tokens"},       {"version", kShardVersion},
-      {"source", opt.input_path},         {"chat_template", tmpl.name},
-      {"conversations", st.documents},    {"vocab_size", st.vocab},
-      {"loss_tokens", counted},           {"packing", "conversations back to back"},
-      {"val_fraction", opt.val_fraction}, {"train_tokens", st.train_tokens},
-      {"val_tokens", st.val_tokens},      {"train_shards", st.train_shards},
-      {"val_shards", st.val_shards}};
+  const std::string packing =
+      opt.pad_to > 0 ? cat("each conversation padded to a multiple of ", opt.pad_to, " tokens")
+                     : "conversations back to back";
+  nlohmann::json meta = {{"format", "tessera-tokens"},       {"version", kShardVersion},
+                         {"source", opt.input_path},         {"chat_template", tmpl.name},
+                         {"conversations", st.documents},    {"vocab_size", st.vocab},
+                         {"loss_tokens", counted},           {"packing", packing},
+                         {"val_fraction", opt.val_fraction}, {"train_tokens", st.train_tokens},
+                         {"val_tokens", st.val_tokens},      {"train_shards", st.train_shards},
+                         {"val_shards", st.val_shards}};
   write_file_atomic((std::filesystem::path(opt.out_dir) / "meta.json").string(),
                     meta.dump(2) + "\n");
   return st;

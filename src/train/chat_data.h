@@ -3,7 +3,8 @@
 // template (the Jinja renderer, as transformers renders it) and tokenized, with a loss mask
 // that counts the assistant turns only. Conversations are packed one after another into the
 // token stream (a window may span two; attention then crosses the boundary, as with plain-text
-// documents), and split into train and validation by conversation.
+// documents) or padded to start windows of their own, and split into train and validation by
+// conversation.
 #pragma once
 
 #include <cstdint>
@@ -43,6 +44,11 @@ struct PrepareChatOptions {
   std::string tokenizer_json;  // written beside the shards
   double val_fraction = 0.05;
   int64_t min_tokens = 65;
+  // 0: conversations packed back to back. Otherwise each conversation starts a window of its own:
+  // it is padded (the tokenizer's pad token, else its eos, the loss mask 0) to a multiple of
+  // pad_to, the training window, so no window holds two conversations; one longer than a window
+  // is split over several.
+  int64_t pad_to = 0;
 };
 // Reads the JSONL (every non-empty line a conversation with at least one assistant message;
 // anything else is refused naming the file and line), tokenizes each conversation, puts the last

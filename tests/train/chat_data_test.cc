@@ -117,6 +117,53 @@ TEST(ChatData, MaskedLossIsTheAssistantTokensMean) {
   EXPECT_NEAR(masked, sum / n, 1e-5);
 }
 
+// Padded: each conversation starts a window of its own; the pads count for nothing.
+TEST(ChatData, PaddedConversationsStartWindowsOfTheirOwn) {
+  const Smol s;
+  const std::string dir = ::testing::TempDir() + "/chat_pad_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/chat.jsonl";
+  std::vector<nlohmann::ordered_json> convs;
+  {
+    std::ofstream f(path);
+    for (int i = 0; i < 6; ++i) {
+      nlohmann::ordered_json c = nlohmann::ordered_json::array();
+      c.push_back({{"role", "user"}, {"content", "Count to " + std::to_string(i)}});
+      c.push_back({{"role", "assistant"}, {"content", std::string(static_cast<size_t>(i), 'x')}});
+      convs.push_back(c);
+      f << nlohmann::ordered_json{{"messages", c}}.dump() << "\n";
+    }
+  }
+  PrepareChatOptions o;
+  o.input_path = path;
+  o.out_dir = dir + "/out";
+  o.min_tokens = 2;
+  o.val_fraction = 0.2;  // the last two conversations
+  o.pad_to = 64;
+  prepare_chat_data(o, s.m.tok, s.t);
+  const TokenData train = load_split(o.out_dir, "train"), val = load_split(o.out_dir, "val");
+  ASSERT_EQ(train.tokens.size() % 64, 0u);
+  ASSERT_EQ(val.tokens.size() % 64, 0u);
+  // The stream is each conversation's own tokens, then pads (mask 0) to the next window.
+  const tokenizer::SpecialTokens& sp = s.m.tok.special_tokens();
+  const int32_t pad = sp.pad >= 0 ? sp.pad : sp.eos;  // the tokenizer's pad, else its eos
+  std::vector<int32_t> want, want_mask;
+  for (const auto& c : convs) {
+    const ChatTokens t = tokenize_chat(s.m.tok, s.t, c, "test");
+    ASSERT_LE(t.tokens.size(), 64u) << "each conversation fits one window here";
+    want.insert(want.end(), t.tokens.begin(), t.tokens.end());
+    want_mask.insert(want_mask.end(), t.mask.begin(), t.mask.end());
+    want.resize((want.size() + 63) / 64 * 64, pad);
+    want_mask.resize(want.size(), 0);
+  }
+  std::vector<int32_t> got(train.tokens), got_mask(train.loss_mask.begin(), train.loss_mask.end());
+  got.insert(got.end(), val.tokens.begin(), val.tokens.end());
+  got_mask.insert(got_mask.end(), val.loss_mask.begin(), val.loss_mask.end());
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(got_mask, want_mask);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(ChatData, BadLinesNameFileAndLine) {
   const Smol s;
   const std::string dir = ::testing::TempDir() + "/chat_data_" + std::to_string(::getpid());

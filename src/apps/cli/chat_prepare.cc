@@ -11,7 +11,8 @@ namespace tessera::cli {
 
 train::PrepareStats prepare_chat_for_model(const std::string& flag, const std::string& model,
                                            const std::string& in, const std::string& out,
-                                           double val_fraction, int64_t min_tokens) {
+                                           double val_fraction, int64_t min_tokens,
+                                           int64_t pad_to) {
   TS_CHECK(model.ends_with(".gguf") || std::filesystem::is_directory(model), flag, " ", model,
            ": chat data needs a model (a .gguf file or Hugging Face folder) whose chat template "
            "renders the conversations");
@@ -32,6 +33,7 @@ train::PrepareStats prepare_chat_for_model(const std::string& flag, const std::s
   o.tokenizer_json = m.tok.to_json_text();
   o.val_fraction = val_fraction;
   o.min_tokens = min_tokens;
+  o.pad_to = pad_to;
   return train::prepare_chat_data(o, m.tok, t);
 }
 

@@ -20,13 +20,14 @@ namespace fs = std::filesystem;
 
 // The data as shards in `dir`: a prepared folder as it is, else chat JSONL (.jsonl) or text.
 std::string prepare(const std::string& model, const std::string& data, const std::string& out,
-                    double val_fraction, int64_t seq) {
+                    double val_fraction, int64_t seq, bool pad) {
+  TS_CHECK(!pad || data.ends_with(".jsonl"), "--pad is for chat data (a .jsonl --data)");
   if (fs::is_directory(data)) return data;
   TS_CHECK(fs::is_regular_file(data), "--data ", data, ": no such file or folder");
   const std::string dir = (fs::path(out) / "data").string();
   train::PrepareStats s;
   if (data.ends_with(".jsonl")) {
-    s = prepare_chat_for_model("-m", model, data, dir, val_fraction, seq + 1);
+    s = prepare_chat_for_model("-m", model, data, dir, val_fraction, seq + 1, pad ? seq : 0);
   } else {
     train::PrepareOptions o;
     o.tokenizer_path = model;
@@ -48,7 +49,7 @@ int run(const Args& a) {
   const bool resume = a.given("--resume");
   train::TrainOptions o;
   if (resume) {
-    for (const char* f : {"--model", "--data", "--out", "--val-fraction"})
+    for (const char* f : {"--model", "--data", "--out", "--val-fraction", "--pad"})
       TS_CHECK(!a.given(f), "flag ", f,
                " cannot be given with --resume (the run's options come "
                "from its checkpoint)");
@@ -62,7 +63,8 @@ int run(const Args& a) {
     o.init_from = model;
     parse_step_options(a, o);
     o.out_dir = out;
-    o.data_dir = prepare(model, a.required("--data"), out, a.f64("--val-fraction"), o.seq);
+    o.data_dir =
+        prepare(model, a.required("--data"), out, a.f64("--val-fraction"), o.seq, a.on("--pad"));
   }
   parse_session_options(a, resume, o);
   train::Trainer t(o, resume);
@@ -93,6 +95,7 @@ Flags finetune_flags() {
            Flag::text("--out", "", "the run's folder (the data, checkpoints, the model)", "DIR"),
            Flag::number("--val-fraction", 0.05, 1e-9, 1.0 - 1e-9,
                         "share of conversations (documents) held out"),
+           Flag::toggle("--pad", "chat: each conversation starts a --seq window (else packed)"),
        },
        train_step_flags(finetune_defaults()),
        train_session_flags(finetune_defaults())});

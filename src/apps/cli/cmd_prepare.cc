@@ -15,9 +15,9 @@ namespace {
 // --chat: the conversations rendered with the chat template of the model --tokenizer names.
 int run_chat(const Args& a) {
   const std::string out = a.str("--out");
-  const train::PrepareStats s =
-      prepare_chat_for_model("--tokenizer", a.str("--tokenizer"), a.str("--in"), out,
-                             a.f64("--val-fraction"), a.i64("--seq") + 1);
+  const train::PrepareStats s = prepare_chat_for_model(
+      "--tokenizer", a.str("--tokenizer"), a.str("--in"), out, a.f64("--val-fraction"),
+      a.i64("--seq") + 1, a.on("--pad") ? a.i64("--seq") : 0);
   std::printf(
       "%lld conversations, vocab %lld: %lld train tokens, %lld val tokens, the assistant's "
       "turns counted by the loss -> %s\n",
@@ -28,6 +28,7 @@ int run_chat(const Args& a) {
 
 int run(const Args& a) {
   if (a.on("--chat")) return run_chat(a);
+  TS_CHECK(!a.on("--pad"), "--pad is for --chat (conversations padded to --seq windows)");
   train::PrepareOptions o;
   o.tokenizer_path = a.str("--tokenizer");
   o.input_path = a.str("--in");
@@ -53,6 +54,7 @@ const Registrar reg({
         Flag::text("--in", "", "documents split at '%' or blank lines; with --chat, JSONL", "PATH")
             .required(),
         Flag::toggle("--chat", "--in is chat JSONL: the model's template, loss on the assistant"),
+        Flag::toggle("--pad", "--chat: each conversation starts a --seq window (else packed)"),
         Flag::text("--out", "", "folder for the shards", "DIR").required(),
         Flag::number("--val-fraction", 0.01, 1e-9, 1.0 - 1e-9, "share of documents for validation"),
         Flag::integer("--seq", 64, 1, int64_t{1} << 20,
