@@ -23,14 +23,19 @@ struct TrainPlanInput {
   double baseline_bytes = 0;  // the process before the model
 };
 
-struct TrainPlan {
-  int64_t params = 0;  // parameters
+// A training process's memory by part: parameters, gradients, AdamW's two moments, the bf16
+// copy of the matrices, the activation arena and the process before the model.
+struct TrainMemory {
   double param_bytes = 0, grad_bytes = 0, adam_bytes = 0, bf16_copy_bytes = 0, activation_bytes = 0,
          baseline_bytes = 0;
   double total() const {
     return param_bytes + grad_bytes + adam_bytes + bf16_copy_bytes + activation_bytes +
            baseline_bytes;
   }
+};
+
+struct TrainPlan : TrainMemory {
+  int64_t params = 0;  // parameters
   bool fits = true;
   int64_t max_batch = 0;                      // at this sequence length and recompute policy
   StepPrediction micro;                       // one forward and backward of the batch
@@ -54,17 +59,11 @@ struct ParallelInput {
   double link_latency_s = 5e-6;  // per message
 };
 
-struct ParallelPlan {
+// The memory (TrainMemory) is per rank: its share of the parameters, gradients and AdamW state
+// (a stage's layers), and the activations of the micro-batches in flight on the first stage
+// (1F1B: at most `pipeline` of them, never more than grad_accum).
+struct ParallelPlan : TrainMemory {
   int64_t ranks = 1;  // data x pipeline
-  // Per rank: its share of the parameters, gradients and AdamW state (a stage's layers), and
-  // the activations of the micro-batches in flight on the first stage (1F1B: at most
-  // `pipeline` of them, never more than grad_accum).
-  double param_bytes = 0, grad_bytes = 0, adam_bytes = 0, bf16_copy_bytes = 0, activation_bytes = 0,
-         baseline_bytes = 0;
-  double total() const {
-    return param_bytes + grad_bytes + adam_bytes + bf16_copy_bytes + activation_bytes +
-           baseline_bytes;
-  }
   bool fits = true;
   // The step: the micro-steps through the pipeline (grad_accum + pipeline - 1 slots of one
   // stage's forward and backward), the activations and their gradients sent between stages,

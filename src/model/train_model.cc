@@ -118,14 +118,18 @@ void TrainModel::init_weights(uint64_t seed) {
       }
       const float std = it != role.end() ? it->second : 0.02f;
       Rng rng(seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(i) * 0xd1b54a32d192ed03ull + 1);
-      int64_t real = n;  // the padding rows of the embedding and of an untied head stay 0
-      if (t.offset == impl_->wte || t.offset == impl_->head) real = cfg_.vocab_size * cfg_.n_embd;
+      const int64_t real = unpadded_elems(t);
       for (int64_t j = 0; j < real; ++j) dst[j] = std * rng.normal();
       for (int64_t j = real; j < n; ++j) dst[j] = 0.0f;
     }
   });
   host.flush();
   params_updated();
+}
+
+int64_t TrainModel::unpadded_elems(const TensorInfo& t) const {
+  const bool padded = t.offset == impl_->wte || t.offset == impl_->head;
+  return padded ? cfg_.vocab_size * cfg_.n_embd : t.numel();
 }
 
 const void* TrainModel::Impl::weight(int64_t off) const {

@@ -72,6 +72,9 @@ class TrainModel {
   // GPT-2 initialization: N(0, 0.02) weights, residual projections scaled by 1/sqrt(2L), zero
   // biases, unit layernorm weights. Deterministic for a seed.
   void init_weights(uint64_t seed);
+  // Elements of t that are not vocabulary padding: the rows of the embedding (and of an untied
+  // head) past the vocabulary stay zero.
+  int64_t unpadded_elems(const TensorInfo& t) const;
   // Whether AdamW should decay this tensor (matrices and embeddings yes; biases, norms no).
   static bool decays(const TensorInfo& t) { return t.shape.rank() >= 2; }
 

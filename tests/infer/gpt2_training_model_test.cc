@@ -14,6 +14,7 @@
 #include "core/rng.h"
 #include "infer/engine.h"
 #include "model/train_model.h"
+#include "test_util/compare.h"
 
 namespace tessera::infer {
 namespace {
@@ -47,18 +48,11 @@ std::vector<int32_t> tokens() {
   return t;
 }
 
-// max |a - b| over max |b|: both passes are f32 with different summation orders (the packed GEMM
+// test::max_rel_diff: both passes are f32 with different summation orders (the packed GEMM
 // against matmul_wt, flash attention against paged attention), so they agree to a few f32 ulps
 // of the largest logit times the depth: 8.7e-7 at most here (about 7 ulps), so 1e-5 keeps a 10x
 // margin.
-double rel_diff(const float* a, const float* b, int64_t n) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    num = std::max(num, std::fabs(static_cast<double>(a[i]) - b[i]));
-    den = std::max(den, std::fabs(static_cast<double>(b[i])));
-  }
-  return num / den;
-}
+using test::max_rel_diff;
 
 // The training model's logits (1, T, Vp) over tokens(), and an engine over its parameters.
 struct BothForwards {
@@ -89,7 +83,8 @@ TEST_P(TrainingModelInEngine, PromptLogitsEqualTrainingForward) {
   const std::vector<float> all = f.engine->forward({Feed{s, f.toks, true}});
   ASSERT_EQ(static_cast<int64_t>(all.size()), kT * kVocab);
   for (int64_t t = 0; t < kT; ++t)
-    EXPECT_LT(rel_diff(all.data() + t * kVocab, f.training_logits(t), kVocab), 1e-5) << "row " << t;
+    EXPECT_LT(max_rel_diff(all.data() + t * kVocab, f.training_logits(t), kVocab), 1e-5)
+        << "row " << t;
 }
 
 TEST_P(TrainingModelInEngine, CachedDecodeStepsEqualTrainingForward) {
@@ -97,10 +92,10 @@ TEST_P(TrainingModelInEngine, CachedDecodeStepsEqualTrainingForward) {
   const int32_t s = f.engine->new_sequence();
   constexpr int64_t kPrefill = kT - 5;
   std::vector<float> last = f.engine->forward({Feed{s, {f.toks.data(), kPrefill}, false}});
-  EXPECT_LT(rel_diff(last.data(), f.training_logits(kPrefill - 1), kVocab), 1e-5);
+  EXPECT_LT(max_rel_diff(last.data(), f.training_logits(kPrefill - 1), kVocab), 1e-5);
   for (int64_t t = kPrefill; t < kT; ++t) {
     last = f.engine->forward({Feed{s, {&f.toks[t], 1}, false}});
-    EXPECT_LT(rel_diff(last.data(), f.training_logits(t), kVocab), 1e-5) << "step " << t;
+    EXPECT_LT(max_rel_diff(last.data(), f.training_logits(t), kVocab), 1e-5) << "step " << t;
   }
 }
 

@@ -18,6 +18,7 @@
 #include "infer/engine.h"
 #include "model/decoder_save.h"
 #include "model/train_model.h"
+#include "test_util/compare.h"
 
 namespace tessera::model {
 namespace {
@@ -35,22 +36,10 @@ std::unique_ptr<TrainModel> source_model() {
   auto m = std::make_unique<TrainModel>(c, ops::Context{});
   m->init_weights(21);
   Rng rng(5);
-  const int64_t V = c.vocab_size, C = c.n_embd;
-  for (const TensorInfo& t : m->tensors().tensors()) {
-    const bool padded = t.shape.rank() == 2 && t.shape[0] == c.padded_vocab_size;
-    for (int64_t i = 0; i < (padded ? V * C : t.numel()); ++i)
+  for (const TensorInfo& t : m->tensors().tensors())
+    for (int64_t i = 0; i < m->unpadded_elems(t); ++i)
       m->params()[t.offset + i] += 0.05f * rng.normal();
-  }
   return m;
-}
-
-double max_rel_diff(const float* a, const float* b, int64_t n) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    num = std::max(num, std::fabs(static_cast<double>(a[i]) - b[i]));
-    den = std::max(den, std::fabs(static_cast<double>(b[i])));
-  }
-  return num / den;
 }
 
 // The training forward of a model loaded from `path` against the engine on the file.
@@ -70,7 +59,7 @@ void expect_same_logits(const std::string& path) {
   const std::vector<float> all = engine.forward({infer::Feed{s, toks, true}});
   const int64_t Vp = m->config().padded_vocab_size;
   for (int64_t t = 0; t < kT; ++t)
-    EXPECT_LT(max_rel_diff(all.data() + t * kVocab, m->logits() + t * Vp, kVocab), 1e-5)
+    EXPECT_LT(test::max_rel_diff(all.data() + t * kVocab, m->logits() + t * Vp, kVocab), 1e-5)
         << path << " row " << t;
 }
 

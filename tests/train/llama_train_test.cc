@@ -58,14 +58,11 @@ TEST_P(LlamaTraining, GradientsMatchCentralDifferences) {
   TrainModel m(small_llama(s.kv_heads, s.bias, s.tied), ctx);
   m.init_weights(5);
   Rng noise(9);
-  const int64_t V = m.config().vocab_size, C = m.config().n_embd;
-  for (const TensorInfo& t : m.tensors().tensors()) {
-    const bool padded = t.shape.rank() == 2 && t.shape[0] == m.config().padded_vocab_size;
-    const int64_t n = padded ? V * C : t.numel();  // padding rows stay zero
-    for (int64_t i = 0; i < n; ++i) m.params()[t.offset + i] += 0.1f * noise.normal();
-  }
+  for (const TensorInfo& t : m.tensors().tensors())  // padding rows stay zero
+    for (int64_t i = 0; i < m.unpadded_elems(t); ++i)
+      m.params()[t.offset + i] += 0.1f * noise.normal();
   constexpr int64_t B = 2, T = 8;
-  const Batch b = make_batch(B * T, V, 3);
+  const Batch b = make_batch(B * T, m.config().vocab_size, 3);
   m.plan(B, T, Precision::f32, Recompute::none);
   m.zero_grads();
   m.forward_backward(b.tokens.data(), b.targets.data(), B, T, 1.0f);
@@ -76,8 +73,7 @@ TEST_P(LlamaTraining, GradientsMatchCentralDifferences) {
   Rng pick(17);
   int checked = 0;
   for (const TensorInfo& t : m.tensors().tensors()) {
-    const bool padded = t.shape.rank() == 2 && t.shape[0] == m.config().padded_vocab_size;
-    const int64_t n = padded ? V * C : t.numel();
+    const int64_t n = m.unpadded_elems(t);
     for (int k = 0; k < 3; ++k) {
       const int64_t i = t.offset + static_cast<int64_t>(pick.below(static_cast<uint64_t>(n)));
       float& p = m.params()[i];
