@@ -3,14 +3,15 @@
 # the llama-cpp-python source package on PyPI, once: a yardstick for the comparison scripts, never
 # a dependency of Tessera. Native SIMD, no network at build time, no GPU.
 #   scripts/build-llamacpp.sh TARGET
-# TARGET=llama-server builds in its own folder ($WORK/build-server) with the server enabled, its
-# web UI left empty (no npm, no download of prebuilt assets), without OpenSSL, and without AMX
-# unless LLAMACPP_AMX=1 (ggml's AMX matmul faults in the VMs used here: SIGSEGV on ldtilecfg or
-# SIGILL in the warm-up run, while the rest of -march=native is kept); every other target shares
-# $WORK/build, configured with the server off as before; TARGET=llama-finetune (an example
-# program) builds in $WORK/build-examples with the examples enabled.
-# Environment: LLAMACPP_PYPI_VERSION (0.3.36), WORK (/tmp/tessera-llamacpp), LLAMACPP_AMX (0; only
-# read for llama-server). Prints the binary.
+# Every build leaves AMX out unless LLAMACPP_AMX=1 (ggml's AMX matmul faults in the VMs used here:
+# SIGSEGV on ldtilecfg, or SIGILL in llama-server's warm-up and llama-perplexity's first chunk,
+# while the rest of -march=native is kept). TARGET=llama-server builds in its own folder
+# ($WORK/build-server) with the server enabled, its web UI left empty (no npm, no download of
+# prebuilt assets), without OpenSSL; every other target shares
+# $WORK/build, configured with the server off as before; TARGET=llama-finetune, llama-simple or
+# llama-perplexity build in $WORK/build-examples with the examples enabled.
+# Environment: LLAMACPP_PYPI_VERSION (0.3.36), WORK (/tmp/tessera-llamacpp), LLAMACPP_AMX (0).
+# Prints the binary.
 set -euo pipefail
 target=${1:?llama.cpp target, e.g. llama-bench}
 version=${LLAMACPP_PYPI_VERSION:-0.3.36}
@@ -20,7 +21,7 @@ build=$work/build
 server=OFF
 examples=OFF
 extra=()
-if [[ $target == llama-finetune ]]; then
+if [[ $target == llama-finetune || $target == llama-simple || $target == llama-perplexity ]]; then
   build=$work/build-examples
   examples=ON
 fi
@@ -28,10 +29,10 @@ if [[ $target == llama-server ]]; then
   build=$work/build-server
   server=ON
   extra=(-DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF)
-  if [[ ${LLAMACPP_AMX:-0} != 1 ]]; then
-    noamx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
-    extra+=("-DCMAKE_C_FLAGS=$noamx" "-DCMAKE_CXX_FLAGS=$noamx")
-  fi
+fi
+if [[ ${LLAMACPP_AMX:-0} != 1 ]]; then
+  noamx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+  extra+=("-DCMAKE_C_FLAGS=$noamx" "-DCMAKE_CXX_FLAGS=$noamx")
 fi
 bin=$build/bin/$target
 if [[ ! -x $bin ]]; then

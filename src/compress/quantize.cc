@@ -24,8 +24,6 @@ namespace {
 // the bytes) do not depend on the thread count.
 constexpr int64_t kChunkElems = 1 << 16;
 
-using RefPairs = std::initializer_list<std::pair<const WeightRef*, WeightRef*>>;
-
 struct ErrorSums {
   double sq_err = 0, sq_val = 0, max_err = 0;
 };
@@ -203,17 +201,9 @@ DecoderModel quantize_decoder(const DecoderModel& src, const QuantizeOptions& op
     b.w_gate = q.matrix(a.w_gate, p + "ffn_gate", opts.type);
     b.w_up = q.matrix(a.w_up, p + "ffn_up", opts.type);
     b.w_down = q.matrix(a.w_down, p + "ffn_down", sensitive);
-    for (auto [from, to] : RefPairs{{&a.attn_norm, &b.attn_norm},
-                                    {&a.attn_norm_b, &b.attn_norm_b},
-                                    {&a.ffn_norm, &b.ffn_norm},
-                                    {&a.ffn_norm_b, &b.ffn_norm_b},
-                                    {&a.bq, &b.bq},
-                                    {&a.bk, &b.bk},
-                                    {&a.bv, &b.bv},
-                                    {&a.bo, &b.bo},
-                                    {&a.b_up, &b.b_up},
-                                    {&a.b_down, &b.b_down}})
-      *to = q.vector(*from);
+    const auto from = a.vectors();
+    const auto to = b.vectors();
+    for (size_t v = 0; v < from.size(); ++v) *to[v] = q.vector(*from[v]);
   }
   w.out_norm = q.vector(s.out_norm);
   w.out_norm_b = q.vector(s.out_norm_b);

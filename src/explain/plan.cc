@@ -586,9 +586,7 @@ MemoryPrediction predict_memory(const model::DecoderModel& m, const PlanInput& i
   add(m.weights.pos_embd);
   for (const model::DecoderLayer& l : m.weights.layers) {
     for (const model::WeightRef* w : l.matrices()) add(*w);
-    for (const model::WeightRef* w : {&l.attn_norm, &l.attn_norm_b, &l.ffn_norm, &l.ffn_norm_b,
-                                      &l.bq, &l.bk, &l.bv, &l.bo, &l.b_up, &l.b_down})
-      add(*w);
+    for (const model::WeightRef* w : l.vectors()) add(*w);
   }
   add(m.weights.out_norm);
   add(m.weights.out_norm_b);

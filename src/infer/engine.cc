@@ -57,9 +57,7 @@ Engine::Engine(const model::DecoderModel& model, const EngineOptions& opts)
     model_.owners.push_back(buf);
   };
   for (model::DecoderLayer& l : model_.weights.layers)
-    for (WeightRef* r : {&l.attn_norm, &l.attn_norm_b, &l.ffn_norm, &l.ffn_norm_b, &l.bq, &l.bk,
-                         &l.bv, &l.bo, &l.b_up, &l.b_down})
-      widen(*r);
+    for (WeightRef* r : l.vectors()) widen(*r);
   widen(model_.weights.out_norm);
   widen(model_.weights.out_norm_b);
   if (opts_.float_weights) {
@@ -90,6 +88,13 @@ Engine::Engine(const model::DecoderModel& model, const EngineOptions& opts)
   positions_.resize(rows);
   tables_.resize(rows);
   want_.resize(rows);
+  bool adapters = false;
+  for (const model::DecoderLayer& l : model_.weights.layers) adapters |= l.has_adapters();
+  TS_CHECK(on_host || !opts_.device_decoder || !adapters,
+           "[engine] LoRA adapters run on the shared forward pass only (--cuda-forward shared), "
+           "not on the CUDA device decoder");
+  TS_CHECK(on_host || !opts_.device_decoder || !model_.config.qk_norm,
+           "[engine] the CUDA device decoder has no q/k norms (Qwen3); run on the CPU");
   if (!on_host && opts_.device_decoder) {
     // The device decoder runs the layers itself: the shared forward pass only looks the
     // embedding rows up for it, on the host.

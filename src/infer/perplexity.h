@@ -12,10 +12,19 @@
 
 namespace tessera::infer {
 
+// sliding: windows every `stride` tokens, each scoring the tokens the ones before did not, every
+// token once. chunks: llama.cpp's llama-perplexity: floor(tokens / ctx) non-overlapping windows,
+// each starting with `bos` (when >= 0; it replaces the window's first token), scoring the
+// predictions of its second half (ctx - 1 - ctx/2 tokens a window), so that figures compare
+// with the tables people publish for GGUF files.
+enum class Scoring { sliding, chunks };
+
 struct PerplexityOptions {
   int64_t ctx = 512;
-  int64_t stride = 0;       // new tokens per window after the first; 0: ctx / 2
+  Scoring scoring = Scoring::sliding;
+  int64_t stride = 0;       // sliding: new tokens per window after the first; 0: ctx / 2
   int64_t max_windows = 0;  // 0: the whole text
+  int32_t bos = -1;         // chunks: the token each window starts with; -1: none
 };
 
 struct PerplexityResult {

@@ -48,9 +48,12 @@ void DecoderConfig::validate(const std::string& source) const {
                  static_cast<int64_t>(rope_freq_divisors.size()) == rope_dim / 2,
              "[model] ", source, ": rope_freqs has ", rope_freq_divisors.size(),
              " values, expected ", rope_dim / 2);
+    TS_CHECK(!qk_norm || rope_layout == ops::RopeLayout::half, "[model] ", source,
+             ": q/k norms need the rotate-half row order (as Qwen3's files have it)");
   } else {
     TS_CHECK(n_kv_heads == n_heads && head_dim * n_heads == d_model, "[model] ", source,
              ": gpt2 needs head count * head dim == width and no grouped heads");
+    TS_CHECK(!qk_norm, "[model] ", source, ": gpt2 has no q/k norms");
   }
 }
 
@@ -87,10 +90,8 @@ void for_each_weight(const DecoderWeights& w, Fn&& fn) {
   fn(w.tok_embd, true);
   fn(w.pos_embd, true);
   for (const DecoderLayer& l : w.layers) {
-    for (const WeightRef* r :
-         {&l.attn_norm, &l.attn_norm_b, &l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.bo,
-          &l.ffn_norm, &l.ffn_norm_b, &l.w_gate, &l.w_up, &l.w_down, &l.b_up, &l.b_down})
-      fn(*r, false);
+    for (const WeightRef* r : l.matrices()) fn(*r, false);
+    for (const WeightRef* r : l.vectors()) fn(*r, false);
   }
   fn(w.out_norm, false);
   fn(w.out_norm_b, false);

@@ -20,7 +20,8 @@ class GgufFile;
 namespace tessera::model {
 
 enum class DecoderArch : uint8_t {
-  llama,  // RMSNorm, RoPE, SwiGLU, GQA; covers Llama 1-3, SmolLM2, Mistral, Qwen2 (q/k/v bias)
+  llama,  // RMSNorm, RoPE, SwiGLU, GQA; covers Llama 1-3, SmolLM2, Mistral, Qwen2 (q/k/v bias),
+          // Qwen3 (q/k norms)
   gpt2,   // LayerNorm with bias, learned positions, GELU MLP, biases everywhere
 };
 
@@ -57,6 +58,9 @@ struct DecoderConfig {
   int64_t sliding_window = 0;
   bool tied_embeddings = false;  // output head = token embedding
   bool qkv_bias = false;         // q/k/v projections carry a bias (Qwen2, GPT-2)
+  // Each head of q and of k is RMS-normalized (weights q_norm, k_norm of head_dim) before RoPE
+  // (Qwen3); its files keep the rotate-half row order.
+  bool qk_norm = false;
 
   int64_t q_dim() const { return n_heads * head_dim; }
   int64_t kv_dim() const { return n_kv_heads * head_dim; }
@@ -88,6 +92,19 @@ struct WeightRef {
   }
 };
 
+// A low-rank adapter (LoRA) on one matrix W (N,K): the product x W^T becomes
+// x W^T + scale (x A^T) B^T, with A (r,K) and B (N,r) in f32 and scale = alpha / r.
+struct LoraRef {
+  WeightRef a, b;
+  float scale = 0.0f;
+  bool present() const { return a.present(); }
+  int64_t rank() const { return a.rows(); }
+};
+
+// The seven matrices of a layer, in the order of DecoderLayer::matrices() and ::lora.
+enum class LayerMatrix : uint8_t { q, k, v, o, gate, up, down };
+inline constexpr int kLayerMatrices = 7;
+
 struct DecoderLayer {
   WeightRef attn_norm, attn_norm_b;  // (C); _b gpt2 only
   WeightRef wq, wk, wv, wo;          // (q_dim,C) (kv_dim,C) (kv_dim,C) (C,q_dim)
@@ -95,11 +112,35 @@ struct DecoderLayer {
   WeightRef ffn_norm, ffn_norm_b;    // (C)
   WeightRef w_gate, w_up, w_down;    // (F,C) (F,C) (C,F); gate absent for gpt2
   WeightRef b_up, b_down;            // gpt2 biases of fc and proj
+  WeightRef q_norm, k_norm;          // (head_dim) per-head norms of q and k (qk_norm only)
+
+  // Adapters on the matrices, indexed by LayerMatrix; absent unless a LoRA adapter is applied
+  // (model/lora.h).
+  std::array<LoraRef, kLayerMatrices> lora;
 
   // The seven matrices, for the loops that treat them alike (w_gate not present for gpt2).
-  std::array<WeightRef*, 7> matrices() { return {&wq, &wk, &wv, &wo, &w_gate, &w_up, &w_down}; }
-  std::array<const WeightRef*, 7> matrices() const {
+  std::array<WeightRef*, kLayerMatrices> matrices() {
     return {&wq, &wk, &wv, &wo, &w_gate, &w_up, &w_down};
+  }
+  std::array<const WeightRef*, kLayerMatrices> matrices() const {
+    return {&wq, &wk, &wv, &wo, &w_gate, &w_up, &w_down};
+  }
+  // The twelve vectors (norms, biases, q/k norms; each absent where the family has none), for
+  // the loops that treat them alike: f32 checks, conversion, upload, counting.
+  static constexpr int kVectors = 12;
+  std::array<WeightRef*, kVectors> vectors() {
+    return {&attn_norm, &attn_norm_b, &ffn_norm, &ffn_norm_b, &bq,     &bk,
+            &bv,        &bo,          &b_up,     &b_down,     &q_norm, &k_norm};
+  }
+  std::array<const WeightRef*, kVectors> vectors() const {
+    return {&attn_norm, &attn_norm_b, &ffn_norm, &ffn_norm_b, &bq,     &bk,
+            &bv,        &bo,          &b_up,     &b_down,     &q_norm, &k_norm};
+  }
+  const LoraRef& adapter(LayerMatrix m) const { return lora[static_cast<size_t>(m)]; }
+  bool has_adapters() const {
+    for (const LoraRef& a : lora)
+      if (a.present()) return true;
+    return false;
   }
 };
 

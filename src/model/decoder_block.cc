@@ -79,6 +79,35 @@ void linear_forward(const ops::Context& ctx, Stage stage, float* y, const float*
   ops::matmul_wt(ctx, y, w.rows(), x, n, w.cols(), w.data, w.type, w.rows(), bias_of(b));
 }
 
+void lora_project(const ops::Context& ctx, const LoraRef& a, const float* x, int64_t n, float* u) {
+  TS_CHECK(a.a.type == DType::f32 && a.b.type == DType::f32, "[model] adapters are f32");
+  const int64_t r = a.rank(), K = a.a.cols();
+  ops::GemmArgs g;  // u (n,r) = x (n,K) A^T
+  g.trans_b = ops::Trans::T;
+  g.m = n, g.n = r, g.k = K;
+  g.a = x, g.lda = K;
+  g.b = a.a.data, g.ldb = K;
+  g.c = u, g.ldc = r;
+  ops::gemm(ctx, g);
+  if (a.scale != 1.0f) ops::scale(ctx, u, n * r, a.scale);
+}
+
+void lora_forward(const ops::Context& ctx, const LoraRef& a, float* y, int64_t ldy, const float* x,
+                  int64_t n, float* u) {
+  if (!a.present()) return;
+  TS_CHECK(u != nullptr, "[model] a layer with adapters needs the lora_u scratch");
+  lora_project(ctx, a, x, n, u);
+  const int64_t r = a.rank(), N = a.b.rows();
+  ops::GemmArgs g;  // y (n,N) += u (n,r) B^T
+  g.trans_b = ops::Trans::T;
+  g.m = n, g.n = N, g.k = r;
+  g.a = u, g.lda = r;
+  g.b = a.b.data, g.ldb = r;
+  g.c = y, g.ldc = ldy;
+  g.accumulate = true;
+  ops::gemm(ctx, g);
+}
+
 void block_forward(const ops::Context& ctx, const DecoderConfig& c, const DecoderLayer& w,
                    int64_t layer, int64_t n, const BlockTensors& t, BlockAttention& attention,
                    bool stop_after_ff_in) {
@@ -88,14 +117,34 @@ void block_forward(const ops::Context& ctx, const DecoderConfig& c, const Decode
   // Attention branch: mid = in + wo attention(q, k, v of norm(in)).
   norm_forward(ctx, c, t.xn1, t.mean1, t.rstd1, t.in, n, w.attn_norm, w.attn_norm_b);
   // q, k and v read the same input: one grouped product into the rows of qkv.
+  const int64_t QKV = QD + 2 * KV;
   linear_group(
-      ctx, Stage::qkv, t.xn1, n, QD + 2 * KV,
+      ctx, Stage::qkv, t.xn1, n, QKV,
       {{t.qkv, &w.wq, &w.bq}, {t.qkv + QD, &w.wk, &w.bk}, {t.qkv + QD + KV, &w.wv, &w.bv}});
+  using M = LayerMatrix;
+  if (w.has_adapters()) {
+    const ops::Scope scope(ctx, stage_name(Stage::qkv));
+    lora_forward(ctx, w.adapter(M::q), t.qkv, QKV, t.xn1, n, t.lora_u);
+    lora_forward(ctx, w.adapter(M::k), t.qkv + QD, QKV, t.xn1, n, t.lora_u);
+    lora_forward(ctx, w.adapter(M::v), t.qkv + QD + KV, QKV, t.xn1, n, t.lora_u);
+  }
+  if (c.qk_norm) {  // each head of q and k normalized in place, before attention rotates them
+    const ops::Scope scope(ctx, stage_name(Stage::qkv));
+    if (t.qk_raw) ops::copy_rows(ctx, t.qk_raw, QD + KV, t.qkv, QKV, n, QD + KV);
+    ops::head_rmsnorm(ctx, t.qkv, QKV, n, c.n_heads, c.head_dim,
+                      static_cast<const float*>(w.q_norm.data), c.norm_eps);
+    ops::head_rmsnorm(ctx, t.qkv + QD, QKV, n, c.n_kv_heads, c.head_dim,
+                      static_cast<const float*>(w.k_norm.data), c.norm_eps);
+  }
   {
     const ops::Scope scope(ctx, stage_name(Stage::attention));
     attention.attend(layer, t.qkv, t.att, n);
   }
   linear_forward(ctx, Stage::attn_out, t.branch, t.att, n, w.wo, w.bo);
+  if (w.adapter(M::o).present()) {
+    const ops::Scope scope(ctx, stage_name(Stage::attn_out));
+    lora_forward(ctx, w.adapter(M::o), t.branch, C, t.att, n, t.lora_u);
+  }
   ops::add(ctx, t.mid, t.in, t.branch, n * C);
 
   // MLP branch: out = mid + down(act(up(norm(mid)))).
@@ -104,14 +153,27 @@ void block_forward(const ops::Context& ctx, const DecoderConfig& c, const Decode
   if (llama) {
     linear_group(ctx, Stage::mlp_in, t.xn2, n, F,
                  {{t.ff_in, &w.w_gate, nullptr}, {t.ff_up, &w.w_up, nullptr}});
+    if (w.adapter(M::gate).present() || w.adapter(M::up).present()) {
+      const ops::Scope scope(ctx, stage_name(Stage::mlp_in));
+      lora_forward(ctx, w.adapter(M::gate), t.ff_in, F, t.xn2, n, t.lora_u);
+      lora_forward(ctx, w.adapter(M::up), t.ff_up, F, t.xn2, n, t.lora_u);
+    }
     if (stop_after_ff_in) return;
     ops::swiglu_forward(ctx, t.ff_act, t.ff_in, t.ff_up, n, F);
   } else {
     linear_forward(ctx, Stage::mlp_in, t.ff_in, t.xn2, n, w.w_up, w.b_up);
+    if (w.adapter(M::up).present()) {
+      const ops::Scope scope(ctx, stage_name(Stage::mlp_in));
+      lora_forward(ctx, w.adapter(M::up), t.ff_in, F, t.xn2, n, t.lora_u);
+    }
     if (stop_after_ff_in) return;
     ops::gelu_forward(ctx, t.ff_act, t.ff_in, n * F);
   }
   linear_forward(ctx, Stage::mlp_down, t.branch, t.ff_act, n, w.w_down, w.b_down);
+  if (w.adapter(M::down).present()) {
+    const ops::Scope scope(ctx, stage_name(Stage::mlp_down));
+    lora_forward(ctx, w.adapter(M::down), t.branch, C, t.ff_act, n, t.lora_u);
+  }
   ops::add(ctx, t.out, t.mid, t.branch, n * C);
 }
 

@@ -41,6 +41,10 @@ struct BlockTensors {
   float* ff_in = nullptr;     // (n,F) c_fc output (GPT-2) or gate projection (Llama)
   float* ff_up = nullptr;     // (n,F) up projection (Llama only)
   float* ff_act = nullptr;    // (n,F) GELU(ff_in) or SwiGLU(gate, up); may be ff_in
+  float* lora_u = nullptr;    // (n, largest adapter rank): x A^T of an adapter; only when the
+                              // layer has adapters (LoraRef), which the forward adds in place
+  float* qk_raw = nullptr;    // (n, q_dim + kv_dim): q and k before their norms (qk_norm), kept
+                              // for the backward; null where nothing is kept (the engine)
 };
 
 // How a layer's queries meet keys and values: att (n, q_dim) from qkv (n, QKV). It applies the
@@ -64,29 +68,54 @@ class CausalAttention;  // model/causal_attention.h
 
 // Scratch a layer's backward writes (QKV = q_dim + 2 kv_dim, F = d_ff).
 struct BlockGradScratch {
-  float* dx = nullptr;    // (n,C) a branch input's gradient
-  float* dbig = nullptr;  // (n,max(QKV,F)) dq|dk|dv, and the MLP's inner gradients
-  float* dup = nullptr;   // (n,max(q_dim,F)) Llama's up-projection gradient, and q, k, v's
-                          // gradients packed for separate matrices; may be null for GPT-2
+  float* dx = nullptr;      // (n,max(C,q_dim)) a branch input's gradient (attention's is q_dim)
+  float* dbig = nullptr;    // (n,max(QKV,F)) dq|dk|dv, and the MLP's inner gradients
+  float* dup = nullptr;     // (n,max(q_dim,F)) Llama's up-projection gradient, and q, k, v's
+                            // gradients packed for separate matrices; may be null for GPT-2
+  float* lora_u = nullptr;  // (n, largest adapter rank) each, when the layer has adapters
+  float* lora_gu = nullptr;
+};
+
+// An adapter's part in a linear's backward: its weights w, the view of its gradients g (f32,
+// added into; either part may be absent), and two (n, rank) scratch buffers.
+struct LoraGrad {
+  const LoraRef* w = nullptr;
+  const LoraRef* g = nullptr;
+  float* u = nullptr;
+  float* gu = nullptr;
+  bool present() const { return w != nullptr && w->present(); }
 };
 
 // The backward of block_forward over the tensors it left in t (ff_act recomputed by the caller
 // if it was not kept; it may be s.dbig itself). On entry dresid (n,C) holds the gradient of the
 // layer's output t.out; on exit that of its input t.in. Adds every weight's gradient into g, a
 // view of the gradient buffer in the layout of w (as_decoder over it: f32, biases present where
-// the weights have them). attention: the layer's CausalAttention as the forward used it.
+// the weights have them); a tensor absent from g gets none (a frozen matrix: only its input's
+// gradient is computed, through ops::matmul_w when it is stored quantized). Adapters of w get
+// theirs in g.lora. attention: the layer's CausalAttention as the forward used it.
 // round_bf16: the products take bf16 operands (bf16 precision).
 void block_backward(const ops::Context& ctx, const DecoderConfig& c, const DecoderLayer& w,
                     const DecoderLayer& g, int64_t n, const BlockTensors& t,
                     CausalAttention& attention, float* dresid, const BlockGradScratch& s,
                     bool round_bf16);
 
-// Backward of y (n,N) = x (n,K) w^T + b: dw (N,K) += dy^T x; db (N) += column sums of dy unless
-// null; then dx (n,K) = dy w, or += with accumulate_dx (skipped if dx is null; dx may alias x,
-// which is read first). round_bf16: the products take bf16 operands.
+// Backward of y (n,N) = x (n,K) w^T + b [+ s (x A^T) B^T]: dw (N,K) += dy^T x unless dw is null;
+// db (N) += column sums of dy unless null; an adapter's dA += s (dy B)^T x, dB += s dy^T (x A^T);
+// then dx (n,K) = dy w [+ s (dy B) A], or += with accumulate_dx (skipped if dx is null; dx may
+// alias x, which is read first). w in f32 or bf16, or with dw null any type matmul_wt reads.
+// round_bf16: the products take bf16 operands (not the adapter's).
 void linear_backward(const ops::Context& ctx, float* dx, bool accumulate_dx, const float* dy,
                      const float* x, int64_t n, const WeightRef& w, float* dw, float* db,
-                     bool round_bf16);
+                     bool round_bf16, const LoraGrad& lora = {});
+
+// u (n, r) = scale x (n, K) A^T: adapter a's input to its B, as the forward computes it and the
+// backward recomputes it.
+void lora_project(const ops::Context& ctx, const LoraRef& a, const float* x, int64_t n, float* u);
+
+// y (n, ldy) += scale (x A^T) B^T for adapter a of a product of x (n, K): its rank-r term, u
+// (n, r) scratch. Nothing when a is absent.
+void lora_forward(const ops::Context& ctx, const LoraRef& a, float* y, int64_t ldy, const float* x,
+                  int64_t n, float* u);
 
 // dinp (n,C) += the norm's input gradient from dout (layer norm with mean and rstd for GPT-2,
 // RMSNorm with rstd for Llama); its weight's (and bias's) gradients added into dw (db).

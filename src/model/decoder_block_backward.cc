@@ -4,6 +4,7 @@
 #include "model/causal_attention.h"
 #include "model/decoder_block.h"
 #include "ops/ops.h"
+#include "ops/quant.h"
 
 namespace tessera::model {
 
@@ -25,34 +26,55 @@ WeightRef joined(const WeightRef& a, const WeightRef& b, const WeightRef& c) {
   return j;
 }
 
+// c (m,n) = op(a) (m,k) b (k,n), or += with accumulate; a f32, b of b_type, every operand packed
+// (leading dimension its row width).
+void packed_gemm(const ops::Context& ctx, float* c, bool accumulate, ops::Trans trans_a,
+                 const float* a, const void* b, DType b_type, int64_t m, int64_t n, int64_t k,
+                 bool round_bf16 = false) {
+  ops::GemmArgs g;
+  g.trans_a = trans_a;
+  g.m = m, g.n = n, g.k = k;
+  g.a = a, g.lda = trans_a == ops::Trans::T ? m : k;
+  g.b = b, g.b_type = b_type, g.ldb = n;
+  g.c = c, g.ldc = n;
+  g.accumulate = accumulate;
+  g.round_bf16 = round_bf16;
+  ops::gemm(ctx, g);
+}
+
 }  // namespace
 
 void linear_backward(const ops::Context& ctx, float* dx, bool accumulate_dx, const float* dy,
                      const float* x, int64_t n, const WeightRef& w, float* dw, float* db,
-                     bool round_bf16) {
+                     bool round_bf16, const LoraGrad& lora) {
   const int64_t N = w.rows(), K = w.cols();
-  {  // dW (N,K) += dy^T (N,n) x (n,K)
-    ops::GemmArgs g;
-    g.trans_a = ops::Trans::T;
-    g.m = N, g.n = K, g.k = n;
-    g.a = dy, g.lda = N;
-    g.b = x, g.ldb = K;
-    g.c = dw, g.ldc = K;
-    g.accumulate = true;
-    g.round_bf16 = round_bf16;
-    ops::gemm(ctx, g);
-  }
+  if (dw != nullptr)  // dW (N,K) += dy^T (N,n) x (n,K)
+    packed_gemm(ctx, dw, true, ops::Trans::T, dy, x, DType::f32, N, K, n, round_bf16);
   if (db != nullptr) ops::bias_grad(ctx, db, dy, n, N);
-  if (dx != nullptr) {  // dx (n,K) = dy (n,N) W (N,K); last: dx may alias x
-    ops::GemmArgs g;
-    g.m = n, g.n = K, g.k = N;
-    g.a = dy, g.lda = N;
-    g.b = w.data, g.b_type = w.type, g.ldb = K;
-    g.c = dx, g.ldc = K;
-    g.accumulate = accumulate_dx;
-    g.round_bf16 = round_bf16;
-    ops::gemm(ctx, g);
+  const int64_t r = lora.present() ? lora.w->rank() : 0;
+  if (r > 0) {
+    // u (n,r) = s x A^T, the forward's; dB (N,r) += dy^T u; gu (n,r) = s dy B; dA (r,K) += gu^T x.
+    TS_CHECK(lora.u != nullptr && lora.gu != nullptr,
+             "[model] an adapter's backward needs the lora_u and lora_gu scratch");
+    const LoraRef& a = *lora.w;
+    lora_project(ctx, a, x, n, lora.u);
+    if (lora.g != nullptr && lora.g->b.present())
+      packed_gemm(ctx, grad(lora.g->b), true, ops::Trans::T, dy, lora.u, DType::f32, N, r, n);
+    packed_gemm(ctx, lora.gu, false, ops::Trans::N, dy, a.b.data, DType::f32, n, r, N);
+    if (a.scale != 1.0f) ops::scale(ctx, lora.gu, n * r, a.scale);
+    if (lora.g != nullptr && lora.g->a.present())
+      packed_gemm(ctx, grad(lora.g->a), true, ops::Trans::T, lora.gu, x, DType::f32, r, K, n);
   }
+  if (dx == nullptr) return;
+  // dx (n,K) = dy (n,N) W (N,K); last but the adapter's term: dx may alias x
+  if (w.type == DType::f32 || w.type == DType::bf16) {
+    packed_gemm(ctx, dx, accumulate_dx, ops::Trans::N, dy, w.data, w.type, n, K, N, round_bf16);
+  } else {
+    TS_CHECK(dw == nullptr, "[model] a ", dtype_name(w.type), " matrix cannot take a gradient");
+    ops::matmul_w(ctx, dx, K, dy, n, N, w.data, w.type, K, accumulate_dx);
+  }
+  if (r > 0)  // dx (n,K) += gu (n,r) A (r,K)
+    packed_gemm(ctx, dx, true, ops::Trans::N, lora.gu, lora.w->a.data, DType::f32, n, K, r);
 }
 
 void norm_backward(const ops::Context& ctx, const DecoderConfig& c, float* dinp, const float* dout,
@@ -71,48 +93,64 @@ void block_backward(const ops::Context& ctx, const DecoderConfig& c, const Decod
                     bool round_bf16) {
   const int64_t QD = c.q_dim(), KV = c.kv_dim(), F = c.d_ff, ld = QD + 2 * KV;
   const bool llama = c.arch == DecoderArch::llama;
+  TS_CHECK(!c.qk_norm || t.qk_raw != nullptr, "[model] q/k norms' backward needs t.qk_raw");
   TS_CHECK(!llama || s.dup != nullptr, "[model] a Llama layer's backward needs the dup scratch");
+  using M = LayerMatrix;
   auto lin = [&](float* dx, bool acc, const float* dy, const float* x, const WeightRef& wr,
-                 const WeightRef& gw, const WeightRef& gb) {
-    linear_backward(ctx, dx, acc, dy, x, n, wr, grad(gw), grad(gb), round_bf16);
+                 const WeightRef& gw, const WeightRef& gb, M m) {
+    const size_t i = static_cast<size_t>(m);
+    linear_backward(ctx, dx, acc, dy, x, n, wr, grad(gw), grad(gb), round_bf16,
+                    {&w.lora[i], &g.lora[i], s.lora_u, s.lora_gu});
   };
 
   // MLP branch: out = mid + down(act(up(norm(mid)))). ff_act may be s.dbig itself (recomputed):
   // the down product reads it for dW before it writes dbig.
-  lin(s.dbig, false, dresid, t.ff_act, w.w_down, g.w_down, g.b_down);
+  lin(s.dbig, false, dresid, t.ff_act, w.w_down, g.w_down, g.b_down, M::down);
   if (llama) {
     ops::swiglu_backward(ctx, s.dbig, s.dup, s.dbig, t.ff_in, t.ff_up, n, F);
-    lin(s.dx, false, s.dbig, t.xn2, w.w_gate, g.w_gate, {});
-    lin(s.dx, true, s.dup, t.xn2, w.w_up, g.w_up, g.b_up);
+    lin(s.dx, false, s.dbig, t.xn2, w.w_gate, g.w_gate, {}, M::gate);
+    lin(s.dx, true, s.dup, t.xn2, w.w_up, g.w_up, g.b_up, M::up);
   } else {
     ops::gelu_backward(ctx, s.dbig, t.ff_in, s.dbig, n * F);
-    lin(s.dx, false, s.dbig, t.xn2, w.w_up, g.w_up, g.b_up);
+    lin(s.dx, false, s.dbig, t.xn2, w.w_up, g.w_up, g.b_up, M::up);
   }
   // The norm's backward adds into dresid, which already holds the skip path's gradient.
   norm_backward(ctx, c, dresid, s.dx, t.mid, t.mean2, t.rstd2, n, w.ffn_norm, g.ffn_norm,
                 g.ffn_norm_b);
 
   // Attention branch: mid = in + wo attention(q, k, v of norm(in)); dq, dk, dv into dbig.
-  lin(s.dx, false, dresid, t.att, w.wo, g.wo, g.bo);
+  lin(s.dx, false, dresid, t.att, w.wo, g.wo, g.bo, M::o);
   attention.backward(s.dbig, s.dx, t.qkv, t.att);
+  if (c.qk_norm) {  // dq, dk through each head's norm, in place, from the kept q and k
+    const int64_t D = c.head_dim;
+    ops::head_rmsnorm_backward(ctx, s.dbig, grad(g.q_norm), s.dbig, t.qk_raw, ld, QD + KV, n,
+                               c.n_heads, D, static_cast<const float*>(w.q_norm.data), c.norm_eps);
+    ops::head_rmsnorm_backward(ctx, s.dbig + QD, grad(g.k_norm), s.dbig + QD, t.qk_raw + QD, ld,
+                               QD + KV, n, c.n_kv_heads, D,
+                               static_cast<const float*>(w.k_norm.data), c.norm_eps);
+  }
   const WeightRef wqkv = joined(w.wq, w.wk, w.wv), gqkv = joined(g.wq, g.wk, g.wv);
   const WeightRef gbqkv = joined(g.bq, g.bk, g.bv);
   const bool bias = g.bq.present();
-  if (wqkv.present() && gqkv.present() && (!bias || gbqkv.present())) {
+  const bool qkv_adapters =
+      w.adapter(M::q).present() || w.adapter(M::k).present() || w.adapter(M::v).present();
+  if (wqkv.present() && gqkv.present() && (!bias || gbqkv.present()) && !qkv_adapters) {
     // q, k and v rows of one matrix (GPT-2's c_attn): one product over the whole of dqkv.
-    lin(s.dx, false, s.dbig, t.xn1, wqkv, gqkv, gbqkv);
+    lin(s.dx, false, s.dbig, t.xn1, wqkv, gqkv, gbqkv, M::q);
   } else {
     // Separate matrices: each product reads its columns of dqkv (rows of ld), packed first.
     TS_CHECK(s.dup != nullptr, "[model] separate q, k, v products need the dup scratch");
     const struct {
       const WeightRef &w, &g, &b;
       int64_t col, width;
-    } parts[] = {
-        {w.wq, g.wq, g.bq, 0, QD}, {w.wk, g.wk, g.bk, QD, KV}, {w.wv, g.wv, g.bv, QD + KV, KV}};
+      M m;
+    } parts[] = {{w.wq, g.wq, g.bq, 0, QD, M::q},
+                 {w.wk, g.wk, g.bk, QD, KV, M::k},
+                 {w.wv, g.wv, g.bv, QD + KV, KV, M::v}};
     for (size_t i = 0; i < 3; ++i) {
       const auto& p = parts[i];
       ops::copy_rows(ctx, s.dup, p.width, s.dbig + p.col, ld, n, p.width);
-      lin(s.dx, i > 0, s.dup, t.xn1, p.w, p.g, p.b);
+      lin(s.dx, i > 0, s.dup, t.xn1, p.w, p.g, p.b, p.m);
     }
   }
   norm_backward(ctx, c, dresid, s.dx, t.in, t.mean1, t.rstd1, n, w.attn_norm, g.attn_norm,

@@ -14,13 +14,22 @@ namespace tessera::model {
 namespace {
 
 // The activation buffers (DecoderForward::acts_), each max_rows rows of the width beside it.
-enum Act { kX, kTmp, kXn, kQkv, kQ, kK, kAtt, kFfA, kFfB, kStatA, kStatB, kNumActs };
+enum Act { kX, kTmp, kXn, kQkv, kQ, kK, kAtt, kFfA, kFfB, kStatA, kStatB, kLora, kNumActs };
 
-// Each activation buffer's floats per row, in Act's order.
-std::array<int64_t, kNumActs> act_widths(const DecoderConfig& c) {
+// The largest rank of m's adapters (LoraRef), 0 without any.
+int64_t max_lora_rank(const DecoderModel& m) {
+  int64_t r = 0;
+  for (const DecoderLayer& l : m.weights.layers)
+    for (const LoraRef& a : l.lora)
+      if (a.present()) r = std::max(r, a.rank());
+  return r;
+}
+
+// Each activation buffer's floats per row, in Act's order (kLora: x A^T of an adapter).
+std::array<int64_t, kNumActs> act_widths(const DecoderConfig& c, int64_t lora_rank) {
   return {c.d_model, c.d_model,  c.d_model, c.q_dim() + 2 * c.kv_dim(),
           c.q_dim(), c.kv_dim(), c.q_dim(), c.d_ff,
-          c.d_ff,    1,          1};
+          c.d_ff,    1,          1,         std::max<int64_t>(lora_rank, 1)};
 }
 // Logit rows per head call on a device (bounds the device's logits buffer at large vocabularies).
 constexpr int64_t kHeadRows = 64;
@@ -139,7 +148,7 @@ int64_t DecoderForward::forward(const DecoderRows& rows, const PagedKv& kv, floa
   const int64_t C = c.d_model, V = c.vocab, n = rows.n, BT = kv.layout.block_tokens;
   const auto R = static_cast<size_t>(max_rows_);
   if (acts_.empty()) {
-    for (int64_t width : act_widths(c))
+    for (int64_t width : act_widths(c, max_lora_rank(model_)))
       acts_.emplace_back(ctx_.device, R * static_cast<size_t>(width) * sizeof(float));
     table_stride_ = (max_ctx_ + BT - 1) / BT;
     ints_.resize(R * static_cast<size_t>(kTables + table_stride_));
@@ -238,6 +247,7 @@ void DecoderForward::run_layers(int64_t n, int64_t m, int64_t max_keys, int64_t 
   t.att = buf(kAtt);
   t.ff_in = t.ff_act = buf(kFfA);
   t.ff_up = buf(kFfB);
+  t.lora_u = buf(kLora);
   PagedAttention attention(*this, kv, max_keys);
   for (int64_t l = 0; l < c.n_layers; ++l)
     block_forward(ctx_, c, w.layers[static_cast<size_t>(l)], l, n, t, attention);
@@ -261,11 +271,14 @@ DeviceModel to_device(const DecoderModel& host, const ops::Context& ctx) {
     r.data = b.data();
     d.buffers.push_back(std::move(b));
   };
-  for (DecoderLayer& l : d.view.weights.layers)
-    for (WeightRef* r :
-         {&l.attn_norm, &l.attn_norm_b, &l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.bo,
-          &l.ffn_norm, &l.ffn_norm_b, &l.w_gate, &l.w_up, &l.w_down, &l.b_up, &l.b_down})
-      upload(*r);
+  for (DecoderLayer& l : d.view.weights.layers) {
+    for (WeightRef* r : l.matrices()) upload(*r);
+    for (WeightRef* r : l.vectors()) upload(*r);
+    for (LoraRef& a : l.lora) {
+      upload(a.a);
+      upload(a.b);
+    }
+  }
   upload(d.view.weights.out_norm);
   upload(d.view.weights.out_norm_b);
   upload(d.view.weights.output);
@@ -274,7 +287,7 @@ DeviceModel to_device(const DecoderModel& host, const ops::Context& ctx) {
 
 int64_t DecoderForward::activation_bytes(const DecoderConfig& c, int64_t max_rows) {
   int64_t floats = 0;
-  for (int64_t width : act_widths(c)) floats += width;
+  for (int64_t width : act_widths(c, 0)) floats += width;
   return floats * max_rows * static_cast<int64_t>(sizeof(float));
 }
 

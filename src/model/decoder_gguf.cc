@@ -108,7 +108,14 @@ DecoderConfig read_config(const formats::GgufFile& f, const std::string& arch) {
     c.rope_dim = r.get_int_or("rope.dimension_count", c.head_dim);
     // llama.cpp's converter permutes llama q/k rows for the interleaved ("normal") rotation;
     // qwen2 files keep the rotate-half ("neox") order.
-    c.rope_layout = arch == "qwen2" ? ops::RopeLayout::half : ops::RopeLayout::interleaved;
+    // qwen3 likewise, and RMS-normalizes each head of q and k.
+    c.rope_layout =
+        arch == "qwen2" || arch == "qwen3" ? ops::RopeLayout::half : ops::RopeLayout::interleaved;
+    c.qk_norm = f.find("blk.0.attn_q_norm.weight") != nullptr;
+    TS_CHECK(!c.qk_norm || arch == "qwen3", "[gguf] ", f.path(),
+             ": tensor 'blk.0.attn_q_norm.weight' in a ", arch, " file (q/k norms are Qwen3's)");
+    TS_CHECK(c.qk_norm || arch != "qwen3", "[gguf] ", f.path(),
+             ": a qwen3 file without 'blk.0.attn_q_norm.weight'");
     const std::string scaling_key = arch + ".rope.scaling.type";
     if (f.has(scaling_key)) {
       const std::string& type = f.get_string(scaling_key);
@@ -150,9 +157,10 @@ DecoderModel load_decoder_gguf(const std::string& path, const DecoderLoadOptions
   auto file = std::make_shared<const formats::GgufFile>(path, gopts);
   const formats::GgufFile& f = *file;
   const std::string& arch = f.get_string("general.architecture");
-  TS_CHECK(arch == "llama" || arch == "qwen2" || arch == "mistral" || arch == "gpt2", "[gguf] ",
-           path, ": general.architecture '", arch,
-           "' is not supported (llama, qwen2, mistral, gpt2)");
+  TS_CHECK(
+      arch == "llama" || arch == "qwen2" || arch == "qwen3" || arch == "mistral" || arch == "gpt2",
+      "[gguf] ", path, ": general.architecture '", arch,
+      "' is not supported (llama, qwen2, qwen3, mistral, gpt2)");
 
   DecoderModel m;
   m.config = read_config(f, arch);
@@ -196,6 +204,10 @@ DecoderModel load_decoder_gguf(const std::string& path, const DecoderLoadOptions
       l.wv = r.tensor(p + "attn_v.weight", Shape({KV, C}));
       l.w_gate = r.tensor(p + "ffn_gate.weight", Shape({F, C}));
       l.bo = r.tensor(p + "attn_output.bias", Shape({C}), false);  // Llama attention_bias
+      if (c.qk_norm) {
+        l.q_norm = r.tensor(p + "attn_q_norm.weight", Shape({c.head_dim}));
+        l.k_norm = r.tensor(p + "attn_k_norm.weight", Shape({c.head_dim}));
+      }
       if (c.qkv_bias) {
         l.bq = r.tensor(p + "attn_q.bias", Shape({Q}));
         l.bk = r.tensor(p + "attn_k.bias", Shape({KV}));
@@ -203,8 +215,7 @@ DecoderModel load_decoder_gguf(const std::string& path, const DecoderLoadOptions
       }
     }
     // Norm weights and biases are used as f32 vectors by the kernels.
-    for (const WeightRef* v : {&l.attn_norm, &l.attn_norm_b, &l.ffn_norm, &l.ffn_norm_b, &l.bq,
-                               &l.bk, &l.bv, &l.bo, &l.b_up, &l.b_down})
+    for (const WeightRef* v : l.vectors())
       TS_CHECK(!v->present() || v->type == DType::f32, "[gguf] ", path, ": ", p,
                " norm/bias tensors must be F32 (got ", dtype_name(v->type), ")");
   }

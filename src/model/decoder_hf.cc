@@ -81,8 +81,10 @@ std::string hf_architecture(const json& j, const std::string& path) {
   if (t == "llama") return "LlamaForCausalLM";
   if (t == "mistral") return "MistralForCausalLM";
   if (t == "qwen2") return "Qwen2ForCausalLM";
+  if (t == "qwen3") return "Qwen3ForCausalLM";
   if (t == "gpt2") return "GPT2LMHeadModel";
-  fail("[hf] ", path, ": field 'model_type' is \"", t, "\", not llama, mistral, qwen2 or gpt2");
+  fail("[hf] ", path, ": field 'model_type' is \"", t,
+       "\", not llama, mistral, qwen2, qwen3 or gpt2");
 }
 
 // One rope-scaling object (transformers 4's top-level 'rope_scaling', or transformers 5's
@@ -181,13 +183,17 @@ DecoderConfig llama_config(const ConfigFields& f, const std::string& arch) {
   c.tied_embeddings = f.get_bool_or("tie_word_embeddings", false);
   // Mistral 7B v0.1 attends over a 4096-token window (later Mistrals set it to null). Qwen2
   // carries a window it does not use unless use_sliding_window, and then only on some layers.
-  if (f.get_bool_or("use_sliding_window", arch != "Qwen2ForCausalLM") && f.has("sliding_window")) {
-    TS_CHECK(arch != "Qwen2ForCausalLM", "[hf] ", f.path(),
-             ": 'use_sliding_window' is true; Qwen2's per-layer sliding window is not supported");
+  const bool qwen = arch == "Qwen2ForCausalLM" || arch == "Qwen3ForCausalLM";
+  if (f.get_bool_or("use_sliding_window", !qwen) && f.has("sliding_window") &&
+      !f.at("sliding_window").is_null()) {
+    TS_CHECK(!qwen, "[hf] ", f.path(),
+             ": 'use_sliding_window' is true; Qwen's per-layer sliding window is not supported");
     c.sliding_window = f.get_int("sliding_window");
   }
-  // Qwen2 always has q/k/v biases (and none on o); Llama's attention_bias puts one on all four.
+  // Qwen2 always has q/k/v biases (and none on o); Llama's attention_bias (and Qwen3's) puts one
+  // on all four. Qwen3 normalizes each head of q and k.
   c.qkv_bias = arch == "Qwen2ForCausalLM" || f.get_bool_or("attention_bias", false);
+  c.qk_norm = arch == "Qwen3ForCausalLM";
   TS_CHECK(!f.get_bool_or("mlp_bias", false), "[hf] ", f.path(),
            ": field 'mlp_bias' is true; MLP biases are not supported for Llama models");
   if (f.has("hidden_act"))
@@ -430,6 +436,10 @@ void load_llama_weights(const DecoderConfig& c, bool o_bias, FolderTensors& t, W
       l.bv = b.vector_f32(p + "self_attn.v_proj.bias", KV);
     }
     if (o_bias) l.bo = b.vector_f32(p + "self_attn.o_proj.bias", C);
+    if (c.qk_norm) {
+      l.q_norm = b.vector_f32(p + "self_attn.q_norm.weight", c.head_dim);
+      l.k_norm = b.vector_f32(p + "self_attn.k_norm.weight", c.head_dim);
+    }
     l.w_gate = b.matrix(p + "mlp.gate_proj.weight", Shape({F, C}));
     l.w_up = b.matrix(p + "mlp.up_proj.weight", Shape({F, C}));
     l.w_down = b.matrix(p + "mlp.down_proj.weight", Shape({C, F}));
@@ -486,11 +496,11 @@ DecoderModel load_decoder_hf(const std::string& folder) {
   if (arch == "GPT2LMHeadModel") {
     m.config = gpt2_config(f);
   } else {
-    TS_CHECK(
-        arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" || arch == "Qwen2ForCausalLM",
-        "[hf] ", cfg_path, ": field 'architectures' names ", arch,
-        "; supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-        "GPT2LMHeadModel");
+    TS_CHECK(arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" ||
+                 arch == "Qwen2ForCausalLM" || arch == "Qwen3ForCausalLM",
+             "[hf] ", cfg_path, ": field 'architectures' names ", arch,
+             "; supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
+             "Qwen3ForCausalLM, GPT2LMHeadModel");
     m.config = llama_config(f, arch);
     o_bias = arch != "Qwen2ForCausalLM" && m.config.qkv_bias;
   }

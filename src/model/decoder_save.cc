@@ -180,7 +180,7 @@ std::vector<float> rope_divisors(const DecoderConfig& c) {
 void write_gguf_llama(const DecoderModel& m, GgufTensorSink& s, const std::string& path) {
   const DecoderConfig& c = m.config;
   const DecoderWeights& w = m.weights;
-  const bool permute = c.rope_layout == ops::RopeLayout::half;
+  const bool permute = c.rope_layout == ops::RopeLayout::half && !c.qk_norm;
   const auto q_order = rope_row_source(c.n_heads, c.head_dim, c.rope_dim, true);
   const auto k_order = rope_row_source(c.n_kv_heads, c.head_dim, c.rope_dim, true);
   auto qk = [&](const std::string& name, const WeightRef& r, const std::vector<int64_t>& order,
@@ -213,6 +213,12 @@ void write_gguf_llama(const DecoderModel& m, GgufTensorSink& s, const std::strin
     if (l.bk.present()) qk(p + "attn_k.bias", l.bk, k_order, true);
     if (l.bv.present()) s.f32(p + "attn_v.bias", l.bv);
     if (l.bo.present()) s.f32(p + "attn_output.bias", l.bo);
+    if (c.qk_norm) {
+      require(l.q_norm, p + "attn_q_norm", path);
+      require(l.k_norm, p + "attn_k_norm", path);
+      s.f32(p + "attn_q_norm.weight", l.q_norm);
+      s.f32(p + "attn_k_norm.weight", l.k_norm);
+    }
     s.f32(p + "ffn_norm.weight", l.ffn_norm);
     s.raw(p + "ffn_gate.weight", l.w_gate);
     s.raw(p + "ffn_up.weight", l.w_up);
@@ -294,7 +300,8 @@ void save_decoder_gguf(const DecoderModel& m, const std::string& path,
            w.layers.size(), " layers, config says ", c.n_layers);
   const bool gpt2 = c.arch == DecoderArch::gpt2;
   formats::GgufWriter writer;
-  write_gguf_metadata(m, writer, gpt2 ? "gpt2" : "llama");
+  // Qwen3 files keep q/k in the rotate-half order (llama.cpp's qwen3 rotates NeoX-style).
+  write_gguf_metadata(m, writer, gpt2 ? "gpt2" : c.qk_norm ? "qwen3" : "llama");
   if (!w.layers.empty() && w.layers[0].wq.present()) {
     const DType t = w.layers[0].wq.type;
     writer.set("general.file_type", gguf_file_type(t));

@@ -63,9 +63,15 @@ const char* torch_dtype_name(DType t) {
 
 json llama_hf_config(const DecoderConfig& c, bool o_bias, DType dtype) {
   // Qwen2 carries q/k/v biases without an o bias; Llama's attention_bias puts one on all four.
-  const bool qwen2 = c.qkv_bias && !o_bias;
-  json j = {{"architectures", {qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
-            {"model_type", qwen2 ? "qwen2" : "llama"},
+  // Qwen3 is the model with q/k norms.
+  const bool qwen3 = c.qk_norm, qwen2 = !qwen3 && c.qkv_bias && !o_bias;
+  json j = {{"architectures",
+             {qwen3   ? "Qwen3ForCausalLM"
+              : qwen2 ? "Qwen2ForCausalLM"
+                      : "LlamaForCausalLM"}},
+            {"model_type", qwen3   ? "qwen3"
+                           : qwen2 ? "qwen2"
+                                   : "llama"},
             {"hidden_size", c.d_model},
             {"intermediate_size", c.d_ff},
             {"num_hidden_layers", c.n_layers},
@@ -80,7 +86,11 @@ json llama_hf_config(const DecoderConfig& c, bool o_bias, DType dtype) {
             {"hidden_act", "silu"},
             {"torch_dtype", torch_dtype_name(dtype)},
             {"rope_scaling", nullptr}};
-  if (!qwen2) {
+  if (qwen3) {
+    TS_CHECK(c.qkv_bias == o_bias, "[save] Qwen3 puts a bias on all of q, k, v, o or on none");
+    j["attention_bias"] = o_bias;
+    j["use_sliding_window"] = false;
+  } else if (!qwen2) {
     j["attention_bias"] = o_bias;
     j["mlp_bias"] = false;
     if (c.sliding_window > 0) j["sliding_window"] = c.sliding_window;
@@ -161,6 +171,12 @@ void write_hf_llama(const DecoderModel& m, HfTensorSink& s, bool o_bias, const s
       s.ref(p + "self_attn.o_proj.bias", l.bo);
     else if (o_bias)
       s.values(p + "self_attn.o_proj.bias", Shape({c.d_model}), zc);
+    if (c.qk_norm) {  // rotate-half order (validate): the norm weights need no permutation
+      require(l.q_norm, p + "self_attn.q_norm", path);
+      require(l.k_norm, p + "self_attn.k_norm", path);
+      s.ref(p + "self_attn.q_norm.weight", l.q_norm);
+      s.ref(p + "self_attn.k_norm.weight", l.k_norm);
+    }
     s.ref(p + "mlp.gate_proj.weight", l.w_gate);
     s.ref(p + "mlp.up_proj.weight", l.w_up);
     s.ref(p + "mlp.down_proj.weight", l.w_down);

@@ -14,11 +14,7 @@
 
 namespace tessera::model {
 
-std::unique_ptr<TrainModel> load_trainable(const std::string& path, const ops::Context& ctx) {
-  const DecoderModel src = load_decoder(path);
-  const DecoderConfig& c = src.config;
-  // Where the shape came from, for errors: a folder's config.json, or the GGUF file itself.
-  const std::string from = std::filesystem::is_directory(path) ? path + "/config.json" : path;
+TrainConfig trainable_config(const DecoderConfig& c, const std::string& from, bool frozen_base) {
   TrainConfig cfg;
   cfg.arch = c.arch;
   if (c.arch == DecoderArch::gpt2) {
@@ -30,12 +26,14 @@ std::unique_ptr<TrainModel> load_trainable(const std::string& path, const ops::C
     // What the training attention does not do is refused by name, never approximated.
     TS_CHECK(c.rope_scaling == RopeScaling::none && c.rope_freq_divisors.empty(), "[train] ", from,
              ": RoPE scaling is not implemented in training");
+    TS_CHECK(!c.qk_norm || frozen_base, "[train] ", from,
+             ": q/k norms (Qwen3) are trained only frozen, under LoRA (--lora)");
     TS_CHECK(c.sliding_window == 0, "[train] ", from,
              ": sliding-window attention is not implemented in training");
     TS_CHECK(c.rope_dim == c.head_dim, "[train] ", from, ": partial rotary (rope_dim ", c.rope_dim,
              " of head_dim ", c.head_dim, ") is not implemented in training");
-    TS_CHECK(c.head_dim * c.n_heads == c.d_model, "[train] ", from, ": head_dim ", c.head_dim,
-             " x ", c.n_heads, " heads differs from the width ", c.d_model);
+    TS_CHECK(c.head_dim * c.n_heads == c.d_model || frozen_base, "[train] ", from, ": head_dim ",
+             c.head_dim, " x ", c.n_heads, " heads differs from the width ", c.d_model);
     cfg.n_kv_head = c.n_kv_heads;
     cfg.rope_theta = c.rope_theta;
     cfg.rope_layout = c.rope_layout;
@@ -55,6 +53,26 @@ std::unique_ptr<TrainModel> load_trainable(const std::string& path, const ops::C
   } catch (const Error& e) {
     fail("[train] ", from, ": ", e.what());
   }
+  return cfg;
+}
+
+namespace {
+// Where a model's shape came from, for errors: a folder's config.json, or the GGUF file itself.
+std::string shape_source(const std::string& path) {
+  return std::filesystem::is_directory(path) ? path + "/config.json" : path;
+}
+}  // namespace
+
+std::unique_ptr<TrainModel> load_lora_trainable(const std::string& path, const LoraSpec& spec,
+                                                const ops::Context& ctx) {
+  DecoderModel base = load_decoder(path);
+  trainable_config(base.config, shape_source(path), /*frozen_base=*/true);  // refused by name
+  return std::make_unique<TrainModel>(std::move(base), spec, ctx);
+}
+
+std::unique_ptr<TrainModel> load_trainable(const std::string& path, const ops::Context& ctx) {
+  const DecoderModel src = load_decoder(path);
+  const TrainConfig cfg = trainable_config(src.config, shape_source(path));
 
   // Every tensor of the loaded model into the same tensor of the training model's view (whose
   // embedding, and untied head, have padding rows beyond the vocabulary: zero).
@@ -72,24 +90,10 @@ std::unique_ptr<TrainModel> load_trainable(const std::string& path, const ops::C
   for (size_t l = 0; l < src.weights.layers.size(); ++l) {
     const DecoderLayer& a = src.weights.layers[l];
     const DecoderLayer& b = dst.weights.layers[l];
-    for (auto [x, y] : {std::pair{&a.attn_norm, &b.attn_norm},
-                        {&a.attn_norm_b, &b.attn_norm_b},
-                        {&a.wq, &b.wq},
-                        {&a.wk, &b.wk},
-                        {&a.wv, &b.wv},
-                        {&a.bq, &b.bq},
-                        {&a.bk, &b.bk},
-                        {&a.bv, &b.bv},
-                        {&a.wo, &b.wo},
-                        {&a.bo, &b.bo},
-                        {&a.ffn_norm, &b.ffn_norm},
-                        {&a.ffn_norm_b, &b.ffn_norm_b},
-                        {&a.w_gate, &b.w_gate},
-                        {&a.w_up, &b.w_up},
-                        {&a.b_up, &b.b_up},
-                        {&a.w_down, &b.w_down},
-                        {&a.b_down, &b.b_down}})
-      pairs.emplace_back(x, y);
+    const auto am = a.matrices(), bm = b.matrices();
+    for (size_t k = 0; k < am.size(); ++k) pairs.emplace_back(am[k], bm[k]);
+    const auto av = a.vectors(), bv = b.vectors();
+    for (size_t k = 0; k < av.size(); ++k) pairs.emplace_back(av[k], bv[k]);
   }
   for (const auto& [from_w, to] : pairs) {
     TS_CHECK(from_w->present() == to->present(), "[train] ", path, ": a tensor the training model ",

@@ -70,6 +70,39 @@ TrainModel::TrainModel(const TrainConfig& cfg, const ops::Context& ctx)
     im.lnf_w = table_.add("model.norm.weight", {C});
     im.head = cfg_.tied ? im.wte : table_.add("lm_head.weight", {Vp, C});
   }
+  allocate_parameters();
+}
+
+TrainModel::TrainModel(DecoderModel base, const LoraSpec& spec, const ops::Context& ctx)
+    : ctx_(ctx), impl_(std::make_unique<Impl>(*this)) {
+  const DecoderConfig& c = base.config;
+  check_lora_spec(c, spec, base.source);
+  cfg_ = trainable_config(c, base.source, /*frozen_base=*/true);
+  cfg_.padded_vocab_size = cfg_.vocab_size;  // the head is the base's (V,C) matrix
+  Impl& im = *impl_;
+  im.wte = im.head = im.lnf_w = -1;
+  im.lora = spec;
+  // Per layer, per target in layer order: A (r,K) then B (N,r), PEFT's names.
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const DecoderLayer& layer = base.weights.layers[static_cast<size_t>(l)];
+    for (LayerMatrix m : spec.targets) {
+      const WeightRef& w = *layer.matrices()[static_cast<size_t>(m)];
+      TS_CHECK(w.present(), "[lora] ", base.source, ": layer ", l, " has no ", lora_target_name(m),
+               " matrix");
+      table_.add(peft_a_name(l, m), {spec.rank, w.cols()});
+      table_.add(peft_b_name(l, m), {w.rows(), spec.rank});
+    }
+  }
+  const int64_t sink = 2 * std::max(cfg_.n_embd, c.head_dim);  // the widest norm, weight and bias
+  im.base = std::move(base);
+  im.base_device = to_device(im.base, ctx_);
+  im.norm_sink = ops::Buffer(ctx_.device, static_cast<size_t>(sink) * sizeof(float));
+  allocate_parameters();
+}
+
+TrainModel::~TrainModel() = default;
+
+void TrainModel::allocate_parameters() {
   const auto bytes = static_cast<size_t>(table_.total_elems()) * sizeof(float);
   params_ = ops::Buffer(ctx_.device, bytes);
   grads_ = ops::Buffer(ctx_.device, bytes);
@@ -77,14 +110,39 @@ TrainModel::TrainModel(const TrainConfig& cfg, const ops::Context& ctx)
   ops::zero(ctx_, grads_.data(), bytes);
 }
 
-TrainModel::~TrainModel() = default;
+bool TrainModel::is_lora() const {
+  return impl_->is_lora();
+}
+const LoraSpec& TrainModel::lora() const {
+  return impl_->lora;
+}
+const DecoderModel& TrainModel::lora_base() const {
+  TS_CHECK(is_lora(), "[train] the model is not a LoRA model");
+  return impl_->base;
+}
 
 void TrainModel::zero_grads() {
   ops::zero(ctx_, grads_.data(), grads_.size());
+  if (impl_->norm_sink.size() != 0)
+    ops::zero(ctx_, impl_->norm_sink.data(), impl_->norm_sink.size());
 }
 
 void TrainModel::init_weights(uint64_t seed) {
   const auto& ts = table_.tensors();
+  if (is_lora()) {  // A (r,K) uniform in +-1/sqrt(K), as PEFT's kaiming_uniform(a=sqrt(5)); B zero
+    ops::HostMirror<float> host(ctx_, params(), num_params(), ops::HostMirror<float>::write);
+    for (size_t i = 0; i < ts.size(); ++i) {
+      const TensorInfo& t = ts[i];
+      float* dst = host.data() + t.offset;
+      const bool is_a = i % 2 == 0;
+      const float bound = 1.0f / std::sqrt(static_cast<float>(t.shape[1]));
+      Rng rng(seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(i) * 0xd1b54a32d192ed03ull + 1);
+      for (int64_t j = 0; j < t.numel(); ++j)
+        dst[j] = is_a ? bound * (2.0f * rng.uniform() - 1.0f) : 0.0f;
+    }
+    host.flush();
+    return;
+  }
   const float proj_std = 0.02f / std::sqrt(2.0f * static_cast<float>(cfg_.n_layer));
   // Each tensor's role from the model's own description of its layers (as_decoder): norm
   // weights 1, biases 0, the products that feed the residual stream (attention output, MLP
@@ -149,7 +207,10 @@ void TrainModel::plan(int64_t B, int64_t T, Precision precision, Recompute recom
   TS_CHECK(T > 0 && T <= cfg_.max_seq, "[train] plan: sequence length T=", T,
            " must be in [1, max_seq=", cfg_.max_seq, "]");
   Impl& im = *impl_;
-  const DecoderConfig dc = cfg_.decoder_config();
+  TS_CHECK(!im.is_lora() || precision == Precision::f32,
+           "[train] LoRA trains in f32 precision (the base's products run in its stored type)");
+  // A LoRA base is described by its own config (q/k norms, heads wider than width / heads).
+  const DecoderConfig dc = im.is_lora() ? im.base.config : cfg_.decoder_config();
   const bool llama = dc.arch == DecoderArch::llama;
   const int64_t C = cfg_.n_embd, L = cfg_.n_layer, H = cfg_.n_head, Vp = cfg_.padded_vocab_size;
   const int64_t QD = dc.q_dim(), QKV = QD + 2 * dc.kv_dim(), F = dc.d_ff;
@@ -162,13 +223,13 @@ void TrainModel::plan(int64_t B, int64_t T, Precision precision, Recompute recom
   // Offsets first (the arena does not exist yet), pointers after allocation.
   std::vector<size_t> resid_off;
   for (int64_t l = 0; l <= L; ++l) resid_off.push_back(res(cat("resid.", l), N * C));
-  const size_t scratch_c = res("scratch_c", N * C), dresid = res("dresid", N * C),
+  const size_t scratch_c = res("scratch_c", N * std::max(C, QD)), dresid = res("dresid", N * C),
                dbig = res("dbig", N * std::max(QKV, F)),
                dup = llama ? res("dup", N * std::max(QD, F)) : 0,
                rot = llama ? res("rot", N * std::max(QD, dc.kv_dim())) : 0;
   struct LayerOff {
     size_t ln1, ln1_mean, ln1_rstd, qkv, atty, lse, resid_mid, ln2, ln2_mean, ln2_rstd, fch, fup,
-        gelu;
+        gelu, qk_raw;
   };
   // none: a full set per layer; gelu: per layer but the MLP's activation (GELU, SwiGLU) lives in
   // dbig (recomputed in backward); block: one shared set, replayed per layer in backward.
@@ -190,11 +251,15 @@ void TrainModel::plan(int64_t B, int64_t T, Precision precision, Recompute recom
     o.fch = res(h + "fch", N * F);
     o.fup = llama ? res(h + "fup", N * F) : 0;
     o.gelu = recompute == Recompute::none ? res(h + "gelu", N * F) : dbig;
+    o.qk_raw = dc.qk_norm ? res(h + "qk_raw", N * (QD + dc.kv_dim())) : 0;
     lo.push_back(o);
   }
   const size_t lnf = res("lnf", N * C), lnf_mean = res("lnf_mean", N),
                lnf_rstd = res("lnf_rstd", N), logits = res("logits", N * Vp),
                losses = res("losses", N);
+  const int64_t r = im.lora.rank;
+  const size_t lora_u = r > 0 ? res("lora_u", N * r) : 0,
+               lora_gu = r > 0 ? res("lora_gu", N * r) : 0;
 
   // The arena is allocated by the first step after plan() (once; later steps never allocate),
   // so sizing a plan that is never run, e.g. to compare policies, costs no memory.
@@ -202,7 +267,7 @@ void TrainModel::plan(int64_t B, int64_t T, Precision precision, Recompute recom
   im.arena = ops::Buffer();
   im.plan = plan;
   im.bind = [&im, L, llama, recompute, resid_off, scratch_c, dresid, dbig, dup, rot, lo, lnf,
-             lnf_mean, lnf_rstd, logits, losses](char* base) {
+             lnf_mean, lnf_rstd, logits, losses, r, lora_u, lora_gu](char* base) {
     auto at = [base](size_t off) { return reinterpret_cast<float*>(base + off); };
     im.resid.clear();
     for (size_t off : resid_off) im.resid.push_back(at(off));
@@ -216,14 +281,18 @@ void TrainModel::plan(int64_t B, int64_t T, Precision precision, Recompute recom
       const LayerOff& o = lo[static_cast<size_t>(recompute == Recompute::block ? 0 : l)];
       im.acts.push_back({at(o.ln1), at(o.ln1_mean), at(o.ln1_rstd), at(o.qkv), at(o.atty),
                          at(o.lse), at(o.resid_mid), at(o.ln2), at(o.ln2_mean), at(o.ln2_rstd),
-                         at(o.fch), llama ? at(o.fup) : nullptr, at(o.gelu)});
+                         at(o.fch), llama ? at(o.fup) : nullptr, at(o.gelu),
+                         o.qk_raw ? at(o.qk_raw) : nullptr});
     }
     im.lnf = at(lnf);
     im.lnf_mean = at(lnf_mean);
     im.lnf_rstd = at(lnf_rstd);
     im.logits = at(logits);
     im.losses = at(losses);
+    im.lora_u = r > 0 ? at(lora_u) : nullptr;
+    im.lora_gu = r > 0 ? at(lora_gu) : nullptr;
   };
+  if (im.is_lora()) im.embed_rows.assign(static_cast<size_t>(N * C), 0.0f);
   if (llama) {  // the rotary table for positions 0..T-1, on the step's device
     im.rope = ops::make_rope_table(T, rope_inv_freqs(dc));
     im.rope_device = ops::Buffer();
@@ -253,6 +322,37 @@ void TrainModel::plan(int64_t B, int64_t T, Precision precision, Recompute recom
 }
 
 void TrainModel::Impl::make_view() {
+  if (is_lora()) {
+    // The base's weights on the device, adapters viewing the parameters; the gradient view has
+    // only the adapters (viewing the gradients) and the norms' sink.
+    view = base_device.view;
+    attach_lora_views(model, model.params(), view);
+    grad_view = view;
+    const float* sink = norm_sink.as<float>();
+    auto frozen = [sink](WeightRef& w, int64_t at) {
+      if (w.present()) w = WeightRef{sink + at, DType::f32, w.shape};
+    };
+    auto absent = [](WeightRef& w) { w = WeightRef{}; };
+    DecoderWeights& g = grad_view.weights;
+    for (DecoderLayer& l : g.layers) {
+      for (WeightRef* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.bo, &l.w_gate,
+                           &l.w_up, &l.w_down, &l.b_up, &l.b_down})
+        absent(*w);
+      frozen(l.q_norm, 0);
+      frozen(l.k_norm, 0);
+      frozen(l.attn_norm, 0);
+      frozen(l.attn_norm_b, model.cfg_.n_embd);
+      frozen(l.ffn_norm, 0);
+      frozen(l.ffn_norm_b, model.cfg_.n_embd);
+    }
+    attach_lora_views(model, model.grads(), grad_view);
+    absent(g.tok_embd);
+    absent(g.pos_embd);
+    absent(g.output);
+    frozen(g.out_norm, 0);
+    frozen(g.out_norm_b, model.cfg_.n_embd);
+    return;
+  }
   view = as_decoder(model);
   grad_view = as_decoder(model, model.grads());
   if (!bf16()) return;
@@ -292,6 +392,18 @@ double TrainModel::flops_per_token_train(int64_t T) const {
   // T x T scores, times 3 for training = 12*L*T*q_dim; the causal mask halves it: 6*L*T*q_dim.
   const double C = static_cast<double>(cfg_.n_embd), L = static_cast<double>(cfg_.n_layer);
   const Impl& im = *impl_;
+  if (im.is_lora()) {
+    // The frozen matrices and the head: forward and the input's gradient, 4 FLOPs per weight;
+    // the adapters: 6 per parameter, plus the backward's replay of x A^T (2 r K per adapter).
+    double frozen = static_cast<double>(cfg_.vocab_size) * C, replay = 0;
+    for (const DecoderLayer& l : im.base.weights.layers)
+      for (const WeightRef* w : l.matrices())
+        if (w->present()) frozen += static_cast<double>(w->shape.numel());
+    for (size_t i = 0; i < table_.tensors().size(); i += 2)
+      replay += 2.0 * static_cast<double>(table_.tensors()[i].numel());
+    return 4.0 * frozen + 6.0 * static_cast<double>(num_params()) + replay +
+           6.0 * L * static_cast<double>(T) * C;
+  }
   double non_embedding = 0;
   for (const auto& t : table_.tensors())
     if (t.offset != im.wte && t.offset != im.wpe && t.offset != im.head)

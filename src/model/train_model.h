@@ -1,7 +1,8 @@
 // The model the trainer trains, GPT-2 or a Llama shape: configuration and presets, one flat
 // parameter buffer with a tensor table, and an explicit forward/backward over ops/ (the shared
 // decoder layer) with an activation arena planned for (B, T, recompute). The same object serves
-// training, evaluation, sampling and tests.
+// training, evaluation, sampling and tests. In LoRA mode the parameters are adapters on a frozen
+// base model whose weights stay in their stored type.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include "core/arena.h"
 #include "core/tensor.h"
 #include "model/decoder.h"
+#include "model/lora.h"
 #include "ops/context.h"
 #include "ops/memory.h"
 
@@ -55,7 +57,16 @@ Recompute parse_recompute(const std::string& s);
 class TrainModel {
  public:
   TrainModel(const TrainConfig& cfg, const ops::Context& ctx);
+  // LoRA mode: base's weights frozen in their stored type (copied to ctx's device where that is
+  // not the CPU), and as the parameters an adapter A (r,K), B (N,r) on each of spec's matrices in
+  // every layer, named as PEFT names them (lora.h); config() is base's shape with no vocabulary
+  // padding. f32 precision only. Throws naming base.source where the spec does not fit.
+  TrainModel(DecoderModel base, const LoraSpec& spec, const ops::Context& ctx);
   ~TrainModel();
+
+  bool is_lora() const;
+  const LoraSpec& lora() const;           // rank 0 unless in LoRA mode
+  const DecoderModel& lora_base() const;  // LoRA mode's base (host memory); throws otherwise
 
   const TrainConfig& config() const { return cfg_; }
   // Tensor names follow Hugging Face GPT-2: wte.weight, wpe.weight, h.{i}.ln_1.weight,
@@ -70,7 +81,8 @@ class TrainModel {
   void zero_grads();
 
   // GPT-2 initialization: N(0, 0.02) weights, residual projections scaled by 1/sqrt(2L), zero
-  // biases, unit layernorm weights. Deterministic for a seed.
+  // biases, unit layernorm weights. LoRA: A uniform in +-1/sqrt(K) (PEFT's default), B zero, so
+  // training starts from the base model exactly. Deterministic for a seed.
   void init_weights(uint64_t seed);
   // Elements of t that are not vocabulary padding: the rows of the embedding (and of an untied
   // head) past the vocabulary stay zero.
@@ -108,6 +120,7 @@ class TrainModel {
   const ops::Context& context() const { return ctx_; }
 
  private:
+  void allocate_parameters();  // params_ and grads_ for table_, zeroed
   struct Impl;
   TrainConfig cfg_;
   ops::Context ctx_;
@@ -122,10 +135,23 @@ class TrainModel {
 // name what training does not implement (RoPE scaling, sliding windows, partial rotary).
 std::unique_ptr<TrainModel> load_trainable(const std::string& path, const ops::Context& ctx);
 
-// The model as an inference DecoderModel (arch gpt2, f32 weights) whose weights view m's
-// parameters: the engine runs it without a copy, and save_decoder_hf writes it as a Hugging
-// Face folder (model/decoder_save.h; load_trainable reads such a folder back). m must outlive it,
-// and the view sees parameter updates as they happen.
+// Checks that training implements what c describes (RoPE scaling, sliding windows and partial
+// rotary are refused by name, citing `from`) and returns it as a TrainConfig (vocabulary padded).
+// frozen_base: the model trains under LoRA, its layout read from c itself, so q/k norms and
+// heads wider than width / heads are allowed.
+TrainConfig trainable_config(const DecoderConfig& c, const std::string& from,
+                             bool frozen_base = false);
+
+// A LoRA model (TrainModel's LoRA mode) on the model at `path` (GGUF or HF folder, any stored
+// type), loaded as it is stored.
+std::unique_ptr<TrainModel> load_lora_trainable(const std::string& path, const LoraSpec& spec,
+                                                const ops::Context& ctx);
+
+// The model as an inference DecoderModel (f32 weights) whose weights view m's parameters: the
+// engine runs it without a copy, and save_decoder_hf writes it as a Hugging Face folder
+// (model/decoder_save.h; load_trainable reads such a folder back). In LoRA mode: the base model
+// (host memory) with its adapters viewing the parameters (save_peft_adapter writes them). m must
+// outlive it, and the view sees parameter updates as they happen.
 DecoderModel as_decoder(const TrainModel& m);
 // The same view into `params`: a flat buffer laid out as m's parameters (a host copy of a
 // device's, say), which must outlive the view.

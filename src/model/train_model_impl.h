@@ -9,6 +9,7 @@
 
 #include "core/arena.h"
 #include "model/decoder_block.h"
+#include "model/decoder_forward.h"
 #include "model/train_model.h"
 #include "ops/memory.h"
 #include "ops/ops.h"
@@ -38,16 +39,33 @@ struct LayerActs {
   float* fch;        // (N,F) c_fc output (GELU input), or Llama's gate projection
   float* fup;        // (N,F) Llama's up projection; null for GPT-2
   float* gelu;       // (N,F) GELU output, or Llama's SwiGLU(gate, up)
+  float* qk_raw;     // (N,q_dim+kv_dim) q and k before their norms (Qwen3), else null
 };
+
+// Points d's adapters (m's LoRA spec, every layer) at m's tensors in `params`, a buffer laid out
+// as m's parameters.
+void attach_lora_views(const TrainModel& m, const float* params, DecoderModel& d);
 
 struct TrainModel::Impl {
   explicit Impl(TrainModel& m) : model(m) {}
 
   TrainModel& model;
   // Offsets of the embedding, GPT-2's position table and final norm's bias (-1 for Llama), the
-  // final norm's weight and the head (the embedding's offset when tied).
+  // final norm's weight and the head (the embedding's offset when tied); -1 in LoRA mode.
   int64_t wte = 0, wpe = -1, lnf_w = 0, lnf_b = -1, head = 0;
   std::vector<Gpt2LayerParams> layer_params;
+
+  // LoRA mode: the frozen base (host memory, which the embedding lookups read) and its weights
+  // on the device (the host model itself on the CPU); the frozen norms' weight gradients go to
+  // norm_sink (2C floats, never read): the norm ops always produce them.
+  LoraSpec lora;
+  DecoderModel base;
+  DeviceModel base_device;
+  ops::Buffer norm_sink;
+  std::vector<float> embed_rows;  // (max_n, C) host staging of the embedding rows
+  float* lora_u = nullptr;        // (N, r) adapter scratch: x A^T
+  float* lora_gu = nullptr;       // (N, r): (dy B) in the backward
+  bool is_lora() const { return lora.rank > 0; }
 
   // Activation plan; capacity is max_n = B*T rows with T <= max_t.
   bool planned = false;
@@ -63,7 +81,7 @@ struct TrainModel::Impl {
   float* logits = nullptr;  // (N,Vp)
   float* losses = nullptr;  // (N)
   // Scratch reused by every layer: forward branch outputs and backward activation gradients.
-  float* scratch_c = nullptr;  // (N,C): c_proj outputs in forward, dx in backward
+  float* scratch_c = nullptr;  // (N,max(C,q_dim)): c_proj outputs, backward's dx
   float* dresid = nullptr;     // (N,C): gradient of the residual stream
   float* dbig = nullptr;       // (N,max(QKV,F)): dqkv / dfch; doubles as the shared GELU buffer
   float* dup = nullptr;        // (N,max(q_dim,F)): Llama's up-projection gradient; else null
@@ -106,8 +124,11 @@ struct TrainModel::Impl {
   void make_view();
   void layer_backward(int64_t l, int64_t B, int64_t T);
   const ops::RopeTable* rope_table() const;  // Llama's, null for GPT-2
-  // Embedding, all blocks, ln_f and the tied lm head into logits (N,Vp).
-  void forward_to_logits(const int32_t* tokens, int64_t B, int64_t T);
+  // Embedding, all blocks, ln_f and the tied lm head into logits (N,Vp). tokens: on the device;
+  // host_tokens: the same on the host (LoRA mode looks the base's rows up there).
+  void forward_to_logits(const int32_t* tokens, const int32_t* host_tokens, int64_t B, int64_t T);
+  // The head's weights as the products read them.
+  WeightRef head_weight() const;
   void ensure_arena();
   void check_inputs(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T) const;
 };

@@ -9,6 +9,7 @@
 #include "model/train_model.h"
 #include "model/train_model_impl.h"
 #include "ops/ops.h"
+#include "ops/quant.h"
 
 namespace tessera::model {
 
@@ -30,6 +31,8 @@ BlockTensors TrainModel::Impl::tensors(int64_t l) const {
   t.ff_in = a.fch;
   t.ff_up = a.fup;
   t.ff_act = a.gelu;  // dbig when GELU is recomputed: read by c_proj before backward reuses it
+  t.lora_u = lora_u;
+  t.qk_raw = a.qk_raw;
   return t;
 }
 
@@ -63,7 +66,7 @@ void TrainModel::Impl::layer_backward(int64_t l, int64_t B, int64_t T) {
   CausalAttention attention(ctx, view.config, rope_table(), rot, a.lse, B, T, bf16());
   const size_t li = static_cast<size_t>(l);
   block_backward(ctx, view.config, view.weights.layers[li], grad_view.weights.layers[li], N,
-                 tensors(l), attention, dresid, {scratch_c, dbig, dup}, bf16());
+                 tensors(l), attention, dresid, {scratch_c, dbig, dup, lora_u, lora_gu}, bf16());
 }
 
 void TrainModel::Impl::check_inputs(const int32_t* tokens, const int32_t* targets, int64_t B,
@@ -105,19 +108,33 @@ std::pair<double, int64_t> TrainModel::Impl::loss_sum(const int32_t* targets, in
   return {sum, count};
 }
 
-void TrainModel::Impl::forward_to_logits(const int32_t* tokens, int64_t B, int64_t T) {
+WeightRef TrainModel::Impl::head_weight() const {
+  if (is_lora()) return view.weights.output;  // the base's, in its stored type
+  const TrainConfig& cfg = model.cfg_;
+  return WeightRef{weight(head), weight_type(), Shape({cfg.padded_vocab_size, cfg.n_embd})};
+}
+
+void TrainModel::Impl::forward_to_logits(const int32_t* tokens, const int32_t* host_tokens,
+                                         int64_t B, int64_t T) {
   const ops::Context& ctx = model.ctx_;
   const TrainConfig& cfg = model.cfg_;
-  const int64_t C = cfg.n_embd, L = cfg.n_layer, Vp = cfg.padded_vocab_size, N = B * T;
-  ops::embedding_forward(ctx, resid[0], tokens, p(wte), wpe >= 0 ? p(wpe) : nullptr, B, T, C,
-                         cfg.vocab_size);
+  const int64_t C = cfg.n_embd, L = cfg.n_layer, N = B * T;
+  if (is_lora()) {  // the base's rows, in its stored type, looked up on the host
+    const WeightRef& e = base.weights.tok_embd;
+    for (int64_t i = 0; i < N; ++i)
+      ops::dequantize_row(e.data, e.type, C, host_tokens[i], embed_rows.data() + i * C);
+    ops::copy(ctx, resid[0], embed_rows.data(), static_cast<size_t>(N * C) * sizeof(float),
+              ops::CopyKind::host_to_device);
+  } else {
+    ops::embedding_forward(ctx, resid[0], tokens, p(wte), wpe >= 0 ? p(wpe) : nullptr, B, T, C,
+                           cfg.vocab_size);
+  }
   for (int64_t l = 0; l < L; ++l) layer_forward(l, B, T, /*recompute_only=*/false);
   norm_forward(ctx, view.config, lnf, lnf_mean, lnf_rstd, resid[static_cast<size_t>(L)], N,
                view.weights.out_norm, view.weights.out_norm_b);
   // The head (tied: the embedding): logits (N,Vp) = lnf (N,C) head^T, over the padded rows too
   // (zero weights).
-  const WeightRef head_w{weight(head), weight_type(), Shape({Vp, C})};
-  model::linear_forward(ctx, Stage::head, logits, lnf, N, head_w, {});
+  model::linear_forward(ctx, Stage::head, logits, lnf, N, head_weight(), {});
   have_logits = true;
 }
 
@@ -128,7 +145,7 @@ float TrainModel::forward(const int32_t* tokens, const int32_t* targets, int64_t
   const int64_t N = B * T;
   const auto [dev_tokens, dev_targets] = im.device_ints(tokens, targets, N);
   const ops::Scope scope(ctx_, "forward");
-  im.forward_to_logits(dev_tokens, B, T);
+  im.forward_to_logits(dev_tokens, tokens, B, T);
   if (targets == nullptr) return 0.0f;
   ops::softmax_xent(ctx_, im.losses, im.logits, dev_targets, N, cfg_.vocab_size,
                     cfg_.padded_vocab_size, 0.0f);
@@ -147,7 +164,7 @@ float TrainModel::forward_backward(const int32_t* tokens, const int32_t* targets
   const auto [dev_tokens, dev_targets] = im.device_ints(tokens, targets, N);
   {
     const ops::Scope scope(ctx_, "forward");
-    im.forward_to_logits(dev_tokens, B, T);
+    im.forward_to_logits(dev_tokens, tokens, B, T);
   }
 
   int64_t count = 0;
@@ -166,14 +183,14 @@ float TrainModel::forward_backward(const int32_t* tokens, const int32_t* targets
 
   // The head: dlnf (N,C) = dlogits (N,Vp) head; dhead (Vp,C) += dlogits^T lnf.
   const ops::Scope scope(ctx_, "backward");
-  const WeightRef head{im.weight(im.head), im.weight_type(), Shape({Vp, C})};
-  linear_backward(ctx_, im.scratch_c, false, im.logits, im.lnf, N, head, im.g(im.head), nullptr,
-                  im.bf16());
+  linear_backward(ctx_, im.scratch_c, false, im.logits, im.lnf, N, im.head_weight(),
+                  im.is_lora() ? nullptr : im.g(im.head), nullptr, im.bf16());
   ops::zero(ctx_, im.dresid, static_cast<size_t>(N * C) * sizeof(float));
   norm_backward(ctx_, im.view.config, im.dresid, im.scratch_c, im.resid[static_cast<size_t>(L)],
                 im.lnf_mean, im.lnf_rstd, N, im.view.weights.out_norm,
                 im.grad_view.weights.out_norm, im.grad_view.weights.out_norm_b);
   for (int64_t l = L - 1; l >= 0; --l) im.layer_backward(l, B, T);
+  if (im.is_lora()) return static_cast<float>(sum / static_cast<double>(count));  // frozen table
   ops::embedding_backward(ctx_, im.g(im.wte), im.wpe >= 0 ? im.g(im.wpe) : nullptr, im.dresid,
                           dev_tokens, B, T, C, V);
   // Padding rows of the embedding (and an untied head) get no gradient by construction; keep

@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "model/decoder.h"
 #include "model/train_model.h"
+#include "model/train_model_impl.h"
 
 namespace tessera::model {
 
@@ -11,7 +12,26 @@ DecoderModel as_decoder(const TrainModel& m) {
   return as_decoder(m, m.params());
 }
 
+void attach_lora_views(const TrainModel& m, const float* params, DecoderModel& d) {
+  const LoraSpec& spec = m.lora();
+  for (size_t l = 0; l < d.weights.layers.size(); ++l)
+    for (LayerMatrix mat : spec.targets) {
+      const auto li = static_cast<int64_t>(l);
+      const TensorInfo& a = m.tensors().at(peft_a_name(li, mat));
+      const TensorInfo& b = m.tensors().at(peft_b_name(li, mat));
+      LoraRef& r = d.weights.layers[l].lora[static_cast<size_t>(mat)];
+      r.a = WeightRef{params + a.offset, DType::f32, a.shape};
+      r.b = WeightRef{params + b.offset, DType::f32, b.shape};
+      r.scale = spec.scale();
+    }
+}
+
 DecoderModel as_decoder(const TrainModel& m, const float* params) {
+  if (m.is_lora()) {
+    DecoderModel d = m.lora_base();
+    attach_lora_views(m, params, d);
+    return d;
+  }
   DecoderModel d;
   d.config = m.config().decoder_config();
   const DecoderConfig& c = d.config;

@@ -62,6 +62,11 @@ class Backend {
   virtual void rmsnorm_backward(const Context& ctx, float* dinp, float* dw, const float* dout,
                                 const float* inp, const float* w, const float* rstd, int64_t N,
                                 int64_t C) = 0;
+  virtual void head_rmsnorm(const Context& ctx, float* x, int64_t ld, int64_t n, int64_t heads,
+                            int64_t D, const float* w, float eps) = 0;
+  virtual void head_rmsnorm_backward(const Context& ctx, float* dx, float* dw, const float* dy,
+                                     const float* x, int64_t ld, int64_t ld_x, int64_t n,
+                                     int64_t heads, int64_t D, const float* w, float eps) = 0;
   virtual void rope_forward(const Context& ctx, float* out, const float* inp,
                             const RopeTable& table, const int32_t* positions, int64_t pos0,
                             int64_t B, int64_t T, int64_t H, int64_t D, RopeLayout layout) = 0;
@@ -75,6 +80,8 @@ class Backend {
 
   virtual void matmul_wt(const Context& ctx, float* y, int64_t ldy, const float* x, int64_t M,
                          int64_t K, const void* w, DType w_type, int64_t N, const float* bias) = 0;
+  virtual void matmul_w(const Context& ctx, float* dx, int64_t ldx, const float* dy, int64_t M,
+                        int64_t N, const void* w, DType w_type, int64_t K, bool accumulate) = 0;
   virtual void matmul_wt_group(const Context& ctx, const float* x, int64_t M, int64_t K,
                                std::span<const WtProduct> products) = 0;
   virtual void paged_attention(const Context& ctx, const PagedAttentionArgs& a) = 0;

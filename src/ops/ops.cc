@@ -193,6 +193,30 @@ void rmsnorm_forward(const Context& ctx, float* out, float* rstd, const float* i
               w, N, C, eps);
 }
 
+void head_rmsnorm(const Context& ctx, float* x, int64_t ld, int64_t n, int64_t heads, int64_t D,
+                  const float* w, float eps) {
+  TS_CHECK(n >= 0 && heads > 0 && D > 0, "[head_rmsnorm] bad sizes n=", n, " heads=", heads,
+           " D=", D);
+  TS_CHECK(ld >= heads * D, "[head_rmsnorm] row stride ld=", ld,
+           " is less than heads x D = ", heads * D);
+  TS_CHECK(eps >= 0.0f, "[head_rmsnorm] eps=", eps, " must be >= 0");
+  TS_CHECK(n == 0 || (x && w), "[head_rmsnorm] null x or w");
+  TS_DISPATCH(head_rmsnorm, (OpShape{"n heads d", {n, heads, D}}),
+              elementwise_cost(n * heads * D, 4, 2), x, ld, n, heads, D, w, eps);
+}
+
+void head_rmsnorm_backward(const Context& ctx, float* dx, float* dw, const float* dy,
+                           const float* x, int64_t ld, int64_t ld_x, int64_t n, int64_t heads,
+                           int64_t D, const float* w, float eps) {
+  TS_CHECK(n >= 0 && heads > 0 && D > 0, "[head_rmsnorm_backward] bad sizes n=", n,
+           " heads=", heads, " D=", D);
+  TS_CHECK(ld >= heads * D && ld_x >= heads * D, "[head_rmsnorm_backward] row strides ld=", ld,
+           " ld_x=", ld_x, " are less than heads x D = ", heads * D);
+  TS_CHECK(n == 0 || (dx && dw && dy && x && w), "[head_rmsnorm_backward] null pointer");
+  TS_DISPATCH(head_rmsnorm_backward, (OpShape{"n heads d", {n, heads, D}}),
+              elementwise_cost(n * heads * D, 8, 4), dx, dw, dy, x, ld, ld_x, n, heads, D, w, eps);
+}
+
 void rmsnorm_backward(const Context& ctx, float* dinp, float* dw, const float* dout,
                       const float* inp, const float* w, const float* rstd, int64_t N, int64_t C) {
   TS_DISPATCH(rmsnorm_backward, (OpShape{"n c", {N, C}}), elementwise_cost(N * C, 8, 4), dinp, dw,

@@ -153,6 +153,16 @@ void rmsnorm_forward(const Context& ctx, float* out, float* rstd, const float* i
 // w (C); rstd (N) from the forward.
 void rmsnorm_backward(const Context& ctx, float* dinp, float* dw, const float* dout,
                       const float* inp, const float* w, const float* rstd, int64_t N, int64_t C);
+// In place, per head (Qwen3's q and k norms): x holds n rows of stride ld, each starting with
+// `heads` slices of D floats; every slice s becomes s / sqrt(mean(s^2) + eps) * w, w (D).
+void head_rmsnorm(const Context& ctx, float* x, int64_t ld, int64_t n, int64_t heads, int64_t D,
+                  const float* w, float eps);
+// Its backward: with x the input (n rows of stride ld_x) and dy the output's gradient (stride ld),
+// each slice's dx = r (dy w - xhat mean(dy w xhat)), r and xhat = x r recomputed from x, written
+// over dy's slices (dx stride ld; dx may be dy); dw (D) += sum over slices of dy xhat.
+void head_rmsnorm_backward(const Context& ctx, float* dx, float* dw, const float* dy,
+                           const float* x, int64_t ld, int64_t ld_x, int64_t n, int64_t heads,
+                           int64_t D, const float* w, float eps);
 
 // Which dimensions of a head are rotated together, with R = rotary_dim and i in [0, R/2):
 // half: pairs (i, i + R/2), the "rotate half" layout of Llama/NeoX in HF checkpoints;

@@ -68,6 +68,29 @@ void matmul_wt_group(const Context& ctx, const float* x, int64_t M, int64_t K,
                    [&] { backend(ctx.device).matmul_wt_group(ctx, x, M, K, products); });
 }
 
+void matmul_w(const Context& ctx, float* dx, int64_t ldx, const float* dy, int64_t M, int64_t N,
+              const void* w, DType w_type, int64_t K, bool accumulate) {
+  check_matmul_wt_args(N, M, K, w_type, N);  // W (N,K) as matmul_wt would read it
+  TS_CHECK(ldx >= K, "[matmul_w] ldx=", ldx, " is smaller than K=", K);
+  TS_CHECK(M * K == 0 || (dx && dy && w), "[matmul_w] null dx, dy or w");
+  detail::observed(
+      ctx, "matmul_w",
+      [&] {
+        return OpShape{"m n k", {M, N, K}, dtype_name(w_type)};
+      },
+      [&] { return matmul_w_cost(M, N, K, w_type, accumulate); },
+      [&] { backend(ctx.device).matmul_w(ctx, dx, ldx, dy, M, N, w, w_type, K, accumulate); });
+}
+
+OpCost matmul_w_cost(int64_t M, int64_t N, int64_t K, DType w_type, bool accumulate) {
+  OpCost c;
+  c.flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
+  c.state_bytes = static_cast<double>(N) * static_cast<double>(dtype_bytes(w_type, K));
+  c.bytes = c.state_bytes +
+            4.0 * static_cast<double>(M) * (static_cast<double>(N) + (accumulate ? 2.0 : 1.0) * K);
+  return c;
+}
+
 OpCost matmul_wt_cost(int64_t M, int64_t K, int64_t N, DType w_type, bool bias) {
   OpCost c;
   c.flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) +

@@ -40,6 +40,14 @@ void check_matmul_wt_args(int64_t ldy, int64_t M, int64_t K, DType w_type, int64
 // idle, and there is one hand-off instead of several).
 void matmul_wt_group(const Context& ctx, const float* x, int64_t M, int64_t K,
                      std::span<const WtProduct> products);
+// dx (M,K) = dy (M,N) W (N,K), or += with accumulate; W stored as w_type (any type matmul_wt
+// takes), ldx the row stride of dx (>= K). The backward of matmul_wt through x, for a weight that
+// stays in its stored type (a frozen LoRA base): the CPU widens W a panel of rows at a time into
+// scratch, so no widened copy of W outlives the call.
+void matmul_w(const Context& ctx, float* dx, int64_t ldx, const float* dy, int64_t M, int64_t N,
+              const void* w, DType w_type, int64_t K, bool accumulate);
+// flops = 2 M N K; bytes = W once + dy + dx (read too with accumulate).
+OpCost matmul_w_cost(int64_t M, int64_t N, int64_t K, DType w_type, bool accumulate);
 // The layout the CPU matmul reads fastest for a matrix stored as t with n_rows rows: the
 // row-interleaved q4_0x8 / q4_1x8 / q8_0x8 (core/interleave.h) for q4_0 / q4_1 / q8_0 with a
 // multiple of 8 rows, f16x16 for f16 with a multiple of 16, where the AVX2 kernels run; q4_kx8 /

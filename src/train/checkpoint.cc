@@ -14,6 +14,7 @@
 #include "core/file_io.h"
 #include "formats/safetensors.h"
 #include "ops/memory.h"
+#include "train/options.h"
 
 namespace tessera::train {
 
@@ -217,7 +218,10 @@ std::unique_ptr<model::TrainModel> load_model_from_checkpoint(const std::string&
   TS_CHECK(file_exists(path), "[checkpoint] no checkpoint at '", path, "'");
   formats::SafetensorsReader r(path);
   check_format(r);
-  auto m = std::make_unique<model::TrainModel>(config_from(r), ctx);
+  // A LoRA run's checkpoint holds its adapters: the base comes from the run's model file.
+  const TrainOptions o = options_from_json(meta(r, "options"), path);
+  auto m = o.lora_rank > 0 ? model::load_lora_trainable(o.init_from, lora_spec(o), ctx)
+                           : std::make_unique<model::TrainModel>(config_from(r), ctx);
   ops::HostMirror<float> params(ctx, m->params(), m->num_params(), ops::HostMirror<float>::write);
   r.read_f32("params", Shape{m->num_params()}, params.data());
   params.flush();

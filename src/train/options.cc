@@ -20,6 +20,9 @@ void for_each_field(TrainOptions& o, Fn&& fn) {
   fn("max_seq", o.max_seq);
   fn("vocab_size", o.vocab_size);
   fn("init_from", o.init_from);
+  fn("lora_rank", o.lora_rank);
+  fn("lora_alpha", o.lora_alpha);
+  fn("lora_targets", o.lora_targets);
   fn("data_dir", o.data_dir);
   fn("out_dir", o.out_dir);
   fn("batch", o.batch);
@@ -106,6 +109,26 @@ void validate_options(const TrainOptions& o) {
            "--cuda-step must be twin or shared, not '", o.cuda_step, "'");
   TS_CHECK(o.device == "cuda" || o.cuda_step == "twin", "--cuda-step ", o.cuda_step,
            " needs --device cuda");
+  TS_CHECK(o.lora_rank >= 0, "--lora must be >= 1, got ", o.lora_rank);
+  TS_CHECK(o.lora_alpha >= 0, "--lora-alpha must be positive, got ", o.lora_alpha);
+  if (o.lora_rank > 0) {
+    TS_CHECK(!o.init_from.empty(), "--lora needs a model to adapt (--model)");
+    TS_CHECK(o.precision == "f32",
+             "--lora trains in f32 (the base's products run in its stored "
+             "type); drop --precision ",
+             o.precision);
+    TS_CHECK(o.device == "cpu",
+             "--lora runs on the CPU: the CUDA step needs bf16 precision, which LoRA does not use");
+    model::parse_lora_targets(o.lora_targets, "--lora-targets");
+  }
+}
+
+model::LoraSpec lora_spec(const TrainOptions& o) {
+  model::LoraSpec s;
+  s.rank = o.lora_rank;
+  s.alpha = o.lora_alpha > 0 ? o.lora_alpha : 2.0 * static_cast<double>(o.lora_rank);
+  s.targets = model::parse_lora_targets(o.lora_targets, "--lora-targets");
+  return s;
 }
 
 }  // namespace tessera::train

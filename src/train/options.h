@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "model/lora.h"
 #include "ops/observe.h"
 
 namespace tessera::train {
@@ -14,7 +15,12 @@ struct TrainOptions {
   std::string model = "gpt2-small";
   int64_t n_layer = 0, n_head = 0, n_embd = 0, max_seq = 0;
   int64_t vocab_size = 0;  // 0: the data's vocabulary; otherwise must be >= it
-  std::string init_from;   // Hugging Face GPT-2 folder to start from (overrides the preset)
+  std::string init_from;   // a model file (GGUF or HF folder) to start from (overrides the preset)
+  // LoRA (lora_rank > 0): adapters of that rank on lora_targets ("q,k,v,o", ...; lora.h) of the
+  // init_from model, frozen in its stored type; scale lora_alpha / rank (0: alpha = 2 rank).
+  int64_t lora_rank = 0;
+  double lora_alpha = 0;
+  std::string lora_targets = "q,k,v,o";
 
   std::string data_dir, out_dir;
   int64_t batch = 8, seq = 512, grad_accum = 1;
@@ -55,5 +61,7 @@ std::string options_to_json(const TrainOptions& o);
 TrainOptions options_from_json(const std::string& json, const std::string& source);
 // Checks ranges and names (precision, recompute, schedule); throws naming the flag.
 void validate_options(const TrainOptions& o);
+// The adapters o asks for (lora_rank > 0), alpha's default applied.
+model::LoraSpec lora_spec(const TrainOptions& o);
 
 }  // namespace tessera::train

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "model/decoder_save.h"
+#include "model/lora.h"
 #include "ops/memory.h"
 #include "profile/power.h"
 #include "profile/probe.h"
@@ -105,7 +106,22 @@ Trainer::Trainer(const TrainOptions& opts, bool resume) : opts_(opts) {
   val_data_ = load_split(opts_.data_dir, "val");
   const int64_t data_vocab = std::max(train_data_.vocab, val_data_.vocab);
 
-  if (resume) {
+  if (opts_.lora_rank > 0) {
+    // The base from its file again on resume: the checkpoint holds the adapters only.
+    model_ = model::load_lora_trainable(opts_.init_from, lora_spec(opts_), ctx);
+    if (resume) {
+      const model::TrainConfig saved = read_checkpoint_info(opts_.out_dir).config;
+      TS_CHECK(saved.n_layer == model_->config().n_layer &&
+                   saved.n_embd == model_->config().n_embd &&
+                   saved.vocab_size == model_->config().vocab_size &&
+                   saved.ff() == model_->config().ff() &&
+                   saved.kv_heads() == model_->config().kv_heads(),
+               "--resume ", opts_.out_dir,
+               ": the checkpoint's adapters were trained on another "
+               "shape of model than ",
+               opts_.init_from, " has now");
+    }
+  } else if (resume) {
     model_ = std::make_unique<model::TrainModel>(read_checkpoint_info(opts_.out_dir).config, ctx);
   } else if (!opts_.init_from.empty()) {
     model_ = model::load_trainable(opts_.init_from, ctx);
@@ -124,7 +140,7 @@ Trainer::Trainer(const TrainOptions& opts, bool resume) : opts_(opts) {
            cfg.max_seq);
   model_->plan(opts_.batch, opts_.seq, model::parse_precision(opts_.precision),
                model::parse_recompute(opts_.recompute));
-  if (!resume && opts_.init_from.empty()) model_->init_weights(opts_.seed);
+  if (!resume && (opts_.init_from.empty() || model_->is_lora())) model_->init_weights(opts_.seed);
   model_->params_updated();
 
   AdamWConfig ac;
@@ -321,13 +337,25 @@ TrainResult Trainer::run() {
 
 void Trainer::finish_outputs(bool finished) {
   const std::string tok = path_in(opts_.data_dir, "tokenizer.json");
-  if (opts_.save_model && finished) {
+  if (opts_.save_model && finished && model_->is_lora()) {
+    // The adapter in PEFT's layout, in the run's folder itself: `--lora <out>` applies it.
+    ops::HostMirror<const float> params(model_->context(), model_->params(), model_->num_params(),
+                                        ops::HostMirror<const float>::read);
+    model::save_peft_adapter(model::as_decoder(*model_, params.data()), model_->lora(),
+                             opts_.init_from, opts_.out_dir);
+  } else if (opts_.save_model && finished) {
     // The inference writer, through a view of the parameters: one HF writer for every model.
     const std::string mdir = path_in(opts_.out_dir, "model");
     const std::string tok_text = file_exists(tok) ? read_text_file(tok) : "";
     ops::HostMirror<const float> params(model_->context(), model_->params(), model_->num_params(),
                                         ops::HostMirror<const float>::read);
-    model::save_decoder_hf(model::as_decoder(*model_, params.data()), mdir, DType::f32, tok_text);
+    model::DecoderModel d = model::as_decoder(*model_, params.data());
+    if (!opts_.init_from.empty()) {  // the model it was tuned from, by its own name
+      model::DecoderLoadOptions lo;
+      lo.mmap = true;
+      d.config.name = model::load_decoder(opts_.init_from, lo).config.name + " (fine-tuned)";
+    }
+    model::save_decoder_hf(d, mdir, DType::f32, tok_text);
     // Chat data carries the template it was rendered with (prepare --chat): the saved model
     // keeps it.
     const std::string tmpl_path = path_in(opts_.data_dir, "chat_template.jinja");

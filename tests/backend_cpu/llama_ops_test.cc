@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "hwy/targets.h"
 #include "kernel_test_util.h"
+#include "ops/ops.h"
 
 namespace tessera {
 namespace {
@@ -175,6 +176,85 @@ TEST(RmsNorm, OutMayAliasInput) {
   cpu::rmsnorm_forward(pool(2), out.p, rstd.p, x.p, w.p, N, C, kRmsEps);
   cpu::rmsnorm_forward(pool(2), x.p, rstd.p, x.p, w.p, N, C, kRmsEps);
   EXPECT_TRUE(same_bits(x.p, out.p, N * C));
+}
+
+// Qwen3's per-head norms: every head slice of every row against double sums, the gaps between
+// the heads and the row stride left untouched, the same for one and two threads; bad sizes named.
+TEST(HeadRmsNorm, MatchesDoubleSumsPerHeadAndLeavesTheRestOfTheRow) {
+  const int64_t n = 37, heads = 3, D = 40, ld = heads * D + 9;
+  std::vector<float> x(static_cast<size_t>(n * ld)), w(static_cast<size_t>(D));
+  test::fill_normal(x.data(), n * ld, 1, 2.0f);
+  test::fill_normal(w.data(), D, 2, 0.5f);
+  std::vector<float> a = x, b = x, r = x;
+  cpu::head_rmsnorm(test::pool(1), a.data(), ld, n, heads, D, w.data(), 1e-6f);
+  cpu::head_rmsnorm(test::pool(2), b.data(), ld, n, heads, D, w.data(), 1e-6f);
+  cpu::ref::head_rmsnorm(r.data(), ld, n, heads, D, w.data(), 1e-6f);
+  EXPECT_EQ(a, b);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* s = x.data() + i * ld + h * D;
+      double ss = 0;
+      for (int64_t d = 0; d < D; ++d) ss += double{s[d]} * s[d];
+      const double inv = 1 / std::sqrt(ss / D + 1e-6);
+      for (int64_t d = 0; d < D; ++d) {
+        const size_t at = static_cast<size_t>(i * ld + h * D + d);
+        const double want = s[d] * inv * w[static_cast<size_t>(d)];
+        ASSERT_NEAR(a[at], want, 1e-5 * (1 + std::fabs(want))) << i << " " << h << " " << d;
+        ASSERT_NEAR(r[at], want, 1e-6 * (1 + std::fabs(want)));
+      }
+    }
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t k = heads * D; k < ld; ++k)
+      ASSERT_EQ(a[static_cast<size_t>(i * ld + k)], x[static_cast<size_t>(i * ld + k)]);
+  const ops::Context ctx;
+  try {
+    ops::head_rmsnorm(ctx, a.data(), 100, n, heads, D, w.data(), 1e-6f);
+    ADD_FAILURE() << "a stride shorter than the heads was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ld=100"), std::string::npos) << e.what();
+  }
+}
+
+// The per-head norm's backward against central differences of sum(dy * forward(x)), for dx and dw,
+// with dx written over dy (the training step's in-place use).
+TEST(HeadRmsNorm, BackwardMatchesCentralDifferences) {
+  const int64_t n = 3, heads = 2, D = 8, ld = heads * D + 5, ld_x = heads * D;
+  std::vector<float> x(static_cast<size_t>(n * ld_x)), w(static_cast<size_t>(D)),
+      dy(static_cast<size_t>(n * ld));
+  test::fill_normal(x.data(), n * ld_x, 4, 1.0f);
+  test::fill_normal(w.data(), D, 5, 0.5f);
+  test::fill_normal(dy.data(), n * ld, 6, 1.0f);
+  auto objective = [&](const std::vector<float>& xs, const std::vector<float>& ws) {
+    std::vector<float> y(static_cast<size_t>(n * ld), 0.0f);
+    for (int64_t r = 0; r < n; ++r)
+      std::copy(xs.begin() + r * ld_x, xs.begin() + (r + 1) * ld_x, y.begin() + r * ld);
+    cpu::ref::head_rmsnorm(y.data(), ld, n, heads, D, ws.data(), 1e-5f);
+    double s = 0;
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t k = 0; k < heads * D; ++k)
+        s += double{dy[static_cast<size_t>(r * ld + k)]} * y[static_cast<size_t>(r * ld + k)];
+    return s;
+  };
+  std::vector<float> dx = dy, dw(static_cast<size_t>(D), 0.0f);
+  const ops::Context ctx;
+  ops::head_rmsnorm_backward(ctx, dx.data(), dw.data(), dx.data(), x.data(), ld, ld_x, n, heads, D,
+                             w.data(), 1e-5f);
+  const float h = 1e-3f;
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t k = 0; k < heads * D; ++k) {
+      std::vector<float> a = x, b = x;
+      a[static_cast<size_t>(r * ld_x + k)] += h;
+      b[static_cast<size_t>(r * ld_x + k)] -= h;
+      const double fd = (objective(a, w) - objective(b, w)) / (2 * h);
+      EXPECT_NEAR(dx[static_cast<size_t>(r * ld + k)], fd, 2e-3 * (1 + std::fabs(fd))) << r << k;
+    }
+  for (int64_t d = 0; d < D; ++d) {
+    std::vector<float> a = w, b = w;
+    a[static_cast<size_t>(d)] += h;
+    b[static_cast<size_t>(d)] -= h;
+    const double fd = (objective(x, a) - objective(x, b)) / (2 * h);
+    EXPECT_NEAR(dw[static_cast<size_t>(d)], fd, 2e-3 * (1 + std::fabs(fd))) << d;
+  }
 }
 
 TEST(GradCheck, RmsNorm) {

@@ -46,8 +46,16 @@ TEST(FinetuneCli, ChatDataOneCommandThenResume) {
                         "checkpoint.safetensors", "train.csv", "model/config.json",
                         "model/chat_template.jinja", "model/tokenizer.json"})
     EXPECT_TRUE(std::filesystem::exists(out + "/" + f)) << f;
-  r = run_tessera("finetune --resume " + out + " --steps 3 --quiet");
+  r = run_tessera("finetune --resume " + out + " --steps 3 --gguf --quiet");
   ASSERT_EQ(r.status, 0) << r.err;
+  // The GGUF and the folder name the model they were tuned from.
+  EXPECT_NE(tessera::test::slurp(out + "/model/config.json").find("(fine-tuned)"),
+            std::string::npos);
+  r = run_tessera("generate -m " + out +
+                  "/model.gguf -p \"What is 3 plus one?\" -n 4 "
+                  "--temperature 0");
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("(fine-tuned)"), std::string::npos) << r.err;
   // step,loss,val_loss,...: three steps, each evaluated on the held-out conversations, whose
   // loss falls.
   std::ifstream csv(out + "/train.csv");

@@ -55,6 +55,10 @@ TinyOptions variant(int v) {
     case 3:
       o.arch = model::DecoderArch::gpt2;
       break;
+    case 4:  // qwen3: q/k norms, heads wider than width / heads (q_dim 64 over a width of 32)
+      o.qk_norm = true;
+      o.head_dim = 16;
+      break;
   }
   o.seed = 10 + static_cast<uint64_t>(v);
   return o;
@@ -84,7 +88,7 @@ TEST_P(EngineVsReference, PrefillAndDecodeMatchPlainForward) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Variants, EngineVsReference, ::testing::Values(0, 1, 2, 3));
+INSTANTIATE_TEST_SUITE_P(Variants, EngineVsReference, ::testing::Values(0, 1, 2, 3, 4));
 
 // Mistral v0.1's sliding window: each position sees only the last W positions. Prefill in
 // chunks and token-by-token decode both match the windowed float64 forward, and differ from the

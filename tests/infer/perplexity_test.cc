@@ -6,6 +6,7 @@
 #include <string>
 
 #include "compress/quantize.h"
+#include "core/error.h"
 #include "core/file_io.h"
 #include "formats/gguf.h"
 #include "infer/perplexity.h"
@@ -17,6 +18,14 @@ namespace {
 
 const std::string kModel =
     std::string(TESSERA_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+// -log softmax(row)[target] over a float64 row of logits (V).
+double reference_nll(const double* row, int V, int32_t target) {
+  double mx = row[0], sum = 0;
+  for (int v = 0; v < V; ++v) mx = std::max(mx, row[v]);
+  for (int v = 0; v < V; ++v) sum += std::exp(row[v] - mx);
+  return std::log(sum) + mx - row[target];
+}
 
 TEST(Perplexity, WindowsScoreEachTokenOnceAndMatchDirectComputation) {
   const model::DecoderModel m = test::make_tiny_model({});
@@ -32,13 +41,8 @@ TEST(Perplexity, WindowsScoreEachTokenOnceAndMatchDirectComputation) {
   EXPECT_EQ(r.tokens, 49);
   const std::vector<double> logits = test::reference_logits(m, toks);
   double nll = 0;
-  for (size_t t = 1; t < toks.size(); ++t) {
-    const double* row = logits.data() + (t - 1) * 64;
-    double mx = row[0], sum = 0;
-    for (int v = 0; v < 64; ++v) mx = std::max(mx, row[v]);
-    for (int v = 0; v < 64; ++v) sum += std::exp(row[v] - mx);
-    nll += std::log(sum) + mx - row[toks[t]];
-  }
+  for (size_t t = 1; t < toks.size(); ++t)
+    nll += reference_nll(logits.data() + (t - 1) * 64, 64, toks[t]);
   EXPECT_NEAR(r.nll_sum, nll, 1e-3 * nll);
   // Windows of 16 with stride 8: every token after the first is still scored exactly once.
   PerplexityOptions windows;
@@ -48,6 +52,41 @@ TEST(Perplexity, WindowsScoreEachTokenOnceAndMatchDirectComputation) {
   EXPECT_EQ(w.tokens, 49);
   EXPECT_GT(w.windows, 4);
   EXPECT_GT(w.ppl(), r.ppl() * 0.5);  // less context, similar scale
+}
+
+// llama.cpp's chunks: floor(n / ctx) windows, each starting with the bos token, scoring its
+// second half; against the float64 forward of each window.
+TEST(Perplexity, ChunksScoreTheSecondHalfOfEachWindowAfterBos) {
+  const model::DecoderModel m = test::make_tiny_model({});
+  std::vector<int32_t> toks;
+  for (int i = 0; i < 50; ++i) toks.push_back((i * 7 + 3) % 64);
+  EngineOptions o;
+  o.max_ctx = 64;
+  Engine e(m, o);
+  PerplexityOptions c;
+  c.ctx = 16;
+  c.scoring = Scoring::chunks;
+  c.bos = 1;
+  const PerplexityResult r = perplexity(e, toks, c);
+  EXPECT_EQ(r.windows, 3);            // 50 / 16; the last 2 tokens are not scored
+  EXPECT_EQ(r.tokens, 3 * (15 - 8));  // rows 8 .. 14 of each window
+  double nll = 0;
+  for (int w = 0; w < 3; ++w) {
+    std::vector<int32_t> win(toks.begin() + w * 16, toks.begin() + (w + 1) * 16);
+    win[0] = 1;
+    const std::vector<double> logits = test::reference_logits(m, win);
+    for (int row = 8; row < 15; ++row)
+      nll +=
+          reference_nll(logits.data() + row * 64, 64, toks[static_cast<size_t>(w * 16 + row + 1)]);
+  }
+  EXPECT_NEAR(r.nll_sum, nll, 1e-4 * nll);
+  c.stride = 4;
+  try {
+    perplexity(e, toks, c);
+    ADD_FAILURE() << "--stride was accepted with chunks scoring";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("--stride"), std::string::npos) << err.what();
+  }
 }
 
 TEST(Perplexity, SmolLM2Q8WithinOnePercentOfF16) {

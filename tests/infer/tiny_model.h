@@ -23,6 +23,8 @@ struct TinyOptions {
   model::DecoderArch arch = model::DecoderArch::llama;
   int64_t layers = 2, width = 32, heads = 4, kv_heads = 2, ffn = 48, vocab = 64, ctx = 128;
   bool tied = false, qkv_bias = false;
+  bool qk_norm = false;  // Qwen3's per-head q/k norms
+  int64_t head_dim = 0;  // 0: width / heads (Qwen3 sets it apart)
   ops::RopeLayout rope_layout = ops::RopeLayout::half;
   uint64_t seed = 1;
 };
@@ -38,7 +40,8 @@ inline model::DecoderModel make_tiny_model(const TinyOptions& o) {
   c.d_model = o.width;
   c.n_heads = o.heads;
   c.n_kv_heads = o.arch == model::DecoderArch::gpt2 ? o.heads : o.kv_heads;
-  c.head_dim = o.width / o.heads;
+  c.head_dim = o.head_dim > 0 ? o.head_dim : o.width / o.heads;
+  c.qk_norm = o.qk_norm;
   c.d_ff = o.ffn;
   c.vocab = o.vocab;
   c.max_ctx = o.ctx;
@@ -73,6 +76,10 @@ inline model::DecoderModel make_tiny_model(const TinyOptions& o) {
     L.wo = tensor(Shape({C, Q}), 0.3f);
     L.w_up = tensor(Shape({F, C}), 0.3f);
     L.w_down = tensor(Shape({C, F}), 0.3f);
+    if (c.qk_norm) {
+      L.q_norm = tensor(Shape({c.head_dim}), 0.2f, 1.0f);
+      L.k_norm = tensor(Shape({c.head_dim}), 0.2f, 1.0f);
+    }
     if (c.qkv_bias) {
       L.bq = tensor(Shape({Q}), 0.1f);
       L.bk = tensor(Shape({KV}), 0.1f);
@@ -132,6 +139,15 @@ inline std::vector<double> reference_logits(const model::DecoderModel& m,
           (x[static_cast<size_t>(i)] - mean) * r * f(w)[i] + (b.present() ? f(b)[i] : 0);
     return y;
   };
+  // Qwen3: each head's D values RMS-normalized with weights w (D).
+  auto head_norm = [&](Vec& v, int64_t heads, const model::WeightRef& w) {
+    for (int64_t h = 0; h < heads; ++h) {
+      double ss = 0;
+      for (int64_t e = 0; e < D; ++e) ss += v[h * D + e] * v[h * D + e];
+      const double r = 1 / std::sqrt(ss / static_cast<double>(D) + c.norm_eps);
+      for (int64_t e = 0; e < D; ++e) v[h * D + e] *= r * f(w)[e];
+    }
+  };
   const std::vector<double> inv = model::rope_inv_freqs(c);
   auto rope = [&](Vec& v, int64_t heads, int64_t pos) {
     if (gpt2) return;
@@ -158,6 +174,10 @@ inline std::vector<double> reference_logits(const model::DecoderModel& m,
       q[t] = linear(xn, L.wq, L.bq);
       k[t] = linear(xn, L.wk, L.bk);
       v[t] = linear(xn, L.wv, L.bv);
+      if (c.qk_norm) {
+        head_norm(q[t], H, L.q_norm);
+        head_norm(k[t], Hkv, L.k_norm);
+      }
       rope(q[t], H, t);
       rope(k[t], Hkv, t);
     }

@@ -16,6 +16,7 @@
 #include "model/causal_attention.h"
 #include "model/decoder_block.h"
 #include "ops/ops.h"
+#include "test_util/compare.h"
 
 namespace tessera::model {
 namespace {
@@ -168,13 +169,8 @@ void check_layer(const test::TinyOptions& o, bool join, const std::string& what)
     auto* p = const_cast<float*>(static_cast<const float*>(wr.data));
     const auto* gp = static_cast<const float*>((g.view.*member).data);
     for (int64_t i = 0; i < wr.shape.numel(); ++i) {
-      const float keep = p[i];
-      p[i] = keep + h;
-      const double lp = L.loss(w, x, r);
-      p[i] = keep - h;
-      const double lm = L.loss(w, x, r);
-      p[i] = keep;
-      expect(gp[i], (lp - lm) / (2 * h), std::string(name) + "[" + std::to_string(i) + "]");
+      const double fd = test::central_difference(p[i], h, [&] { return L.loss(w, x, r); });
+      expect(gp[i], fd, std::string(name) + "[" + std::to_string(i) + "]");
     }
     ++checked;
   }

@@ -167,7 +167,12 @@ void round_trip(const HfModel& hf, const std::string& name) {
   EXPECT_EQ(m2.config.norm_eps, m1.config.norm_eps);
   EXPECT_EQ(m2.config.sliding_window, m1.config.sliding_window);
   EXPECT_EQ(m2.gguf->get_string("tokenizer.ggml.model"), "gpt2");  // `extra` ran
-  if (m1.config.arch == DecoderArch::llama) {
+  EXPECT_EQ(m2.config.qk_norm, m1.config.qk_norm);
+  if (m1.config.qk_norm) {  // qwen3: rotate-half rows in GGUF too, as llama.cpp reads them
+    EXPECT_EQ(m2.gguf->get_string("general.architecture"), "qwen3");
+    EXPECT_EQ(m2.config.rope_layout, ops::RopeLayout::half);
+    EXPECT_EQ(values_of(m2.weights.layers[1].k_norm), values_of(m1.weights.layers[1].k_norm));
+  } else if (m1.config.arch == DecoderArch::llama) {
     EXPECT_EQ(m2.config.rope_layout, ops::RopeLayout::interleaved);
     // GGUF q row h*D + 2i + 1 is HF row h*D + D/2 + i (head 3, i = 1: rows 27 <- 29).
     const int64_t C = m1.config.d_model;
@@ -187,6 +192,7 @@ void round_trip(const HfModel& hf, const std::string& name) {
   EXPECT_EQ(m3.config.norm_eps, m1.config.norm_eps);
   EXPECT_EQ(m3.config.sliding_window, m1.config.sliding_window);
   EXPECT_EQ(m3.config.rope_layout, ops::RopeLayout::half);
+  EXPECT_EQ(m3.config.qk_norm, m1.config.qk_norm);
 }
 
 TEST(DecoderRoundTrip, LlamaUntied) {
@@ -216,6 +222,15 @@ TEST(DecoderRoundTrip, MistralSlidingWindow) {
 }
 TEST(DecoderRoundTrip, Qwen2) {
   round_trip(test::tiny_llama(false, "Qwen2ForCausalLM"), "rt_qw");
+}
+TEST(DecoderRoundTrip, Qwen3) {
+  round_trip(test::tiny_llama(false, "Qwen3ForCausalLM"), "rt_qw3");
+  // A Qwen3 folder whose layer lacks its q norm is refused naming the tensor.
+  HfModel bad = test::tiny_llama(false, "Qwen3ForCausalLM");
+  bad.tensors.erase("model.layers.1.self_attn.q_norm.weight");
+  const std::string dir = test::temp_folder("qwen3_bad");
+  test::write_hf(bad, dir);
+  tessera::test::expect_error([&] { load_decoder_hf(dir); }, "model.layers.1.self_attn.q_norm");
 }
 TEST(DecoderRoundTrip, TrainModel) {
   round_trip(test::tiny_gpt2(), "rt_gpt2");

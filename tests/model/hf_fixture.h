@@ -44,7 +44,7 @@ inline HfModel tiny_llama(bool tied, const std::string& arch = "LlamaForCausalLM
   std::mt19937 rng(tied ? 11 : 7);
   HfModel m;
   const int64_t C = 32, KV = 16, F = 64, V = 64, L = 2;
-  const bool qwen2 = arch == "Qwen2ForCausalLM";
+  const bool qwen2 = arch == "Qwen2ForCausalLM", qwen3 = arch == "Qwen3ForCausalLM";
   m.config = {{"architectures", {arch}},
               {"hidden_size", C},
               {"intermediate_size", F},
@@ -73,6 +73,10 @@ inline HfModel tiny_llama(bool tied, const std::string& arch = "LlamaForCausalLM
       m.add(p + "self_attn.v_proj.bias", {KV}, rng);
     }
     if (o_bias) m.add(p + "self_attn.o_proj.bias", {C}, rng);
+    if (qwen3) {  // per-head norms of q and k (head_dim 8)
+      m.add(p + "self_attn.q_norm.weight", {8}, rng);
+      m.add(p + "self_attn.k_norm.weight", {8}, rng);
+    }
     m.add(p + "mlp.gate_proj.weight", {F, C}, rng);
     m.add(p + "mlp.up_proj.weight", {F, C}, rng);
     m.add(p + "mlp.down_proj.weight", {C, F}, rng);

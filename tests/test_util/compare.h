@@ -1,4 +1,4 @@
-// Comparing two float arrays for the tests.
+// Comparing float arrays, and gradients with central differences, for the tests.
 #pragma once
 
 #include <algorithm>
@@ -15,6 +15,19 @@ inline double max_rel_diff(const float* a, const float* b, int64_t n) {
     den = std::max(den, std::fabs(static_cast<double>(b[i])));
   }
   return num / den;
+}
+
+// (f() with p + h - f() with p - h) / 2h: f's central difference in the parameter p, which is
+// left as it was.
+template <typename F>
+double central_difference(float& p, float h, F&& f) {
+  const float keep = p;
+  p = keep + h;
+  const double up = f();
+  p = keep - h;
+  const double down = f();
+  p = keep;
+  return (up - down) / (2.0 * h);
 }
 
 }  // namespace tessera::test

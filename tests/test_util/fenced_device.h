@@ -132,6 +132,15 @@ class FencedDevice final : public ops::Backend {
             (const ops::Context& ctx, float* dinp, float* dw, const float* dout, const float* inp,
              const float* w, const float* rstd, int64_t N, int64_t C),
             dinp, dw, dout, inp, w, rstd, N, C)
+  TS_FENCED(head_rmsnorm,
+            (const ops::Context& ctx, float* x, int64_t ld, int64_t n, int64_t heads, int64_t D,
+             const float* w, float eps),
+            x, ld, n, heads, D, w, eps)
+  TS_FENCED(head_rmsnorm_backward,
+            (const ops::Context& ctx, float* dx, float* dw, const float* dy, const float* x,
+             int64_t ld, int64_t ld_x, int64_t n, int64_t heads, int64_t D, const float* w,
+             float eps),
+            dx, dw, dy, x, ld, ld_x, n, heads, D, w, eps)
   TS_FENCED(rope_forward,
             (const ops::Context& ctx, float* out, const float* inp, const ops::RopeTable& table,
              const int32_t* positions, int64_t pos0, int64_t B, int64_t T, int64_t H, int64_t D,
@@ -154,6 +163,10 @@ class FencedDevice final : public ops::Backend {
             (const ops::Context& ctx, float* y, int64_t ldy, const float* x, int64_t M, int64_t K,
              const void* w, DType w_type, int64_t N, const float* bias),
             y, ldy, x, M, K, w, w_type, N, bias)
+  TS_FENCED(matmul_w,
+            (const ops::Context& ctx, float* dx, int64_t ldx, const float* dy, int64_t M, int64_t N,
+             const void* w, DType w_type, int64_t K, bool accumulate),
+            dx, ldx, dy, M, N, w, w_type, K, accumulate)
   void matmul_wt_group(const ops::Context& ctx, const float* x, int64_t M, int64_t K,
                        std::span<const ops::WtProduct> products) override {
     const std::vector<ops::WtProduct> p(products.begin(), products.end());  // outlives the call

@@ -117,6 +117,38 @@ TEST(ChatData, MaskedLossIsTheAssistantTokensMean) {
   EXPECT_NEAR(masked, sum / n, 1e-5);
 }
 
+// Two conversations that differ only in a user turn after the last answer: with the mask their
+// losses are equal (no user token is a target, and causal attention keeps the answers' context
+// the same); counting every token instead, they differ. A model over SmolLM2's vocabulary.
+TEST(ChatData, UserTurnsDoNotChangeTheMaskedLoss) {
+  const Smol s;
+  auto conv = [](const std::string& last_user) {
+    nlohmann::ordered_json c = conversation();
+    c.push_back({{"role", "user"}, {"content", last_user}});
+    return c;
+  };
+  const ChatTokens a = tokenize_chat(s.m.tok, s.t, conv("Thanks!"), "a");
+  const ChatTokens b = tokenize_chat(s.m.tok, s.t, conv("Which one costs more, and why?"), "b");
+  ASSERT_NE(a.tokens, b.tokens);
+  model::TrainConfig c = model::TrainConfig::preset("llama:tiny", s.m.tok.vocab_size());
+  c.n_layer = 2, c.n_embd = 32, c.d_ff = 48, c.max_seq = 128;
+  ops::Context ctx;
+  ctx.reference = true;
+  model::TrainModel m(c, ctx);
+  m.init_weights(4);
+  auto loss = [&](const ChatTokens& t, bool masked) {
+    const auto T = static_cast<int64_t>(t.tokens.size()) - 1;
+    std::vector<int32_t> in(t.tokens.begin(), t.tokens.end() - 1), tgt(static_cast<size_t>(T));
+    for (int64_t i = 0; i < T; ++i)
+      tgt[static_cast<size_t>(i)] =
+          !masked || t.mask[static_cast<size_t>(i + 1)] ? t.tokens[static_cast<size_t>(i + 1)] : -1;
+    m.plan(1, T, model::Precision::f32, model::Recompute::none);
+    return m.forward(in.data(), tgt.data(), 1, T);
+  };
+  EXPECT_EQ(loss(a, true), loss(b, true));
+  EXPECT_GT(std::fabs(loss(a, false) - loss(b, false)), 1e-3);
+}
+
 // Padded: each conversation starts a window of its own; the pads count for nothing.
 TEST(ChatData, PaddedConversationsStartWindowsOfTheirOwn) {
   const Smol s;

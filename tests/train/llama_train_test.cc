@@ -13,6 +13,7 @@
 #include "core/rng.h"
 #include "core/thread_pool.h"
 #include "model/train_model.h"
+#include "test_util/compare.h"
 #include "train/optimizer.h"
 
 namespace tessera::model {
@@ -76,14 +77,7 @@ TEST_P(LlamaTraining, GradientsMatchCentralDifferences) {
     const int64_t n = m.unpadded_elems(t);
     for (int k = 0; k < 3; ++k) {
       const int64_t i = t.offset + static_cast<int64_t>(pick.below(static_cast<uint64_t>(n)));
-      float& p = m.params()[i];
-      const float keep = p, h = 1e-2f;
-      p = keep + h;
-      const double up = loss();
-      p = keep - h;
-      const double down = loss();
-      p = keep;
-      const double fd = (up - down) / (2.0 * h);
+      const double fd = test::central_difference(m.params()[i], 1e-2f, loss);
       EXPECT_NEAR(grads[static_cast<size_t>(i)], fd, 2e-4 + 0.02 * std::fabs(fd))
           << t.name << " element " << i - t.offset;
       ++checked;

@@ -90,6 +90,7 @@ int run(const Args& a) {
   } else {
     m.model = model::load_decoder(ef.model_path, engine_load_options(ef));
   }
+  apply_lora_flag(ef, m.model);
   const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
   EngineFlags sized = ef;
   if (sized.ctx == 0)

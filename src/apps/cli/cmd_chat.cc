@@ -27,7 +27,7 @@ int run(const Args& a) {
   infer::GenerateRequest req;
   req.sampling = parse_sampling_flags(a);
 
-  const LoadedModel m = load_model_and_tokenizer(ef.model_path, engine_load_options(ef));
+  const LoadedModel m = load_engine_model(ef);
   infer::Engine engine(m.model, engine_options(ef, m.model));
   // One conversation: the prefix cache keeps each turn's blocks, so the next turn runs only the
   // tokens it does not share with the last (the template's re-rendering of the reply included).

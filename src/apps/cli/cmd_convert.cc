@@ -1,5 +1,6 @@
 // `tessera convert IN OUT`: a GGUF file to a Hugging Face folder or back (config, weights,
-// tokenizer and chat template); weights keep their stored type where the format allows.
+// tokenizer and chat template); weights keep their stored type where the format allows. With
+// --lora, a PEFT adapter is merged into the weights first.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -8,6 +9,7 @@
 #include "apps/cli/infer_flags.h"
 #include "apps/cli/model_files.h"
 #include "core/error.h"
+#include "model/lora.h"
 
 namespace tessera::cli {
 namespace {
@@ -27,7 +29,17 @@ int run(const Args& a) {
   const std::string dtype = a.str("--dtype");
   const std::string& in = a.positional()[0];
   const std::string& out = a.positional()[1];
-  const LoadedModel m = load_model_and_tokenizer(in, {}, true);
+  LoadedModel m = load_model_and_tokenizer(in, {}, true);
+  const std::string lora = a.str("--lora");
+  if (!lora.empty()) {
+    model::apply_peft_adapter(m.model, lora);
+    // A GGUF keeps each matrix's type (a quantized one rounds the merged values again); a folder
+    // is written in floats, so the merge is kept in f32 for it.
+    const bool keep_types = is_gguf_path(out);
+    const int64_t n = model::merge_adapters(m.model, keep_types);
+    std::printf("merged %s into %lld matrices (%s)\n", lora.c_str(), static_cast<long long>(n),
+                keep_types ? "stored back in their types" : "in f32");
+  }
   const DType folder =
       dtype.empty() ? lossless_folder_dtype(m.model) : parse_dtype(dtype, "--dtype");
   save_model(m, m.model, out, folder);
@@ -44,7 +56,9 @@ const Registrar reg({
     "convert between GGUF and Hugging Face folders",
     {Flag::text("--dtype", "",
                 "weight type of a folder: f32, bf16 or f16; empty: the one that loses nothing",
-                "TYPE")},
+                "TYPE"),
+     Flag::text("--lora", "", "a LoRA adapter folder (PEFT's files) merged into the weights",
+                "DIR")},
     {{"IN", "a .gguf file or a Hugging Face folder"},
      {"OUT", "a .gguf file (by its suffix) or a Hugging Face folder"}},
     &run,

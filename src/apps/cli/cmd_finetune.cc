@@ -1,13 +1,15 @@
-// `tessera finetune`: a full fine-tune of a model file on the user's data in one command. The data
-// is prepared with the model's own tokenizer (chat JSONL rendered with its chat template and
-// masked to the assistant turns, or plain text), into <out>/data, then `tessera train` runs from
-// the model (--init-from). --resume continues the run as train does.
+// `tessera finetune`: a full or LoRA fine-tune of a model file on the user's data in one command.
+// The data is prepared with the model's own tokenizer (chat JSONL rendered with its chat template
+// and masked to the assistant turns, or plain text), into <out>/data, then `tessera train` runs
+// from the model (--init-from), with --lora R on adapters over the model as stored. --resume
+// continues the run as train does.
 #include <cstdio>
 #include <filesystem>
 #include <string>
 
 #include "apps/cli/args.h"
 #include "apps/cli/chat_prepare.h"
+#include "apps/cli/model_files.h"
 #include "apps/cli/train_flags.h"
 #include "core/error.h"
 #include "train/data.h"
@@ -49,7 +51,8 @@ int run(const Args& a) {
   const bool resume = a.given("--resume");
   train::TrainOptions o;
   if (resume) {
-    for (const char* f : {"--model", "--data", "--out", "--val-fraction", "--pad"})
+    for (const char* f : {"--model", "--data", "--out", "--val-fraction", "--pad", "--lora",
+                          "--lora-alpha", "--lora-targets"})
       TS_CHECK(!a.given(f), "flag ", f,
                " cannot be given with --resume (the run's options come "
                "from its checkpoint)");
@@ -62,13 +65,34 @@ int run(const Args& a) {
     const std::string model = a.required("--model"), out = a.required("--out");
     o.init_from = model;
     parse_step_options(a, o);
+    o.lora_rank = a.i64("--lora");
+    o.lora_alpha = a.f64("--lora-alpha");
+    o.lora_targets = a.str("--lora-targets");
+    for (const char* f : {"--lora-alpha", "--lora-targets"})
+      TS_CHECK(o.lora_rank > 0 || !a.given(f), "flag ", f, " needs --lora RANK");
     o.out_dir = out;
+    // Every flag checked before the data is prepared (the prepared folder replaces --data).
+    train::TrainOptions early = o;
+    early.data_dir = a.required("--data");
+    parse_session_options(a, false, early);
     o.data_dir =
         prepare(model, a.required("--data"), out, a.f64("--val-fraction"), o.seq, a.on("--pad"));
   }
   parse_session_options(a, resume, o);
+  const bool gguf = a.on("--gguf");
+  TS_CHECK(!gguf || o.lora_rank == 0,
+           "--gguf writes a full fine-tune's model; a LoRA run writes its adapter (merge it with "
+           "convert --lora)");
   train::Trainer t(o, resume);
-  t.run();
+  const train::TrainResult r = t.run();
+  const std::string folder = (fs::path(o.out_dir) / "model").string();
+  if (gguf && (r.steps_done >= o.steps || r.early_stopped) && fs::is_directory(folder)) {
+    // The saved folder as convert writes a GGUF: f32 weights, tokenizer and chat template.
+    const LoadedModel m = load_model_and_tokenizer(folder, {}, true);
+    const std::string path = (fs::path(o.out_dir) / "model.gguf").string();
+    save_model(m, m.model, path, DType::f32);
+    if (!o.quiet) std::printf("wrote %s\n", path.c_str());
+  }
   return 0;
 }
 
@@ -96,6 +120,12 @@ Flags finetune_flags() {
            Flag::number("--val-fraction", 0.05, 1e-9, 1.0 - 1e-9,
                         "share of conversations (documents) held out"),
            Flag::toggle("--pad", "chat: each conversation starts a --seq window (else packed)"),
+           Flag::toggle("--gguf", "also write the tuned model as <out>/model.gguf (f32)"),
+           Flag::integer("--lora", 0, 0, 4096,
+                         "LoRA rank R: adapters on the model frozen as stored (0: full fine-tune)"),
+           Flag::number("--lora-alpha", 0.0, 0, 1e6, "LoRA scale alpha / R (0: 2 R)"),
+           Flag::text("--lora-targets", "q,k,v,o", "matrices to adapt: q,k,v,o,gate,up,down, all",
+                      "LIST"),
        },
        train_step_flags(finetune_defaults()),
        train_session_flags(finetune_defaults())});
@@ -103,7 +133,7 @@ Flags finetune_flags() {
 
 const Registrar reg({
     "finetune",
-    "fine-tune a model file on chat JSONL or text, with its own tokenizer and template",
+    "fine-tune a model file (all weights, or LoRA adapters) on chat JSONL or text",
     finetune_flags(),
     {},
     &run,

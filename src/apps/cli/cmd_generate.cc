@@ -54,7 +54,7 @@ int run(const Args& a) {
   infer::GenerateRequest req;
   req.sampling = parse_sampling_flags(a);
 
-  const LoadedModel m = load_model_and_tokenizer(ef.model_path, engine_load_options(ef));
+  const LoadedModel m = load_engine_model(ef);
   const infer::ChatPrompt cp = make_cli_prompt(m, {{"user", prompt}}, system, raw, format);
   req.prompt = cp.tokens;
   req.max_new_tokens = n;

@@ -1,4 +1,5 @@
-// `tessera perplexity`: perplexity of a model on a text file with sliding windows.
+// `tessera perplexity`: perplexity of a model on a text file, with sliding windows (every token
+// scored once) or as llama.cpp's llama-perplexity scores (--scoring chunks).
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -19,9 +20,13 @@ int run(const Args& a) {
   po.ctx = a.i64("--ctx");
   po.stride = a.i64("--stride");
   po.max_windows = a.i64("--max-windows");
+  const std::string scoring = a.str("--scoring");
+  TS_CHECK(scoring == "sliding" || scoring == "chunks",
+           "--scoring must be sliding or chunks, not '", scoring, "'");
+  po.scoring = scoring == "chunks" ? infer::Scoring::chunks : infer::Scoring::sliding;
   const bool json = a.on("--json");
 
-  const LoadedModel m = load_model_and_tokenizer(ef.model_path, engine_load_options(ef));
+  const LoadedModel m = load_engine_model(ef);
   EngineFlags sized = ef;
   sized.ctx = po.ctx;
   infer::EngineOptions eo = engine_options(sized, m.model);
@@ -32,6 +37,7 @@ int run(const Args& a) {
     tokens.push_back(m.tok.special_tokens().bos);
   const std::vector<int32_t> text = m.tok.encode_ordinary(read_text_file(path));
   tokens.insert(tokens.end(), text.begin(), text.end());
+  if (m.tok.special_tokens().add_bos) po.bos = m.tok.special_tokens().bos;  // as llama.cpp does
   const infer::PerplexityResult r =
       infer::perplexity(engine, tokens, po, [&](const infer::PerplexityResult& p) {
         if (!json)
@@ -40,10 +46,10 @@ int run(const Args& a) {
       });
   if (json) {
     std::printf(
-        "{\"model\": \"%s\", \"file\": \"%s\", \"ctx\": %lld, \"tokens\": %lld, "
-        "\"windows\": %lld, \"perplexity\": %.6f, \"seconds\": %.3f}\n",
-        ef.model_path.c_str(), path.c_str(), (long long)po.ctx, (long long)r.tokens,
-        (long long)r.windows, r.ppl(), r.seconds);
+        "{\"model\": \"%s\", \"file\": \"%s\", \"scoring\": \"%s\", \"ctx\": %lld, "
+        "\"tokens\": %lld, \"windows\": %lld, \"perplexity\": %.6f, \"seconds\": %.3f}\n",
+        ef.model_path.c_str(), path.c_str(), scoring.c_str(), (long long)po.ctx,
+        (long long)r.tokens, (long long)r.windows, r.ppl(), r.seconds);
   } else {
     std::fprintf(stderr, "\n");
     std::printf("perplexity %.4f over %lld tokens (%lld windows of %lld, %.1f tokens/s)\n", r.ppl(),
@@ -55,14 +61,17 @@ int run(const Args& a) {
 
 const Registrar reg({
     "perplexity",
-    "perplexity of a model on a text file (sliding windows)",
+    "perplexity of a model on a text file (sliding windows, or llama.cpp's chunks)",
     join({engine_flags(),
           {
               // Replaces the engine's --ctx: here it is the window length.
               Flag::integer("--ctx", 512, 2, int64_t{1} << 24, "window length in tokens"),
               Flag::text("--file", "", "the text to score", "PATH").required(),
+              Flag::text("--scoring", "sliding",
+                         "sliding (every token once), or chunks (llama-perplexity's numbers)",
+                         "WAY"),
               Flag::integer("--stride", 0, 0, int64_t{1} << 24,
-                            "new tokens per window after the first; 0: half a window"),
+                            "sliding: new tokens per window after the first; 0: half a window"),
               Flag::integer("--max-windows", 0, 0, int64_t{1} << 40,
                             "stop after N windows; 0: all"),
               Flag::toggle("--json", "one JSON line on stdout"),

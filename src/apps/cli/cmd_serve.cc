@@ -73,7 +73,7 @@ int run(const Args& a) {
   const int64_t kv_memory = parse_bytes("--kv-memory", a.str("--kv-memory"));
   const double grace = a.f64("--shutdown-grace");
 
-  const LoadedModel m = load_model_and_tokenizer(ef.model_path, engine_load_options(ef));
+  const LoadedModel m = load_engine_model(ef);
   so.model_name = a.given("--model-name") ? a.str("--model-name")
                                           : std::filesystem::path(ef.model_path).stem().string();
   TS_CHECK(!so.model_name.empty(), "--model-name is empty");

@@ -10,6 +10,7 @@
 #include "apps/cli/profiling.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "model/lora.h"
 
 namespace tessera::cli {
 
@@ -25,6 +26,7 @@ model::DecoderLoadOptions engine_load_options(const EngineFlags& f) {
 Flags engine_flags() {
   return {
       Flag::text("--model", kDefaultModel, "a .gguf file or a Hugging Face folder", "PATH"),
+      Flag::text("--lora", "", "a LoRA adapter folder (PEFT's files) applied at load", "DIR"),
       Flag::integer("--threads", 0, 0, 4096, "worker threads; 0: all cores"),
       Flag::integer("--ctx", 0, 0, int64_t{1} << 24,
                     "context length in tokens; 0: the model's, at most 4096"),
@@ -64,7 +66,25 @@ EngineFlags parse_engine_flags(const Args& a) {
   // The engine's activation buffers hold this many rows (about 90 KB per row for a 1B model);
   // a longer prompt runs in chunks of it. 0 lets the engine choose (infer::EngineOptions).
   f.chunk_rows = a.i64("--chunk-rows");
+  f.lora = a.str("--lora");
+  TS_CHECK(!a.given("--lora") || !f.lora.empty(), "--lora needs an adapter folder");
   return f;
+}
+
+void apply_lora_flag(const EngineFlags& f, model::DecoderModel& m) {
+  if (f.lora.empty()) return;
+  const model::LoraSpec s = model::apply_peft_adapter(m, f.lora);
+  std::string targets;
+  for (model::LayerMatrix t : s.targets)
+    targets += std::string(targets.empty() ? "" : ",") + model::lora_target_name(t);
+  std::fprintf(stderr, "[lora] %s: rank %lld, alpha %g, on %s\n", f.lora.c_str(),
+               static_cast<long long>(s.rank), s.alpha, targets.c_str());
+}
+
+LoadedModel load_engine_model(const EngineFlags& f) {
+  LoadedModel m = load_model_and_tokenizer(f.model_path, engine_load_options(f));
+  apply_lora_flag(f, m.model);
+  return m;
 }
 
 infer::EngineOptions engine_options(const EngineFlags& f, const model::DecoderModel& model,

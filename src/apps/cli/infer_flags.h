@@ -35,14 +35,19 @@ struct EngineFlags {
   bool cuda = false;           // --device cuda: the engine runs on GPU 0
   bool cuda_shared = false;    // --cuda-forward shared: the shared forward pass on the GPU
   int64_t chunk_rows = 0;      // --chunk-rows: token rows per forward chunk; 0: from the weights
+  std::string lora;            // --lora: a PEFT adapter folder applied at load; empty: none
 };
 // How the engine commands load their model: --mmap, and on the CPU the weights rearranged into
 // the CPU kernels' preferred layout (model::use_cpu_layout).
 model::DecoderLoadOptions engine_load_options(const EngineFlags& f);
-// The table fragment of -m/--model, --threads, --ctx, --kv-type, --chunk-rows, --device,
+// The table fragment of -m/--model, --lora, --threads, --ctx, --kv-type, --chunk-rows, --device,
 // --cuda-forward, --mmap.
 Flags engine_flags();
 EngineFlags parse_engine_flags(const Args& a);
+// The flags' model with its tokenizer, loaded as engine_load_options says, and --lora applied.
+LoadedModel load_engine_model(const EngineFlags& f);
+// Applies --lora (if given) to m, saying on stderr what it applied.
+void apply_lora_flag(const EngineFlags& f, model::DecoderModel& m);
 // Builds the engine options (on the flags' thread pool) for `model` (kv capacity = ctx *
 // sequences).
 infer::EngineOptions engine_options(const EngineFlags& f, const model::DecoderModel& model,

@@ -101,6 +101,17 @@ class CpuBackend final : public ops::Backend {
                        const float* w, int64_t N, int64_t C, float eps) override {
     TS_CPU_OP(rmsnorm_forward, out, rstd, inp, w, N, C, eps);
   }
+  void head_rmsnorm(const ops::Context& ctx, float* x, int64_t ld, int64_t n, int64_t heads,
+                    int64_t D, const float* w, float eps) override {
+    TS_CPU_OP(head_rmsnorm, x, ld, n, heads, D, w, eps);
+  }
+  void head_rmsnorm_backward(const ops::Context& ctx, float* dx, float* dw, const float* dy,
+                             const float* x, int64_t ld, int64_t ld_x, int64_t n, int64_t heads,
+                             int64_t D, const float* w, float eps) override {
+    // A few hundred thousand values a layer: the reference loops (dw summed in one order).
+    (void)ctx;
+    ref::head_rmsnorm_backward(dx, dw, dy, x, ld, ld_x, n, heads, D, w, eps);
+  }
   void rmsnorm_backward(const ops::Context& ctx, float* dinp, float* dw, const float* dout,
                         const float* inp, const float* w, const float* rstd, int64_t N,
                         int64_t C) override {
@@ -128,6 +139,10 @@ class CpuBackend final : public ops::Backend {
   void matmul_wt(const ops::Context& ctx, float* y, int64_t ldy, const float* x, int64_t M,
                  int64_t K, const void* w, DType w_type, int64_t N, const float* bias) override {
     TS_CPU_OP(matmul_wt, y, ldy, x, M, K, w, w_type, N, bias);
+  }
+  void matmul_w(const ops::Context& ctx, float* dx, int64_t ldx, const float* dy, int64_t M,
+                int64_t N, const void* w, DType w_type, int64_t K, bool accumulate) override {
+    TS_CPU_OP(matmul_w, dx, ldx, dy, M, N, w, w_type, K, accumulate);
   }
   void matmul_wt_group(const ops::Context& ctx, const float* x, int64_t M, int64_t K,
                        std::span<const ops::WtProduct> products) override {

@@ -49,6 +49,9 @@ void rope_forward(ThreadPool& pool, float* out, const float* inp, const ops::Rop
 void rope_backward(ThreadPool& pool, float* dinp, const float* dout, const ops::RopeTable& table,
                    const int32_t* positions, int64_t pos0, int64_t B, int64_t T, int64_t H,
                    int64_t D, ops::RopeLayout layout);
+// Per-head RMSNorm in place (ops::head_rmsnorm; backend/cpu/llama_ops.cc), rows over the threads.
+void head_rmsnorm(ThreadPool& pool, float* x, int64_t ld, int64_t n, int64_t heads, int64_t D,
+                  const float* w, float eps);
 void swiglu_forward(ThreadPool& pool, float* out, const float* gate, const float* up, int64_t N,
                     int64_t F);
 void swiglu_backward(ThreadPool& pool, float* dgate, float* dup, const float* dout,
@@ -71,5 +74,10 @@ bool matmul_wt_takes_packed_gemm(DType w_type, int64_t M);
 // quantized once and all rows are shared out in one hand-off where the kernels allow.
 void matmul_wt_group(ThreadPool& pool, const float* x, int64_t M, int64_t K,
                      const ops::WtProduct* products, int64_t n_products);
+
+// Contract of ref::matmul_w (backend/cpu/matmul_w.cc): W widened kMatmulWPanel rows at a time
+// into scratch, each panel one f32 GEMM accumulating into dx.
+void matmul_w(ThreadPool& pool, float* dx, int64_t ldx, const float* dy, int64_t M, int64_t N,
+              const void* w, DType w_type, int64_t K, bool accumulate);
 
 }  // namespace tessera::cpu

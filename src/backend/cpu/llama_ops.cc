@@ -304,6 +304,21 @@ void rmsnorm_backward(ThreadPool& pool, float* dinp, float* dw, const float* dou
   (pool, dinp, dw, dout, inp, w, rstd, N, C, rows, partial.data());
 }
 
+void head_rmsnorm(ThreadPool& pool, float* x, int64_t ld, int64_t n, int64_t heads, int64_t D,
+                  const float* w, float eps) {
+  // A few hundred floats per row: rows in chunks of 16, each slice's sum in f32 then a multiply.
+  pool.parallel_for(n, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t h = 0; h < heads; ++h) {
+        float* s = x + r * ld + h * D;
+        float ss = 0.0f;
+        for (int64_t d = 0; d < D; ++d) ss += s[d] * s[d];
+        const float inv = 1.0f / std::sqrt(ss / static_cast<float>(D) + eps);
+        for (int64_t d = 0; d < D; ++d) s[d] = s[d] * inv * w[d];
+      }
+  });
+}
+
 void rope_forward(ThreadPool& pool, float* out, const float* inp, const ops::RopeTable& table,
                   const int32_t* positions, int64_t pos0, int64_t B, int64_t T, int64_t H,
                   int64_t D, ops::RopeLayout layout) {

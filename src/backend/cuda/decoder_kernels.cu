@@ -204,6 +204,12 @@ __global__ void f32_to_f16_kernel(uint16_t* dst, const float* src, int64_t n) {
     dst[i] = f16_bits(src[i]);
 }
 
+__global__ void f16_to_f32_kernel(float* dst, const uint16_t* src, int64_t n) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dst[i] = __half2float(__ushort_as_half(src[i]));
+}
+
 __global__ void gather_kernel(float* dst, const float* src, const int32_t* index, int64_t n,
                               int64_t C) {
   allow_dependent_launch();
@@ -346,6 +352,13 @@ void convert_f32_to_f16(uint16_t* dst, const float* src, int64_t n, cudaStream_t
   TS_CHECK(dst && src && n >= 0, "[convert_f32_to_f16] bad arguments (n=", n, ")");
   if (n == 0) return;
   f32_to_f16_kernel<<<grid(n), kThreads, 0, stream>>>(dst, src, n);
+  TS_CUDA_CHECK_LAUNCH();
+}
+
+void convert_f16_to_f32(float* dst, const uint16_t* src, int64_t n, cudaStream_t stream) {
+  TS_CHECK(dst && src && n >= 0, "[convert_f16_to_f32] bad arguments (n=", n, ")");
+  if (n == 0) return;
+  f16_to_f32_kernel<<<grid(n), kThreads, 0, stream>>>(dst, src, n);
   TS_CUDA_CHECK_LAUNCH();
 }
 

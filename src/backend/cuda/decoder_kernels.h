@@ -51,6 +51,8 @@ void dequantize_to_f16(uint16_t* dst, const void* w, DType type, int64_t N, int6
 
 // dst (n) f16 = src (n) f32 rounded to nearest even.
 void convert_f32_to_f16(uint16_t* dst, const float* src, int64_t n, cudaStream_t stream);
+// dst (n) f32 = src (n) f16, exactly.
+void convert_f16_to_f32(float* dst, const uint16_t* src, int64_t n, cudaStream_t stream);
 
 // dst (n, C) = src rows index[0 .. n) (device array of row numbers into src (*, C)), f32.
 void gather_rows(float* dst, const float* src, const int32_t* index, int64_t n, int64_t C,

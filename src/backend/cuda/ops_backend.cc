@@ -147,6 +147,27 @@ class CudaOpsBackend final : public ops::Backend {
       cuda::matmul_wt(y + r0 * ldy, ldy, x + r0 * K, m, K, w, w_type, N, bias, work, ws, s);
     }
   }
+  void matmul_w(const ops::Context& ctx, float* dx, int64_t ldx, const float* dy, int64_t M,
+                int64_t N, const void* w, DType w_type, int64_t K, bool accumulate) override {
+    cudaStream_t s = stream(ctx);
+    // dx (M,K) = dy (M,N) W (N,K): W widened to f32 (through f16 for the block types) in scratch,
+    // then one f32 product; the scratch holds N*K floats for the call only.
+    const void* wf = w;
+    if (w_type != DType::f32) {
+      auto* w32 = static_cast<float*>(scratch(N * K + (N * K + 1) / 2, sizeof(float)));
+      auto* w16 = reinterpret_cast<uint16_t*>(w32 + N * K);
+      dequantize_to_f16(w16, w, w_type, N, K, s);
+      convert_f16_to_f32(w32, w16, N * K, s);
+      wf = w32;
+    }
+    LtGemmArgs l;
+    l.m = M, l.n = K, l.k = N;
+    l.a = dy, l.lda = N, l.b = wf, l.ldb = K;
+    l.a_type = l.b_type = LtType::f32;
+    l.c = dx, l.c_type = LtType::f32, l.ldc = ldx;
+    l.accumulate = accumulate;
+    gemm_lt(l, s);
+  }
   void matmul_wt_group(const ops::Context& ctx, const float* x, int64_t M, int64_t K,
                        std::span<const ops::WtProduct> products) override {
     for (const ops::WtProduct& p : products)
@@ -169,6 +190,15 @@ class CudaOpsBackend final : public ops::Backend {
   void rmsnorm_forward(const ops::Context& ctx, float* out, float* rstd, const float* inp,
                        const float* w, int64_t N, int64_t C, float eps) override {
     cuda::rmsnorm_forward<float>(out, rstd, inp, w, N, C, eps, stream(ctx));
+  }
+  void head_rmsnorm(const ops::Context&, float*, int64_t, int64_t, int64_t, int64_t, const float*,
+                    float) override {
+    fail("[cuda] head_rmsnorm (the q/k norms of Qwen3) has no CUDA kernel yet; run on the CPU");
+  }
+  void head_rmsnorm_backward(const ops::Context&, float*, float*, const float*, const float*,
+                             int64_t, int64_t, int64_t, int64_t, int64_t, const float*,
+                             float) override {
+    fail("[cuda] head_rmsnorm_backward (Qwen3's q/k norms) has no CUDA kernel yet");
   }
   void rmsnorm_backward(const ops::Context& ctx, float* dinp, float* dw, const float* dout,
                         const float* inp, const float* w, const float* rstd, int64_t N,

@@ -2,6 +2,7 @@
 // every value is computed in double and rounded once, so these are the oracle for the tests.
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "backend/cpu/ref/ref_kernels.h"
 #include "core/error.h"
@@ -96,6 +97,42 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, 
     for (int64_t c = 0; c < C; ++c) o[c] = static_cast<float>(x[c] * r * w[c]);
     rstd[n] = static_cast<float>(r);
   }
+}
+
+void head_rmsnorm(float* x, int64_t ld, int64_t n, int64_t heads, int64_t D, const float* w,
+                  float eps) {
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t h = 0; h < heads; ++h) {
+      float* s = x + r * ld + h * D;
+      double ss = 0;
+      for (int64_t d = 0; d < D; ++d) ss += static_cast<double>(s[d]) * s[d];
+      const double inv = 1.0 / std::sqrt(ss / static_cast<double>(D) + eps);
+      for (int64_t d = 0; d < D; ++d) s[d] = static_cast<float>(s[d] * inv * w[d]);
+    }
+}
+
+void head_rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, int64_t ld,
+                           int64_t ld_x, int64_t n, int64_t heads, int64_t D, const float* w,
+                           float eps) {
+  std::vector<double> g(static_cast<size_t>(D));
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* xs = x + r * ld_x + h * D;
+      const float* dys = dy + r * ld + h * D;
+      double ss = 0;
+      for (int64_t d = 0; d < D; ++d) ss += static_cast<double>(xs[d]) * xs[d];
+      const double rs = 1.0 / std::sqrt(ss / static_cast<double>(D) + eps);
+      double mean = 0;
+      for (int64_t d = 0; d < D; ++d) {
+        g[static_cast<size_t>(d)] = static_cast<double>(dys[d]) * w[d];
+        mean += g[static_cast<size_t>(d)] * xs[d] * rs;
+        dw[d] += static_cast<float>(static_cast<double>(dys[d]) * xs[d] * rs);
+      }
+      mean /= static_cast<double>(D);
+      float* dxs = dx + r * ld + h * D;  // may be dys: each element read before it is written
+      for (int64_t d = 0; d < D; ++d)
+        dxs[d] = static_cast<float>(rs * (g[static_cast<size_t>(d)] - xs[d] * rs * mean));
+    }
 }
 
 // With xhat = x r and g = dout w, and dr/dx_j = -r^3 x_j / C:

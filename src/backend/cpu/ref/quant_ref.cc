@@ -1,5 +1,6 @@
 // Reference matmul against weights stored as f32/f16/bf16 or GGUF block formats: plain loops,
 // integer dot products per block as the SIMD kernels compute them (the test oracle).
+#include <algorithm>
 #include <vector>
 
 #include "backend/cpu/quant_act.h"
@@ -218,6 +219,24 @@ void matmul_wt(float* y, int64_t ldy, const float* x, int64_t M, int64_t K, cons
       const float acc = dot_row(plain, wr, qa, m);
       y[m * ldy + n] = bias ? acc + bias[n] : acc;
     }
+  }
+}
+
+void matmul_w(float* dx, int64_t ldx, const float* dy, int64_t M, int64_t N, const void* w,
+              DType w_type, int64_t K, bool accumulate) {
+  std::vector<float> wf(static_cast<size_t>(N * K));
+  for (int64_t j = 0; j < N; ++j) ops::dequantize_row(w, w_type, K, j, wf.data() + j * K);
+  std::vector<double> acc(static_cast<size_t>(K));
+  for (int64_t i = 0; i < M; ++i) {
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (int64_t j = 0; j < N; ++j) {
+      const double d = dy[i * N + j];
+      const float* wr = wf.data() + j * K;
+      for (int64_t k = 0; k < K; ++k) acc[static_cast<size_t>(k)] += d * wr[k];
+    }
+    float* out = dx + i * ldx;
+    for (int64_t k = 0; k < K; ++k)
+      out[k] = static_cast<float>((accumulate ? out[k] : 0.0) + acc[static_cast<size_t>(k)]);
   }
 }
 

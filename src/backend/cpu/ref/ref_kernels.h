@@ -49,6 +49,12 @@ void rope_forward(float* out, const float* inp, const ops::RopeTable& table,
 void rope_backward(float* dinp, const float* dout, const ops::RopeTable& table,
                    const int32_t* positions, int64_t pos0, int64_t B, int64_t T, int64_t H,
                    int64_t D, ops::RopeLayout layout);
+// Per-head RMSNorm in place (ops::head_rmsnorm), sums in double.
+void head_rmsnorm(float* x, int64_t ld, int64_t n, int64_t heads, int64_t D, const float* w,
+                  float eps);
+void head_rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, int64_t ld,
+                           int64_t ld_x, int64_t n, int64_t heads, int64_t D, const float* w,
+                           float eps);
 void swiglu_forward(float* out, const float* gate, const float* up, int64_t N, int64_t F);
 void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
                      const float* up, int64_t N, int64_t F);
@@ -59,5 +65,10 @@ void swiglu_backward(float* dgate, float* dup, const float* dout, const float* g
 // Arguments as ops::check_matmul_wt_args accepts them.
 void matmul_wt(float* y, int64_t ldy, const float* x, int64_t M, int64_t K, const void* w,
                DType w_type, int64_t N, const float* bias);
+
+// dx (M,K) (+)= dy (M,N) W (N,K), W of type w_type widened exactly; ldx >= K. Plain loops over
+// whole rows of W, accumulated in double (the oracle of cpu::matmul_w).
+void matmul_w(float* dx, int64_t ldx, const float* dy, int64_t M, int64_t N, const void* w,
+              DType w_type, int64_t K, bool accumulate);
 
 }  // namespace tessera::cpu::ref

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Greedy output of Tessera beside llama.cpp's on random-weight GGUF files of the model families
+# (scripts/make_synthetic_family.py: a real tokenizer, random weights), and of the Hugging Face
+# folder `tessera convert` makes of each file: the same text for every prompt, or the first
+# difference shown. llama.cpp's `llama-simple` (greedy) is built by scripts/build-llamacpp.sh.
+#   scripts/compare-llamacpp-families.sh [ARCH ...]     (default: llama qwen3)
+# Environment: OUT (/tmp/tessera-compare-families), N (32 tokens), TOKENIZER (the SmolLM2 file).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${OUT:-/tmp/tessera-compare-families}
+n=${N:-32}
+tok=${TOKENIZER:-$root/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+archs=("$@")
+[ ${#archs[@]} -gt 0 ] || archs=(llama qwen3)
+py=$root/.venv/bin/python3
+[ -x "$py" ] || py=python3
+tessera=$root/build/tessera
+simple=$("$root/scripts/build-llamacpp.sh" llama-simple | tail -1)
+libs=$(dirname "$simple")
+mkdir -p "$out"
+prompts=("The capital of France is" "Once upon a time" "def fibonacci(n):" "Water boils at")
+fail=0
+for arch in "${archs[@]}"; do
+  for prec in f32 f16; do
+    f=$out/$arch-$prec.gguf
+    extra=()
+    [ "$arch" = qwen3 ] && extra+=(--head-dim 96)  # heads wider than width / heads, as Qwen3's
+    [ "$prec" = f16 ] && extra+=(--f16)
+    "$py" "$root/scripts/make_synthetic_family.py" "$f" --arch "$arch" --tokenizer "$tok" \
+      "${extra[@]}" >/dev/null
+    "$tessera" convert "$f" "$out/$arch-$prec-hf" >/dev/null
+    for p in "${prompts[@]}"; do
+      theirs=$(LD_LIBRARY_PATH=$libs "$simple" -m "$f" -n "$n" "$p" 2>/dev/null)
+      for model in "$f" "$out/$arch-$prec-hf"; do
+        ours=$("$tessera" generate -m "$model" -p "$p" -n "$n" --temperature 0 --raw --threads 2 \
+          2>/dev/null)
+        kind=gguf
+        [ -d "$model" ] && kind=hf
+        if [ "$ours" = "$theirs" ]; then
+          echo "same   $arch $prec $kind: $p"
+        else
+          echo "DIFFER $arch $prec $kind: $p"
+          echo "  tessera:   $ours"
+          echo "  llama.cpp: $theirs"
+          fail=1
+        fi
+      done
+    done
+  done
+done
+exit $fail
