@@ -3,7 +3,7 @@
 # (scripts/make_synthetic_family.py: a real tokenizer, random weights), and of the Hugging Face
 # folder `tessera convert` makes of each file: the same text for every prompt, or the first
 # difference shown. llama.cpp's `llama-simple` (greedy) is built by scripts/build-llamacpp.sh.
-#   scripts/compare-llamacpp-families.sh [ARCH ...]     (default: llama qwen3)
+#   scripts/compare-llamacpp-families.sh [ARCH ...]     (default: llama qwen3 gemma3)
 # Environment: OUT (/tmp/tessera-compare-families), N (32 tokens), TOKENIZER (the SmolLM2 file).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -11,7 +11,7 @@ out=${OUT:-/tmp/tessera-compare-families}
 n=${N:-32}
 tok=${TOKENIZER:-$root/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 archs=("$@")
-[ ${#archs[@]} -gt 0 ] || archs=(llama qwen3)
+[ ${#archs[@]} -gt 0 ] || archs=(llama qwen3 gemma3)
 py=$root/.venv/bin/python3
 [ -x "$py" ] || py=python3
 tessera=$root/build/tessera
@@ -25,6 +25,8 @@ for arch in "${archs[@]}"; do
     f=$out/$arch-$prec.gguf
     extra=()
     [ "$arch" = qwen3 ] && extra+=(--head-dim 96)  # heads wider than width / heads, as Qwen3's
+    # Gemma 3: eight layers (local 0-4 and 6-7 over 16 positions, 5 global), wide heads.
+    [ "$arch" = gemma3 ] && extra+=(--layers 8 --head-dim 128 --kv-heads 1 --window 16)
     [ "$prec" = f16 ] && extra+=(--f16)
     "$py" "$root/scripts/make_synthetic_family.py" "$f" --arch "$arch" --tokenizer "$tok" \
       "${extra[@]}" >/dev/null

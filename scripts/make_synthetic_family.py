@@ -5,9 +5,11 @@ The tokenizer (every tokenizer.* key) is copied from a GGUF that has one (defaul
 file of scripts/install-deps.sh), so both engines tokenize prompts the same way; the weights are
 random f32 (or f16), scaled so that the next-token distribution is peaked enough for greedy
 decoding to be stable against rounding. Families: llama, qwen3 (per-head q/k norms, head_dim
-apart from width / heads). Needs numpy and the `gguf` package (pip).
+apart from width / heads), gemma3 (q/k norms, post-norms, GeGLU, scaled embeddings, five local layers of
+--window positions to each global one). Needs numpy and the `gguf` package (pip).
 usage: make_synthetic_family.py OUT.gguf --arch qwen3 [--layers 4] [--width 256] [--ffn 512]
-       [--heads 4] [--kv-heads 2] [--head-dim 64] [--tokenizer FILE.gguf] [--f16] [--seed 0]
+       [--heads 4] [--kv-heads 2] [--head-dim 64] [--window 16] [--tokenizer FILE.gguf] [--f16]
+       [--seed 0]
 """
 import argparse
 
@@ -45,13 +47,14 @@ def copy_tokenizer(src_path, w):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("--arch", choices=["llama", "qwen3"], default="qwen3")
+    ap.add_argument("--arch", choices=["llama", "qwen3", "gemma3"], default="qwen3")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--width", type=int, default=256)
     ap.add_argument("--ffn", type=int, default=512)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--kv-heads", type=int, default=2)
     ap.add_argument("--head-dim", type=int, default=0, help="0: width / heads")
+    ap.add_argument("--window", type=int, default=16, help="gemma3: local layers' window")
     ap.add_argument("--tokenizer", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
     ap.add_argument("--f16", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
@@ -73,7 +76,9 @@ def main():
     w.add_key_length(D)
     w.add_value_length(D)
     w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(1000000.0 if a.arch == "qwen3" else 10000.0)
+    w.add_rope_freq_base(10000.0 if a.arch == "llama" else 1000000.0)
+    if a.arch == "gemma3":
+        w.add_sliding_window(a.window)
     w.add_rope_dimension_count(D)
     w.add_vocab_size(V)
 
@@ -85,17 +90,22 @@ def main():
     def norm(n, spread=0.1):
         return (1.0 + spread * rng.standard_normal(n)).astype(np.float32)
 
-    w.add_tensor("token_embd.weight", mat(V, C, 4.0 * np.sqrt(C) / 8))
+    gemma = a.arch == "gemma3"
+    # Gemma scales looked-up rows by sqrt(C): rows of std 1 / sqrt(C) enter the stream at std 1.
+    w.add_tensor("token_embd.weight", mat(V, C, 1.0 if gemma else 4.0 * np.sqrt(C) / 8))
     for i in range(a.layers):
         p = "blk.%d." % i
         w.add_tensor(p + "attn_norm.weight", norm(C))
         w.add_tensor(p + "attn_q.weight", mat(H * D, C, 1.0))
         w.add_tensor(p + "attn_k.weight", mat(Hkv * D, C, 1.0))
         w.add_tensor(p + "attn_v.weight", mat(Hkv * D, C, 1.0))
-        if a.arch == "qwen3":
+        if a.arch in ("qwen3", "gemma3"):
             w.add_tensor(p + "attn_q_norm.weight", norm(D, 0.3))
             w.add_tensor(p + "attn_k_norm.weight", norm(D, 0.3))
         w.add_tensor(p + "attn_output.weight", mat(C, H * D, 1.0))
+        if gemma:
+            w.add_tensor(p + "post_attention_norm.weight", norm(C))
+            w.add_tensor(p + "post_ffw_norm.weight", norm(C))
         w.add_tensor(p + "ffn_norm.weight", norm(C))
         w.add_tensor(p + "ffn_gate.weight", mat(F, C, 1.0))
         w.add_tensor(p + "ffn_up.weight", mat(F, C, 1.0))

@@ -94,7 +94,12 @@ Engine::Engine(const model::DecoderModel& model, const EngineOptions& opts)
            "[engine] LoRA adapters run on the shared forward pass only (--cuda-forward shared), "
            "not on the CUDA device decoder");
   TS_CHECK(on_host || !opts_.device_decoder || !model_.config.qk_norm,
-           "[engine] the CUDA device decoder has no q/k norms (Qwen3); run on the CPU");
+           "[engine] the CUDA device decoder has no q/k norms (Qwen3, Gemma 3); run on the CPU");
+  TS_CHECK(on_host || !opts_.device_decoder ||
+               (!model_.config.post_norms && model_.config.local_layers.empty() &&
+                model_.config.mlp_act == ops::GluAct::silu && model_.config.embed_scale == 1.0f &&
+                model_.config.attn_scale == 0.0),
+           "[engine] the CUDA device decoder has none of Gemma 3's layer options; run on the CPU");
   if (!on_host && opts_.device_decoder) {
     // The device decoder runs the layers itself: the shared forward pass only looks the
     // embedding rows up for it, on the host.

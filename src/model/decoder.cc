@@ -50,18 +50,36 @@ void DecoderConfig::validate(const std::string& source) const {
              " values, expected ", rope_dim / 2);
     TS_CHECK(!qk_norm || rope_layout == ops::RopeLayout::half, "[model] ", source,
              ": q/k norms need the rotate-half row order (as Qwen3's files have it)");
+    TS_CHECK(local_layers.empty() || static_cast<int64_t>(local_layers.size()) == n_layers,
+             "[model] ", source, ": ", local_layers.size(), " layer kinds for ", n_layers,
+             " layers");
+    TS_CHECK(local_layers.empty() || sliding_window > 0, "[model] ", source,
+             ": local layers without a sliding window");
+    TS_CHECK(std::isfinite(rope_theta_local) && rope_theta_local > 1, "[model] ", source,
+             ": local rope theta must be > 1 (got ", rope_theta_local, ")");
+    TS_CHECK(std::isfinite(embed_scale) && embed_scale > 0, "[model] ", source,
+             ": embedding scale must be positive (got ", embed_scale, ")");
+    TS_CHECK(std::isfinite(attn_scale) && attn_scale >= 0, "[model] ", source,
+             ": attention scale must be positive (got ", attn_scale, ")");
   } else {
     TS_CHECK(n_kv_heads == n_heads && head_dim * n_heads == d_model, "[model] ", source,
              ": gpt2 needs head count * head dim == width and no grouped heads");
-    TS_CHECK(!qk_norm, "[model] ", source, ": gpt2 has no q/k norms");
+    TS_CHECK(!qk_norm && !post_norms && local_layers.empty() && mlp_act == ops::GluAct::silu &&
+                 embed_scale == 1.0f && attn_scale == 0.0,
+             "[model] ", source, ": gpt2 has none of the Llama-family layer options");
   }
 }
 
-std::vector<double> rope_inv_freqs(const DecoderConfig& cfg) {
+std::vector<double> rope_inv_freqs(const DecoderConfig& cfg, bool local) {
   const int64_t pairs = cfg.rope_dim / 2;
   std::vector<double> inv(static_cast<size_t>(pairs));
   for (int64_t i = 0; i < pairs; ++i) {
-    double f = std::pow(cfg.rope_theta, -2.0 * static_cast<double>(i) / cfg.rope_dim);
+    const double theta = local ? cfg.rope_theta_local : cfg.rope_theta;
+    double f = std::pow(theta, -2.0 * static_cast<double>(i) / cfg.rope_dim);
+    if (local) {
+      inv[static_cast<size_t>(i)] = f;
+      continue;
+    }
     if (cfg.rope_scaling == RopeScaling::linear) f /= cfg.rope_factor;
     if (cfg.rope_scaling == RopeScaling::llama3) {
       // Llama 3.1: long wavelengths are slowed by `factor`, short ones kept, and the band in

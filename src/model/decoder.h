@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -20,8 +21,8 @@ class GgufFile;
 namespace tessera::model {
 
 enum class DecoderArch : uint8_t {
-  llama,  // RMSNorm, RoPE, SwiGLU, GQA; covers Llama 1-3, SmolLM2, Mistral, Qwen2 (q/k/v bias),
-          // Qwen3 (q/k norms)
+  llama,  // RMSNorm, RoPE, gated MLP, GQA; covers Llama 1-3, SmolLM2, Mistral, Qwen2 (q/k/v
+          // bias), Qwen3 (q/k norms), Gemma 3 (q/k norms, post-norms, GeGLU, local layers)
   gpt2,   // LayerNorm with bias, learned positions, GELU MLP, biases everywhere
 };
 
@@ -61,15 +62,40 @@ struct DecoderConfig {
   // Each head of q and of k is RMS-normalized (weights q_norm, k_norm of head_dim) before RoPE
   // (Qwen3); its files keep the rotate-half row order.
   bool qk_norm = false;
+  // Gemma 3. Each branch's output is RMS-normalized (weights post_attn_norm, post_ffn_norm)
+  // before it joins the stream; the MLP's gate goes through mlp_act; looked-up embedding rows
+  // are multiplied by embed_scale (sqrt(d_model)); attention scores by attn_scale (0:
+  // 1/sqrt(head_dim)). Layers marked in local_layers attend over the last sliding_window
+  // positions and rotate with rope_theta_local, unscaled; the others attend over every earlier
+  // position with rope_theta and the rope scaling. Empty local_layers: every layer is alike
+  // (sliding_window, if set, applies to all).
+  bool post_norms = false;
+  ops::GluAct mlp_act = ops::GluAct::silu;
+  float embed_scale = 1.0f;
+  double attn_scale = 0.0;
+  std::vector<uint8_t> local_layers;  // (n_layers) 1: local, or empty
+  double rope_theta_local = 10000.0;
 
   int64_t q_dim() const { return n_heads * head_dim; }
   int64_t kv_dim() const { return n_kv_heads * head_dim; }
+  // Whether layer l is a local (sliding-window) layer of a model that mixes them.
+  bool local(int64_t l) const {
+    return !local_layers.empty() && local_layers[static_cast<size_t>(l)] != 0;
+  }
+  // The window layer l attends over (0: every earlier position).
+  int64_t window(int64_t l) const { return local_layers.empty() || local(l) ? sliding_window : 0; }
+  // The scale of the attention scores.
+  float score_scale() const {
+    return attn_scale > 0 ? static_cast<float>(attn_scale)
+                          : 1.0f / std::sqrt(static_cast<float>(head_dim));
+  }
   // Throws Error naming the field when a value is missing, non-positive or inconsistent.
   void validate(const std::string& source) const;
 };
 
-// Per-pair inverse frequencies of RoPE after scaling (rope_dim / 2 values).
-std::vector<double> rope_inv_freqs(const DecoderConfig& cfg);
+// Per-pair inverse frequencies of RoPE after scaling (rope_dim / 2 values); local: those of the
+// local layers (rope_theta_local, no scaling).
+std::vector<double> rope_inv_freqs(const DecoderConfig& cfg, bool local = false);
 
 // A weight matrix or vector in its stored type. Matrices are (rows, cols) row-major with cols
 // the input dimension (y = x W^T), so each row is a whole number of quant blocks.
@@ -106,13 +132,14 @@ enum class LayerMatrix : uint8_t { q, k, v, o, gate, up, down };
 inline constexpr int kLayerMatrices = 7;
 
 struct DecoderLayer {
-  WeightRef attn_norm, attn_norm_b;  // (C); _b gpt2 only
-  WeightRef wq, wk, wv, wo;          // (q_dim,C) (kv_dim,C) (kv_dim,C) (C,q_dim)
-  WeightRef bq, bk, bv, bo;          // optional biases
-  WeightRef ffn_norm, ffn_norm_b;    // (C)
-  WeightRef w_gate, w_up, w_down;    // (F,C) (F,C) (C,F); gate absent for gpt2
-  WeightRef b_up, b_down;            // gpt2 biases of fc and proj
-  WeightRef q_norm, k_norm;          // (head_dim) per-head norms of q and k (qk_norm only)
+  WeightRef attn_norm, attn_norm_b;         // (C); _b gpt2 only
+  WeightRef wq, wk, wv, wo;                 // (q_dim,C) (kv_dim,C) (kv_dim,C) (C,q_dim)
+  WeightRef bq, bk, bv, bo;                 // optional biases
+  WeightRef ffn_norm, ffn_norm_b;           // (C)
+  WeightRef w_gate, w_up, w_down;           // (F,C) (F,C) (C,F); gate absent for gpt2
+  WeightRef b_up, b_down;                   // gpt2 biases of fc and proj
+  WeightRef q_norm, k_norm;                 // (head_dim) per-head norms of q and k (qk_norm only)
+  WeightRef post_attn_norm, post_ffn_norm;  // (C) norms of the branches' outputs (post_norms)
 
   // Adapters on the matrices, indexed by LayerMatrix; absent unless a LoRA adapter is applied
   // (model/lora.h).
@@ -125,16 +152,18 @@ struct DecoderLayer {
   std::array<const WeightRef*, kLayerMatrices> matrices() const {
     return {&wq, &wk, &wv, &wo, &w_gate, &w_up, &w_down};
   }
-  // The twelve vectors (norms, biases, q/k norms; each absent where the family has none), for
-  // the loops that treat them alike: f32 checks, conversion, upload, counting.
-  static constexpr int kVectors = 12;
+  // The fourteen vectors (norms, biases, q/k norms, post-norms; each absent where the family has
+  // none), for the loops that treat them alike: f32 checks, conversion, upload, counting.
+  static constexpr int kVectors = 14;
   std::array<WeightRef*, kVectors> vectors() {
-    return {&attn_norm, &attn_norm_b, &ffn_norm, &ffn_norm_b, &bq,     &bk,
-            &bv,        &bo,          &b_up,     &b_down,     &q_norm, &k_norm};
+    return {
+        &attn_norm, &attn_norm_b, &ffn_norm, &ffn_norm_b,     &bq,           &bk, &bv, &bo, &b_up,
+        &b_down,    &q_norm,      &k_norm,   &post_attn_norm, &post_ffn_norm};
   }
   std::array<const WeightRef*, kVectors> vectors() const {
-    return {&attn_norm, &attn_norm_b, &ffn_norm, &ffn_norm_b, &bq,     &bk,
-            &bv,        &bo,          &b_up,     &b_down,     &q_norm, &k_norm};
+    return {
+        &attn_norm, &attn_norm_b, &ffn_norm, &ffn_norm_b,     &bq,           &bk, &bv, &bo, &b_up,
+        &b_down,    &q_norm,      &k_norm,   &post_attn_norm, &post_ffn_norm};
   }
   const LoraRef& adapter(LayerMatrix m) const { return lora[static_cast<size_t>(m)]; }
   bool has_adapters() const {

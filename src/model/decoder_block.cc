@@ -114,7 +114,7 @@ void block_forward(const ops::Context& ctx, const DecoderConfig& c, const Decode
   const int64_t C = c.d_model, QD = c.q_dim(), KV = c.kv_dim();
   const bool llama = c.arch == DecoderArch::llama;
 
-  // Attention branch: mid = in + wo attention(q, k, v of norm(in)).
+  // Attention branch: mid = in + [post-norm] wo attention(q, k, v of norm(in)).
   norm_forward(ctx, c, t.xn1, t.mean1, t.rstd1, t.in, n, w.attn_norm, w.attn_norm_b);
   // q, k and v read the same input: one grouped product into the rows of qkv.
   const int64_t QKV = QD + 2 * KV;
@@ -145,9 +145,12 @@ void block_forward(const ops::Context& ctx, const DecoderConfig& c, const Decode
     const ops::Scope scope(ctx, stage_name(Stage::attn_out));
     lora_forward(ctx, w.adapter(M::o), t.branch, C, t.att, n, t.lora_u);
   }
+  if (c.post_norms)
+    ops::rmsnorm_forward(ctx, t.branch, t.post_rstd, t.branch,
+                         static_cast<const float*>(w.post_attn_norm.data), n, C, c.norm_eps);
   ops::add(ctx, t.mid, t.in, t.branch, n * C);
 
-  // MLP branch: out = mid + down(act(up(norm(mid)))).
+  // MLP branch: out = mid + [post-norm] down(act(up(norm(mid)))).
   norm_forward(ctx, c, t.xn2, t.mean2, t.rstd2, t.mid, n, w.ffn_norm, w.ffn_norm_b);
   const int64_t F = c.d_ff;
   if (llama) {
@@ -159,7 +162,7 @@ void block_forward(const ops::Context& ctx, const DecoderConfig& c, const Decode
       lora_forward(ctx, w.adapter(M::up), t.ff_up, F, t.xn2, n, t.lora_u);
     }
     if (stop_after_ff_in) return;
-    ops::swiglu_forward(ctx, t.ff_act, t.ff_in, t.ff_up, n, F);
+    ops::glu_forward(ctx, t.ff_act, t.ff_in, t.ff_up, n, F, c.mlp_act);
   } else {
     linear_forward(ctx, Stage::mlp_in, t.ff_in, t.xn2, n, w.w_up, w.b_up);
     if (w.adapter(M::up).present()) {
@@ -174,6 +177,9 @@ void block_forward(const ops::Context& ctx, const DecoderConfig& c, const Decode
     const ops::Scope scope(ctx, stage_name(Stage::mlp_down));
     lora_forward(ctx, w.adapter(M::down), t.branch, C, t.ff_act, n, t.lora_u);
   }
+  if (c.post_norms)
+    ops::rmsnorm_forward(ctx, t.branch, t.post_rstd, t.branch,
+                         static_cast<const float*>(w.post_ffn_norm.data), n, C, c.norm_eps);
   ops::add(ctx, t.out, t.mid, t.branch, n * C);
 }
 

@@ -26,25 +26,27 @@ const char* stage_name(Stage s);
 // reads; the engine points every layer at one scratch set and runs in place (mid == out == in,
 // ff_act == ff_in), which the order of the ops below allows.
 struct BlockTensors {
-  const float* in = nullptr;  // (n,C) the residual stream entering the layer
-  float* mid = nullptr;       // (n,C) the stream after the attention branch; may be in
-  float* out = nullptr;       // (n,C) the stream after the MLP branch; may be mid
-  float* branch = nullptr;    // (n,C) a branch's output before it joins the stream
-  float* xn1 = nullptr;       // (n,C) attention norm output
-  float* mean1 = nullptr;     // (n) its mean (layer norm only)
-  float* rstd1 = nullptr;     // (n) its 1/std
-  float* qkv = nullptr;       // (n,QKV) each row q | k | v
-  float* att = nullptr;       // (n,q_dim) attention output
-  float* xn2 = nullptr;       // (n,C) MLP norm output; may be xn1
-  float* mean2 = nullptr;     // (n)
-  float* rstd2 = nullptr;     // (n)
-  float* ff_in = nullptr;     // (n,F) c_fc output (GPT-2) or gate projection (Llama)
-  float* ff_up = nullptr;     // (n,F) up projection (Llama only)
-  float* ff_act = nullptr;    // (n,F) GELU(ff_in) or SwiGLU(gate, up); may be ff_in
-  float* lora_u = nullptr;    // (n, largest adapter rank): x A^T of an adapter; only when the
-                              // layer has adapters (LoraRef), which the forward adds in place
-  float* qk_raw = nullptr;    // (n, q_dim + kv_dim): q and k before their norms (qk_norm), kept
-                              // for the backward; null where nothing is kept (the engine)
+  const float* in = nullptr;   // (n,C) the residual stream entering the layer
+  float* mid = nullptr;        // (n,C) the stream after the attention branch; may be in
+  float* out = nullptr;        // (n,C) the stream after the MLP branch; may be mid
+  float* branch = nullptr;     // (n,C) a branch's output before it joins the stream
+  float* xn1 = nullptr;        // (n,C) attention norm output
+  float* mean1 = nullptr;      // (n) its mean (layer norm only)
+  float* rstd1 = nullptr;      // (n) its 1/std
+  float* qkv = nullptr;        // (n,QKV) each row q | k | v
+  float* att = nullptr;        // (n,q_dim) attention output
+  float* xn2 = nullptr;        // (n,C) MLP norm output; may be xn1
+  float* mean2 = nullptr;      // (n)
+  float* rstd2 = nullptr;      // (n)
+  float* ff_in = nullptr;      // (n,F) c_fc output (GPT-2) or gate projection (Llama)
+  float* ff_up = nullptr;      // (n,F) up projection (Llama only)
+  float* ff_act = nullptr;     // (n,F) GELU(ff_in) or SwiGLU(gate, up); may be ff_in
+  float* lora_u = nullptr;     // (n, largest adapter rank): x A^T of an adapter; only when the
+                               // layer has adapters (LoraRef), which the forward adds in place
+  float* qk_raw = nullptr;     // (n, q_dim + kv_dim): q and k before their norms (qk_norm), kept
+                               // for the backward; null where nothing is kept (the engine)
+  float* post_rstd = nullptr;  // (n) the post-norms' 1/rms (post_norms), not kept: the engine's
+                               // only (the trainer refuses post-norms)
 };
 
 // How a layer's queries meet keys and values: att (n, q_dim) from qkv (n, QKV). It applies the

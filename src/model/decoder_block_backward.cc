@@ -107,7 +107,7 @@ void block_backward(const ops::Context& ctx, const DecoderConfig& c, const Decod
   // the down product reads it for dW before it writes dbig.
   lin(s.dbig, false, dresid, t.ff_act, w.w_down, g.w_down, g.b_down, M::down);
   if (llama) {
-    ops::swiglu_backward(ctx, s.dbig, s.dup, s.dbig, t.ff_in, t.ff_up, n, F);
+    ops::glu_backward(ctx, s.dbig, s.dup, s.dbig, t.ff_in, t.ff_up, n, F, c.mlp_act);
     lin(s.dx, false, s.dbig, t.xn2, w.w_gate, g.w_gate, {}, M::gate);
     lin(s.dx, true, s.dup, t.xn2, w.w_up, g.w_up, g.b_up, M::up);
   } else {

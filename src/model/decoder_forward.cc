@@ -59,8 +59,9 @@ class DecoderForward::PagedAttention final : public BlockAttention {
     ops::copy_rows(ctx, k, KV, qkv + QD, ld, n, KV);
     const int32_t* pos = f_.ints(kPos);
     if (c.arch == DecoderArch::llama) {
-      ops::rope_forward(ctx, q, q, f_.rope_, pos, 0, 1, n, H, D, c.rope_layout);
-      ops::rope_forward(ctx, k, k, f_.rope_, pos, 0, 1, n, Hkv, D, c.rope_layout);
+      const ops::RopeTable& rope = c.local(l) ? f_.rope_local_ : f_.rope_;
+      ops::rope_forward(ctx, q, q, rope, pos, 0, 1, n, H, D, c.rope_layout);
+      ops::rope_forward(ctx, k, k, rope, pos, 0, 1, n, Hkv, D, c.rope_layout);
     }
     const int64_t eb = dtype_bytes(kv_.layout.kv_type, 1);
     uint8_t* base = kv_.base + l * kv_.layer_stride * eb;
@@ -86,9 +87,9 @@ class DecoderForward::PagedAttention final : public BlockAttention {
     a.block_tables = f_.ints(kTables);
     a.table_stride = f_.table_stride_;
     a.n_keys = f_.ints(kNKeys);
-    if (c.sliding_window > 0) a.first_key = f_.ints(kFirstKey);
+    if (c.window(l) > 0) a.first_key = f_.ints(kFirstKey);
     a.max_keys = max_keys_;
-    a.scale = 1.0f / std::sqrt(static_cast<float>(D));
+    a.scale = c.score_scale();
     ops::paged_attention(ctx, a);
   }
 
@@ -112,14 +113,21 @@ DecoderForward::DecoderForward(const DecoderModel& model, const ops::Context& ct
     TS_CHECK(std::fabs(c.norm_eps - 1e-5f) < 1e-9f, "[model] gpt2 layer norm epsilon ", c.norm_eps,
              " is not supported (1e-5)");
   } else {
+    // Local layers (c.local) rotate with their own table; on a device each table's cos then sin.
     rope_ = ops::make_rope_table(max_ctx, rope_inv_freqs(c));
+    if (!c.local_layers.empty())
+      rope_local_ = ops::make_rope_table(max_ctx, rope_inv_freqs(c, true));
     if (!on_host_) {
       const size_t half = rope_.cos.size() * sizeof(float);
-      rope_device_ = ops::Buffer(ctx.device, 2 * half);
-      ops::copy(ctx, rope_device_.data(), rope_.cos.data(), half, ops::CopyKind::host_to_device);
-      ops::copy(ctx, rope_device_.as<uint8_t>() + half, rope_.sin.data(), half,
-                ops::CopyKind::host_to_device);
-      rope_.device = rope_device_.as<float>();
+      const size_t tables = c.local_layers.empty() ? 1 : 2;
+      rope_device_ = ops::Buffer(ctx.device, 2 * half * tables);
+      for (size_t i = 0; i < tables; ++i) {
+        ops::RopeTable& t = i == 0 ? rope_ : rope_local_;
+        uint8_t* at = rope_device_.as<uint8_t>() + 2 * half * i;
+        ops::copy(ctx, at, t.cos.data(), half, ops::CopyKind::host_to_device);
+        ops::copy(ctx, at + half, t.sin.data(), half, ops::CopyKind::host_to_device);
+        t.device = reinterpret_cast<const float*>(at);
+      }
     }
   }
   x_host_.resize(static_cast<size_t>(max_rows * c.d_model));
@@ -134,6 +142,8 @@ void DecoderForward::embed(const DecoderRows& rows) {
   for (int64_t r = 0; r < rows.n; ++r) {
     float* xr = x_host_.data() + r * C;
     ops::dequantize_row(w.tok_embd.data, w.tok_embd.type, C, rows.tokens[r], xr);
+    if (model_.config.embed_scale != 1.0f)
+      for (int64_t i = 0; i < C; ++i) xr[i] *= model_.config.embed_scale;
     if (w.pos_embd.present()) {
       ops::dequantize_row(w.pos_embd.data, w.pos_embd.type, C, rows.pos[r], pos_row_.data());
       for (int64_t i = 0; i < C; ++i) xr[i] += pos_row_[static_cast<size_t>(i)];
@@ -248,6 +258,7 @@ void DecoderForward::run_layers(int64_t n, int64_t m, int64_t max_keys, int64_t 
   t.ff_in = t.ff_act = buf(kFfA);
   t.ff_up = buf(kFfB);
   t.lora_u = buf(kLora);
+  t.post_rstd = buf(kStatA);  // the layer norm's mean, which RMSNorm models leave unused
   PagedAttention attention(*this, kv, max_keys);
   for (int64_t l = 0; l < c.n_layers; ++l)
     block_forward(ctx_, c, w.layers[static_cast<size_t>(l)], l, n, t, attention);

@@ -99,8 +99,8 @@ class DecoderForward {
   ops::Context ctx_;
   bool on_host_;  // ctx.device's memory is the host's
   int64_t max_rows_, max_ctx_;
-  ops::RopeTable rope_;
-  ops::Buffer rope_device_;              // cos then sin, where the device is not the CPU
+  ops::RopeTable rope_, rope_local_;  // rope_local_: local layers' (DecoderConfig::local)
+  ops::Buffer rope_device_;           // each table's cos then sin, where the device is not the CPU
   std::vector<float> x_host_, pos_row_;  // embeddings; one learned position row (GPT-2)
   // Activations on the device (allocated at the first forward): see acts_ indices in the .cc.
   std::vector<ops::Buffer> acts_;

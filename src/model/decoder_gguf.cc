@@ -1,6 +1,7 @@
 // Loads a decoder model from GGUF: llama.cpp's metadata keys and tensor names for the llama,
 // qwen2 and gpt2 architectures; weights stay in their stored type and point into the file.
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
@@ -81,6 +82,40 @@ WeightRef row_slice(const WeightRef& w, int64_t row0, int64_t rows) {
   return WeightRef{base + row0 * row_bytes, w.type, Shape({rows, w.cols()})};
 }
 
+// Gemma 3's options, as llama.cpp reads them: post-norms, GeGLU, embeddings scaled by
+// sqrt(width), five local (sliding-window) layers to each global one unless the file lists them
+// (attention.sliding_window_pattern), local RoPE base rope.freq_base_swa (10000 if absent), and
+// attention scaled by 1/sqrt(head_dim) unless attention.scale says otherwise (llama.cpp's rule for
+// the 62-layer 27B model: 1/sqrt(width / heads)). Soft-capping is refused.
+void read_gemma3(const formats::GgufFile& f, const GgufDecoderReader& r, DecoderConfig* c) {
+  for (const char* key : {"final_logit_softcapping", "attn_logit_softcapping"})
+    TS_CHECK(r.get_float_or(key, 0.0) == 0.0, "[gguf] ", f.path(), ": gemma3.", key,
+             " is set; logit soft-capping is not implemented");
+  c->post_norms = true;
+  c->mlp_act = ops::GluAct::gelu_tanh;
+  c->embed_scale = std::sqrt(static_cast<float>(c->d_model));
+  c->attn_scale = r.get_float_or("attention.scale", 0.0);
+  if (c->attn_scale == 0.0 && c->n_layers == 62)
+    c->attn_scale = 1.0 / std::sqrt(static_cast<double>(c->d_model / c->n_heads));
+  TS_CHECK(c->sliding_window > 0, "[gguf] ", f.path(),
+           ": gemma3.attention.sliding_window is missing or 0");
+  c->rope_theta_local = r.get_float_or("rope.freq_base_swa", 10000.0);
+  c->local_layers.assign(static_cast<size_t>(c->n_layers), 0);
+  const std::string pattern_key = "gemma3.attention.sliding_window_pattern";
+  if (f.has(pattern_key)) {
+    const formats::GgufArray& a = f.get_array(pattern_key);
+    TS_CHECK(static_cast<int64_t>(a.items.size()) == c->n_layers, "[gguf] ", f.path(), ": ",
+             pattern_key, " has ", a.items.size(), " entries for ", c->n_layers, " layers");
+    for (size_t i = 0; i < a.items.size(); ++i) {
+      const bool* b = a.items[i].get_if<bool>();
+      TS_CHECK(b != nullptr, "[gguf] ", f.path(), ": ", pattern_key, " must hold booleans");
+      c->local_layers[i] = *b ? 1 : 0;
+    }
+  } else {
+    for (int64_t i = 0; i < c->n_layers; ++i) c->local_layers[static_cast<size_t>(i)] = i % 6 < 5;
+  }
+}
+
 DecoderConfig read_config(const formats::GgufFile& f, const std::string& arch) {
   GgufDecoderReader r(f, arch);
   DecoderConfig c;
@@ -109,13 +144,17 @@ DecoderConfig read_config(const formats::GgufFile& f, const std::string& arch) {
     // llama.cpp's converter permutes llama q/k rows for the interleaved ("normal") rotation;
     // qwen2 files keep the rotate-half ("neox") order.
     // qwen3 likewise, and RMS-normalizes each head of q and k.
-    c.rope_layout =
-        arch == "qwen2" || arch == "qwen3" ? ops::RopeLayout::half : ops::RopeLayout::interleaved;
+    // gemma3 likewise, with q/k norms too.
+    const bool gemma3 = arch == "gemma3";
+    c.rope_layout = arch == "qwen2" || arch == "qwen3" || gemma3 ? ops::RopeLayout::half
+                                                                 : ops::RopeLayout::interleaved;
     c.qk_norm = f.find("blk.0.attn_q_norm.weight") != nullptr;
-    TS_CHECK(!c.qk_norm || arch == "qwen3", "[gguf] ", f.path(),
-             ": tensor 'blk.0.attn_q_norm.weight' in a ", arch, " file (q/k norms are Qwen3's)");
-    TS_CHECK(c.qk_norm || arch != "qwen3", "[gguf] ", f.path(),
-             ": a qwen3 file without 'blk.0.attn_q_norm.weight'");
+    TS_CHECK(!c.qk_norm || arch == "qwen3" || gemma3, "[gguf] ", f.path(),
+             ": tensor 'blk.0.attn_q_norm.weight' in a ", arch,
+             " file (q/k norms are Qwen3's and Gemma 3's)");
+    TS_CHECK(c.qk_norm || (arch != "qwen3" && !gemma3), "[gguf] ", f.path(), ": a ", arch,
+             " file without 'blk.0.attn_q_norm.weight'");
+    if (gemma3) read_gemma3(f, r, &c);
     const std::string scaling_key = arch + ".rope.scaling.type";
     if (f.has(scaling_key)) {
       const std::string& type = f.get_string(scaling_key);
@@ -157,10 +196,10 @@ DecoderModel load_decoder_gguf(const std::string& path, const DecoderLoadOptions
   auto file = std::make_shared<const formats::GgufFile>(path, gopts);
   const formats::GgufFile& f = *file;
   const std::string& arch = f.get_string("general.architecture");
-  TS_CHECK(
-      arch == "llama" || arch == "qwen2" || arch == "qwen3" || arch == "mistral" || arch == "gpt2",
-      "[gguf] ", path, ": general.architecture '", arch,
-      "' is not supported (llama, qwen2, qwen3, mistral, gpt2)");
+  TS_CHECK(arch == "llama" || arch == "qwen2" || arch == "qwen3" || arch == "gemma3" ||
+               arch == "mistral" || arch == "gpt2",
+           "[gguf] ", path, ": general.architecture '", arch,
+           "' is not supported (llama, qwen2, qwen3, gemma3, mistral, gpt2)");
 
   DecoderModel m;
   m.config = read_config(f, arch);
@@ -207,6 +246,10 @@ DecoderModel load_decoder_gguf(const std::string& path, const DecoderLoadOptions
       if (c.qk_norm) {
         l.q_norm = r.tensor(p + "attn_q_norm.weight", Shape({c.head_dim}));
         l.k_norm = r.tensor(p + "attn_k_norm.weight", Shape({c.head_dim}));
+      }
+      if (c.post_norms) {
+        l.post_attn_norm = r.tensor(p + "post_attention_norm.weight", Shape({C}));
+        l.post_ffn_norm = r.tensor(p + "post_ffw_norm.weight", Shape({C}));
       }
       if (c.qkv_bias) {
         l.bq = r.tensor(p + "attn_q.bias", Shape({Q}));

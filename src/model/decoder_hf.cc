@@ -82,9 +82,10 @@ std::string hf_architecture(const json& j, const std::string& path) {
   if (t == "mistral") return "MistralForCausalLM";
   if (t == "qwen2") return "Qwen2ForCausalLM";
   if (t == "qwen3") return "Qwen3ForCausalLM";
+  if (t == "gemma3_text") return "Gemma3ForCausalLM";
   if (t == "gpt2") return "GPT2LMHeadModel";
   fail("[hf] ", path, ": field 'model_type' is \"", t,
-       "\", not llama, mistral, qwen2, qwen3 or gpt2");
+       "\", not llama, mistral, qwen2, qwen3, gemma3_text or gpt2");
 }
 
 // One rope-scaling object (transformers 4's top-level 'rope_scaling', or transformers 5's
@@ -121,11 +122,37 @@ void read_rope_block(const json& rs, const std::string& path, const std::string&
   TS_CHECK(c->rope_factor > 0, "[hf] ", path, ": missing field '", where, ".factor'");
 }
 
+// transformers 5's Gemma 3 layout: 'rope_parameters' holds one block per layer type,
+// 'full_attention' (the global layers: rope_theta and any scaling) and 'sliding_attention' (the
+// local layers: rope_theta only).
+void read_layer_type_rope(const ConfigFields& f, DecoderConfig* c) {
+  const json& rp = f.at("rope_parameters");
+  const std::string where = "rope_parameters";
+  for (const auto& [kind, block] : rp.items())
+    TS_CHECK(kind == "full_attention" || kind == "sliding_attention", "[hf] ", f.path(),
+             ": field '", where, ".", kind, "' names no layer type this model has");
+  const ConfigFields full(rp["full_attention"], f.path() + " " + where + ".full_attention");
+  c->rope_theta = full.get_float_or("rope_theta", 10000.0);
+  read_rope_block(rp["full_attention"], f.path(), where + ".full_attention", c);
+  if (!rp.contains("sliding_attention")) return;
+  const ConfigFields local(rp["sliding_attention"], f.path() + " " + where + ".sliding_attention");
+  c->rope_theta_local = local.get_float_or("rope_theta", 10000.0);
+  DecoderConfig plain;
+  read_rope_block(rp["sliding_attention"], f.path(), where + ".sliding_attention", &plain);
+  TS_CHECK(plain.rope_scaling == RopeScaling::none, "[hf] ", f.path(), ": field '", where,
+           ".sliding_attention' scales the local layers' rotation; only the global layers' "
+           "scaling is supported");
+}
+
 // The rotary settings in either layout: transformers 4 writes top-level 'rope_theta' and
 // 'rope_scaling'; transformers 5 writes 'rope_parameters' {rope_type, rope_theta, and the
 // type's own fields}. Both present and disagreeing is an error naming both, never a guess.
 void read_rope(const ConfigFields& f, DecoderConfig* c) {
   constexpr double kDefaultTheta = 10000.0;  // transformers' default for the Llama family
+  if (f.has("rope_parameters") && f.at("rope_parameters").contains("full_attention")) {
+    read_layer_type_rope(f, c);
+    return;
+  }
   const bool top_theta = f.has("rope_theta");
   c->rope_theta = f.get_float_or("rope_theta", kDefaultTheta);
   if (f.has("rope_scaling")) read_rope_block(f.at("rope_scaling"), f.path(), "rope_scaling", c);
@@ -184,8 +211,8 @@ DecoderConfig llama_config(const ConfigFields& f, const std::string& arch) {
   // Mistral 7B v0.1 attends over a 4096-token window (later Mistrals set it to null). Qwen2
   // carries a window it does not use unless use_sliding_window, and then only on some layers.
   const bool qwen = arch == "Qwen2ForCausalLM" || arch == "Qwen3ForCausalLM";
-  if (f.get_bool_or("use_sliding_window", !qwen) && f.has("sliding_window") &&
-      !f.at("sliding_window").is_null()) {
+  if (arch != "Gemma3ForCausalLM" && f.get_bool_or("use_sliding_window", !qwen) &&
+      f.has("sliding_window") && !f.at("sliding_window").is_null()) {
     TS_CHECK(!qwen, "[hf] ", f.path(),
              ": 'use_sliding_window' is true; Qwen's per-layer sliding window is not supported");
     c.sliding_window = f.get_int("sliding_window");
@@ -193,13 +220,54 @@ DecoderConfig llama_config(const ConfigFields& f, const std::string& arch) {
   // Qwen2 always has q/k/v biases (and none on o); Llama's attention_bias (and Qwen3's) puts one
   // on all four. Qwen3 normalizes each head of q and k.
   c.qkv_bias = arch == "Qwen2ForCausalLM" || f.get_bool_or("attention_bias", false);
-  c.qk_norm = arch == "Qwen3ForCausalLM";
+  c.qk_norm = arch == "Qwen3ForCausalLM" || arch == "Gemma3ForCausalLM";
   TS_CHECK(!f.get_bool_or("mlp_bias", false), "[hf] ", f.path(),
            ": field 'mlp_bias' is true; MLP biases are not supported for Llama models");
-  if (f.has("hidden_act"))
-    TS_CHECK(f.at("hidden_act") == "silu", "[hf] ", f.path(), ": field 'hidden_act' is ",
-             f.at("hidden_act").dump(), "; only silu is supported");
+  // Gemma names its activation 'hidden_activation' (GeGLU's tanh GELU), the others 'hidden_act'.
+  const bool gemma = arch == "Gemma3ForCausalLM";
+  const char* act_key = gemma ? "hidden_activation" : "hidden_act";
+  const char* act = gemma ? "gelu_pytorch_tanh" : "silu";
+  if (f.has(act_key))
+    TS_CHECK(f.at(act_key) == act, "[hf] ", f.path(), ": field '", act_key, "' is ",
+             f.at(act_key).dump(), "; only ", act, " is supported for ", arch);
   read_rope(f, &c);
+  return c;
+}
+
+// Gemma 3 (Gemma3ForCausalLM, the text model): a Llama-family layer with q/k norms, post-norms,
+// GeGLU, scaled embeddings, attention scaled by query_pre_attn_scalar^-1/2, and local layers
+// (layer_types, or every sliding_window_pattern-th layer global) with their own RoPE base.
+DecoderConfig gemma3_config(const ConfigFields& f) {
+  DecoderConfig c = llama_config(f, "Gemma3ForCausalLM");
+  for (const char* key : {"final_logit_softcapping", "attn_logit_softcapping"})
+    TS_CHECK(!f.has(key), "[hf] ", f.path(), ": field '", key,
+             "' is set; logit soft-capping is not implemented");
+  TS_CHECK(!f.get_bool_or("use_bidirectional_attention", false), "[hf] ", f.path(),
+           ": field 'use_bidirectional_attention' is true; only causal attention is supported");
+  c.tied_embeddings = f.get_bool_or("tie_word_embeddings", true);
+  c.post_norms = true;
+  c.mlp_act = ops::GluAct::gelu_tanh;
+  c.embed_scale = std::sqrt(static_cast<float>(c.d_model));
+  c.attn_scale = 1.0 / std::sqrt(f.get_float_or("query_pre_attn_scalar", 256.0));
+  c.sliding_window = f.get_int("sliding_window");
+  if (!f.has("rope_parameters"))
+    c.rope_theta_local = f.get_float_or("rope_local_base_freq", 10000.0);
+  c.local_layers.assign(static_cast<size_t>(c.n_layers), 0);
+  if (f.has("layer_types")) {
+    const json& types = f.at("layer_types");
+    TS_CHECK(types.is_array() && static_cast<int64_t>(types.size()) == c.n_layers, "[hf] ",
+             f.path(), ": field 'layer_types' must list one type per layer (", c.n_layers, ")");
+    for (size_t i = 0; i < types.size(); ++i) {
+      TS_CHECK(types[i] == "sliding_attention" || types[i] == "full_attention", "[hf] ", f.path(),
+               ": field 'layer_types' entry ", i, " is ", types[i].dump(),
+               "; supported: sliding_attention, full_attention");
+      c.local_layers[i] = types[i] == "sliding_attention";
+    }
+  } else {
+    const int64_t period = f.get_int_or("sliding_window_pattern", 6);
+    for (int64_t i = 0; i < c.n_layers; ++i)
+      c.local_layers[static_cast<size_t>(i)] = (i + 1) % period != 0;
+  }
   return c;
 }
 
@@ -356,13 +424,16 @@ class WeightBuilder {
     return {dst, e.dtype, expected};
   }
 
-  WeightRef vector_f32(const std::string& name, int64_t n) {
+  // offset is added to every value (Gemma stores its norm weights w for a scale of 1 + w).
+  WeightRef vector_f32(const std::string& name, int64_t n, float offset = 0.0f) {
     std::string file;
     const formats::SafetensorsEntry& e = entry(name, Shape({n}), &file);
     auto* dst = reinterpret_cast<float*>(alloc(n * 4));
     // f32 is read with memcpy; 16-bit entries are always 2-byte aligned (every dtype the reader
     // accepts has an even size, and the data section starts 8-byte aligned).
     to_f32(e.dtype, e.data, dst, n);
+    if (offset != 0.0f)
+      for (int64_t i = 0; i < n; ++i) dst[i] += offset;
     return {dst, DType::f32, Shape({n})};
   }
 
@@ -424,8 +495,17 @@ void load_llama_weights(const DecoderConfig& c, bool o_bias, FolderTensors& t, W
   for (int64_t i = 0; i < c.n_layers; ++i) {
     const std::string p = cat("model.layers.", i, ".");
     DecoderLayer& l = w.layers[static_cast<size_t>(i)];
-    l.attn_norm = b.vector_f32(p + "input_layernorm.weight", C);
-    l.ffn_norm = b.vector_f32(p + "post_attention_layernorm.weight", C);
+    // Gemma's norms scale by 1 + w (llama.cpp's converter adds the 1 as well), and its
+    // post_attention_layernorm is the attention branch's post-norm, not the MLP's input norm.
+    const float one = c.post_norms ? 1.0f : 0.0f;
+    l.attn_norm = b.vector_f32(p + "input_layernorm.weight", C, one);
+    if (c.post_norms) {
+      l.post_attn_norm = b.vector_f32(p + "post_attention_layernorm.weight", C, one);
+      l.ffn_norm = b.vector_f32(p + "pre_feedforward_layernorm.weight", C, one);
+      l.post_ffn_norm = b.vector_f32(p + "post_feedforward_layernorm.weight", C, one);
+    } else {
+      l.ffn_norm = b.vector_f32(p + "post_attention_layernorm.weight", C);
+    }
     l.wq = b.matrix(p + "self_attn.q_proj.weight", Shape({Q, C}));
     l.wk = b.matrix(p + "self_attn.k_proj.weight", Shape({KV, C}));
     l.wv = b.matrix(p + "self_attn.v_proj.weight", Shape({KV, C}));
@@ -437,14 +517,14 @@ void load_llama_weights(const DecoderConfig& c, bool o_bias, FolderTensors& t, W
     }
     if (o_bias) l.bo = b.vector_f32(p + "self_attn.o_proj.bias", C);
     if (c.qk_norm) {
-      l.q_norm = b.vector_f32(p + "self_attn.q_norm.weight", c.head_dim);
-      l.k_norm = b.vector_f32(p + "self_attn.k_norm.weight", c.head_dim);
+      l.q_norm = b.vector_f32(p + "self_attn.q_norm.weight", c.head_dim, one);
+      l.k_norm = b.vector_f32(p + "self_attn.k_norm.weight", c.head_dim, one);
     }
     l.w_gate = b.matrix(p + "mlp.gate_proj.weight", Shape({F, C}));
     l.w_up = b.matrix(p + "mlp.up_proj.weight", Shape({F, C}));
     l.w_down = b.matrix(p + "mlp.down_proj.weight", Shape({C, F}));
   }
-  w.out_norm = b.vector_f32("model.norm.weight", C);
+  w.out_norm = b.vector_f32("model.norm.weight", C, c.post_norms ? 1.0f : 0.0f);
   w.output = output_head(c, t, b, w.tok_embd);
 }
 
@@ -497,11 +577,12 @@ DecoderModel load_decoder_hf(const std::string& folder) {
     m.config = gpt2_config(f);
   } else {
     TS_CHECK(arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" ||
-                 arch == "Qwen2ForCausalLM" || arch == "Qwen3ForCausalLM",
+                 arch == "Qwen2ForCausalLM" || arch == "Qwen3ForCausalLM" ||
+                 arch == "Gemma3ForCausalLM",
              "[hf] ", cfg_path, ": field 'architectures' names ", arch,
              "; supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-             "Qwen3ForCausalLM, GPT2LMHeadModel");
-    m.config = llama_config(f, arch);
+             "Qwen3ForCausalLM, Gemma3ForCausalLM, GPT2LMHeadModel");
+    m.config = arch == "Gemma3ForCausalLM" ? gemma3_config(f) : llama_config(f, arch);
     o_bias = arch != "Qwen2ForCausalLM" && m.config.qkv_bias;
   }
   DecoderConfig& c = m.config;

@@ -128,6 +128,22 @@ void set_u32(formats::GgufWriter& w, const std::string& key, int64_t v) {
   w.set(key, static_cast<uint32_t>(v));  // validate() bounds every dimension far below 2^32
 }
 
+// The layer options a GGUF architecture implies (read_config sets them from the name alone):
+// a model whose options differ from its family's cannot be written without changing it.
+void check_gguf_family(const DecoderConfig& c, const std::string& arch, const std::string& path) {
+  if (arch == "gpt2") return;
+  const bool gemma3 = arch == "gemma3";
+  const bool fits = gemma3 ? c.qk_norm && c.mlp_act == ops::GluAct::gelu_tanh &&
+                                 !c.local_layers.empty() &&
+                                 c.embed_scale == std::sqrt(static_cast<float>(c.d_model))
+                           : c.mlp_act == ops::GluAct::silu && c.local_layers.empty() &&
+                                 c.embed_scale == 1.0f && c.attn_scale == 0.0;
+  TS_CHECK(fits, "[save] ", path, ": the model's layer options (q/k norms ", c.qk_norm,
+           ", post-norms ", c.post_norms, ", activation ", ops::glu_act_name(c.mlp_act),
+           ", embedding scale ", c.embed_scale, ", local layers ", !c.local_layers.empty(),
+           ") are not those of a GGUF '", arch, "' file");
+}
+
 void write_gguf_metadata(const DecoderModel& m, formats::GgufWriter& w, const std::string& arch) {
   const DecoderConfig& c = m.config;
   w.set("general.architecture", arch);
@@ -148,6 +164,15 @@ void write_gguf_metadata(const DecoderModel& m, formats::GgufWriter& w, const st
   }
   w.set(a + "attention.layer_norm_rms_epsilon", c.norm_eps);
   if (c.sliding_window > 0) set_u32(w, a + "attention.sliding_window", c.sliding_window);
+  if (arch == "gemma3") {
+    // What llama.cpp fixes for gemma3 (local RoPE base, the pattern of local layers, the
+    // attention scale) is written out, so that another model's values are not lost.
+    w.set(a + "rope.freq_base_swa", static_cast<float>(c.rope_theta_local));
+    w.set(a + "attention.scale", c.score_scale());
+    std::vector<bool> local(c.local_layers.begin(), c.local_layers.end());
+    w.set(a + "attention.sliding_window_pattern",
+          formats::gguf_array(formats::GgufType::boolean, local));
+  }
   w.set(a + "rope.freq_base", static_cast<float>(c.rope_theta));
   set_u32(w, a + "rope.dimension_count", c.rope_dim);
   if (c.rope_scaling == RopeScaling::linear) {
@@ -218,6 +243,12 @@ void write_gguf_llama(const DecoderModel& m, GgufTensorSink& s, const std::strin
       require(l.k_norm, p + "attn_k_norm", path);
       s.f32(p + "attn_q_norm.weight", l.q_norm);
       s.f32(p + "attn_k_norm.weight", l.k_norm);
+    }
+    if (c.post_norms) {
+      require(l.post_attn_norm, p + "post_attention_norm", path);
+      require(l.post_ffn_norm, p + "post_ffw_norm", path);
+      s.f32(p + "post_attention_norm.weight", l.post_attn_norm);
+      s.f32(p + "post_ffw_norm.weight", l.post_ffn_norm);
     }
     s.f32(p + "ffn_norm.weight", l.ffn_norm);
     s.raw(p + "ffn_gate.weight", l.w_gate);
@@ -300,8 +331,11 @@ void save_decoder_gguf(const DecoderModel& m, const std::string& path,
            w.layers.size(), " layers, config says ", c.n_layers);
   const bool gpt2 = c.arch == DecoderArch::gpt2;
   formats::GgufWriter writer;
-  // Qwen3 files keep q/k in the rotate-half order (llama.cpp's qwen3 rotates NeoX-style).
-  write_gguf_metadata(m, writer, gpt2 ? "gpt2" : c.qk_norm ? "qwen3" : "llama");
+  // Qwen3 and Gemma 3 files keep q/k in the rotate-half order (llama.cpp rotates them
+  // NeoX-style); Gemma 3 is the family with post-norms.
+  const std::string arch = gpt2 ? "gpt2" : c.post_norms ? "gemma3" : c.qk_norm ? "qwen3" : "llama";
+  check_gguf_family(c, arch, path);
+  write_gguf_metadata(m, writer, arch);
   if (!w.layers.empty() && w.layers[0].wq.present()) {
     const DType t = w.layers[0].wq.type;
     writer.set("general.file_type", gguf_file_type(t));

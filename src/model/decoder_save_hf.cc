@@ -97,6 +97,33 @@ json llama_hf_config(const DecoderConfig& c, bool o_bias, DType dtype) {
   } else {
     j["use_sliding_window"] = false;
   }
+  if (c.post_norms) {  // Gemma 3, the family with post-norms
+    TS_CHECK(c.qk_norm && !c.qkv_bias && !o_bias && c.mlp_act == ops::GluAct::gelu_tanh &&
+                 !c.local_layers.empty() &&
+                 c.embed_scale == std::sqrt(static_cast<float>(c.d_model)),
+             "[save] the model's layer options are not those of Gemma3ForCausalLM");
+    j["architectures"] = json::array({"Gemma3ForCausalLM"});
+    j["model_type"] = "gemma3_text";
+    j.erase("hidden_act");
+    j.erase("use_sliding_window");
+    j["hidden_activation"] = "gelu_pytorch_tanh";
+    j["attention_bias"] = false;
+    const double s = c.score_scale();
+    j["query_pre_attn_scalar"] = float_for_json(static_cast<float>(1.0 / (s * s)));
+    j["sliding_window"] = c.sliding_window;
+    j["rope_local_base_freq"] = c.rope_theta_local;
+    json types = json::array();
+    for (uint8_t local : c.local_layers)
+      types.push_back(local ? "sliding_attention" : "full_attention");
+    j["layer_types"] = types;
+    j["final_logit_softcapping"] = nullptr;
+    j["attn_logit_softcapping"] = nullptr;
+  } else {
+    TS_CHECK(c.mlp_act == ops::GluAct::silu && c.local_layers.empty() && c.embed_scale == 1.0f &&
+                 c.attn_scale == 0.0,
+             "[save] the model's layer options are not those of ",
+             j["architectures"][0].get<std::string>());
+  }
   if (c.rope_scaling == RopeScaling::linear)
     j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", c.rope_factor}};
   if (c.rope_scaling == RopeScaling::llama3)
@@ -133,11 +160,17 @@ void write_hf_llama(const DecoderModel& m, HfTensorSink& s, bool o_bias, const s
     if (permute) return s.rows(name, r, order);
     s.ref(name, r);
   };
+  auto norm = [&](const std::string& name, const WeightRef& r) {
+    if (!c.post_norms) return s.ref(name, r);
+    std::vector<float> v = as_f32(r);
+    for (float& x : v) x -= 1.0f;
+    s.values(name, r.shape, v);
+  };
   for (size_t i = 0; i < m.weights.layers.size(); ++i) {
     const DecoderLayer& l = m.weights.layers[i];
     const std::string p = cat("model.layers.", i, ".");
     for (const auto& [ref, what] : NamedRefs{{&l.attn_norm, "input_layernorm"},
-                                             {&l.ffn_norm, "post_attention_layernorm"},
+                                             {&l.ffn_norm, "ffn_norm"},
                                              {&l.wq, "q_proj"},
                                              {&l.wk, "k_proj"},
                                              {&l.wv, "v_proj"},
@@ -146,8 +179,17 @@ void write_hf_llama(const DecoderModel& m, HfTensorSink& s, bool o_bias, const s
                                              {&l.w_up, "up_proj"},
                                              {&l.w_down, "down_proj"}})
       require(*ref, p + what, path);
-    s.ref(p + "input_layernorm.weight", l.attn_norm);
-    s.ref(p + "post_attention_layernorm.weight", l.ffn_norm);
+    if (c.post_norms) {  // Gemma: norms stored as w for a scale of 1 + w
+      require(l.post_attn_norm, p + "post_attn_norm", path);
+      require(l.post_ffn_norm, p + "post_ffn_norm", path);
+      norm(p + "input_layernorm.weight", l.attn_norm);
+      norm(p + "post_attention_layernorm.weight", l.post_attn_norm);
+      norm(p + "pre_feedforward_layernorm.weight", l.ffn_norm);
+      norm(p + "post_feedforward_layernorm.weight", l.post_ffn_norm);
+    } else {
+      s.ref(p + "input_layernorm.weight", l.attn_norm);
+      s.ref(p + "post_attention_layernorm.weight", l.ffn_norm);
+    }
     qk(p + "self_attn.q_proj.weight", l.wq, q_order);
     qk(p + "self_attn.k_proj.weight", l.wk, k_order);
     s.ref(p + "self_attn.v_proj.weight", l.wv);
@@ -174,15 +216,15 @@ void write_hf_llama(const DecoderModel& m, HfTensorSink& s, bool o_bias, const s
     if (c.qk_norm) {  // rotate-half order (validate): the norm weights need no permutation
       require(l.q_norm, p + "self_attn.q_norm", path);
       require(l.k_norm, p + "self_attn.k_norm", path);
-      s.ref(p + "self_attn.q_norm.weight", l.q_norm);
-      s.ref(p + "self_attn.k_norm.weight", l.k_norm);
+      norm(p + "self_attn.q_norm.weight", l.q_norm);
+      norm(p + "self_attn.k_norm.weight", l.k_norm);
     }
     s.ref(p + "mlp.gate_proj.weight", l.w_gate);
     s.ref(p + "mlp.up_proj.weight", l.w_up);
     s.ref(p + "mlp.down_proj.weight", l.w_down);
   }
   s.ref("model.embed_tokens.weight", m.weights.tok_embd);
-  s.ref("model.norm.weight", m.weights.out_norm);
+  norm("model.norm.weight", m.weights.out_norm);
 }
 
 void write_hf_gpt2(const DecoderModel& m, HfTensorSink& s, const std::string& path) {

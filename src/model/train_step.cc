@@ -54,12 +54,12 @@ void TrainModel::Impl::layer_backward(int64_t l, int64_t B, int64_t T) {
   const int64_t N = B * T;
   const LayerActs& a = acts[static_cast<size_t>(l)];
   if (recompute == Recompute::block) layer_forward(l, B, T, /*recompute_only=*/true);
-  // The MLP's activation (GELU, or SwiGLU of gate and up): kept per layer with
+  // The MLP's activation (GELU, or the gated activation of gate and up): kept per layer with
   // Recompute::none, else recomputed into dbig (a.gelu == dbig).
   const int64_t F = view.config.d_ff;
   if (recompute != Recompute::none) {
     if (view.config.arch == DecoderArch::llama)
-      ops::swiglu_forward(ctx, a.gelu, a.fch, a.fup, N, F);
+      ops::glu_forward(ctx, a.gelu, a.fch, a.fup, N, F, view.config.mlp_act);
     else
       ops::gelu_forward(ctx, a.gelu, a.fch, N * F);
   }

@@ -73,10 +73,11 @@ class Backend {
   virtual void rope_backward(const Context& ctx, float* dinp, const float* dout,
                              const RopeTable& table, const int32_t* positions, int64_t pos0,
                              int64_t B, int64_t T, int64_t H, int64_t D, RopeLayout layout) = 0;
-  virtual void swiglu_forward(const Context& ctx, float* out, const float* gate, const float* up,
-                              int64_t N, int64_t F) = 0;
-  virtual void swiglu_backward(const Context& ctx, float* dgate, float* dup, const float* dout,
-                               const float* gate, const float* up, int64_t N, int64_t F) = 0;
+  virtual void glu_forward(const Context& ctx, float* out, const float* gate, const float* up,
+                           int64_t N, int64_t F, GluAct act) = 0;
+  virtual void glu_backward(const Context& ctx, float* dgate, float* dup, const float* dout,
+                            const float* gate, const float* up, int64_t N, int64_t F,
+                            GluAct act) = 0;
 
   virtual void matmul_wt(const Context& ctx, float* y, int64_t ldy, const float* x, int64_t M,
                          int64_t K, const void* w, DType w_type, int64_t N, const float* bias) = 0;

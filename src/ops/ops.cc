@@ -239,16 +239,20 @@ void rope_backward(const Context& ctx, float* dinp, const float* dout, const Rop
               D, layout);
 }
 
-void swiglu_forward(const Context& ctx, float* out, const float* gate, const float* up, int64_t N,
-                    int64_t F) {
-  TS_DISPATCH(swiglu_forward, (OpShape{"n f", {N, F}}), swiglu_forward_cost(N, F), out, gate, up, N,
-              F);
+const char* glu_act_name(GluAct a) {
+  return a == GluAct::silu ? "silu" : "gelu_tanh";
 }
 
-void swiglu_backward(const Context& ctx, float* dgate, float* dup, const float* dout,
-                     const float* gate, const float* up, int64_t N, int64_t F) {
-  TS_DISPATCH(swiglu_backward, (OpShape{"n f", {N, F}}), elementwise_cost(N * F, 10, 5), dgate, dup,
-              dout, gate, up, N, F);
+void glu_forward(const Context& ctx, float* out, const float* gate, const float* up, int64_t N,
+                 int64_t F, GluAct act) {
+  TS_DISPATCH(glu_forward, (OpShape{"n f", {N, F}}), glu_forward_cost(N, F), out, gate, up, N, F,
+              act);
+}
+
+void glu_backward(const Context& ctx, float* dgate, float* dup, const float* dout,
+                  const float* gate, const float* up, int64_t N, int64_t F, GluAct act) {
+  TS_DISPATCH(glu_backward, (OpShape{"n f", {N, F}}), elementwise_cost(N * F, 10, 5), dgate, dup,
+              dout, gate, up, N, F, act);
 }
 
 // Per element: square-accumulate, two multiplies; reads inp and w, writes out (rstd negligible).
@@ -268,8 +272,9 @@ OpCost rope_cost(int64_t B, int64_t T, int64_t H, int64_t D, int64_t rotary_dim)
   return c;
 }
 
-// Per element: exp (counted as 1), add, divide, two multiplies; reads gate and up, writes out.
-OpCost swiglu_forward_cost(int64_t N, int64_t F) {
+// Per element: exp (counted as 1), add, divide, two multiplies (SiLU; the tanh GELU's few more
+// are not counted apart); reads gate and up, writes out.
+OpCost glu_forward_cost(int64_t N, int64_t F) {
   OpCost c;
   c.flops = 5.0 * N * F;
   c.bytes = 4.0 * 3.0 * N * F;

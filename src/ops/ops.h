@@ -144,7 +144,7 @@ OpCost gemm_cost(const GemmArgs& g);
 OpCost attention_forward_cost(int64_t B, int64_t T, int64_t C, int64_t H, int64_t Hkv);
 OpCost attention_backward_cost(int64_t B, int64_t T, int64_t C, int64_t H, int64_t Hkv);
 
-// ---- Llama family: RMSNorm, rotary position embedding (RoPE), SwiGLU ----
+// ---- Llama family: RMSNorm, rotary position embedding (RoPE), gated MLP activations ----
 
 // out (N,C) = inp * rstd * w; saves rstd (N) = 1 / sqrt(mean(inp^2) + eps). out may alias inp.
 void rmsnorm_forward(const Context& ctx, float* out, float* rstd, const float* inp, const float* w,
@@ -200,16 +200,22 @@ void rope_backward(const Context& ctx, float* dinp, const float* dout, const Rop
                    const int32_t* positions, int64_t pos0, int64_t B, int64_t T, int64_t H,
                    int64_t D, RopeLayout layout);
 
-// out (N,F) = silu(gate) * up, silu(x) = x / (1 + exp(-x)); gate, up (N,F). out may alias either.
-void swiglu_forward(const Context& ctx, float* out, const float* gate, const float* up, int64_t N,
-                    int64_t F);
-// dgate (N,F) = dout * up * silu'(gate), dup (N,F) = dout * silu(gate) (both overwritten; each
+// The gated MLP activations: act(gate) * up with act SiLU (SwiGLU: Llama, Qwen) or the tanh
+// GELU (GeGLU: Gemma's gelu_pytorch_tanh).
+enum class GluAct : uint8_t { silu, gelu_tanh };
+const char* glu_act_name(GluAct a);
+
+// out (N,F) = act(gate) * up, silu(x) = x / (1 + exp(-x)), gelu_tanh(x) = x/2 (1 + tanh(sqrt(2/pi)
+// (x + 0.044715 x^3))); gate, up (N,F). out may alias either.
+void glu_forward(const Context& ctx, float* out, const float* gate, const float* up, int64_t N,
+                 int64_t F, GluAct act);
+// dgate (N,F) = dout * up * act'(gate), dup (N,F) = dout * act(gate) (both overwritten; each
 // may alias dout, or its own input).
-void swiglu_backward(const Context& ctx, float* dgate, float* dup, const float* dout,
-                     const float* gate, const float* up, int64_t N, int64_t F);
+void glu_backward(const Context& ctx, float* dgate, float* dup, const float* dout,
+                  const float* gate, const float* up, int64_t N, int64_t F, GluAct act);
 
 OpCost rmsnorm_forward_cost(int64_t N, int64_t C);
 OpCost rope_cost(int64_t B, int64_t T, int64_t H, int64_t D, int64_t rotary_dim);
-OpCost swiglu_forward_cost(int64_t N, int64_t F);
+OpCost glu_forward_cost(int64_t N, int64_t F);
 
 }  // namespace tessera::ops

@@ -21,6 +21,7 @@
 namespace tessera {
 namespace {
 
+using ops::GluAct;
 using ops::RopeLayout;
 using test::Buf;
 using test::kEpsF;
@@ -556,12 +557,12 @@ TEST(Swiglu, ForwardAndBackwardMatchReferenceAndThreadCount) {
       put_special_gates(g.p, n);
       Buf rout(n, off), rdg(n, off), rdu(n, off);
       std::vector<float> out1, dg1, du1;
-      cpu::ref::swiglu_forward(rout.p, g.p, u.p, N, F);
-      cpu::ref::swiglu_backward(rdg.p, rdu.p, dy.p, g.p, u.p, N, F);
+      cpu::ref::glu_forward(rout.p, g.p, u.p, N, F, GluAct::silu);
+      cpu::ref::glu_backward(rdg.p, rdu.p, dy.p, g.p, u.p, N, F, GluAct::silu);
       for (int threads = 1; threads <= 3; ++threads) {
         Buf out(n, off), dg(n, off), du(n, off);
-        cpu::swiglu_forward(pool(threads), out.p, g.p, u.p, N, F);
-        cpu::swiglu_backward(pool(threads), dg.p, du.p, dy.p, g.p, u.p, N, F);
+        cpu::glu_forward(pool(threads), out.p, g.p, u.p, N, F, GluAct::silu);
+        cpu::glu_backward(pool(threads), dg.p, du.p, dy.p, g.p, u.p, N, F, GluAct::silu);
         if (threads == 1) {
           out1.assign(out.p, out.p + n);
           dg1.assign(dg.p, dg.p + n);
@@ -597,13 +598,13 @@ TEST(Swiglu, OutputsMayAliasInputs) {
   const int64_t N = 3, F = 37, n = N * F;
   const Buf g = normal_buf(n, 1, 510, 3.0f), u = normal_buf(n, 1, 511), dy = normal_buf(n, 1, 512);
   Buf out(n, 1), dg(n, 1), du(n, 1);
-  cpu::swiglu_forward(pool(2), out.p, g.p, u.p, N, F);
-  cpu::swiglu_backward(pool(2), dg.p, du.p, dy.p, g.p, u.p, N, F);
+  cpu::glu_forward(pool(2), out.p, g.p, u.p, N, F, GluAct::silu);
+  cpu::glu_backward(pool(2), dg.p, du.p, dy.p, g.p, u.p, N, F, GluAct::silu);
   Buf g2 = g;  // out aliases gate
-  cpu::swiglu_forward(pool(2), g2.p, g2.p, u.p, N, F);
+  cpu::glu_forward(pool(2), g2.p, g2.p, u.p, N, F, GluAct::silu);
   EXPECT_TRUE(same_bits(g2.p, out.p, n));
   Buf dy2 = dy, u2 = u;  // dgate aliases dout, dup aliases up
-  cpu::swiglu_backward(pool(2), dy2.p, u2.p, dy2.p, g.p, u2.p, N, F);
+  cpu::glu_backward(pool(2), dy2.p, u2.p, dy2.p, g.p, u2.p, N, F, GluAct::silu);
   EXPECT_TRUE(same_bits(dy2.p, dg.p, n));
   EXPECT_TRUE(same_bits(u2.p, du.p, n));
 }
@@ -625,9 +626,9 @@ TEST(GradCheck, Swiglu) {
   for (int variant = 0; variant < 2; ++variant) {
     std::vector<float> dg(n), du(n);
     if (variant == 0)
-      cpu::swiglu_backward(pool(3), dg.data(), du.data(), r.p, g.data(), u0.p, 1, n);
+      cpu::glu_backward(pool(3), dg.data(), du.data(), r.p, g.data(), u0.p, 1, n, GluAct::silu);
     else
-      cpu::ref::swiglu_backward(dg.data(), du.data(), r.p, g.data(), u0.p, 1, n);
+      cpu::ref::glu_backward(dg.data(), du.data(), r.p, g.data(), u0.p, 1, n, GluAct::silu);
     for (int64_t i = 0; i < n; ++i) {
       // |silu'| <= 1.1 and |silu(g)| <= |g|; the f32 results are within 10 eps relative of
       // their terms (see the reference test), so these bound the analytic side.
@@ -636,6 +637,99 @@ TEST(GradCheck, Swiglu) {
                   10 * kEpsF * dyu * (1 + std::fabs(gd[i])) + kFdAllow)
           << "g=" << gd[i] << " variant=" << variant;
       ASSERT_NEAR(du[i], central_diff(ud, i, f), 6 * kEpsF * std::fabs(r[i] * gd[i]) + kFdAllow)
+          << "g=" << gd[i] << " variant=" << variant;
+    }
+  }
+}
+
+// GeGLU (Gemma): the SIMD kernel against the double reference on every target and thread count,
+// and the reference against an independent double evaluation of gelu through tanh.
+TEST(Geglu, ForwardAndBackwardMatchReferenceAndThreadCount) {
+  for_each_target([&] {
+    for (const auto& [N, F] : kGluShapes) {
+      const int64_t n = N * F;
+      const int off = static_cast<int>((N + F) % 2);
+      Buf g = normal_buf(n, off, 530 + F, 3.0f), u = normal_buf(n, off, 531 + F),
+          dy = normal_buf(n, off, 532 + F);
+      put_special_gates(g.p, n);
+      Buf rout(n, off), rdg(n, off), rdu(n, off);
+      cpu::ref::glu_forward(rout.p, g.p, u.p, N, F, GluAct::gelu_tanh);
+      cpu::ref::glu_backward(rdg.p, rdu.p, dy.p, g.p, u.p, N, F, GluAct::gelu_tanh);
+      std::vector<float> out1, dg1, du1;
+      for (int threads = 1; threads <= 3; ++threads) {
+        Buf out(n, off), dg(n, off), du(n, off);
+        cpu::glu_forward(pool(threads), out.p, g.p, u.p, N, F, GluAct::gelu_tanh);
+        cpu::glu_backward(pool(threads), dg.p, du.p, dy.p, g.p, u.p, N, F, GluAct::gelu_tanh);
+        if (threads == 1) {
+          out1.assign(out.p, out.p + n);
+          dg1.assign(dg.p, dg.p + n);
+          du1.assign(du.p, du.p + n);
+        } else {
+          ASSERT_TRUE(same_bits(out.p, out1.data(), n) && same_bits(dg.p, dg1.data(), n) &&
+                      same_bits(du.p, du1.data(), n))
+              << "N=" << N << " F=" << F << " threads=" << threads;
+        }
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        const double gi = g[i];
+        const double t = std::tanh(0.79788456080286535588 * (gi + 0.044715 * gi * gi * gi));
+        const double gelu = 0.5 * gi * (1 + t);
+        // The reference, in double, is the tanh form up to rounding (where 1 + t has not
+        // cancelled: the reference's sigmoid form is the accurate one below g = -5).
+        if (gi > -5) {
+          ASSERT_NEAR(rout[i], gelu * u[i], kEpsF * std::fabs(gelu * u[i]) + 1e-37) << "g=" << gi;
+        }
+        // The kernel's sigmoid(2u) costs an Exp (1 ulp), a divide and the cubic's roundings,
+        // amplified where u is large by |du/dx| |x| <= 3 |u|: 12 eps (1 + |g|) relative. It caps
+        // -2u at 80 (gelu-inl.h), so below g ~ -5.4 it returns x / (1 + e^80) instead of ~0:
+        // an absolute 2e-35 (1 + g^2) besides.
+        const double floor_f = 4 * FLT_MIN * (1 + std::fabs(gi)) + 2e-35 * (1 + gi * gi);
+        ASSERT_NEAR(
+            out1[i], rout[i],
+            12 * kEpsF * (1 + std::fabs(gi)) * std::fabs(rout[i]) + floor_f * std::fabs(u[i]))
+            << "g=" << gi << " N=" << N << " F=" << F;
+        const double dyu = std::fabs(double{dy[i]} * u[i]);
+        ASSERT_NEAR(dg1[i], rdg[i], 40 * kEpsF * (1 + gi * gi) * dyu + floor_f * dyu)
+            << "g=" << gi << " N=" << N << " F=" << F;
+        ASSERT_NEAR(
+            du1[i], rdu[i],
+            12 * kEpsF * (1 + std::fabs(gi)) * std::fabs(rdu[i]) + floor_f * std::fabs(dy[i]))
+            << "g=" << gi << " N=" << N << " F=" << F;
+      }
+    }
+  });
+}
+
+TEST(GradCheck, Geglu) {
+  const int64_t n = 203;
+  const Buf g0 = normal_buf(n, 0, 540, 3.0f), u0 = normal_buf(n, 0, 541), r = normal_buf(n, 0, 542);
+  Vec gd(g0.p, g0.p + n), ud(u0.p, u0.p + n);
+  gd[0] = 0;
+  gd[1] = -0.75;  // near gelu's minimum, where gelu' = 0
+  gd[2] = 12;
+  gd[3] = -12;
+  std::vector<float> g(gd.begin(), gd.end());
+  auto f = [&]() {
+    double s = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double x = gd[i];
+      s += 0.5 * x * (1 + std::tanh(0.79788456080286535588 * (x + 0.044715 * x * x * x))) * ud[i] *
+           r[i];
+    }
+    return s;
+  };
+  for (int variant = 0; variant < 2; ++variant) {
+    std::vector<float> dg(n), du(n);
+    if (variant == 0)
+      cpu::glu_backward(pool(3), dg.data(), du.data(), r.p, g.data(), u0.p, 1, n,
+                        GluAct::gelu_tanh);
+    else
+      cpu::ref::glu_backward(dg.data(), du.data(), r.p, g.data(), u0.p, 1, n, GluAct::gelu_tanh);
+    for (int64_t i = 0; i < n; ++i) {
+      const double dyu = std::fabs(double{r[i]} * u0[i]);
+      ASSERT_NEAR(dg[i], central_diff(gd, i, f), 40 * kEpsF * dyu * (1 + gd[i] * gd[i]) + kFdAllow)
+          << "g=" << gd[i] << " variant=" << variant;
+      ASSERT_NEAR(du[i], central_diff(ud, i, f), 12 * kEpsF * std::fabs(r[i] * gd[i]) + kFdAllow)
           << "g=" << gd[i] << " variant=" << variant;
     }
   }
@@ -677,8 +771,10 @@ TEST(LlamaOps, BadArgumentsThrowNamingTheParameter) {
   expect_error([&] { cpu::ref::rmsnorm_forward(buf, buf, buf, buf, 2, -3, 1e-6f); }, "C=-3");
   expect_error([&] { cpu::rmsnorm_backward(pool(1), buf, buf, buf, buf, buf, buf, 2, 0); }, "C=0");
   expect_error([&] { cpu::rmsnorm_forward(pool(1), buf, buf, buf, buf, 2, 4, -1.0f); }, "eps");
-  expect_error([&] { cpu::swiglu_forward(pool(1), buf, buf, buf, 2, 0); }, "F=0");
-  expect_error([&] { cpu::ref::swiglu_backward(buf, buf, buf, buf, buf, -1, 4); }, "N=-1");
+  expect_error([&] { cpu::glu_forward(pool(1), buf, buf, buf, 2, 0, GluAct::silu); }, "F=0");
+  expect_error([&] { cpu::glu_forward(pool(1), buf, buf, buf, 2, 0, GluAct::gelu_tanh); }, "F=0");
+  expect_error([&] { cpu::ref::glu_backward(buf, buf, buf, buf, buf, -1, 4, GluAct::silu); },
+               "N=-1");
 }
 
 }  // namespace

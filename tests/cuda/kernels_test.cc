@@ -404,8 +404,9 @@ TYPED_TEST(CudaKernels, SwigluMatchesReference) {
     const auto g = as_e<E>(randn(n, 61, 3.0f)), u = as_e<E>(randn(n, 62)),
                dout = as_e<E>(randn(n, 63));
     std::vector<float> ref(n), dg(n), du(n);
-    cpu::ref::swiglu_forward(ref.data(), g.data(), u.data(), N, F);
-    cpu::ref::swiglu_backward(dg.data(), du.data(), dout.data(), g.data(), u.data(), N, F);
+    cpu::ref::glu_forward(ref.data(), g.data(), u.data(), N, F, ops::GluAct::silu);
+    cpu::ref::glu_backward(dg.data(), du.data(), dout.data(), g.data(), u.data(), N, F,
+                           ops::GluAct::silu);
     Buf<E> d_g(g), d_u(u), d_out(static_cast<int64_t>(n)), d_dout(dout),
         d_dg(static_cast<int64_t>(n)), d_du(static_cast<int64_t>(n));
     cuda::swiglu_forward<E>(d_out.get(), d_g.get(), d_u.get(), N, F, nullptr);

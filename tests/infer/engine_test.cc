@@ -59,6 +59,13 @@ TinyOptions variant(int v) {
       o.qk_norm = true;
       o.head_dim = 16;
       break;
+    case 5:  // gemma3: local layers 0, 1 over 5 positions, layer 2 global; tied, multi-query
+      o.gemma3 = true;
+      o.layers = 3;
+      o.head_dim = 16;
+      o.kv_heads = 1;
+      o.tied = true;
+      break;
   }
   o.seed = 10 + static_cast<uint64_t>(v);
   return o;
@@ -88,7 +95,7 @@ TEST_P(EngineVsReference, PrefillAndDecodeMatchPlainForward) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Variants, EngineVsReference, ::testing::Values(0, 1, 2, 3, 4));
+INSTANTIATE_TEST_SUITE_P(Variants, EngineVsReference, ::testing::Values(0, 1, 2, 3, 4, 5));
 
 // Mistral v0.1's sliding window: each position sees only the last W positions. Prefill in
 // chunks and token-by-token decode both match the windowed float64 forward, and differ from the

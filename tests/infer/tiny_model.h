@@ -25,6 +25,10 @@ struct TinyOptions {
   bool tied = false, qkv_bias = false;
   bool qk_norm = false;  // Qwen3's per-head q/k norms
   int64_t head_dim = 0;  // 0: width / heads (Qwen3 sets it apart)
+  // Gemma 3's layer: q/k norms, post-norms, GeGLU, scaled embeddings, an attention scale apart
+  // from 1/sqrt(head_dim), and local layers (every layer but each third) over a window of 5
+  // positions with their own RoPE base, the global ones with linear scaling.
+  bool gemma3 = false;
   ops::RopeLayout rope_layout = ops::RopeLayout::half;
   uint64_t seed = 1;
 };
@@ -51,6 +55,18 @@ inline model::DecoderModel make_tiny_model(const TinyOptions& o) {
   c.rope_layout = o.rope_layout;
   c.tied_embeddings = o.tied;
   c.qkv_bias = o.qkv_bias || o.arch == model::DecoderArch::gpt2;
+  if (o.gemma3) {
+    c.qk_norm = c.post_norms = true;
+    c.mlp_act = ops::GluAct::gelu_tanh;
+    c.embed_scale = std::sqrt(static_cast<float>(c.d_model));
+    c.attn_scale = 1.0 / std::sqrt(1.5 * static_cast<double>(c.head_dim));
+    c.sliding_window = 5;
+    c.rope_theta = 1e6;
+    c.rope_theta_local = 10000;
+    c.rope_scaling = model::RopeScaling::linear;
+    c.rope_factor = 4;
+    for (int64_t l = 0; l < c.n_layers; ++l) c.local_layers.push_back((l + 1) % 3 != 0);
+  }
   auto store = std::make_shared<std::vector<std::vector<float>>>();
   m.owners.push_back(store);
   Rng rng(o.seed);
@@ -79,6 +95,10 @@ inline model::DecoderModel make_tiny_model(const TinyOptions& o) {
     if (c.qk_norm) {
       L.q_norm = tensor(Shape({c.head_dim}), 0.2f, 1.0f);
       L.k_norm = tensor(Shape({c.head_dim}), 0.2f, 1.0f);
+    }
+    if (c.post_norms) {
+      L.post_attn_norm = tensor(Shape({C}), 0.1f, 1.0f);
+      L.post_ffn_norm = tensor(Shape({C}), 0.1f, 1.0f);
     }
     if (c.qkv_bias) {
       L.bq = tensor(Shape({Q}), 0.1f);
@@ -148,9 +168,15 @@ inline std::vector<double> reference_logits(const model::DecoderModel& m,
       for (int64_t e = 0; e < D; ++e) v[h * D + e] *= r * f(w)[e];
     }
   };
-  const std::vector<double> inv = model::rope_inv_freqs(c);
+  const std::vector<double> inv_global = model::rope_inv_freqs(c);
+  // Gemma 3's local layers: base rope_theta_local, unscaled (computed here, not by the library).
+  std::vector<double> inv_local(static_cast<size_t>(c.rope_dim / 2));
+  for (size_t i = 0; i < inv_local.size(); ++i)
+    inv_local[i] = std::pow(c.rope_theta_local, -2.0 * static_cast<double>(i) / c.rope_dim);
+  const std::vector<double>* inv_now = &inv_global;
   auto rope = [&](Vec& v, int64_t heads, int64_t pos) {
     if (gpt2) return;
+    const std::vector<double>& inv = *inv_now;
     const int64_t half = c.rope_dim / 2;
     for (int64_t h = 0; h < heads; ++h)
       for (int64_t i = 0; i < half; ++i) {
@@ -165,9 +191,16 @@ inline std::vector<double> reference_logits(const model::DecoderModel& m,
   std::vector<Vec> x(static_cast<size_t>(T), Vec(static_cast<size_t>(C)));
   for (int64_t t = 0; t < T; ++t)
     for (int64_t i = 0; i < C; ++i)
-      x[t][i] =
-          f(m.weights.tok_embd)[tokens[t] * C + i] + (gpt2 ? f(m.weights.pos_embd)[t * C + i] : 0);
-  for (const model::DecoderLayer& L : m.weights.layers) {
+      x[t][i] = f(m.weights.tok_embd)[tokens[t] * C + i] * static_cast<double>(c.embed_scale) +
+                (gpt2 ? f(m.weights.pos_embd)[t * C + i] : 0);
+  // Gemma 3's post-norm: RMSNorm of a branch's output before it joins the stream.
+  auto post = [&](Vec v, const model::WeightRef& w) { return c.post_norms ? norm(v, w, {}) : v; };
+  for (int64_t layer = 0; layer < c.n_layers; ++layer) {
+    const model::DecoderLayer& L = m.weights.layers[static_cast<size_t>(layer)];
+    const bool local = !c.local_layers.empty() && c.local_layers[static_cast<size_t>(layer)];
+    inv_now = local ? &inv_local : &inv_global;
+    const int64_t window = c.local_layers.empty() || local ? c.sliding_window : 0;
+    const double scale = c.attn_scale > 0 ? c.attn_scale : 1 / std::sqrt(static_cast<double>(D));
     std::vector<Vec> q(T), k(T), v(T);
     for (int64_t t = 0; t < T; ++t) {
       const Vec xn = norm(x[t], L.attn_norm, L.attn_norm_b);
@@ -185,22 +218,22 @@ inline std::vector<double> reference_logits(const model::DecoderModel& m,
       Vec att(static_cast<size_t>(H * D), 0.0);
       for (int64_t h = 0; h < H; ++h) {
         const int64_t g = h / (H / Hkv);
-        // Keys outside the sliding window (Mistral v0.1) get probability 0.
-        const int64_t first =
-            c.sliding_window > 0 ? std::max<int64_t>(0, t + 1 - c.sliding_window) : 0;
+        // Keys outside the sliding window (Mistral v0.1, Gemma 3's local layers) get
+        // probability 0.
+        const int64_t first = window > 0 ? std::max<int64_t>(0, t + 1 - window) : 0;
         Vec s(static_cast<size_t>(t + 1), -1e300);
         double mx = -1e300, sum = 0;
         for (int64_t j = first; j <= t; ++j) {
           double d = 0;
           for (int64_t e = 0; e < D; ++e) d += q[t][h * D + e] * k[j][g * D + e];
-          s[j] = d / std::sqrt(static_cast<double>(D));
+          s[j] = d * scale;
           mx = std::max(mx, s[j]);
         }
         for (double& e : s) sum += (e = e == -1e300 ? 0.0 : std::exp(e - mx));
         for (int64_t j = 0; j <= t; ++j)
           for (int64_t e = 0; e < D; ++e) att[h * D + e] += s[j] / sum * v[j][g * D + e];
       }
-      const Vec o = linear(att, L.wo, L.bo);
+      const Vec o = post(linear(att, L.wo, L.bo), L.post_attn_norm);
       for (int64_t i = 0; i < C; ++i) x[t][i] += o[i];
       const Vec xn = norm(x[t], L.ffn_norm, L.ffn_norm_b);
       Vec hdn(static_cast<size_t>(F));
@@ -212,9 +245,16 @@ inline std::vector<double> reference_logits(const model::DecoderModel& m,
         }
       } else {
         const Vec gate = linear(xn, L.w_gate, {});
-        for (int64_t i = 0; i < F; ++i) hdn[i] = gate[i] / (1 + std::exp(-gate[i])) * up[i];
+        for (int64_t i = 0; i < F; ++i) {
+          const double g = gate[i];
+          hdn[i] = c.mlp_act == ops::GluAct::silu
+                       ? g / (1 + std::exp(-g)) * up[i]
+                       : 0.5 * g *
+                             (1 + std::tanh(0.7978845608028654 * (g + 0.044715 * g * g * g))) *
+                             up[i];
+        }
       }
-      const Vec dn = linear(hdn, L.w_down, L.b_down);
+      const Vec dn = post(linear(hdn, L.w_down, L.b_down), L.post_ffn_norm);
       for (int64_t i = 0; i < C; ++i) x[t][i] += dn[i];
     }
   }

@@ -232,6 +232,79 @@ TEST(DecoderRoundTrip, Qwen3) {
   test::write_hf(bad, dir);
   tessera::test::expect_error([&] { load_decoder_hf(dir); }, "model.layers.1.self_attn.q_norm");
 }
+// Gemma 3: HF -> GGUF (arch gemma3, norms as 1 + w as llama.cpp's converter writes them) -> HF.
+// Every matrix comes back bit for bit; a norm weight w to within the rounding of 1 + w in f32
+// (2^-24 absolute), as the +1 is folded into the stored value and taken out again.
+TEST(DecoderRoundTrip, Gemma3) {
+  const HfModel hf = test::tiny_gemma3();
+  const std::string a = test::temp_folder("rt_gemma_a"), b = test::temp_folder("rt_gemma_b");
+  test::write_hf(hf, a);
+  const DecoderModel m1 = load_decoder_hf(a);
+  const DecoderConfig& c1 = m1.config;
+  EXPECT_TRUE(c1.post_norms && c1.qk_norm && c1.tied_embeddings);
+  EXPECT_EQ(c1.mlp_act, ops::GluAct::gelu_tanh);
+  EXPECT_EQ(c1.local_layers, (std::vector<uint8_t>{1, 0, 1}));
+  EXPECT_EQ(c1.window(0), 8);
+  EXPECT_EQ(c1.window(1), 0);
+  EXPECT_FLOAT_EQ(c1.embed_scale, std::sqrt(32.0f));
+  EXPECT_FLOAT_EQ(c1.score_scale(), 0.25f);
+  // HF's post_attention_layernorm is the attention branch's post-norm; the value 1 + w.
+  const std::vector<float>& w =
+      hf.tensors.at("model.layers.2.post_attention_layernorm.weight").values;
+  EXPECT_EQ(values_of(m1.weights.layers[2].post_attn_norm)[3], 1.0f + w[3]);
+  EXPECT_EQ(values_of(m1.weights.layers[2].ffn_norm)[3],
+            1.0f + hf.tensors.at("model.layers.2.pre_feedforward_layernorm.weight").values[3]);
+
+  const std::string gguf = a + "/model.gguf";
+  save_decoder_gguf(m1, gguf);
+  const DecoderModel m2 = load_decoder_gguf(gguf);
+  EXPECT_EQ(m2.gguf->get_string("general.architecture"), "gemma3");
+  const DecoderConfig& c2 = m2.config;
+  EXPECT_EQ(c2.local_layers, c1.local_layers);
+  EXPECT_EQ(c2.sliding_window, 8);
+  EXPECT_EQ(c2.rope_theta_local, c1.rope_theta_local);
+  EXPECT_EQ(c2.rope_layout, ops::RopeLayout::half);
+  EXPECT_EQ(c2.score_scale(), c1.score_scale());
+  EXPECT_EQ(c2.embed_scale, c1.embed_scale);
+  EXPECT_EQ(values_of(m2.weights.layers[2].post_ffn_norm),
+            values_of(m1.weights.layers[2].post_ffn_norm));
+
+  save_decoder_hf(m2, b, DType::f32, "{}");
+  const formats::SafetensorsReader rb(b + "/model.safetensors");
+  EXPECT_EQ(rb.entries().size(), hf.tensors.size());
+  for (const auto& [name, t] : hf.tensors) {
+    const formats::SafetensorsEntry* e = rb.find(name);
+    ASSERT_NE(e, nullptr) << name;
+    ASSERT_EQ(e->shape, t.shape) << name;
+    std::vector<float> got(t.values.size());
+    to_f32(e->dtype, e->data, got.data(), e->shape.numel());
+    if (!name.ends_with("norm.weight")) {
+      EXPECT_EQ(got, t.values) << name;
+      continue;
+    }
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_NEAR(got[i], t.values[i], 0x1p-24f) << name << " [" << i << "]";
+  }
+  const DecoderModel m3 = load_decoder_hf(b);
+  EXPECT_EQ(m3.config.local_layers, c1.local_layers);
+  EXPECT_EQ(m3.config.score_scale(), c1.score_scale());
+
+  // What is not implemented is refused naming the field.
+  HfModel capped = hf;
+  capped.config["final_logit_softcapping"] = 30.0;
+  const std::string d = test::temp_folder("gemma_capped");
+  test::write_hf(capped, d);
+  tessera::test::expect_error([&] { load_decoder_hf(d); }, "final_logit_softcapping");
+  HfModel act = hf;
+  act.config["hidden_activation"] = "silu";
+  test::write_hf(act, d);
+  tessera::test::expect_error([&] { load_decoder_hf(d); }, "hidden_activation");
+  HfModel types = hf;
+  types.config["layer_types"] = {"sliding_attention", "chunked_attention", "full_attention"};
+  test::write_hf(types, d);
+  tessera::test::expect_error([&] { load_decoder_hf(d); }, "layer_types");
+}
+
 TEST(DecoderRoundTrip, TrainModel) {
   round_trip(test::tiny_gpt2(), "rt_gpt2");
 }

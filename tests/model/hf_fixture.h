@@ -86,6 +86,52 @@ inline HfModel tiny_llama(bool tied, const std::string& arch = "LlamaForCausalLM
   return m;
 }
 
+// Gemma 3 (Gemma3ForCausalLM): the Llama shape above with q/k norms, four norms per layer (stored
+// as w for a scale of 1 + w), GeGLU, a tied head, 3 layers of which layer 1 is global and the
+// others local over 8 positions.
+inline HfModel tiny_gemma3() {
+  std::mt19937 rng(13);
+  HfModel m;
+  const int64_t C = 32, KV = 16, F = 64, V = 64, L = 3;
+  m.config = {{"architectures", {"Gemma3ForCausalLM"}},
+              {"model_type", "gemma3_text"},
+              {"hidden_size", C},
+              {"intermediate_size", F},
+              {"num_hidden_layers", L},
+              {"num_attention_heads", 4},
+              {"num_key_value_heads", 2},
+              {"head_dim", 8},
+              {"vocab_size", V},
+              {"max_position_embeddings", 128},
+              {"rms_norm_eps", 1e-6},
+              {"rope_theta", 1000000.0},
+              {"rope_local_base_freq", 10000.0},
+              {"query_pre_attn_scalar", 16},
+              {"sliding_window", 8},
+              {"layer_types", {"sliding_attention", "full_attention", "sliding_attention"}},
+              {"hidden_activation", "gelu_pytorch_tanh"},
+              {"final_logit_softcapping", nullptr},
+              {"attn_logit_softcapping", nullptr}};
+  m.add("model.embed_tokens.weight", {V, C}, rng);
+  for (int64_t i = 0; i < L; ++i) {
+    const std::string p = cat("model.layers.", i, ".");
+    for (const char* n : {"input_layernorm", "post_attention_layernorm",
+                          "pre_feedforward_layernorm", "post_feedforward_layernorm"})
+      m.add(p + n + ".weight", {C}, rng, 0.1f);
+    m.add(p + "self_attn.q_proj.weight", {C, C}, rng);
+    m.add(p + "self_attn.k_proj.weight", {KV, C}, rng);
+    m.add(p + "self_attn.v_proj.weight", {KV, C}, rng);
+    m.add(p + "self_attn.o_proj.weight", {C, C}, rng);
+    m.add(p + "self_attn.q_norm.weight", {8}, rng, 0.1f);
+    m.add(p + "self_attn.k_norm.weight", {8}, rng, 0.1f);
+    m.add(p + "mlp.gate_proj.weight", {F, C}, rng);
+    m.add(p + "mlp.up_proj.weight", {F, C}, rng);
+    m.add(p + "mlp.down_proj.weight", {C, F}, rng);
+  }
+  m.add("model.norm.weight", {C}, rng, 0.1f);
+  return m;
+}
+
 // GPT-2: C 32, 4 heads, F 128 (n_inner null = 4C), 2 layers, V 64, 16 positions; tied head.
 inline HfModel tiny_gpt2(const std::string& prefix = "") {
   std::mt19937 rng(5);

@@ -125,7 +125,7 @@ TEST(OpObserver, ShapesAndCostsCountedByHand) {
       v(16), wt(F * K, 0.25f), out(M * F);
   std::vector<int32_t> targets{1, 3}, index{1, 0};
   rmsnorm_forward(ctx, y.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
-  swiglu_forward(ctx, act.data(), gate.data(), up.data(), N, F);
+  glu_forward(ctx, act.data(), gate.data(), up.data(), N, F, GluAct::silu);
   softmax_xent(ctx, losses.data(), logits.data(), targets.data(), N, V, Vp, 0.0f);
   adamw(ctx, p.data(), g.data(), m.data(), v.data(), 16, AdamWArgs{});
   gather_rows(ctx, y.data(), x.data(), index.data(), N, C, N);
@@ -144,7 +144,7 @@ TEST(OpObserver, ShapesAndCostsCountedByHand) {
       // square-accumulate and two multiplies; read x and w, write y and rstd
       {"rmsnorm_forward", "n=2 c=8", "f32", 4.0 * N * C, 4.0 * (2 * N * C + C + N), 0},
       // exp, add, divide, two multiplies; read gate and up, write out
-      {"swiglu_forward", "n=2 f=4", "f32", 5.0 * N * F, 4.0 * 3 * N * F, 0},
+      {"glu_forward", "n=2 f=4", "f32", 5.0 * N * F, 4.0 * 3 * N * F, 0},
       // max, exp, sum, divide over the padded row; read once (no gradient written)
       {"softmax_xent", "n=2 v=8", "f32", 4.0 * N * Vp, 4.0 * N * Vp, 0},
       // 12 FLOPs per parameter; read p, g, m, v and write p, m, v: all of it state

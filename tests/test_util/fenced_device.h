@@ -151,14 +151,14 @@ class FencedDevice final : public ops::Backend {
              const int32_t* positions, int64_t pos0, int64_t B, int64_t T, int64_t H, int64_t D,
              ops::RopeLayout layout),
             dinp, dout, host_table(table), positions, pos0, B, T, H, D, layout)
-  TS_FENCED(swiglu_forward,
+  TS_FENCED(glu_forward,
             (const ops::Context& ctx, float* out, const float* gate, const float* up, int64_t N,
-             int64_t F),
-            out, gate, up, N, F)
-  TS_FENCED(swiglu_backward,
+             int64_t F, ops::GluAct act),
+            out, gate, up, N, F, act)
+  TS_FENCED(glu_backward,
             (const ops::Context& ctx, float* dgate, float* dup, const float* dout,
-             const float* gate, const float* up, int64_t N, int64_t F),
-            dgate, dup, dout, gate, up, N, F)
+             const float* gate, const float* up, int64_t N, int64_t F, ops::GluAct act),
+            dgate, dup, dout, gate, up, N, F, act)
   TS_FENCED(matmul_wt,
             (const ops::Context& ctx, float* y, int64_t ldy, const float* x, int64_t M, int64_t K,
              const void* w, DType w_type, int64_t N, const float* bias),

@@ -127,13 +127,14 @@ class CpuBackend final : public ops::Backend {
                      int64_t T, int64_t H, int64_t D, ops::RopeLayout layout) override {
     TS_CPU_OP(rope_backward, dinp, dout, table, positions, pos0, B, T, H, D, layout);
   }
-  void swiglu_forward(const ops::Context& ctx, float* out, const float* gate, const float* up,
-                      int64_t N, int64_t F) override {
-    TS_CPU_OP(swiglu_forward, out, gate, up, N, F);
+  void glu_forward(const ops::Context& ctx, float* out, const float* gate, const float* up,
+                   int64_t N, int64_t F, ops::GluAct act) override {
+    TS_CPU_OP(glu_forward, out, gate, up, N, F, act);
   }
-  void swiglu_backward(const ops::Context& ctx, float* dgate, float* dup, const float* dout,
-                       const float* gate, const float* up, int64_t N, int64_t F) override {
-    TS_CPU_OP(swiglu_backward, dgate, dup, dout, gate, up, N, F);
+  void glu_backward(const ops::Context& ctx, float* dgate, float* dup, const float* dout,
+                    const float* gate, const float* up, int64_t N, int64_t F,
+                    ops::GluAct act) override {
+    TS_CPU_OP(glu_backward, dgate, dup, dout, gate, up, N, F, act);
   }
 
   void matmul_wt(const ops::Context& ctx, float* y, int64_t ldy, const float* x, int64_t M,

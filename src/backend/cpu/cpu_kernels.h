@@ -52,10 +52,11 @@ void rope_backward(ThreadPool& pool, float* dinp, const float* dout, const ops::
 // Per-head RMSNorm in place (ops::head_rmsnorm; backend/cpu/llama_ops.cc), rows over the threads.
 void head_rmsnorm(ThreadPool& pool, float* x, int64_t ld, int64_t n, int64_t heads, int64_t D,
                   const float* w, float eps);
-void swiglu_forward(ThreadPool& pool, float* out, const float* gate, const float* up, int64_t N,
-                    int64_t F);
-void swiglu_backward(ThreadPool& pool, float* dgate, float* dup, const float* dout,
-                     const float* gate, const float* up, int64_t N, int64_t F);
+// ops::glu_forward / glu_backward (llama_ops.cc).
+void glu_forward(ThreadPool& pool, float* out, const float* gate, const float* up, int64_t N,
+                 int64_t F, ops::GluAct act);
+void glu_backward(ThreadPool& pool, float* dgate, float* dup, const float* dout, const float* gate,
+                  const float* up, int64_t N, int64_t F, ops::GluAct act);
 
 // Quantized / low-precision weights (backend/cpu/quant_matmul.cc); contract of
 // ref::matmul_wt. Two routes, chosen by matmul_wt_takes_packed_gemm:

@@ -10,16 +10,13 @@
 #define HWY_TARGET_INCLUDE "backend/cpu/elementwise.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
-// Separate block: math-inl.h needs highway.h first (and include sorting would swap them).
-#include "hwy/contrib/math/math-inl.h"
+// Separate block: gelu-inl.h needs highway.h first (and include sorting would swap them).
+#include "backend/cpu/gelu-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace tessera::cpu {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
-
-constexpr double kSqrt2OverPi = 0.79788456080286535588;
-constexpr double kGeluCubic = 0.044715;
 
 // Applies op to whole vectors of in[0,n), then to the tail through a zero-padded buffer, so no
 // load or store touches memory past n.
@@ -39,19 +36,6 @@ HWY_INLINE void Map2(D d, float* out, const float* a, const float* b, int64_t n,
   }
 }
 
-// 0.5 (1 + tanh(u)) == 1 / (1 + exp(-2u)) exactly; the sigmoid form has no cancellation for
-// negative x (where 1 + tanh(u) loses all digits) and costs one Exp. -2u is capped at 80 so
-// Exp stays in range (exp(80) ~ 5.5e34; the factor is then below 2e-35, i.e. gelu is ~0 anyway).
-template <class D, class V>
-HWY_INLINE V GeluFactor(D d, V x, V* e_out) {
-  const V x2 = hn::Mul(x, x);
-  const V u = hn::Mul(x, hn::MulAdd(hn::Set(d, static_cast<float>(kSqrt2OverPi * kGeluCubic)), x2,
-                                    hn::Set(d, static_cast<float>(kSqrt2OverPi))));
-  const V e = hn::Exp(d, hn::Min(hn::Mul(hn::Set(d, -2.0f), u), hn::Set(d, 80.0f)));
-  *e_out = e;
-  return hn::Div(hn::Set(d, 1.0f), hn::Add(hn::Set(d, 1.0f), e));
-}
-
 void GeluForward(ThreadPool& pool, float* out, const float* inp, int64_t n) {
   for_each_chunk(pool, n, kElementwiseChunk, [&](int64_t, int64_t i0, int64_t i1) {
     const hn::ScalableTag<float> d;
@@ -62,19 +46,11 @@ void GeluForward(ThreadPool& pool, float* out, const float* inp, int64_t n) {
   });
 }
 
-// gelu(x) = x s, s = sigmoid(2u): gelu'(x) = s + x s (1 - s) 2 u'(x), with 1 - s = e s
-// (again cancellation-free) and u'(x) = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
 void GeluBackward(ThreadPool& pool, float* dinp, const float* inp, const float* dout, int64_t n) {
   for_each_chunk(pool, n, kElementwiseChunk, [&](int64_t, int64_t i0, int64_t i1) {
     const hn::ScalableTag<float> d;
-    Map2(d, dinp + i0, inp + i0, dout + i0, i1 - i0, [d](auto x, auto g) {
-      decltype(x) e;
-      const auto s = GeluFactor(d, x, &e);
-      const auto du2 = hn::MulAdd(hn::Set(d, static_cast<float>(2 * kSqrt2OverPi * 3 * kGeluCubic)),
-                                  hn::Mul(x, x), hn::Set(d, static_cast<float>(2 * kSqrt2OverPi)));
-      const auto ds = hn::Mul(hn::Mul(s, hn::Mul(e, s)), du2);
-      return hn::Mul(hn::MulAdd(x, ds, s), g);
-    });
+    Map2(d, dinp + i0, inp + i0, dout + i0, i1 - i0,
+         [d](auto x, auto g) { return hn::Mul(GeluGrad(d, x), g); });
   });
 }
 

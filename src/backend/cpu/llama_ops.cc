@@ -1,6 +1,6 @@
 // Highway Llama ops: RMSNorm forward/backward, RoPE (rotate-half and interleaved pairs) from a
-// precomputed table, SwiGLU forward/backward. Work is cut into chunks whose boundaries depend
-// only on the shapes, and reductions run in a fixed order, so results do not depend on the
+// precomputed table, SwiGLU and GeGLU forward/backward. Work is cut into chunks whose boundaries
+// depend only on the shapes, and reductions run in a fixed order, so results do not depend on the
 // thread count.
 #include <algorithm>
 #include <cmath>
@@ -16,7 +16,8 @@
 #define HWY_TARGET_INCLUDE "backend/cpu/llama_ops.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
-// Separate block: math-inl.h needs highway.h first (and include sorting would swap them).
+// Separate block: these need highway.h first (and include sorting would swap them).
+#include "backend/cpu/gelu-inl.h"
 #include "hwy/contrib/math/math-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -260,6 +261,33 @@ void SwigluBackward(ThreadPool& pool, float* dgate, float* dup, const float* dou
   });
 }
 
+void GegluForward(ThreadPool& pool, float* out, const float* gate, const float* up, int64_t n) {
+  for_each_chunk(pool, n, kElementwiseChunk, [&](int64_t, int64_t i0, int64_t i1) {
+    const hn::ScalableTag<float> d;
+    Map3To2(d, out + i0, nullptr, gate + i0, up + i0, up + i0, i1 - i0,
+            [d](auto g, auto u, auto, auto* y0, auto* y1) {
+              decltype(g) e;
+              *y0 = hn::Mul(hn::Mul(g, GeluFactor(d, g, &e)), u);
+              *y1 = *y0;
+            });
+  });
+}
+
+// dgate = dout u gelu'(g), dup = dout gelu(g).
+void GegluBackward(ThreadPool& pool, float* dgate, float* dup, const float* dout, const float* gate,
+                   const float* up, int64_t n) {
+  for_each_chunk(pool, n, kElementwiseChunk, [&](int64_t, int64_t i0, int64_t i1) {
+    const hn::ScalableTag<float> d;
+    Map3To2(d, dgate + i0, dup + i0, dout + i0, gate + i0, up + i0, i1 - i0,
+            [d](auto dy, auto g, auto u, auto* y0, auto* y1) {
+              decltype(g) e;
+              const auto a = hn::Mul(g, GeluFactor(d, g, &e));
+              *y0 = hn::Mul(hn::Mul(dy, u), GeluGrad(d, g));
+              *y1 = hn::Mul(dy, a);
+            });
+  });
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace tessera::cpu
 HWY_AFTER_NAMESPACE();
@@ -272,6 +300,8 @@ HWY_EXPORT(RmsNormBackward);
 HWY_EXPORT(Rope);
 HWY_EXPORT(SwigluForward);
 HWY_EXPORT(SwigluBackward);
+HWY_EXPORT(GegluForward);
+HWY_EXPORT(GegluBackward);
 
 namespace {
 
@@ -333,16 +363,22 @@ void rope_backward(ThreadPool& pool, float* dinp, const float* dout, const ops::
   HWY_DYNAMIC_DISPATCH(Rope)(pool, dinp, dout, table, positions, pos0, B, T, H, D, layout, true);
 }
 
-void swiglu_forward(ThreadPool& pool, float* out, const float* gate, const float* up, int64_t N,
-                    int64_t F) {
-  check_rows("swiglu_forward", "F", N, F);
-  HWY_DYNAMIC_DISPATCH(SwigluForward)(pool, out, gate, up, N * F);
+void glu_forward(ThreadPool& pool, float* out, const float* gate, const float* up, int64_t N,
+                 int64_t F, ops::GluAct act) {
+  check_rows("glu_forward", "F", N, F);
+  if (act == ops::GluAct::silu)
+    HWY_DYNAMIC_DISPATCH(SwigluForward)(pool, out, gate, up, N * F);
+  else
+    HWY_DYNAMIC_DISPATCH(GegluForward)(pool, out, gate, up, N * F);
 }
 
-void swiglu_backward(ThreadPool& pool, float* dgate, float* dup, const float* dout,
-                     const float* gate, const float* up, int64_t N, int64_t F) {
-  check_rows("swiglu_backward", "F", N, F);
-  HWY_DYNAMIC_DISPATCH(SwigluBackward)(pool, dgate, dup, dout, gate, up, N * F);
+void glu_backward(ThreadPool& pool, float* dgate, float* dup, const float* dout, const float* gate,
+                  const float* up, int64_t N, int64_t F, ops::GluAct act) {
+  check_rows("glu_backward", "F", N, F);
+  if (act == ops::GluAct::silu)
+    HWY_DYNAMIC_DISPATCH(SwigluBackward)(pool, dgate, dup, dout, gate, up, N * F);
+  else
+    HWY_DYNAMIC_DISPATCH(GegluBackward)(pool, dgate, dup, dout, gate, up, N * F);
 }
 
 }  // namespace tessera::cpu

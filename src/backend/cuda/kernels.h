@@ -112,6 +112,12 @@ void swiglu_forward(E* out, const E* gate, const E* up, int64_t N, int64_t F, cu
 template <typename E>
 void swiglu_backward(E* dgate, E* dup, const E* dout, const E* gate, const E* up, int64_t N,
                      int64_t F, cudaStream_t stream);
+// The same with the tanh GELU for SiLU (GeGLU: ops::GluAct::gelu_tanh).
+template <typename E>
+void geglu_forward(E* out, const E* gate, const E* up, int64_t N, int64_t F, cudaStream_t stream);
+template <typename E>
+void geglu_backward(E* dgate, E* dup, const E* dout, const E* gate, const E* up, int64_t N,
+                    int64_t F, cudaStream_t stream);
 
 // ---- RoPE ----
 

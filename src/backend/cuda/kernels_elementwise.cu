@@ -1,4 +1,4 @@
-// Elementwise CUDA kernels: GELU and SwiGLU forward/backward (and SwiGLU fused with the next
+// Elementwise CUDA kernels: GELU, SwiGLU and GeGLU forward/backward (and SwiGLU fused with the next
 // product's activation quantizer), scale, f32 <-> bf16 conversion.
 #include "backend/cuda/dependent_launch.cuh"
 #include "backend/cuda/kernels.h"
@@ -67,6 +67,9 @@ __global__ void binary_kernel(E* out, const E* a, const E* b, int64_t n, F f) {
 struct GeluGrad {  // (inp, dout) -> gelu'(inp) * dout
   __device__ float operator()(float x, float d) const { return gelu_grad(x) * d; }
 };
+struct GegluValue {  // (gate, up) -> gelu(gate) * up
+  __device__ float operator()(float g, float u) const { return gelu_value(g) * u; }
+};
 struct Plus {
   __device__ float operator()(float x, float y) const { return x + y; }
 };
@@ -114,10 +117,11 @@ __global__ void __launch_bounds__(256)
   quantize_act_block<kBlock>(v, lane, xq + base, xd + m * nb + b, xs + m * (F / 32) + b * kGroups);
 }
 
-// silu'(g) = s (1 + g (1 - s)), with s and 1 - s each computed without cancellation.
-template <typename E, int VEC>
-__global__ void swiglu_backward_kernel(E* dgate, E* dup, const E* dout, const E* gate, const E* up,
-                                       int64_t n) {
+// silu'(g) = s (1 + g (1 - s)), with s and 1 - s each computed without cancellation; with kGelu
+// the tanh GELU (GeGLU) instead.
+template <typename E, int VEC, bool kGelu>
+__global__ void glu_backward_kernel(E* dgate, E* dup, const E* dout, const E* gate, const E* up,
+                                    int64_t n) {
   for_each_vec<VEC>(n, [&](auto width, int64_t off) {
     constexpr int K = decltype(width)::value;
     float g[K], u[K], d[K], dg[K], du[K];
@@ -126,10 +130,15 @@ __global__ void swiglu_backward_kernel(E* dgate, E* dup, const E* dout, const E*
     load_vec<E, K>(d, dout + off);
 #pragma unroll
     for (int i = 0; i < K; ++i) {
-      const float s = 1.0f / (1.0f + expf(-g[i]));
-      const float sm = 1.0f / (1.0f + expf(g[i]));
-      dg[i] = d[i] * u[i] * s * (1.0f + g[i] * sm);
-      du[i] = d[i] * g[i] * s;
+      if constexpr (kGelu) {
+        dg[i] = d[i] * u[i] * gelu_grad(g[i]);
+        du[i] = d[i] * gelu_value(g[i]);
+      } else {
+        const float s = 1.0f / (1.0f + expf(-g[i]));
+        const float sm = 1.0f / (1.0f + expf(g[i]));
+        dg[i] = d[i] * u[i] * s * (1.0f + g[i] * sm);
+        du[i] = d[i] * g[i] * s;
+      }
     }
     store_vec<E, K>(dgate + off, dg);
     store_vec<E, K>(dup + off, du);
@@ -245,24 +254,42 @@ void swiglu_quantize_f32(float* out, const float* gate, const float* up, int64_t
                    dim3(grid), dim3(256), 0, stream, out, gate, up, N, F, q.q, q.d, q.s);
 }
 
-template <typename E>
-void swiglu_backward(E* dgate, E* dup, const E* dout, const E* gate, const E* up, int64_t N,
-                     int64_t F, cudaStream_t stream) {
-  TS_CHECK(F > 0, "[swiglu_backward] width F=", F, " must be positive");
-  TS_CHECK(N >= 0, "[swiglu_backward] rows N=", N, " must be >= 0");
+template <typename E, bool kGelu>
+void glu_backward(const char* op, E* dgate, E* dup, const E* dout, const E* gate, const E* up,
+                  int64_t N, int64_t F, cudaStream_t stream) {
+  TS_CHECK(F > 0, "[", op, "] width F=", F, " must be positive");
+  TS_CHECK(N >= 0, "[", op, "] rows N=", N, " must be >= 0");
   TS_CHECK(
       dgate != nullptr && dup != nullptr && dout != nullptr && gate != nullptr && up != nullptr,
-      "[swiglu_backward] a pointer argument is null");
-  TS_CHECK(dgate != dup, "[swiglu_backward] dgate and dup must differ");
+      "[", op, "] a pointer argument is null");
+  TS_CHECK(dgate != dup, "[", op, "] dgate and dup must differ");
   const int64_t n = N * F;
   if (n == 0) return;
   const unsigned grid = grid_for(n / kVec<E> + 1, kThreads);
   if (all_aligned16({dgate, dup, dout, gate, up}))
-    swiglu_backward_kernel<E, kVec<E>>
+    glu_backward_kernel<E, kVec<E>, kGelu>
         <<<grid, kThreads, 0, stream>>>(dgate, dup, dout, gate, up, n);
   else
-    swiglu_backward_kernel<E, 1><<<grid, kThreads, 0, stream>>>(dgate, dup, dout, gate, up, n);
+    glu_backward_kernel<E, 1, kGelu><<<grid, kThreads, 0, stream>>>(dgate, dup, dout, gate, up, n);
   TS_CUDA_CHECK_LAUNCH();
+}
+
+template <typename E>
+void swiglu_backward(E* dgate, E* dup, const E* dout, const E* gate, const E* up, int64_t N,
+                     int64_t F, cudaStream_t stream) {
+  glu_backward<E, false>("swiglu_backward", dgate, dup, dout, gate, up, N, F, stream);
+}
+
+template <typename E>
+void geglu_forward(E* out, const E* gate, const E* up, int64_t N, int64_t F, cudaStream_t stream) {
+  TS_CHECK(F > 0 && N >= 0, "[geglu_forward] rows N=", N, " and width F=", F, " (F must be > 0)");
+  launch_binary("geglu_forward", out, gate, up, N * F, GegluValue{}, stream);
+}
+
+template <typename E>
+void geglu_backward(E* dgate, E* dup, const E* dout, const E* gate, const E* up, int64_t N,
+                    int64_t F, cudaStream_t stream) {
+  glu_backward<E, true>("geglu_backward", dgate, dup, dout, gate, up, N, F, stream);
 }
 
 template <typename E>
@@ -309,6 +336,9 @@ void convert_bf16_to_f32(float* dst, const __nv_bfloat16* src, int64_t n, cudaSt
   template void swiglu_forward<E>(E*, const E*, const E*, int64_t, int64_t, cudaStream_t); \
   template void swiglu_backward<E>(E*, E*, const E*, const E*, const E*, int64_t, int64_t, \
                                    cudaStream_t);                                          \
+  template void geglu_forward<E>(E*, const E*, const E*, int64_t, int64_t, cudaStream_t);  \
+  template void geglu_backward<E>(E*, E*, const E*, const E*, const E*, int64_t, int64_t,  \
+                                  cudaStream_t);                                           \
   template void scale<E>(E*, int64_t, float, cudaStream_t);
 TS_INSTANTIATE(float)
 TS_INSTANTIATE(__nv_bfloat16)

@@ -218,13 +218,20 @@ class CudaOpsBackend final : public ops::Backend {
            int64_t n) override {
     cuda::add<float>(out, a, b, n, stream(ctx));
   }
-  void swiglu_forward(const ops::Context& ctx, float* out, const float* gate, const float* up,
-                      int64_t N, int64_t F) override {
-    cuda::swiglu_forward<float>(out, gate, up, N, F, stream(ctx));
+  void glu_forward(const ops::Context& ctx, float* out, const float* gate, const float* up,
+                   int64_t N, int64_t F, ops::GluAct act) override {
+    if (act == ops::GluAct::silu)
+      cuda::swiglu_forward<float>(out, gate, up, N, F, stream(ctx));
+    else
+      cuda::geglu_forward<float>(out, gate, up, N, F, stream(ctx));
   }
-  void swiglu_backward(const ops::Context& ctx, float* dgate, float* dup, const float* dout,
-                       const float* gate, const float* up, int64_t N, int64_t F) override {
-    cuda::swiglu_backward<float>(dgate, dup, dout, gate, up, N, F, stream(ctx));
+  void glu_backward(const ops::Context& ctx, float* dgate, float* dup, const float* dout,
+                    const float* gate, const float* up, int64_t N, int64_t F,
+                    ops::GluAct act) override {
+    if (act == ops::GluAct::silu)
+      cuda::swiglu_backward<float>(dgate, dup, dout, gate, up, N, F, stream(ctx));
+    else
+      cuda::geglu_backward<float>(dgate, dup, dout, gate, up, N, F, stream(ctx));
   }
   void rope_forward(const ops::Context& ctx, float* out, const float* inp,
                     const ops::RopeTable& table, const int32_t* positions, int64_t pos0, int64_t B,

@@ -20,27 +20,29 @@ double gelu_sigmoid(double x, double* e) {
 }
 }  // namespace
 
+double gelu(double x) {
+  double e;
+  return x * gelu_sigmoid(x, &e);
+}
+
+// With s = sigmoid(2u): gelu' = s + x * 2 s (1 - s) * u'(x), and 1 - s = 1 / (1 + 1/e), which
+// stays exact (no cancellation) and is 1, not NaN, when e overflows to inf.
+double gelu_grad(double x) {
+  double e;
+  const double s = gelu_sigmoid(x, &e);
+  const double one_minus_s = 1.0 / (1.0 + 1.0 / e);
+  const double du = kSqrt2OverPi * (1.0 + 3.0 * kGeluCubic * x * x);
+  return s + x * 2.0 * s * one_minus_s * du;
+}
+
 // out (n) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 void gelu_forward(float* out, const float* inp, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    double e;
-    out[i] = static_cast<float>(inp[i] * gelu_sigmoid(inp[i], &e));
-  }
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(gelu(inp[i]));
 }
 
 // dinp (n) = gelu'(inp) * dout; dinp may alias dout (each element is read before written).
-// With s = sigmoid(2u): gelu' = s + x * 2 s (1 - s) * u'(x), and 1 - s = 1 / (1 + 1/e), which
-// stays exact (no cancellation) and is 1, not NaN, when e overflows to inf.
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const double x = inp[i];
-    double e;
-    const double s = gelu_sigmoid(x, &e);
-    const double one_minus_s = 1.0 / (1.0 + 1.0 / e);
-    const double du = kSqrt2OverPi * (1.0 + 3.0 * kGeluCubic * x * x);
-    const double grad = s + x * 2.0 * s * one_minus_s * du;
-    dinp[i] = static_cast<float>(grad * dout[i]);
-  }
+  for (int64_t i = 0; i < n; ++i) dinp[i] = static_cast<float>(gelu_grad(inp[i]) * dout[i]);
 }
 
 // out (n) = a + b; out may alias a or b.

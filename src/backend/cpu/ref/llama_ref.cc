@@ -1,5 +1,6 @@
-// Reference Llama ops: RMSNorm, RoPE (both pair layouts) and SwiGLU, forward and backward;
-// every value is computed in double and rounded once, so these are the oracle for the tests.
+// Reference Llama ops: RMSNorm, RoPE (both pair layouts) and the gated activations, forward and
+// backward; every value is computed in double and rounded once, so these are the oracle for the
+// tests.
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -16,7 +17,7 @@ void check_rmsnorm(const char* op, int64_t N, int64_t C) {
   TS_CHECK(N >= 0, "[", op, "] rows N=", N, " must be >= 0");
 }
 
-void check_swiglu(const char* op, int64_t N, int64_t F) {
+void check_glu(const char* op, int64_t N, int64_t F) {
   TS_CHECK(F > 0, "[", op, "] width F=", F, " must be positive");
   TS_CHECK(N >= 0, "[", op, "] rows N=", N, " must be >= 0");
 }
@@ -170,25 +171,40 @@ void rope_backward(float* dinp, const float* dout, const ops::RopeTable& table,
   rope_apply(dinp, dout, table, positions, pos0, B, T, H, D, layout, -1.0);
 }
 
-void swiglu_forward(float* out, const float* gate, const float* up, int64_t N, int64_t F) {
-  check_swiglu("swiglu_forward", N, F);
+void glu_forward(float* out, const float* gate, const float* up, int64_t N, int64_t F,
+                 ops::GluAct act) {
+  check_glu("glu_forward", N, F);
   for (int64_t i = 0; i < N * F; ++i) {
-    double s, sm;
-    sigmoid_pair(gate[i], &s, &sm);
-    out[i] = static_cast<float>(gate[i] * s * up[i]);
+    double a;
+    if (act == ops::GluAct::silu) {
+      double s, sm;
+      sigmoid_pair(gate[i], &s, &sm);
+      a = gate[i] * s;
+    } else {
+      a = gelu(gate[i]);
+    }
+    out[i] = static_cast<float>(a * up[i]);
   }
 }
 
-// silu'(g) = s + g s (1 - s) = s (1 + g (1 - s)).
-void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
-                     const float* up, int64_t N, int64_t F) {
-  check_swiglu("swiglu_backward", N, F);
+// silu'(g) = s + g s (1 - s) = s (1 + g (1 - s)); gelu' as gelu_grad.
+void glu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
+                  int64_t N, int64_t F, ops::GluAct act) {
+  check_glu("glu_backward", N, F);
   for (int64_t i = 0; i < N * F; ++i) {
     const double g = gate[i], u = up[i], dy = dout[i];
-    double s, sm;
-    sigmoid_pair(g, &s, &sm);
-    dgate[i] = static_cast<float>(dy * u * s * (1.0 + g * sm));
-    dup[i] = static_cast<float>(dy * g * s);
+    double a, da;
+    if (act == ops::GluAct::silu) {
+      double s, sm;
+      sigmoid_pair(g, &s, &sm);
+      a = g * s;
+      da = s * (1.0 + g * sm);
+    } else {
+      a = gelu(g);
+      da = gelu_grad(g);
+    }
+    dgate[i] = static_cast<float>(dy * u * da);
+    dup[i] = static_cast<float>(dy * a);
   }
 }
 

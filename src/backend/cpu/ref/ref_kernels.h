@@ -18,6 +18,9 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
                        const float* b, int64_t N, int64_t C);
 void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
                         const float* w, const float* mean, const float* rstd, int64_t N, int64_t C);
+// The tanh GELU and its derivative at x, in double (gelu_forward's and glu_forward's oracle).
+double gelu(double x);
+double gelu_grad(double x);
 void gelu_forward(float* out, const float* inp, int64_t n);
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n);
 void add(float* out, const float* a, const float* b, int64_t n);
@@ -55,9 +58,10 @@ void head_rmsnorm(float* x, int64_t ld, int64_t n, int64_t heads, int64_t D, con
 void head_rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, int64_t ld,
                            int64_t ld_x, int64_t n, int64_t heads, int64_t D, const float* w,
                            float eps);
-void swiglu_forward(float* out, const float* gate, const float* up, int64_t N, int64_t F);
-void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
-                     const float* up, int64_t N, int64_t F);
+void glu_forward(float* out, const float* gate, const float* up, int64_t N, int64_t F,
+                 ops::GluAct act);
+void glu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
+                  int64_t N, int64_t F, ops::GluAct act);
 
 // Quantized / low-precision weights (ref/quant.cc). y (M,N) = x (M,K) W^T [+ bias (N)], W (N,K)
 // of type w_type with rows dtype_bytes(w_type, K) apart; ldy >= N. Block types quantize x to
