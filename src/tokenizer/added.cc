@@ -31,20 +31,22 @@ size_t leading_space_end(std::string_view text, size_t pos) {
   return pos;
 }
 
-// Splits `text` at the added tokens whose `normalized` flag equals `normalized`: calls
+// Splits `text` at the added tokens whose `normalized` flag equals `normalized` (and that are
+// not special, unless `specials`): calls
 // on_text(piece, at_start) for the text before, between and after the matches (empty pieces
 // included, as the encoder has always seen them) and appends each match's id to *out. HF's
 // lstrip widens a match left over White_Space, but not into the previous match; rstrip widens it
 // right. The search resumes after the widened match.
 template <class OnText>
-void split_added(const TokenizerState& st, bool normalized, std::string_view text,
+void split_added(const TokenizerState& st, bool normalized, bool specials, std::string_view text,
                  std::vector<int32_t>* out, OnText&& on_text) {
   const auto& added = st.added;
   const auto& pattern = st.added_pattern;
   // Next occurrence of each added token at or after `from` (npos: none, or not this pass's).
   std::vector<size_t> next(added.size(), std::string_view::npos);
   for (size_t k = 0; k < added.size(); ++k)
-    if (added[k].normalized == normalized) next[k] = text.find(pattern[k]);
+    if (added[k].normalized == normalized && (specials || !added[k].special))
+      next[k] = text.find(pattern[k]);
   size_t from = 0;
   while (true) {
     size_t best = added.size();
@@ -77,17 +79,18 @@ void TokenizerState::encode_normalized(std::string_view text, bool at_start,
   encode_segment(nfc ? nfc_normalize(text, &buf) : text, at_start, out);
 }
 
-void TokenizerState::encode_with_added(std::string_view text, std::vector<int32_t>* out) const {
+void TokenizerState::encode_with_added(std::string_view text, bool specials,
+                                       std::vector<int32_t>* out) const {
   // HF splits the raw text at non-normalized tokens, normalizes each piece between them, then
   // splits that at the normalized tokens.
-  split_added(*this, false, text, out, [&](std::string_view piece, bool at_start) {
+  split_added(*this, false, specials, text, out, [&](std::string_view piece, bool at_start) {
     if (!any_normalized_added) {
       encode_normalized(piece, at_start, out);
       return;
     }
     std::string buf;
     const std::string_view norm = nfc ? nfc_normalize(piece, &buf) : piece;
-    split_added(*this, true, norm, out, [&](std::string_view sub, bool sub_start) {
+    split_added(*this, true, specials, norm, out, [&](std::string_view sub, bool sub_start) {
       encode_segment(sub, at_start && sub_start, out);
     });
   });

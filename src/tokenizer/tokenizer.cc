@@ -89,10 +89,12 @@ void TokenizerState::index_added(const std::string& source) {
   }
   added_pattern.clear();
   any_normalized_added = false;
+  any_plain_added = false;
   std::string buf;
   for (const AddedToken& a : added) {
     added_pattern.emplace_back(a.normalized && nfc ? nfc_normalize(a.content, &buf) : a.content);
     any_normalized_added |= a.normalized;
+    any_plain_added |= !a.special;
   }
 }
 
@@ -270,7 +272,10 @@ std::vector<int32_t> Tokenizer::encode_ordinary(std::string_view text) const {
            "[tokenizer] encode_ordinary: the tokenizer is empty (not trained or loaded)");
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 1);
-  impl_->encode_normalized(text, true, &out);
+  if (impl_->any_plain_added)
+    impl_->encode_with_added(text, false, &out);
+  else
+    impl_->encode_normalized(text, true, &out);
   return out;
 }
 
@@ -278,7 +283,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
   TS_CHECK(vocab_size() > 0, "[tokenizer] encode: the tokenizer is empty (not trained or loaded)");
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 1);
-  impl_->encode_with_added(text, &out);
+  impl_->encode_with_added(text, true, &out);
   return out;
 }
 

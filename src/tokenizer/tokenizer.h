@@ -65,7 +65,9 @@ class Tokenizer {
   // no token in a byte-level vocabulary (SmolLM2 lacks 21, e.g. 0x04) is dropped, as Hugging
   // Face does; SentencePiece falls back to <0xNN> tokens, else to unk.
   std::vector<int32_t> encode(std::string_view text) const;
-  // Without added-token matching (all of the text is ordinary text, NFC applied if any).
+  // Without matching the special added tokens: their text is ordinary text (NFC applied if any),
+  // as HF's split_special_tokens; added tokens that are not special (GGUF USER_DEFINED: Gemma's
+  // runs of spaces and newlines) are still matched, as HF and llama.cpp always match them.
   std::vector<int32_t> encode_ordinary(std::string_view text) const;
   // Text of the ids; skip_special leaves out special added tokens (bos, <|im_end|>, ...).
   // SentencePiece: U+2581 -> ' ', <0xNN> -> byte, and the space that encoding put in front of

@@ -102,6 +102,7 @@ struct TokenizerState {
   // is matched after normalization, which takes a second split.
   std::vector<std::string> added_pattern;
   bool any_normalized_added = false;
+  bool any_plain_added = false;  // some added token is not special (GGUF USER_DEFINED)
   std::vector<int16_t> byte_of;  // SentencePiece: id -> byte of a <0xNN> token, else -1
   int32_t byte_ids[256] = {};    // token of byte b (byte-level) or <0xNN> (SentencePiece); -1: none
   MergeTable merge_table;
@@ -115,8 +116,9 @@ struct TokenizerState {
   void index_added(const std::string& source);       // checks `added`, fills is_added
   void finalize_special(const std::string& source);  // checks `special`, derives eot and eog
   // Appends the ids of `text`: split at added tokens (those matched in the raw text, then the
-  // normalized ones in each normalized piece between them), the rest through encode_segment.
-  void encode_with_added(std::string_view text, std::vector<int32_t>* out) const;
+  // normalized ones in each normalized piece between them; the special ones only with
+  // `specials`), the rest through encode_segment.
+  void encode_with_added(std::string_view text, bool specials, std::vector<int32_t>* out) const;
   // Normalizes (NFC when on) and encodes text that holds no added token.
   void encode_normalized(std::string_view text, bool at_start, std::vector<int32_t>* out) const;
   // Appends the ids of one segment of text between added tokens; `at_start`: it begins the

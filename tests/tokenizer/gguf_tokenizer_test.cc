@@ -23,7 +23,9 @@ const std::string kMeta = "\xE2\x96\x81";  // U+2581
 constexpr int32_t kSpace = 259, kA = 260, kB = 261, kC = 262, kAB = 263, kBC = 264, kSpaceA = 265,
                   kSpaceAB = 266, kABC = 267;
 
-formats::GgufWriter spm_writer() {
+// user_defined: also "\n" (268) and "  " (269) as USER_DEFINED tokens, as Gemma's vocabulary
+// has its runs of newlines and spaces.
+formats::GgufWriter spm_writer(bool user_defined = false) {
   std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
   std::vector<int32_t> types = {2, 3, 3};
   std::vector<float> scores = {0, 0, 0};
@@ -44,6 +46,12 @@ formats::GgufWriter spm_writer() {
     types.push_back(1);
     scores.push_back(s);
   }
+  if (user_defined)
+    for (const char* p : {"\n", "  "}) {
+      tokens.push_back(p);
+      types.push_back(4);
+      scores.push_back(0);
+    }
   formats::GgufWriter w;
   w.set("tokenizer.ggml.model", "llama");
   w.set("tokenizer.ggml.tokens", formats::gguf_array(formats::GgufType::string, tokens));
@@ -123,6 +131,21 @@ TEST(GgufTokenizer, NoSpacePrefix) {
   const tokenizer::Tokenizer tok = load(w);
   EXPECT_EQ(tok.encode("ab"), (Ids{kAB}));
   EXPECT_EQ(tok.decode({kSpaceA}), " a");  // nothing to strip when no prefix was added
+}
+
+// USER_DEFINED tokens are matched in the raw text even when special tokens are not (llama.cpp
+// with parse_special off, HF with split_special_tokens): Gemma's "\n" and runs of spaces.
+TEST(GgufTokenizer, UserDefinedTokensMatchedInOrdinaryText) {
+  formats::GgufWriter w = spm_writer(true);
+  w.set("tokenizer.ggml.add_space_prefix", false);
+  const tokenizer::Tokenizer tok = load(w);
+  constexpr int32_t kNewline = 268, kTwoSpaces = 269;
+  EXPECT_EQ(tok.encode_ordinary("ab\n  a"), (Ids{kAB, kNewline, kTwoSpaces, kA}));
+  EXPECT_EQ(tok.encode("ab\n  a"), (Ids{kAB, kNewline, kTwoSpaces, kA}));
+  // A control token's text stays ordinary text in encode_ordinary, and is matched by encode.
+  EXPECT_EQ(tok.encode_ordinary("a<s>"), (Ids{kA, 3 + '<', 3 + 's', 3 + '>'}));  // byte fallback
+  EXPECT_EQ(tok.encode("a<s>"), (Ids{kA, 1}));
+  EXPECT_EQ(tok.decode(tok.encode_ordinary("ab\n  a")), "ab\n  a");
 }
 
 TEST(GgufTokenizer, Errors) {
