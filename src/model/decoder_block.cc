@@ -55,6 +55,16 @@ void linear_group(const ops::Context& ctx, Stage stage, const float* x, int64_t 
   ops::matmul_wt_group(ctx, x, n, K, {products, static_cast<size_t>(np)});
 }
 
+// out (n,C) = stream + t.branch, the branch RMS-normalized first with weights post (post_norms).
+void join_branch(const ops::Context& ctx, const DecoderConfig& c, const BlockTensors& t, int64_t n,
+                 const WeightRef& post, const float* stream, float* out) {
+  const int64_t C = c.d_model;
+  if (c.post_norms)
+    ops::rmsnorm_forward(ctx, t.branch, t.post_rstd, t.branch, static_cast<const float*>(post.data),
+                         n, C, c.norm_eps);
+  ops::add(ctx, out, stream, t.branch, n * C);
+}
+
 }  // namespace
 
 const char* stage_name(Stage s) {
@@ -145,10 +155,7 @@ void block_forward(const ops::Context& ctx, const DecoderConfig& c, const Decode
     const ops::Scope scope(ctx, stage_name(Stage::attn_out));
     lora_forward(ctx, w.adapter(M::o), t.branch, C, t.att, n, t.lora_u);
   }
-  if (c.post_norms)
-    ops::rmsnorm_forward(ctx, t.branch, t.post_rstd, t.branch,
-                         static_cast<const float*>(w.post_attn_norm.data), n, C, c.norm_eps);
-  ops::add(ctx, t.mid, t.in, t.branch, n * C);
+  join_branch(ctx, c, t, n, w.post_attn_norm, t.in, t.mid);
 
   // MLP branch: out = mid + [post-norm] down(act(up(norm(mid)))).
   norm_forward(ctx, c, t.xn2, t.mean2, t.rstd2, t.mid, n, w.ffn_norm, w.ffn_norm_b);
@@ -177,10 +184,7 @@ void block_forward(const ops::Context& ctx, const DecoderConfig& c, const Decode
     const ops::Scope scope(ctx, stage_name(Stage::mlp_down));
     lora_forward(ctx, w.adapter(M::down), t.branch, C, t.ff_act, n, t.lora_u);
   }
-  if (c.post_norms)
-    ops::rmsnorm_forward(ctx, t.branch, t.post_rstd, t.branch,
-                         static_cast<const float*>(w.post_ffn_norm.data), n, C, c.norm_eps);
-  ops::add(ctx, t.out, t.mid, t.branch, n * C);
+  join_branch(ctx, c, t, n, w.post_ffn_norm, t.mid, t.out);
 }
 
 }  // namespace tessera::model

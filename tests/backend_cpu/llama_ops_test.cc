@@ -547,6 +547,28 @@ void put_special_gates(float* g, int64_t n) {
   for (int64_t i = 0; i < n && i < 14; ++i) g[i] = special[i];
 }
 
+// The kernel's forward and backward on 1, 2 and 3 threads: the 1-thread results into out1, dg1,
+// du1, and the others bit-identical to them.
+void glu_on_threads(GluAct act, int64_t N, int64_t F, int off, const Buf& g, const Buf& u,
+                    const Buf& dy, std::vector<float>* out1, std::vector<float>* dg1,
+                    std::vector<float>* du1) {
+  const int64_t n = N * F;
+  for (int threads = 1; threads <= 3; ++threads) {
+    Buf out(n, off), dg(n, off), du(n, off);
+    cpu::glu_forward(pool(threads), out.p, g.p, u.p, N, F, act);
+    cpu::glu_backward(pool(threads), dg.p, du.p, dy.p, g.p, u.p, N, F, act);
+    if (threads == 1) {
+      out1->assign(out.p, out.p + n);
+      dg1->assign(dg.p, dg.p + n);
+      du1->assign(du.p, du.p + n);
+    } else {
+      ASSERT_TRUE(same_bits(out.p, out1->data(), n) && same_bits(dg.p, dg1->data(), n) &&
+                  same_bits(du.p, du1->data(), n))
+          << "N=" << N << " F=" << F << " threads=" << threads;
+    }
+  }
+}
+
 TEST(Swiglu, ForwardAndBackwardMatchReferenceAndThreadCount) {
   for_each_target([&] {
     for (const auto& [N, F] : kGluShapes) {
@@ -556,23 +578,10 @@ TEST(Swiglu, ForwardAndBackwardMatchReferenceAndThreadCount) {
           dy = normal_buf(n, off, 502 + F);
       put_special_gates(g.p, n);
       Buf rout(n, off), rdg(n, off), rdu(n, off);
-      std::vector<float> out1, dg1, du1;
       cpu::ref::glu_forward(rout.p, g.p, u.p, N, F, GluAct::silu);
       cpu::ref::glu_backward(rdg.p, rdu.p, dy.p, g.p, u.p, N, F, GluAct::silu);
-      for (int threads = 1; threads <= 3; ++threads) {
-        Buf out(n, off), dg(n, off), du(n, off);
-        cpu::glu_forward(pool(threads), out.p, g.p, u.p, N, F, GluAct::silu);
-        cpu::glu_backward(pool(threads), dg.p, du.p, dy.p, g.p, u.p, N, F, GluAct::silu);
-        if (threads == 1) {
-          out1.assign(out.p, out.p + n);
-          dg1.assign(dg.p, dg.p + n);
-          du1.assign(du.p, du.p + n);
-        } else {
-          ASSERT_TRUE(same_bits(out.p, out1.data(), n) && same_bits(dg.p, dg1.data(), n) &&
-                      same_bits(du.p, du1.data(), n))
-              << "N=" << N << " F=" << F << " threads=" << threads;
-        }
-      }
+      std::vector<float> out1, dg1, du1;
+      ASSERT_NO_FATAL_FAILURE(glu_on_threads(GluAct::silu, N, F, off, g, u, dy, &out1, &dg1, &du1));
       for (int64_t i = 0; i < n; ++i) {
         const double gi = g[i], s = 1 / (1 + std::exp(-gi)), sm = 1 / (1 + std::exp(gi));
         // exp(-|g|) is within 1 ulp, 1/(1 + e) adds two roundings and e/(1 + e) one more, so s
@@ -656,20 +665,8 @@ TEST(Geglu, ForwardAndBackwardMatchReferenceAndThreadCount) {
       cpu::ref::glu_forward(rout.p, g.p, u.p, N, F, GluAct::gelu_tanh);
       cpu::ref::glu_backward(rdg.p, rdu.p, dy.p, g.p, u.p, N, F, GluAct::gelu_tanh);
       std::vector<float> out1, dg1, du1;
-      for (int threads = 1; threads <= 3; ++threads) {
-        Buf out(n, off), dg(n, off), du(n, off);
-        cpu::glu_forward(pool(threads), out.p, g.p, u.p, N, F, GluAct::gelu_tanh);
-        cpu::glu_backward(pool(threads), dg.p, du.p, dy.p, g.p, u.p, N, F, GluAct::gelu_tanh);
-        if (threads == 1) {
-          out1.assign(out.p, out.p + n);
-          dg1.assign(dg.p, dg.p + n);
-          du1.assign(du.p, du.p + n);
-        } else {
-          ASSERT_TRUE(same_bits(out.p, out1.data(), n) && same_bits(dg.p, dg1.data(), n) &&
-                      same_bits(du.p, du1.data(), n))
-              << "N=" << N << " F=" << F << " threads=" << threads;
-        }
-      }
+      ASSERT_NO_FATAL_FAILURE(
+          glu_on_threads(GluAct::gelu_tanh, N, F, off, g, u, dy, &out1, &dg1, &du1));
       for (int64_t i = 0; i < n; ++i) {
         const double gi = g[i];
         const double t = std::tanh(0.79788456080286535588 * (gi + 0.044715 * gi * gi * gi));

@@ -289,7 +289,13 @@ TEST(DecoderRoundTrip, Gemma3) {
   EXPECT_EQ(m3.config.local_layers, c1.local_layers);
   EXPECT_EQ(m3.config.score_scale(), c1.score_scale());
 
-  // What is not implemented is refused naming the field.
+  // What is not implemented is refused naming the key or field.
+  const std::string capped_gguf = a + "/capped.gguf";
+  save_decoder_gguf(m1, capped_gguf, [](formats::GgufWriter& gw) {
+    gw.set("gemma3.final_logit_softcapping", 30.0f);
+  });
+  tessera::test::expect_error([&] { load_decoder_gguf(capped_gguf); },
+                              "gemma3.final_logit_softcapping");
   HfModel capped = hf;
   capped.config["final_logit_softcapping"] = 30.0;
   const std::string d = test::temp_folder("gemma_capped");
