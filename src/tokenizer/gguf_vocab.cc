@@ -64,9 +64,10 @@ Tokenizer Tokenizer::from_gguf(const formats::GgufFile& f) {
   else if (model != "gpt2")
     r.bad("tokenizer.ggml.model", cat("unsupported '", model, "' (only gpt2 and llama)"));
   const bool spm = st.model == TokenizerModel::sentencepiece_bpe;
-  if (!spm && f.has("tokenizer.ggml.pre"))
-    st.pre = parse_pre_tokenizer(f.get_string("tokenizer.ggml.pre"),
-                                 cat(f.path(), ": tokenizer.ggml.pre"));
+  if (!spm && f.has("tokenizer.ggml.pre")) {
+    st.pre_name = f.get_string("tokenizer.ggml.pre");
+    st.pre = parse_pre_tokenizer(st.pre_name, cat(f.path(), ": tokenizer.ggml.pre"));
+  }
   // GGUF has no flag for HF's ignore_merges; Llama 3 sets it, and llama.cpp implies it there.
   st.ignore_merges = st.pre == PreTokenizer::llama3;
   // GGUF has no normalizer key either; Qwen2's tokenizer.json has NFC, so "qwen2" implies it.
@@ -160,7 +161,9 @@ void Tokenizer::to_gguf(formats::GgufWriter& w) const {
   TS_CHECK(vocab_size() > 0, "[tokenizer] to_gguf: the tokenizer is empty");
   const bool spm = m.model == TokenizerModel::sentencepiece_bpe;
   w.set("tokenizer.ggml.model", spm ? "llama" : "gpt2");
-  if (!spm) w.set("tokenizer.ggml.pre", std::string(pre_tokenizer_name(m.pre)));
+  if (!spm)
+    w.set("tokenizer.ggml.pre",
+          m.pre_name.empty() ? std::string(pre_tokenizer_name(m.pre)) : m.pre_name);
   std::vector<std::string> names(m.tokens.size());
   std::vector<int32_t> types(m.tokens.size(), kNormal);
   for (size_t id = 0; id < m.tokens.size(); ++id) {

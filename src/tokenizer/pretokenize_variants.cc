@@ -165,12 +165,16 @@ std::string_view pre_tokenizer_name(PreTokenizer p) {
 }
 
 PreTokenizer parse_pre_tokenizer(std::string_view name, std::string_view where) {
-  if (name == "gpt2" || name == "gpt-2") return PreTokenizer::gpt2;
-  if (name == "smollm") return PreTokenizer::smollm;
+  // llama.cpp gives mpt GPT-2's pattern, and starcoder, refact and command-r SmolLM's (digits
+  // apart, then GPT-2's): the same pre-tokenizers under other names.
+  if (name == "gpt2" || name == "gpt-2" || name == "mpt") return PreTokenizer::gpt2;
+  if (name == "smollm" || name == "starcoder" || name == "refact" || name == "command-r")
+    return PreTokenizer::smollm;
   if (name == "llama3" || name == "llama-bpe" || name == "llama-v3") return PreTokenizer::llama3;
   if (name == "qwen2") return PreTokenizer::qwen2;
   fail("[tokenizer] ", where, ": unsupported pre-tokenizer '", name,
-       "' (known: gpt2, gpt-2, smollm, llama3, llama-bpe, llama-v3, qwen2)");
+       "' (known: gpt2, gpt-2, mpt, smollm, starcoder, refact, command-r, llama3, llama-bpe, "
+       "llama-v3, qwen2)");
 }
 
 std::string_view pre_tokenizer_split_regex(PreTokenizer p) {

@@ -80,6 +80,7 @@ struct TokenizerState {
   // Source of truth (what JSON and GGUF store); the index below is derived by finalize().
   TokenizerModel model = TokenizerModel::byte_level_bpe;
   PreTokenizer pre = PreTokenizer::gpt2;  // byte-level only
+  std::string pre_name;  // the GGUF tokenizer.ggml.pre it was read from (written back as is)
   // Byte-level: raw bytes. SentencePiece: the piece as UTF-8 (with U+2581), "<0xNN>" for byte
   // tokens. Added tokens: their content.
   std::vector<std::string> tokens;

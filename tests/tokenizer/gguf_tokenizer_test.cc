@@ -148,6 +148,28 @@ TEST(GgufTokenizer, UserDefinedTokensMatchedInOrdinaryText) {
   EXPECT_EQ(tok.decode(tok.encode_ordinary("ab\n  a")), "ab\n  a");
 }
 
+// llama.cpp's other names for the pre-tokenizers we have (starcoder, refact and command-r split
+// like smollm; mpt like gpt2) load as those, and the file's name is what is written back.
+TEST(GgufTokenizer, PreTokenizerAliasesKeepTheirName) {
+  const formats::GgufFile base(kDir + "smollm2.gguf");
+  const tokenizer::Tokenizer smollm = tokenizer::Tokenizer::from_gguf(base);
+  ASSERT_EQ(smollm.pre_tokenizer(), tokenizer::PreTokenizer::smollm);
+  for (const char* alias : {"starcoder", "refact", "command-r"}) {
+    formats::GgufWriter w;
+    for (const auto& [k, v] : base.metadata())
+      if (k.starts_with("tokenizer.")) w.set(k, v);
+    w.set("tokenizer.ggml.pre", std::string(alias));
+    const tokenizer::Tokenizer tok = load(w);
+    EXPECT_EQ(tok.pre_tokenizer(), tokenizer::PreTokenizer::smollm) << alias;
+    EXPECT_EQ(tok.encode_ordinary("abc 12345 it's"), smollm.encode_ordinary("abc 12345 it's"));
+    formats::GgufWriter back;
+    tok.to_gguf(back);
+    EXPECT_EQ(
+        formats::GgufFile::from_memory(back.serialize(), "b.gguf").get_string("tokenizer.ggml.pre"),
+        alias);
+  }
+}
+
 TEST(GgufTokenizer, Errors) {
   auto with = [](const std::string& key, formats::GgufValue v) {
     formats::GgufWriter w = spm_writer();
