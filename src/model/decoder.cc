@@ -61,11 +61,19 @@ void DecoderConfig::validate(const std::string& source) const {
              ": embedding scale must be positive (got ", embed_scale, ")");
     TS_CHECK(std::isfinite(attn_scale) && attn_scale >= 0, "[model] ", source,
              ": attention scale must be positive (got ", attn_scale, ")");
+    TS_CHECK(!qk_norm_whole || qk_norm, "[model] ", source,
+             ": whole-vector q/k norms without q/k norms");
+    TS_CHECK(n_experts >= 0 && n_experts <= 4096, "[model] ", source, ": expert count ", n_experts,
+             " out of range [0, 4096]");
+    TS_CHECK(!moe() || (n_experts_used >= 1 && n_experts_used <= n_experts), "[model] ", source,
+             ": experts used per token ", n_experts_used, " must be in [1, ", n_experts, "]");
+    TS_CHECK(!moe() || mlp_act == ops::GluAct::silu, "[model] ", source,
+             ": mixture-of-experts layers are SwiGLU here");
   } else {
     TS_CHECK(n_kv_heads == n_heads && head_dim * n_heads == d_model, "[model] ", source,
              ": gpt2 needs head count * head dim == width and no grouped heads");
     TS_CHECK(!qk_norm && !post_norms && local_layers.empty() && mlp_act == ops::GluAct::silu &&
-                 embed_scale == 1.0f && attn_scale == 0.0,
+                 embed_scale == 1.0f && attn_scale == 0.0 && !moe(),
              "[model] ", source, ": gpt2 has none of the Llama-family layer options");
   }
 }
@@ -101,6 +109,14 @@ std::vector<double> rope_inv_freqs(const DecoderConfig& cfg, bool local) {
   return inv;
 }
 
+WeightRef row_slice(const WeightRef& w, int64_t row0, int64_t rows) {
+  const int64_t row_bytes = dtype_bytes(w.type, w.cols());
+  const auto* base = static_cast<const uint8_t*>(w.data);
+  if (w.shape.rank() == 1)
+    return WeightRef{base + dtype_bytes(w.type, row0), w.type, Shape({rows})};
+  return WeightRef{base + row0 * row_bytes, w.type, Shape({rows, w.cols()})};
+}
+
 namespace {
 
 template <typename Fn>
@@ -124,6 +140,11 @@ int64_t DecoderModel::weight_bytes_per_token() const {
     if (!r.present()) return;
     total += lookup_table ? dtype_bytes(r.type, r.cols()) : r.bytes();
   });
+  // A token reads n_experts_used of each MoE layer's experts, not all of them.
+  if (config.moe())
+    for (const DecoderLayer& l : weights.layers)
+      for (const WeightRef* r : {&l.w_gate, &l.w_up, &l.w_down})
+        total -= r->bytes() / config.n_experts * (config.n_experts - config.n_experts_used);
   // A tied head reads the whole embedding matrix once per token, besides the one looked-up row.
   if (weights.output.present() && weights.output.data == weights.tok_embd.data)
     total += weights.output.bytes();
@@ -169,8 +190,13 @@ int64_t use_cpu_layout(DecoderModel& m) {
   // The token embedding too: the engine looks its rows up through ops::dequantize_row, which
   // reads every layout, and a tied head is the same bytes.
   rearrange(w.tok_embd);
+  // A MoE layer's experts are read as row slices of the stacked matrices: every expert must
+  // start on a row group of the layout (8 rows, 16 for f16x16).
+  const DecoderConfig& c = m.config;
+  const bool slices_whole = !c.moe() || (c.d_ff % 16 == 0 && c.d_model % 16 == 0);
   for (DecoderLayer& l : w.layers)
-    for (WeightRef* r : l.matrices()) rearrange(*r);
+    for (WeightRef* r : l.matrices())
+      if (slices_whole || (r != &l.w_gate && r != &l.w_up && r != &l.w_down)) rearrange(*r);
   rearrange(w.output);
   return bytes;
 }

@@ -75,7 +75,19 @@ struct DecoderConfig {
   double attn_scale = 0.0;
   std::vector<uint8_t> local_layers;  // (n_layers) 1: local, or empty
   double rope_theta_local = 10000.0;
+  // q and k each RMS-normalized as one vector of q_dim / kv_dim (OLMoE) instead of per head
+  // (qk_norm must be set too; q_norm (q_dim), k_norm (kv_dim)).
+  bool qk_norm_whole = false;
+  // Mixture of experts (Mixtral, Qwen3-MoE, OLMoE): every layer's MLP is n_experts SwiGLU experts
+  // of width d_ff, stored stacked (w_gate, w_up (n_experts * d_ff, C), w_down (n_experts * C,
+  // d_ff): expert e's rows start at e * d_ff, e * C), of which the router (ffn_router (n_experts,
+  // C)) picks n_experts_used for each token (ops::moe_route; expert_norm: the chosen experts'
+  // probabilities renormalized to sum to 1). 0 experts: a dense MLP.
+  int64_t n_experts = 0;
+  int64_t n_experts_used = 0;
+  bool expert_norm = true;
 
+  bool moe() const { return n_experts > 0; }
   int64_t q_dim() const { return n_heads * head_dim; }
   int64_t kv_dim() const { return n_kv_heads * head_dim; }
   // Whether layer l is a local (sliding-window) layer of a model that mixes them.
@@ -118,6 +130,10 @@ struct WeightRef {
   }
 };
 
+// Rows [row0, row0 + rows) of a matrix (elements of a vector): GPT-2's fused attn_qkv seen as q,
+// k and v; expert e of a MoE layer's stacked matrices.
+WeightRef row_slice(const WeightRef& w, int64_t row0, int64_t rows);
+
 // A low-rank adapter (LoRA) on one matrix W (N,K): the product x W^T becomes
 // x W^T + scale (x A^T) B^T, with A (r,K) and B (N,r) in f32 and scale = alpha / r.
 struct LoraRef {
@@ -136,10 +152,12 @@ struct DecoderLayer {
   WeightRef wq, wk, wv, wo;                 // (q_dim,C) (kv_dim,C) (kv_dim,C) (C,q_dim)
   WeightRef bq, bk, bv, bo;                 // optional biases
   WeightRef ffn_norm, ffn_norm_b;           // (C)
-  WeightRef w_gate, w_up, w_down;           // (F,C) (F,C) (C,F); gate absent for gpt2
+  WeightRef w_gate, w_up, w_down;           // (F,C) (F,C) (C,F); gate absent for gpt2;
+                                            // MoE: the experts' stacked (DecoderConfig)
   WeightRef b_up, b_down;                   // gpt2 biases of fc and proj
   WeightRef q_norm, k_norm;                 // (head_dim) per-head norms of q and k (qk_norm only)
   WeightRef post_attn_norm, post_ffn_norm;  // (C) norms of the branches' outputs (post_norms)
+  WeightRef ffn_router;                     // (n_experts, C) the MoE router (moe() only), f32
 
   // Adapters on the matrices, indexed by LayerMatrix; absent unless a LoRA adapter is applied
   // (model/lora.h).
@@ -152,18 +170,43 @@ struct DecoderLayer {
   std::array<const WeightRef*, kLayerMatrices> matrices() const {
     return {&wq, &wk, &wv, &wo, &w_gate, &w_up, &w_down};
   }
-  // The fourteen vectors (norms, biases, q/k norms, post-norms; each absent where the family has
-  // none), for the loops that treat them alike: f32 checks, conversion, upload, counting.
-  static constexpr int kVectors = 14;
+  // The vectors (norms, biases, q/k norms, post-norms; each absent where the family has none),
+  // for the loops that treat them alike: f32 checks, conversion, upload, counting.
+  // The router is kept with them: a small f32 matrix read whole by every token.
+  static constexpr int kVectors = 15;
   std::array<WeightRef*, kVectors> vectors() {
-    return {
-        &attn_norm, &attn_norm_b, &ffn_norm, &ffn_norm_b,     &bq,           &bk, &bv, &bo, &b_up,
-        &b_down,    &q_norm,      &k_norm,   &post_attn_norm, &post_ffn_norm};
+    return {&attn_norm,
+            &attn_norm_b,
+            &ffn_norm,
+            &ffn_norm_b,
+            &bq,
+            &bk,
+            &bv,
+            &bo,
+            &b_up,
+            &b_down,
+            &q_norm,
+            &k_norm,
+            &post_attn_norm,
+            &post_ffn_norm,
+            &ffn_router};
   }
   std::array<const WeightRef*, kVectors> vectors() const {
-    return {
-        &attn_norm, &attn_norm_b, &ffn_norm, &ffn_norm_b,     &bq,           &bk, &bv, &bo, &b_up,
-        &b_down,    &q_norm,      &k_norm,   &post_attn_norm, &post_ffn_norm};
+    return {&attn_norm,
+            &attn_norm_b,
+            &ffn_norm,
+            &ffn_norm_b,
+            &bq,
+            &bk,
+            &bv,
+            &bo,
+            &b_up,
+            &b_down,
+            &q_norm,
+            &k_norm,
+            &post_attn_norm,
+            &post_ffn_norm,
+            &ffn_router};
   }
   const LoraRef& adapter(LayerMatrix m) const { return lora[static_cast<size_t>(m)]; }
   bool has_adapters() const {
@@ -194,8 +237,9 @@ struct DecoderModel {
   std::shared_ptr<const formats::GgufFile> gguf;    // set when loaded from GGUF (tokenizer source)
   std::string source;                               // path it was loaded from
 
-  // Bytes of all weights a decode step reads (every matrix and vector once; the embedding
-  // table counts one row, as only one row per token is read).
+  // Bytes of all weights a decode step of one token reads (every matrix and vector once; the
+  // embedding table counts one row, as only one row per token is read; of a MoE layer's experts,
+  // n_experts_used).
   int64_t weight_bytes_per_token() const;
   int64_t total_weight_bytes() const;
 };

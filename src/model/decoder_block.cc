@@ -2,7 +2,10 @@
 // residual, norm, MLP, residual.
 #include "model/decoder_block.h"
 
+#include <vector>
+
 #include "core/error.h"
+#include "ops/memory.h"
 #include "ops/ops.h"
 #include "ops/quant.h"
 
@@ -63,6 +66,79 @@ void join_branch(const ops::Context& ctx, const DecoderConfig& c, const BlockTen
     ops::rmsnorm_forward(ctx, t.branch, t.post_rstd, t.branch, static_cast<const float*>(post.data),
                          n, C, c.norm_eps);
   ops::add(ctx, out, stream, t.branch, n * C);
+}
+
+// t.branch (n,C) = the MoE MLP of t.xn2: the router picks k experts per row (ops::moe_route);
+// the host groups the n k choices by expert, and each chosen expert runs once on the rows that
+// chose it, reading only its own rows of the stacked matrices; the outputs are added into their
+// rows with the router's weights. The grouping needs the choices on the host: one small copy
+// per layer, which a device graph cannot record (DecoderForward does not record MoE steps).
+void moe_mlp(const ops::Context& ctx, const DecoderConfig& c, const DecoderLayer& w, int64_t n,
+             const BlockTensors& t) {
+  const int64_t C = c.d_model, F = c.d_ff, E = c.n_experts, k = c.n_experts_used, nk = n * k;
+  TS_CHECK(t.router && t.moe_ids && t.moe_weights && t.moe_x && t.moe_y,
+           "[model] a mixture-of-experts layer needs the router and expert scratch");
+  {
+    const ops::Scope scope(ctx, stage_name(Stage::mlp_in));
+    ops::matmul_wt(ctx, t.router, E, t.xn2, n, C, w.ffn_router.data, w.ffn_router.type, E, nullptr);
+    ops::moe_route(ctx, t.moe_ids, t.moe_weights, t.router, n, E, k, c.expert_norm);
+  }
+  std::vector<int32_t> ids(static_cast<size_t>(2 * nk));
+  std::vector<float> weights(static_cast<size_t>(2 * nk));
+  ops::copy(ctx, ids.data(), t.moe_ids, static_cast<size_t>(nk) * sizeof(int32_t),
+            ops::CopyKind::device_to_host);
+  ops::copy(ctx, weights.data(), t.moe_weights, static_cast<size_t>(nk) * sizeof(float),
+            ops::CopyKind::device_to_host);
+  // Counting sort of the choices by expert: expert e's rows are [start[e], start[e + 1]).
+  std::vector<int64_t> start(static_cast<size_t>(E + 1), 0);
+  for (int64_t i = 0; i < nk; ++i) {
+    TS_CHECK(ids[i] >= 0 && ids[i] < E, "[model] the router chose expert ", ids[i], " of ", E);
+    ++start[static_cast<size_t>(ids[i]) + 1];
+  }
+  for (int64_t e = 0; e < E; ++e) start[e + 1] += start[e];
+  std::vector<int64_t> next(start.begin(), start.end() - 1);
+  int32_t* rows = ids.data() + nk;
+  float* grouped = weights.data() + nk;
+  for (int64_t i = 0; i < nk; ++i) {
+    const int64_t at = next[static_cast<size_t>(ids[i])]++;
+    rows[at] = static_cast<int32_t>(i / k);
+    grouped[at] = weights[i];
+  }
+  ops::copy(ctx, t.moe_ids + nk, rows, static_cast<size_t>(nk) * sizeof(int32_t),
+            ops::CopyKind::host_to_device);
+  ops::copy(ctx, t.moe_weights + nk, grouped, static_cast<size_t>(nk) * sizeof(float),
+            ops::CopyKind::host_to_device);
+  if (n == 1) {
+    // One token (decode at batch 1): every chosen expert reads the same row, so their gate and
+    // up products go as one group, the row quantized once and the threads handed off once.
+    std::vector<ops::WtProduct> products;
+    for (int64_t e = 0; e < E; ++e)
+      if (start[e + 1] > start[e])
+        for (const WeightRef* m : {&w.w_gate, &w.w_up})
+          products.push_back(ops::WtProduct{(m == &w.w_gate ? t.ff_in : t.ff_up) + start[e] * F, F,
+                                            row_slice(*m, e * F, F).data, m->type, F, nullptr});
+    const ops::Scope scope(ctx, stage_name(Stage::mlp_in));
+    ops::matmul_wt_group(ctx, t.xn2, 1, C, products);
+  } else {
+    ops::gather_rows(ctx, t.moe_x, t.xn2, t.moe_ids + nk, nk, C, n);
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t r0 = start[e], m = start[e + 1] - r0;
+      if (m == 0) continue;
+      const WeightRef gate = row_slice(w.w_gate, e * F, F), up = row_slice(w.w_up, e * F, F);
+      linear_group(ctx, Stage::mlp_in, t.moe_x + r0 * C, m, F,
+                   {{t.ff_in + r0 * F, &gate, nullptr}, {t.ff_up + r0 * F, &up, nullptr}});
+    }
+  }
+  ops::glu_forward(ctx, t.ff_act, t.ff_in, t.ff_up, nk, F, c.mlp_act);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = start[e], m = start[e + 1] - r0;
+    if (m > 0)
+      linear_forward(ctx, Stage::mlp_down, t.moe_y + r0 * C, t.ff_act + r0 * F, m,
+                     row_slice(w.w_down, e * C, C), {});
+  }
+  const ops::Scope scope(ctx, stage_name(Stage::mlp_down));
+  ops::zero(ctx, t.branch, static_cast<size_t>(n * C) * sizeof(float));
+  ops::scatter_add_rows(ctx, t.branch, t.moe_y, t.moe_ids + nk, t.moe_weights + nk, nk, C, n);
 }
 
 }  // namespace
@@ -138,12 +214,13 @@ void block_forward(const ops::Context& ctx, const DecoderConfig& c, const Decode
     lora_forward(ctx, w.adapter(M::k), t.qkv + QD, QKV, t.xn1, n, t.lora_u);
     lora_forward(ctx, w.adapter(M::v), t.qkv + QD + KV, QKV, t.xn1, n, t.lora_u);
   }
-  if (c.qk_norm) {  // each head of q and k normalized in place, before attention rotates them
+  if (c.qk_norm) {  // each head of q and k (or each whole) normalized before attention rotates
     const ops::Scope scope(ctx, stage_name(Stage::qkv));
     if (t.qk_raw) ops::copy_rows(ctx, t.qk_raw, QD + KV, t.qkv, QKV, n, QD + KV);
-    ops::head_rmsnorm(ctx, t.qkv, QKV, n, c.n_heads, c.head_dim,
+    const bool whole = c.qk_norm_whole;
+    ops::head_rmsnorm(ctx, t.qkv, QKV, n, whole ? 1 : c.n_heads, whole ? QD : c.head_dim,
                       static_cast<const float*>(w.q_norm.data), c.norm_eps);
-    ops::head_rmsnorm(ctx, t.qkv + QD, QKV, n, c.n_kv_heads, c.head_dim,
+    ops::head_rmsnorm(ctx, t.qkv + QD, QKV, n, whole ? 1 : c.n_kv_heads, whole ? KV : c.head_dim,
                       static_cast<const float*>(w.k_norm.data), c.norm_eps);
   }
   {
@@ -160,7 +237,11 @@ void block_forward(const ops::Context& ctx, const DecoderConfig& c, const Decode
   // MLP branch: out = mid + [post-norm] down(act(up(norm(mid)))).
   norm_forward(ctx, c, t.xn2, t.mean2, t.rstd2, t.mid, n, w.ffn_norm, w.ffn_norm_b);
   const int64_t F = c.d_ff;
-  if (llama) {
+  if (c.moe()) {
+    TS_CHECK(!stop_after_ff_in && !w.has_adapters(),
+             "[model] mixture-of-experts layers have no backward or adapters yet");
+    moe_mlp(ctx, c, w, n, t);
+  } else if (llama) {
     linear_group(ctx, Stage::mlp_in, t.xn2, n, F,
                  {{t.ff_in, &w.w_gate, nullptr}, {t.ff_up, &w.w_up, nullptr}});
     if (w.adapter(M::gate).present() || w.adapter(M::up).present()) {
@@ -179,7 +260,7 @@ void block_forward(const ops::Context& ctx, const DecoderConfig& c, const Decode
     if (stop_after_ff_in) return;
     ops::gelu_forward(ctx, t.ff_act, t.ff_in, n * F);
   }
-  linear_forward(ctx, Stage::mlp_down, t.branch, t.ff_act, n, w.w_down, w.b_down);
+  if (!c.moe()) linear_forward(ctx, Stage::mlp_down, t.branch, t.ff_act, n, w.w_down, w.b_down);
   if (w.adapter(M::down).present()) {
     const ops::Scope scope(ctx, stage_name(Stage::mlp_down));
     lora_forward(ctx, w.adapter(M::down), t.branch, C, t.ff_act, n, t.lora_u);

@@ -47,6 +47,13 @@ struct BlockTensors {
                                // for the backward; null where nothing is kept (the engine)
   float* post_rstd = nullptr;  // (n) the post-norms' 1/rms (post_norms), not kept: the engine's
                                // only (the trainer refuses post-norms)
+  // Mixture of experts (DecoderConfig::moe; E experts, k used, the engine's only): ff_in, ff_up
+  // and ff_act then hold (n k, F), one row per choice, grouped by expert.
+  float* router = nullptr;       // (n,E) the router's logits
+  int32_t* moe_ids = nullptr;    // (2 n k) the choices (n,k), then their rows grouped by expert
+  float* moe_weights = nullptr;  // (2 n k) the choices' weights (n,k), then grouped likewise
+  float* moe_x = nullptr;        // (n k, C) the MLP input's rows, grouped by expert
+  float* moe_y = nullptr;        // (n k, C) the experts' outputs, likewise
 };
 
 // How a layer's queries meet keys and values: att (n, q_dim) from qkv (n, QKV). It applies the

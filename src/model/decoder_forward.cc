@@ -14,7 +14,27 @@ namespace tessera::model {
 namespace {
 
 // The activation buffers (DecoderForward::acts_), each max_rows rows of the width beside it.
-enum Act { kX, kTmp, kXn, kQkv, kQ, kK, kAtt, kFfA, kFfB, kStatA, kStatB, kLora, kNumActs };
+// kRouter .. kMoeY: a mixture-of-experts layer's (BlockTensors), empty for dense models.
+enum Act {
+  kX,
+  kTmp,
+  kXn,
+  kQkv,
+  kQ,
+  kK,
+  kAtt,
+  kFfA,
+  kFfB,
+  kStatA,
+  kStatB,
+  kLora,
+  kRouter,
+  kMoeIds,
+  kMoeWeights,
+  kMoeX,
+  kMoeY,
+  kNumActs
+};
 
 // The largest rank of m's adapters (LoraRef), 0 without any.
 int64_t max_lora_rank(const DecoderModel& m) {
@@ -25,11 +45,15 @@ int64_t max_lora_rank(const DecoderModel& m) {
   return r;
 }
 
-// Each activation buffer's floats per row, in Act's order (kLora: x A^T of an adapter).
+// Each activation buffer's floats (or int32s) per row, in Act's order (kLora: x A^T of an
+// adapter). A MoE layer's MLP runs k rows per token.
 std::array<int64_t, kNumActs> act_widths(const DecoderConfig& c, int64_t lora_rank) {
-  return {c.d_model, c.d_model,  c.d_model, c.q_dim() + 2 * c.kv_dim(),
-          c.q_dim(), c.kv_dim(), c.q_dim(), c.d_ff,
-          c.d_ff,    1,          1,         std::max<int64_t>(lora_rank, 1)};
+  const int64_t k = c.moe() ? c.n_experts_used : 0, ff = c.d_ff * std::max<int64_t>(k, 1);
+  return {c.d_model,    c.d_model,  c.d_model, c.q_dim() + 2 * c.kv_dim(),
+          c.q_dim(),    c.kv_dim(), c.q_dim(), ff,
+          ff,           1,          1,         std::max<int64_t>(lora_rank, 1),
+          c.n_experts,  2 * k,      2 * k,     k * c.d_model,
+          k * c.d_model};
 }
 // Logit rows per head call on a device (bounds the device's logits buffer at large vocabularies).
 constexpr int64_t kHeadRows = 64;
@@ -159,7 +183,8 @@ int64_t DecoderForward::forward(const DecoderRows& rows, const PagedKv& kv, floa
   const auto R = static_cast<size_t>(max_rows_);
   if (acts_.empty()) {
     for (int64_t width : act_widths(c, max_lora_rank(model_)))
-      acts_.emplace_back(ctx_.device, R * static_cast<size_t>(width) * sizeof(float));
+      acts_.emplace_back(ctx_.device,
+                         R * static_cast<size_t>(std::max<int64_t>(width, 1)) * sizeof(float));
     table_stride_ = (max_ctx_ + BT - 1) / BT;
     ints_.resize(R * static_cast<size_t>(kTables + table_stride_));
     if (!on_host_) {
@@ -214,7 +239,8 @@ int64_t DecoderForward::forward(const DecoderRows& rows, const PagedKv& kv, floa
   float* head_out = on_host_ ? logits : logits_device_.as<float>();
   const int64_t first_piece = on_host_ ? m : std::min(m, kHeadRows);
   auto run = [&] { run_layers(n, m, bound, first_piece, kv, head_out); };
-  if (n <= kGraphMaxRows && m <= kHeadRows && ops::records_graphs(ctx_)) {
+  // A MoE layer groups its rows by expert on the host (moe_mlp): no graph can record it.
+  if (n <= kGraphMaxRows && m <= kHeadRows && !c.moe() && ops::records_graphs(ctx_)) {
     const GraphKey key{n, m, bound, kv.base};
     auto it = graphs_.find(key);
     if (it == graphs_.end()) {
@@ -259,6 +285,13 @@ void DecoderForward::run_layers(int64_t n, int64_t m, int64_t max_keys, int64_t 
   t.ff_up = buf(kFfB);
   t.lora_u = buf(kLora);
   t.post_rstd = buf(kStatA);  // the layer norm's mean, which RMSNorm models leave unused
+  if (c.moe()) {
+    t.router = buf(kRouter);
+    t.moe_ids = acts_[kMoeIds].as<int32_t>();
+    t.moe_weights = buf(kMoeWeights);
+    t.moe_x = buf(kMoeX);
+    t.moe_y = buf(kMoeY);
+  }
   PagedAttention attention(*this, kv, max_keys);
   for (int64_t l = 0; l < c.n_layers; ++l)
     block_forward(ctx_, c, w.layers[static_cast<size_t>(l)], l, n, t, attention);

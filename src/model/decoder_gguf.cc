@@ -1,5 +1,6 @@
 // Loads a decoder model from GGUF: llama.cpp's metadata keys and tensor names for the llama,
-// qwen2 and gpt2 architectures; weights stay in their stored type and point into the file.
+// qwen2, qwen3, gemma3, qwen3moe, olmoe and gpt2 architectures; weights stay in their stored
+// type and point into the file.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -44,8 +45,8 @@ class GgufDecoderReader {
     const Shape shape = t->shape();
     TS_CHECK(expected.rank() == 0 || shape == expected, "[gguf] ", f_.path(), ": tensor '", name,
              "' has shape ", shape.str(), ", expected ", expected.str());
-    TS_CHECK(shape.rank() != 2 || shape[1] % traits(*t->dtype).block_elems == 0, "[gguf] ",
-             f_.path(), ": tensor '", name, "' rows are not whole blocks");
+    TS_CHECK(shape.rank() < 2 || shape[shape.rank() - 1] % traits(*t->dtype).block_elems == 0,
+             "[gguf] ", f_.path(), ": tensor '", name, "' rows are not whole blocks");
     used_.insert(name);
     return WeightRef{t->data, *t->dtype, shape};
   }
@@ -73,13 +74,40 @@ class GgufDecoderReader {
   mutable std::set<std::string> used_;
 };
 
-// Rows [row0, row0 + rows) of a matrix: GPT-2's fused attn_qkv holds q, k, v as row blocks.
-WeightRef row_slice(const WeightRef& w, int64_t row0, int64_t rows) {
-  const int64_t row_bytes = dtype_bytes(w.type, w.cols());
-  const auto* base = static_cast<const uint8_t*>(w.data);
-  if (w.shape.rank() == 1)
-    return WeightRef{base + dtype_bytes(w.type, row0), w.type, Shape({rows})};
-  return WeightRef{base + row0 * row_bytes, w.type, Shape({rows, w.cols()})};
+// A mixture-of-experts model's router settings (llama.cpp's expert_* keys): expert_count and
+// expert_used_count, the experts' width (expert_feed_forward_length where the file has it,
+// Qwen3-MoE), and whether the chosen experts' weights are renormalized (expert_weights_norm, or
+// the architecture's rule: yes for Mixtral and Qwen3-MoE, no for OLMoE). What llama.cpp's other
+// MoE families add is refused by key.
+void read_experts(const formats::GgufFile& f, const GgufDecoderReader& r, const std::string& arch,
+                  DecoderConfig* c) {
+  c->n_experts = r.get_int_or("expert_count", 0);
+  const bool moe_arch = arch == "qwen3moe" || arch == "olmoe";
+  if (c->n_experts == 0) {
+    TS_CHECK(!moe_arch, "[gguf] ", f.path(), ": ", arch, ".expert_count is missing or 0");
+    return;
+  }
+  TS_CHECK(moe_arch || arch == "llama" || arch == "mistral", "[gguf] ", f.path(), ": ", arch,
+           ".expert_count is set; experts are supported for llama (Mixtral), qwen3moe, olmoe");
+  c->n_experts_used = r.get_int("expert_used_count");
+  c->d_ff = r.get_int_or("expert_feed_forward_length", c->d_ff);
+  const std::string norm_key = arch + ".expert_weights_norm";
+  c->expert_norm = arch != "olmoe";
+  if (f.has(norm_key)) {
+    const bool* b = f.find_value(norm_key)->get_if<bool>();
+    TS_CHECK(b != nullptr, "[gguf] ", f.path(), ": ", norm_key, " must be a boolean");
+    c->expert_norm = *b;
+  }
+  for (const char* key : {"expert_shared_count", "expert_shared_feed_forward_length",
+                          "leading_dense_block_count", "expert_group_count"})
+    TS_CHECK(r.get_int_or(key, 0) == 0, "[gguf] ", f.path(), ": ", arch, ".", key,
+             " is set; shared experts, dense leading layers and expert groups are not "
+             "implemented");
+  const double scale = r.get_float_or("expert_weights_scale", 0.0);
+  TS_CHECK(scale == 0.0 || scale == 1.0, "[gguf] ", f.path(), ": ", arch,
+           ".expert_weights_scale is ", scale, "; scaled expert weights are not implemented");
+  TS_CHECK(r.get_int_or("expert_gating_func", 1) == 1, "[gguf] ", f.path(), ": ", arch,
+           ".expert_gating_func is not softmax (1); other gating is not implemented");
 }
 
 // Gemma 3's options, as llama.cpp reads them: post-norms, GeGLU, embeddings scaled by
@@ -145,15 +173,19 @@ DecoderConfig read_config(const formats::GgufFile& f, const std::string& arch) {
     // qwen2 files keep the rotate-half ("neox") order.
     // qwen3 likewise, and RMS-normalizes each head of q and k.
     // gemma3 likewise, with q/k norms too.
+    // qwen3moe and olmoe too (olmoe normalizes q and k each as a whole, not per head).
     const bool gemma3 = arch == "gemma3";
-    c.rope_layout = arch == "qwen2" || arch == "qwen3" || gemma3 ? ops::RopeLayout::half
-                                                                 : ops::RopeLayout::interleaved;
+    const bool qk_arch = arch == "qwen3" || arch == "qwen3moe" || arch == "olmoe" || gemma3;
+    c.rope_layout =
+        arch == "qwen2" || qk_arch ? ops::RopeLayout::half : ops::RopeLayout::interleaved;
     c.qk_norm = f.find("blk.0.attn_q_norm.weight") != nullptr;
-    TS_CHECK(!c.qk_norm || arch == "qwen3" || gemma3, "[gguf] ", f.path(),
+    c.qk_norm_whole = arch == "olmoe";
+    TS_CHECK(!c.qk_norm || qk_arch, "[gguf] ", f.path(),
              ": tensor 'blk.0.attn_q_norm.weight' in a ", arch,
-             " file (q/k norms are Qwen3's and Gemma 3's)");
-    TS_CHECK(c.qk_norm || (arch != "qwen3" && !gemma3), "[gguf] ", f.path(), ": a ", arch,
+             " file (q/k norms are Qwen3's, OLMoE's and Gemma 3's)");
+    TS_CHECK(c.qk_norm || !qk_arch, "[gguf] ", f.path(), ": a ", arch,
              " file without 'blk.0.attn_q_norm.weight'");
+    read_experts(f, r, arch, &c);
     if (gemma3) read_gemma3(f, r, &c);
     const std::string scaling_key = arch + ".rope.scaling.type";
     if (f.has(scaling_key)) {
@@ -197,9 +229,9 @@ DecoderModel load_decoder_gguf(const std::string& path, const DecoderLoadOptions
   const formats::GgufFile& f = *file;
   const std::string& arch = f.get_string("general.architecture");
   TS_CHECK(arch == "llama" || arch == "qwen2" || arch == "qwen3" || arch == "gemma3" ||
-               arch == "mistral" || arch == "gpt2",
+               arch == "mistral" || arch == "qwen3moe" || arch == "olmoe" || arch == "gpt2",
            "[gguf] ", path, ": general.architecture '", arch,
-           "' is not supported (llama, qwen2, qwen3, gemma3, mistral, gpt2)");
+           "' is not supported (llama, qwen2, qwen3, gemma3, mistral, qwen3moe, olmoe, gpt2)");
 
   DecoderModel m;
   m.config = read_config(f, arch);
@@ -221,8 +253,21 @@ DecoderModel load_decoder_gguf(const std::string& path, const DecoderLoadOptions
     l.attn_norm = r.tensor(p + "attn_norm.weight", Shape({C}));
     l.ffn_norm = r.tensor(p + "ffn_norm.weight", Shape({C}));
     l.wo = r.tensor(p + "attn_output.weight", Shape({C, Q}));
-    l.w_up = r.tensor(p + "ffn_up.weight", Shape({F, C}));
-    l.w_down = r.tensor(p + "ffn_down.weight", Shape({C, F}));
+    if (c.moe()) {  // the experts' matrices stacked, (E, F, C) seen as (E F, C)
+      const int64_t E = c.n_experts;
+      l.ffn_router = r.tensor(p + "ffn_gate_inp.weight", Shape({E, C}));
+      auto stacked = [&](const char* name, int64_t rows, int64_t cols) {
+        WeightRef s = r.tensor(p + name, Shape({E, rows, cols}));
+        s.shape = Shape({E * rows, cols});
+        return s;
+      };
+      l.w_gate = stacked("ffn_gate_exps.weight", F, C);
+      l.w_up = stacked("ffn_up_exps.weight", F, C);
+      l.w_down = stacked("ffn_down_exps.weight", C, F);
+    } else {
+      l.w_up = r.tensor(p + "ffn_up.weight", Shape({F, C}));
+      l.w_down = r.tensor(p + "ffn_down.weight", Shape({C, F}));
+    }
     if (gpt2) {
       l.attn_norm_b = r.tensor(p + "attn_norm.bias", Shape({C}));
       l.ffn_norm_b = r.tensor(p + "ffn_norm.bias", Shape({C}));
@@ -241,11 +286,11 @@ DecoderModel load_decoder_gguf(const std::string& path, const DecoderLoadOptions
       l.wq = r.tensor(p + "attn_q.weight", Shape({Q, C}));
       l.wk = r.tensor(p + "attn_k.weight", Shape({KV, C}));
       l.wv = r.tensor(p + "attn_v.weight", Shape({KV, C}));
-      l.w_gate = r.tensor(p + "ffn_gate.weight", Shape({F, C}));
+      if (!c.moe()) l.w_gate = r.tensor(p + "ffn_gate.weight", Shape({F, C}));
       l.bo = r.tensor(p + "attn_output.bias", Shape({C}), false);  // Llama attention_bias
       if (c.qk_norm) {
-        l.q_norm = r.tensor(p + "attn_q_norm.weight", Shape({c.head_dim}));
-        l.k_norm = r.tensor(p + "attn_k_norm.weight", Shape({c.head_dim}));
+        l.q_norm = r.tensor(p + "attn_q_norm.weight", Shape({c.qk_norm_whole ? Q : c.head_dim}));
+        l.k_norm = r.tensor(p + "attn_k_norm.weight", Shape({c.qk_norm_whole ? KV : c.head_dim}));
       }
       if (c.post_norms) {
         l.post_attn_norm = r.tensor(p + "post_attention_norm.weight", Shape({C}));

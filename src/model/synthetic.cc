@@ -17,12 +17,18 @@ struct Preset {
   int64_t layers, width, ffn, heads, kv_heads, vocab, ctx;
   double theta;
   bool tied;
+  int64_t experts = 0, experts_used = 0;  // ffn: each expert's width
 };
 
+// moe-8x1b: the 1b shape with 8 experts of its MLP, 2 per token (as Mixtral 8x7B is to Mistral
+// 7B); dense-8x1b: the dense model of the same parameter count (one MLP 8 times as wide), its
+// yardstick in `bench generate`.
 constexpr Preset kPresets[] = {
     {"135m", 30, 576, 1536, 9, 3, 49152, 8192, 100000, true},
     {"1b", 22, 2048, 5632, 32, 4, 32000, 2048, 10000, false},
     {"8b", 32, 4096, 14336, 32, 8, 128256, 8192, 500000, false},
+    {"moe-8x1b", 22, 2048, 5632, 32, 4, 32000, 2048, 10000, false, 8, 2},
+    {"dense-8x1b", 22, 2048, 8 * 5632, 32, 4, 32000, 2048, 10000, false},
 };
 
 // Rows drawn per matrix before the pattern repeats.
@@ -51,7 +57,8 @@ DecoderModel make_synthetic_decoder(const std::string& spec) {
   const Preset* s = nullptr;
   for (const Preset& k : kPresets)
     if (shape_name == k.name) s = &k;
-  TS_CHECK(s != nullptr, "[model] ", spec, ": unknown shape '", shape_name, "' (135m, 1b, 8b)");
+  TS_CHECK(s != nullptr, "[model] ", spec, ": unknown shape '", shape_name,
+           "' (135m, 1b, 8b, moe-8x1b, dense-8x1b)");
   const int64_t block = traits(type).block_elems;
   TS_CHECK(s->width % block == 0 && s->ffn % block == 0, "[model] ", spec, ": type ",
            dtype_name(type), " needs widths that are multiples of ", block, " (this shape has ",
@@ -73,6 +80,8 @@ DecoderModel make_synthetic_decoder(const std::string& spec) {
   c.rope_theta = s->theta;
   c.rope_dim = c.head_dim;
   c.tied_embeddings = s->tied;
+  c.n_experts = s->experts;
+  c.n_experts_used = s->experts_used;
   c.validate(spec);
 
   auto store = std::make_shared<std::vector<std::vector<uint8_t>>>();
@@ -99,7 +108,18 @@ DecoderModel make_synthetic_decoder(const std::string& spec) {
     store->push_back(std::move(bytes));
     return WeightRef{store->back().data(), DType::f32, Shape({n})};
   };
+  // The router: f32, every row drawn, so that tokens spread over the experts.
+  auto router = [&](int64_t rows, int64_t cols) {
+    std::vector<uint8_t> bytes(static_cast<size_t>(rows * cols) * sizeof(float));
+    for (int64_t i = 0; i < rows * cols; ++i) {
+      const float v = 0.02f * rng.normal();
+      std::memcpy(bytes.data() + i * sizeof(float), &v, sizeof(float));
+    }
+    store->push_back(std::move(bytes));
+    return WeightRef{store->back().data(), DType::f32, Shape({rows, cols})};
+  };
   const int64_t C = c.d_model, Q = c.q_dim(), KV = c.kv_dim(), F = c.d_ff;
+  const int64_t E = std::max<int64_t>(c.n_experts, 1);
   DecoderWeights& w = m.weights;
   w.tok_embd = matrix(c.vocab, C);
   for (int64_t l = 0; l < c.n_layers; ++l) {
@@ -110,9 +130,10 @@ DecoderModel make_synthetic_decoder(const std::string& spec) {
     L.wk = matrix(KV, C);
     L.wv = matrix(KV, C);
     L.wo = matrix(C, Q);
-    L.w_gate = matrix(F, C);
-    L.w_up = matrix(F, C);
-    L.w_down = matrix(C, F);
+    L.w_gate = matrix(E * F, C);
+    L.w_up = matrix(E * F, C);
+    L.w_down = matrix(E * C, F);
+    if (c.moe()) L.ffn_router = router(c.n_experts, C);
     w.layers.push_back(L);
   }
   w.out_norm = ones(C);

@@ -160,6 +160,29 @@ void gather_rows(const Context& ctx, float* dst, const float* src, const int32_t
               n, C);
 }
 
+void scatter_add_rows(const Context& ctx, float* dst, const float* src, const int32_t* index,
+                      const float* weight, int64_t n, int64_t C, int64_t dst_rows) {
+  TS_CHECK(n >= 0 && C > 0, "[ops] scatter_add_rows: bad shape (", n, " x ", C, ")");
+  if (n == 0) return;
+  TS_CHECK(dst && src && index && weight, "[ops] scatter_add_rows: null pointer");
+  if (ctx.device == Device::cpu)
+    for (int64_t r = 0; r < n; ++r)
+      TS_CHECK(index[r] >= 0 && index[r] < dst_rows, "[ops] scatter_add_rows: index[", r,
+               "] = ", index[r], " outside [0, ", dst_rows, ")");
+  TS_DISPATCH(scatter_add_rows, (OpShape{"n c", {n, C}}), elementwise_cost(n * C, 2, 3), dst, src,
+              index, weight, n, C);
+}
+
+void moe_route(const Context& ctx, int32_t* ids, float* weights, const float* logits, int64_t n,
+               int64_t E, int64_t k, bool normalize) {
+  TS_CHECK(n >= 0 && E > 0 && k >= 1 && k <= E, "[ops] moe_route: bad sizes n=", n, " E=", E,
+           " k=", k, " (need 1 <= k <= E)");
+  if (n == 0) return;
+  TS_CHECK(ids && weights && logits, "[ops] moe_route: null pointer");
+  TS_DISPATCH(moe_route, (OpShape{"n e k", {n, E, k}}), elementwise_cost(n * E, 4, 1), ids, weights,
+              logits, n, E, k, normalize);
+}
+
 OpCost gemm_cost(const GemmArgs& g) {
   const double ea = traits(g.a_type).block_bytes, eb = traits(g.b_type).block_bytes;
   OpCost c;

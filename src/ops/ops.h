@@ -137,6 +137,12 @@ void copy_rows(const Context& ctx, float* dst, int64_t ld_dst, const float* src,
 // checks each entry against src_rows; a device kernel is trusted with it).
 void gather_rows(const Context& ctx, float* dst, const float* src, const int32_t* index, int64_t n,
                  int64_t C, int64_t src_rows);
+// dst[index[i]] (C) += weight[i] * src[i] (C) for i in [0, n), in the order of i (an index may
+// repeat); dst (dst_rows, C), src (n, C), index and weight (n) in the device's memory (the CPU
+// checks each index against dst_rows). Mixture-of-experts layers add each expert's output rows
+// into their tokens' rows with it.
+void scatter_add_rows(const Context& ctx, float* dst, const float* src, const int32_t* index,
+                      const float* weight, int64_t n, int64_t C, int64_t dst_rows);
 
 // Cost model for the profiler (OpCost, ops/observe.h): floating-point operations and bytes
 // moved by one call.
@@ -213,6 +219,16 @@ void glu_forward(const Context& ctx, float* out, const float* gate, const float*
 // may alias dout, or its own input).
 void glu_backward(const Context& ctx, float* dgate, float* dup, const float* dout,
                   const float* gate, const float* up, int64_t N, int64_t F, GluAct act);
+
+// ---- Mixture of experts ----
+
+// The router of a mixture-of-experts layer, for each of n rows of logits (n, E): p =
+// softmax(row); ids (n, k) = the k experts of largest p, largest first (ties: the lower id
+// first); weights (n, k) = their p, divided by the sum of the k when normalize (Mixtral,
+// Qwen3-MoE; OLMoE keeps them as they are). 1 <= k <= E. Softmax before or after the top-k
+// is the same choice: softmax over the top k logits equals normalize = true.
+void moe_route(const Context& ctx, int32_t* ids, float* weights, const float* logits, int64_t n,
+               int64_t E, int64_t k, bool normalize);
 
 OpCost rmsnorm_forward_cost(int64_t N, int64_t C);
 OpCost rope_cost(int64_t B, int64_t T, int64_t H, int64_t D, int64_t rotary_dim);

@@ -13,6 +13,7 @@
 #include "infer/engine.h"
 #include "model/decoder.h"
 #include "model/synthetic.h"
+#include "ops/op_tally.h"
 #include "ops/quant.h"
 #include "test_util/expect_error.h"
 #include "tiny_model.h"
@@ -66,6 +67,18 @@ TinyOptions variant(int v) {
       o.kv_heads = 1;
       o.tied = true;
       break;
+    case 6:  // OLMoE-like: 4 experts, 2 per token, weights as the router gives them, whole-vector
+             // q/k norms
+      o.experts = 4;
+      o.expert_norm = false;
+      o.qk_norm_whole = true;
+      break;
+    case 7:  // Mixtral-like: 8 experts, 2 per token renormalized, interleaved RoPE, tied
+      o.experts = 8;
+      o.ffn = 16;
+      o.rope_layout = ops::RopeLayout::interleaved;
+      o.tied = true;
+      break;
   }
   o.seed = 10 + static_cast<uint64_t>(v);
   return o;
@@ -95,7 +108,39 @@ TEST_P(EngineVsReference, PrefillAndDecodeMatchPlainForward) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Variants, EngineVsReference, ::testing::Values(0, 1, 2, 3, 4, 5));
+INSTANTIATE_TEST_SUITE_P(Variants, EngineVsReference, ::testing::Values(0, 1, 2, 3, 4, 5, 6, 7));
+
+// A MoE decode step reads only the experts its token chose: the weight products' bytes, as the
+// ops report them, are the attention's, the router's, the head's and k of E experts' matrices,
+// which is also what weight_bytes_per_token counts (besides the norms and one embedding row).
+TEST(Engine, MoeDecodeReadsOnlyTheChosenExperts) {
+  TinyOptions opts = variant(7);  // 8 experts, 2 per token; wide enough that the products'
+  opts.width = opts.ffn = 128;    // activations (x and y) add under 2% to their weight bytes
+  const model::DecoderModel m = test::make_tiny_model(opts);
+  const model::DecoderConfig& c = m.config;
+  const int64_t C = c.d_model, F = c.d_ff, Q = c.q_dim(), KV = c.kv_dim(), V = c.vocab;
+  const int64_t k = c.n_experts_used, E = c.n_experts, L = c.n_layers;
+  const double attention = static_cast<double>(L * (2 * Q * C + 2 * KV * C)) * 4;
+  const double chosen = static_cast<double>(L * (E * C + k * 3 * F * C) + V * C) * 4;
+  const double all = chosen + static_cast<double>(L * (E - k) * 3 * F * C) * 4;
+  ops::OpTally tally(false);
+  EngineOptions o = small_options(false);
+  o.ctx.observer = &tally;
+  Engine e(m, o);
+  const std::vector<int32_t> toks = test::random_tokens(6, V, 4);
+  const int32_t s = e.new_sequence();
+  e.forward({Feed{s, {toks.data(), 5}, false}});
+  tally.reset();
+  e.forward({Feed{s, {&toks[5], 1}, false}});
+  double read = 0;
+  for (const ops::OpTotal& t : tally.totals())
+    if (t.op == "matmul_wt" || t.op == "matmul_wt_group") read += t.bytes;
+  EXPECT_GT(read, attention + chosen);
+  EXPECT_LT(read, (attention + chosen) * 1.02) << "all experts would be " << attention + all;
+  const double norms = static_cast<double>(L * 2 * C + C) * 4;
+  EXPECT_EQ(static_cast<double>(m.weight_bytes_per_token()),
+            attention + chosen + norms + static_cast<double>(C) * 4 /* the looked-up row */);
+}
 
 // Mistral v0.1's sliding window: each position sees only the last W positions. Prefill in
 // chunks and token-by-token decode both match the windowed float64 forward, and differ from the

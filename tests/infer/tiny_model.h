@@ -2,6 +2,7 @@
 // over a whole sequence (no cache, no paging, no quantization) to check the engine against.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <vector>
@@ -30,6 +31,11 @@ struct TinyOptions {
   // positions with their own RoPE base, the global ones with linear scaling.
   bool gemma3 = false;
   ops::RopeLayout rope_layout = ops::RopeLayout::half;
+  // Mixture of experts: `experts` SwiGLU experts of width ffn, `experts_used` per token, their
+  // weights renormalized with expert_norm (Mixtral, Qwen3-MoE) or not (OLMoE, which also
+  // normalizes q and k as whole vectors: qk_norm_whole).
+  int64_t experts = 0, experts_used = 2;
+  bool expert_norm = true, qk_norm_whole = false;
   uint64_t seed = 1;
 };
 
@@ -55,6 +61,11 @@ inline model::DecoderModel make_tiny_model(const TinyOptions& o) {
   c.rope_layout = o.rope_layout;
   c.tied_embeddings = o.tied;
   c.qkv_bias = o.qkv_bias || o.arch == model::DecoderArch::gpt2;
+  c.n_experts = o.experts;
+  c.n_experts_used = o.experts > 0 ? o.experts_used : 0;
+  c.expert_norm = o.expert_norm;
+  c.qk_norm_whole = o.qk_norm_whole;
+  if (o.qk_norm_whole) c.qk_norm = true;
   if (o.gemma3) {
     c.qk_norm = c.post_norms = true;
     c.mlp_act = ops::GluAct::gelu_tanh;
@@ -78,6 +89,7 @@ inline model::DecoderModel make_tiny_model(const TinyOptions& o) {
     return WeightRef{store->back().data(), DType::f32, shape};
   };
   const int64_t C = c.d_model, F = c.d_ff, Q = c.q_dim(), KV = c.kv_dim();
+  const int64_t E = std::max<int64_t>(c.n_experts, 1);  // stacked experts' count (1: dense)
   const bool gpt2 = o.arch == model::DecoderArch::gpt2;
   model::DecoderWeights& w = m.weights;
   w.tok_embd = tensor(Shape({c.vocab, C}), 0.5f);
@@ -90,11 +102,12 @@ inline model::DecoderModel make_tiny_model(const TinyOptions& o) {
     L.wk = tensor(Shape({KV, C}), 0.3f);
     L.wv = tensor(Shape({KV, C}), 0.3f);
     L.wo = tensor(Shape({C, Q}), 0.3f);
-    L.w_up = tensor(Shape({F, C}), 0.3f);
-    L.w_down = tensor(Shape({C, F}), 0.3f);
+    L.w_up = tensor(Shape({E * F, C}), 0.3f);
+    L.w_down = tensor(Shape({E * C, F}), 0.3f);
+    if (c.moe()) L.ffn_router = tensor(Shape({E, C}), 0.3f);
     if (c.qk_norm) {
-      L.q_norm = tensor(Shape({c.head_dim}), 0.2f, 1.0f);
-      L.k_norm = tensor(Shape({c.head_dim}), 0.2f, 1.0f);
+      L.q_norm = tensor(Shape({c.qk_norm_whole ? Q : c.head_dim}), 0.2f, 1.0f);
+      L.k_norm = tensor(Shape({c.qk_norm_whole ? KV : c.head_dim}), 0.2f, 1.0f);
     }
     if (c.post_norms) {
       L.post_attn_norm = tensor(Shape({C}), 0.1f, 1.0f);
@@ -112,7 +125,7 @@ inline model::DecoderModel make_tiny_model(const TinyOptions& o) {
       L.b_up = tensor(Shape({F}), 0.1f);
       L.b_down = tensor(Shape({C}), 0.1f);
     } else {
-      L.w_gate = tensor(Shape({F, C}), 0.3f);
+      L.w_gate = tensor(Shape({E * F, C}), 0.3f);
     }
     w.layers.push_back(L);
   }
@@ -159,14 +172,59 @@ inline std::vector<double> reference_logits(const model::DecoderModel& m,
           (x[static_cast<size_t>(i)] - mean) * r * f(w)[i] + (b.present() ? f(b)[i] : 0);
     return y;
   };
-  // Qwen3: each head's D values RMS-normalized with weights w (D).
+  // Qwen3: each head's D values RMS-normalized with weights w (D); OLMoE: the whole vector.
   auto head_norm = [&](Vec& v, int64_t heads, const model::WeightRef& w) {
-    for (int64_t h = 0; h < heads; ++h) {
+    const auto n = static_cast<int64_t>(v.size());
+    const int64_t Dn = c.qk_norm_whole ? n : D, hn = c.qk_norm_whole ? 1 : heads;
+    for (int64_t h = 0; h < hn; ++h) {
       double ss = 0;
-      for (int64_t e = 0; e < D; ++e) ss += v[h * D + e] * v[h * D + e];
-      const double r = 1 / std::sqrt(ss / static_cast<double>(D) + c.norm_eps);
-      for (int64_t e = 0; e < D; ++e) v[h * D + e] *= r * f(w)[e];
+      for (int64_t e = 0; e < Dn; ++e) ss += v[h * Dn + e] * v[h * Dn + e];
+      const double r = 1 / std::sqrt(ss / static_cast<double>(Dn) + c.norm_eps);
+      for (int64_t e = 0; e < Dn; ++e) v[h * Dn + e] *= r * f(w)[e];
     }
+  };
+  // A dense SwiGLU/GeGLU MLP on xn, with matrices gate (F,C), up (F,C), down (C,F) at row
+  // offsets of the stacked experts (0 for a dense model).
+  auto glu_mlp = [&](const Vec& xn, const model::DecoderLayer& L, int64_t e) {
+    Vec hdn(static_cast<size_t>(F));
+    for (int64_t i = 0; i < F; ++i) {
+      double g = 0, u = 0;
+      for (int64_t j = 0; j < C; ++j) {
+        g += f(L.w_gate)[(e * F + i) * C + j] * xn[static_cast<size_t>(j)];
+        u += f(L.w_up)[(e * F + i) * C + j] * xn[static_cast<size_t>(j)];
+      }
+      hdn[static_cast<size_t>(i)] =
+          c.mlp_act == ops::GluAct::silu
+              ? g / (1 + std::exp(-g)) * u
+              : 0.5 * g * (1 + std::tanh(0.7978845608028654 * (g + 0.044715 * g * g * g))) * u;
+    }
+    Vec y(static_cast<size_t>(C), 0.0);
+    for (int64_t i = 0; i < C; ++i)
+      for (int64_t j = 0; j < F; ++j)
+        y[static_cast<size_t>(i)] += f(L.w_down)[(e * C + i) * F + j] * hdn[static_cast<size_t>(j)];
+    return y;
+  };
+  // Mixture of experts: softmax over the router's logits, the experts_used most probable (the
+  // lower id on ties), their probabilities renormalized or not, the experts' outputs so weighted.
+  auto moe_mlp = [&](const Vec& xn, const model::DecoderLayer& L) {
+    const Vec logit = linear(xn, L.ffn_router, {});
+    const int64_t E = c.n_experts;
+    double mx = -1e300, sum = 0;
+    for (double v : logit) mx = std::max(mx, v);
+    for (double v : logit) sum += std::exp(v - mx);
+    std::vector<int64_t> order(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) order[static_cast<size_t>(e)] = e;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t a, int64_t b) { return logit[a] > logit[b]; });
+    double chosen = 0;
+    for (int64_t j = 0; j < c.n_experts_used; ++j) chosen += std::exp(logit[order[j]] - mx) / sum;
+    Vec y(static_cast<size_t>(C), 0.0);
+    for (int64_t j = 0; j < c.n_experts_used; ++j) {
+      const double p = std::exp(logit[order[j]] - mx) / sum;
+      const Vec ye = glu_mlp(xn, L, order[j]);
+      for (int64_t i = 0; i < C; ++i) y[i] += (c.expert_norm ? p / chosen : p) * ye[i];
+    }
+    return y;
   };
   const std::vector<double> inv_global = model::rope_inv_freqs(c);
   // Gemma 3's local layers: base rope_theta_local, unscaled (computed here, not by the library).
@@ -236,6 +294,11 @@ inline std::vector<double> reference_logits(const model::DecoderModel& m,
       const Vec o = post(linear(att, L.wo, L.bo), L.post_attn_norm);
       for (int64_t i = 0; i < C; ++i) x[t][i] += o[i];
       const Vec xn = norm(x[t], L.ffn_norm, L.ffn_norm_b);
+      if (c.moe()) {
+        const Vec dn = moe_mlp(xn, L);
+        for (int64_t i = 0; i < C; ++i) x[t][i] += dn[i];
+        continue;
+      }
       Vec hdn(static_cast<size_t>(F));
       const Vec up = linear(xn, L.w_up, L.b_up);
       if (gpt2) {

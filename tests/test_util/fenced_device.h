@@ -184,6 +184,14 @@ class FencedDevice final : public ops::Backend {
             (const ops::Context& ctx, float* dst, const float* src, const int32_t* index, int64_t n,
              int64_t C),
             dst, src, index, n, C)
+  TS_FENCED(scatter_add_rows,
+            (const ops::Context& ctx, float* dst, const float* src, const int32_t* index,
+             const float* weight, int64_t n, int64_t C),
+            dst, src, index, weight, n, C)
+  TS_FENCED(moe_route,
+            (const ops::Context& ctx, int32_t* ids, float* weights, const float* logits, int64_t n,
+             int64_t E, int64_t k, bool normalize),
+            ids, weights, logits, n, E, k, normalize)
 #undef TS_FENCED
   double sum_squares(const ops::Context& ctx, const float* x, int64_t n) override {
     not_recording("sum_squares");

@@ -168,6 +168,14 @@ class CpuBackend final : public ops::Backend {
                    int64_t n, int64_t C) override {
     cpu::gather_rows(dst, src, index, n, C);
   }
+  void scatter_add_rows(const ops::Context&, float* dst, const float* src, const int32_t* index,
+                        const float* weight, int64_t n, int64_t C) override {
+    cpu::scatter_add_rows(dst, src, index, weight, n, C);
+  }
+  void moe_route(const ops::Context& ctx, int32_t* ids, float* weights, const float* logits,
+                 int64_t n, int64_t E, int64_t k, bool normalize) override {
+    TS_CPU_OP(moe_route, ids, weights, logits, n, E, k, normalize);
+  }
 
   // Host memory is the CPU's memory: copies in any direction are memcpy, and ops are done when
   // they return.

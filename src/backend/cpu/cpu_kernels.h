@@ -52,6 +52,9 @@ void rope_backward(ThreadPool& pool, float* dinp, const float* dout, const ops::
 // Per-head RMSNorm in place (ops::head_rmsnorm; backend/cpu/llama_ops.cc), rows over the threads.
 void head_rmsnorm(ThreadPool& pool, float* x, int64_t ld, int64_t n, int64_t heads, int64_t D,
                   const float* w, float eps);
+// ops::moe_route (moe.cc).
+void moe_route(ThreadPool& pool, int32_t* ids, float* weights, const float* logits, int64_t n,
+               int64_t E, int64_t k, bool normalize);
 // ops::glu_forward / glu_backward (llama_ops.cc).
 void glu_forward(ThreadPool& pool, float* out, const float* gate, const float* up, int64_t N,
                  int64_t F, ops::GluAct act);

@@ -19,6 +19,16 @@ void gather_rows(float* dst, const float* src, const int32_t* index, int64_t n, 
     std::memcpy(dst + r * C, src + index[r] * C, static_cast<size_t>(C) * sizeof(float));
 }
 
+void scatter_add_rows(float* dst, const float* src, const int32_t* index, const float* weight,
+                      int64_t n, int64_t C) {
+  for (int64_t r = 0; r < n; ++r) {
+    float* d = dst + static_cast<int64_t>(index[r]) * C;
+    const float* x = src + r * C;
+    const float w = weight[r];
+    for (int64_t i = 0; i < C; ++i) d[i] += w * x[i];
+  }
+}
+
 void kv_append(const ops::KvAppendArgs& a) {
   const int64_t D = a.D, BT = a.block_tokens, eb = dtype_bytes(a.kv_type, 1);
   auto* base = static_cast<uint8_t*>(a.kv);

@@ -210,6 +210,49 @@ __global__ void f16_to_f32_kernel(float* dst, const uint16_t* src, int64_t n) {
     dst[i] = __half2float(__ushort_as_half(src[i]));
 }
 
+// One thread per column walks the rows in order: repeated indices add in the order of the rows,
+// as on the CPU, with no atomics.
+__global__ void scatter_add_kernel(float* dst, const float* src, const int32_t* index,
+                                   const float* weight, int64_t n, int64_t C) {
+  allow_dependent_launch();
+  grid_dependency_wait();
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  for (int64_t r = 0; r < n; ++r)
+    dst[static_cast<int64_t>(index[r]) * C + c] += weight[r] * src[r * C + c];
+}
+
+// One thread per row: softmax in f32, then the top k by repeated scans (the CPU kernel's order,
+// ties to the lower id).
+__global__ void moe_route_kernel(int32_t* ids, float* weights, const float* logits, int64_t n,
+                                 int64_t E, int64_t k, bool normalize) {
+  allow_dependent_launch();
+  grid_dependency_wait();
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r >= n) return;
+  const float* x = logits + r * E;
+  int32_t* id = ids + r * k;
+  float* w = weights + r * k;
+  float mx = x[0];
+  for (int64_t e = 1; e < E; ++e) mx = fmaxf(mx, x[e]);
+  float sum = 0.0f;
+  for (int64_t e = 0; e < E; ++e) sum += expf(x[e] - mx);
+  float chosen = 0.0f;
+  for (int64_t j = 0; j < k; ++j) {
+    int64_t best = -1;
+    for (int64_t e = 0; e < E; ++e) {
+      bool taken = false;
+      for (int64_t i = 0; i < j; ++i) taken = taken || id[i] == e;
+      if (!taken && (best < 0 || x[e] > x[best])) best = e;
+    }
+    id[j] = static_cast<int32_t>(best);
+    w[j] = expf(x[best] - mx) / sum;
+    chosen += w[j];
+  }
+  if (normalize)
+    for (int64_t j = 0; j < k; ++j) w[j] /= chosen;
+}
+
 __global__ void gather_kernel(float* dst, const float* src, const int32_t* index, int64_t n,
                               int64_t C) {
   allow_dependent_launch();
@@ -369,6 +412,24 @@ void gather_rows(float* dst, const float* src, const int32_t* index, int64_t n, 
   if (n == 0) return;
   launch_dependent(gather_kernel, dim3(grid(n * C)), dim3(kThreads), 0, stream, dst, src, index, n,
                    C);
+}
+
+void scatter_add_rows(float* dst, const float* src, const int32_t* index, const float* weight,
+                      int64_t n, int64_t C, cudaStream_t stream) {
+  TS_CHECK(dst && src && index && weight, "[scatter_add_rows] null pointer");
+  TS_CHECK(n >= 0 && C > 0, "[scatter_add_rows] n=", n, " C=", C, " out of range");
+  if (n == 0) return;
+  launch_dependent(scatter_add_kernel, dim3(grid(C)), dim3(kThreads), 0, stream, dst, src, index,
+                   weight, n, C);
+}
+
+void moe_route(int32_t* ids, float* weights, const float* logits, int64_t n, int64_t E, int64_t k,
+               bool normalize, cudaStream_t stream) {
+  TS_CHECK(ids && weights && logits, "[moe_route] null pointer");
+  TS_CHECK(n >= 0 && E > 0 && k >= 1 && k <= E, "[moe_route] n=", n, " E=", E, " k=", k);
+  if (n == 0) return;
+  launch_dependent(moe_route_kernel, dim3(grid(n)), dim3(kThreads), 0, stream, ids, weights, logits,
+                   n, E, k, normalize);
 }
 
 }  // namespace tessera::cuda

@@ -57,5 +57,11 @@ void convert_f16_to_f32(float* dst, const uint16_t* src, int64_t n, cudaStream_t
 // dst (n, C) = src rows index[0 .. n) (device array of row numbers into src (*, C)), f32.
 void gather_rows(float* dst, const float* src, const int32_t* index, int64_t n, int64_t C,
                  cudaStream_t stream);
+// dst[index[i]] += weight[i] * src[i] for rows i in order (ops::scatter_add_rows); device arrays.
+void scatter_add_rows(float* dst, const float* src, const int32_t* index, const float* weight,
+                      int64_t n, int64_t C, cudaStream_t stream);
+// The mixture-of-experts router (ops::moe_route); device arrays.
+void moe_route(int32_t* ids, float* weights, const float* logits, int64_t n, int64_t E, int64_t k,
+               bool normalize, cudaStream_t stream);
 
 }  // namespace tessera::cuda

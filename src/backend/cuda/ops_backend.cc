@@ -405,6 +405,14 @@ class CudaOpsBackend final : public ops::Backend {
                    int64_t n, int64_t C) override {
     cuda::gather_rows(dst, src, index, n, C, stream(ctx));
   }
+  void scatter_add_rows(const ops::Context& ctx, float* dst, const float* src, const int32_t* index,
+                        const float* weight, int64_t n, int64_t C) override {
+    cuda::scatter_add_rows(dst, src, index, weight, n, C, stream(ctx));
+  }
+  void moe_route(const ops::Context& ctx, int32_t* ids, float* weights, const float* logits,
+                 int64_t n, int64_t E, int64_t k, bool normalize) override {
+    cuda::moe_route(ids, weights, logits, n, E, k, normalize, stream(ctx));
+  }
 
   // ---- graphs: a stream capture, instantiated ----
   bool records_graphs() const override { return true; }

@@ -58,6 +58,9 @@ void head_rmsnorm(float* x, int64_t ld, int64_t n, int64_t heads, int64_t D, con
 void head_rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, int64_t ld,
                            int64_t ld_x, int64_t n, int64_t heads, int64_t D, const float* w,
                            float eps);
+// ops::moe_route in double (moe_ref.cc).
+void moe_route(int32_t* ids, float* weights, const float* logits, int64_t n, int64_t E, int64_t k,
+               bool normalize);
 void glu_forward(float* out, const float* gate, const float* up, int64_t N, int64_t F,
                  ops::GluAct act);
 void glu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
