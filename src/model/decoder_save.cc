@@ -134,7 +134,7 @@ void check_gguf_family(const DecoderConfig& c, const std::string& arch, const st
   if (arch == "gpt2") return;
   const bool gemma3 = arch == "gemma3";
   const bool fits = gemma3 ? c.qk_norm && c.mlp_act == ops::GluAct::gelu_tanh &&
-                                 !c.local_layers.empty() &&
+                                 !c.local_layers.empty() && !c.moe() &&
                                  c.embed_scale == std::sqrt(static_cast<float>(c.d_model))
                            : c.mlp_act == ops::GluAct::silu && c.local_layers.empty() &&
                                  c.embed_scale == 1.0f && c.attn_scale == 0.0;
@@ -172,6 +172,12 @@ void write_gguf_metadata(const DecoderModel& m, formats::GgufWriter& w, const st
     std::vector<bool> local(c.local_layers.begin(), c.local_layers.end());
     w.set(a + "attention.sliding_window_pattern",
           formats::gguf_array(formats::GgufType::boolean, local));
+  }
+  if (c.moe()) {
+    set_u32(w, a + "expert_count", c.n_experts);
+    set_u32(w, a + "expert_used_count", c.n_experts_used);
+    set_u32(w, a + "expert_feed_forward_length", c.d_ff);
+    w.set(a + "expert_weights_norm", c.expert_norm);
   }
   w.set(a + "rope.freq_base", static_cast<float>(c.rope_theta));
   set_u32(w, a + "rope.dimension_count", c.rope_dim);
@@ -251,6 +257,20 @@ void write_gguf_llama(const DecoderModel& m, GgufTensorSink& s, const std::strin
       s.f32(p + "post_ffw_norm.weight", l.post_ffn_norm);
     }
     s.f32(p + "ffn_norm.weight", l.ffn_norm);
+    if (c.moe()) {  // the stacked experts as llama.cpp's 3-D tensors (E, rows, cols)
+      const int64_t E = c.n_experts;
+      require(l.ffn_router, p + "ffn_gate_inp", path);
+      s.f32(p + "ffn_gate_inp.weight", l.ffn_router);
+      auto stacked = [&](const char* name, const WeightRef& r) {
+        WeightRef e = r;
+        e.shape = Shape({E, r.rows() / E, r.cols()});
+        s.raw(p + name, e);
+      };
+      stacked("ffn_gate_exps.weight", l.w_gate);
+      stacked("ffn_up_exps.weight", l.w_up);
+      stacked("ffn_down_exps.weight", l.w_down);
+      continue;
+    }
     s.raw(p + "ffn_gate.weight", l.w_gate);
     s.raw(p + "ffn_up.weight", l.w_up);
     s.raw(p + "ffn_down.weight", l.w_down);
@@ -332,8 +352,14 @@ void save_decoder_gguf(const DecoderModel& m, const std::string& path,
   const bool gpt2 = c.arch == DecoderArch::gpt2;
   formats::GgufWriter writer;
   // Qwen3 and Gemma 3 files keep q/k in the rotate-half order (llama.cpp rotates them
-  // NeoX-style); Gemma 3 is the family with post-norms.
-  const std::string arch = gpt2 ? "gpt2" : c.post_norms ? "gemma3" : c.qk_norm ? "qwen3" : "llama";
+  // NeoX-style); Gemma 3 is the family with post-norms. Mixtures of experts: OLMoE normalizes q
+  // and k as whole vectors, Qwen3-MoE per head, Mixtral (llama) not at all.
+  const std::string arch = gpt2                   ? "gpt2"
+                           : c.post_norms         ? "gemma3"
+                           : c.qk_norm_whole      ? "olmoe"
+                           : c.qk_norm && c.moe() ? "qwen3moe"
+                           : c.qk_norm            ? "qwen3"
+                                                  : "llama";
   check_gguf_family(c, arch, path);
   write_gguf_metadata(m, writer, arch);
   if (!w.layers.empty() && w.layers[0].wq.present()) {
