@@ -3,7 +3,10 @@
 # (scripts/make_synthetic_family.py: a real tokenizer, random weights), and of the Hugging Face
 # folder `tessera convert` makes of each file: the same text for every prompt, or the first
 # difference shown. llama.cpp's `llama-simple` (greedy) is built by scripts/build-llamacpp.sh.
-#   scripts/compare-llamacpp-families.sh [ARCH ...]     (default: llama qwen3 gemma3)
+# Where the two differ on a mixture of experts, scripts/moe_reference.py decodes the prompt in
+# float64 and says which of the two it agrees with, and how close the step was to a tie.
+#   scripts/compare-llamacpp-families.sh [ARCH ...]
+#   (default: llama qwen3 gemma3 mixtral qwen3moe olmoe)
 # Environment: OUT (/tmp/tessera-compare-families), N (32 tokens), TOKENIZER (the SmolLM2 file).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -11,7 +14,7 @@ out=${OUT:-/tmp/tessera-compare-families}
 n=${N:-32}
 tok=${TOKENIZER:-$root/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 archs=("$@")
-[ ${#archs[@]} -gt 0 ] || archs=(llama qwen3 gemma3)
+[ ${#archs[@]} -gt 0 ] || archs=(llama qwen3 gemma3 mixtral qwen3moe olmoe)
 py=$root/.venv/bin/python3
 [ -x "$py" ] || py=python3
 tessera=$root/build/tessera
@@ -24,7 +27,8 @@ for arch in "${archs[@]}"; do
   for prec in f32 f16; do
     f=$out/$arch-$prec.gguf
     extra=()
-    [ "$arch" = qwen3 ] && extra+=(--head-dim 96)  # heads wider than width / heads, as Qwen3's
+    [[ $arch == qwen3* ]] && extra+=(--head-dim 96)  # heads wider than width / heads (Qwen3)
+    [ "$arch" = olmoe ] && extra+=(--kv-heads 4)  # llama.cpp's olmoe has no grouped heads
     # Gemma 3: eight layers (local 0-4 and 6-7 over 16 positions, 5 global), wide heads.
     [ "$arch" = gemma3 ] && extra+=(--layers 8 --head-dim 128 --kv-heads 1 --window 16)
     [ "$prec" = f16 ] && extra+=(--f16)
@@ -45,6 +49,18 @@ for arch in "${archs[@]}"; do
           echo "  tessera:   $ours"
           echo "  llama.cpp: $theirs"
           fail=1
+          if [[ $arch == mixtral || $arch == *moe ]]; then
+            ids=$("$tessera" tokenizer encode -m "$f" --text "$p")
+            steps=$("$py" "$root/scripts/moe_reference.py" "$f" "$ids" "$n")
+            text=$("$tessera" tokenizer decode -m "$f" --ids "$(echo "$steps" | tail -1)")
+            for who in tessera llama.cpp; do
+              [ "$who" = tessera ] && t=$ours || t=$theirs
+              [ "$t" = "$text" ] && echo "  float64 reference: the same as $who"
+            done
+            log=$out/$arch-$prec-$kind-$(echo "$p" | tr -c 'A-Za-z0-9\n' _)-reference.txt
+            echo "$steps" >"$log"
+            echo "  (the reference's steps and margins: $log)"
+          fi
         fi
       done
     done

@@ -5,11 +5,14 @@ The tokenizer (every tokenizer.* key) is copied from a GGUF that has one (defaul
 file of scripts/install-deps.sh), so both engines tokenize prompts the same way; the weights are
 random f32 (or f16), scaled so that the next-token distribution is peaked enough for greedy
 decoding to be stable against rounding. Families: llama, qwen3 (per-head q/k norms, head_dim
-apart from width / heads), gemma3 (q/k norms, post-norms, GeGLU, scaled embeddings, five local layers of
---window positions to each global one). Needs numpy and the `gguf` package (pip).
+apart from width / heads), gemma3 (q/k norms, post-norms, GeGLU, scaled embeddings, five local
+layers of --window positions to each global one), and the mixtures of experts (--experts of
+width --ffn, --experts-used per token): mixtral (llama with experts), qwen3moe (per-head q/k
+norms, renormalized expert weights), olmoe (whole-vector q/k norms, weights as the router gives
+them). Needs numpy and the `gguf` package (pip).
 usage: make_synthetic_family.py OUT.gguf --arch qwen3 [--layers 4] [--width 256] [--ffn 512]
-       [--heads 4] [--kv-heads 2] [--head-dim 64] [--window 16] [--tokenizer FILE.gguf] [--f16]
-       [--seed 0]
+       [--heads 4] [--kv-heads 2] [--head-dim 64] [--window 16] [--experts 8]
+       [--experts-used 2] [--tokenizer FILE.gguf] [--f16] [--seed 0]
 """
 import argparse
 
@@ -47,7 +50,8 @@ def copy_tokenizer(src_path, w):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("--arch", choices=["llama", "qwen3", "gemma3"], default="qwen3")
+    ap.add_argument("--arch", choices=["llama", "qwen3", "gemma3", "mixtral", "qwen3moe", "olmoe"],
+                    default="qwen3")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--width", type=int, default=256)
     ap.add_argument("--ffn", type=int, default=512)
@@ -55,6 +59,8 @@ def main():
     ap.add_argument("--kv-heads", type=int, default=2)
     ap.add_argument("--head-dim", type=int, default=0, help="0: width / heads")
     ap.add_argument("--window", type=int, default=16, help="gemma3: local layers' window")
+    ap.add_argument("--experts", type=int, default=8, help="MoE families: experts per layer")
+    ap.add_argument("--experts-used", type=int, default=2, help="MoE families: per token")
     ap.add_argument("--tokenizer", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
     ap.add_argument("--f16", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
@@ -64,7 +70,10 @@ def main():
     rng = np.random.default_rng(a.seed)
     dt = np.float16 if a.f16 else np.float32
 
-    w = gguf.GGUFWriter(a.out, a.arch)
+    moe = a.arch in ("mixtral", "qwen3moe", "olmoe")
+    E = a.experts
+    # Mixtral files are llama files with experts.
+    w = gguf.GGUFWriter(a.out, "llama" if a.arch == "mixtral" else a.arch)
     V = copy_tokenizer(a.tokenizer, w)
     w.add_name("synthetic-%s-%dL-%d" % (a.arch, a.layers, C))
     w.add_block_count(a.layers)
@@ -76,7 +85,12 @@ def main():
     w.add_key_length(D)
     w.add_value_length(D)
     w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(10000.0 if a.arch == "llama" else 1000000.0)
+    w.add_rope_freq_base(10000.0 if a.arch in ("llama", "mixtral", "olmoe") else 1000000.0)
+    if moe:
+        w.add_expert_count(E)
+        w.add_expert_used_count(a.experts_used)
+        if a.arch == "qwen3moe":
+            w.add_expert_feed_forward_length(F)
     if a.arch == "gemma3":
         w.add_sliding_window(a.window)
     w.add_rope_dimension_count(D)
@@ -99,14 +113,27 @@ def main():
         w.add_tensor(p + "attn_q.weight", mat(H * D, C, 1.0))
         w.add_tensor(p + "attn_k.weight", mat(Hkv * D, C, 1.0))
         w.add_tensor(p + "attn_v.weight", mat(Hkv * D, C, 1.0))
-        if a.arch in ("qwen3", "gemma3"):
+        if a.arch in ("qwen3", "gemma3", "qwen3moe"):
             w.add_tensor(p + "attn_q_norm.weight", norm(D, 0.3))
             w.add_tensor(p + "attn_k_norm.weight", norm(D, 0.3))
+        if a.arch == "olmoe":  # one norm over all of q, one over all of k
+            w.add_tensor(p + "attn_q_norm.weight", norm(H * D, 0.3))
+            w.add_tensor(p + "attn_k_norm.weight", norm(Hkv * D, 0.3))
         w.add_tensor(p + "attn_output.weight", mat(C, H * D, 1.0))
         if gemma:
             w.add_tensor(p + "post_attention_norm.weight", norm(C))
             w.add_tensor(p + "post_ffw_norm.weight", norm(C))
         w.add_tensor(p + "ffn_norm.weight", norm(C))
+        if moe:
+            # The router in f32 (llama.cpp keeps it so); experts stacked (E, rows, cols). A
+            # router scale of 2 spreads the tokens' choices without near-ties.
+            w.add_tensor(p + "ffn_gate_inp.weight", mat(E, C, 2.0).astype(np.float32))
+            w.add_tensor(p + "ffn_gate_exps.weight",
+                         np.stack([mat(F, C, 1.0) for _ in range(E)]))
+            w.add_tensor(p + "ffn_up_exps.weight", np.stack([mat(F, C, 1.0) for _ in range(E)]))
+            w.add_tensor(p + "ffn_down_exps.weight",
+                         np.stack([mat(C, F, 1.0) for _ in range(E)]))
+            continue
         w.add_tensor(p + "ffn_gate.weight", mat(F, C, 1.0))
         w.add_tensor(p + "ffn_up.weight", mat(F, C, 1.0))
         w.add_tensor(p + "ffn_down.weight", mat(C, F, 1.0))

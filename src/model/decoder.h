@@ -267,7 +267,10 @@ int64_t use_cpu_layout(DecoderModel& m);
 // Loads a GGUF file (general.architecture llama, qwen2, gpt2, ...); weights point into it.
 DecoderModel load_decoder_gguf(const std::string& path, const DecoderLoadOptions& opts = {});
 // Loads a Hugging Face folder: config.json, model.safetensors or model.safetensors.index.json
-// with its shards (LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, GPT2LMHeadModel).
+// with its shards (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
+// Gemma3ForCausalLM, GPT2LMHeadModel, and the mixtures of experts MixtralForCausalLM,
+// Qwen3MoeForCausalLM and OlmoeForCausalLM, whose per-expert tensors are copied into the stacked
+// matrices).
 DecoderModel load_decoder_hf(const std::string& folder);
 // Either of the above, chosen by whether `path` is a directory.
 DecoderModel load_decoder(const std::string& path, const DecoderLoadOptions& opts = {});

@@ -90,6 +90,11 @@ void moe_mlp(const ops::Context& ctx, const DecoderConfig& c, const DecoderLayer
   ops::copy(ctx, weights.data(), t.moe_weights, static_cast<size_t>(nk) * sizeof(float),
             ops::CopyKind::device_to_host);
   // Counting sort of the choices by expert: expert e's rows are [start[e], start[e + 1]).
+  if (ctx.dry_run)  // the router did not run: an even spread, the case a plan assumes
+    for (int64_t i = 0; i < nk; ++i) {
+      ids[i] = static_cast<int32_t>(i % E);
+      weights[i] = 1.0f / static_cast<float>(k);
+    }
   std::vector<int64_t> start(static_cast<size_t>(E + 1), 0);
   for (int64_t i = 0; i < nk; ++i) {
     TS_CHECK(ids[i] >= 0 && ids[i] < E, "[model] the router chose expert ", ids[i], " of ", E);

@@ -1,5 +1,7 @@
 // Loads a Hugging Face decoder folder (config.json + model.safetensors or a sharded index) into
-// a DecoderModel: Llama/Mistral/Qwen2 and GPT-2 tensor names, GPT-2's Conv1D transposes.
+// a DecoderModel: Llama/Mistral/Qwen2/Qwen3/Gemma 3 and GPT-2 tensor names, GPT-2's Conv1D
+// transposes, and the mixtures of experts (Mixtral, Qwen3-MoE, OLMoE), whose per-expert tensors
+// are stacked into one matrix each.
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -84,8 +86,11 @@ std::string hf_architecture(const json& j, const std::string& path) {
   if (t == "qwen3") return "Qwen3ForCausalLM";
   if (t == "gemma3_text") return "Gemma3ForCausalLM";
   if (t == "gpt2") return "GPT2LMHeadModel";
+  if (t == "mixtral") return "MixtralForCausalLM";
+  if (t == "qwen3_moe") return "Qwen3MoeForCausalLM";
+  if (t == "olmoe") return "OlmoeForCausalLM";
   fail("[hf] ", path, ": field 'model_type' is \"", t,
-       "\", not llama, mistral, qwen2, qwen3, gemma3_text or gpt2");
+       "\", not llama, mistral, qwen2, qwen3, gemma3_text, gpt2, mixtral, qwen3_moe or olmoe");
 }
 
 // One rope-scaling object (transformers 4's top-level 'rope_scaling', or transformers 5's
@@ -193,7 +198,9 @@ DecoderConfig llama_config(const ConfigFields& f, const std::string& arch) {
   DecoderConfig c;
   c.arch = DecoderArch::llama;
   c.d_model = f.get_int("hidden_size");
-  c.d_ff = f.get_int("intermediate_size");
+  // Qwen3-MoE's intermediate_size is the width of dense layers it may mix in (refused); its
+  // experts' width is moe_intermediate_size.
+  c.d_ff = f.get_int(arch == "Qwen3MoeForCausalLM" ? "moe_intermediate_size" : "intermediate_size");
   c.n_layers = f.get_int("num_hidden_layers");
   c.n_heads = f.get_int("num_attention_heads");
   c.n_kv_heads = f.get_int_or("num_key_value_heads", c.n_heads);
@@ -210,9 +217,12 @@ DecoderConfig llama_config(const ConfigFields& f, const std::string& arch) {
   c.tied_embeddings = f.get_bool_or("tie_word_embeddings", false);
   // Mistral 7B v0.1 attends over a 4096-token window (later Mistrals set it to null). Qwen2
   // carries a window it does not use unless use_sliding_window, and then only on some layers.
-  const bool qwen = arch == "Qwen2ForCausalLM" || arch == "Qwen3ForCausalLM";
-  if (arch != "Gemma3ForCausalLM" && f.get_bool_or("use_sliding_window", !qwen) &&
-      f.has("sliding_window") && !f.at("sliding_window").is_null()) {
+  const bool qwen =
+      arch == "Qwen2ForCausalLM" || arch == "Qwen3ForCausalLM" || arch == "Qwen3MoeForCausalLM";
+  // OLMoE has no sliding window.
+  if (arch != "Gemma3ForCausalLM" && arch != "OlmoeForCausalLM" &&
+      f.get_bool_or("use_sliding_window", !qwen) && f.has("sliding_window") &&
+      !f.at("sliding_window").is_null()) {
     TS_CHECK(!qwen, "[hf] ", f.path(),
              ": 'use_sliding_window' is true; Qwen's per-layer sliding window is not supported");
     c.sliding_window = f.get_int("sliding_window");
@@ -220,7 +230,8 @@ DecoderConfig llama_config(const ConfigFields& f, const std::string& arch) {
   // Qwen2 always has q/k/v biases (and none on o); Llama's attention_bias (and Qwen3's) puts one
   // on all four. Qwen3 normalizes each head of q and k.
   c.qkv_bias = arch == "Qwen2ForCausalLM" || f.get_bool_or("attention_bias", false);
-  c.qk_norm = arch == "Qwen3ForCausalLM" || arch == "Gemma3ForCausalLM";
+  c.qk_norm = arch == "Qwen3ForCausalLM" || arch == "Gemma3ForCausalLM" ||
+              arch == "Qwen3MoeForCausalLM" || arch == "OlmoeForCausalLM";
   TS_CHECK(!f.get_bool_or("mlp_bias", false), "[hf] ", f.path(),
            ": field 'mlp_bias' is true; MLP biases are not supported for Llama models");
   // Gemma names its activation 'hidden_activation' (GeGLU's tanh GELU), the others 'hidden_act'.
@@ -268,6 +279,40 @@ DecoderConfig gemma3_config(const ConfigFields& f) {
     for (int64_t i = 0; i < c.n_layers; ++i)
       c.local_layers[static_cast<size_t>(i)] = (i + 1) % period != 0;
   }
+  return c;
+}
+
+// Mixtures of experts, every layer's MLP n_experts SwiGLU experts of which the router picks
+// num_experts_per_tok: Mixtral (a Mistral with num_local_experts experts of intermediate_size,
+// the chosen experts' weights always renormalized), Qwen3-MoE (a Qwen3 with num_experts experts
+// of moe_intermediate_size; norm_topk_prob) and OLMoE (num_experts of intermediate_size, q and k
+// each RMS-normalized as a whole vector; norm_topk_prob). Dense layers between the MoE ones,
+// shared experts and OLMoE's q/k/v clipping are refused by key.
+DecoderConfig moe_config(const ConfigFields& f, const std::string& arch) {
+  DecoderConfig c = llama_config(f, arch);
+  const bool mixtral = arch == "MixtralForCausalLM";
+  c.n_experts = f.get_int(mixtral ? "num_local_experts" : "num_experts");
+  c.n_experts_used = f.get_int("num_experts_per_tok");
+  TS_CHECK(c.n_experts_used <= c.n_experts, "[hf] ", f.path(), ": field 'num_experts_per_tok' (",
+           c.n_experts_used, ") exceeds the expert count (", c.n_experts, ")");
+  // transformers' default for both Qwen3-MoE and OLMoE is false; Mixtral always renormalizes.
+  c.expert_norm = mixtral || f.get_bool_or("norm_topk_prob", false);
+  c.qk_norm_whole = arch == "OlmoeForCausalLM";
+  if (f.has("mlp_only_layers")) {
+    const json& dense = f.at("mlp_only_layers");
+    TS_CHECK(dense.is_array(), "[hf] ", f.path(), ": field 'mlp_only_layers' must be a list");
+    TS_CHECK(dense.empty(), "[hf] ", f.path(), ": field 'mlp_only_layers' is ", dense.dump(),
+             "; dense layers between the mixture-of-experts layers are not supported");
+  }
+  TS_CHECK(f.get_int_or("decoder_sparse_step", 1) == 1, "[hf] ", f.path(),
+           ": field 'decoder_sparse_step' is ", f.at("decoder_sparse_step").dump(),
+           "; only every layer a mixture-of-experts layer (1) is supported");
+  for (const char* key :
+       {"shared_expert_intermediate_size", "n_shared_experts", "num_shared_experts"})
+    TS_CHECK(!f.has(key) || f.at(key) == 0, "[hf] ", f.path(), ": field '", key, "' is ",
+             f.at(key).dump(), "; shared experts are not implemented");
+  TS_CHECK(!f.has("clip_qkv"), "[hf] ", f.path(), ": field 'clip_qkv' is ", f.at("clip_qkv").dump(),
+           "; clipping q, k and v is not implemented");
   return c;
 }
 
@@ -426,15 +471,38 @@ class WeightBuilder {
 
   // offset is added to every value (Gemma stores its norm weights w for a scale of 1 + w).
   WeightRef vector_f32(const std::string& name, int64_t n, float offset = 0.0f) {
-    std::string file;
-    const formats::SafetensorsEntry& e = entry(name, Shape({n}), &file);
-    auto* dst = reinterpret_cast<float*>(alloc(n * 4));
-    // f32 is read with memcpy; 16-bit entries are always 2-byte aligned (every dtype the reader
-    // accepts has an even size, and the data section starts 8-byte aligned).
-    to_f32(e.dtype, e.data, dst, n);
+    float* dst = widened(name, Shape({n}));
     if (offset != 0.0f)
       for (int64_t i = 0; i < n; ++i) dst[i] += offset;
     return {dst, DType::f32, Shape({n})};
+  }
+
+  // A matrix widened to f32 (the MoE router: small, and read whole by every token).
+  WeightRef matrix_f32(const std::string& name, const Shape& shape) {
+    return {widened(name, shape), DType::f32, shape};
+  }
+
+  // The matrices `names` (each of shape `each`) stacked into one owned matrix (rows of names[0],
+  // then of names[1], ...): a MoE layer's experts, which HF stores one tensor each. They keep
+  // their dtype when all share it, else all become f32.
+  WeightRef stacked(const std::vector<std::string>& names, const Shape& each) {
+    std::vector<const formats::SafetensorsEntry*> parts;
+    std::string file;
+    for (const std::string& name : names) parts.push_back(&entry(name, each, &file));
+    DType type = parts.front()->dtype;
+    for (const formats::SafetensorsEntry* e : parts)
+      if (e->dtype != type) type = DType::f32;
+    const int64_t n = each.numel(), bytes = dtype_bytes(type, n);
+    const auto count = static_cast<int64_t>(parts.size());
+    uint8_t* dst = alloc(bytes * count);
+    for (int64_t i = 0; i < count; ++i) {
+      const formats::SafetensorsEntry& e = *parts[static_cast<size_t>(i)];
+      if (e.dtype == type)
+        std::memcpy(dst + i * bytes, e.data, static_cast<size_t>(bytes));
+      else  // a 16-bit entry widened (aligned, as in widened())
+        to_f32(e.dtype, e.data, reinterpret_cast<float*>(dst + i * bytes), n);
+    }
+    return {dst, type, Shape({count * each[0], each[1]})};
   }
 
   // HF Conv1D stores (in, out); returns the (out, in) transpose in the stored dtype.
@@ -451,6 +519,15 @@ class WeightBuilder {
   }
 
  private:
+  float* widened(const std::string& name, const Shape& shape) {
+    std::string file;
+    const formats::SafetensorsEntry& e = entry(name, shape, &file);
+    auto* dst = reinterpret_cast<float*>(alloc(shape.numel() * 4));
+    // f32 is read with memcpy; 16-bit entries are always 2-byte aligned (every dtype the reader
+    // accepts has an even size, and the data section starts 8-byte aligned).
+    to_f32(e.dtype, e.data, dst, shape.numel());
+    return dst;
+  }
   uint8_t* alloc(int64_t bytes) {
     auto buf = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(bytes));
     m_.owners.push_back(buf);
@@ -487,8 +564,27 @@ WeightRef output_head(const DecoderConfig& c, FolderTensors& t, WeightBuilder& b
   return tok_embd;
 }
 
-void load_llama_weights(const DecoderConfig& c, bool o_bias, FolderTensors& t, WeightBuilder& b,
-                        DecoderWeights& w) {
+// A MoE layer's router (widened to f32) and its experts stacked as DecoderConfig describes.
+// HF names them mlp.gate and mlp.experts.{e}.gate_proj, up_proj, down_proj (Qwen3-MoE, OLMoE), or
+// block_sparse_moe.gate and block_sparse_moe.experts.{e}.w1 (gate), w3 (up), w2 (down) (Mixtral).
+void load_experts(const DecoderConfig& c, const std::string& p, bool mixtral, WeightBuilder& b,
+                  DecoderLayer& l) {
+  const int64_t E = c.n_experts, C = c.d_model, F = c.d_ff;
+  const std::string moe = p + (mixtral ? "block_sparse_moe." : "mlp.");
+  l.ffn_router = b.matrix_f32(moe + "gate.weight", Shape({E, C}));
+  auto names = [&](const char* hf, const char* mixtral_name) {
+    std::vector<std::string> n;
+    for (int64_t e = 0; e < E; ++e)
+      n.push_back(cat(moe, "experts.", e, ".", mixtral ? mixtral_name : hf, ".weight"));
+    return n;
+  };
+  l.w_gate = b.stacked(names("gate_proj", "w1"), Shape({F, C}));
+  l.w_up = b.stacked(names("up_proj", "w3"), Shape({F, C}));
+  l.w_down = b.stacked(names("down_proj", "w2"), Shape({C, F}));
+}
+
+void load_llama_weights(const DecoderConfig& c, const std::string& arch, bool o_bias,
+                        FolderTensors& t, WeightBuilder& b, DecoderWeights& w) {
   const int64_t C = c.d_model, F = c.d_ff, Q = c.q_dim(), KV = c.kv_dim();
   w.tok_embd = b.matrix("model.embed_tokens.weight", Shape({c.vocab, C}));
   w.layers.resize(static_cast<size_t>(c.n_layers));
@@ -516,9 +612,14 @@ void load_llama_weights(const DecoderConfig& c, bool o_bias, FolderTensors& t, W
       l.bv = b.vector_f32(p + "self_attn.v_proj.bias", KV);
     }
     if (o_bias) l.bo = b.vector_f32(p + "self_attn.o_proj.bias", C);
-    if (c.qk_norm) {
-      l.q_norm = b.vector_f32(p + "self_attn.q_norm.weight", c.head_dim, one);
-      l.k_norm = b.vector_f32(p + "self_attn.k_norm.weight", c.head_dim, one);
+    if (c.qk_norm) {  // OLMoE: q and k each normalized as a whole vector
+      l.q_norm = b.vector_f32(p + "self_attn.q_norm.weight", c.qk_norm_whole ? Q : c.head_dim, one);
+      l.k_norm =
+          b.vector_f32(p + "self_attn.k_norm.weight", c.qk_norm_whole ? KV : c.head_dim, one);
+    }
+    if (c.moe()) {
+      load_experts(c, p, arch == "MixtralForCausalLM", b, l);
+      continue;
     }
     l.w_gate = b.matrix(p + "mlp.gate_proj.weight", Shape({F, C}));
     l.w_up = b.matrix(p + "mlp.up_proj.weight", Shape({F, C}));
@@ -576,13 +677,18 @@ DecoderModel load_decoder_hf(const std::string& folder) {
   if (arch == "GPT2LMHeadModel") {
     m.config = gpt2_config(f);
   } else {
-    TS_CHECK(arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" ||
+    const bool moe =
+        arch == "MixtralForCausalLM" || arch == "Qwen3MoeForCausalLM" || arch == "OlmoeForCausalLM";
+    TS_CHECK(moe || arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" ||
                  arch == "Qwen2ForCausalLM" || arch == "Qwen3ForCausalLM" ||
                  arch == "Gemma3ForCausalLM",
              "[hf] ", cfg_path, ": field 'architectures' names ", arch,
              "; supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-             "Qwen3ForCausalLM, Gemma3ForCausalLM, GPT2LMHeadModel");
-    m.config = arch == "Gemma3ForCausalLM" ? gemma3_config(f) : llama_config(f, arch);
+             "Qwen3ForCausalLM, Gemma3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM, "
+             "OlmoeForCausalLM, GPT2LMHeadModel");
+    m.config = arch == "Gemma3ForCausalLM" ? gemma3_config(f)
+               : moe                       ? moe_config(f, arch)
+                                           : llama_config(f, arch);
     o_bias = arch != "Qwen2ForCausalLM" && m.config.qkv_bias;
   }
   DecoderConfig& c = m.config;
@@ -598,7 +704,7 @@ DecoderModel load_decoder_hf(const std::string& folder) {
   if (c.arch == DecoderArch::gpt2)
     load_gpt2_weights(c, tensors, builder, m.weights);
   else
-    load_llama_weights(c, o_bias, tensors, builder, m.weights);
+    load_llama_weights(c, arch, o_bias, tensors, builder, m.weights);
   tensors.check_all_used({".rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias"});
   return m;
 }

@@ -23,7 +23,10 @@ void save_decoder_gguf(const DecoderModel& m, const std::string& path,
                        const std::function<void(formats::GgufWriter&)>& extra = {});
 
 // Writes an HF folder: config.json (LlamaForCausalLM, Qwen2ForCausalLM when q/k/v carry biases
-// and o does not, or GPT2LMHeadModel) + model.safetensors with every tensor in `dtype` (f32,
+// and o does not, Qwen3ForCausalLM with q/k norms, Gemma3ForCausalLM with post-norms, or
+// GPT2LMHeadModel; a mixture of experts as OlmoeForCausalLM with whole-vector q/k norms,
+// Qwen3MoeForCausalLM with per-head ones, else MixtralForCausalLM, each expert its own tensors)
+// + model.safetensors with every tensor in `dtype` (f32,
 // bf16 or f16; quantized weights are dequantized). Interleaved q/k rows are permuted back to
 // HF's rotate-half order. `tokenizer_json` (if non-empty) is written as tokenizer.json. Throws
 // when the model has per-pair RoPE divisors that config.json cannot express.

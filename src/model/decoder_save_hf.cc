@@ -1,5 +1,6 @@
-// Decoder model writer for Hugging Face folders: config.json (Llama, Qwen2 or GPT-2 keys) and
-// model.safetensors in f32, bf16 or f16, with q/k rows in HF's rotate-half order.
+// Decoder model writer for Hugging Face folders: config.json (Llama, Qwen2, Qwen3, Gemma 3, GPT-2,
+// or Mixtral, Qwen3-MoE and OLMoE keys) and model.safetensors in f32, bf16 or f16, with q/k rows
+// in HF's rotate-half order and each expert of a MoE layer as its own tensors.
 #include <charconv>
 #include <cstring>
 #include <list>
@@ -59,6 +60,44 @@ double float_for_json(float x) {
 
 const char* torch_dtype_name(DType t) {
   return t == DType::bf16 ? "bfloat16" : t == DType::f16 ? "float16" : "float32";
+}
+
+// A mixture of experts (j holds the Llama/Qwen3 keys): OLMoE when q and k are normalized as
+// whole vectors, Qwen3-MoE with per-head q/k norms, else Mixtral.
+void moe_hf_config(const DecoderConfig& c, bool o_bias, json& j) {
+  const std::string arch = c.qk_norm_whole ? "OlmoeForCausalLM"
+                           : c.qk_norm     ? "Qwen3MoeForCausalLM"
+                                           : "MixtralForCausalLM";
+  TS_CHECK(!c.post_norms, "[save] post-norms and experts together are not those of ", arch);
+  j["architectures"] = json::array({arch});
+  j["num_experts_per_tok"] = c.n_experts_used;
+  j.erase("mlp_bias");
+  if (arch == "MixtralForCausalLM") {
+    TS_CHECK(c.expert_norm,
+             "[save] MixtralForCausalLM always renormalizes the chosen experts' "
+             "weights; this model does not (OLMoE-style routing)");
+    TS_CHECK(!c.qkv_bias && !o_bias, "[save] MixtralForCausalLM has no attention biases");
+    j["model_type"] = "mixtral";
+    j["num_local_experts"] = c.n_experts;
+    j.erase("attention_bias");
+    j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
+    return;
+  }
+  TS_CHECK(c.qkv_bias == o_bias, "[save] ", arch, " puts a bias on all of q, k, v, o or on none");
+  j["num_experts"] = c.n_experts;
+  j["norm_topk_prob"] = c.expert_norm;
+  if (arch == "OlmoeForCausalLM") {
+    TS_CHECK(c.sliding_window == 0, "[save] OlmoeForCausalLM has no sliding window");
+    j["model_type"] = "olmoe";
+    j["clip_qkv"] = nullptr;
+    j.erase("use_sliding_window");
+    return;
+  }
+  j["model_type"] = "qwen3_moe";
+  j.erase("intermediate_size");  // the width of dense layers, of which this model has none
+  j["moe_intermediate_size"] = c.d_ff;
+  j["decoder_sparse_step"] = 1;
+  j["mlp_only_layers"] = json::array();
 }
 
 json llama_hf_config(const DecoderConfig& c, bool o_bias, DType dtype) {
@@ -124,6 +163,10 @@ json llama_hf_config(const DecoderConfig& c, bool o_bias, DType dtype) {
              "[save] the model's layer options are not those of ",
              j["architectures"][0].get<std::string>());
   }
+  TS_CHECK(!c.qk_norm_whole || c.moe(),
+           "[save] whole-vector q/k norms are OLMoE's; a model without experts has no Hugging "
+           "Face architecture with them here");
+  if (c.moe()) moe_hf_config(c, o_bias, j);
   if (c.rope_scaling == RopeScaling::linear)
     j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", c.rope_factor}};
   if (c.rope_scaling == RopeScaling::llama3)
@@ -149,6 +192,24 @@ json gpt2_hf_config(const DecoderConfig& c, DType dtype) {
           {"activation_function", "gelu_new"},
           {"tie_word_embeddings", c.tied_embeddings},
           {"torch_dtype", torch_dtype_name(dtype)}};
+}
+
+// A MoE layer's router and each expert's matrices as their own tensors (the rows of the stacked
+// matrices that are expert e's), named as load_decoder_hf reads them: Mixtral's block_sparse_moe
+// (w1 gate, w3 up, w2 down), or Qwen3-MoE's and OLMoE's mlp.
+void write_hf_experts(const DecoderConfig& c, const DecoderLayer& l, const std::string& p,
+                      HfTensorSink& s, const std::string& path) {
+  const int64_t E = c.n_experts, C = c.d_model, F = c.d_ff;
+  require(l.ffn_router, p + "router", path);
+  const bool mixtral = !c.qk_norm;  // moe_hf_config's choice
+  const std::string moe = p + (mixtral ? "block_sparse_moe." : "mlp.");
+  s.ref(moe + "gate.weight", l.ffn_router);
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string x = cat(moe, "experts.", e, ".");
+    s.ref(x + (mixtral ? "w1" : "gate_proj") + ".weight", row_slice(l.w_gate, e * F, F));
+    s.ref(x + (mixtral ? "w3" : "up_proj") + ".weight", row_slice(l.w_up, e * F, F));
+    s.ref(x + (mixtral ? "w2" : "down_proj") + ".weight", row_slice(l.w_down, e * C, C));
+  }
 }
 
 void write_hf_llama(const DecoderModel& m, HfTensorSink& s, bool o_bias, const std::string& path) {
@@ -218,6 +279,10 @@ void write_hf_llama(const DecoderModel& m, HfTensorSink& s, bool o_bias, const s
       require(l.k_norm, p + "self_attn.k_norm", path);
       norm(p + "self_attn.q_norm.weight", l.q_norm);
       norm(p + "self_attn.k_norm.weight", l.k_norm);
+    }
+    if (c.moe()) {
+      write_hf_experts(c, l, p, s, path);
+      continue;
     }
     s.ref(p + "mlp.gate_proj.weight", l.w_gate);
     s.ref(p + "mlp.up_proj.weight", l.w_up);
