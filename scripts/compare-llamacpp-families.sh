@@ -6,7 +6,7 @@
 # Where the two differ on a mixture of experts, scripts/moe_reference.py decodes the prompt in
 # float64 and says which of the two it agrees with, and how close the step was to a tie.
 #   scripts/compare-llamacpp-families.sh [ARCH ...]
-#   (default: llama qwen3 gemma3 mixtral qwen3moe olmoe)
+#   (default: llama qwen3 gemma3 smollm3 mixtral qwen3moe olmoe)
 # Environment: OUT (/tmp/tessera-compare-families), N (32 tokens), TOKENIZER (the SmolLM2 file).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -14,7 +14,7 @@ out=${OUT:-/tmp/tessera-compare-families}
 n=${N:-32}
 tok=${TOKENIZER:-$root/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 archs=("$@")
-[ ${#archs[@]} -gt 0 ] || archs=(llama qwen3 gemma3 mixtral qwen3moe olmoe)
+[ ${#archs[@]} -gt 0 ] || archs=(llama qwen3 gemma3 smollm3 mixtral qwen3moe olmoe)
 py=$root/.venv/bin/python3
 [ -x "$py" ] || py=python3
 tessera=$root/build/tessera
@@ -29,6 +29,7 @@ for arch in "${archs[@]}"; do
     extra=()
     [[ $arch == qwen3* ]] && extra+=(--head-dim 96)  # heads wider than width / heads (Qwen3)
     [ "$arch" = olmoe ] && extra+=(--kv-heads 4)  # llama.cpp's olmoe has no grouped heads
+    [ "$arch" = smollm3 ] && extra+=(--layers 8)  # layers 3 and 7 without RoPE
     # Gemma 3: eight layers (local 0-4 and 6-7 over 16 positions, 5 global), wide heads.
     [ "$arch" = gemma3 ] && extra+=(--layers 8 --head-dim 128 --kv-heads 1 --window 16)
     [ "$prec" = f16 ] && extra+=(--f16)

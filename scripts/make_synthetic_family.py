@@ -6,7 +6,8 @@ file of scripts/install-deps.sh), so both engines tokenize prompts the same way;
 random f32 (or f16), scaled so that the next-token distribution is peaked enough for greedy
 decoding to be stable against rounding. Families: llama, qwen3 (per-head q/k norms, head_dim
 apart from width / heads), gemma3 (q/k norms, post-norms, GeGLU, scaled embeddings, five local
-layers of --window positions to each global one), and the mixtures of experts (--experts of
+layers of --window positions to each global one), smollm3 (llama with every fourth layer
+without RoPE), and the mixtures of experts (--experts of
 width --ffn, --experts-used per token): mixtral (llama with experts), qwen3moe (per-head q/k
 norms, renormalized expert weights), olmoe (whole-vector q/k norms, weights as the router gives
 them). Needs numpy and the `gguf` package (pip).
@@ -50,7 +51,8 @@ def copy_tokenizer(src_path, w):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("--arch", choices=["llama", "qwen3", "gemma3", "mixtral", "qwen3moe", "olmoe"],
+    ap.add_argument("--arch", choices=["llama", "qwen3", "gemma3", "smollm3", "mixtral", "qwen3moe",
+                                         "olmoe"],
                     default="qwen3")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--width", type=int, default=256)

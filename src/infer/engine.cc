@@ -100,6 +100,9 @@ Engine::Engine(const model::DecoderModel& model, const EngineOptions& opts)
                 model_.config.mlp_act == ops::GluAct::silu && model_.config.embed_scale == 1.0f &&
                 model_.config.attn_scale == 0.0),
            "[engine] the CUDA device decoder has none of Gemma 3's layer options; run on the CPU");
+  TS_CHECK(on_host || !opts_.device_decoder || model_.config.nope_layers.empty(),
+           "[engine] the CUDA device decoder rotates every layer (SmolLM3 has layers without "
+           "RoPE); run with --cuda-forward shared or on the CPU");
   TS_CHECK(on_host || !opts_.device_decoder || !model_.config.moe(),
            "[engine] the CUDA device decoder has no mixture-of-experts layers; run with "
            "--cuda-forward shared or on the CPU");

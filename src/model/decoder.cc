@@ -61,6 +61,9 @@ void DecoderConfig::validate(const std::string& source) const {
              ": embedding scale must be positive (got ", embed_scale, ")");
     TS_CHECK(std::isfinite(attn_scale) && attn_scale >= 0, "[model] ", source,
              ": attention scale must be positive (got ", attn_scale, ")");
+    TS_CHECK(nope_layers.empty() || static_cast<int64_t>(nope_layers.size()) == n_layers,
+             "[model] ", source, ": ", nope_layers.size(), " no-RoPE layer marks for ", n_layers,
+             " layers");
     TS_CHECK(!qk_norm_whole || qk_norm, "[model] ", source,
              ": whole-vector q/k norms without q/k norms");
     TS_CHECK(n_experts >= 0 && n_experts <= 4096, "[model] ", source, ": expert count ", n_experts,
@@ -73,7 +76,7 @@ void DecoderConfig::validate(const std::string& source) const {
     TS_CHECK(n_kv_heads == n_heads && head_dim * n_heads == d_model, "[model] ", source,
              ": gpt2 needs head count * head dim == width and no grouped heads");
     TS_CHECK(!qk_norm && !post_norms && local_layers.empty() && mlp_act == ops::GluAct::silu &&
-                 embed_scale == 1.0f && attn_scale == 0.0 && !moe(),
+                 embed_scale == 1.0f && attn_scale == 0.0 && !moe() && nope_layers.empty(),
              "[model] ", source, ": gpt2 has none of the Llama-family layer options");
   }
 }

@@ -22,7 +22,8 @@ namespace tessera::model {
 
 enum class DecoderArch : uint8_t {
   llama,  // RMSNorm, RoPE, gated MLP, GQA; covers Llama 1-3, SmolLM2, Mistral, Qwen2 (q/k/v
-          // bias), Qwen3 (q/k norms), Gemma 3 (q/k norms, post-norms, GeGLU, local layers)
+          // bias), Qwen3 (q/k norms), Gemma 3 (q/k norms, post-norms, GeGLU, local layers),
+          // SmolLM3 (layers without RoPE), Mixtral, Qwen3-MoE and OLMoE (experts)
   gpt2,   // LayerNorm with bias, learned positions, GELU MLP, biases everywhere
 };
 
@@ -75,6 +76,9 @@ struct DecoderConfig {
   double attn_scale = 0.0;
   std::vector<uint8_t> local_layers;  // (n_layers) 1: local, or empty
   double rope_theta_local = 10000.0;
+  // Layers marked here apply no rotary embedding to q and k (SmolLM3: every fourth layer);
+  // empty: every layer rotates.
+  std::vector<uint8_t> nope_layers;  // (n_layers) 1: no RoPE, or empty
   // q and k each RMS-normalized as one vector of q_dim / kv_dim (OLMoE) instead of per head
   // (qk_norm must be set too; q_norm (q_dim), k_norm (kv_dim)).
   bool qk_norm_whole = false;
@@ -93,6 +97,10 @@ struct DecoderConfig {
   // Whether layer l is a local (sliding-window) layer of a model that mixes them.
   bool local(int64_t l) const {
     return !local_layers.empty() && local_layers[static_cast<size_t>(l)] != 0;
+  }
+  // Whether layer l rotates q and k (RoPE).
+  bool rotary(int64_t l) const {
+    return nope_layers.empty() || nope_layers[static_cast<size_t>(l)] == 0;
   }
   // The window layer l attends over (0: every earlier position).
   int64_t window(int64_t l) const { return local_layers.empty() || local(l) ? sliding_window : 0; }

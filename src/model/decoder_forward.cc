@@ -82,7 +82,7 @@ class DecoderForward::PagedAttention final : public BlockAttention {
     ops::copy_rows(ctx, q, QD, qkv, ld, n, QD);
     ops::copy_rows(ctx, k, KV, qkv + QD, ld, n, KV);
     const int32_t* pos = f_.ints(kPos);
-    if (c.arch == DecoderArch::llama) {
+    if (c.arch == DecoderArch::llama && c.rotary(l)) {
       const ops::RopeTable& rope = c.local(l) ? f_.rope_local_ : f_.rope_;
       ops::rope_forward(ctx, q, q, rope, pos, 0, 1, n, H, D, c.rope_layout);
       ops::rope_forward(ctx, k, k, rope, pos, 0, 1, n, Hkv, D, c.rope_layout);

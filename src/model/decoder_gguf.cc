@@ -1,6 +1,6 @@
 // Loads a decoder model from GGUF: llama.cpp's metadata keys and tensor names for the llama,
-// qwen2, qwen3, gemma3, qwen3moe, olmoe and gpt2 architectures; weights stay in their stored
-// type and point into the file.
+// qwen2, qwen3, gemma3, qwen3moe, olmoe, smollm3 and gpt2 architectures; weights stay in their
+// stored type and point into the file.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -186,6 +186,8 @@ DecoderConfig read_config(const formats::GgufFile& f, const std::string& arch) {
     TS_CHECK(c.qk_norm || !qk_arch, "[gguf] ", f.path(), ": a ", arch,
              " file without 'blk.0.attn_q_norm.weight'");
     read_experts(f, r, arch, &c);
+    if (arch == "smollm3")  // llama.cpp's rule (no key): every fourth layer has no RoPE
+      for (int64_t l = 0; l < c.n_layers; ++l) c.nope_layers.push_back((l + 1) % 4 == 0);
     if (gemma3) read_gemma3(f, r, &c);
     const std::string scaling_key = arch + ".rope.scaling.type";
     if (f.has(scaling_key)) {
@@ -229,9 +231,11 @@ DecoderModel load_decoder_gguf(const std::string& path, const DecoderLoadOptions
   const formats::GgufFile& f = *file;
   const std::string& arch = f.get_string("general.architecture");
   TS_CHECK(arch == "llama" || arch == "qwen2" || arch == "qwen3" || arch == "gemma3" ||
-               arch == "mistral" || arch == "qwen3moe" || arch == "olmoe" || arch == "gpt2",
+               arch == "mistral" || arch == "qwen3moe" || arch == "olmoe" || arch == "smollm3" ||
+               arch == "gpt2",
            "[gguf] ", path, ": general.architecture '", arch,
-           "' is not supported (llama, qwen2, qwen3, gemma3, mistral, qwen3moe, olmoe, gpt2)");
+           "' is not supported (llama, qwen2, qwen3, gemma3, mistral, qwen3moe, olmoe, smollm3, "
+           "gpt2)");
 
   DecoderModel m;
   m.config = read_config(f, arch);

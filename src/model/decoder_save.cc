@@ -138,6 +138,14 @@ void check_gguf_family(const DecoderConfig& c, const std::string& arch, const st
                                  c.embed_scale == std::sqrt(static_cast<float>(c.d_model))
                            : c.mlp_act == ops::GluAct::silu && c.local_layers.empty() &&
                                  c.embed_scale == 1.0f && c.attn_scale == 0.0;
+  // SmolLM3's files carry no pattern: llama.cpp takes every fourth layer as the one without RoPE.
+  bool nope_fits = arch == "smollm3" || c.nope_layers.empty();
+  if (arch == "smollm3")
+    for (int64_t l = 0; l < c.n_layers; ++l)
+      nope_fits = nope_fits && (c.nope_layers[static_cast<size_t>(l)] != 0) == ((l + 1) % 4 == 0);
+  TS_CHECK(nope_fits, "[save] ", path,
+           ": the model's layers without RoPE are not every fourth layer, the only pattern a GGUF "
+           "'smollm3' file can hold");
   TS_CHECK(fits, "[save] ", path, ": the model's layer options (q/k norms ", c.qk_norm,
            ", post-norms ", c.post_norms, ", activation ", ops::glu_act_name(c.mlp_act),
            ", embedding scale ", c.embed_scale, ", local layers ", !c.local_layers.empty(),

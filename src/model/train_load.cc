@@ -30,6 +30,8 @@ TrainConfig trainable_config(const DecoderConfig& c, const std::string& from, bo
              ": q/k norms (Qwen3) are trained only frozen, under LoRA (--lora)");
     TS_CHECK(c.sliding_window == 0, "[train] ", from,
              ": sliding-window attention is not implemented in training");
+    TS_CHECK(c.nope_layers.empty(), "[train] ", from,
+             ": layers without RoPE (SmolLM3) are not implemented in training");
     TS_CHECK(!c.moe(), "[train] ", from,
              ": mixture-of-experts layers are not implemented in training (inference only)");
     TS_CHECK(!c.post_norms && c.embed_scale == 1.0f && c.attn_scale == 0.0, "[train] ", from,

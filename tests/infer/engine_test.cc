@@ -79,6 +79,10 @@ TinyOptions variant(int v) {
       o.rope_layout = ops::RopeLayout::interleaved;
       o.tied = true;
       break;
+    case 8:  // SmolLM3-like: layer 1 of 3 without RoPE
+      o.layers = 3;
+      o.nope_every = 2;
+      break;
   }
   o.seed = 10 + static_cast<uint64_t>(v);
   return o;
@@ -108,7 +112,7 @@ TEST_P(EngineVsReference, PrefillAndDecodeMatchPlainForward) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Variants, EngineVsReference, ::testing::Values(0, 1, 2, 3, 4, 5, 6, 7));
+INSTANTIATE_TEST_SUITE_P(Variants, EngineVsReference, ::testing::Values(0, 1, 2, 3, 4, 5, 6, 7, 8));
 
 // A MoE decode step reads only the experts its token chose: the weight products' bytes, as the
 // ops report them, are the attention's, the router's, the head's and k of E experts' matrices,

@@ -35,6 +35,7 @@ struct TinyOptions {
   // weights renormalized with expert_norm (Mixtral, Qwen3-MoE) or not (OLMoE, which also
   // normalizes q and k as whole vectors: qk_norm_whole).
   int64_t experts = 0, experts_used = 2;
+  int64_t nope_every = 0;  // SmolLM3: layers l with (l + 1) % nope_every == 0 have no RoPE
   bool expert_norm = true, qk_norm_whole = false;
   uint64_t seed = 1;
 };
@@ -61,6 +62,8 @@ inline model::DecoderModel make_tiny_model(const TinyOptions& o) {
   c.rope_layout = o.rope_layout;
   c.tied_embeddings = o.tied;
   c.qkv_bias = o.qkv_bias || o.arch == model::DecoderArch::gpt2;
+  if (o.nope_every > 0)
+    for (int64_t l = 0; l < c.n_layers; ++l) c.nope_layers.push_back((l + 1) % o.nope_every == 0);
   c.n_experts = o.experts;
   c.n_experts_used = o.experts > 0 ? o.experts_used : 0;
   c.expert_norm = o.expert_norm;
@@ -232,8 +235,9 @@ inline std::vector<double> reference_logits(const model::DecoderModel& m,
   for (size_t i = 0; i < inv_local.size(); ++i)
     inv_local[i] = std::pow(c.rope_theta_local, -2.0 * static_cast<double>(i) / c.rope_dim);
   const std::vector<double>* inv_now = &inv_global;
+  bool rotary = true;  // the current layer's (SmolLM3's no-RoPE layers: false)
   auto rope = [&](Vec& v, int64_t heads, int64_t pos) {
-    if (gpt2) return;
+    if (gpt2 || !rotary) return;
     const std::vector<double>& inv = *inv_now;
     const int64_t half = c.rope_dim / 2;
     for (int64_t h = 0; h < heads; ++h)
@@ -257,6 +261,7 @@ inline std::vector<double> reference_logits(const model::DecoderModel& m,
     const model::DecoderLayer& L = m.weights.layers[static_cast<size_t>(layer)];
     const bool local = !c.local_layers.empty() && c.local_layers[static_cast<size_t>(layer)];
     inv_now = local ? &inv_local : &inv_global;
+    rotary = c.nope_layers.empty() || c.nope_layers[static_cast<size_t>(layer)] == 0;
     const int64_t window = c.local_layers.empty() || local ? c.sliding_window : 0;
     const double scale = c.attn_scale > 0 ? c.attn_scale : 1 / std::sqrt(static_cast<double>(D));
     std::vector<Vec> q(T), k(T), v(T);
@@ -323,8 +328,8 @@ inline std::vector<double> reference_logits(const model::DecoderModel& m,
   }
   std::vector<double> logits;
   for (int64_t t = 0; t < T; ++t) {
-    const Vec xn = norm(x[t], m.weights.out_norm, m.weights.out_norm_b);
-    const Vec l = hidden_states ? xn : linear(xn, m.weights.output, {});
+    Vec l = norm(x[t], m.weights.out_norm, m.weights.out_norm_b);
+    if (!hidden_states) l = linear(l, m.weights.output, {});
     logits.insert(logits.end(), l.begin(), l.end());
   }
   return logits;
