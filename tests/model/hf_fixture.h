@@ -132,6 +132,80 @@ inline HfModel tiny_gemma3() {
   return m;
 }
 
+// Mixtures of experts in HF layout: C 32 = 4 heads x D 8, 2 kv heads, 2 layers, V 64, untied,
+// 4 experts of width F 16 of which 2 are used per token; each expert its own tensors. `arch`:
+// Qwen3MoeForCausalLM (per-head q/k norms, norm_topk_prob true), OlmoeForCausalLM (q/k norms of
+// the whole q (32) and k (16), norm_topk_prob false) or MixtralForCausalLM (block_sparse_moe
+// names, w1 gate, w3 up, w2 down).
+inline HfModel tiny_moe(const std::string& arch) {
+  std::mt19937 rng(arch.size() + 17);
+  HfModel m;
+  const int64_t C = 32, KV = 16, F = 16, V = 64, L = 2, E = 4;
+  const bool mixtral = arch == "MixtralForCausalLM", olmoe = arch == "OlmoeForCausalLM";
+  m.config = {
+      {"architectures", {arch}},        {"hidden_size", C},         {"num_hidden_layers", L},
+      {"num_attention_heads", 4},       {"num_key_value_heads", 2}, {"vocab_size", V},
+      {"max_position_embeddings", 128}, {"rms_norm_eps", 1e-5},     {"rope_theta", 10000.0},
+      {"tie_word_embeddings", false},   {"hidden_act", "silu"},     {"num_experts_per_tok", 2}};
+  if (mixtral) {
+    m.config["model_type"] = "mixtral";
+    m.config["intermediate_size"] = F;
+    m.config["num_local_experts"] = E;
+    m.config["sliding_window"] = nullptr;
+  } else if (olmoe) {
+    m.config["model_type"] = "olmoe";
+    m.config["intermediate_size"] = F;
+    m.config["num_experts"] = E;
+    m.config["norm_topk_prob"] = false;
+    m.config["clip_qkv"] = nullptr;
+    m.config["attention_bias"] = false;
+  } else {
+    m.config["model_type"] = "qwen3_moe";
+    m.config["head_dim"] = 8;
+    m.config["intermediate_size"] = 64;  // dense layers' width: unused, every layer is MoE
+    m.config["moe_intermediate_size"] = F;
+    m.config["num_experts"] = E;
+    m.config["norm_topk_prob"] = true;
+    m.config["decoder_sparse_step"] = 1;
+    m.config["mlp_only_layers"] = nlohmann::json::array();
+    m.config["use_sliding_window"] = false;
+  }
+  m.add("model.embed_tokens.weight", {V, C}, rng);
+  for (int64_t i = 0; i < L; ++i) {
+    const std::string p = cat("model.layers.", i, ".");
+    m.add(p + "input_layernorm.weight", {C}, rng);
+    m.add(p + "post_attention_layernorm.weight", {C}, rng);
+    m.add(p + "self_attn.q_proj.weight", {C, C}, rng);
+    m.add(p + "self_attn.k_proj.weight", {KV, C}, rng);
+    m.add(p + "self_attn.v_proj.weight", {KV, C}, rng);
+    m.add(p + "self_attn.o_proj.weight", {C, C}, rng);
+    if (!mixtral) {
+      m.add(p + "self_attn.q_norm.weight", {olmoe ? C : 8}, rng);
+      m.add(p + "self_attn.k_norm.weight", {olmoe ? KV : 8}, rng);
+    }
+    const std::string moe = p + (mixtral ? "block_sparse_moe." : "mlp.");
+    m.add(moe + "gate.weight", {E, C}, rng);
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string x = cat(moe, "experts.", e, ".");
+      m.add(x + (mixtral ? "w1" : "gate_proj") + ".weight", {F, C}, rng);
+      m.add(x + (mixtral ? "w3" : "up_proj") + ".weight", {F, C}, rng);
+      m.add(x + (mixtral ? "w2" : "down_proj") + ".weight", {C, F}, rng);
+    }
+  }
+  m.add("model.norm.weight", {C}, rng);
+  m.add("lm_head.weight", {V, C}, rng);
+  return m;
+}
+inline HfModel tiny_qwen3moe() {
+  return tiny_moe("Qwen3MoeForCausalLM");
+}
+inline HfModel tiny_olmoe() {
+  return tiny_moe("OlmoeForCausalLM");
+}
+inline HfModel tiny_mixtral() {
+  return tiny_moe("MixtralForCausalLM");
+}
+
 // GPT-2: C 32, 4 heads, F 128 (n_inner null = 4C), 2 layers, V 64, 16 positions; tied head.
 inline HfModel tiny_gpt2(const std::string& prefix = "") {
   std::mt19937 rng(5);
