@@ -89,8 +89,10 @@ std::string hf_architecture(const json& j, const std::string& path) {
   if (t == "mixtral") return "MixtralForCausalLM";
   if (t == "qwen3_moe") return "Qwen3MoeForCausalLM";
   if (t == "olmoe") return "OlmoeForCausalLM";
+  if (t == "smollm3") return "SmolLM3ForCausalLM";
   fail("[hf] ", path, ": field 'model_type' is \"", t,
-       "\", not llama, mistral, qwen2, qwen3, gemma3_text, gpt2, mixtral, qwen3_moe or olmoe");
+       "\", not llama, mistral, qwen2, qwen3, gemma3_text, gpt2, mixtral, qwen3_moe, olmoe or "
+       "smollm3");
 }
 
 // One rope-scaling object (transformers 4's top-level 'rope_scaling', or transformers 5's
@@ -194,6 +196,25 @@ void read_rope(const ConfigFields& f, DecoderConfig* c) {
   }
 }
 
+// SmolLM3's layers without RoPE: no_rope_layers (per layer, 1: the layer rotates), or else
+// every no_rope_layer_interval-th layer (default 4) without, as transformers builds the list.
+void read_nope_layers(const ConfigFields& f, DecoderConfig* c) {
+  if (f.has("no_rope_layers") && !f.at("no_rope_layers").is_null()) {
+    const json& a = f.at("no_rope_layers");
+    TS_CHECK(a.is_array() && static_cast<int64_t>(a.size()) == c->n_layers, "[hf] ", f.path(),
+             ": field 'no_rope_layers' must list one 0 or 1 per layer (", c->n_layers, ")");
+    for (const json& v : a) {
+      TS_CHECK(v.is_number_integer() && (v == 0 || v == 1), "[hf] ", f.path(),
+               ": field 'no_rope_layers' holds ", v.dump(), ", not 0 or 1");
+      c->nope_layers.push_back(v == 0 ? 1 : 0);
+    }
+    return;
+  }
+  const int64_t every = f.get_int_or("no_rope_layer_interval", 4);
+  TS_CHECK(every > 0, "[hf] ", f.path(), ": field 'no_rope_layer_interval' must be positive");
+  for (int64_t l = 0; l < c->n_layers; ++l) c->nope_layers.push_back((l + 1) % every == 0);
+}
+
 DecoderConfig llama_config(const ConfigFields& f, const std::string& arch) {
   DecoderConfig c;
   c.arch = DecoderArch::llama;
@@ -242,6 +263,7 @@ DecoderConfig llama_config(const ConfigFields& f, const std::string& arch) {
     TS_CHECK(f.at(act_key) == act, "[hf] ", f.path(), ": field '", act_key, "' is ",
              f.at(act_key).dump(), "; only ", act, " is supported for ", arch);
   read_rope(f, &c);
+  if (arch == "SmolLM3ForCausalLM") read_nope_layers(f, &c);
   return c;
 }
 
@@ -681,11 +703,11 @@ DecoderModel load_decoder_hf(const std::string& folder) {
         arch == "MixtralForCausalLM" || arch == "Qwen3MoeForCausalLM" || arch == "OlmoeForCausalLM";
     TS_CHECK(moe || arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" ||
                  arch == "Qwen2ForCausalLM" || arch == "Qwen3ForCausalLM" ||
-                 arch == "Gemma3ForCausalLM",
+                 arch == "Gemma3ForCausalLM" || arch == "SmolLM3ForCausalLM",
              "[hf] ", cfg_path, ": field 'architectures' names ", arch,
              "; supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-             "Qwen3ForCausalLM, Gemma3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM, "
-             "OlmoeForCausalLM, GPT2LMHeadModel");
+             "Qwen3ForCausalLM, Gemma3ForCausalLM, SmolLM3ForCausalLM, MixtralForCausalLM, "
+             "Qwen3MoeForCausalLM, OlmoeForCausalLM, GPT2LMHeadModel");
     m.config = arch == "Gemma3ForCausalLM" ? gemma3_config(f)
                : moe                       ? moe_config(f, arch)
                                            : llama_config(f, arch);

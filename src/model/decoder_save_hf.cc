@@ -163,6 +163,17 @@ json llama_hf_config(const DecoderConfig& c, bool o_bias, DType dtype) {
              "[save] the model's layer options are not those of ",
              j["architectures"][0].get<std::string>());
   }
+  if (!c.nope_layers.empty()) {  // SmolLM3, the family with layers without RoPE
+    TS_CHECK(
+        !c.qk_norm && !c.post_norms && !c.moe() && !c.qkv_bias && !o_bias && c.sliding_window == 0,
+        "[save] the model's layer options are not those of SmolLM3ForCausalLM");
+    j["architectures"] = json::array({"SmolLM3ForCausalLM"});
+    j["model_type"] = "smollm3";
+    j["use_sliding_window"] = false;
+    json rotates = json::array();
+    for (uint8_t nope : c.nope_layers) rotates.push_back(nope ? 0 : 1);
+    j["no_rope_layers"] = rotates;
+  }
   TS_CHECK(!c.qk_norm_whole || c.moe(),
            "[save] whole-vector q/k norms are OLMoE's; a model without experts has no Hugging "
            "Face architecture with them here");

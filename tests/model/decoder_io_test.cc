@@ -232,6 +232,28 @@ TEST(DecoderRoundTrip, Qwen3) {
   test::write_hf(bad, dir);
   tessera::test::expect_error([&] { load_decoder_hf(dir); }, "model.layers.1.self_attn.q_norm");
 }
+// SmolLM3: no_rope_layers (1: the layer rotates) load as the layers without RoPE and are written
+// back; a GGUF 'smollm3' file can only hold llama.cpp's every-fourth-layer rule, so another
+// pattern is refused rather than written as that rule; the interval form builds the rule.
+TEST(DecoderRoundTrip, SmolLM3) {
+  HfModel hf = test::tiny_llama(true, "SmolLM3ForCausalLM");
+  hf.config["no_rope_layers"] = {1, 0};
+  const std::string a = test::temp_folder("rt_smollm3_a"), b = test::temp_folder("rt_smollm3_b");
+  test::write_hf(hf, a);
+  const DecoderModel m1 = load_decoder_hf(a);
+  EXPECT_EQ(m1.config.nope_layers, (std::vector<uint8_t>{0, 1}));
+  save_decoder_hf(m1, b, DType::f32, "{\"model\": {}}");
+  expect_same_safetensors(a, b);
+  EXPECT_EQ(load_decoder_hf(b).config.nope_layers, m1.config.nope_layers);
+  tessera::test::expect_error([&] { save_decoder_gguf(m1, a + "/model.gguf"); }, "every fourth");
+  hf.config.erase("no_rope_layers");
+  hf.config["no_rope_layer_interval"] = 2;
+  test::write_hf(hf, a);
+  EXPECT_EQ(load_decoder_hf(a).config.nope_layers, (std::vector<uint8_t>{0, 1}));
+  hf.config["no_rope_layers"] = {1, 2};
+  test::write_hf(hf, a);
+  tessera::test::expect_error([&] { load_decoder_hf(a); }, "no_rope_layers");
+}
 // Gemma 3: HF -> GGUF (arch gemma3, norms as 1 + w as llama.cpp's converter writes them) -> HF.
 // Every matrix comes back bit for bit; a norm weight w to within the rounding of 1 + w in f32
 // (2^-24 absolute), as the +1 is folded into the stored value and taken out again.
