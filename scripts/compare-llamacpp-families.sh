@@ -6,15 +6,16 @@
 # Where the two differ on a mixture of experts, scripts/moe_reference.py decodes the prompt in
 # float64 and says which of the two it agrees with, and how close the step was to a tie.
 #   scripts/compare-llamacpp-families.sh [ARCH ...]
-#   (default: llama qwen3 gemma3 smollm3 mixtral qwen3moe olmoe)
+#   (default: llama qwen3 gemma3 smollm3 phi3 mixtral qwen3moe olmoe)
 # Environment: OUT (/tmp/tessera-compare-families), N (32 tokens), TOKENIZER (the SmolLM2 file).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-/tmp/tessera-compare-families}
 n=${N:-32}
 tok=${TOKENIZER:-$root/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+vocabs=${WORK:-/tmp/tessera-llamacpp}/llama_cpp_python-${LLAMACPP_PYPI_VERSION:-0.3.36}/vendor/llama.cpp/models
 archs=("$@")
-[ ${#archs[@]} -gt 0 ] || archs=(llama qwen3 gemma3 smollm3 mixtral qwen3moe olmoe)
+[ ${#archs[@]} -gt 0 ] || archs=(llama qwen3 gemma3 smollm3 phi3 mixtral qwen3moe olmoe)
 py=$root/.venv/bin/python3
 [ -x "$py" ] || py=python3
 tessera=$root/build/tessera
@@ -30,14 +31,21 @@ for arch in "${archs[@]}"; do
     [[ $arch == qwen3* ]] && extra+=(--head-dim 96)  # heads wider than width / heads (Qwen3)
     [ "$arch" = olmoe ] && extra+=(--kv-heads 4)  # llama.cpp's olmoe has no grouped heads
     [ "$arch" = smollm3 ] && extra+=(--layers 8)  # layers 3 and 7 without RoPE
+    # Phi-3's own (SentencePiece) vocabulary, from llama.cpp's tokenizer test files: llama.cpp's
+    # phi3 loader looks up tokens of it.
+    ftok=$tok
+    [ "$arch" = phi3 ] && ftok=$vocabs/ggml-vocab-phi-3.gguf
     # Gemma 3: eight layers (local 0-4 and 6-7 over 16 positions, 5 global), wide heads.
     [ "$arch" = gemma3 ] && extra+=(--layers 8 --head-dim 128 --kv-heads 1 --window 16)
     [ "$prec" = f16 ] && extra+=(--f16)
-    "$py" "$root/scripts/make_synthetic_family.py" "$f" --arch "$arch" --tokenizer "$tok" \
+    "$py" "$root/scripts/make_synthetic_family.py" "$f" --arch "$arch" --tokenizer "$ftok" \
       "${extra[@]}" >/dev/null
     "$tessera" convert "$f" "$out/$arch-$prec-hf" >/dev/null
     for p in "${prompts[@]}"; do
       theirs=$(LD_LIBRARY_PATH=$libs "$simple" -m "$f" -n "$n" "$p" 2>/dev/null)
+      # llama-simple prints the prompt's tokens, a SentencePiece BOS as "<s>" and the first
+      # word's piece with its space; Tessera prints the prompt as given.
+      [[ $theirs == "<s> $p"* ]] && theirs=${theirs#"<s> "}
       for model in "$f" "$out/$arch-$prec-hf"; do
         ours=$("$tessera" generate -m "$model" -p "$p" -n "$n" --temperature 0 --raw --threads 2 \
           2>/dev/null)

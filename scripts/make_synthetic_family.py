@@ -7,7 +7,7 @@ random f32 (or f16), scaled so that the next-token distribution is peaked enough
 decoding to be stable against rounding. Families: llama, qwen3 (per-head q/k norms, head_dim
 apart from width / heads), gemma3 (q/k norms, post-norms, GeGLU, scaled embeddings, five local
 layers of --window positions to each global one), smollm3 (llama with every fourth layer
-without RoPE), and the mixtures of experts (--experts of
+without RoPE), phi3 (q, k, v fused in attn_qkv, gate and up in ffn_up), and the mixtures of experts (--experts of
 width --ffn, --experts-used per token): mixtral (llama with experts), qwen3moe (per-head q/k
 norms, renormalized expert weights), olmoe (whole-vector q/k norms, weights as the router gives
 them). Needs numpy and the `gguf` package (pip).
@@ -51,8 +51,8 @@ def copy_tokenizer(src_path, w):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("--arch", choices=["llama", "qwen3", "gemma3", "smollm3", "mixtral", "qwen3moe",
-                                         "olmoe"],
+    ap.add_argument("--arch", choices=["llama", "qwen3", "gemma3", "smollm3", "phi3", "mixtral",
+                                         "qwen3moe", "olmoe"],
                     default="qwen3")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--width", type=int, default=256)
@@ -112,9 +112,12 @@ def main():
     for i in range(a.layers):
         p = "blk.%d." % i
         w.add_tensor(p + "attn_norm.weight", norm(C))
-        w.add_tensor(p + "attn_q.weight", mat(H * D, C, 1.0))
-        w.add_tensor(p + "attn_k.weight", mat(Hkv * D, C, 1.0))
-        w.add_tensor(p + "attn_v.weight", mat(Hkv * D, C, 1.0))
+        if a.arch == "phi3":
+            w.add_tensor(p + "attn_qkv.weight", mat((H + 2 * Hkv) * D, C, 1.0))
+        else:
+            w.add_tensor(p + "attn_q.weight", mat(H * D, C, 1.0))
+            w.add_tensor(p + "attn_k.weight", mat(Hkv * D, C, 1.0))
+            w.add_tensor(p + "attn_v.weight", mat(Hkv * D, C, 1.0))
         if a.arch in ("qwen3", "gemma3", "qwen3moe"):
             w.add_tensor(p + "attn_q_norm.weight", norm(D, 0.3))
             w.add_tensor(p + "attn_k_norm.weight", norm(D, 0.3))
@@ -136,8 +139,11 @@ def main():
             w.add_tensor(p + "ffn_down_exps.weight",
                          np.stack([mat(C, F, 1.0) for _ in range(E)]))
             continue
-        w.add_tensor(p + "ffn_gate.weight", mat(F, C, 1.0))
-        w.add_tensor(p + "ffn_up.weight", mat(F, C, 1.0))
+        if a.arch == "phi3":  # the gate's rows, then the up rows
+            w.add_tensor(p + "ffn_up.weight", mat(2 * F, C, 1.0))
+        else:
+            w.add_tensor(p + "ffn_gate.weight", mat(F, C, 1.0))
+            w.add_tensor(p + "ffn_up.weight", mat(F, C, 1.0))
         w.add_tensor(p + "ffn_down.weight", mat(C, F, 1.0))
     w.add_tensor("output_norm.weight", norm(C))
     w.add_tensor("output.weight", mat(V, C, 8.0))

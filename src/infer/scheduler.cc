@@ -455,9 +455,9 @@ void Scheduler::take_token(Request& r, Sample& s, const float* logits, double no
                                               : GeneratedToken{t, 0, {}});
   // Append the new token's bytes rather than decoding everything again (a long generation would
   // be quadratic). Until some text exists, decode it all: SentencePiece drops the leading space
-  // of the whole text, which only a full decode knows.
+  // of the whole text, which only a full decode knows (a continuation of the prompt keeps it).
   const bool skip = r.req.skip_special_tokens;
-  if (s.full_text.empty())
+  if (s.full_text.empty() && !r.req.continuation)
     s.full_text = tok_.decode(s.result.tokens, skip);
   else if (!(skip && tok_.is_special(t)))
     s.full_text += tok_.decode_token(t);

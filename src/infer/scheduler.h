@@ -55,6 +55,10 @@ struct GenerateRequest {
   int64_t top_logprobs = -1;
   double deadline_seconds = 0;       // from add(); 0: none
   bool skip_special_tokens = false;  // special added tokens generated add no text
+  // The text continues the prompt's (a raw completion): SentencePiece's space in front of the
+  // first generated word is kept, as in the text of prompt and completion decoded together.
+  // False (a chat reply): the reply's text starts as a text of its own, without it.
+  bool continuation = false;
 };
 
 struct TokenLogprob {

@@ -1,6 +1,6 @@
 // Loads a decoder model from GGUF: llama.cpp's metadata keys and tensor names for the llama,
-// qwen2, qwen3, gemma3, qwen3moe, olmoe, smollm3 and gpt2 architectures; weights stay in their
-// stored type and point into the file.
+// qwen2, qwen3, gemma3, qwen3moe, olmoe, smollm3, phi3 and gpt2 architectures; weights stay in
+// their stored type and point into the file.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -176,8 +176,12 @@ DecoderConfig read_config(const formats::GgufFile& f, const std::string& arch) {
     // qwen3moe and olmoe too (olmoe normalizes q and k each as a whole, not per head).
     const bool gemma3 = arch == "gemma3";
     const bool qk_arch = arch == "qwen3" || arch == "qwen3moe" || arch == "olmoe" || gemma3;
-    c.rope_layout =
-        arch == "qwen2" || qk_arch ? ops::RopeLayout::half : ops::RopeLayout::interleaved;
+    // phi3 too (its q, k, v and gate, up come fused).
+    c.rope_layout = arch == "qwen2" || arch == "phi3" || qk_arch ? ops::RopeLayout::half
+                                                                 : ops::RopeLayout::interleaved;
+    for (const char* name : {"rope_factors_long.weight", "rope_factors_short.weight"})
+      TS_CHECK(f.find(name) == nullptr, "[gguf] ", f.path(), ": tensor '", name,
+               "': LongRoPE (Phi-3.5, Phi-4-mini) is not implemented");
     c.qk_norm = f.find("blk.0.attn_q_norm.weight") != nullptr;
     c.qk_norm_whole = arch == "olmoe";
     TS_CHECK(!c.qk_norm || qk_arch, "[gguf] ", f.path(),
@@ -232,10 +236,10 @@ DecoderModel load_decoder_gguf(const std::string& path, const DecoderLoadOptions
   const std::string& arch = f.get_string("general.architecture");
   TS_CHECK(arch == "llama" || arch == "qwen2" || arch == "qwen3" || arch == "gemma3" ||
                arch == "mistral" || arch == "qwen3moe" || arch == "olmoe" || arch == "smollm3" ||
-               arch == "gpt2",
+               arch == "phi3" || arch == "gpt2",
            "[gguf] ", path, ": general.architecture '", arch,
            "' is not supported (llama, qwen2, qwen3, gemma3, mistral, qwen3moe, olmoe, smollm3, "
-           "gpt2)");
+           "phi3, gpt2)");
 
   DecoderModel m;
   m.config = read_config(f, arch);
@@ -268,6 +272,11 @@ DecoderModel load_decoder_gguf(const std::string& path, const DecoderLoadOptions
       l.w_gate = stacked("ffn_gate_exps.weight", F, C);
       l.w_up = stacked("ffn_up_exps.weight", F, C);
       l.w_down = stacked("ffn_down_exps.weight", C, F);
+    } else if (arch == "phi3") {  // ffn_up holds the gate's rows, then the up rows
+      const WeightRef gate_up = r.tensor(p + "ffn_up.weight", Shape({2 * F, C}));
+      l.w_gate = row_slice(gate_up, 0, F);
+      l.w_up = row_slice(gate_up, F, F);
+      l.w_down = r.tensor(p + "ffn_down.weight", Shape({C, F}));
     } else {
       l.w_up = r.tensor(p + "ffn_up.weight", Shape({F, C}));
       l.w_down = r.tensor(p + "ffn_down.weight", Shape({C, F}));
@@ -287,10 +296,17 @@ DecoderModel load_decoder_gguf(const std::string& path, const DecoderLoadOptions
       l.b_up = r.tensor(p + "ffn_up.bias", Shape({F}));
       l.b_down = r.tensor(p + "ffn_down.bias", Shape({C}));
     } else {
-      l.wq = r.tensor(p + "attn_q.weight", Shape({Q, C}));
-      l.wk = r.tensor(p + "attn_k.weight", Shape({KV, C}));
-      l.wv = r.tensor(p + "attn_v.weight", Shape({KV, C}));
-      if (!c.moe()) l.w_gate = r.tensor(p + "ffn_gate.weight", Shape({F, C}));
+      if (f.find(p + "attn_qkv.weight")) {  // phi3's fused q, k, v
+        const WeightRef qkv = r.tensor(p + "attn_qkv.weight", Shape({Q + 2 * KV, C}));
+        l.wq = row_slice(qkv, 0, Q);
+        l.wk = row_slice(qkv, Q, KV);
+        l.wv = row_slice(qkv, Q + KV, KV);
+      } else {
+        l.wq = r.tensor(p + "attn_q.weight", Shape({Q, C}));
+        l.wk = r.tensor(p + "attn_k.weight", Shape({KV, C}));
+        l.wv = r.tensor(p + "attn_v.weight", Shape({KV, C}));
+      }
+      if (!c.moe() && arch != "phi3") l.w_gate = r.tensor(p + "ffn_gate.weight", Shape({F, C}));
       l.bo = r.tensor(p + "attn_output.bias", Shape({C}), false);  // Llama attention_bias
       if (c.qk_norm) {
         l.q_norm = r.tensor(p + "attn_q_norm.weight", Shape({c.qk_norm_whole ? Q : c.head_dim}));

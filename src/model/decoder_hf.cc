@@ -90,9 +90,10 @@ std::string hf_architecture(const json& j, const std::string& path) {
   if (t == "qwen3_moe") return "Qwen3MoeForCausalLM";
   if (t == "olmoe") return "OlmoeForCausalLM";
   if (t == "smollm3") return "SmolLM3ForCausalLM";
+  if (t == "phi3") return "Phi3ForCausalLM";
   fail("[hf] ", path, ": field 'model_type' is \"", t,
-       "\", not llama, mistral, qwen2, qwen3, gemma3_text, gpt2, mixtral, qwen3_moe, olmoe or "
-       "smollm3");
+       "\", not llama, mistral, qwen2, qwen3, gemma3_text, gpt2, mixtral, qwen3_moe, olmoe, "
+       "smollm3 or phi3");
 }
 
 // One rope-scaling object (transformers 4's top-level 'rope_scaling', or transformers 5's
@@ -559,13 +560,6 @@ class WeightBuilder {
   DecoderModel& m_;
 };
 
-// Rows [row0, row0 + rows) of a matrix, or elements of a vector, as a view.
-WeightRef slice(const WeightRef& w, int64_t row0, int64_t rows) {
-  const auto* base = static_cast<const uint8_t*>(w.data);
-  if (w.shape.rank() == 1) return {base + dtype_bytes(w.type, row0), w.type, Shape({rows})};
-  return {base + row0 * dtype_bytes(w.type, w.cols()), w.type, Shape({rows, w.cols()})};
-}
-
 // The output head: lm_head.weight, or the embedding when tied. A tied checkpoint may still
 // carry an lm_head.weight (transformers then uses the embedding); one whose values differ from
 // the embedding's is refused, as it is not clear which head the file means.
@@ -624,9 +618,17 @@ void load_llama_weights(const DecoderConfig& c, const std::string& arch, bool o_
     } else {
       l.ffn_norm = b.vector_f32(p + "post_attention_layernorm.weight", C);
     }
-    l.wq = b.matrix(p + "self_attn.q_proj.weight", Shape({Q, C}));
-    l.wk = b.matrix(p + "self_attn.k_proj.weight", Shape({KV, C}));
-    l.wv = b.matrix(p + "self_attn.v_proj.weight", Shape({KV, C}));
+    const bool phi3 = arch == "Phi3ForCausalLM";  // q, k, v and gate, up fused
+    if (phi3) {
+      const WeightRef qkv = b.matrix(p + "self_attn.qkv_proj.weight", Shape({Q + 2 * KV, C}));
+      l.wq = row_slice(qkv, 0, Q);
+      l.wk = row_slice(qkv, Q, KV);
+      l.wv = row_slice(qkv, Q + KV, KV);
+    } else {
+      l.wq = b.matrix(p + "self_attn.q_proj.weight", Shape({Q, C}));
+      l.wk = b.matrix(p + "self_attn.k_proj.weight", Shape({KV, C}));
+      l.wv = b.matrix(p + "self_attn.v_proj.weight", Shape({KV, C}));
+    }
     l.wo = b.matrix(p + "self_attn.o_proj.weight", Shape({C, Q}));
     if (c.qkv_bias) {
       l.bq = b.vector_f32(p + "self_attn.q_proj.bias", Q);
@@ -643,8 +645,14 @@ void load_llama_weights(const DecoderConfig& c, const std::string& arch, bool o_
       load_experts(c, p, arch == "MixtralForCausalLM", b, l);
       continue;
     }
-    l.w_gate = b.matrix(p + "mlp.gate_proj.weight", Shape({F, C}));
-    l.w_up = b.matrix(p + "mlp.up_proj.weight", Shape({F, C}));
+    if (phi3) {  // gate rows first, as Phi3MLP chunks them
+      const WeightRef gate_up = b.matrix(p + "mlp.gate_up_proj.weight", Shape({2 * F, C}));
+      l.w_gate = row_slice(gate_up, 0, F);
+      l.w_up = row_slice(gate_up, F, F);
+    } else {
+      l.w_gate = b.matrix(p + "mlp.gate_proj.weight", Shape({F, C}));
+      l.w_up = b.matrix(p + "mlp.up_proj.weight", Shape({F, C}));
+    }
     l.w_down = b.matrix(p + "mlp.down_proj.weight", Shape({C, F}));
   }
   w.out_norm = b.vector_f32("model.norm.weight", C, c.post_norms ? 1.0f : 0.0f);
@@ -665,13 +673,13 @@ void load_gpt2_weights(const DecoderConfig& c, FolderTensors& t, WeightBuilder& 
     l.attn_norm = b.vector_f32(p + "ln_1.weight", C);
     l.attn_norm_b = b.vector_f32(p + "ln_1.bias", C);
     const WeightRef qkv = b.conv1d(p + "attn.c_attn.weight", C, 3 * C);  // (3C, C): q, k, v rows
-    l.wq = slice(qkv, 0, C);
-    l.wk = slice(qkv, C, C);
-    l.wv = slice(qkv, 2 * C, C);
+    l.wq = row_slice(qkv, 0, C);
+    l.wk = row_slice(qkv, C, C);
+    l.wv = row_slice(qkv, 2 * C, C);
     const WeightRef qkv_b = b.vector_f32(p + "attn.c_attn.bias", 3 * C);
-    l.bq = slice(qkv_b, 0, C);
-    l.bk = slice(qkv_b, C, C);
-    l.bv = slice(qkv_b, 2 * C, C);
+    l.bq = row_slice(qkv_b, 0, C);
+    l.bk = row_slice(qkv_b, C, C);
+    l.bv = row_slice(qkv_b, 2 * C, C);
     l.wo = b.conv1d(p + "attn.c_proj.weight", C, C);
     l.bo = b.vector_f32(p + "attn.c_proj.bias", C);
     l.ffn_norm = b.vector_f32(p + "ln_2.weight", C);
@@ -703,11 +711,12 @@ DecoderModel load_decoder_hf(const std::string& folder) {
         arch == "MixtralForCausalLM" || arch == "Qwen3MoeForCausalLM" || arch == "OlmoeForCausalLM";
     TS_CHECK(moe || arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" ||
                  arch == "Qwen2ForCausalLM" || arch == "Qwen3ForCausalLM" ||
-                 arch == "Gemma3ForCausalLM" || arch == "SmolLM3ForCausalLM",
+                 arch == "Gemma3ForCausalLM" || arch == "SmolLM3ForCausalLM" ||
+                 arch == "Phi3ForCausalLM",
              "[hf] ", cfg_path, ": field 'architectures' names ", arch,
              "; supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-             "Qwen3ForCausalLM, Gemma3ForCausalLM, SmolLM3ForCausalLM, MixtralForCausalLM, "
-             "Qwen3MoeForCausalLM, OlmoeForCausalLM, GPT2LMHeadModel");
+             "Qwen3ForCausalLM, Gemma3ForCausalLM, SmolLM3ForCausalLM, Phi3ForCausalLM, "
+             "MixtralForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, GPT2LMHeadModel");
     m.config = arch == "Gemma3ForCausalLM" ? gemma3_config(f)
                : moe                       ? moe_config(f, arch)
                                            : llama_config(f, arch);

@@ -125,6 +125,7 @@ void Server::handle_generation(const httplib::Request& req, httplib::Response& r
     r.stop_strings.insert(r.stop_strings.end(), g.stop.begin(), g.stop.end());
     r.n = g.n;
     r.skip_special_tokens = g.skip_special_tokens;
+    r.continuation = !chat;  // a completion's text continues its prompt
     r.top_logprobs = g.top_logprobs;
     r.deadline_seconds = opts_.request_timeout_seconds;
     if (loop_->waiting() >= opts_.max_queue)

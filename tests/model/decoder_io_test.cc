@@ -232,6 +232,43 @@ TEST(DecoderRoundTrip, Qwen3) {
   test::write_hf(bad, dir);
   tessera::test::expect_error([&] { load_decoder_hf(dir); }, "model.layers.1.self_attn.q_norm");
 }
+// Phi-3: q, k, v fused in qkv_proj and gate, up in gate_up_proj (gate rows first) load as the
+// same matrices as the Llama folder they were fused from; a folder is written back as Llama.
+TEST(DecoderHf, Phi3FusedProjections) {
+  const HfModel llama = test::tiny_llama(false);
+  HfModel phi = llama;
+  phi.config["architectures"] = {"Phi3ForCausalLM"};
+  auto fuse = [&](const std::string& p, const std::vector<std::string>& parts,
+                  const std::string& name) {
+    test::HfTensor fused{Shape({0, 32}), {}};
+    for (const std::string& part : parts) {
+      const test::HfTensor& t = phi.tensors.at(p + part);
+      fused.shape = Shape({fused.shape[0] + t.shape[0], t.shape[1]});
+      fused.values.insert(fused.values.end(), t.values.begin(), t.values.end());
+      phi.tensors.erase(p + part);
+    }
+    phi.tensors[p + name] = fused;
+  };
+  for (int l = 0; l < 2; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    fuse(p, {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"},
+         "self_attn.qkv_proj.weight");
+    fuse(p, {"mlp.gate_proj.weight", "mlp.up_proj.weight"}, "mlp.gate_up_proj.weight");
+  }
+  const std::string a = test::temp_folder("phi3_a"), b = test::temp_folder("phi3_b");
+  test::write_hf(llama, a);
+  test::write_hf(phi, b);
+  const DecoderModel ml = load_decoder_hf(a), mp = load_decoder_hf(b);
+  for (size_t l = 0; l < 2; ++l) {
+    const auto lm = ml.weights.layers[l].matrices(), pm = mp.weights.layers[l].matrices();
+    for (size_t i = 0; i < lm.size(); ++i) EXPECT_EQ(values_of(*lm[i]), values_of(*pm[i])) << i;
+  }
+  EXPECT_TRUE(mp.weights.layers[0].wq.continued_by(mp.weights.layers[0].wk));  // one product
+  phi.tensors.erase("model.layers.1.mlp.gate_up_proj.weight");
+  test::write_hf(phi, b);
+  tessera::test::expect_error([&] { load_decoder_hf(b); }, "model.layers.1.mlp.gate_up_proj");
+}
+
 // SmolLM3: no_rope_layers (1: the layer rotates) load as the layers without RoPE and are written
 // back; a GGUF 'smollm3' file can only hold llama.cpp's every-fourth-layer rule, so another
 // pattern is refused rather than written as that rule; the interval form builds the rule.

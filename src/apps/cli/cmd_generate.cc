@@ -61,6 +61,7 @@ int run(const Args& a) {
   req.stop_tokens = m.tok.end_of_generation_tokens();
   req.stop_strings = cp.stop_strings;
   if (!stop.empty()) req.stop_strings.push_back(stop);
+  req.continuation = raw;  // printed right after the prompt
   infer::Engine engine(m.model, engine_options(ef, m.model, batch));
   const profile::EnergyMeter meter;
   const profile::EnergySample e0 = meter.sample();

@@ -82,6 +82,7 @@ int run(const Args& a) {
            " exceeds the model's context of ", max_seq, " tokens");
   if (tok.eot_token() >= 0) req.stop_tokens.push_back(tok.eot_token());
   req.prompt = std::move(ids);
+  req.continuation = true;  // printed right after the prompt
 
   const model::DecoderModel view = model::as_decoder(*m);
   infer::EngineOptions eo;
