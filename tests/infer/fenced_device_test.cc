@@ -26,12 +26,18 @@ class FencedEngine : public ::testing::TestWithParam<int> {
 };
 
 // 0: Llama with grouped KV heads; 1: GPT-2; 2: q/k/v biases and a tied head; 3: a sliding
-// window of 5 positions.
+// window of 5 positions; 4: a mixture of 4 experts (2 per token) with OLMoE's q/k norms and a
+// layer without RoPE (SmolLM3's).
 model::DecoderModel model_for(int v) {
   test::TinyOptions o;
   o.layers = 2;
   if (v == 1) o.arch = model::DecoderArch::gpt2;
   if (v == 2) o.qkv_bias = o.tied = true;
+  if (v == 4) {
+    o.experts = 4;
+    o.qk_norm_whole = true;
+    o.nope_every = 2;
+  }
   o.seed = 40 + static_cast<uint64_t>(v);
   model::DecoderModel m = test::make_tiny_model(o);
   if (v == 3) m.config.sliding_window = 5;
@@ -102,11 +108,16 @@ TEST_P(FencedEngine, RecordedStepsReplayTheSameLogits) {
   o.ctx.device = ops::Device::cuda;
   o.device_decoder = false;
   EXPECT_EQ(run(m, o), want);
-  EXPECT_GE(device.replays(), 5);  // six decode steps of one shape: eager, then recorded
+  // Six decode steps of one shape: eager, then recorded. A MoE step sorts its rows by expert on
+  // the host, which no graph can hold: every step runs eagerly.
+  if (m.config.moe())
+    EXPECT_EQ(device.replays(), 0);
+  else
+    EXPECT_GE(device.replays(), 5);
   ops::register_backend(ops::Device::cuda, nullptr);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, FencedEngine, ::testing::Values(0, 1, 2, 3));
+INSTANTIATE_TEST_SUITE_P(Models, FencedEngine, ::testing::Values(0, 1, 2, 3, 4));
 
 // The fence is real: the host touching the device's memory outside an op faults.
 TEST(FencedDeviceDeathTest, HostReadOfDeviceMemoryFaults) {
