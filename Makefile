@@ -3,13 +3,28 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: deps configure build test run sanitize bench fuzz clean
+.PHONY: deps deps-run configure configure-run build test run sanitize bench fuzz clean
+
+# `make run` builds what the demo needs (the tessera command, 182 of the 428 build steps here)
+# with the CUDA backend only where a GPU is present; `make test` builds everything, the CUDA
+# backend wherever nvcc is (it must compile on every machine, GPU or not), in the same folder:
+# what `make run` built is reused, and only the tests, benchmarks and CUDA objects are added.
+RUN_CUDA ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo auto || echo off)
 
 deps:
 	@bash scripts/install-deps.sh
 
+deps-run:
+	@bash scripts/install-deps.sh run
+
 configure: deps
-	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) > $(BUILD).configure.log 2>&1 \
+	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_CUDA=auto \
+	  -DTESSERA_TESTS=ON -DTESSERA_BENCH=ON $(CMAKE_FLAGS) > $(BUILD).configure.log 2>&1 \
+	  || (cat $(BUILD).configure.log; exit 1)
+
+configure-run: deps-run
+	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_CUDA=$(RUN_CUDA) \
+	  -DTESSERA_TESTS=OFF -DTESSERA_BENCH=OFF $(CMAKE_FLAGS) > $(BUILD).configure.log 2>&1 \
 	  || (cat $(BUILD).configure.log; exit 1)
 
 build: configure
@@ -24,7 +39,8 @@ test: build
 fuzz: deps
 	@FUZZ_SECONDS=$(FUZZ_SECONDS) bash scripts/fuzz.sh build-fuzz
 
-run: build
+run: configure-run
+	@cmake --build $(BUILD) -j $(JOBS) --target tessera
 	@bash scripts/demo.sh $(BUILD)/tessera
 
 # Tests under AddressSanitizer and UndefinedBehaviorSanitizer (CUDA off: the sanitizers are for
