@@ -34,7 +34,7 @@ for arch in "${archs[@]}"; do
     # Phi-3's own (SentencePiece) vocabulary, from llama.cpp's tokenizer test files: llama.cpp's
     # phi3 loader looks up tokens of it.
     ftok=$tok
-    [ "$arch" = phi3 ] && ftok=$vocabs/ggml-vocab-phi-3.gguf
+    [ "$arch" = phi3 ] && ftok=$vocabs/ggml-vocab-phi-3.gguf && extra+=(--longrope)
     # Gemma 3: eight layers (local 0-4 and 6-7 over 16 positions, 5 global), wide heads.
     [ "$arch" = gemma3 ] && extra+=(--layers 8 --head-dim 128 --kv-heads 1 --window 16)
     [ "$prec" = f16 ] && extra+=(--f16)

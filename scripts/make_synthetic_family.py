@@ -61,6 +61,8 @@ def main():
     ap.add_argument("--kv-heads", type=int, default=2)
     ap.add_argument("--head-dim", type=int, default=0, help="0: width / heads")
     ap.add_argument("--window", type=int, default=16, help="gemma3: local layers' window")
+    ap.add_argument("--longrope", action="store_true",
+                    help="phi3: LongRoPE factors (pretrained length 4096 of 131072)")
     ap.add_argument("--experts", type=int, default=8, help="MoE families: experts per layer")
     ap.add_argument("--experts-used", type=int, default=2, help="MoE families: per token")
     ap.add_argument("--tokenizer", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -79,7 +81,7 @@ def main():
     V = copy_tokenizer(a.tokenizer, w)
     w.add_name("synthetic-%s-%dL-%d" % (a.arch, a.layers, C))
     w.add_block_count(a.layers)
-    w.add_context_length(4096)
+    w.add_context_length(131072 if a.longrope else 4096)
     w.add_embedding_length(C)
     w.add_feed_forward_length(F)
     w.add_head_count(H)
@@ -96,6 +98,10 @@ def main():
     if a.arch == "gemma3":
         w.add_sliding_window(a.window)
     w.add_rope_dimension_count(D)
+    if a.longrope:  # as llama.cpp's converter writes Phi-3.5's
+        w.add_uint32(a.arch + ".rope.scaling.original_context_length", 4096)
+        w.add_float32(a.arch + ".rope.scaling.attn_factor",
+                      float(np.sqrt(1 + np.log(32) / np.log(4096))))
     w.add_vocab_size(V)
 
     def mat(rows, cols, scale):
@@ -145,6 +151,11 @@ def main():
             w.add_tensor(p + "ffn_gate.weight", mat(F, C, 1.0))
             w.add_tensor(p + "ffn_up.weight", mat(F, C, 1.0))
         w.add_tensor(p + "ffn_down.weight", mat(C, F, 1.0))
+    if a.longrope:  # short factors near 1, long ones growing with the pair's wavelength
+        w.add_tensor("rope_factors_short.weight",
+                     (1 + 0.1 * rng.random(D // 2)).astype(np.float32))
+        w.add_tensor("rope_factors_long.weight",
+                     np.linspace(1, 40, D // 2).astype(np.float32))
     w.add_tensor("output_norm.weight", norm(C))
     w.add_tensor("output.weight", mat(V, C, 8.0))
     w.write_header_to_file()

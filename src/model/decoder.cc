@@ -48,6 +48,13 @@ void DecoderConfig::validate(const std::string& source) const {
                  static_cast<int64_t>(rope_freq_divisors.size()) == rope_dim / 2,
              "[model] ", source, ": rope_freqs has ", rope_freq_divisors.size(),
              " values, expected ", rope_dim / 2);
+    TS_CHECK(rope_scaling != RopeScaling::longrope ||
+                 (static_cast<int64_t>(rope_freq_divisors.size()) == rope_dim / 2 &&
+                  static_cast<int64_t>(rope_long_divisors.size()) == rope_dim / 2),
+             "[model] ", source, ": LongRoPE needs ", rope_dim / 2, " short and long factors (has ",
+             rope_freq_divisors.size(), " and ", rope_long_divisors.size(), ")");
+    TS_CHECK(std::isfinite(rope_attn_factor) && rope_attn_factor > 0, "[model] ", source,
+             ": rope attention factor must be positive (got ", rope_attn_factor, ")");
     TS_CHECK(!qk_norm || rope_layout == ops::RopeLayout::half, "[model] ", source,
              ": q/k norms need the rotate-half row order (as Qwen3's files have it)");
     TS_CHECK(local_layers.empty() || static_cast<int64_t>(local_layers.size()) == n_layers,
@@ -81,7 +88,10 @@ void DecoderConfig::validate(const std::string& source) const {
   }
 }
 
-std::vector<double> rope_inv_freqs(const DecoderConfig& cfg, bool local) {
+std::vector<double> rope_inv_freqs(const DecoderConfig& cfg, bool local, int64_t ctx) {
+  const bool long_rope =
+      cfg.rope_scaling == RopeScaling::longrope && ctx > cfg.rope_original_max_ctx;
+  const std::vector<float>& divisors = long_rope ? cfg.rope_long_divisors : cfg.rope_freq_divisors;
   const int64_t pairs = cfg.rope_dim / 2;
   std::vector<double> inv(static_cast<size_t>(pairs));
   for (int64_t i = 0; i < pairs; ++i) {
@@ -106,7 +116,7 @@ std::vector<double> rope_inv_freqs(const DecoderConfig& cfg, bool local) {
         f = (1 - smooth) * f / cfg.rope_factor + smooth * f;
       }
     }
-    if (!cfg.rope_freq_divisors.empty()) f /= cfg.rope_freq_divisors[static_cast<size_t>(i)];
+    if (!divisors.empty()) f /= divisors[static_cast<size_t>(i)];
     inv[static_cast<size_t>(i)] = f;
   }
   return inv;

@@ -28,7 +28,7 @@ enum class DecoderArch : uint8_t {
 };
 
 // Rotary frequency scaling (HF config.json rope_scaling / GGUF <arch>.rope.scaling.*).
-enum class RopeScaling : uint8_t { none, linear, llama3 };
+enum class RopeScaling : uint8_t { none, linear, llama3, longrope };
 
 struct DecoderConfig {
   DecoderArch arch = DecoderArch::llama;
@@ -53,8 +53,13 @@ struct DecoderConfig {
   double rope_high_freq_factor = 4.0;    // llama3
   int64_t rope_original_max_ctx = 8192;  // llama3
   // Per-pair divisors of the inverse frequencies (GGUF rope_freqs.weight, as Llama 3.1 files
-  // carry their scaling); empty when absent.
+  // carry their scaling); empty when absent. LongRoPE (Phi-3.5, Phi-4-mini): these are its
+  // short factors, for runs sized up to rope_original_max_ctx positions, and
+  // rope_long_divisors are for longer ones (rope_inv_freqs picks by the run's context, as
+  // llama.cpp does); cos and sin are scaled by rope_attn_factor.
   std::vector<float> rope_freq_divisors;
+  std::vector<float> rope_long_divisors;
+  double rope_attn_factor = 1.0;
   // Each position attends to at most this many most recent positions, itself included
   // (Mistral 7B v0.1: 4096); 0: all earlier positions.
   int64_t sliding_window = 0;
@@ -114,8 +119,9 @@ struct DecoderConfig {
 };
 
 // Per-pair inverse frequencies of RoPE after scaling (rope_dim / 2 values); local: those of the
-// local layers (rope_theta_local, no scaling).
-std::vector<double> rope_inv_freqs(const DecoderConfig& cfg, bool local = false);
+// local layers (rope_theta_local, no scaling). ctx: the positions a run is sized for (LongRoPE
+// takes its long factors beyond rope_original_max_ctx; 0: the short ones).
+std::vector<double> rope_inv_freqs(const DecoderConfig& cfg, bool local = false, int64_t ctx = 0);
 
 // A weight matrix or vector in its stored type. Matrices are (rows, cols) row-major with cols
 // the input dimension (y = x W^T), so each row is a whole number of quant blocks.

@@ -138,7 +138,8 @@ DecoderForward::DecoderForward(const DecoderModel& model, const ops::Context& ct
              " is not supported (1e-5)");
   } else {
     // Local layers (c.local) rotate with their own table; on a device each table's cos then sin.
-    rope_ = ops::make_rope_table(max_ctx, rope_inv_freqs(c));
+    // LongRoPE picks its factors by the context this forward is sized for.
+    rope_ = ops::make_rope_table(max_ctx, rope_inv_freqs(c, false, max_ctx), c.rope_attn_factor);
     if (!c.local_layers.empty())
       rope_local_ = ops::make_rope_table(max_ctx, rope_inv_freqs(c, true));
     if (!on_host_) {

@@ -144,6 +144,17 @@ void read_gemma3(const formats::GgufFile& f, const GgufDecoderReader& r, Decoder
   }
 }
 
+// An f32 tensor of rope_dim / 2 per-pair frequency divisors (rope_freqs, LongRoPE's factors).
+std::vector<float> rope_factors(const formats::GgufFile& f, const std::string& name,
+                                int64_t rope_dim) {
+  const formats::GgufTensorInfo* t = f.find(name);
+  TS_CHECK(t && t->ggml_type == formats::GgmlType::f32 && t->n_elements == rope_dim / 2, "[gguf] ",
+           f.path(), ": tensor '", name, "' must be present, f32, with rope_dim/2 values");
+  std::vector<float> v(static_cast<size_t>(t->n_elements));
+  std::memcpy(v.data(), t->data, v.size() * sizeof(float));
+  return v;
+}
+
 DecoderConfig read_config(const formats::GgufFile& f, const std::string& arch) {
   GgufDecoderReader r(f, arch);
   DecoderConfig c;
@@ -179,9 +190,6 @@ DecoderConfig read_config(const formats::GgufFile& f, const std::string& arch) {
     // phi3 too (its q, k, v and gate, up come fused).
     c.rope_layout = arch == "qwen2" || arch == "phi3" || qk_arch ? ops::RopeLayout::half
                                                                  : ops::RopeLayout::interleaved;
-    for (const char* name : {"rope_factors_long.weight", "rope_factors_short.weight"})
-      TS_CHECK(f.find(name) == nullptr, "[gguf] ", f.path(), ": tensor '", name,
-               "': LongRoPE (Phi-3.5, Phi-4-mini) is not implemented");
     c.qk_norm = f.find("blk.0.attn_q_norm.weight") != nullptr;
     c.qk_norm_whole = arch == "olmoe";
     TS_CHECK(!c.qk_norm || qk_arch, "[gguf] ", f.path(),
@@ -212,12 +220,17 @@ DecoderConfig read_config(const formats::GgufFile& f, const std::string& arch) {
       c.rope_low_freq_factor = r.get_float_or("rope.scaling.low_freq_factor", 1.0);
       c.rope_high_freq_factor = r.get_float_or("rope.scaling.high_freq_factor", 4.0);
       c.rope_original_max_ctx = r.get_int_or("rope.scaling.original_context_length", 8192);
-    } else if (const formats::GgufTensorInfo* freqs = f.find("rope_freqs.weight")) {
-      TS_CHECK(freqs->ggml_type == formats::GgmlType::f32 && freqs->n_elements == c.rope_dim / 2,
-               "[gguf] ", f.path(),
-               ": tensor 'rope_freqs.weight' must be f32 with rope_dim/2 values");
-      c.rope_freq_divisors.resize(static_cast<size_t>(freqs->n_elements));
-      std::memcpy(c.rope_freq_divisors.data(), freqs->data, freqs->n_elements * sizeof(float));
+    } else if (f.find("rope_factors_short.weight") || f.find("rope_factors_long.weight")) {
+      // LongRoPE (Phi-3.5, Phi-4-mini), as llama.cpp reads it: short factors up to
+      // rope.scaling.original_context_length, long ones beyond, cos and sin scaled by
+      // rope.scaling.attn_factor.
+      c.rope_scaling = RopeScaling::longrope;
+      c.rope_original_max_ctx = r.get_int("rope.scaling.original_context_length");
+      c.rope_attn_factor = r.get_float_or("rope.scaling.attn_factor", 1.0);
+      c.rope_freq_divisors = rope_factors(f, "rope_factors_short.weight", c.rope_dim);
+      c.rope_long_divisors = rope_factors(f, "rope_factors_long.weight", c.rope_dim);
+    } else if (f.find("rope_freqs.weight")) {
+      c.rope_freq_divisors = rope_factors(f, "rope_freqs.weight", c.rope_dim);
     }
     c.qkv_bias = f.find("blk.0.attn_q.bias") != nullptr;
   }
@@ -334,7 +347,8 @@ DecoderModel load_decoder_gguf(const std::string& path, const DecoderLoadOptions
       "[gguf] ", path, ": output_norm must be F32");
   w.output = c.tied_embeddings ? w.tok_embd : r.tensor("output.weight", Shape({c.vocab, C}));
   // rope_freqs.weight was checked by read_config (or stands beside the Llama 3 keys it follows).
-  r.check_all_used(c.n_layers, {"rope_freqs.weight"});
+  r.check_all_used(c.n_layers,
+                   {"rope_freqs.weight", "rope_factors_short.weight", "rope_factors_long.weight"});
   if (f.has("tokenizer.ggml.tokens")) {
     const size_t n_tokens = f.get_array("tokenizer.ggml.tokens").items.size();
     TS_CHECK(static_cast<int64_t>(n_tokens) == c.vocab, "[gguf] ", path,

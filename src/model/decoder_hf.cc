@@ -96,6 +96,36 @@ std::string hf_architecture(const json& j, const std::string& path) {
        "smollm3 or phi3");
 }
 
+// partial_rotary_factor: the share of each head that rotates (Phi-4-mini: 0.75), as rope_dim.
+void read_partial_rotary(const ConfigFields& f, const std::string& prefix, DecoderConfig* c) {
+  const double share = f.get_float_or("partial_rotary_factor", 1.0);
+  const double dims = share * static_cast<double>(c->head_dim);
+  const auto rope_dim = static_cast<int64_t>(std::llround(dims));
+  TS_CHECK(share > 0 && share <= 1 && std::fabs(dims - static_cast<double>(rope_dim)) < 1e-6 &&
+               rope_dim % 2 == 0,
+           "[hf] ", f.path(), ": field '", prefix, "partial_rotary_factor' is ", share,
+           "; it must rotate an even number of each head's ", c->head_dim, " dimensions");
+  c->rope_dim = rope_dim;
+}
+
+// LongRoPE's pretrained length (rope_scaling's original_max_position_embeddings, or the
+// top-level one Phi-3 configs carry) and attention factor (given, or transformers' default:
+// sqrt(1 + ln(s) / ln(original)) for s = max_position_embeddings / original, 1 when s <= 1).
+void complete_longrope(const ConfigFields& f, DecoderConfig* c) {
+  if (c->rope_original_max_ctx == 0)
+    c->rope_original_max_ctx = f.get_int_or("original_max_position_embeddings", c->max_ctx);
+  TS_CHECK(c->rope_original_max_ctx > 1, "[hf] ", f.path(),
+           ": field 'original_max_position_embeddings' must be > 1");
+  if (c->rope_attn_factor == 0.0) {
+    const double s =
+        static_cast<double>(c->max_ctx) / static_cast<double>(c->rope_original_max_ctx);
+    c->rope_attn_factor =
+        s <= 1.0 ? 1.0
+                 : std::sqrt(1.0 +
+                             std::log(s) / std::log(static_cast<double>(c->rope_original_max_ctx)));
+  }
+}
+
 // One rope-scaling object (transformers 4's top-level 'rope_scaling', or transformers 5's
 // 'rope_parameters', which also holds rope_theta) into c. `where` names the field in errors.
 void read_rope_block(const json& rs, const std::string& path, const std::string& where,
@@ -107,10 +137,7 @@ void read_rope_block(const json& rs, const std::string& path, const std::string&
   TS_CHECK(type.is_string(), "[hf] ", path, ": field '", where, ".", type_key,
            "' must be a string");
   const std::string t = type.get<std::string>();
-  if (s.has("partial_rotary_factor"))
-    TS_CHECK(s.at("partial_rotary_factor") == 1.0, "[hf] ", path, ": field '", where,
-             ".partial_rotary_factor' is ", s.at("partial_rotary_factor").dump(),
-             "; only whole-head rotation (1.0) is supported");
+  if (s.has("partial_rotary_factor")) read_partial_rotary(s, where + ".", c);
   if (t == "default") return;
   if (t == "linear") {
     c->rope_scaling = RopeScaling::linear;
@@ -121,10 +148,30 @@ void read_rope_block(const json& rs, const std::string& path, const std::string&
     c->rope_original_max_ctx = s.get_int("original_max_position_embeddings");
     TS_CHECK(c->rope_high_freq_factor > c->rope_low_freq_factor, "[hf] ", path, ": field '", where,
              ".high_freq_factor' must exceed low_freq_factor");
+  } else if (t == "longrope" || t == "su") {
+    // Phi-3.5 / Phi-4-mini; the pretrained length and the attention factor may be left to the
+    // top level and to transformers' default (read_rope completes them).
+    c->rope_scaling = RopeScaling::longrope;
+    auto factors = [&](const char* key) {
+      const json& a = s.at(key);
+      TS_CHECK(a.is_array(), "[hf] ", path, ": field '", where, ".", key, "' must be a list");
+      std::vector<float> v;
+      for (const json& x : a) {
+        TS_CHECK(x.is_number(), "[hf] ", path, ": field '", where, ".", key,
+                 "' holds a non-number");
+        v.push_back(x.get<float>());
+      }
+      return v;
+    };
+    c->rope_freq_divisors = factors("short_factor");
+    c->rope_long_divisors = factors("long_factor");
+    c->rope_original_max_ctx = s.get_int_or("original_max_position_embeddings", 0);
+    c->rope_attn_factor = s.get_float_or("attention_factor", 0.0);
+    return;
   } else {
-    // yarn, dynamic, longrope, ...: refused by name rather than run with the wrong frequencies.
+    // yarn, dynamic, ...: refused by name rather than run with the wrong frequencies.
     fail("[hf] ", path, ": field '", where, ".", type_key, "' is \"", t,
-         "\"; supported: default, linear, llama3");
+         "\"; supported: default, linear, llama3, longrope");
   }
   c->rope_factor = s.get_float_or("factor", 0);
   TS_CHECK(c->rope_factor > 0, "[hf] ", path, ": missing field '", where, ".factor'");
@@ -164,10 +211,8 @@ void read_rope(const ConfigFields& f, DecoderConfig* c) {
   const bool top_theta = f.has("rope_theta");
   c->rope_theta = f.get_float_or("rope_theta", kDefaultTheta);
   if (f.has("rope_scaling")) read_rope_block(f.at("rope_scaling"), f.path(), "rope_scaling", c);
-  if (f.has("partial_rotary_factor"))
-    TS_CHECK(f.at("partial_rotary_factor") == 1.0, "[hf] ", f.path(),
-             ": field 'partial_rotary_factor' is ", f.at("partial_rotary_factor").dump(),
-             "; only whole-head rotation (1.0) is supported");
+  if (f.has("partial_rotary_factor")) read_partial_rotary(f, "", c);
+  if (c->rope_scaling == RopeScaling::longrope) complete_longrope(f, c);
   if (!f.has("rope_parameters")) return;
   const json& rp = f.at("rope_parameters");
   TS_CHECK(rp.is_object(), "[hf] ", f.path(), ": field 'rope_parameters' must be an object");

@@ -199,6 +199,9 @@ void write_gguf_metadata(const DecoderModel& m, formats::GgufWriter& w, const st
     w.set(a + "rope.scaling.low_freq_factor", static_cast<float>(c.rope_low_freq_factor));
     w.set(a + "rope.scaling.high_freq_factor", static_cast<float>(c.rope_high_freq_factor));
     set_u32(w, a + "rope.scaling.original_context_length", c.rope_original_max_ctx);
+  } else if (c.rope_scaling == RopeScaling::longrope) {
+    set_u32(w, a + "rope.scaling.original_context_length", c.rope_original_max_ctx);
+    w.set(a + "rope.scaling.attn_factor", static_cast<float>(c.rope_attn_factor));
   }
 }
 
@@ -216,10 +219,13 @@ std::vector<float> rope_divisors(const DecoderConfig& c) {
   return div;
 }
 
-void write_gguf_llama(const DecoderModel& m, GgufTensorSink& s, const std::string& path) {
+void write_gguf_llama(const DecoderModel& m, GgufTensorSink& s, const std::string& path,
+                      const std::string& arch) {
   const DecoderConfig& c = m.config;
   const DecoderWeights& w = m.weights;
-  const bool permute = c.rope_layout == ops::RopeLayout::half && !c.qk_norm;
+  // phi3 files keep the rotate-half order, and hold gate and up as one ffn_up of 2F rows.
+  const bool phi3 = arch == "phi3";
+  const bool permute = c.rope_layout == ops::RopeLayout::half && !c.qk_norm && !phi3;
   const auto q_order = rope_row_source(c.n_heads, c.head_dim, c.rope_dim, true);
   const auto k_order = rope_row_source(c.n_kv_heads, c.head_dim, c.rope_dim, true);
   auto qk = [&](const std::string& name, const WeightRef& r, const std::vector<int64_t>& order,
@@ -279,9 +285,25 @@ void write_gguf_llama(const DecoderModel& m, GgufTensorSink& s, const std::strin
       stacked("ffn_down_exps.weight", l.w_down);
       continue;
     }
-    s.raw(p + "ffn_gate.weight", l.w_gate);
-    s.raw(p + "ffn_up.weight", l.w_up);
+    if (phi3) {
+      TS_CHECK(l.w_gate.type == l.w_up.type, "[save] ", path, ": ", p,
+               "ffn_gate and ffn_up differ in type; a phi3 file holds them as one tensor");
+      std::vector<uint8_t> gate_up;
+      for (const WeightRef* r : {&l.w_gate, &l.w_up}) {
+        const auto* b = static_cast<const uint8_t*>(r->data);
+        gate_up.insert(gate_up.end(), b, b + r->bytes());
+      }
+      s.bytes(p + "ffn_up.weight", l.w_up.type, Shape({2 * c.d_ff, c.d_model}), std::move(gate_up));
+    } else {
+      s.raw(p + "ffn_gate.weight", l.w_gate);
+      s.raw(p + "ffn_up.weight", l.w_up);
+    }
     s.raw(p + "ffn_down.weight", l.w_down);
+  }
+  if (c.rope_scaling == RopeScaling::longrope) {
+    s.f32_values("rope_factors_short.weight", c.rope_freq_divisors);
+    s.f32_values("rope_factors_long.weight", c.rope_long_divisors);
+    return;
   }
   const std::vector<float> div = rope_divisors(c);
   if (!div.empty()) s.f32_values("rope_freqs.weight", div);
@@ -362,12 +384,14 @@ void save_decoder_gguf(const DecoderModel& m, const std::string& path,
   // Qwen3 and Gemma 3 files keep q/k in the rotate-half order (llama.cpp rotates them
   // NeoX-style); Gemma 3 is the family with post-norms. Mixtures of experts: OLMoE normalizes q
   // and k as whole vectors, Qwen3-MoE per head, Mixtral (llama) not at all.
-  const std::string arch = gpt2                   ? "gpt2"
-                           : c.post_norms         ? "gemma3"
-                           : c.qk_norm_whole      ? "olmoe"
-                           : c.qk_norm && c.moe() ? "qwen3moe"
-                           : c.qk_norm            ? "qwen3"
-                                                  : "llama";
+  const std::string arch = gpt2                                      ? "gpt2"
+                           : c.post_norms                            ? "gemma3"
+                           : c.qk_norm_whole                         ? "olmoe"
+                           : c.qk_norm && c.moe()                    ? "qwen3moe"
+                           : c.qk_norm                               ? "qwen3"
+                           : !c.nope_layers.empty()                  ? "smollm3"
+                           : c.rope_scaling == RopeScaling::longrope ? "phi3"
+                                                                     : "llama";
   check_gguf_family(c, arch, path);
   write_gguf_metadata(m, writer, arch);
   if (!w.layers.empty() && w.layers[0].wq.present()) {
@@ -381,7 +405,7 @@ void save_decoder_gguf(const DecoderModel& m, const std::string& path,
   if (gpt2)
     write_gguf_gpt2(m, sink, path);
   else
-    write_gguf_llama(m, sink, path);
+    write_gguf_llama(m, sink, path, arch);
   require(w.out_norm, "output_norm", path);
   sink.f32("output_norm.weight", w.out_norm);
   // A tied head is written once, as the embedding; the loader ties when output is absent.

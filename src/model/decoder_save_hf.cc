@@ -186,6 +186,18 @@ json llama_hf_config(const DecoderConfig& c, bool o_bias, DType dtype) {
                          {"low_freq_factor", c.rope_low_freq_factor},
                          {"high_freq_factor", c.rope_high_freq_factor},
                          {"original_max_position_embeddings", c.rope_original_max_ctx}};
+  if (c.rope_scaling == RopeScaling::longrope) {
+    // Phi-3 keeps the pretrained length at the top level; the attention factor is written out
+    // rather than left to transformers' default (from the two lengths' ratio).
+    j["original_max_position_embeddings"] = c.rope_original_max_ctx;
+    j["rope_scaling"] = {{"rope_type", "longrope"},
+                         {"short_factor", c.rope_freq_divisors},
+                         {"long_factor", c.rope_long_divisors},
+                         {"original_max_position_embeddings", c.rope_original_max_ctx},
+                         {"attention_factor", c.rope_attn_factor}};
+  }
+  if (c.rope_dim != c.head_dim)
+    j["partial_rotary_factor"] = static_cast<double>(c.rope_dim) / static_cast<double>(c.head_dim);
   return j;
 }
 
@@ -371,8 +383,10 @@ void save_decoder_hf(const DecoderModel& m, const std::string& folder, DType dty
            ": safetensors dtype must be f32, bf16 or f16, not ", dtype_name(dtype));
   TS_CHECK(static_cast<int64_t>(m.weights.layers.size()) == c.n_layers, "[save] ", folder,
            ": model has ", m.weights.layers.size(), " layers, config says ", c.n_layers);
+  // LongRoPE's divisors are its short factors, which config.json holds.
   bool plain_freqs = true;
   for (float d : c.rope_freq_divisors) plain_freqs &= d == 1.0f;
+  plain_freqs |= c.rope_scaling == RopeScaling::longrope;
   TS_CHECK(plain_freqs, "[save] ", folder,
            ": the model's per-pair RoPE divisors (GGUF rope_freqs.weight) cannot be expressed "
            "in config.json");

@@ -183,6 +183,7 @@ struct RopeTable {
   int64_t max_pos = 0, rotary_dim = 0;
   double theta = 0;              // 0 when built from explicit frequencies
   std::vector<double> inv_freq;  // (R/2) per-pair inverse frequencies (the reference uses these)
+  double scale = 1.0;            // cos and sin are multiplied by it (LongRoPE's attention factor)
   std::vector<float> cos, sin;
   // cos then sin, (2, max_pos, R/2), in the memory of the device that runs the rope ops, where
   // that is not the CPU (the owner uploads them and keeps the buffer); null on the CPU.
@@ -190,8 +191,10 @@ struct RopeTable {
 };
 // Throws on rotary_dim odd or <= 0, max_pos < 0, theta <= 0.
 RopeTable make_rope_table(int64_t max_pos, int64_t rotary_dim, double theta);
-// Same from explicit per-pair inverse frequencies (rotary_dim = 2 * size), for scaled RoPE.
-RopeTable make_rope_table(int64_t max_pos, const std::vector<double>& inv_freqs);
+// Same from explicit per-pair inverse frequencies (rotary_dim = 2 * size), for scaled RoPE;
+// cos and sin multiplied by scale (> 0).
+RopeTable make_rope_table(int64_t max_pos, const std::vector<double>& inv_freqs,
+                          double scale = 1.0);
 
 // Rotates the first R = table.rotary_dim dimensions of every head; out (B,T,H,D), inp (B,T,H,D)
 // (out may equal inp; dimensions [R, D) are copied). Token t of every batch row sits at position

@@ -19,8 +19,9 @@ RopeTable make_rope_table(int64_t max_pos, int64_t rotary_dim, double theta) {
   return t;
 }
 
-RopeTable make_rope_table(int64_t max_pos, const std::vector<double>& inv_freqs) {
+RopeTable make_rope_table(int64_t max_pos, const std::vector<double>& inv_freqs, double scale) {
   TS_CHECK(!inv_freqs.empty(), "[rope] no frequencies");
+  TS_CHECK(std::isfinite(scale) && scale > 0, "[rope] scale=", scale, " must be positive");
   TS_CHECK(max_pos >= 0, "[rope] max_pos=", max_pos, " must be >= 0");
   for (double f : inv_freqs)
     TS_CHECK(std::isfinite(f) && f > 0, "[rope] inverse frequency ", f, " must be positive");
@@ -29,6 +30,7 @@ RopeTable make_rope_table(int64_t max_pos, const std::vector<double>& inv_freqs)
   t.max_pos = max_pos;
   t.rotary_dim = 2 * half;
   t.inv_freq = inv_freqs;
+  t.scale = scale;
   t.cos.resize(static_cast<size_t>(max_pos * half));
   t.sin.resize(t.cos.size());
   // Angles in double: in f32, pos * inv_freq would lose ~pos * 2^-24 radians (0.006 at 10^5).
@@ -36,8 +38,8 @@ RopeTable make_rope_table(int64_t max_pos, const std::vector<double>& inv_freqs)
     const double inv_freq = inv_freqs[static_cast<size_t>(i)];
     for (int64_t p = 0; p < max_pos; ++p) {
       const double angle = static_cast<double>(p) * inv_freq;
-      t.cos[static_cast<size_t>(p * half + i)] = static_cast<float>(std::cos(angle));
-      t.sin[static_cast<size_t>(p * half + i)] = static_cast<float>(std::sin(angle));
+      t.cos[static_cast<size_t>(p * half + i)] = static_cast<float>(scale * std::cos(angle));
+      t.sin[static_cast<size_t>(p * half + i)] = static_cast<float>(scale * std::sin(angle));
     }
   }
   return t;

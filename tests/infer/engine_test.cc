@@ -83,6 +83,9 @@ TinyOptions variant(int v) {
       o.layers = 3;
       o.nope_every = 2;
       break;
+    case 9:  // Phi-3.5-like LongRoPE: the engine's 64 positions take the long factors
+      o.longrope = true;
+      break;
   }
   o.seed = 10 + static_cast<uint64_t>(v);
   return o;
@@ -92,7 +95,8 @@ TEST_P(EngineVsReference, PrefillAndDecodeMatchPlainForward) {
   const model::DecoderModel m = test::make_tiny_model(variant(GetParam()));
   const int64_t V = m.config.vocab;
   const std::vector<int32_t> toks = test::random_tokens(21, V, 3);
-  const std::vector<double> want = test::reference_logits(m, toks);
+  const std::vector<double> want =
+      test::reference_logits(m, toks, false, small_options(false).max_ctx);
   for (bool reference : {true, false}) {
     Engine e(m, small_options(reference));
     // All positions in one call (chunks of 8 rows, blocks of 4 tokens).
@@ -112,7 +116,29 @@ TEST_P(EngineVsReference, PrefillAndDecodeMatchPlainForward) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Variants, EngineVsReference, ::testing::Values(0, 1, 2, 3, 4, 5, 6, 7, 8));
+INSTANTIATE_TEST_SUITE_P(Variants, EngineVsReference,
+                         ::testing::Values(0, 1, 2, 3, 4, 5, 6, 7, 8, 9));
+
+// LongRoPE takes its short factors in a run sized within the pretrained length (32 positions
+// here) and its long ones beyond; the two give different logits.
+TEST(Engine, LongRopePicksItsFactorsByTheContext) {
+  const model::DecoderModel m = test::make_tiny_model(variant(9));
+  const int64_t V = m.config.vocab;
+  const std::vector<int32_t> toks = test::random_tokens(21, V, 3);
+  EngineOptions o = small_options(false);
+  o.max_ctx = 32;
+  const std::vector<double> short_want = test::reference_logits(m, toks, false, 32);
+  const std::vector<double> long_want = test::reference_logits(m, toks, false, 64);
+  Engine e(m, o);
+  const int32_t s = e.new_sequence();
+  const std::vector<float> all = e.forward({Feed{s, toks, true}});
+  expect_close(all.data(), short_want.data(), static_cast<int64_t>(toks.size()) * V, 2e-4,
+               "short factors");
+  double diff = 0;
+  for (size_t i = 0; i < short_want.size(); ++i)
+    diff = std::max(diff, std::fabs(short_want[i] - long_want[i]));
+  EXPECT_GT(diff, 1e-2) << "short and long factors give the same logits: the test sees nothing";
+}
 
 // A MoE decode step reads only the experts its token chose: the weight products' bytes, as the
 // ops report them, are the attention's, the router's, the head's and k of E experts' matrices,

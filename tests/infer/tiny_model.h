@@ -36,6 +36,9 @@ struct TinyOptions {
   // normalizes q and k as whole vectors: qk_norm_whole).
   int64_t experts = 0, experts_used = 2;
   int64_t nope_every = 0;  // SmolLM3: layers l with (l + 1) % nope_every == 0 have no RoPE
+  // LongRoPE (Phi-3.5): short and long per-pair factors drawn in [1, 4), the pretrained length
+  // 32 positions, cos and sin scaled by 1.3.
+  bool longrope = false;
   bool expert_norm = true, qk_norm_whole = false;
   uint64_t seed = 1;
 };
@@ -64,6 +67,16 @@ inline model::DecoderModel make_tiny_model(const TinyOptions& o) {
   c.qkv_bias = o.qkv_bias || o.arch == model::DecoderArch::gpt2;
   if (o.nope_every > 0)
     for (int64_t l = 0; l < c.n_layers; ++l) c.nope_layers.push_back((l + 1) % o.nope_every == 0);
+  if (o.longrope) {
+    Rng frng(o.seed + 99);
+    c.rope_scaling = model::RopeScaling::longrope;
+    c.rope_original_max_ctx = 32;
+    c.rope_attn_factor = 1.3;
+    for (int64_t i = 0; i < c.rope_dim / 2; ++i) {
+      c.rope_freq_divisors.push_back(1.0f + 3.0f * static_cast<float>(frng.uniform()));
+      c.rope_long_divisors.push_back(1.0f + 3.0f * static_cast<float>(frng.uniform()));
+    }
+  }
   c.n_experts = o.experts;
   c.n_experts_used = o.experts > 0 ? o.experts_used : 0;
   c.expert_norm = o.expert_norm;
@@ -141,9 +154,10 @@ inline model::DecoderModel make_tiny_model(const TinyOptions& o) {
 
 // Logits (T, V) of every position of `tokens`, computed directly in double; with hidden_states,
 // the final norm's output (T, C) instead (what the head reads).
+// run_ctx: the context the engine under test is sized for (LongRoPE picks its factors by it).
 inline std::vector<double> reference_logits(const model::DecoderModel& m,
                                             const std::vector<int32_t>& tokens,
-                                            bool hidden_states = false) {
+                                            bool hidden_states = false, int64_t run_ctx = 0) {
   const model::DecoderConfig& c = m.config;
   const bool gpt2 = c.arch == model::DecoderArch::gpt2;
   const auto T = static_cast<int64_t>(tokens.size());
@@ -229,7 +243,15 @@ inline std::vector<double> reference_logits(const model::DecoderModel& m,
     }
     return y;
   };
-  const std::vector<double> inv_global = model::rope_inv_freqs(c);
+  std::vector<double> inv_global = model::rope_inv_freqs(c);
+  double rope_scale = 1;  // LongRoPE: factors by the run's context, cos and sin scaled
+  if (c.rope_scaling == model::RopeScaling::longrope) {
+    const std::vector<float>& f =
+        run_ctx > c.rope_original_max_ctx ? c.rope_long_divisors : c.rope_freq_divisors;
+    for (size_t i = 0; i < inv_global.size(); ++i)
+      inv_global[i] = std::pow(c.rope_theta, -2.0 * static_cast<double>(i) / c.rope_dim) / f[i];
+    rope_scale = c.rope_attn_factor;
+  }
   // Gemma 3's local layers: base rope_theta_local, unscaled (computed here, not by the library).
   std::vector<double> inv_local(static_cast<size_t>(c.rope_dim / 2));
   for (size_t i = 0; i < inv_local.size(); ++i)
@@ -246,8 +268,9 @@ inline std::vector<double> reference_logits(const model::DecoderModel& m,
         const int64_t a = h * D + (il ? 2 * i : i), b = h * D + (il ? 2 * i + 1 : i + half);
         const double ang = static_cast<double>(pos) * inv[static_cast<size_t>(i)];
         const double x0 = v[static_cast<size_t>(a)], x1 = v[static_cast<size_t>(b)];
-        v[static_cast<size_t>(a)] = x0 * std::cos(ang) - x1 * std::sin(ang);
-        v[static_cast<size_t>(b)] = x0 * std::sin(ang) + x1 * std::cos(ang);
+        const double cs = rope_scale * std::cos(ang), sn = rope_scale * std::sin(ang);
+        v[static_cast<size_t>(a)] = x0 * cs - x1 * sn;
+        v[static_cast<size_t>(b)] = x0 * sn + x1 * cs;
       }
   };
   std::vector<Vec> x(static_cast<size_t>(T), Vec(static_cast<size_t>(C)));

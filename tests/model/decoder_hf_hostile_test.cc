@@ -72,10 +72,11 @@ TEST(DecoderHfHostile, RopeParametersRefusedNotGuessed) {
   hf.config["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
   hf.config["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 4.0}};
   expect_rejected(hf, "v5_factor", {"config.json", "'rope_scaling'", "'rope_parameters'"});
+  // A share of each head that is not an even number of its 8 dimensions (0.5 is: 4).
   hf = test::tiny_llama(false);
   hf.config["rope_parameters"] = {
-      {"rope_type", "default"}, {"rope_theta", 1e4}, {"partial_rotary_factor", 0.5}};
-  expect_rejected(hf, "v5_partial", {"config.json", "partial_rotary_factor", "0.5"});
+      {"rope_type", "default"}, {"rope_theta", 1e4}, {"partial_rotary_factor", 0.3}};
+  expect_rejected(hf, "v5_partial", {"config.json", "partial_rotary_factor", "0.3"});
   hf = test::tiny_llama(false);
   hf.config["rope_parameters"] = 100000.0;
   expect_rejected(hf, "v5_not_object", {"config.json", "'rope_parameters' must be an object"});

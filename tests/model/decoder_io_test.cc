@@ -264,6 +264,38 @@ TEST(DecoderHf, Phi3FusedProjections) {
     for (size_t i = 0; i < lm.size(); ++i) EXPECT_EQ(values_of(*lm[i]), values_of(*pm[i])) << i;
   }
   EXPECT_TRUE(mp.weights.layers[0].wq.continued_by(mp.weights.layers[0].wk));  // one product
+  // Phi-3.5's LongRoPE and Phi-4-mini's partial rotation: read (the attention factor from the
+  // lengths when the config leaves it out, as transformers computes it), then HF -> GGUF (arch
+  // phi3: rope_factors_short/long, gate and up fused in ffn_up) -> HF with every field kept.
+  phi.config["partial_rotary_factor"] = 0.5;  // 4 of each head's 8 dimensions
+  phi.config["original_max_position_embeddings"] = 64;
+  phi.config["rope_scaling"] = {
+      {"type", "longrope"}, {"short_factor", {1.0, 1.5}}, {"long_factor", {2.0, 8.0}}};
+  test::write_hf(phi, b);
+  const DecoderModel lr = load_decoder_hf(b);
+  EXPECT_EQ(lr.config.rope_scaling, RopeScaling::longrope);
+  EXPECT_EQ(lr.config.rope_dim, 4);
+  EXPECT_EQ(lr.config.rope_original_max_ctx, 64);
+  EXPECT_EQ(lr.config.rope_long_divisors, (std::vector<float>{2.0f, 8.0f}));
+  EXPECT_NEAR(lr.config.rope_attn_factor, std::sqrt(1 + std::log(2.0) / std::log(64.0)), 1e-12);
+  const std::string gguf = b + "/model.gguf", c = test::temp_folder("phi3_c");
+  save_decoder_gguf(lr, gguf);
+  const DecoderModel lg = load_decoder_gguf(gguf);
+  EXPECT_EQ(lg.gguf->get_string("general.architecture"), "phi3");
+  save_decoder_hf(lg, c, DType::f32, "{\"model\": {}}");
+  for (const DecoderModel& back : {lg, load_decoder_hf(c)}) {
+    EXPECT_EQ(back.config.rope_scaling, RopeScaling::longrope);
+    EXPECT_EQ(back.config.rope_dim, 4);
+    EXPECT_EQ(back.config.rope_original_max_ctx, 64);
+    EXPECT_EQ(back.config.rope_freq_divisors, lr.config.rope_freq_divisors);
+    EXPECT_EQ(back.config.rope_long_divisors, lr.config.rope_long_divisors);
+    EXPECT_NEAR(back.config.rope_attn_factor, lr.config.rope_attn_factor, 1e-6);
+    for (size_t l = 0; l < 2; ++l) {
+      const auto want = lr.weights.layers[l].matrices(), got = back.weights.layers[l].matrices();
+      for (size_t i = 0; i < want.size(); ++i)
+        EXPECT_EQ(values_of(*got[i]), values_of(*want[i])) << i;
+    }
+  }
   phi.tensors.erase("model.layers.1.mlp.gate_up_proj.weight");
   test::write_hf(phi, b);
   tessera::test::expect_error([&] { load_decoder_hf(b); }, "model.layers.1.mlp.gate_up_proj");
@@ -283,6 +315,13 @@ TEST(DecoderRoundTrip, SmolLM3) {
   expect_same_safetensors(a, b);
   EXPECT_EQ(load_decoder_hf(b).config.nope_layers, m1.config.nope_layers);
   tessera::test::expect_error([&] { save_decoder_gguf(m1, a + "/model.gguf"); }, "every fourth");
+  // Two layers under the every-fourth rule: both rotate, and the file says smollm3.
+  hf.config["no_rope_layers"] = {1, 1};
+  test::write_hf(hf, a);
+  save_decoder_gguf(load_decoder_hf(a), a + "/model.gguf");
+  const DecoderModel g = load_decoder_gguf(a + "/model.gguf");
+  EXPECT_EQ(g.gguf->get_string("general.architecture"), "smollm3");
+  EXPECT_EQ(g.config.nope_layers, (std::vector<uint8_t>{0, 0}));
   hf.config.erase("no_rope_layers");
   hf.config["no_rope_layer_interval"] = 2;
   test::write_hf(hf, a);

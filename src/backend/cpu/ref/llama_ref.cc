@@ -39,7 +39,7 @@ void rope_apply(float* out, const float* inp, const ops::RopeTable& table, const
         for (int64_t i = 0; i < half; ++i) {
           const double inv_freq = table.inv_freq[static_cast<size_t>(i)];
           const double angle = pos * inv_freq;
-          const double c = std::cos(angle), s = sign * std::sin(angle);
+          const double c = table.scale * std::cos(angle), s = sign * table.scale * std::sin(angle);
           const int64_t ia = layout == ops::RopeLayout::half ? i : 2 * i;
           const int64_t ib = layout == ops::RopeLayout::half ? i + half : 2 * i + 1;
           const double xa = x[ia], xb = x[ib];
