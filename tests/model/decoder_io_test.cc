@@ -19,20 +19,8 @@ namespace {
 
 using test::HfModel;
 
-std::vector<float> values_of(const WeightRef& w) {
-  std::vector<float> v(static_cast<size_t>(w.shape.numel()));
-  to_f32(w.type, w.data, v.data(), w.shape.numel());
-  return v;
-}
-
-// Values after a trip through `dtype` (what a bf16 folder holds).
-std::vector<float> rounded(const std::vector<float>& v, DType dtype) {
-  std::vector<uint8_t> b(static_cast<size_t>(dtype_bytes(dtype, static_cast<int64_t>(v.size()))));
-  from_f32(dtype, v.data(), b.data(), static_cast<int64_t>(v.size()));
-  std::vector<float> out(v.size());
-  to_f32(dtype, b.data(), out.data(), static_cast<int64_t>(v.size()));
-  return out;
-}
+using test::rounded;
+using test::values_of;
 
 void expect_tensor(const WeightRef& w, const HfModel& m, const std::string& name,
                    DType stored = DType::f32) {

@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "formats/safetensors.h"
+#include "model/decoder.h"
 
 namespace tessera::model::test {
 
@@ -291,6 +292,22 @@ inline void write_hf(const HfModel& m, const std::string& folder, DType dtype = 
         folder + "/model.safetensors.index.json",
         nlohmann::json({{"metadata", {{"total_size", 0}}}, {"weight_map", weight_map}}).dump(1));
   write_file_atomic(folder + "/config.json", m.config.dump(2));
+}
+
+// A weight's values as f32 (any stored type).
+inline std::vector<float> values_of(const WeightRef& w) {
+  std::vector<float> v(static_cast<size_t>(w.shape.numel()));
+  to_f32(w.type, w.data, v.data(), w.shape.numel());
+  return v;
+}
+
+// Values after a trip through `dtype` (what a bf16 folder holds).
+inline std::vector<float> rounded(const std::vector<float>& v, DType dtype) {
+  std::vector<uint8_t> b(static_cast<size_t>(dtype_bytes(dtype, static_cast<int64_t>(v.size()))));
+  from_f32(dtype, v.data(), b.data(), static_cast<int64_t>(v.size()));
+  std::vector<float> out(v.size());
+  to_f32(dtype, b.data(), out.data(), static_cast<int64_t>(v.size()));
+  return out;
 }
 
 }  // namespace tessera::model::test
