@@ -117,5 +117,30 @@ TEST(DecoderGgufHostile, TokenCountContradictsEmbedding) {
   EXPECT_EQ(load_decoder_gguf(rewrite(src, "tokens_ok", e)).config.vocab, vocab);
 }
 
+// A mixture of experts asking for what is not implemented (shared experts, scaled or
+// non-softmax gating, dense leading layers) is refused naming the key, and experts in an
+// architecture without them (gemma3 here) too.
+TEST(DecoderGgufHostile, MoeOptionsRefusedByKey) {
+  const std::string dir = test::temp_folder("gguf_hostile_moe");
+  test::write_hf(test::tiny_qwen3moe(), dir);
+  save_decoder_gguf(load_decoder_hf(dir), dir + "/m.gguf");
+  const std::string src = dir + "/m.gguf";
+  EXPECT_EQ(load_decoder_gguf(src).config.n_experts, 4);
+  const std::map<std::string, formats::GgufValue> refused = {
+      {"qwen3moe.expert_shared_count", uint32_t{1}},
+      {"qwen3moe.leading_dense_block_count", uint32_t{1}},
+      {"qwen3moe.expert_weights_scale", 2.5f},
+      {"qwen3moe.expert_gating_func", uint32_t{2}},
+      {"qwen3moe.expert_weights_norm", uint32_t{1}}};
+  for (const auto& [key, value] : refused) {
+    Edit e;
+    e.set[key] = value;
+    expect_refused(rewrite(src, "moe_refused", e), {"moe_refused.gguf", key});
+  }
+  Edit none;
+  none.set["qwen3moe.expert_count"] = uint32_t{0};
+  expect_refused(rewrite(src, "moe_no_count", none), {"qwen3moe.expert_count"});
+}
+
 }  // namespace
 }  // namespace tessera::model
