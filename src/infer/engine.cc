@@ -91,21 +91,23 @@ Engine::Engine(const model::DecoderModel& model, const EngineOptions& opts)
   bool adapters = false;
   for (const model::DecoderLayer& l : model_.weights.layers) adapters |= l.has_adapters();
   TS_CHECK(on_host || !opts_.device_decoder || !adapters,
-           "[engine] LoRA adapters run on the shared forward pass only (--cuda-forward shared), "
-           "not on the CUDA device decoder");
+           "[engine] LoRA adapters run on the shared forward pass only, not on the CUDA device "
+           "decoder");
   TS_CHECK(on_host || !opts_.device_decoder || !model_.config.qk_norm,
-           "[engine] the CUDA device decoder has no q/k norms (Qwen3, Gemma 3); run on the CPU");
+           "[engine] the CUDA device decoder has no q/k norms (Qwen3, Gemma 3, OLMoE); run "
+           "the shared forward pass");
   TS_CHECK(on_host || !opts_.device_decoder ||
                (!model_.config.post_norms && model_.config.local_layers.empty() &&
                 model_.config.mlp_act == ops::GluAct::silu && model_.config.embed_scale == 1.0f &&
                 model_.config.attn_scale == 0.0),
-           "[engine] the CUDA device decoder has none of Gemma 3's layer options; run on the CPU");
+           "[engine] the CUDA device decoder has none of Gemma 3's layer options; run the shared "
+           "forward pass");
   TS_CHECK(on_host || !opts_.device_decoder || model_.config.nope_layers.empty(),
            "[engine] the CUDA device decoder rotates every layer (SmolLM3 has layers without "
-           "RoPE); run with --cuda-forward shared or on the CPU");
+           "RoPE); run the shared forward pass");
   TS_CHECK(on_host || !opts_.device_decoder || !model_.config.moe(),
-           "[engine] the CUDA device decoder has no mixture-of-experts layers; run with "
-           "--cuda-forward shared or on the CPU");
+           "[engine] the CUDA device decoder has no mixture-of-experts layers; run the "
+           "shared forward pass");
   if (!on_host && opts_.device_decoder) {
     // The device decoder runs the layers itself: the shared forward pass only looks the
     // embedding rows up for it, on the host.

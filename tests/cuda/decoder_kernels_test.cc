@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/ref/ref_kernels.h"
+#include "backend/cpu/rows.h"
 #include "backend/cuda/decoder_kernels.h"
 #include "core/dtype.h"
 #include "core/rng.h"
@@ -119,6 +121,47 @@ TEST(DecoderKernels, KvAppendWritesPagedSlotsAndGatherPicksRows) {
     for (int c = 0; c < 7; ++c)
       EXPECT_EQ(g[static_cast<size_t>(r * 7 + c)],
                 m[static_cast<size_t>((r == 1 ? 0 : 3) * 7 + c)]);
+}
+
+// The q/k norms (per head, and OLMoE's one head of the whole width, inside a wider row) against
+// the CPU reference; the mixture-of-experts router and the weighted scatter-add likewise.
+TEST(DecoderKernels, HeadNormRouterAndScatterMatchTheReference) {
+  TS_REQUIRE_CUDA_DEVICE();
+  const int64_t n = 5, ld = 200;
+  for (const auto& [heads, D] : {std::pair<int64_t, int64_t>{3, 64}, {1, 192}}) {
+    const std::vector<float> x = random_values(n * ld, 3, 1.0f), w = random_values(D, 4, 0.5f);
+    std::vector<float> want = x;
+    cpu::ref::head_rmsnorm(want.data(), ld, n, heads, D, w.data(), 1e-6f);
+    DeviceArray<float> dx(x), dw(w);
+    head_rmsnorm(dx.get(), ld, n, heads, D, dw.get(), 1e-6f, nullptr);
+    const std::vector<float> got = dx.download();
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_NEAR(got[i], want[i], 1e-5f * (1 + std::fabs(want[i])))
+          << "heads " << heads << " " << i;
+  }
+  const int64_t E = 8, k = 2;
+  const std::vector<float> logits = random_values(n * E, 5, 2.0f);
+  std::vector<int32_t> ids_want(static_cast<size_t>(n * k));
+  std::vector<float> w_want(ids_want.size());
+  cpu::ref::moe_route(ids_want.data(), w_want.data(), logits.data(), n, E, k, true);
+  DeviceArray<float> dl(logits), dwts(static_cast<size_t>(n * k));
+  DeviceArray<int32_t> dids(static_cast<size_t>(n * k));
+  moe_route(dids.get(), dwts.get(), dl.get(), n, E, k, true, nullptr);
+  EXPECT_EQ(dids.download(), ids_want);
+  const std::vector<float> w_got = dwts.download();
+  for (size_t i = 0; i < w_got.size(); ++i) EXPECT_NEAR(w_got[i], w_want[i], 1e-6f) << i;
+  const int64_t C = 7;
+  const std::vector<float> src = random_values(4 * C, 6, 1.0f);
+  const std::vector<int32_t> rows = {2, 0, 2, 1};
+  const std::vector<float> scale = {0.5f, -1.0f, 2.0f, 0.25f};
+  std::vector<float> want(static_cast<size_t>(3 * C), 1.0f);
+  cpu::scatter_add_rows(want.data(), src.data(), rows.data(), scale.data(), 4, C);
+  DeviceArray<float> ddst(std::vector<float>(static_cast<size_t>(3 * C), 1.0f)), dsrc(src),
+      dscale(scale);
+  DeviceArray<int32_t> drows(rows);
+  scatter_add_rows(ddst.get(), dsrc.get(), drows.get(), dscale.get(), 4, C, nullptr);
+  const std::vector<float> got = ddst.download();
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-6f) << i;
 }
 
 // The fused decode launch against rope_forward on q and k followed by kv_cache_append: every

@@ -253,6 +253,27 @@ __global__ void moe_route_kernel(int32_t* ids, float* weights, const float* logi
     for (int64_t j = 0; j < k; ++j) w[j] /= chosen;
 }
 
+// One block per (row, head) slice of D values: the sum of squares reduced in the block, then
+// the slice scaled in place (ops::head_rmsnorm).
+__global__ void head_rmsnorm_kernel(float* x, int64_t ld, int64_t heads, int64_t D, const float* w,
+                                    float eps) {
+  allow_dependent_launch();
+  grid_dependency_wait();
+  __shared__ float partial[kThreads];
+  const int64_t row = blockIdx.x / heads, head = blockIdx.x % heads;
+  float* s = x + row * ld + head * D;
+  float sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) sum += s[i] * s[i];
+  partial[threadIdx.x] = sum;
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
+    __syncthreads();
+  }
+  const float r = rsqrtf(partial[0] / static_cast<float>(D) + eps);
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) s[i] = s[i] * r * w[i];
+}
+
 __global__ void gather_kernel(float* dst, const float* src, const int32_t* index, int64_t n,
                               int64_t C) {
   allow_dependent_launch();
@@ -412,6 +433,16 @@ void gather_rows(float* dst, const float* src, const int32_t* index, int64_t n, 
   if (n == 0) return;
   launch_dependent(gather_kernel, dim3(grid(n * C)), dim3(kThreads), 0, stream, dst, src, index, n,
                    C);
+}
+
+void head_rmsnorm(float* x, int64_t ld, int64_t n, int64_t heads, int64_t D, const float* w,
+                  float eps, cudaStream_t stream) {
+  TS_CHECK(x && w, "[head_rmsnorm] null pointer");
+  TS_CHECK(n >= 0 && heads > 0 && D > 0 && ld >= heads * D, "[head_rmsnorm] n=", n,
+           " heads=", heads, " D=", D, " ld=", ld);
+  if (n == 0) return;
+  launch_dependent(head_rmsnorm_kernel, dim3(static_cast<unsigned>(n * heads)), dim3(kThreads), 0,
+                   stream, x, ld, heads, D, w, eps);
 }
 
 void scatter_add_rows(float* dst, const float* src, const int32_t* index, const float* weight,

@@ -57,6 +57,10 @@ void convert_f16_to_f32(float* dst, const uint16_t* src, int64_t n, cudaStream_t
 // dst (n, C) = src rows index[0 .. n) (device array of row numbers into src (*, C)), f32.
 void gather_rows(float* dst, const float* src, const int32_t* index, int64_t n, int64_t C,
                  cudaStream_t stream);
+// Per-head RMSNorm in place (ops::head_rmsnorm: Qwen3's and Gemma 3's q/k norms, OLMoE's with
+// one head of the whole width); device arrays.
+void head_rmsnorm(float* x, int64_t ld, int64_t n, int64_t heads, int64_t D, const float* w,
+                  float eps, cudaStream_t stream);
 // dst[index[i]] += weight[i] * src[i] for rows i in order (ops::scatter_add_rows); device arrays.
 void scatter_add_rows(float* dst, const float* src, const int32_t* index, const float* weight,
                       int64_t n, int64_t C, cudaStream_t stream);

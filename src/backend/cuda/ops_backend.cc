@@ -191,14 +191,16 @@ class CudaOpsBackend final : public ops::Backend {
                        const float* w, int64_t N, int64_t C, float eps) override {
     cuda::rmsnorm_forward<float>(out, rstd, inp, w, N, C, eps, stream(ctx));
   }
-  void head_rmsnorm(const ops::Context&, float*, int64_t, int64_t, int64_t, int64_t, const float*,
-                    float) override {
-    fail("[cuda] head_rmsnorm (the q/k norms of Qwen3) has no CUDA kernel yet; run on the CPU");
+  void head_rmsnorm(const ops::Context& ctx, float* x, int64_t ld, int64_t n, int64_t heads,
+                    int64_t D, const float* w, float eps) override {
+    cuda::head_rmsnorm(x, ld, n, heads, D, w, eps, stream(ctx));
   }
   void head_rmsnorm_backward(const ops::Context&, float*, float*, const float*, const float*,
                              int64_t, int64_t, int64_t, int64_t, int64_t, const float*,
                              float) override {
-    fail("[cuda] head_rmsnorm_backward (Qwen3's q/k norms) has no CUDA kernel yet");
+    fail(
+        "[cuda] head_rmsnorm_backward (the q/k norms under LoRA) has no CUDA kernel yet; "
+        "train on the CPU");
   }
   void rmsnorm_backward(const ops::Context& ctx, float* dinp, float* dw, const float* dout,
                         const float* inp, const float* w, const float* rstd, int64_t N,
