@@ -13,8 +13,8 @@ constexpr size_t kHugePageBytes = size_t{2} << 20;
 // aligned and sized to whole huge pages and advised as MADV_HUGEPAGE (Linux), so that its pages
 // fault in 2 MiB at a time: a decode step streams every weight once, and on 4 KiB pages each
 // page costs a TLB miss (a page walk in the middle of the stream; the 1.1B q4_0 model decoded
-// 5-24% faster on two threads on huge pages, docs/PERFORMANCE.md). TESSERA_HUGE_PAGES=0 turns the
-// advice off (to measure it). Free with free_large.
+// 5-24% faster on two threads on huge pages, docs/PERFORMANCE-LOG.md). TESSERA_HUGE_PAGES=0
+// turns the advice off (to measure it). Free with free_large.
 void* alloc_large(size_t bytes, size_t align, const char* what);
 void free_large(void* p);
 
