@@ -19,6 +19,7 @@ namespace {
 
 using test::HfModel;
 
+using test::expect_same_safetensors;
 using test::rounded;
 using test::values_of;
 
@@ -121,20 +122,6 @@ TEST(DecoderHf, LoadsGpt2TransposingConv1D) {
   EXPECT_EQ(bv, std::vector<float>(b.begin() + 2 * C, b.end()));
   expect_tensor(m.weights.pos_embd, hf, "transformer.wpe.weight");
   expect_tensor(m.weights.out_norm_b, hf, "transformer.ln_f.bias");
-}
-
-// Every tensor of folder a's model.safetensors is in folder b's with the same bytes.
-void expect_same_safetensors(const std::string& a, const std::string& b) {
-  const formats::SafetensorsReader ra(a + "/model.safetensors"), rb(b + "/model.safetensors");
-  EXPECT_EQ(ra.entries().size(), rb.entries().size());
-  for (const formats::SafetensorsEntry& e : ra.entries()) {
-    const formats::SafetensorsEntry* f = rb.find(e.name);
-    ASSERT_NE(f, nullptr) << e.name;
-    EXPECT_EQ(f->dtype, e.dtype) << e.name;
-    EXPECT_EQ(f->shape, e.shape) << e.name;
-    ASSERT_EQ(f->bytes, e.bytes) << e.name;
-    EXPECT_EQ(std::memcmp(f->data, e.data, static_cast<size_t>(e.bytes)), 0) << e.name;
-  }
 }
 
 // HF -> load -> GGUF -> the GGUF loader -> HF gives the original tensors bit for bit.

@@ -26,6 +26,7 @@ namespace {
 
 using test::HfModel;
 
+using test::expect_same_safetensors;
 using test::rounded;
 using test::values_of;
 
@@ -141,20 +142,6 @@ void expect_same_config(const DecoderConfig& a, const DecoderConfig& b) {
   EXPECT_EQ(a.n_experts, b.n_experts);
   EXPECT_EQ(a.n_experts_used, b.n_experts_used);
   EXPECT_EQ(a.expert_norm, b.expert_norm);
-}
-
-// Every tensor of folder a's model.safetensors is in folder b's with the same bytes.
-void expect_same_safetensors(const std::string& a, const std::string& b) {
-  const formats::SafetensorsReader ra(a + "/model.safetensors"), rb(b + "/model.safetensors");
-  EXPECT_EQ(ra.entries().size(), rb.entries().size());
-  for (const formats::SafetensorsEntry& e : ra.entries()) {
-    const formats::SafetensorsEntry* f = rb.find(e.name);
-    ASSERT_NE(f, nullptr) << e.name;
-    EXPECT_EQ(f->dtype, e.dtype) << e.name;
-    EXPECT_EQ(f->shape, e.shape) << e.name;
-    ASSERT_EQ(f->bytes, e.bytes) << e.name;
-    EXPECT_EQ(std::memcmp(f->data, e.data, static_cast<size_t>(e.bytes)), 0) << e.name;
-  }
 }
 
 // Logits (T, V) of one sequence through the engine's forward pass (DecoderForward on the CPU,

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -292,6 +293,20 @@ inline void write_hf(const HfModel& m, const std::string& folder, DType dtype = 
         folder + "/model.safetensors.index.json",
         nlohmann::json({{"metadata", {{"total_size", 0}}}, {"weight_map", weight_map}}).dump(1));
   write_file_atomic(folder + "/config.json", m.config.dump(2));
+}
+
+// Every tensor of folder a's model.safetensors is in folder b's with the same bytes.
+inline void expect_same_safetensors(const std::string& a, const std::string& b) {
+  const formats::SafetensorsReader ra(a + "/model.safetensors"), rb(b + "/model.safetensors");
+  EXPECT_EQ(ra.entries().size(), rb.entries().size());
+  for (const formats::SafetensorsEntry& e : ra.entries()) {
+    const formats::SafetensorsEntry* f = rb.find(e.name);
+    ASSERT_NE(f, nullptr) << e.name;
+    EXPECT_EQ(f->dtype, e.dtype) << e.name;
+    EXPECT_EQ(f->shape, e.shape) << e.name;
+    ASSERT_EQ(f->bytes, e.bytes) << e.name;
+    EXPECT_EQ(std::memcmp(f->data, e.data, static_cast<size_t>(e.bytes)), 0) << e.name;
+  }
 }
 
 // A weight's values as f32 (any stored type).
