@@ -406,6 +406,13 @@ TEST(Engine, ChunkRowsFollowTheWeights) {
   test::expect_error([&] { Engine(q4, o); }, "max_rows must be >= 0");
 }
 
+// The logits of every position of toks, in one forward of a fresh engine on m.
+std::vector<float> all_logits(const model::DecoderModel& m, const std::vector<int32_t>& toks,
+                              bool reference) {
+  Engine e(m, small_options(reference));
+  return e.forward({Feed{e.new_sequence(), toks, true}});
+}
+
 // The k-quant matrices in the CPU's interleaved layouts (q4_kx8 / q5_kx8 / q6_kx8, where the
 // AVX512-VNNI kernels run): the engine's logits match the same model in the file's layout to
 // within the kernels' different rounding, and its greedy tokens are the same; the reference
@@ -426,9 +433,8 @@ TEST(Engine, InterleavedKQuantLayoutsDecodeAsThePlainOnes) {
     EXPECT_EQ(laid, ops::cpu_preferred_layout(t, 256)) << dtype_name(t);
     ASSERT_EQ(plain.weights.layers[1].w_down.type, t);
     for (bool reference : {false, true}) {
-      Engine a(plain, small_options(reference)), b(x8, small_options(reference));
-      const std::vector<float> la = a.forward({Feed{a.new_sequence(), toks, true}});
-      const std::vector<float> lb = b.forward({Feed{b.new_sequence(), toks, true}});
+      const std::vector<float> la = all_logits(plain, toks, reference);
+      const std::vector<float> lb = all_logits(x8, toks, reference);
       if (reference) {
         EXPECT_EQ(la, lb) << dtype_name(t) << ": the reference reads both layouts as plain rows";
         continue;
@@ -449,9 +455,10 @@ TEST(Engine, InterleavedKQuantLayoutsDecodeAsThePlainOnes) {
 // A mixture of experts quantized and rearranged into the CPU's interleaved layouts: each expert
 // is a row slice of the stacked matrices, which must start on a row group of the layout. The
 // reference path reads both layouts as plain rows: the same bits, so every slice holds its rows.
-// The SIMD kernels of the two layouts round activation ties differently, which moves a logit of
-// these random tiny models by up to ~0.4 for some seeds (measured over six, dense models too);
-// a slice read from the wrong rows moves them by the logits' own size (several units).
+// The SIMD kernels of the two layouts agree to ~1e-5 on most seeds of these random tiny models,
+// but on some a logit moves by up to ~0.4 (seeds 16-21 measured, dense models as well; the cause
+// is not established), so the SIMD check is loose: a slice read from the wrong rows moves the
+// logits by their own size (several units).
 TEST(Engine, InterleavedLayoutsSliceTheExperts) {
   TinyOptions tiny = variant(6);     // 4 experts, 2 per token
   tiny.width = 256, tiny.ffn = 256;  // whole k-quant super-blocks
@@ -468,9 +475,8 @@ TEST(Engine, InterleavedLayoutsSliceTheExperts) {
     EXPECT_EQ(laid.weights.layers[0].w_gate.type, ops::cpu_preferred_layout(t, 4 * 256))
         << dtype_name(t) << ": the stacked experts take the CPU's layout";
     for (bool reference : {false, true}) {
-      Engine a(plain, small_options(reference)), b(laid, small_options(reference));
-      const std::vector<float> la = a.forward({Feed{a.new_sequence(), toks, true}});
-      const std::vector<float> lb = b.forward({Feed{b.new_sequence(), toks, true}});
+      const std::vector<float> la = all_logits(plain, toks, reference);
+      const std::vector<float> lb = all_logits(laid, toks, reference);
       if (reference) {
         EXPECT_EQ(la, lb) << dtype_name(t);
         continue;
