@@ -130,6 +130,18 @@ WeightRef row_slice(const WeightRef& w, int64_t row0, int64_t rows) {
   return WeightRef{base + row0 * row_bytes, w.type, Shape({rows, w.cols()})};
 }
 
+void split_qkv(const WeightRef& fused, int64_t q_rows, int64_t kv_rows, WeightRef* q, WeightRef* k,
+               WeightRef* v) {
+  *q = row_slice(fused, 0, q_rows);
+  *k = row_slice(fused, q_rows, kv_rows);
+  *v = row_slice(fused, q_rows + kv_rows, kv_rows);
+}
+
+WeightRef expert_rows(const WeightRef& stacked, int64_t e, int64_t n_experts) {
+  const int64_t rows = stacked.rows() / n_experts;
+  return row_slice(stacked, e * rows, rows);
+}
+
 namespace {
 
 template <typename Fn>

@@ -144,9 +144,14 @@ struct WeightRef {
   }
 };
 
-// Rows [row0, row0 + rows) of a matrix (elements of a vector): GPT-2's fused attn_qkv seen as q,
-// k and v; expert e of a MoE layer's stacked matrices.
+// Rows [row0, row0 + rows) of a matrix (elements of a vector), as a view.
 WeightRef row_slice(const WeightRef& w, int64_t row0, int64_t rows);
+// q (q_rows), k and v (kv_rows each) as consecutive row blocks of one fused matrix or vector
+// (GPT-2's attn_qkv / c_attn, Phi-3's attn_qkv / qkv_proj).
+void split_qkv(const WeightRef& fused, int64_t q_rows, int64_t kv_rows, WeightRef* q, WeightRef* k,
+               WeightRef* v);
+// Expert e of a MoE layer's stacked matrix (its rows / n_experts rows from e's).
+WeightRef expert_rows(const WeightRef& stacked, int64_t e, int64_t n_experts);
 
 // A low-rank adapter (LoRA) on one matrix W (N,K): the product x W^T becomes
 // x W^T + scale (x A^T) B^T, with A (r,K) and B (N,r) in f32 and scale = alpha / r.

@@ -76,36 +76,40 @@ void join_branch(const ops::Context& ctx, const DecoderConfig& c, const BlockTen
 void moe_mlp(const ops::Context& ctx, const DecoderConfig& c, const DecoderLayer& w, int64_t n,
              const BlockTensors& t) {
   const int64_t C = c.d_model, F = c.d_ff, E = c.n_experts, k = c.n_experts_used, nk = n * k;
-  TS_CHECK(t.router && t.moe_ids && t.moe_weights && t.moe_x && t.moe_y,
+  TS_CHECK(t.router && t.moe_ids && t.moe_weights && t.moe_x && t.moe_y && t.routing,
            "[model] a mixture-of-experts layer needs the router and expert scratch");
   {
     const ops::Scope scope(ctx, stage_name(Stage::mlp_in));
     ops::matmul_wt(ctx, t.router, E, t.xn2, n, C, w.ffn_router.data, w.ffn_router.type, E, nullptr);
     ops::moe_route(ctx, t.moe_ids, t.moe_weights, t.router, n, E, k, c.expert_norm);
   }
-  std::vector<int32_t> ids(static_cast<size_t>(2 * nk));
-  std::vector<float> weights(static_cast<size_t>(2 * nk));
-  ops::copy(ctx, ids.data(), t.moe_ids, static_cast<size_t>(nk) * sizeof(int32_t),
+  MoeRouting& h = *t.routing;
+  h.ids.resize(static_cast<size_t>(2 * nk));
+  h.weights.resize(static_cast<size_t>(2 * nk));
+  int32_t* ids = h.ids.data();
+  float* weights = h.weights.data();
+  ops::copy(ctx, ids, t.moe_ids, static_cast<size_t>(nk) * sizeof(int32_t),
             ops::CopyKind::device_to_host);
-  ops::copy(ctx, weights.data(), t.moe_weights, static_cast<size_t>(nk) * sizeof(float),
+  ops::copy(ctx, weights, t.moe_weights, static_cast<size_t>(nk) * sizeof(float),
             ops::CopyKind::device_to_host);
-  // Counting sort of the choices by expert: expert e's rows are [start[e], start[e + 1]).
   if (ctx.dry_run)  // the router did not run: an even spread, the case a plan assumes
     for (int64_t i = 0; i < nk; ++i) {
       ids[i] = static_cast<int32_t>(i % E);
       weights[i] = 1.0f / static_cast<float>(k);
     }
-  std::vector<int64_t> start(static_cast<size_t>(E + 1), 0);
+  // Counting sort of the choices by expert: expert e's rows are [start[e], start[e + 1]).
+  std::vector<int64_t>& start = h.start;
+  start.assign(static_cast<size_t>(E + 1), 0);
   for (int64_t i = 0; i < nk; ++i) {
     TS_CHECK(ids[i] >= 0 && ids[i] < E, "[model] the router chose expert ", ids[i], " of ", E);
     ++start[static_cast<size_t>(ids[i]) + 1];
   }
   for (int64_t e = 0; e < E; ++e) start[e + 1] += start[e];
-  std::vector<int64_t> next(start.begin(), start.end() - 1);
-  int32_t* rows = ids.data() + nk;
-  float* grouped = weights.data() + nk;
+  h.next.assign(start.begin(), start.end() - 1);
+  int32_t* rows = ids + nk;
+  float* grouped = weights + nk;
   for (int64_t i = 0; i < nk; ++i) {
-    const int64_t at = next[static_cast<size_t>(ids[i])]++;
+    const int64_t at = h.next[static_cast<size_t>(ids[i])]++;
     rows[at] = static_cast<int32_t>(i / k);
     grouped[at] = weights[i];
   }
@@ -116,20 +120,20 @@ void moe_mlp(const ops::Context& ctx, const DecoderConfig& c, const DecoderLayer
   if (n == 1) {
     // One token (decode at batch 1): every chosen expert reads the same row, so their gate and
     // up products go as one group, the row quantized once and the threads handed off once.
-    std::vector<ops::WtProduct> products;
+    h.products.clear();
     for (int64_t e = 0; e < E; ++e)
       if (start[e + 1] > start[e])
         for (const WeightRef* m : {&w.w_gate, &w.w_up})
-          products.push_back(ops::WtProduct{(m == &w.w_gate ? t.ff_in : t.ff_up) + start[e] * F, F,
-                                            row_slice(*m, e * F, F).data, m->type, F, nullptr});
+          h.products.push_back(ops::WtProduct{(m == &w.w_gate ? t.ff_in : t.ff_up) + start[e] * F,
+                                              F, expert_rows(*m, e, E).data, m->type, F, nullptr});
     const ops::Scope scope(ctx, stage_name(Stage::mlp_in));
-    ops::matmul_wt_group(ctx, t.xn2, 1, C, products);
+    ops::matmul_wt_group(ctx, t.xn2, 1, C, h.products);
   } else {
     ops::gather_rows(ctx, t.moe_x, t.xn2, t.moe_ids + nk, nk, C, n);
     for (int64_t e = 0; e < E; ++e) {
       const int64_t r0 = start[e], m = start[e + 1] - r0;
       if (m == 0) continue;
-      const WeightRef gate = row_slice(w.w_gate, e * F, F), up = row_slice(w.w_up, e * F, F);
+      const WeightRef gate = expert_rows(w.w_gate, e, E), up = expert_rows(w.w_up, e, E);
       linear_group(ctx, Stage::mlp_in, t.moe_x + r0 * C, m, F,
                    {{t.ff_in + r0 * F, &gate, nullptr}, {t.ff_up + r0 * F, &up, nullptr}});
     }
@@ -139,7 +143,7 @@ void moe_mlp(const ops::Context& ctx, const DecoderConfig& c, const DecoderLayer
     const int64_t r0 = start[e], m = start[e + 1] - r0;
     if (m > 0)
       linear_forward(ctx, Stage::mlp_down, t.moe_y + r0 * C, t.ff_act + r0 * F, m,
-                     row_slice(w.w_down, e * C, C), {});
+                     expert_rows(w.w_down, e, E), {});
   }
   const ops::Scope scope(ctx, stage_name(Stage::mlp_down));
   ops::zero(ctx, t.branch, static_cast<size_t>(n * C) * sizeof(float));

@@ -7,9 +7,11 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "model/decoder.h"
 #include "ops/context.h"
+#include "ops/quant.h"
 
 namespace tessera::model {
 
@@ -20,6 +22,16 @@ namespace tessera::model {
 enum class Stage { qkv, attn_out, mlp_in, mlp_down, head, attention };
 inline constexpr int kNumStages = 6;
 const char* stage_name(Stage s);
+
+// The host's part of a mixture-of-experts layer: the choices brought from the device and
+// grouped by expert. Its owner keeps it across layers and steps, so that once sized a step
+// allocates nothing.
+struct MoeRouting {
+  std::vector<int32_t> ids;              // (2 n k) as BlockTensors::moe_ids
+  std::vector<float> weights;            // (2 n k) as BlockTensors::moe_weights
+  std::vector<int64_t> start, next;      // (E + 1) expert e's rows [start[e], start[e + 1]); (E)
+  std::vector<ops::WtProduct> products;  // one token's gate and up products of the chosen experts
+};
 
 // Where one layer's tensors live, for n rows (C = d_model, F = d_ff, QKV = q_dim + 2 kv_dim).
 // The trainer points each layer at its own slots of the activation arena, which the backward
@@ -49,11 +61,12 @@ struct BlockTensors {
                                // only (the trainer refuses post-norms)
   // Mixture of experts (DecoderConfig::moe; E experts, k used, the engine's only): ff_in, ff_up
   // and ff_act then hold (n k, F), one row per choice, grouped by expert.
-  float* router = nullptr;       // (n,E) the router's logits
-  int32_t* moe_ids = nullptr;    // (2 n k) the choices (n,k), then their rows grouped by expert
-  float* moe_weights = nullptr;  // (2 n k) the choices' weights (n,k), then grouped likewise
-  float* moe_x = nullptr;        // (n k, C) the MLP input's rows, grouped by expert
-  float* moe_y = nullptr;        // (n k, C) the experts' outputs, likewise
+  float* router = nullptr;        // (n,E) the router's logits
+  int32_t* moe_ids = nullptr;     // (2 n k) the choices (n,k), then their rows grouped by expert
+  float* moe_weights = nullptr;   // (2 n k) the choices' weights (n,k), then grouped likewise
+  float* moe_x = nullptr;         // (n k, C) the MLP input's rows, grouped by expert
+  float* moe_y = nullptr;         // (n k, C) the experts' outputs, likewise
+  MoeRouting* routing = nullptr;  // host scratch
 };
 
 // How a layer's queries meet keys and values: att (n, q_dim) from qkv (n, QKV). It applies the

@@ -292,6 +292,7 @@ void DecoderForward::run_layers(int64_t n, int64_t m, int64_t max_keys, int64_t 
     t.moe_weights = buf(kMoeWeights);
     t.moe_x = buf(kMoeX);
     t.moe_y = buf(kMoeY);
+    t.routing = &routing_;
   }
   PagedAttention attention(*this, kv, max_keys);
   for (int64_t l = 0; l < c.n_layers; ++l)

@@ -104,6 +104,7 @@ class DecoderForward {
   std::vector<float> x_host_, pos_row_;  // embeddings; one learned position row (GPT-2)
   // Activations on the device (allocated at the first forward): see acts_ indices in the .cc.
   std::vector<ops::Buffer> acts_;
+  MoeRouting routing_;         // a mixture-of-experts layer's host scratch
   std::vector<int32_t> ints_;  // laid out as RowArray says
   int64_t table_stride_ = 0;
   ops::Buffer ints_device_, logits_device_;

@@ -299,21 +299,15 @@ DecoderModel load_decoder_gguf(const std::string& path, const DecoderLoadOptions
       l.ffn_norm_b = r.tensor(p + "ffn_norm.bias", Shape({C}));
       const WeightRef qkv = r.tensor(p + "attn_qkv.weight", Shape({3 * C, C}));
       const WeightRef qkv_b = r.tensor(p + "attn_qkv.bias", Shape({3 * C}));
-      l.wq = row_slice(qkv, 0, C);
-      l.wk = row_slice(qkv, C, C);
-      l.wv = row_slice(qkv, 2 * C, C);
-      l.bq = row_slice(qkv_b, 0, C);
-      l.bk = row_slice(qkv_b, C, C);
-      l.bv = row_slice(qkv_b, 2 * C, C);
+      split_qkv(qkv, C, C, &l.wq, &l.wk, &l.wv);
+      split_qkv(qkv_b, C, C, &l.bq, &l.bk, &l.bv);
       l.bo = r.tensor(p + "attn_output.bias", Shape({C}));
       l.b_up = r.tensor(p + "ffn_up.bias", Shape({F}));
       l.b_down = r.tensor(p + "ffn_down.bias", Shape({C}));
     } else {
       if (f.find(p + "attn_qkv.weight")) {  // phi3's fused q, k, v
         const WeightRef qkv = r.tensor(p + "attn_qkv.weight", Shape({Q + 2 * KV, C}));
-        l.wq = row_slice(qkv, 0, Q);
-        l.wk = row_slice(qkv, Q, KV);
-        l.wv = row_slice(qkv, Q + KV, KV);
+        split_qkv(qkv, Q, KV, &l.wq, &l.wk, &l.wv);
       } else {
         l.wq = r.tensor(p + "attn_q.weight", Shape({Q, C}));
         l.wk = r.tensor(p + "attn_k.weight", Shape({KV, C}));

@@ -484,9 +484,7 @@ void load_llama_weights(const DecoderConfig& c, const std::string& arch, bool o_
     const bool phi3 = arch == "Phi3ForCausalLM";  // q, k, v and gate, up fused
     if (phi3) {
       const WeightRef qkv = b.matrix(p + "self_attn.qkv_proj.weight", Shape({Q + 2 * KV, C}));
-      l.wq = row_slice(qkv, 0, Q);
-      l.wk = row_slice(qkv, Q, KV);
-      l.wv = row_slice(qkv, Q + KV, KV);
+      split_qkv(qkv, Q, KV, &l.wq, &l.wk, &l.wv);
     } else {
       l.wq = b.matrix(p + "self_attn.q_proj.weight", Shape({Q, C}));
       l.wk = b.matrix(p + "self_attn.k_proj.weight", Shape({KV, C}));
@@ -536,13 +534,9 @@ void load_gpt2_weights(const DecoderConfig& c, FolderTensors& t, WeightBuilder& 
     l.attn_norm = b.vector_f32(p + "ln_1.weight", C);
     l.attn_norm_b = b.vector_f32(p + "ln_1.bias", C);
     const WeightRef qkv = b.conv1d(p + "attn.c_attn.weight", C, 3 * C);  // (3C, C): q, k, v rows
-    l.wq = row_slice(qkv, 0, C);
-    l.wk = row_slice(qkv, C, C);
-    l.wv = row_slice(qkv, 2 * C, C);
+    split_qkv(qkv, C, C, &l.wq, &l.wk, &l.wv);
     const WeightRef qkv_b = b.vector_f32(p + "attn.c_attn.bias", 3 * C);
-    l.bq = row_slice(qkv_b, 0, C);
-    l.bk = row_slice(qkv_b, C, C);
-    l.bv = row_slice(qkv_b, 2 * C, C);
+    split_qkv(qkv_b, C, C, &l.bq, &l.bk, &l.bv);
     l.wo = b.conv1d(p + "attn.c_proj.weight", C, C);
     l.bo = b.vector_f32(p + "attn.c_proj.bias", C);
     l.ffn_norm = b.vector_f32(p + "ln_2.weight", C);

@@ -222,16 +222,16 @@ json gpt2_hf_config(const DecoderConfig& c, DType dtype) {
 // (w1 gate, w3 up, w2 down), or Qwen3-MoE's and OLMoE's mlp.
 void write_hf_experts(const DecoderConfig& c, const DecoderLayer& l, const std::string& p,
                       HfTensorSink& s, const std::string& path) {
-  const int64_t E = c.n_experts, C = c.d_model, F = c.d_ff;
+  const int64_t E = c.n_experts;
   require(l.ffn_router, p + "router", path);
   const bool mixtral = !c.qk_norm;  // moe_hf_config's choice
   const std::string moe = p + (mixtral ? "block_sparse_moe." : "mlp.");
   s.ref(moe + "gate.weight", l.ffn_router);
   for (int64_t e = 0; e < E; ++e) {
     const std::string x = cat(moe, "experts.", e, ".");
-    s.ref(x + (mixtral ? "w1" : "gate_proj") + ".weight", row_slice(l.w_gate, e * F, F));
-    s.ref(x + (mixtral ? "w3" : "up_proj") + ".weight", row_slice(l.w_up, e * F, F));
-    s.ref(x + (mixtral ? "w2" : "down_proj") + ".weight", row_slice(l.w_down, e * C, C));
+    s.ref(x + (mixtral ? "w1" : "gate_proj") + ".weight", expert_rows(l.w_gate, e, E));
+    s.ref(x + (mixtral ? "w3" : "up_proj") + ".weight", expert_rows(l.w_up, e, E));
+    s.ref(x + (mixtral ? "w2" : "down_proj") + ".weight", expert_rows(l.w_down, e, E));
   }
 }
 
