@@ -17,6 +17,7 @@
 #include "core/interleave.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
+#include "infer/engine.h"
 #include "infer/sampler.h"
 #include "model/decoder_forward.h"
 #include "ops/op_tally.h"
@@ -597,8 +598,17 @@ MemoryPrediction predict_memory(const model::DecoderModel& m, const PlanInput& i
   }
   mp.kv_per_token = 2.0 * static_cast<double>(c.n_layers * c.n_kv_heads * c.head_dim) *
                     static_cast<double>(dtype_bytes(in.kv_type, 1));
+  // The engine's pools for `sequences` contexts (a sliding-window model's windowed layers hold
+  // only their windows).
   const int64_t blocks = (context + in.block_tokens - 1) / in.block_tokens;
-  mp.kv = mp.kv_per_token * static_cast<double>(sequences * blocks * in.block_tokens);
+  infer::EngineOptions eo;
+  eo.max_ctx = std::min(context, c.max_ctx);
+  eo.kv_tokens = std::max<int64_t>(sequences, 1) * blocks * in.block_tokens;
+  eo.block_tokens = in.block_tokens;
+  eo.kv_type = in.kv_type;
+  eo.max_rows = in.prefill_rows;
+  eo.max_sequences = std::max<int64_t>(sequences, 1);
+  mp.kv = sequences > 0 ? static_cast<double>(infer::kv_pools(c, eo).bytes()) : 0.0;
   mp.activations = static_cast<double>(model::DecoderForward::activation_bytes(c, in.prefill_rows));
   // The engine's logits: a row of V floats for each sequence decoding.
   mp.logits = 4.0 * static_cast<double>(c.vocab * std::max(sequences, int64_t{1}));

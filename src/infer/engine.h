@@ -41,7 +41,23 @@ struct EngineOptions {
   // (false): weights, activations and the cache in its memory through ops::Buffer. The second
   // replaces the first once the CUDA ops backend has run it on a GPU.
   bool device_decoder = true;
+  // Live sequences at most; 0: no bound. With a bound, a model's sliding-window layers
+  // (DecoderConfig::window) keep their keys and values in a pool of their own sized for that
+  // many windows, each sequence's blocks freed as its window moves past them, so a long context
+  // costs the other layers' cache only (Gemma 3: a sixth). Sequences then cannot take cached
+  // blocks (share_blocks: the prefix cache needs every layer's) nor be cut back into a freed
+  // window. Not on the CUDA device decoder, which keeps every layer in one pool.
+  int64_t max_sequences = 0;
 };
+
+// The cache pools an engine of options o (max_rows resolved, > 0) makes for a model of config c:
+// every layer in full, or (windowed.n_blocks > 0) the layers without a window in full and the
+// sliding-window layers in windowed (EngineOptions::max_sequences).
+struct KvPools {
+  KvCacheShape full, windowed;
+  int64_t bytes() const { return full.bytes() + windowed.bytes(); }
+};
+KvPools kv_pools(const model::DecoderConfig& c, const EngineOptions& o);
 
 // One sequence's share of a forward call.
 struct Feed {
@@ -84,6 +100,14 @@ class Engine {
   const KvCache& cache() const { return cache_; }
   // The cache's block references, for holders of blocks beside the sequences (the prefix cache).
   KvCache& cache() { return cache_; }
+  // The sliding-window layers' own pool (EngineOptions::max_sequences), or null: every layer's
+  // keys and values are in cache().
+  const KvCache* window_cache() const { return window_cache_.get(); }
+  // Bytes of both pools.
+  int64_t kv_bytes() const;
+  // Cached key and value bytes one row attending over `keys` keys reads, over every layer (a
+  // sliding-window layer reads its window's only).
+  int64_t kv_bytes_read(int64_t keys) const;
 
   int32_t new_sequence();
   void free_sequence(int32_t seq);  // drops its references to its blocks
@@ -131,6 +155,8 @@ class Engine {
     int64_t length = 0;
     int64_t fed_in_call = -1;  // the forward call that last fed it (catches a sequence fed twice)
     std::vector<int32_t> blocks;
+    // In window_cache_, by position as blocks; -1: freed (before the window) or not yet taken.
+    std::vector<int32_t> window_blocks;
   };
   struct Row {
     int32_t seq;
@@ -141,7 +167,12 @@ class Engine {
   const Sequence& live_sequence(int32_t seq) const;
   // Makes seq's last block its own before an append writes to it (copy-on-write).
   void own_last_block(Sequence& s);
-  int32_t copy_block(int32_t src);  // a new block holding src's keys and values
+  // A new block of pool (cache_ or *window_cache_) holding src's keys and values.
+  int32_t copy_block(KvCache& pool, int32_t src);
+  // Windowed pool: takes the blocks rows at positions first_pos .. last_pos read (from the
+  // first one's window on); frees those wholly before the window of a row at next_pos.
+  void take_window_blocks(Sequence& s, int64_t first_pos, int64_t last_pos);
+  void free_window_blocks(Sequence& s, int64_t next_pos);
   void run_chunk(const Row* rows, int64_t n, Output what);
   void run_chunk_device(const Row* rows, int64_t n);
   backend::DecoderDesc device_desc() const;
@@ -150,9 +181,11 @@ class Engine {
   model::DecoderModel model_;
   EngineOptions opts_;
   KvCache cache_;
-  // The shared forward pass on a device: the weights there and the cache's blocks.
+  std::unique_ptr<KvCache> window_cache_;
+  // The shared forward pass on a device: the weights there and the pools' blocks.
   model::DeviceModel device_model_;
-  ops::Buffer cache_device_;
+  ops::Buffer cache_device_, window_device_;
+  std::vector<const int32_t*> window_tables_;  // a chunk's rows' window_blocks
   std::vector<Sequence> seqs_;
   // The model's forward pass (its activations for max_rows rows), and a chunk's rows as it reads
   // them.

@@ -8,8 +8,9 @@ namespace tessera::infer {
 namespace {
 
 size_t checked_bytes(const KvCacheShape& s) {
+  // No layers: a pool that only counts blocks (every layer's keys in another pool).
   TS_CHECK(
-      s.n_layers > 0 && s.n_kv_heads > 0 && s.head_dim > 0 && s.block_tokens > 0 && s.n_blocks > 0,
+      s.n_layers >= 0 && s.n_kv_heads > 0 && s.head_dim > 0 && s.block_tokens > 0 && s.n_blocks > 0,
       "[kv-cache] every dimension must be positive (layers ", s.n_layers, ", kv heads ",
       s.n_kv_heads, ", head dim ", s.head_dim, ", block ", s.block_tokens, ", blocks ", s.n_blocks,
       ")");

@@ -19,6 +19,9 @@ struct KvCacheShape {
   int64_t block_tokens = 32;  // tokens per block
   int64_t n_blocks = 0;       // capacity = n_blocks * block_tokens tokens
   DType type = DType::f32;    // f32 or f16
+  int64_t bytes() const {
+    return 2 * n_layers * n_kv_heads * head_dim * block_tokens * n_blocks * dtype_bytes(type, 1);
+  }
 };
 
 class KvCache {

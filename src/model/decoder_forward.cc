@@ -87,28 +87,32 @@ class DecoderForward::PagedAttention final : public BlockAttention {
       ops::rope_forward(ctx, q, q, rope, pos, 0, 1, n, H, D, c.rope_layout);
       ops::rope_forward(ctx, k, k, rope, pos, 0, 1, n, Hkv, D, c.rope_layout);
     }
-    const int64_t eb = dtype_bytes(kv_.layout.kv_type, 1);
-    uint8_t* base = kv_.base + l * kv_.layer_stride * eb;
+    // The layer's pool: the windowed layers' own where the cache keeps them apart.
+    const bool apart = kv_.windowed != nullptr && c.window(l) > 0;
+    const PagedKv& pool = apart ? *kv_.windowed : kv_;
+    const int64_t layer = kv_.windowed ? f_.pool_layer_[static_cast<size_t>(l)] : l;
+    const int64_t eb = dtype_bytes(pool.layout.kv_type, 1);
+    uint8_t* base = pool.base + layer * pool.layer_stride * eb;
     ops::KvAppendArgs ap;
-    static_cast<ops::PagedKvLayout&>(ap) = kv_.layout;
+    static_cast<ops::PagedKvLayout&>(ap) = pool.layout;
     ap.kv = base;
     ap.k = k;
     ap.ldk = KV;
     ap.v = qkv + QD + KV;
     ap.ldv = ld;
     ap.rows = n;
-    ap.slot = f_.ints(kSlot);
-    ap.n_blocks = kv_.n_blocks;
+    ap.slot = f_.ints(apart ? kWindowSlot : kSlot);
+    ap.n_blocks = pool.n_blocks;
     ops::kv_append(ctx, ap);
 
     ops::PagedAttentionArgs a;
-    static_cast<ops::PagedKvLayout&>(a) = kv_.layout;
+    static_cast<ops::PagedKvLayout&>(a) = pool.layout;
     a.out = att;
     a.q = q;
     a.rows = n;
     a.H = H;
     a.kv = base;
-    a.block_tables = f_.ints(kTables);
+    a.block_tables = apart ? f_.window_tables() : f_.ints(kTables);
     a.table_stride = f_.table_stride_;
     a.n_keys = f_.ints(kNKeys);
     if (c.window(l) > 0) a.first_key = f_.ints(kFirstKey);
@@ -187,7 +191,7 @@ int64_t DecoderForward::forward(const DecoderRows& rows, const PagedKv& kv, floa
       acts_.emplace_back(ctx_.device,
                          R * static_cast<size_t>(std::max<int64_t>(width, 1)) * sizeof(float));
     table_stride_ = (max_ctx_ + BT - 1) / BT;
-    ints_.resize(R * static_cast<size_t>(kTables + table_stride_));
+    ints_.resize(R * static_cast<size_t>(kTables + 2 * table_stride_));
     if (!on_host_) {
       ints_device_ = ops::Buffer(ctx_.device, ints_.size() * sizeof(int32_t));
       logits_device_ =
@@ -196,6 +200,12 @@ int64_t DecoderForward::forward(const DecoderRows& rows, const PagedKv& kv, floa
   }
   TS_CHECK(table_stride_ * BT >= max_ctx_, "[model] cache blocks of ", BT,
            " tokens differ from the first forward's");
+  TS_CHECK(!kv.windowed || (rows.window_tables && kv.windowed->layout.block_tokens == BT),
+           "[model] a windowed pool needs the rows' window tables and blocks of ", BT, " tokens");
+  if (kv.windowed && pool_layer_.empty()) {
+    int64_t counts[2] = {0, 0};  // layers so far in the full pool, in the windowed one
+    for (int64_t l = 0; l < c.n_layers; ++l) pool_layer_.push_back(counts[c.window(l) > 0]++);
+  }
   embed(rows);
 
   // The host's bookkeeping, as the ops read it.
@@ -214,13 +224,28 @@ int64_t DecoderForward::forward(const DecoderRows& rows, const PagedKv& kv, floa
     first_key[r] = static_cast<int32_t>(W > 0 ? std::max<int64_t>(0, p + 1 - W) : 0);
     max_keys = std::max<int64_t>(max_keys, p + 1);
     std::copy(rows.tables[r], rows.tables[r] + p / BT + 1, tables + r * table_stride_);
+    if (kv.windowed) {
+      // Blocks before the window are freed (-1): block 0 stands in, never read.
+      const int32_t* from = rows.window_tables[r];
+      int32_t* to = tables + (max_rows_ + r) * table_stride_;
+      for (int64_t b = 0; b <= p / BT; ++b) to[b] = std::max(from[b], 0);
+      TS_CHECK(from[first_key[r] / BT] >= 0 && from[p / BT] >= 0, "[model] row ", r,
+               ": the windowed pool lacks a block of positions ", first_key[r], " .. ", p);
+      host_ints(kWindowSlot)[r] = static_cast<int32_t>(from[p / BT] * BT + p % BT);
+    }
     if (rows.want_logits[r]) logit_rows[m++] = static_cast<int32_t>(r);
   }
   // On a device: the row arrays and the tables' rows in use in one copy, then the embeddings.
-  if (!on_host_)
-    ops::copy(ctx_, ints_device_.data(), ints_.data(),
-              (R * kTables + static_cast<size_t>(n * table_stride_)) * sizeof(int32_t),
+  if (!on_host_) {
+    const size_t used = R * kTables + static_cast<size_t>(n * table_stride_);
+    ops::copy(ctx_, ints_device_.data(), ints_.data(), used * sizeof(int32_t),
               ops::CopyKind::host_to_device);
+    const size_t window = R * (kTables + table_stride_);
+    if (kv.windowed)
+      ops::copy(ctx_, ints_device_.as<int32_t>() + window, ints_.data() + window,
+                static_cast<size_t>(n * table_stride_) * sizeof(int32_t),
+                ops::CopyKind::host_to_device);
+  }
   ops::copy(ctx_, buf(kX), x_host_.data(), static_cast<size_t>(n * C) * sizeof(float),
             ops::CopyKind::host_to_device);
 

@@ -26,21 +26,30 @@ namespace tessera::model {
 // A paged key/value cache on the forward's device, n_blocks blocks in the layout of `layout`
 // (ops::PagedKvLayout; k_transposed as ops::paged_keys_transposed says for the device). Layer
 // l's block b starts at element l * layer_stride + b * layout.block_stride of base.
+// windowed: where the cache keeps the sliding-window layers (DecoderConfig::window(l) > 0) in a
+// pool of their own (same layout but block_stride and n_blocks), that pool; layers are then
+// numbered within their pool (the i-th windowed layer is layer i of *windowed, the i-th other
+// layer layer i of this one) and rows address it through DecoderRows::window_tables. Null: every
+// layer in this pool, numbered as in the model.
 struct PagedKv {
   uint8_t* base = nullptr;
   int64_t layer_stride = 0, n_blocks = 0;
   ops::PagedKvLayout layout;
+  const PagedKv* windowed = nullptr;
 };
 
 // Row r: token tokens[r] at position pos[r] of the sequence whose block table is tables[r]
 // (blocks of the cache holding positions 0 .. pos[r]); want_logits[r] asks for its logits. Host
-// arrays.
+// arrays. window_tables (with PagedKv::windowed only): each row's table in the windowed layers'
+// pool, indexed by position as tables[r] is; entries below the row's window (positions before
+// pos[r] + 1 - sliding_window) are never read and may be -1 (blocks already freed).
 struct DecoderRows {
   int64_t n = 0;
   const int32_t* tokens = nullptr;
   const int32_t* pos = nullptr;
   const int32_t* const* tables = nullptr;
   const uint8_t* want_logits = nullptr;  // 0 or 1
+  const int32_t* const* window_tables = nullptr;
 };
 
 class DecoderForward {
@@ -73,12 +82,16 @@ class DecoderForward {
   class PagedAttention;
   // The chunk's row arrays, max_rows entries each, then the block tables (max_rows,
   // table_stride_); one block on the host (ints_) and, on a device, its copy (ints_device_).
-  enum RowArray { kPos, kSlot, kNKeys, kFirstKey, kLogitRows, kTables };
+  // The windowed pool's block tables (PagedKv::windowed) follow the tables, (max_rows,
+  // table_stride_) again; kWindowSlot: each row's slot there.
+  enum RowArray { kPos, kSlot, kWindowSlot, kNKeys, kFirstKey, kLogitRows, kTables };
   int32_t* host_ints(RowArray a) { return ints_.data() + a * max_rows_; }
   // Array a as the ops read it: the host block on the CPU, its copy on a device.
   const int32_t* ints(RowArray a) const {
     return (on_host_ ? ints_.data() : ints_device_.as<int32_t>()) + a * max_rows_;
   }
+  // The windowed pool's tables, as the ops read them.
+  const int32_t* window_tables() const { return ints(kTables) + max_rows_ * table_stride_; }
   float* buf(int i) const { return acts_[static_cast<size_t>(i)].as<float>(); }
   // Every layer over the n staged rows, then the final norm of the m rows with logits and the
   // head for the first head_rows of them into head_out: only ops on device memory and scalars,
@@ -106,6 +119,8 @@ class DecoderForward {
   std::vector<ops::Buffer> acts_;
   MoeRouting routing_;         // a mixture-of-experts layer's host scratch
   std::vector<int32_t> ints_;  // laid out as RowArray says
+  // Each layer's number within its pool, where the cache keeps windowed layers apart.
+  std::vector<int64_t> pool_layer_;
   int64_t table_stride_ = 0;
   ops::Buffer ints_device_, logits_device_;
   // Steps recorded on a device that records graphs; an empty graph: the shape was seen once.

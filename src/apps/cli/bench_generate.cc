@@ -101,7 +101,8 @@ int run(const Args& a) {
   eo.kv_tokens =
       std::max((prompt_len + gen + bt - 1) / bt, max_batch * ((batch_prompt + gen + bt - 1) / bt)) *
       bt;
-  ops::TallySwitch observer;  // prefill's and decode's ops and stages, tallied apart
+  eo.max_sequences = max_batch + 1;  // the batch's copies and their source
+  ops::TallySwitch observer;         // prefill's and decode's ops and stages, tallied apart
   ops::OpTally prefill_ops, decode_ops, batched_ops;  // batched: the largest batch's steps
   if (observe) eo.ctx.observer = &observer;
   infer::Engine engine(m.model, eo);
@@ -173,11 +174,12 @@ int run(const Args& a) {
   const double decode_tps = gen / median(decode_s);
   const double bytes_per_token = static_cast<double>(m.model.weight_bytes_per_token());
   const double decode_bw = bytes_per_token * decode_tps / 1e9;
-  // Attention also reads the cached keys and values of every earlier token: on average
-  // prompt + gen/2 tokens' worth per decode step. Not part of the weight roofline figure, but
-  // part of what the memory system carries (at long contexts, a large part).
+  // Attention also reads the cached keys and values of every earlier token (of the window's,
+  // in a sliding-window layer): at prompt + gen/2 keys on average per decode step. Not part of
+  // the weight roofline figure, but part of what the memory system carries (at long contexts, a
+  // large part).
   const double kv_bytes_per_token =
-      static_cast<double>(engine.cache().bytes_per_token()) * (prompt_len + gen / 2.0);
+      static_cast<double>(engine.kv_bytes_read(prompt_len + gen / 2));
   const double decode_total_bw = (bytes_per_token + kv_bytes_per_token) * decode_tps / 1e9;
   // Matmul FLOPs per prompt token (2 per weight of every layer matrix; the embedding lookup is
   // free), attention's (QK and PV over (p + 1) / 2 keys on average), and the output head's,
@@ -293,7 +295,7 @@ int run(const Args& a) {
         "\"huge_page_bytes\": %lld",
         split(frac_matmul, frac_attention).c_str(),
         split(pre_frac_matmul, pre_frac_attention).c_str(),
-        static_cast<long long>(engine.cache().bytes()),
+        static_cast<long long>(engine.kv_bytes()),
         static_cast<long long>(m.model.total_weight_bytes()),
         static_cast<long long>(profile::peak_rss_bytes()),
         static_cast<long long>(profile::huge_page_bytes()));
@@ -364,9 +366,8 @@ int run(const Args& a) {
   std::printf(
       "memory: peak RSS %.1f MB = weights %.1f MB + KV cache %.1f MB + %.1f MB other; %.1f MB "
       "on huge pages\n",
-      profile::peak_rss_bytes() / 1e6, m.model.total_weight_bytes() / 1e6,
-      engine.cache().bytes() / 1e6,
-      (profile::peak_rss_bytes() - m.model.total_weight_bytes() - engine.cache().bytes()) / 1e6,
+      profile::peak_rss_bytes() / 1e6, m.model.total_weight_bytes() / 1e6, engine.kv_bytes() / 1e6,
+      (profile::peak_rss_bytes() - m.model.total_weight_bytes() - engine.kv_bytes()) / 1e6,
       profile::huge_page_bytes() / 1e6);
   return 0;
 }

@@ -87,6 +87,9 @@ int run(const Args& a) {
            " tokens of this model's cache (", per_token, " bytes each), less than one context (",
            eo.max_ctx, " tokens, --ctx)");
   eo.kv_tokens = std::min(tokens, eo.max_ctx * sched.max_running);
+  // Cached prefixes need every layer's keys: the sliding-window layers keep their whole
+  // context with the prefix cache, only their windows' blocks without it.
+  eo.max_sequences = sched.prefix_cache ? 0 : sched.max_running;
   infer::Engine engine(m.model, eo);
 
   const int threads = static_cast<int>(eo.ctx.threads().size());
@@ -106,7 +109,7 @@ int run(const Args& a) {
       stderr,
       "[serve] %s: %s, %lld KV-cache tokens (%.2f GB), batch up to %lld, %d threads on %s\n",
       so.model_name.c_str(), c.name.c_str(), static_cast<long long>(eo.kv_tokens),
-      static_cast<double>(engine.cache().bytes()) / 1e9, static_cast<long long>(sched.max_running),
+      static_cast<double>(engine.kv_bytes()) / 1e9, static_cast<long long>(sched.max_running),
       threads, engine.device_description().c_str());
   if (so.api_keys.empty())
     std::fprintf(stderr, "[serve] no --api-key-file: the API is open to anyone who reaches %s:%d\n",

@@ -96,6 +96,7 @@ infer::EngineOptions engine_options(const EngineFlags& f, const model::DecoderMo
   TS_CHECK(o.max_ctx <= model.config.max_ctx, "--ctx ", o.max_ctx,
            " is longer than the model's context length ", model.config.max_ctx);
   o.kv_tokens = o.max_ctx * sequences;
+  o.max_sequences = sequences;  // sliding-window layers then keep only their windows' blocks
   o.kv_type = f.kv_type;
   o.max_rows = f.chunk_rows;
   if (f.cuda) o.ctx.device = ops::Device::cuda;
