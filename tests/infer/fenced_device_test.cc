@@ -67,6 +67,7 @@ EngineOptions options(DType kv_type) {
   o.block_tokens = 4;
   o.max_rows = 8;
   o.kv_type = kv_type;
+  o.max_sequences = 2;  // variant 3's windowed layers in a pool of their own, blocks freed
   return o;
 }
 
