@@ -3,10 +3,11 @@
 # (scripts/make_synthetic_family.py: a real tokenizer, random weights), and of the Hugging Face
 # folder `tessera convert` makes of each file: the same text for every prompt, or the first
 # difference shown. llama.cpp's `llama-simple` (greedy) is built by scripts/build-llamacpp.sh.
-# Where the two differ on a mixture of experts, scripts/moe_reference.py decodes the prompt in
+# Where the two differ on a mixture of experts, scripts/float64_reference.py decodes the prompt in
 # float64 and says which of the two it agrees with, and how close the step was to a tie.
 #   scripts/compare-llamacpp-families.sh [ARCH ...]
-#   (default: llama qwen3 gemma3 smollm3 phi3 mixtral qwen3moe olmoe)
+#   (default: llama qwen3 qwen3-yarn gemma3 smollm3 phi3 mixtral qwen3moe olmoe; qwen3-yarn is
+#   qwen3 with YaRN scaling by 4 over a pretrained length of 64)
 # Environment: OUT (/tmp/tessera-compare-families), N (32 tokens), TOKENIZER (the SmolLM2 file).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -16,7 +17,7 @@ tok=${TOKENIZER:-$root/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 vocabs=${WORK:-/tmp/tessera-llamacpp}/llama_cpp_python-${LLAMACPP_PYPI_VERSION:-0.3.36}
 vocabs=$vocabs/vendor/llama.cpp/models  # llama.cpp's tokenizer test vocabularies
 archs=("$@")
-[ ${#archs[@]} -gt 0 ] || archs=(llama qwen3 gemma3 smollm3 phi3 mixtral qwen3moe olmoe)
+[ ${#archs[@]} -gt 0 ] || archs=(llama qwen3 qwen3-yarn gemma3 smollm3 phi3 mixtral qwen3moe olmoe)
 py=$root/.venv/bin/python3
 [ -x "$py" ] || py=python3
 tessera=$root/build/tessera
@@ -25,10 +26,12 @@ libs=$(dirname "$simple")
 mkdir -p "$out"
 prompts=("The capital of France is" "Once upon a time" "def fibonacci(n):" "Water boils at")
 fail=0
-for arch in "${archs[@]}"; do
+for name in "${archs[@]}"; do
+  arch=${name%-yarn}
   for prec in f32 f16; do
-    f=$out/$arch-$prec.gguf
+    f=$out/$name-$prec.gguf
     extra=()
+    [ "$name" != "$arch" ] && extra+=(--yarn 4)
     [[ $arch == qwen3* ]] && extra+=(--head-dim 96)  # heads wider than width / heads (Qwen3)
     [ "$arch" = olmoe ] && extra+=(--kv-heads 4)  # llama.cpp's olmoe has no grouped heads
     [ "$arch" = smollm3 ] && extra+=(--layers 8)  # layers 3 and 7 without RoPE
@@ -41,27 +44,27 @@ for arch in "${archs[@]}"; do
     [ "$prec" = f16 ] && extra+=(--f16)
     "$py" "$root/scripts/make_synthetic_family.py" "$f" --arch "$arch" --tokenizer "$ftok" \
       "${extra[@]}" >/dev/null
-    "$tessera" convert "$f" "$out/$arch-$prec-hf" >/dev/null
+    "$tessera" convert "$f" "$out/$name-$prec-hf" >/dev/null
     for p in "${prompts[@]}"; do
       theirs=$(LD_LIBRARY_PATH=$libs "$simple" -m "$f" -n "$n" "$p" 2>/dev/null)
       # llama-simple prints the prompt's tokens, a SentencePiece BOS as "<s>" and the first
       # word's piece with its space; Tessera prints the prompt as given.
       [[ $theirs == "<s> $p"* ]] && theirs=${theirs#"<s> "}
-      for model in "$f" "$out/$arch-$prec-hf"; do
+      for model in "$f" "$out/$name-$prec-hf"; do
         ours=$("$tessera" generate -m "$model" -p "$p" -n "$n" --temperature 0 --raw --threads 2 \
           2>/dev/null)
         kind=gguf
         [ -d "$model" ] && kind=hf
         if [ "$ours" = "$theirs" ]; then
-          echo "same   $arch $prec $kind: $p"
+          echo "same   $name $prec $kind: $p"
         else
-          echo "DIFFER $arch $prec $kind: $p"
+          echo "DIFFER $name $prec $kind: $p"
           echo "  tessera:   $ours"
           echo "  llama.cpp: $theirs"
           fail=1
-          if [[ $arch == mixtral || $arch == *moe ]]; then
+          if [[ $arch == mixtral || $arch == *moe || $name == *-yarn ]]; then
             ids=$("$tessera" tokenizer encode -m "$f" --text "$p")
-            steps=$("$py" "$root/scripts/moe_reference.py" "$f" "$ids" "$n")
+            steps=$("$py" "$root/scripts/float64_reference.py" "$f" "$ids" "$n")
             text=$("$tessera" tokenizer decode -m "$f" --ids "$(echo "$steps" | tail -1)")
             for who in tessera llama.cpp; do
               [ "$who" = tessera ] && t=$ours || t=$theirs

@@ -63,6 +63,8 @@ def main():
     ap.add_argument("--window", type=int, default=16, help="gemma3: local layers' window")
     ap.add_argument("--longrope", action="store_true",
                     help="phi3: LongRoPE factors (pretrained length 4096 of 131072)")
+    ap.add_argument("--yarn", type=float, default=0,
+                    help="YaRN scaling of this factor over a pretrained length of 64 (0: none)")
     ap.add_argument("--experts", type=int, default=8, help="MoE families: experts per layer")
     ap.add_argument("--experts-used", type=int, default=2, help="MoE families: per token")
     ap.add_argument("--tokenizer", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -102,6 +104,10 @@ def main():
         w.add_uint32(a.arch + ".rope.scaling.original_context_length", 4096)
         w.add_float32(a.arch + ".rope.scaling.attn_factor",
                       float(np.sqrt(1 + np.log(32) / np.log(4096))))
+    if a.yarn:  # as llama.cpp's converter writes Qwen's long-context YaRN
+        w.add_string(a.arch + ".rope.scaling.type", "yarn")
+        w.add_float32(a.arch + ".rope.scaling.factor", a.yarn)
+        w.add_uint32(a.arch + ".rope.scaling.original_context_length", 64)
     w.add_vocab_size(V)
 
     def mat(rows, cols, scale):

@@ -2,6 +2,7 @@
 // counts, and the loader that picks GGUF or a Hugging Face folder.
 #include "model/decoder.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -53,6 +54,13 @@ void DecoderConfig::validate(const std::string& source) const {
                   static_cast<int64_t>(rope_long_divisors.size()) == rope_dim / 2),
              "[model] ", source, ": LongRoPE needs ", rope_dim / 2, " short and long factors (has ",
              rope_freq_divisors.size(), " and ", rope_long_divisors.size(), ")");
+    TS_CHECK(rope_scaling != RopeScaling::yarn ||
+                 (rope_original_max_ctx > 1 && std::isfinite(yarn_beta_fast) &&
+                  std::isfinite(yarn_beta_slow) && yarn_beta_slow > 0 &&
+                  yarn_beta_fast > yarn_beta_slow),
+             "[model] ", source, ": YaRN needs a pretrained length > 1 (got ",
+             rope_original_max_ctx, ") and beta_fast > beta_slow > 0 (got ", yarn_beta_fast, ", ",
+             yarn_beta_slow, ")");
     TS_CHECK(std::isfinite(rope_attn_factor) && rope_attn_factor > 0, "[model] ", source,
              ": rope attention factor must be positive (got ", rope_attn_factor, ")");
     TS_CHECK(!qk_norm || rope_layout == ops::RopeLayout::half, "[model] ", source,
@@ -115,6 +123,22 @@ std::vector<double> rope_inv_freqs(const DecoderConfig& cfg, bool local, int64_t
                               (cfg.rope_high_freq_factor - cfg.rope_low_freq_factor);
         f = (1 - smooth) * f / cfg.rope_factor + smooth * f;
       }
+    }
+    if (cfg.rope_scaling == RopeScaling::yarn) {
+      // YaRN (Peng et al. 2023): the pair index at which a frequency turns `rotations` times
+      // over the pretrained length, floor and ceil of the fast and slow bounds, the ramp between.
+      const double d = static_cast<double>(cfg.rope_dim);
+      auto pair_turning = [&](double rotations) {
+        return d *
+               std::log(static_cast<double>(cfg.rope_original_max_ctx) /
+                        (rotations * 2 * std::numbers::pi)) /
+               (2 * std::log(theta));
+      };
+      const double low = std::max(0.0, std::floor(pair_turning(cfg.yarn_beta_fast)));
+      const double high = std::min(d - 1, std::ceil(pair_turning(cfg.yarn_beta_slow)));
+      const double ramp =
+          std::clamp((static_cast<double>(i) - low) / std::max(0.001, high - low), 0.0, 1.0);
+      f = ramp * f / cfg.rope_factor + (1 - ramp) * f;  // kept below low, slowed past high
     }
     if (!divisors.empty()) f /= divisors[static_cast<size_t>(i)];
     inv[static_cast<size_t>(i)] = f;

@@ -28,7 +28,7 @@ enum class DecoderArch : uint8_t {
 };
 
 // Rotary frequency scaling (HF config.json rope_scaling / GGUF <arch>.rope.scaling.*).
-enum class RopeScaling : uint8_t { none, linear, llama3, longrope };
+enum class RopeScaling : uint8_t { none, linear, llama3, longrope, yarn };
 
 struct DecoderConfig {
   DecoderArch arch = DecoderArch::llama;
@@ -48,10 +48,15 @@ struct DecoderConfig {
   int64_t rope_dim = 0;
   ops::RopeLayout rope_layout = ops::RopeLayout::half;
   RopeScaling rope_scaling = RopeScaling::none;
-  double rope_factor = 1.0;              // linear and llama3
+  double rope_factor = 1.0;              // linear, llama3 and yarn
   double rope_low_freq_factor = 1.0;     // llama3
   double rope_high_freq_factor = 4.0;    // llama3
-  int64_t rope_original_max_ctx = 8192;  // llama3
+  int64_t rope_original_max_ctx = 8192;  // llama3, longrope and yarn: the pretrained length
+  // YaRN (Qwen2.5/Qwen3 long context): pairs turning fewer than yarn_beta_slow times over the
+  // pretrained length are slowed by rope_factor, pairs turning more than yarn_beta_fast times
+  // are kept, the band between blended linearly in the pair index; cos and sin are scaled by
+  // rope_attn_factor (0.1 ln(factor) + 1 unless a file says otherwise).
+  double yarn_beta_fast = 32.0, yarn_beta_slow = 1.0;
   // Per-pair divisors of the inverse frequencies (GGUF rope_freqs.weight, as Llama 3.1 files
   // carry their scaling); empty when absent. LongRoPE (Phi-3.5, Phi-4-mini): these are its
   // short factors, for runs sized up to rope_original_max_ctx positions, and

@@ -144,6 +144,29 @@ void read_gemma3(const formats::GgufFile& f, const GgufDecoderReader& r, Decoder
   }
 }
 
+// YaRN as llama.cpp reads it: rope.scaling.factor, the pretrained length
+// (rope.scaling.original_context_length, else the context length), cos and sin scaled by
+// 0.1 ln(factor) + 1 times rope.scaling.attn_factor. DeepSeek's log multiplier and an
+// extrapolation mix other than 1 are refused by key.
+void read_yarn(const formats::GgufFile& f, const GgufDecoderReader& r, const std::string& arch,
+               DecoderConfig* c) {
+  c->rope_scaling = RopeScaling::yarn;
+  c->rope_factor = r.get_float_or("rope.scaling.factor", 0.0);
+  TS_CHECK(c->rope_factor > 0, "[gguf] ", f.path(), ": ", arch,
+           ".rope.scaling.factor must be present and positive for YaRN");
+  c->rope_original_max_ctx = r.get_int_or("rope.scaling.original_context_length", c->max_ctx);
+  const double log_mul = r.get_float_or("rope.scaling.yarn_log_multiplier", 0.0);
+  TS_CHECK(log_mul == 0.0, "[gguf] ", f.path(), ": ", arch, ".rope.scaling.yarn_log_multiplier is ",
+           log_mul, " (DeepSeek's attention factor); not implemented");
+  const double mix = r.get_float_or("rope.scaling.yarn_ext_factor", 1.0);
+  TS_CHECK(mix == 1.0, "[gguf] ", f.path(), ": ", arch, ".rope.scaling.yarn_ext_factor is ", mix,
+           "; only 1 is implemented");
+  c->yarn_beta_fast = r.get_float_or("rope.scaling.yarn_beta_fast", c->yarn_beta_fast);
+  c->yarn_beta_slow = r.get_float_or("rope.scaling.yarn_beta_slow", c->yarn_beta_slow);
+  const double mscale = c->rope_factor > 1 ? 0.1 * std::log(c->rope_factor) + 1 : 1.0;
+  c->rope_attn_factor = mscale * r.get_float_or("rope.scaling.attn_factor", 1.0);
+}
+
 // An f32 tensor of rope_dim / 2 per-pair frequency divisors (rope_freqs, LongRoPE's factors).
 std::vector<float> rope_factors(const formats::GgufFile& f, const std::string& name,
                                 int64_t rope_dim) {
@@ -207,9 +230,11 @@ DecoderConfig read_config(const formats::GgufFile& f, const std::string& arch) {
       if (type == "linear") {
         c.rope_scaling = RopeScaling::linear;
         c.rope_factor = r.get_float_or("rope.scaling.factor", 1.0);
+      } else if (type == "yarn") {
+        read_yarn(f, r, arch, &c);
       } else {
         TS_CHECK(type == "none", "[gguf] ", f.path(), ": ", scaling_key, " '", type,
-                 "' is not supported (linear or none)");
+                 "' is not supported (linear, yarn or none)");
       }
     }
     if (f.has(arch + ".rope.scaling.llama3_factor")) {

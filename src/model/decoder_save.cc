@@ -199,6 +199,15 @@ void write_gguf_metadata(const DecoderModel& m, formats::GgufWriter& w, const st
     w.set(a + "rope.scaling.low_freq_factor", static_cast<float>(c.rope_low_freq_factor));
     w.set(a + "rope.scaling.high_freq_factor", static_cast<float>(c.rope_high_freq_factor));
     set_u32(w, a + "rope.scaling.original_context_length", c.rope_original_max_ctx);
+  } else if (c.rope_scaling == RopeScaling::yarn) {
+    // llama.cpp scales cos and sin by 0.1 ln(factor) + 1 itself: attn_factor is the rest.
+    w.set(a + "rope.scaling.type", "yarn");
+    w.set(a + "rope.scaling.factor", static_cast<float>(c.rope_factor));
+    set_u32(w, a + "rope.scaling.original_context_length", c.rope_original_max_ctx);
+    const double mscale = c.rope_factor > 1 ? 0.1 * std::log(c.rope_factor) + 1 : 1.0;
+    w.set(a + "rope.scaling.attn_factor", static_cast<float>(c.rope_attn_factor / mscale));
+    w.set(a + "rope.scaling.yarn_beta_fast", static_cast<float>(c.yarn_beta_fast));
+    w.set(a + "rope.scaling.yarn_beta_slow", static_cast<float>(c.yarn_beta_slow));
   } else if (c.rope_scaling == RopeScaling::longrope) {
     set_u32(w, a + "rope.scaling.original_context_length", c.rope_original_max_ctx);
     w.set(a + "rope.scaling.attn_factor", static_cast<float>(c.rope_attn_factor));

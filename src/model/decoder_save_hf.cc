@@ -186,6 +186,13 @@ json llama_hf_config(const DecoderConfig& c, bool o_bias, DType dtype) {
                          {"low_freq_factor", c.rope_low_freq_factor},
                          {"high_freq_factor", c.rope_high_freq_factor},
                          {"original_max_position_embeddings", c.rope_original_max_ctx}};
+  if (c.rope_scaling == RopeScaling::yarn)
+    j["rope_scaling"] = {{"rope_type", "yarn"},
+                         {"factor", c.rope_factor},
+                         {"original_max_position_embeddings", c.rope_original_max_ctx},
+                         {"attention_factor", c.rope_attn_factor},
+                         {"beta_fast", c.yarn_beta_fast},
+                         {"beta_slow", c.yarn_beta_slow}};
   if (c.rope_scaling == RopeScaling::longrope) {
     // Phi-3 keeps the pretrained length at the top level; the attention factor is written out
     // rather than left to transformers' default (from the two lengths' ratio).

@@ -38,6 +38,22 @@ void complete_longrope(const ConfigFields& f, DecoderConfig* c) {
   }
 }
 
+// YaRN's pretrained length (a top-level original_max_position_embeddings first, as transformers 5
+// reads it, then the block's, then max_position_embeddings), factor (given, or the ratio of the
+// two lengths) and attention factor (given, or 0.1 ln(factor) + 1 for a factor above 1).
+void complete_yarn(const ConfigFields& f, DecoderConfig* c) {
+  if (f.has("original_max_position_embeddings"))
+    c->rope_original_max_ctx = f.get_int("original_max_position_embeddings");
+  if (c->rope_original_max_ctx == 0) c->rope_original_max_ctx = c->max_ctx;
+  TS_CHECK(c->rope_original_max_ctx > 1, "[hf] ", f.path(),
+           ": YaRN's original_max_position_embeddings must be > 1");
+  if (c->rope_factor == 0.0)
+    c->rope_factor =
+        static_cast<double>(c->max_ctx) / static_cast<double>(c->rope_original_max_ctx);
+  if (c->rope_attn_factor == 0.0)
+    c->rope_attn_factor = c->rope_factor > 1 ? 0.1 * std::log(c->rope_factor) + 1 : 1.0;
+}
+
 // One rope-scaling object (transformers 4's top-level 'rope_scaling', or transformers 5's
 // 'rope_parameters', which also holds rope_theta) into c. `where` names the field in errors.
 void read_rope_block(const json& rs, const std::string& path, const std::string& where,
@@ -80,10 +96,26 @@ void read_rope_block(const json& rs, const std::string& path, const std::string&
     c->rope_original_max_ctx = s.get_int_or("original_max_position_embeddings", 0);
     c->rope_attn_factor = s.get_float_or("attention_factor", 0.0);
     return;
+  } else if (t == "yarn") {
+    // Qwen2.5 / Qwen3 long context; read_rope completes the length, factor and attention factor.
+    c->rope_scaling = RopeScaling::yarn;
+    c->rope_factor = s.get_float_or("factor", 0.0);
+    c->rope_original_max_ctx = s.get_int_or("original_max_position_embeddings", 0);
+    c->rope_attn_factor = s.get_float_or("attention_factor", 0.0);
+    c->yarn_beta_fast = s.get_float_or("beta_fast", 32.0);
+    c->yarn_beta_slow = s.get_float_or("beta_slow", 1.0);
+    TS_CHECK(c->rope_attn_factor != 0.0 || (!s.has("mscale") && !s.has("mscale_all_dim")), "[hf] ",
+             path, ": fields '", where, ".mscale' and 'mscale_all_dim' (DeepSeek's ",
+             "attention factor) are not implemented; give 'attention_factor'");
+    TS_CHECK(!s.has("truncate") || (s.at("truncate").is_boolean() && s.at("truncate").get<bool>()),
+             "[hf] ", path, ": field '", where,
+             ".truncate' false (an unrounded ramp) is not "
+             "implemented");
+    return;
   } else {
     // yarn, dynamic, ...: refused by name rather than run with the wrong frequencies.
     fail("[hf] ", path, ": field '", where, ".", type_key, "' is \"", t,
-         "\"; supported: default, linear, llama3, longrope");
+         "\"; supported: default, linear, llama3, longrope, yarn");
   }
   c->rope_factor = s.get_float_or("factor", 0);
   TS_CHECK(c->rope_factor > 0, "[hf] ", path, ": missing field '", where, ".factor'");
@@ -111,6 +143,12 @@ void read_layer_type_rope(const ConfigFields& f, DecoderConfig* c) {
            "scaling is supported");
 }
 
+// What a scaling type leaves to the top level and to transformers' defaults.
+void complete_scaling(const ConfigFields& f, DecoderConfig* c) {
+  if (c->rope_scaling == RopeScaling::longrope) complete_longrope(f, c);
+  if (c->rope_scaling == RopeScaling::yarn) complete_yarn(f, c);
+}
+
 // The rotary settings in either layout: transformers 4 writes top-level 'rope_theta' and
 // 'rope_scaling'; transformers 5 writes 'rope_parameters' {rope_type, rope_theta, and the
 // type's own fields}. Both present and disagreeing is an error naming both, never a guess.
@@ -126,8 +164,10 @@ void read_rope(const ConfigFields& f, DecoderConfig* c) {
   c->rope_theta = f.get_float_or("rope_theta", kDefaultTheta);
   if (f.has("rope_scaling")) read_rope_block(f.at("rope_scaling"), f.path(), "rope_scaling", c);
   if (f.has("partial_rotary_factor")) read_partial_rotary(f, "", c);
-  if (c->rope_scaling == RopeScaling::longrope) complete_longrope(f, c);
-  if (!f.has("rope_parameters")) return;
+  if (!f.has("rope_parameters")) {
+    complete_scaling(f, c);
+    return;
+  }
   const json& rp = f.at("rope_parameters");
   TS_CHECK(rp.is_object(), "[hf] ", f.path(), ": field 'rope_parameters' must be an object");
   DecoderConfig v5 = *c;
@@ -147,13 +187,11 @@ void read_rope(const ConfigFields& f, DecoderConfig* c) {
              "[hf] ", f.path(), ": fields 'rope_scaling' (", f.at("rope_scaling").dump(),
              ") and 'rope_parameters' (", rp.dump(), ") disagree");
   if (!top_theta) c->rope_theta = v5.rope_theta;
-  if (!f.has("rope_scaling")) {
-    c->rope_scaling = v5.rope_scaling;
-    c->rope_factor = v5.rope_factor;
-    c->rope_low_freq_factor = v5.rope_low_freq_factor;
-    c->rope_high_freq_factor = v5.rope_high_freq_factor;
-    c->rope_original_max_ctx = v5.rope_original_max_ctx;
+  if (!f.has("rope_scaling")) {  // every rotary field as rope_parameters gives it
+    v5.rope_theta = c->rope_theta;
+    *c = std::move(v5);
   }
+  complete_scaling(f, c);
 }
 
 }  // namespace tessera::model::hf_detail
