@@ -17,6 +17,7 @@ namespace tessera::model {
 TrainModel::TrainModel(const TrainConfig& cfg, const ops::Context& ctx)
     : cfg_(cfg), ctx_(ctx), impl_(std::make_unique<Impl>(*this)) {
   cfg_.validate();
+  check_trainable(cfg_.decoder_config(), "the training model's config");
   const int64_t C = cfg_.n_embd, L = cfg_.n_layer, F = cfg_.ff(), Vp = cfg_.padded_vocab_size;
   Impl& im = *impl_;
   // The token embedding (and an untied head) has Vp rows; rows >= V are padding so the head's
@@ -48,7 +49,8 @@ TrainModel::TrainModel(const TrainConfig& cfg, const ops::Context& ctx)
     im.head = im.wte;
   } else {  // Hugging Face Llama's names; q, k, v adjacent and gate, up adjacent, so the layer
             // code runs each trio / pair as one product
-    const int64_t QD = C, KVD = cfg_.kv_heads() * (C / cfg_.n_head);
+    const DecoderConfig dc = cfg_.decoder_config();
+    const int64_t QD = dc.q_dim(), KVD = dc.kv_dim(), D = dc.head_dim;
     im.wte = table_.add("model.embed_tokens.weight", {Vp, C});
     for (int64_t l = 0; l < L; ++l) {
       const std::string h = cat("model.layers.", l, ".");
@@ -62,6 +64,10 @@ TrainModel::TrainModel(const TrainConfig& cfg, const ops::Context& ctx)
         table_.add(h + "self_attn.v_proj.bias", {KVD});
       }
       table_.add(h + "self_attn.o_proj.weight", {C, QD});
+      if (dc.qk_norm) {
+        table_.add(h + "self_attn.q_norm.weight", {D});
+        table_.add(h + "self_attn.k_norm.weight", {D});
+      }
       table_.add(h + "post_attention_layernorm.weight", {C});
       table_.add(h + "mlp.gate_proj.weight", {F, C});
       table_.add(h + "mlp.up_proj.weight", {F, C});
@@ -77,7 +83,7 @@ TrainModel::TrainModel(DecoderModel base, const LoraSpec& spec, const ops::Conte
     : ctx_(ctx), impl_(std::make_unique<Impl>(*this)) {
   const DecoderConfig& c = base.config;
   check_lora_spec(c, spec, base.source);
-  cfg_ = trainable_config(c, base.source, /*frozen_base=*/true);
+  cfg_ = trainable_config(c, base.source);
   cfg_.padded_vocab_size = cfg_.vocab_size;  // the head is the base's (V,C) matrix
   Impl& im = *impl_;
   im.wte = im.head = im.lnf_w = -1;
@@ -145,16 +151,15 @@ void TrainModel::init_weights(uint64_t seed) {
   }
   const float proj_std = 0.02f / std::sqrt(2.0f * static_cast<float>(cfg_.n_layer));
   // Each tensor's role from the model's own description of its layers (as_decoder): norm
-  // weights 1, biases 0, the products that feed the residual stream (attention output, MLP
-  // down) N(0, 0.02 / sqrt(2L)), every other matrix N(0, 0.02).
+  // weights (q/k norms too) 1, biases 0, the products that feed the residual stream (attention
+  // output, MLP down) N(0, 0.02 / sqrt(2L)), every other matrix N(0, 0.02).
   const DecoderModel view = as_decoder(*this);
   std::map<const void*, float> role;  // first float of a tensor -> its value (ones) or std
   auto mark = [&role](const WeightRef& w, float v) {
     if (w.present()) role[w.data] = v;
   };
   for (const DecoderLayer& l : view.weights.layers) {
-    mark(l.attn_norm, -1.0f);
-    mark(l.ffn_norm, -1.0f);
+    for (const WeightRef* norm : {&l.attn_norm, &l.ffn_norm, &l.q_norm, &l.k_norm}) mark(*norm, -1);
     mark(l.wo, proj_std);
     mark(l.w_down, proj_std);
   }
@@ -391,6 +396,7 @@ double TrainModel::flops_per_token_train(int64_t T) const {
   // Attention's QK^T and PV add 2*2*T*q_dim FLOPs per token per layer forward over the full
   // T x T scores, times 3 for training = 12*L*T*q_dim; the causal mask halves it: 6*L*T*q_dim.
   const double C = static_cast<double>(cfg_.n_embd), L = static_cast<double>(cfg_.n_layer);
+  const double QD = static_cast<double>(cfg_.n_head * cfg_.head_dim());
   const Impl& im = *impl_;
   if (im.is_lora()) {
     // The frozen matrices and the head: forward and the input's gradient, 4 FLOPs per weight;
@@ -402,14 +408,14 @@ double TrainModel::flops_per_token_train(int64_t T) const {
     for (size_t i = 0; i < table_.tensors().size(); i += 2)
       replay += 2.0 * static_cast<double>(table_.tensors()[i].numel());
     return 4.0 * frozen + 6.0 * static_cast<double>(num_params()) + replay +
-           6.0 * L * static_cast<double>(T) * C;
+           6.0 * L * static_cast<double>(T) * QD;
   }
   double non_embedding = 0;
   for (const auto& t : table_.tensors())
     if (t.offset != im.wte && t.offset != im.wpe && t.offset != im.head)
       non_embedding += static_cast<double>(t.numel());
   const double head = static_cast<double>(cfg_.vocab_size) * C;
-  return 6.0 * (non_embedding + head) + 6.0 * L * static_cast<double>(T) * C;
+  return 6.0 * (non_embedding + head) + 6.0 * L * static_cast<double>(T) * QD;
 }
 
 backend::Gpt2DeviceDesc TrainModel::device_desc(int64_t B, int64_t T) const {

@@ -97,6 +97,10 @@ DecoderModel as_decoder(const TrainModel& m, const float* params) {
         l.bv = ref(p + "self_attn.v_proj.bias", Shape({KVD}));
       }
       l.wo = ref(p + "self_attn.o_proj.weight", Shape({C, QD}));
+      if (c.qk_norm) {
+        l.q_norm = ref(p + "self_attn.q_norm.weight", Shape({c.head_dim}));
+        l.k_norm = ref(p + "self_attn.k_norm.weight", Shape({c.head_dim}));
+      }
       l.ffn_norm = ref(p + "post_attention_layernorm.weight", Shape({C}));
       l.w_gate = ref(p + "mlp.gate_proj.weight", Shape({F, C}));
       l.w_up = ref(p + "mlp.up_proj.weight", Shape({F, C}));

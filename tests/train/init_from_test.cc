@@ -30,9 +30,12 @@ std::string temp_path(const std::string& name) {
 }
 
 // A Llama shape (GQA, untied head, q/k/v biases) with every parameter perturbed.
-std::unique_ptr<TrainModel> source_model() {
+TrainConfig llama_with_biases() {
   TrainConfig c = TrainConfig::preset("llama:tiny", kVocab);
   c.qkv_bias = true;
+  return c;
+}
+std::unique_ptr<TrainModel> source_model(const TrainConfig& c = llama_with_biases()) {
   auto m = std::make_unique<TrainModel>(c, ops::Context{});
   m->init_weights(21);
   Rng rng(5);
@@ -75,6 +78,27 @@ TEST(InitFrom, LlamaGgufAndHfFolderGiveTheFilesLogits) {
   expect_same_logits(hf);
   // The HF folder holds the source's parameters exactly (f32, rotate-half order both ways).
   auto back = load_trainable(hf, ops::Context{});
+  ASSERT_EQ(back->num_params(), src->num_params());
+  EXPECT_EQ(std::memcmp(back->params(), src->params(), 4 * static_cast<size_t>(src->num_params())),
+            0);
+  std::filesystem::remove(gguf);
+  std::filesystem::remove_all(hf);
+}
+
+// Qwen3: q/k norms (trained, not frozen) and heads wider than n_embd / n_head.
+TEST(InitFrom, Qwen3WithWideHeadsGivesTheFilesLogits) {
+  TrainConfig c = TrainConfig::preset("llama:tiny", kVocab);
+  c.options.qk_norm = true;
+  c.options.head_dim = 48;  // 4 heads of 48: q_dim 192, width 128
+  auto src = source_model(c);
+  const std::string gguf = temp_path("qwen3.gguf"), hf = temp_path("qwen3_hf");
+  save_decoder_gguf(as_decoder(*src), gguf);
+  save_decoder_hf(as_decoder(*src), hf, DType::f32);
+  expect_same_logits(gguf);
+  expect_same_logits(hf);
+  auto back = load_trainable(hf, ops::Context{});
+  EXPECT_TRUE(back->config().decoder_config().qk_norm);
+  EXPECT_EQ(back->config().decoder_config().head_dim, 48);
   ASSERT_EQ(back->num_params(), src->num_params());
   EXPECT_EQ(std::memcmp(back->params(), src->params(), 4 * static_cast<size_t>(src->num_params())),
             0);

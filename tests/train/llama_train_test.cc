@@ -1,6 +1,7 @@
 // The training model in Llama shapes: the gradient of the whole model's loss (every tensor:
 // embedding, norms, q/k/v with and without biases, grouped and single key/value heads, the
-// SwiGLU matrices, a tied and an untied head) against central differences of its forward; the
+// SwiGLU matrices, a tied and an untied head, Qwen3's q/k norms, heads wider and narrower than
+// n_embd / n_head) against central differences of its forward; the
 // recompute policies giving the same gradients bit for bit; AdamW memorizing a batch.
 #include <gtest/gtest.h>
 
@@ -19,10 +20,20 @@
 namespace tessera::model {
 namespace {
 
-TrainConfig small_llama(int64_t kv_heads, bool bias, bool tied) {
+struct Shape {
+  const char* name;
+  int64_t kv_heads;
+  bool bias, tied;
+  bool qk_norm = false;  // Qwen3's per-head q/k norms
+  int64_t head_dim = 0;  // heads this wide (0: n_embd / n_head)
+};
+
+TrainConfig small_llama(const Shape& s) {
   TrainConfig c = TrainConfig::preset("llama:tiny", 37);
-  c.n_layer = 2, c.n_embd = 32, c.n_head = 4, c.n_kv_head = kv_heads, c.d_ff = 48;
-  c.max_seq = 16, c.qkv_bias = bias, c.tied = tied;
+  c.n_layer = 2, c.n_embd = 32, c.n_head = 4, c.n_kv_head = s.kv_heads, c.d_ff = 48;
+  c.max_seq = 16, c.qkv_bias = s.bias, c.tied = s.tied;
+  c.options.qk_norm = s.qk_norm;
+  c.options.head_dim = s.head_dim;
   return c;
 }
 
@@ -41,12 +52,6 @@ Batch make_batch(int64_t n, int64_t V, uint64_t seed) {
   return b;
 }
 
-struct Shape {
-  const char* name;
-  int64_t kv_heads;
-  bool bias, tied;
-};
-
 class LlamaTraining : public ::testing::TestWithParam<Shape> {};
 
 // Every tensor, three elements each: d loss / d p from the backward against (L(p+h) - L(p-h)) /
@@ -56,7 +61,7 @@ TEST_P(LlamaTraining, GradientsMatchCentralDifferences) {
   const Shape s = GetParam();
   ops::Context ctx;
   ctx.reference = true;
-  TrainModel m(small_llama(s.kv_heads, s.bias, s.tied), ctx);
+  TrainModel m(small_llama(s), ctx);
   m.init_weights(5);
   Rng noise(9);
   for (const TensorInfo& t : m.tensors().tensors())  // padding rows stay zero
@@ -93,7 +98,7 @@ TEST_P(LlamaTraining, RecomputePoliciesGiveIdenticalGradients) {
   ThreadPool pool(2);
   ops::Context ctx;
   ctx.pool = &pool;
-  TrainModel m(small_llama(s.kv_heads, s.bias, s.tied), ctx);
+  TrainModel m(small_llama(s), ctx);
   m.init_weights(6);
   const Batch b = make_batch(2 * 16, m.config().vocab_size, 4);
   auto grads = [&](Precision p, Recompute r) {
@@ -122,7 +127,7 @@ TEST_P(LlamaTraining, AdamWOverfitsOneBatch) {
   ThreadPool pool(1);
   ops::Context ctx;
   ctx.pool = &pool;
-  TrainModel m(small_llama(s.kv_heads, s.bias, s.tied), ctx);
+  TrainModel m(small_llama(s), ctx);
   m.init_weights(4);
   train::AdamW opt(m.tensors(), train::AdamWConfig{}, ctx);
   const Batch b = make_batch(2 * 16, m.config().vocab_size, 8);
@@ -142,7 +147,10 @@ TEST_P(LlamaTraining, AdamWOverfitsOneBatch) {
 INSTANTIATE_TEST_SUITE_P(Shapes, LlamaTraining,
                          ::testing::Values(Shape{"gqa_untied", 2, false, false},
                                            Shape{"mqa_bias_tied", 1, true, true},
-                                           Shape{"mha_bias_untied", 4, true, false}),
+                                           Shape{"mha_bias_untied", 4, true, false},
+                                           // Qwen3: q/k norms, heads 12 wide (q_dim 48 != 32)
+                                           Shape{"qwen3_wide_heads", 2, false, true, true, 12},
+                                           Shape{"narrow_heads", 2, true, false, false, 6}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 TEST(LlamaTraining, PresetsAreTheirModels) {
