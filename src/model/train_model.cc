@@ -298,18 +298,9 @@ void TrainModel::plan(int64_t B, int64_t T, Precision precision, Recompute recom
     im.lora_gu = r > 0 ? at(lora_gu) : nullptr;
   };
   if (im.is_lora()) im.embed_rows.assign(static_cast<size_t>(N * C), 0.0f);
-  if (llama) {  // the rotary table for positions 0..T-1, on the step's device
-    im.rope = ops::make_rope_table(T, rope_inv_freqs(dc));
-    im.rope_device = ops::Buffer();
-    if (ctx_.device != ops::Device::cpu) {
-      std::vector<float> both(im.rope.cos);
-      both.insert(both.end(), im.rope.sin.begin(), im.rope.sin.end());
-      im.rope_device = ops::Buffer(ctx_.device, both.size() * sizeof(float));
-      ops::copy(ctx_, im.rope_device.data(), both.data(), both.size() * sizeof(float),
-                ops::CopyKind::host_to_device);
-      im.rope.device = im.rope_device.as<float>();
-    }
-  }
+  // The rotary tables for positions 0..T-1 (LongRoPE's factors picked by T), on the step's
+  // device.
+  if (llama) make_rope_tables(ctx_, dc, T, &im.rope, &im.rope_local, &im.rope_device);
   im.max_n = N;
   im.max_t = T;
   im.precision = precision;

@@ -2,8 +2,8 @@
 // derivative of block_forward: for Llama layers (GQA, multi-query, RoPE in either layout, q/k/v
 // bias; q, k and v as separate matrices or as rows of one), the gradients of the layer's input
 // and of every weight match central differences of the forward; likewise with Qwen3's q/k norms
-// and heads wider or narrower than d_model / n_heads. GPT-2's layer is held to the
-// same by the trainer's gradient tests (tests/model/gpt2_test.cc).
+// and heads wider or narrower than d_model / n_heads, and with scaled, partial and no RoPE. GPT-2's
+// layer is held to the same by the trainer's gradient tests (tests/model/gpt2_test.cc).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,6 +16,7 @@
 #include "infer/tiny_model.h"
 #include "model/causal_attention.h"
 #include "model/decoder_block.h"
+#include "model/decoder_forward.h"
 #include "ops/ops.h"
 #include "test_util/compare.h"
 
@@ -25,15 +26,17 @@ namespace {
 // One layer's forward over (B, T) rows, every tensor its own buffer (the backward reads them).
 struct Layer {
   const DecoderConfig& c;
-  int64_t B, T, n;
+  int64_t l, B, T, n;  // the layer's index (its RoPE table, window, ...)
   ops::Context ctx;
-  ops::RopeTable rope;
+  ops::RopeTable rope, rope_local;
+  ops::Buffer rope_device;  // unused on the CPU
   std::vector<float> in, mid, out, branch, xn1, xn2, rstd1, rstd2, qkv, att, ff_in, ff_up, ff_act;
   std::vector<float> lse, rot, qk_raw;
 
-  Layer(const DecoderConfig& cfg, int64_t b, int64_t t)
-      : c(cfg), B(b), T(t), n(b * t), rope(ops::make_rope_table(t, rope_inv_freqs(cfg))) {
+  Layer(const DecoderConfig& cfg, int64_t layer, int64_t b, int64_t t)
+      : c(cfg), l(layer), B(b), T(t), n(b * t) {
     ctx.reference = true;  // products accumulated in double: finite differences stay clean
+    make_rope_tables(ctx, c, T, &rope, &rope_local, &rope_device);
     const int64_t C = c.d_model, F = c.d_ff, QD = c.q_dim(), KV = c.kv_dim();
     for (auto* v : {&in, &mid, &out, &branch, &xn1, &xn2}) v->resize(n * C);
     rstd1.resize(n), rstd2.resize(n);
@@ -52,16 +55,17 @@ struct Layer {
     return t;
   }
   CausalAttention attention() {
-    return CausalAttention(ctx, c, &rope, rot.data(), lse.data(), B, T, false);
+    const ops::RopeTable* table = !c.rotary(l) ? nullptr : c.local(l) ? &rope_local : &rope;
+    return CausalAttention(ctx, c, table, rot.data(), lse.data(), B, T, false);
   }
   // sum(out * r) after the forward of w on x.
   double loss(const DecoderLayer& w, const std::vector<float>& x, const std::vector<float>& r) {
     in = x;
     CausalAttention a = attention();
-    block_forward(ctx, c, w, 0, n, tensors(), a);
-    double l = 0;
-    for (size_t i = 0; i < out.size(); ++i) l += static_cast<double>(out[i]) * r[i];
-    return l;
+    block_forward(ctx, c, w, l, n, tensors(), a);
+    double sum = 0;
+    for (size_t i = 0; i < out.size(); ++i) sum += static_cast<double>(out[i]) * r[i];
+    return sum;
   }
 };
 
@@ -119,13 +123,15 @@ DecoderLayer joined_qkv(const DecoderLayer& w, std::vector<std::vector<float>>& 
   return j;
 }
 
-void check_layer(const test::TinyOptions& o, bool join, const std::string& what) {
-  const DecoderModel m = test::make_tiny_model(o);
+// Layer `layer` of m: the backward's gradients of its input and of every weight against central
+// differences of its forward.
+void check_layer(const DecoderModel& m, int64_t layer, bool join, const std::string& what) {
   const DecoderConfig& c = m.config;
   std::vector<std::vector<float>> joined_store;
-  DecoderLayer w = join ? joined_qkv(m.weights.layers[0], joined_store) : m.weights.layers[0];
+  const DecoderLayer& stored = m.weights.layers[static_cast<size_t>(layer)];
+  DecoderLayer w = join ? joined_qkv(stored, joined_store) : stored;
   const int64_t B = 2, T = 5, C = c.d_model, F = c.d_ff;
-  Layer L(c, B, T);
+  Layer L(c, layer, B, T);
   const int64_t n = L.n;
   Rng rng(5);
   std::vector<float> x(n * C), r(n * C);
@@ -135,7 +141,7 @@ void check_layer(const test::TinyOptions& o, bool join, const std::string& what)
   // Analytic: the forward, then the backward from dL/dout = r.
   L.in = x;
   CausalAttention a = L.attention();
-  block_forward(L.ctx, c, w, 0, n, L.tensors(), a);
+  block_forward(L.ctx, c, w, layer, n, L.tensors(), a);
   Grads g(w);
   const int64_t big = std::max(c.q_dim() + 2 * c.kv_dim(), F);
   std::vector<float> dresid = r, dx(n * std::max(C, c.q_dim())), dbig(n * big),
@@ -146,7 +152,7 @@ void check_layer(const test::TinyOptions& o, bool join, const std::string& what)
   // Central differences; the tolerance covers h^2 curvature and f32 rounding of the loss. The
   // per-head norms of short heads curve more steeply (at h = 1e-2 one of wk's elements is 30% off,
   // at 3e-3 and 1e-3 within tolerance): a smaller step there.
-  const float h = o.qk_norm ? 3e-3f : 1e-2f;
+  const float h = c.qk_norm ? 3e-3f : 1e-2f;
   int failures = 0;
   auto expect = [&](double got, double fd, const std::string& where) {
     if (std::fabs(got - fd) > 3e-3 + 1e-2 * std::fabs(fd) && ++failures <= 5)
@@ -188,6 +194,10 @@ void check_layer(const test::TinyOptions& o, bool join, const std::string& what)
   EXPECT_GE(checked, 9) << what;
 }
 
+void check_layer(const test::TinyOptions& o, bool join, const std::string& what) {
+  check_layer(test::make_tiny_model(o), 0, join, what);
+}
+
 TEST(BlockBackward, LlamaLayerMatchesFiniteDifferences) {
   test::TinyOptions o;
   o.layers = 1, o.width = 16, o.heads = 4, o.kv_heads = 2, o.ffn = 24, o.vocab = 8;
@@ -205,6 +215,23 @@ TEST(BlockBackward, QkNormsAndHeadWidthsMatchFiniteDifferences) {
   check_layer(o, false, "q/k norms, wide heads");
   o.qk_norm = false, o.head_dim = 2, o.seed = 3;  // q_dim 8: narrower than the width
   check_layer(o, true, "narrow heads, q/k/v joined");
+}
+
+// RoPE as the inference loaders describe it: scaled (LongRoPE's factors and attention factor,
+// Llama 3's bands), rotating only the first dimensions of each head, or not at all.
+TEST(BlockBackward, RopeVariantsMatchFiniteDifferences) {
+  test::TinyOptions o;
+  o.layers = 1, o.width = 16, o.heads = 2, o.kv_heads = 1, o.ffn = 24, o.vocab = 8;  // D = 8
+  o.longrope = true;
+  check_layer(o, false, "LongRoPE");
+  o.longrope = false;
+  DecoderModel m = test::make_tiny_model(o);
+  m.config.rope_scaling = RopeScaling::llama3;
+  m.config.rope_factor = 8, m.config.rope_original_max_ctx = 4;
+  m.config.rope_dim = 4;  // half of each head rotates
+  check_layer(m, 0, false, "llama3 scaling, partial rotary");
+  o.nope_every = 1;  // SmolLM3's layers without RoPE
+  check_layer(o, true, "no RoPE");
 }
 
 }  // namespace

@@ -106,6 +106,28 @@ TEST(InitFrom, Qwen3WithWideHeadsGivesTheFilesLogits) {
   std::filesystem::remove_all(hf);
 }
 
+// Llama 3's RoPE scaling, a quarter of each head rotating, and SmolLM3's layers without RoPE
+// (every fourth), as a GGUF file and as a folder.
+TEST(InitFrom, ScaledPartialAndNoRopeGiveTheFilesLogits) {
+  TrainConfig c = TrainConfig::preset("llama:tiny", kVocab);
+  c.options.rope_scaling = RopeScaling::llama3;
+  c.options.rope_factor = 8, c.options.rope_original_max_ctx = 16;
+  c.options.rope_dim = 8;                // of 32
+  c.options.nope_layers = {0, 0, 0, 1};  // every fourth, the pattern GGUF holds
+  auto src = source_model(c);
+  const std::string gguf = temp_path("scaled.gguf"), hf = temp_path("scaled_hf");
+  save_decoder_gguf(as_decoder(*src), gguf);
+  save_decoder_hf(as_decoder(*src), hf, DType::f32);
+  expect_same_logits(gguf);
+  expect_same_logits(hf);
+  const DecoderConfig back = load_trainable(hf, ops::Context{})->config().decoder_config();
+  EXPECT_EQ(back.rope_scaling, RopeScaling::llama3);
+  EXPECT_EQ(back.rope_dim, 8);
+  EXPECT_EQ(back.nope_layers, c.options.nope_layers);
+  std::filesystem::remove(gguf);
+  std::filesystem::remove_all(hf);
+}
+
 TEST(InitFrom, RealQuantizedFileLoadsAtItsSize) {
   const std::string path =
       std::string(TESSERA_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";

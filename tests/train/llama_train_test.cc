@@ -1,7 +1,7 @@
 // The training model in Llama shapes: the gradient of the whole model's loss (every tensor:
 // embedding, norms, q/k/v with and without biases, grouped and single key/value heads, the
 // SwiGLU matrices, a tied and an untied head, Qwen3's q/k norms, heads wider and narrower than
-// n_embd / n_head) against central differences of its forward; the
+// n_embd / n_head, scaled, partial and no RoPE) against central differences of its forward; the
 // recompute policies giving the same gradients bit for bit; AdamW memorizing a batch.
 #include <gtest/gtest.h>
 
@@ -24,9 +24,28 @@ struct Shape {
   const char* name;
   int64_t kv_heads;
   bool bias, tied;
-  bool qk_norm = false;  // Qwen3's per-head q/k norms
-  int64_t head_dim = 0;  // heads this wide (0: n_embd / n_head)
+  bool qk_norm = false;                       // Qwen3's per-head q/k norms
+  int64_t head_dim = 0;                       // heads this wide (0: n_embd / n_head)
+  void (*options)(DecoderConfig&) = nullptr;  // sets more layer options
 };
+
+// Llama 3's RoPE scaling, half of each 8-wide head rotating, the second layer without RoPE.
+void scaled_partial_nope(DecoderConfig& o) {
+  o.rope_scaling = RopeScaling::llama3;
+  o.rope_factor = 8, o.rope_original_max_ctx = 8;
+  o.rope_dim = 4;
+  o.nope_layers = {0, 1};
+}
+
+// LongRoPE (Phi-3.5): per-pair factors, short ones up to 8 positions and long ones beyond (the
+// gradient test runs 8, the others 16), cos and sin scaled by 1.2.
+void longrope(DecoderConfig& o) {
+  o.rope_scaling = RopeScaling::longrope;
+  o.rope_original_max_ctx = 8;
+  o.rope_freq_divisors = {1.0f, 1.5f, 2.0f, 3.5f};
+  o.rope_long_divisors = {1.2f, 2.5f, 4.0f, 8.0f};
+  o.rope_attn_factor = 1.2;
+}
 
 TrainConfig small_llama(const Shape& s) {
   TrainConfig c = TrainConfig::preset("llama:tiny", 37);
@@ -34,6 +53,7 @@ TrainConfig small_llama(const Shape& s) {
   c.max_seq = 16, c.qkv_bias = s.bias, c.tied = s.tied;
   c.options.qk_norm = s.qk_norm;
   c.options.head_dim = s.head_dim;
+  if (s.options) s.options(c.options);
   return c;
 }
 
@@ -144,14 +164,16 @@ TEST_P(LlamaTraining, AdamWOverfitsOneBatch) {
   EXPECT_LT(last, 0.25f * first) << first << " -> " << last;
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, LlamaTraining,
-                         ::testing::Values(Shape{"gqa_untied", 2, false, false},
-                                           Shape{"mqa_bias_tied", 1, true, true},
-                                           Shape{"mha_bias_untied", 4, true, false},
-                                           // Qwen3: q/k norms, heads 12 wide (q_dim 48 != 32)
-                                           Shape{"qwen3_wide_heads", 2, false, true, true, 12},
-                                           Shape{"narrow_heads", 2, true, false, false, 6}),
-                         [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, LlamaTraining,
+    ::testing::Values(Shape{"gqa_untied", 2, false, false}, Shape{"mqa_bias_tied", 1, true, true},
+                      Shape{"mha_bias_untied", 4, true, false},
+                      // Qwen3: q/k norms, heads 12 wide (q_dim 48 != 32)
+                      Shape{"qwen3_wide_heads", 2, false, true, true, 12},
+                      Shape{"narrow_heads", 2, true, false, false, 6},
+                      Shape{"scaled_partial_nope", 2, false, false, false, 0, scaled_partial_nope},
+                      Shape{"longrope", 4, false, true, false, 0, longrope}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 TEST(LlamaTraining, PresetsAreTheirModels) {
   const TrainConfig c = TrainConfig::preset("llama:smollm2-135m", 49152);
