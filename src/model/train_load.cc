@@ -17,13 +17,8 @@ namespace tessera::model {
 void check_trainable(const DecoderConfig& c, const std::string& from) {
   if (c.arch != DecoderArch::llama) return;
   // What the training layer does not do is refused by name, never approximated.
-  TS_CHECK(c.sliding_window == 0, "[train] ", from,
-           ": sliding-window attention is not implemented in training");
   TS_CHECK(!c.moe(), "[train] ", from,
            ": mixture-of-experts layers are not implemented in training (inference only)");
-  TS_CHECK(!c.post_norms && c.embed_scale == 1.0f && c.attn_scale == 0.0, "[train] ", from,
-           ": Gemma 3's post-norms, embedding and attention scales are not implemented in "
-           "training");
   TS_CHECK(!c.qk_norm_whole, "[train] ", from,
            ": whole-vector q/k norms (OLMoE) are not implemented in training");
 }

@@ -68,7 +68,11 @@ TrainModel::TrainModel(const TrainConfig& cfg, const ops::Context& ctx)
         table_.add(h + "self_attn.q_norm.weight", {D});
         table_.add(h + "self_attn.k_norm.weight", {D});
       }
-      table_.add(h + "post_attention_layernorm.weight", {C});
+      table_.add(h + "post_attention_layernorm.weight", {C});  // Gemma 3: the attention's post-norm
+      if (dc.post_norms) {
+        table_.add(h + "pre_feedforward_layernorm.weight", {C});
+        table_.add(h + "post_feedforward_layernorm.weight", {C});
+      }
       table_.add(h + "mlp.gate_proj.weight", {F, C});
       table_.add(h + "mlp.up_proj.weight", {F, C});
       table_.add(h + "mlp.down_proj.weight", {C, F});
@@ -159,7 +163,9 @@ void TrainModel::init_weights(uint64_t seed) {
     if (w.present()) role[w.data] = v;
   };
   for (const DecoderLayer& l : view.weights.layers) {
-    for (const WeightRef* norm : {&l.attn_norm, &l.ffn_norm, &l.q_norm, &l.k_norm}) mark(*norm, -1);
+    for (const WeightRef* norm :
+         {&l.attn_norm, &l.ffn_norm, &l.q_norm, &l.k_norm, &l.post_attn_norm, &l.post_ffn_norm})
+      mark(*norm, -1);
     mark(l.wo, proj_std);
     mark(l.w_down, proj_std);
   }
@@ -216,6 +222,13 @@ void TrainModel::plan(int64_t B, int64_t T, Precision precision, Recompute recom
            "[train] LoRA trains in f32 precision (the base's products run in its stored type)");
   // A LoRA base is described by its own config (q/k norms, heads wider than width / heads).
   const DecoderConfig dc = im.is_lora() ? im.base.config : cfg_.decoder_config();
+  // Training attention lets each row see every earlier row of its sequence: a window of T rows
+  // or more hides none, a shorter one would hide some, which it does not implement.
+  for (int64_t l = 0; l < dc.n_layers; ++l)
+    TS_CHECK(dc.window(l) == 0 || dc.window(l) >= T, "[train] plan: sequence length T=", T,
+             " is longer than layer ", l, "'s sliding window of ", dc.window(l),
+             " positions; sliding-window attention over fewer than T positions is not "
+             "implemented in training");
   const bool llama = dc.arch == DecoderArch::llama;
   const int64_t C = cfg_.n_embd, L = cfg_.n_layer, H = cfg_.n_head, Vp = cfg_.padded_vocab_size;
   const int64_t QD = dc.q_dim(), QKV = QD + 2 * dc.kv_dim(), F = dc.d_ff;
@@ -231,10 +244,11 @@ void TrainModel::plan(int64_t B, int64_t T, Precision precision, Recompute recom
   const size_t scratch_c = res("scratch_c", N * std::max(C, QD)), dresid = res("dresid", N * C),
                dbig = res("dbig", N * std::max(QKV, F)),
                dup = llama ? res("dup", N * std::max(QD, F)) : 0,
-               rot = llama ? res("rot", N * std::max(QD, dc.kv_dim())) : 0;
+               rot = llama ? res("rot", N * std::max(QD, dc.kv_dim())) : 0,
+               dpost = dc.post_norms ? res("dpost", N * C) : 0;
   struct LayerOff {
     size_t ln1, ln1_mean, ln1_rstd, qkv, atty, lse, resid_mid, ln2, ln2_mean, ln2_rstd, fch, fup,
-        gelu, qk_raw;
+        gelu, qk_raw, post_in, post_rstd;
   };
   // none: a full set per layer; gelu: per layer but the MLP's activation (GELU, SwiGLU) lives in
   // dbig (recomputed in backward); block: one shared set, replayed per layer in backward.
@@ -257,6 +271,8 @@ void TrainModel::plan(int64_t B, int64_t T, Precision precision, Recompute recom
     o.fup = llama ? res(h + "fup", N * F) : 0;
     o.gelu = recompute == Recompute::none ? res(h + "gelu", N * F) : dbig;
     o.qk_raw = dc.qk_norm ? res(h + "qk_raw", N * (QD + dc.kv_dim())) : 0;
+    o.post_in = dc.post_norms ? res(h + "post_in", 2 * N * C) : 0;
+    o.post_rstd = dc.post_norms ? res(h + "post_rstd", 2 * N) : 0;
     lo.push_back(o);
   }
   const size_t lnf = res("lnf", N * C), lnf_mean = res("lnf_mean", N),
@@ -271,7 +287,7 @@ void TrainModel::plan(int64_t B, int64_t T, Precision precision, Recompute recom
   im.planned = false;
   im.arena = ops::Buffer();
   im.plan = plan;
-  im.bind = [&im, L, llama, recompute, resid_off, scratch_c, dresid, dbig, dup, rot, lo, lnf,
+  im.bind = [&im, L, llama, recompute, resid_off, scratch_c, dresid, dbig, dup, rot, dpost, lo, lnf,
              lnf_mean, lnf_rstd, logits, losses, r, lora_u, lora_gu](char* base) {
     auto at = [base](size_t off) { return reinterpret_cast<float*>(base + off); };
     im.resid.clear();
@@ -281,13 +297,15 @@ void TrainModel::plan(int64_t B, int64_t T, Precision precision, Recompute recom
     im.dbig = at(dbig);
     im.dup = llama ? at(dup) : nullptr;
     im.rot = llama ? at(rot) : nullptr;
+    im.dpost = dpost ? at(dpost) : nullptr;
     im.acts.clear();
     for (int64_t l = 0; l < L; ++l) {
       const LayerOff& o = lo[static_cast<size_t>(recompute == Recompute::block ? 0 : l)];
       im.acts.push_back({at(o.ln1), at(o.ln1_mean), at(o.ln1_rstd), at(o.qkv), at(o.atty),
                          at(o.lse), at(o.resid_mid), at(o.ln2), at(o.ln2_mean), at(o.ln2_rstd),
                          at(o.fch), llama ? at(o.fup) : nullptr, at(o.gelu),
-                         o.qk_raw ? at(o.qk_raw) : nullptr});
+                         o.qk_raw ? at(o.qk_raw) : nullptr, o.post_in ? at(o.post_in) : nullptr,
+                         o.post_rstd ? at(o.post_rstd) : nullptr});
     }
     im.lnf = at(lnf);
     im.lnf_mean = at(lnf_mean);
@@ -340,6 +358,8 @@ void TrainModel::Impl::make_view() {
       frozen(l.attn_norm_b, model.cfg_.n_embd);
       frozen(l.ffn_norm, 0);
       frozen(l.ffn_norm_b, model.cfg_.n_embd);
+      frozen(l.post_attn_norm, 0);
+      frozen(l.post_ffn_norm, 0);
     }
     attach_lora_views(model, model.grads(), grad_view);
     absent(g.tok_embd);

@@ -21,7 +21,8 @@ namespace tessera::model {
 
 // The shape of a model to train: GPT-2 (learned positions, LayerNorm, GELU, biases, tied head)
 // or the Llama family (RoPE, RMSNorm, SwiGLU, grouped key/value heads, optional q/k/v biases,
-// tied or untied head). decoder_config() gives the inference description of the same model.
+// tied or untied head, and the layer options of `options`: Qwen3, SmolLM3, Gemma 3, scaled or
+// partial RoPE). decoder_config() gives the inference description of the same model.
 struct TrainConfig {
   DecoderArch arch = DecoderArch::gpt2;
   int64_t n_layer = 12, n_head = 12, n_embd = 768;
@@ -140,7 +141,8 @@ class TrainModel {
 // Loads a model to train from what the inference loaders read (load_decoder: a GGUF file or a
 // Hugging Face folder; GPT-2 or Llama family; f32, f16, bf16 or quantized weights, widened to
 // the f32 masters); throws naming the file, field or tensor on any mismatch, and refuses by
-// name what training does not implement (RoPE scaling, sliding windows, partial rotary).
+// name what training does not implement (check_trainable: mixtures of experts, OLMoE's
+// whole-vector q/k norms; plan() refuses a sliding window shorter than its sequences).
 std::unique_ptr<TrainModel> load_trainable(const std::string& path, const ops::Context& ctx);
 
 // Checks that training implements what c describes (what it does not is refused by name,

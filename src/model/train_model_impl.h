@@ -40,6 +40,8 @@ struct LayerActs {
   float* fup;        // (N,F) Llama's up projection; null for GPT-2
   float* gelu;       // (N,F) GELU output, or Llama's SwiGLU(gate, up)
   float* qk_raw;     // (N,q_dim+kv_dim) q and k before their norms (Qwen3), else null
+  float* post_in;    // (2,N,C) the branches' outputs before their post-norms (Gemma 3), else null
+  float* post_rstd;  // (2,N) their 1/rms, else null
 };
 
 // Points d's adapters (m's LoRA spec, every layer) at m's tensors in `params`, a buffer laid out
@@ -85,6 +87,7 @@ struct TrainModel::Impl {
   float* dresid = nullptr;     // (N,C): gradient of the residual stream
   float* dbig = nullptr;       // (N,max(QKV,F)): dqkv / dfch; doubles as the shared GELU buffer
   float* dup = nullptr;        // (N,max(q_dim,F)): Llama's up-projection gradient; else null
+  float* dpost = nullptr;      // (N,C): a branch's gradient before its post-norm; else null
   float* rot = nullptr;        // (N,max(q_dim,kv_dim)): Llama's rotation scratch; else null
   ops::RopeTable rope;         // Llama's rotary table for positions 0..max_t-1
   ops::RopeTable rope_local;   // the local layers' (DecoderConfig::local), where there are any

@@ -2,7 +2,8 @@
 // derivative of block_forward: for Llama layers (GQA, multi-query, RoPE in either layout, q/k/v
 // bias; q, k and v as separate matrices or as rows of one), the gradients of the layer's input
 // and of every weight match central differences of the forward; likewise with Qwen3's q/k norms
-// and heads wider or narrower than d_model / n_heads, and with scaled, partial and no RoPE. GPT-2's
+// and heads wider or narrower than d_model / n_heads, with scaled, partial and no RoPE, and in
+// Gemma 3's layers. GPT-2's
 // layer is held to the same by the trainer's gradient tests (tests/model/gpt2_test.cc).
 #include <gtest/gtest.h>
 
@@ -31,7 +32,7 @@ struct Layer {
   ops::RopeTable rope, rope_local;
   ops::Buffer rope_device;  // unused on the CPU
   std::vector<float> in, mid, out, branch, xn1, xn2, rstd1, rstd2, qkv, att, ff_in, ff_up, ff_act;
-  std::vector<float> lse, rot, qk_raw;
+  std::vector<float> lse, rot, qk_raw, post_in, post_rstd;
 
   Layer(const DecoderConfig& cfg, int64_t layer, int64_t b, int64_t t)
       : c(cfg), l(layer), B(b), T(t), n(b * t) {
@@ -42,6 +43,7 @@ struct Layer {
     rstd1.resize(n), rstd2.resize(n);
     qkv.resize(n * (QD + 2 * KV)), att.resize(n * QD), rot.resize(n * std::max(QD, KV));
     if (c.qk_norm) qk_raw.resize(n * (QD + KV));
+    if (c.post_norms) post_in.resize(2 * n * C), post_rstd.resize(2 * n);
     ff_in.resize(n * F), ff_up.resize(n * F), ff_act.resize(n * F);
     lse.resize(B * c.n_heads * T);
   }
@@ -52,6 +54,8 @@ struct Layer {
     t.qkv = qkv.data(), t.att = att.data();
     t.ff_in = ff_in.data(), t.ff_up = ff_up.data(), t.ff_act = ff_act.data();
     t.qk_raw = qk_raw.empty() ? nullptr : qk_raw.data();
+    t.post_in = post_in.empty() ? nullptr : post_in.data();
+    t.post_rstd = post_rstd.empty() ? nullptr : post_rstd.data();
     return t;
   }
   CausalAttention attention() {
@@ -75,21 +79,24 @@ struct Grads {
   std::vector<float> store;
   DecoderLayer view;
   explicit Grads(const DecoderLayer& w) {
-    const std::pair<const WeightRef*, WeightRef*> order[] = {{&w.attn_norm, &view.attn_norm},
-                                                             {&w.wq, &view.wq},
-                                                             {&w.wk, &view.wk},
-                                                             {&w.wv, &view.wv},
-                                                             {&w.wo, &view.wo},
-                                                             {&w.bq, &view.bq},
-                                                             {&w.bk, &view.bk},
-                                                             {&w.bv, &view.bv},
-                                                             {&w.bo, &view.bo},
-                                                             {&w.q_norm, &view.q_norm},
-                                                             {&w.k_norm, &view.k_norm},
-                                                             {&w.ffn_norm, &view.ffn_norm},
-                                                             {&w.w_gate, &view.w_gate},
-                                                             {&w.w_up, &view.w_up},
-                                                             {&w.w_down, &view.w_down}};
+    const std::pair<const WeightRef*, WeightRef*> order[] = {
+        {&w.attn_norm, &view.attn_norm},
+        {&w.wq, &view.wq},
+        {&w.wk, &view.wk},
+        {&w.wv, &view.wv},
+        {&w.wo, &view.wo},
+        {&w.bq, &view.bq},
+        {&w.bk, &view.bk},
+        {&w.bv, &view.bv},
+        {&w.bo, &view.bo},
+        {&w.q_norm, &view.q_norm},
+        {&w.k_norm, &view.k_norm},
+        {&w.post_attn_norm, &view.post_attn_norm},
+        {&w.ffn_norm, &view.ffn_norm},
+        {&w.post_ffn_norm, &view.post_ffn_norm},
+        {&w.w_gate, &view.w_gate},
+        {&w.w_up, &view.w_up},
+        {&w.w_down, &view.w_down}};
     int64_t total = 0;
     for (const auto& [r, g] : order) total += r->present() ? r->shape.numel() : 0;
     store.assign(static_cast<size_t>(total), 0.0f);
@@ -145,9 +152,9 @@ void check_layer(const DecoderModel& m, int64_t layer, bool join, const std::str
   Grads g(w);
   const int64_t big = std::max(c.q_dim() + 2 * c.kv_dim(), F);
   std::vector<float> dresid = r, dx(n * std::max(C, c.q_dim())), dbig(n * big),
-                     dup(n * std::max(c.q_dim(), F));
+                     dup(n * std::max(c.q_dim(), F)), dpost(n * C);
   block_backward(L.ctx, c, w, g.view, n, L.tensors(), a, dresid.data(),
-                 {dx.data(), dbig.data(), dup.data()}, false);
+                 {dx.data(), dbig.data(), dup.data(), nullptr, nullptr, dpost.data()}, false);
 
   // Central differences; the tolerance covers h^2 curvature and f32 rounding of the loss. The
   // per-head norms of short heads curve more steeply (at h = 1e-2 one of wk's elements is 30% off,
@@ -174,7 +181,9 @@ void check_layer(const DecoderModel& m, int64_t layer, bool join, const std::str
       {"bv", &DecoderLayer::bv},
       {"q_norm", &DecoderLayer::q_norm},
       {"k_norm", &DecoderLayer::k_norm},
+      {"post_attn_norm", &DecoderLayer::post_attn_norm},
       {"ffn_norm", &DecoderLayer::ffn_norm},
+      {"post_ffn_norm", &DecoderLayer::post_ffn_norm},
       {"w_gate", &DecoderLayer::w_gate},
       {"w_up", &DecoderLayer::w_up},
       {"w_down", &DecoderLayer::w_down}};
@@ -232,6 +241,19 @@ TEST(BlockBackward, RopeVariantsMatchFiniteDifferences) {
   check_layer(m, 0, false, "llama3 scaling, partial rotary");
   o.nope_every = 1;  // SmolLM3's layers without RoPE
   check_layer(o, true, "no RoPE");
+}
+
+// Gemma 3's layer: q/k norms, post-norms, GeGLU, an attention scale apart from 1/sqrt(head_dim),
+// a local layer (its own RoPE base, a window of 5 positions, all T = 5 rows inside it) and a
+// global one (linear RoPE scaling).
+TEST(BlockBackward, Gemma3LayersMatchFiniteDifferences) {
+  test::TinyOptions o;
+  o.layers = 3, o.width = 16, o.heads = 2, o.kv_heads = 1, o.ffn = 24, o.vocab = 8;
+  o.gemma3 = true;
+  const DecoderModel m = test::make_tiny_model(o);
+  ASSERT_TRUE(m.config.local(0) && !m.config.local(2));
+  check_layer(m, 0, false, "Gemma 3, local layer");
+  check_layer(m, 2, true, "Gemma 3, global layer");
 }
 
 }  // namespace

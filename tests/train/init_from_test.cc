@@ -16,9 +16,11 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "infer/engine.h"
+#include "infer/tiny_model.h"
 #include "model/decoder_save.h"
 #include "model/train_model.h"
 #include "test_util/compare.h"
+#include "test_util/expect_error.h"
 
 namespace tessera::model {
 namespace {
@@ -128,6 +130,33 @@ TEST(InitFrom, ScaledPartialAndNoRopeGiveTheFilesLogits) {
   std::filesystem::remove_all(hf);
 }
 
+// Gemma 3 (q/k norms, post-norms, GeGLU, scaled embeddings and scores, local layers over a window
+// of kT positions), as a folder.
+TEST(InitFrom, Gemma3GivesTheFilesLogits) {
+  TrainConfig c = TrainConfig::preset("llama:tiny", kVocab);
+  c.tied = true;
+  DecoderConfig& o = c.options;
+  o.qk_norm = o.post_norms = true;
+  o.mlp_act = ops::GluAct::gelu_tanh;
+  o.embed_scale = std::sqrt(128.0f);
+  o.attn_scale = 1.0 / std::sqrt(48.0);
+  o.local_layers = {1, 1, 0, 1};
+  o.sliding_window = kT;
+  o.rope_theta_local = 1000;
+  auto src = source_model(c);
+  const std::string hf = temp_path("gemma3_hf");
+  save_decoder_hf(as_decoder(*src), hf, DType::f32);
+  expect_same_logits(hf);
+  auto back = load_trainable(hf, ops::Context{});
+  EXPECT_TRUE(back->config().decoder_config().post_norms);
+  ASSERT_EQ(back->num_params(), src->num_params());
+  EXPECT_LT(test::max_rel_diff(back->params(), src->params(), src->num_params()), 1e-6);
+  // A window shorter than the run's sequences is refused by name when the run is planned.
+  test::expect_error([&] { back->plan(1, kT + 1, Precision::f32, Recompute::none); },
+                     "sliding window");
+  std::filesystem::remove_all(hf);
+}
+
 TEST(InitFrom, RealQuantizedFileLoadsAtItsSize) {
   const std::string path =
       std::string(TESSERA_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -146,16 +175,15 @@ TEST(InitFrom, RealQuantizedFileLoadsAtItsSize) {
 }
 
 TEST(InitFrom, RefusesWhatTrainingDoesNotImplement) {
-  auto src = source_model();
-  DecoderModel d = as_decoder(*src);
-  d.config.sliding_window = 8;
-  const std::string path = temp_path("swa.gguf");
-  save_decoder_gguf(d, path);
+  test::TinyOptions o;
+  o.experts = 4;  // a mixture of experts (Mixtral's shape)
+  const std::string path = temp_path("moe.gguf");
+  save_decoder_gguf(test::make_tiny_model(o), path);
   try {
     load_trainable(path, ops::Context{});
-    ADD_FAILURE() << "a sliding-window model was accepted";
+    ADD_FAILURE() << "a mixture-of-experts model was accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("sliding-window"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("mixture-of-experts"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
   }
   std::filesystem::remove(path);

@@ -1,8 +1,9 @@
 // The training model in Llama shapes: the gradient of the whole model's loss (every tensor:
 // embedding, norms, q/k/v with and without biases, grouped and single key/value heads, the
 // SwiGLU matrices, a tied and an untied head, Qwen3's q/k norms, heads wider and narrower than
-// n_embd / n_head, scaled, partial and no RoPE) against central differences of its forward; the
-// recompute policies giving the same gradients bit for bit; AdamW memorizing a batch.
+// n_embd / n_head, scaled, partial and no RoPE, Gemma 3's layer options) against central
+// differences of its forward; the recompute policies giving the same gradients bit for bit; AdamW
+// memorizing a batch.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -35,6 +36,21 @@ void scaled_partial_nope(DecoderConfig& o) {
   o.rope_factor = 8, o.rope_original_max_ctx = 8;
   o.rope_dim = 4;
   o.nope_layers = {0, 1};
+}
+
+// Gemma 3: q/k norms, post-norms, GeGLU, embeddings scaled by sqrt(32), scores by 1/sqrt(12)
+// instead of 1/sqrt(8), the first layer local (its own RoPE base, a window of all 16 positions
+// the tests run), the second global with linear RoPE scaling.
+void gemma3(DecoderConfig& o) {
+  o.qk_norm = o.post_norms = true;
+  o.mlp_act = ops::GluAct::gelu_tanh;
+  o.embed_scale = std::sqrt(32.0f);
+  o.attn_scale = 1.0 / std::sqrt(12.0);
+  o.local_layers = {1, 0};
+  o.sliding_window = 16;
+  o.rope_theta_local = 1000;
+  o.rope_scaling = RopeScaling::linear;
+  o.rope_factor = 4;
 }
 
 // LongRoPE (Phi-3.5): per-pair factors, short ones up to 8 positions and long ones beyond (the
@@ -172,7 +188,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Shape{"qwen3_wide_heads", 2, false, true, true, 12},
                       Shape{"narrow_heads", 2, true, false, false, 6},
                       Shape{"scaled_partial_nope", 2, false, false, false, 0, scaled_partial_nope},
-                      Shape{"longrope", 4, false, true, false, 0, longrope}),
+                      Shape{"longrope", 4, false, true, false, 0, longrope},
+                      Shape{"gemma3", 2, false, true, false, 0, gemma3}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(LlamaTraining, PresetsAreTheirModels) {

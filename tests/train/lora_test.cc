@@ -157,6 +157,22 @@ TEST(Lora, QwenThreeBaseGradientsMatchCentralDifferences) {
   std::filesystem::remove(path);
 }
 
+// Gemma 3's base under LoRA: the frozen post-norms, scaled embeddings and scores, local layers
+// (a window of T positions) pass the adapters' gradients through.
+TEST(Lora, GemmaThreeBaseGradientsMatchCentralDifferences) {
+  test::TinyOptions o;
+  o.gemma3 = true;
+  o.layers = 3;  // two local layers and a global one
+  o.vocab = kVocab;
+  DecoderModel base = test::make_tiny_model(o);
+  base.config.sliding_window = T;
+  ops::Context ctx;
+  ctx.reference = true;
+  TrainModel m(std::move(base), spec_all(4), ctx);
+  perturb_adapters(m, 5);
+  expect_central_differences(m);
+}
+
 TEST(Lora, AdapterGradientsMatchCentralDifferencesOverAnF32Base) {
   auto full = full_model();
   ops::Context ctx;
