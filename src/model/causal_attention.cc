@@ -1,6 +1,8 @@
-// Training-mode causal attention over (B, T) rows, with the rotary embedding where the model has
-// one.
+// Training-mode causal attention over (B, T) rows, with the rotary embedding and score scale
+// where the model has them.
 #include "model/causal_attention.h"
+
+#include <cmath>
 
 #include "core/error.h"
 
@@ -11,10 +13,11 @@ CausalAttention::CausalAttention(const ops::Context& ctx, const DecoderConfig& c
                                  int64_t T, bool round_bf16)
     : ctx_(ctx), c_(c), rope_(rope), rot_(rot), lse_(lse), B_(B), T_(T), bf16_(round_bf16) {
   const bool llama = c.arch == DecoderArch::llama;
-  TS_CHECK(!llama || (rope != nullptr && rot != nullptr),
-           "[attention] a Llama layer needs its RoPE table and rotation scratch");
-  TS_CHECK(!llama || T <= rope->max_pos, "[attention] T=", T, " exceeds the RoPE table's ",
+  TS_CHECK(!llama || rot != nullptr, "[attention] a Llama layer needs its rotation scratch");
+  TS_CHECK(rope == nullptr || T <= rope->max_pos, "[attention] T=", T, " exceeds the RoPE table's ",
            rope->max_pos, " positions");
+  if (llama && c.attn_scale > 0)
+    q_scale_ = static_cast<float>(c.attn_scale * std::sqrt(static_cast<double>(c.head_dim)));
 }
 
 void CausalAttention::rotate(float* x, bool inverse) {
@@ -22,12 +25,15 @@ void CausalAttention::rotate(float* x, bool inverse) {
   const int64_t n = B_ * T_;
   // The rope ops read contiguous (B, T, heads, D): each block goes out, turns, and comes back.
   for (const auto& [col, heads] : {std::pair{int64_t{0}, c_.n_heads}, {QD, c_.n_kv_heads}}) {
+    const bool scaled = col == 0 && q_scale_ != 1.0f;
+    if (rope_ == nullptr && !scaled) continue;
     const int64_t w = heads * D;
     ops::copy_rows(ctx_, rot_, w, x + col, ld, n, w);
-    if (inverse)
+    if (rope_ != nullptr && inverse)
       ops::rope_backward(ctx_, rot_, rot_, *rope_, nullptr, 0, B_, T_, heads, D, c_.rope_layout);
-    else
+    else if (rope_ != nullptr)
       ops::rope_forward(ctx_, rot_, rot_, *rope_, nullptr, 0, B_, T_, heads, D, c_.rope_layout);
+    if (scaled) ops::scale(ctx_, rot_, n * w, q_scale_);
     ops::copy_rows(ctx_, x + col, ld, rot_, w, n, w);
   }
 }
@@ -42,7 +48,7 @@ void CausalAttention::attend(int64_t, float* qkv, float* att, int64_t n) {
 void CausalAttention::backward(float* dqkv, const float* datt, const float* qkv, const float* att) {
   ops::attention_backward(ctx_, dqkv, datt, qkv, att, lse_, B_, T_, c_.q_dim(), c_.n_heads,
                           c_.n_kv_heads, bf16_);
-  // d/d(unrotated) = R^T d/d(rotated): the rotation is orthogonal.
+  // d/d(before) = (s R)^T d/d(after): the rotation is orthogonal up to the table's scale.
   if (c_.arch == DecoderArch::llama) rotate(dqkv, true);
 }
 

@@ -1,8 +1,9 @@
 // Training-mode attention: each of B sequences' T rows attends causally to its own rows 0..t,
 // the keys and values coming from the rows themselves (the engine's come from the paged cache:
 // model/decoder_forward.cc). For Llama, q and k are rotated first (positions 0..T-1 of each
-// sequence); grouped key/value heads as the model has them. One class for the forward and its
-// backward, so GPT-2's step and any other family's share them.
+// sequence) with the layer's table, and q is scaled where the model's score scale is not
+// 1/sqrt(head_dim); grouped key/value heads as the model has them. One class for the forward
+// and its backward, so GPT-2's step and any other family's share them.
 #pragma once
 
 #include <cstdint>
@@ -16,15 +17,16 @@ namespace tessera::model {
 
 class CausalAttention final : public BlockAttention {
  public:
-  // c: the model (heads, head dim, kv heads, RoPE); rope: its table when c has RoPE (Llama),
-  // else null; rot: scratch of B*T*max(q_dim, kv_dim) floats on ctx's device for the rotation
-  // (Llama only, else null); lse: (B, H, T) for this layer's log-sum-exp. round_bf16: bf16
-  // products, as the layer's linears in bf16 precision.
+  // c: the model (heads, head dim, kv heads, score scale); rope: the layer's rotary table (the
+  // local or the global one: DecoderConfig::local), null where a Llama layer does not rotate
+  // (GPT-2 reads none); rot: scratch of B*T*max(q_dim, kv_dim) floats on ctx's device for
+  // the rotation and the scaling (Llama only, else null); lse: (B, H, T) for this layer's
+  // log-sum-exp. round_bf16: bf16 products, as the layer's linears in bf16 precision.
   CausalAttention(const ops::Context& ctx, const DecoderConfig& c, const ops::RopeTable* rope,
                   float* rot, float* lse, int64_t B, int64_t T, bool round_bf16);
 
-  // att (n, q_dim) from qkv (n, q_dim + 2 kv_dim), n = B*T. Rotates q and k inside qkv (the
-  // backward differentiates through the rotated values qkv then holds).
+  // att (n, q_dim) from qkv (n, q_dim + 2 kv_dim), n = B*T. Rotates q and k (and scales q)
+  // inside qkv (the backward differentiates through the values qkv then holds).
   void attend(int64_t layer, float* qkv, float* att, int64_t n) override;
 
   // dqkv (n, q_dim + 2 kv_dim) = the gradient with respect to qkv before the rotation, from
@@ -32,7 +34,8 @@ class CausalAttention final : public BlockAttention {
   void backward(float* dqkv, const float* datt, const float* qkv, const float* att);
 
  private:
-  // x's q and k column blocks (rows of ld) through the rotation (forward or its transpose).
+  // x's q and k column blocks (rows of ld) through the rotation and q's scaling (forward, or
+  // its transpose: q_scale_ R^T, the same scalar).
   void rotate(float* x, bool inverse);
 
   const ops::Context& ctx_;
@@ -42,6 +45,9 @@ class CausalAttention final : public BlockAttention {
   float* lse_;
   int64_t B_, T_;
   bool bf16_;
+  // The attention op scales scores by 1/sqrt(head_dim); a model's other scale s (Gemma 3's
+  // attn_scale) is q multiplied by s sqrt(head_dim) first. 1: none.
+  float q_scale_ = 1.0f;
 };
 
 }  // namespace tessera::model

@@ -30,6 +30,7 @@ enum class DecoderArch : uint8_t {
 // Rotary frequency scaling (HF config.json rope_scaling / GGUF <arch>.rope.scaling.*).
 enum class RopeScaling : uint8_t { none, linear, llama3, longrope, yarn };
 
+// Every field is also listed in the training checkpoint's record of it (train/checkpoint.cc).
 struct DecoderConfig {
   DecoderArch arch = DecoderArch::llama;
   std::string name;        // free text (general.name or the folder)

@@ -58,13 +58,20 @@ void linear_group(const ops::Context& ctx, Stage stage, const float* x, int64_t 
   ops::matmul_wt_group(ctx, x, n, K, {products, static_cast<size_t>(np)});
 }
 
-// out (n,C) = stream + t.branch, the branch RMS-normalized first with weights post (post_norms).
+// out (n,C) = stream + t.branch, the branch RMS-normalized first with weights post (post_norms);
+// which: 0 the attention branch, 1 the MLP's (its slot of t.post_in and t.post_rstd where kept).
 void join_branch(const ops::Context& ctx, const DecoderConfig& c, const BlockTensors& t, int64_t n,
-                 const WeightRef& post, const float* stream, float* out) {
+                 const WeightRef& post, const float* stream, float* out, int64_t which) {
   const int64_t C = c.d_model;
-  if (c.post_norms)
-    ops::rmsnorm_forward(ctx, t.branch, t.post_rstd, t.branch, static_cast<const float*>(post.data),
-                         n, C, c.norm_eps);
+  if (c.post_norms) {
+    float* rstd = t.post_rstd;
+    if (t.post_in) {
+      ops::copy_rows(ctx, t.post_in + which * n * C, C, t.branch, C, n, C);
+      rstd += which * n;
+    }
+    ops::rmsnorm_forward(ctx, t.branch, rstd, t.branch, static_cast<const float*>(post.data), n, C,
+                         c.norm_eps);
+  }
   ops::add(ctx, out, stream, t.branch, n * C);
 }
 
@@ -241,7 +248,7 @@ void block_forward(const ops::Context& ctx, const DecoderConfig& c, const Decode
     const ops::Scope scope(ctx, stage_name(Stage::attn_out));
     lora_forward(ctx, w.adapter(M::o), t.branch, C, t.att, n, t.lora_u);
   }
-  join_branch(ctx, c, t, n, w.post_attn_norm, t.in, t.mid);
+  join_branch(ctx, c, t, n, w.post_attn_norm, t.in, t.mid, 0);
 
   // MLP branch: out = mid + [post-norm] down(act(up(norm(mid)))).
   norm_forward(ctx, c, t.xn2, t.mean2, t.rstd2, t.mid, n, w.ffn_norm, w.ffn_norm_b);
@@ -274,7 +281,7 @@ void block_forward(const ops::Context& ctx, const DecoderConfig& c, const Decode
     const ops::Scope scope(ctx, stage_name(Stage::mlp_down));
     lora_forward(ctx, w.adapter(M::down), t.branch, C, t.ff_act, n, t.lora_u);
   }
-  join_branch(ctx, c, t, n, w.post_ffn_norm, t.mid, t.out);
+  join_branch(ctx, c, t, n, w.post_ffn_norm, t.mid, t.out, 1);
 }
 
 }  // namespace tessera::model

@@ -57,8 +57,10 @@ struct BlockTensors {
                                // layer has adapters (LoraRef), which the forward adds in place
   float* qk_raw = nullptr;     // (n, q_dim + kv_dim): q and k before their norms (qk_norm), kept
                                // for the backward; null where nothing is kept (the engine)
-  float* post_rstd = nullptr;  // (n) the post-norms' 1/rms (post_norms), not kept: the engine's
-                               // only (the trainer refuses post-norms)
+  float* post_rstd = nullptr;  // (n) the post-norms' 1/rms (post_norms); (2,n) with post_in
+  float* post_in = nullptr;    // (2,n,C) the attention's then the MLP's branch output before its
+                               // post-norm, kept for the backward (the trainer's) with both
+                               // 1/rms in post_rstd; null: nothing kept (the engine)
   // Mixture of experts (DecoderConfig::moe; E experts, k used, the engine's only): ff_in, ff_up
   // and ff_act then hold (n k, F), one row per choice, grouped by expert.
   float* router = nullptr;        // (n,E) the router's logits
@@ -96,6 +98,7 @@ struct BlockGradScratch {
                             // gradients packed for separate matrices; may be null for GPT-2
   float* lora_u = nullptr;  // (n, largest adapter rank) each, when the layer has adapters
   float* lora_gu = nullptr;
+  float* dpost = nullptr;  // (n,C) a branch output's gradient before its post-norm (post_norms)
 };
 
 // An adapter's part in a linear's backward: its weights w, the view of its gradients g (f32,
@@ -109,13 +112,13 @@ struct LoraGrad {
 };
 
 // The backward of block_forward over the tensors it left in t (ff_act recomputed by the caller
-// if it was not kept; it may be s.dbig itself). On entry dresid (n,C) holds the gradient of the
-// layer's output t.out; on exit that of its input t.in. Adds every weight's gradient into g, a
-// view of the gradient buffer in the layout of w (as_decoder over it: f32, biases present where
-// the weights have them); a tensor absent from g gets none (a frozen matrix: only its input's
-// gradient is computed, through ops::matmul_w when it is stored quantized). Adapters of w get
-// theirs in g.lora. attention: the layer's CausalAttention as the forward used it.
-// round_bf16: the products take bf16 operands (bf16 precision).
+// if it was not kept; it may be s.dbig itself; with post-norms, t.post_in kept). On entry dresid
+// (n,C) holds the gradient of the layer's output t.out; on exit that of its input t.in. Adds every
+// weight's gradient into g, a view of the gradient buffer in the layout of w (as_decoder over it:
+// f32, biases present where the weights have them); a tensor absent from g gets none (a frozen
+// matrix: only its input's gradient is computed, through ops::matmul_w when it is stored
+// quantized). Adapters of w get theirs in g.lora. attention: the layer's CausalAttention as the
+// forward used it. round_bf16: the products take bf16 operands (bf16 precision).
 void block_backward(const ops::Context& ctx, const DecoderConfig& c, const DecoderLayer& w,
                     const DecoderLayer& g, int64_t n, const BlockTensors& t,
                     CausalAttention& attention, float* dresid, const BlockGradScratch& s,

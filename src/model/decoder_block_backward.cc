@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "model/causal_attention.h"
 #include "model/decoder_block.h"
+#include "ops/memory.h"
 #include "ops/ops.h"
 #include "ops/quant.h"
 
@@ -103,9 +104,23 @@ void block_backward(const ops::Context& ctx, const DecoderConfig& c, const Decod
                     {&w.lora[i], &g.lora[i], s.lora_u, s.lora_gu});
   };
 
-  // MLP branch: out = mid + down(act(up(norm(mid)))). ff_act may be s.dbig itself (recomputed):
-  // the down product reads it for dW before it writes dbig.
-  lin(s.dbig, false, dresid, t.ff_act, w.w_down, g.w_down, g.b_down, M::down);
+  // A branch's output gradient from its output's after the post-norm (post_norms: into s.dpost,
+  // from the kept branch output), else that gradient itself.
+  const int64_t C = c.d_model;
+  TS_CHECK(!c.post_norms || (t.post_in && t.post_rstd && s.dpost),
+           "[model] post-norms' backward needs t.post_in, t.post_rstd and the dpost scratch");
+  auto branch_grad = [&](const WeightRef& wp, const WeightRef& gp, int64_t which) -> const float* {
+    if (!c.post_norms) return dresid;
+    ops::zero(ctx, s.dpost, static_cast<size_t>(n * C) * sizeof(float));
+    ops::rmsnorm_backward(ctx, s.dpost, grad(gp), dresid, t.post_in + which * n * C,
+                          static_cast<const float*>(wp.data), t.post_rstd + which * n, n, C);
+    return s.dpost;
+  };
+
+  // MLP branch: out = mid + [post-norm] down(act(up(norm(mid)))). ff_act may be s.dbig itself
+  // (recomputed): the down product reads it for dW before it writes dbig.
+  lin(s.dbig, false, branch_grad(w.post_ffn_norm, g.post_ffn_norm, 1), t.ff_act, w.w_down, g.w_down,
+      g.b_down, M::down);
   if (llama) {
     ops::glu_backward(ctx, s.dbig, s.dup, s.dbig, t.ff_in, t.ff_up, n, F, c.mlp_act);
     lin(s.dx, false, s.dbig, t.xn2, w.w_gate, g.w_gate, {}, M::gate);
@@ -118,8 +133,10 @@ void block_backward(const ops::Context& ctx, const DecoderConfig& c, const Decod
   norm_backward(ctx, c, dresid, s.dx, t.mid, t.mean2, t.rstd2, n, w.ffn_norm, g.ffn_norm,
                 g.ffn_norm_b);
 
-  // Attention branch: mid = in + wo attention(q, k, v of norm(in)); dq, dk, dv into dbig.
-  lin(s.dx, false, dresid, t.att, w.wo, g.wo, g.bo, M::o);
+  // Attention branch: mid = in + [post-norm] wo attention(q, k, v of norm(in)); dq, dk, dv into
+  // dbig.
+  lin(s.dx, false, branch_grad(w.post_attn_norm, g.post_attn_norm, 0), t.att, w.wo, g.wo, g.bo,
+      M::o);
   attention.backward(s.dbig, s.dx, t.qkv, t.att);
   if (c.qk_norm) {  // dq, dk through each head's norm, in place, from the kept q and k
     const int64_t D = c.head_dim;

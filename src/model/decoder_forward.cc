@@ -127,6 +127,26 @@ class DecoderForward::PagedAttention final : public BlockAttention {
   int64_t max_keys_;
 };
 
+void make_rope_tables(const ops::Context& ctx, const DecoderConfig& c, int64_t max_pos,
+                      ops::RopeTable* global, ops::RopeTable* local, ops::Buffer* device) {
+  // LongRoPE picks its factors by the context the tables are sized for.
+  *global = ops::make_rope_table(max_pos, rope_inv_freqs(c, false, max_pos), c.rope_attn_factor);
+  *local = c.local_layers.empty() ? ops::RopeTable{}
+                                  : ops::make_rope_table(max_pos, rope_inv_freqs(c, true));
+  *device = ops::Buffer();
+  if (ctx.device == ops::Device::cpu) return;
+  const size_t half = global->cos.size() * sizeof(float);
+  const size_t tables = c.local_layers.empty() ? 1 : 2;
+  *device = ops::Buffer(ctx.device, 2 * half * tables);
+  for (size_t i = 0; i < tables; ++i) {
+    ops::RopeTable& t = i == 0 ? *global : *local;
+    uint8_t* at = device->as<uint8_t>() + 2 * half * i;
+    ops::copy(ctx, at, t.cos.data(), half, ops::CopyKind::host_to_device);
+    ops::copy(ctx, at + half, t.sin.data(), half, ops::CopyKind::host_to_device);
+    t.device = reinterpret_cast<const float*>(at);
+  }
+}
+
 DecoderForward::DecoderForward(const DecoderModel& model, const ops::Context& ctx, int64_t max_rows,
                                int64_t max_ctx)
     : model_(model),
@@ -141,23 +161,7 @@ DecoderForward::DecoderForward(const DecoderModel& model, const ops::Context& ct
     TS_CHECK(std::fabs(c.norm_eps - 1e-5f) < 1e-9f, "[model] gpt2 layer norm epsilon ", c.norm_eps,
              " is not supported (1e-5)");
   } else {
-    // Local layers (c.local) rotate with their own table; on a device each table's cos then sin.
-    // LongRoPE picks its factors by the context this forward is sized for.
-    rope_ = ops::make_rope_table(max_ctx, rope_inv_freqs(c, false, max_ctx), c.rope_attn_factor);
-    if (!c.local_layers.empty())
-      rope_local_ = ops::make_rope_table(max_ctx, rope_inv_freqs(c, true));
-    if (!on_host_) {
-      const size_t half = rope_.cos.size() * sizeof(float);
-      const size_t tables = c.local_layers.empty() ? 1 : 2;
-      rope_device_ = ops::Buffer(ctx.device, 2 * half * tables);
-      for (size_t i = 0; i < tables; ++i) {
-        ops::RopeTable& t = i == 0 ? rope_ : rope_local_;
-        uint8_t* at = rope_device_.as<uint8_t>() + 2 * half * i;
-        ops::copy(ctx, at, t.cos.data(), half, ops::CopyKind::host_to_device);
-        ops::copy(ctx, at + half, t.sin.data(), half, ops::CopyKind::host_to_device);
-        t.device = reinterpret_cast<const float*>(at);
-      }
-    }
+    make_rope_tables(ctx, c, max_ctx, &rope_, &rope_local_, &rope_device_);
   }
   x_host_.resize(static_cast<size_t>(max_rows * c.d_model));
   if (model_.weights.pos_embd.present()) pos_row_.resize(static_cast<size_t>(c.d_model));

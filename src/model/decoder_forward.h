@@ -23,6 +23,13 @@
 
 namespace tessera::model {
 
+// A Llama model's rotary tables for positions [0, max_pos): the global one (its RoPE scaling;
+// LongRoPE's factors picked by max_pos) and, where c has local layers, theirs (else empty). On a
+// device that is not the CPU both are uploaded into a new `device` buffer (each table's cos then
+// sin) and point at it there.
+void make_rope_tables(const ops::Context& ctx, const DecoderConfig& c, int64_t max_pos,
+                      ops::RopeTable* global, ops::RopeTable* local, ops::Buffer* device);
+
 // A paged key/value cache on the forward's device, n_blocks blocks in the layout of `layout`
 // (ops::PagedKvLayout; k_transposed as ops::paged_keys_transposed says for the device). Layer
 // l's block b starts at element l * layer_stride + b * layout.block_stride of base.

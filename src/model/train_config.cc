@@ -47,8 +47,11 @@ TrainConfig TrainConfig::preset(const std::string& name, int64_t vocab) {
 
 void TrainConfig::validate() const {
   TS_CHECK(n_layer > 0 && n_layer <= 1024, "[model] n_layer must be in [1, 1024], got ", n_layer);
-  TS_CHECK(n_head > 0 && n_embd > 0 && n_embd % n_head == 0, "[model] n_embd (", n_embd,
-           ") must be a positive multiple of n_head (", n_head, ")");
+  TS_CHECK(n_head > 0 && n_embd > 0 && (n_embd % n_head == 0 || options.head_dim > 0),
+           "[model] n_embd (", n_embd, ") must be a positive multiple of n_head (", n_head,
+           ") unless the model sets head_dim");
+  TS_CHECK(arch == DecoderArch::llama || options.head_dim == 0,
+           "[model] GPT-2's heads are n_embd / n_head wide (no head_dim)");
   TS_CHECK(n_embd <= 65536, "[model] n_embd too large: ", n_embd);
   TS_CHECK(vocab_size > 0 && padded_vocab_size >= vocab_size && vocab_size <= (int64_t{1} << 24),
            "[model] bad vocabulary sizes V=", vocab_size, " Vp=", padded_vocab_size);
@@ -60,19 +63,21 @@ void TrainConfig::validate() const {
            d_ff);
   TS_CHECK(arch == DecoderArch::llama || ((n_kv_head == 0 || n_kv_head == n_head) && tied),
            "[model] GPT-2 has as many key/value heads as heads and a tied head");
-  TS_CHECK(arch == DecoderArch::gpt2 || (n_embd / n_head) % 2 == 0,
-           "[model] RoPE needs an even head dimension, got ", n_embd / n_head);
+  TS_CHECK(arch == DecoderArch::gpt2 || head_dim() % 2 == 0,
+           "[model] RoPE needs an even head dimension, got ", head_dim());
 }
 
 DecoderConfig TrainConfig::decoder_config() const {
-  DecoderConfig c;
+  // GPT-2 has none of the options; a Llama takes them from `options`, its shape from the fields.
+  DecoderConfig c = arch == DecoderArch::llama ? options : DecoderConfig{};
   c.arch = arch;
-  c.name = arch == DecoderArch::gpt2 ? "gpt2 (training model)" : "llama (training model)";
+  if (c.name.empty())
+    c.name = arch == DecoderArch::gpt2 ? "gpt2 (training model)" : "llama (training model)";
   c.n_layers = n_layer;
   c.d_model = n_embd;
   c.n_heads = n_head;
   c.n_kv_heads = kv_heads();
-  c.head_dim = n_embd / n_head;
+  c.head_dim = head_dim();
   c.d_ff = ff();
   c.vocab = vocab_size;
   c.max_ctx = max_seq;
@@ -81,7 +86,7 @@ DecoderConfig TrainConfig::decoder_config() const {
   c.qkv_bias = arch == DecoderArch::gpt2 || qkv_bias;
   if (arch == DecoderArch::llama) {
     c.rope_theta = rope_theta;
-    c.rope_dim = c.head_dim;
+    if (c.rope_dim == 0) c.rope_dim = c.head_dim;
     c.rope_layout = rope_layout;
   }
   c.validate(c.name);

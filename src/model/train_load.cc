@@ -14,7 +14,16 @@
 
 namespace tessera::model {
 
-TrainConfig trainable_config(const DecoderConfig& c, const std::string& from, bool frozen_base) {
+void check_trainable(const DecoderConfig& c, const std::string& from) {
+  if (c.arch != DecoderArch::llama) return;
+  // What the training layer does not do is refused by name, never approximated.
+  TS_CHECK(!c.moe(), "[train] ", from,
+           ": mixture-of-experts layers are not implemented in training (inference only)");
+  TS_CHECK(!c.qk_norm_whole, "[train] ", from,
+           ": whole-vector q/k norms (OLMoE) are not implemented in training");
+}
+
+TrainConfig trainable_config(const DecoderConfig& c, const std::string& from) {
   TrainConfig cfg;
   cfg.arch = c.arch;
   if (c.arch == DecoderArch::gpt2) {
@@ -23,24 +32,8 @@ TrainConfig trainable_config(const DecoderConfig& c, const std::string& from, bo
     TS_CHECK(c.tied_embeddings, "[train] ", from,
              ": field 'tie_word_embeddings' is false; the training model ties GPT-2's head to wte");
   } else {
-    // What the training attention does not do is refused by name, never approximated.
-    TS_CHECK(c.rope_scaling == RopeScaling::none && c.rope_freq_divisors.empty(), "[train] ", from,
-             ": RoPE scaling is not implemented in training");
-    TS_CHECK(!c.qk_norm || frozen_base, "[train] ", from,
-             ": q/k norms (Qwen3) are trained only frozen, under LoRA (--lora)");
-    TS_CHECK(c.sliding_window == 0, "[train] ", from,
-             ": sliding-window attention is not implemented in training");
-    TS_CHECK(c.nope_layers.empty(), "[train] ", from,
-             ": layers without RoPE (SmolLM3) are not implemented in training");
-    TS_CHECK(!c.moe(), "[train] ", from,
-             ": mixture-of-experts layers are not implemented in training (inference only)");
-    TS_CHECK(!c.post_norms && c.embed_scale == 1.0f && c.attn_scale == 0.0, "[train] ", from,
-             ": Gemma 3's post-norms, embedding and attention scales are not implemented in "
-             "training");
-    TS_CHECK(c.rope_dim == c.head_dim, "[train] ", from, ": partial rotary (rope_dim ", c.rope_dim,
-             " of head_dim ", c.head_dim, ") is not implemented in training");
-    TS_CHECK(c.head_dim * c.n_heads == c.d_model || frozen_base, "[train] ", from, ": head_dim ",
-             c.head_dim, " x ", c.n_heads, " heads differs from the width ", c.d_model);
+    check_trainable(c, from);
+    cfg.options = c;  // every layer option, as inference describes it
     cfg.n_kv_head = c.n_kv_heads;
     cfg.rope_theta = c.rope_theta;
     cfg.rope_layout = c.rope_layout;
@@ -73,7 +66,7 @@ std::string shape_source(const std::string& path) {
 std::unique_ptr<TrainModel> load_lora_trainable(const std::string& path, const LoraSpec& spec,
                                                 const ops::Context& ctx) {
   DecoderModel base = load_decoder(path);
-  trainable_config(base.config, shape_source(path), /*frozen_base=*/true);  // refused by name
+  trainable_config(base.config, shape_source(path));  // refused by name
   return std::make_unique<TrainModel>(std::move(base), spec, ctx);
 }
 

@@ -17,6 +17,7 @@ namespace tessera::model {
 TrainModel::TrainModel(const TrainConfig& cfg, const ops::Context& ctx)
     : cfg_(cfg), ctx_(ctx), impl_(std::make_unique<Impl>(*this)) {
   cfg_.validate();
+  check_trainable(cfg_.decoder_config(), "the training model's config");
   const int64_t C = cfg_.n_embd, L = cfg_.n_layer, F = cfg_.ff(), Vp = cfg_.padded_vocab_size;
   Impl& im = *impl_;
   // The token embedding (and an untied head) has Vp rows; rows >= V are padding so the head's
@@ -48,7 +49,8 @@ TrainModel::TrainModel(const TrainConfig& cfg, const ops::Context& ctx)
     im.head = im.wte;
   } else {  // Hugging Face Llama's names; q, k, v adjacent and gate, up adjacent, so the layer
             // code runs each trio / pair as one product
-    const int64_t QD = C, KVD = cfg_.kv_heads() * (C / cfg_.n_head);
+    const DecoderConfig dc = cfg_.decoder_config();
+    const int64_t QD = dc.q_dim(), KVD = dc.kv_dim(), D = dc.head_dim;
     im.wte = table_.add("model.embed_tokens.weight", {Vp, C});
     for (int64_t l = 0; l < L; ++l) {
       const std::string h = cat("model.layers.", l, ".");
@@ -62,7 +64,15 @@ TrainModel::TrainModel(const TrainConfig& cfg, const ops::Context& ctx)
         table_.add(h + "self_attn.v_proj.bias", {KVD});
       }
       table_.add(h + "self_attn.o_proj.weight", {C, QD});
-      table_.add(h + "post_attention_layernorm.weight", {C});
+      if (dc.qk_norm) {
+        table_.add(h + "self_attn.q_norm.weight", {D});
+        table_.add(h + "self_attn.k_norm.weight", {D});
+      }
+      table_.add(h + "post_attention_layernorm.weight", {C});  // Gemma 3: the attention's post-norm
+      if (dc.post_norms) {
+        table_.add(h + "pre_feedforward_layernorm.weight", {C});
+        table_.add(h + "post_feedforward_layernorm.weight", {C});
+      }
       table_.add(h + "mlp.gate_proj.weight", {F, C});
       table_.add(h + "mlp.up_proj.weight", {F, C});
       table_.add(h + "mlp.down_proj.weight", {C, F});
@@ -77,7 +87,7 @@ TrainModel::TrainModel(DecoderModel base, const LoraSpec& spec, const ops::Conte
     : ctx_(ctx), impl_(std::make_unique<Impl>(*this)) {
   const DecoderConfig& c = base.config;
   check_lora_spec(c, spec, base.source);
-  cfg_ = trainable_config(c, base.source, /*frozen_base=*/true);
+  cfg_ = trainable_config(c, base.source);
   cfg_.padded_vocab_size = cfg_.vocab_size;  // the head is the base's (V,C) matrix
   Impl& im = *impl_;
   im.wte = im.head = im.lnf_w = -1;
@@ -145,16 +155,17 @@ void TrainModel::init_weights(uint64_t seed) {
   }
   const float proj_std = 0.02f / std::sqrt(2.0f * static_cast<float>(cfg_.n_layer));
   // Each tensor's role from the model's own description of its layers (as_decoder): norm
-  // weights 1, biases 0, the products that feed the residual stream (attention output, MLP
-  // down) N(0, 0.02 / sqrt(2L)), every other matrix N(0, 0.02).
+  // weights (q/k norms too) 1, biases 0, the products that feed the residual stream (attention
+  // output, MLP down) N(0, 0.02 / sqrt(2L)), every other matrix N(0, 0.02).
   const DecoderModel view = as_decoder(*this);
   std::map<const void*, float> role;  // first float of a tensor -> its value (ones) or std
   auto mark = [&role](const WeightRef& w, float v) {
     if (w.present()) role[w.data] = v;
   };
   for (const DecoderLayer& l : view.weights.layers) {
-    mark(l.attn_norm, -1.0f);
-    mark(l.ffn_norm, -1.0f);
+    for (const WeightRef* norm :
+         {&l.attn_norm, &l.ffn_norm, &l.q_norm, &l.k_norm, &l.post_attn_norm, &l.post_ffn_norm})
+      mark(*norm, -1);
     mark(l.wo, proj_std);
     mark(l.w_down, proj_std);
   }
@@ -211,6 +222,13 @@ void TrainModel::plan(int64_t B, int64_t T, Precision precision, Recompute recom
            "[train] LoRA trains in f32 precision (the base's products run in its stored type)");
   // A LoRA base is described by its own config (q/k norms, heads wider than width / heads).
   const DecoderConfig dc = im.is_lora() ? im.base.config : cfg_.decoder_config();
+  // Training attention lets each row see every earlier row of its sequence: a window of T rows
+  // or more hides none, a shorter one would hide some, which it does not implement.
+  for (int64_t l = 0; l < dc.n_layers; ++l)
+    TS_CHECK(dc.window(l) == 0 || dc.window(l) >= T, "[train] plan: sequence length T=", T,
+             " is longer than layer ", l, "'s sliding window of ", dc.window(l),
+             " positions; sliding-window attention over fewer than T positions is not "
+             "implemented in training");
   const bool llama = dc.arch == DecoderArch::llama;
   const int64_t C = cfg_.n_embd, L = cfg_.n_layer, H = cfg_.n_head, Vp = cfg_.padded_vocab_size;
   const int64_t QD = dc.q_dim(), QKV = QD + 2 * dc.kv_dim(), F = dc.d_ff;
@@ -226,10 +244,11 @@ void TrainModel::plan(int64_t B, int64_t T, Precision precision, Recompute recom
   const size_t scratch_c = res("scratch_c", N * std::max(C, QD)), dresid = res("dresid", N * C),
                dbig = res("dbig", N * std::max(QKV, F)),
                dup = llama ? res("dup", N * std::max(QD, F)) : 0,
-               rot = llama ? res("rot", N * std::max(QD, dc.kv_dim())) : 0;
+               rot = llama ? res("rot", N * std::max(QD, dc.kv_dim())) : 0,
+               dpost = dc.post_norms ? res("dpost", N * C) : 0;
   struct LayerOff {
     size_t ln1, ln1_mean, ln1_rstd, qkv, atty, lse, resid_mid, ln2, ln2_mean, ln2_rstd, fch, fup,
-        gelu, qk_raw;
+        gelu, qk_raw, post_in, post_rstd;
   };
   // none: a full set per layer; gelu: per layer but the MLP's activation (GELU, SwiGLU) lives in
   // dbig (recomputed in backward); block: one shared set, replayed per layer in backward.
@@ -252,6 +271,8 @@ void TrainModel::plan(int64_t B, int64_t T, Precision precision, Recompute recom
     o.fup = llama ? res(h + "fup", N * F) : 0;
     o.gelu = recompute == Recompute::none ? res(h + "gelu", N * F) : dbig;
     o.qk_raw = dc.qk_norm ? res(h + "qk_raw", N * (QD + dc.kv_dim())) : 0;
+    o.post_in = dc.post_norms ? res(h + "post_in", 2 * N * C) : 0;
+    o.post_rstd = dc.post_norms ? res(h + "post_rstd", 2 * N) : 0;
     lo.push_back(o);
   }
   const size_t lnf = res("lnf", N * C), lnf_mean = res("lnf_mean", N),
@@ -266,7 +287,7 @@ void TrainModel::plan(int64_t B, int64_t T, Precision precision, Recompute recom
   im.planned = false;
   im.arena = ops::Buffer();
   im.plan = plan;
-  im.bind = [&im, L, llama, recompute, resid_off, scratch_c, dresid, dbig, dup, rot, lo, lnf,
+  im.bind = [&im, L, llama, recompute, resid_off, scratch_c, dresid, dbig, dup, rot, dpost, lo, lnf,
              lnf_mean, lnf_rstd, logits, losses, r, lora_u, lora_gu](char* base) {
     auto at = [base](size_t off) { return reinterpret_cast<float*>(base + off); };
     im.resid.clear();
@@ -276,13 +297,15 @@ void TrainModel::plan(int64_t B, int64_t T, Precision precision, Recompute recom
     im.dbig = at(dbig);
     im.dup = llama ? at(dup) : nullptr;
     im.rot = llama ? at(rot) : nullptr;
+    im.dpost = dpost ? at(dpost) : nullptr;
     im.acts.clear();
     for (int64_t l = 0; l < L; ++l) {
       const LayerOff& o = lo[static_cast<size_t>(recompute == Recompute::block ? 0 : l)];
       im.acts.push_back({at(o.ln1), at(o.ln1_mean), at(o.ln1_rstd), at(o.qkv), at(o.atty),
                          at(o.lse), at(o.resid_mid), at(o.ln2), at(o.ln2_mean), at(o.ln2_rstd),
                          at(o.fch), llama ? at(o.fup) : nullptr, at(o.gelu),
-                         o.qk_raw ? at(o.qk_raw) : nullptr});
+                         o.qk_raw ? at(o.qk_raw) : nullptr, o.post_in ? at(o.post_in) : nullptr,
+                         o.post_rstd ? at(o.post_rstd) : nullptr});
     }
     im.lnf = at(lnf);
     im.lnf_mean = at(lnf_mean);
@@ -293,18 +316,9 @@ void TrainModel::plan(int64_t B, int64_t T, Precision precision, Recompute recom
     im.lora_gu = r > 0 ? at(lora_gu) : nullptr;
   };
   if (im.is_lora()) im.embed_rows.assign(static_cast<size_t>(N * C), 0.0f);
-  if (llama) {  // the rotary table for positions 0..T-1, on the step's device
-    im.rope = ops::make_rope_table(T, rope_inv_freqs(dc));
-    im.rope_device = ops::Buffer();
-    if (ctx_.device != ops::Device::cpu) {
-      std::vector<float> both(im.rope.cos);
-      both.insert(both.end(), im.rope.sin.begin(), im.rope.sin.end());
-      im.rope_device = ops::Buffer(ctx_.device, both.size() * sizeof(float));
-      ops::copy(ctx_, im.rope_device.data(), both.data(), both.size() * sizeof(float),
-                ops::CopyKind::host_to_device);
-      im.rope.device = im.rope_device.as<float>();
-    }
-  }
+  // The rotary tables for positions 0..T-1 (LongRoPE's factors picked by T), on the step's
+  // device.
+  if (llama) make_rope_tables(ctx_, dc, T, &im.rope, &im.rope_local, &im.rope_device);
   im.max_n = N;
   im.max_t = T;
   im.precision = precision;
@@ -344,6 +358,8 @@ void TrainModel::Impl::make_view() {
       frozen(l.attn_norm_b, model.cfg_.n_embd);
       frozen(l.ffn_norm, 0);
       frozen(l.ffn_norm_b, model.cfg_.n_embd);
+      frozen(l.post_attn_norm, 0);
+      frozen(l.post_ffn_norm, 0);
     }
     attach_lora_views(model, model.grads(), grad_view);
     absent(g.tok_embd);
@@ -391,6 +407,7 @@ double TrainModel::flops_per_token_train(int64_t T) const {
   // Attention's QK^T and PV add 2*2*T*q_dim FLOPs per token per layer forward over the full
   // T x T scores, times 3 for training = 12*L*T*q_dim; the causal mask halves it: 6*L*T*q_dim.
   const double C = static_cast<double>(cfg_.n_embd), L = static_cast<double>(cfg_.n_layer);
+  const double QD = static_cast<double>(cfg_.n_head * cfg_.head_dim());
   const Impl& im = *impl_;
   if (im.is_lora()) {
     // The frozen matrices and the head: forward and the input's gradient, 4 FLOPs per weight;
@@ -402,14 +419,14 @@ double TrainModel::flops_per_token_train(int64_t T) const {
     for (size_t i = 0; i < table_.tensors().size(); i += 2)
       replay += 2.0 * static_cast<double>(table_.tensors()[i].numel());
     return 4.0 * frozen + 6.0 * static_cast<double>(num_params()) + replay +
-           6.0 * L * static_cast<double>(T) * C;
+           6.0 * L * static_cast<double>(T) * QD;
   }
   double non_embedding = 0;
   for (const auto& t : table_.tensors())
     if (t.offset != im.wte && t.offset != im.wpe && t.offset != im.head)
       non_embedding += static_cast<double>(t.numel());
   const double head = static_cast<double>(cfg_.vocab_size) * C;
-  return 6.0 * (non_embedding + head) + 6.0 * L * static_cast<double>(T) * C;
+  return 6.0 * (non_embedding + head) + 6.0 * L * static_cast<double>(T) * QD;
 }
 
 backend::Gpt2DeviceDesc TrainModel::device_desc(int64_t B, int64_t T) const {

@@ -21,7 +21,8 @@ namespace tessera::model {
 
 // The shape of a model to train: GPT-2 (learned positions, LayerNorm, GELU, biases, tied head)
 // or the Llama family (RoPE, RMSNorm, SwiGLU, grouped key/value heads, optional q/k/v biases,
-// tied or untied head). decoder_config() gives the inference description of the same model.
+// tied or untied head, and the layer options of `options`: Qwen3, SmolLM3, Gemma 3, scaled or
+// partial RoPE). decoder_config() gives the inference description of the same model.
 struct TrainConfig {
   DecoderArch arch = DecoderArch::gpt2;
   int64_t n_layer = 12, n_head = 12, n_embd = 768;
@@ -36,6 +37,13 @@ struct TrainConfig {
   bool qkv_bias = false;              // Llama: q/k/v carry biases (Qwen2); GPT-2 always
   // Llama: the q/k rows' rotary order (half: Hugging Face's; interleaved: a GGUF file's).
   ops::RopeLayout rope_layout = ops::RopeLayout::half;
+  // Llama: every layer option beyond the shape above (head_dim, q/k norms, RoPE scaling and
+  // partial rotary, layers without RoPE, Gemma 3's post-norms, scales, GeGLU and local layers),
+  // as inference describes them: a model loaded from a file keeps its whole DecoderConfig here,
+  // a preset a default one (none of them). decoder_config() takes everything from it but the
+  // fields above, which stay the model's shape; head_dim 0 there means n_embd / n_head, rope_dim
+  // 0 head_dim.
+  DecoderConfig options;
 
   // Presets: gpt2-tiny, gpt2-mini, gpt2-small (124M), gpt2-medium, gpt2-large, gpt2-xl, and the
   // Llama shapes llama:tiny, llama:smollm2-135m, llama:smollm2-360m, llama:tinyllama-1.1b.
@@ -45,6 +53,7 @@ struct TrainConfig {
   void validate() const;  // throws naming the field on a bad size or combination
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int64_t ff() const { return d_ff > 0 ? d_ff : 4 * n_embd; }
+  int64_t head_dim() const { return options.head_dim > 0 ? options.head_dim : n_embd / n_head; }
   // The model as the inference engine and the shared layer code describe it.
   DecoderConfig decoder_config() const;
 };
@@ -132,15 +141,17 @@ class TrainModel {
 // Loads a model to train from what the inference loaders read (load_decoder: a GGUF file or a
 // Hugging Face folder; GPT-2 or Llama family; f32, f16, bf16 or quantized weights, widened to
 // the f32 masters); throws naming the file, field or tensor on any mismatch, and refuses by
-// name what training does not implement (RoPE scaling, sliding windows, partial rotary).
+// name what training does not implement (check_trainable: mixtures of experts, OLMoE's
+// whole-vector q/k norms; plan() refuses a sliding window shorter than its sequences).
 std::unique_ptr<TrainModel> load_trainable(const std::string& path, const ops::Context& ctx);
 
-// Checks that training implements what c describes (RoPE scaling, sliding windows and partial
-// rotary are refused by name, citing `from`) and returns it as a TrainConfig (vocabulary padded).
-// frozen_base: the model trains under LoRA, its layout read from c itself, so q/k norms and
-// heads wider than width / heads are allowed.
-TrainConfig trainable_config(const DecoderConfig& c, const std::string& from,
-                             bool frozen_base = false);
+// Checks that training implements what c describes (what it does not is refused by name,
+// citing `from`) and returns it as a TrainConfig (vocabulary padded; every layer option kept in
+// its `options`).
+TrainConfig trainable_config(const DecoderConfig& c, const std::string& from);
+// The refusals of trainable_config alone (TrainModel applies them to its config's options, so a
+// checkpoint or a hand-made config gets them too).
+void check_trainable(const DecoderConfig& c, const std::string& from);
 
 // A LoRA model (TrainModel's LoRA mode) on the model at `path` (GGUF or HF folder, any stored
 // type), loaded as it is stored.

@@ -40,6 +40,8 @@ struct LayerActs {
   float* fup;        // (N,F) Llama's up projection; null for GPT-2
   float* gelu;       // (N,F) GELU output, or Llama's SwiGLU(gate, up)
   float* qk_raw;     // (N,q_dim+kv_dim) q and k before their norms (Qwen3), else null
+  float* post_in;    // (2,N,C) the branches' outputs before their post-norms (Gemma 3), else null
+  float* post_rstd;  // (2,N) their 1/rms, else null
 };
 
 // Points d's adapters (m's LoRA spec, every layer) at m's tensors in `params`, a buffer laid out
@@ -85,9 +87,11 @@ struct TrainModel::Impl {
   float* dresid = nullptr;     // (N,C): gradient of the residual stream
   float* dbig = nullptr;       // (N,max(QKV,F)): dqkv / dfch; doubles as the shared GELU buffer
   float* dup = nullptr;        // (N,max(q_dim,F)): Llama's up-projection gradient; else null
+  float* dpost = nullptr;      // (N,C): a branch's gradient before its post-norm; else null
   float* rot = nullptr;        // (N,max(q_dim,kv_dim)): Llama's rotation scratch; else null
   ops::RopeTable rope;         // Llama's rotary table for positions 0..max_t-1
-  ops::Buffer rope_device;     // its copy on a device that is not the CPU
+  ops::RopeTable rope_local;   // the local layers' (DecoderConfig::local), where there are any
+  ops::Buffer rope_device;     // each table's cos then sin, on a device that is not the CPU
   bool have_logits = false;
 
   // bf16 copy of params (same offsets), bf16 precision only; on the device.
@@ -123,7 +127,8 @@ struct TrainModel::Impl {
   // Points view at params (and the bf16 copy's matrices in bf16 precision).
   void make_view();
   void layer_backward(int64_t l, int64_t B, int64_t T);
-  const ops::RopeTable* rope_table() const;  // Llama's, null for GPT-2
+  // Layer l's rotary table: the local or the global one; null for GPT-2 and layers without RoPE.
+  const ops::RopeTable* rope_table(int64_t l) const;
   // Embedding, all blocks, ln_f and the tied lm head into logits (N,Vp). tokens: on the device;
   // host_tokens: the same on the host (LoRA mode looks the base's rows up there).
   void forward_to_logits(const int32_t* tokens, const int32_t* host_tokens, int64_t B, int64_t T);

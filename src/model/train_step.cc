@@ -33,15 +33,19 @@ BlockTensors TrainModel::Impl::tensors(int64_t l) const {
   t.ff_act = a.gelu;  // dbig when GELU is recomputed: read by c_proj before backward reuses it
   t.lora_u = lora_u;
   t.qk_raw = a.qk_raw;
+  t.post_in = a.post_in;
+  t.post_rstd = a.post_rstd;
   return t;
 }
 
-const ops::RopeTable* TrainModel::Impl::rope_table() const {
-  return view.config.arch == DecoderArch::llama ? &rope : nullptr;
+const ops::RopeTable* TrainModel::Impl::rope_table(int64_t l) const {
+  const DecoderConfig& c = view.config;
+  if (c.arch != DecoderArch::llama || !c.rotary(l)) return nullptr;
+  return c.local(l) ? &rope_local : &rope;
 }
 
 void TrainModel::Impl::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute_only) {
-  CausalAttention attention(model.ctx_, view.config, rope_table(), rot,
+  CausalAttention attention(model.ctx_, view.config, rope_table(l), rot,
                             acts[static_cast<size_t>(l)].lse, B, T, bf16());
   block_forward(model.ctx_, view.config, view.weights.layers[static_cast<size_t>(l)], l, B * T,
                 tensors(l), attention, recompute_only);
@@ -53,7 +57,9 @@ void TrainModel::Impl::layer_backward(int64_t l, int64_t B, int64_t T) {
   const ops::Context& ctx = model.ctx_;
   const int64_t N = B * T;
   const LayerActs& a = acts[static_cast<size_t>(l)];
-  if (recompute == Recompute::block) layer_forward(l, B, T, /*recompute_only=*/true);
+  // The replay stops after the MLP's input products, unless the MLP's post-norm input is wanted
+  // too (post-norms): then it runs whole, writing resid[l+1] again with the same values.
+  if (recompute == Recompute::block) layer_forward(l, B, T, !view.config.post_norms);
   // The MLP's activation (GELU, or the gated activation of gate and up): kept per layer with
   // Recompute::none, else recomputed into dbig (a.gelu == dbig).
   const int64_t F = view.config.d_ff;
@@ -63,10 +69,11 @@ void TrainModel::Impl::layer_backward(int64_t l, int64_t B, int64_t T) {
     else
       ops::gelu_forward(ctx, a.gelu, a.fch, N * F);
   }
-  CausalAttention attention(ctx, view.config, rope_table(), rot, a.lse, B, T, bf16());
+  CausalAttention attention(ctx, view.config, rope_table(l), rot, a.lse, B, T, bf16());
   const size_t li = static_cast<size_t>(l);
   block_backward(ctx, view.config, view.weights.layers[li], grad_view.weights.layers[li], N,
-                 tensors(l), attention, dresid, {scratch_c, dbig, dup, lora_u, lora_gu}, bf16());
+                 tensors(l), attention, dresid, {scratch_c, dbig, dup, lora_u, lora_gu, dpost},
+                 bf16());
 }
 
 void TrainModel::Impl::check_inputs(const int32_t* tokens, const int32_t* targets, int64_t B,
@@ -129,6 +136,8 @@ void TrainModel::Impl::forward_to_logits(const int32_t* tokens, const int32_t* h
     ops::embedding_forward(ctx, resid[0], tokens, p(wte), wpe >= 0 ? p(wpe) : nullptr, B, T, C,
                            cfg.vocab_size);
   }
+  const float embed_scale = view.config.embed_scale;  // Gemma 3: sqrt(C)
+  if (embed_scale != 1.0f) ops::scale(ctx, resid[0], N * C, embed_scale);
   for (int64_t l = 0; l < L; ++l) layer_forward(l, B, T, /*recompute_only=*/false);
   norm_forward(ctx, view.config, lnf, lnf_mean, lnf_rstd, resid[static_cast<size_t>(L)], N,
                view.weights.out_norm, view.weights.out_norm_b);
@@ -191,6 +200,8 @@ float TrainModel::forward_backward(const int32_t* tokens, const int32_t* targets
                 im.grad_view.weights.out_norm, im.grad_view.weights.out_norm_b);
   for (int64_t l = L - 1; l >= 0; --l) im.layer_backward(l, B, T);
   if (im.is_lora()) return static_cast<float>(sum / static_cast<double>(count));  // frozen table
+  const float embed_scale = im.view.config.embed_scale;
+  if (embed_scale != 1.0f) ops::scale(ctx_, im.dresid, N * C, embed_scale);
   ops::embedding_backward(ctx_, im.g(im.wte), im.wpe >= 0 ? im.g(im.wpe) : nullptr, im.dresid,
                           dev_tokens, B, T, C, V);
   // Padding rows of the embedding (and an untied head) get no gradient by construction; keep

@@ -97,7 +97,18 @@ DecoderModel as_decoder(const TrainModel& m, const float* params) {
         l.bv = ref(p + "self_attn.v_proj.bias", Shape({KVD}));
       }
       l.wo = ref(p + "self_attn.o_proj.weight", Shape({C, QD}));
-      l.ffn_norm = ref(p + "post_attention_layernorm.weight", Shape({C}));
+      if (c.qk_norm) {
+        l.q_norm = ref(p + "self_attn.q_norm.weight", Shape({c.head_dim}));
+        l.k_norm = ref(p + "self_attn.k_norm.weight", Shape({c.head_dim}));
+      }
+      // Gemma 3's names (Hugging Face's): its attention's post-norm is post_attention_layernorm.
+      if (c.post_norms) {
+        l.post_attn_norm = ref(p + "post_attention_layernorm.weight", Shape({C}));
+        l.ffn_norm = ref(p + "pre_feedforward_layernorm.weight", Shape({C}));
+        l.post_ffn_norm = ref(p + "post_feedforward_layernorm.weight", Shape({C}));
+      } else {
+        l.ffn_norm = ref(p + "post_attention_layernorm.weight", Shape({C}));
+      }
       l.w_gate = ref(p + "mlp.gate_proj.weight", Shape({F, C}));
       l.w_up = ref(p + "mlp.up_proj.weight", Shape({F, C}));
       l.w_down = ref(p + "mlp.down_proj.weight", Shape({C, F}));

@@ -16,6 +16,31 @@
 #include "ops/memory.h"
 #include "train/options.h"
 
+// A model's layer options (model::TrainConfig::options) as the checkpoint records them: every
+// field of DecoderConfig by its name, enums by theirs; a field the record lacks keeps its default
+// (a record from before the field existed).
+namespace tessera::ops {
+NLOHMANN_JSON_SERIALIZE_ENUM(RopeLayout,
+                             {{RopeLayout::half, "half"}, {RopeLayout::interleaved, "interleaved"}})
+NLOHMANN_JSON_SERIALIZE_ENUM(GluAct, {{GluAct::silu, "silu"}, {GluAct::gelu_tanh, "gelu_tanh"}})
+}  // namespace tessera::ops
+
+namespace tessera::model {
+NLOHMANN_JSON_SERIALIZE_ENUM(DecoderArch,
+                             {{DecoderArch::llama, "llama"}, {DecoderArch::gpt2, "gpt2"}})
+NLOHMANN_JSON_SERIALIZE_ENUM(RopeScaling, {{RopeScaling::none, "none"},
+                                           {RopeScaling::linear, "linear"},
+                                           {RopeScaling::llama3, "llama3"},
+                                           {RopeScaling::longrope, "longrope"}})
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(
+    DecoderConfig, arch, name, n_layers, d_model, n_heads, n_kv_heads, head_dim, d_ff, vocab,
+    max_ctx, norm_eps, rope_theta, rope_dim, rope_layout, rope_scaling, rope_factor,
+    rope_low_freq_factor, rope_high_freq_factor, rope_original_max_ctx, rope_freq_divisors,
+    rope_long_divisors, rope_attn_factor, sliding_window, tied_embeddings, qkv_bias, qk_norm,
+    post_norms, mlp_act, embed_scale, attn_scale, local_layers, rope_theta_local, nope_layers,
+    qk_norm_whole, n_experts, n_experts_used, expert_norm)
+}  // namespace tessera::model
+
 namespace tessera::train {
 
 namespace {
@@ -91,6 +116,7 @@ std::string config_json(const model::TrainConfig& c) {
                       {"tied", c.tied},
                       {"qkv_bias", c.qkv_bias},
                       {"rope_interleaved", c.rope_layout == ops::RopeLayout::interleaved}};
+  if (c.arch == model::DecoderArch::llama) j["decoder"] = c.decoder_config();  // its options
   return j.dump();
 }
 
@@ -117,6 +143,8 @@ model::TrainConfig config_from(const formats::SafetensorsReader& r) {
     c.qkv_bias = j.value("qkv_bias", false);
     c.rope_layout =
         j.value("rope_interleaved", false) ? ops::RopeLayout::interleaved : ops::RopeLayout::half;
+    // Checkpoints from before the layer options have none: a preset's (no options).
+    if (j.contains("decoder")) c.options = j.at("decoder").get<model::DecoderConfig>();
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {

@@ -1,7 +1,9 @@
 // The training model in Llama shapes: the gradient of the whole model's loss (every tensor:
 // embedding, norms, q/k/v with and without biases, grouped and single key/value heads, the
-// SwiGLU matrices, a tied and an untied head) against central differences of its forward; the
-// recompute policies giving the same gradients bit for bit; AdamW memorizing a batch.
+// SwiGLU matrices, a tied and an untied head, Qwen3's q/k norms, heads wider and narrower than
+// n_embd / n_head, scaled, partial and no RoPE, Gemma 3's layer options) against central
+// differences of its forward; the recompute policies giving the same gradients bit for bit; AdamW
+// memorizing a batch.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -19,10 +21,55 @@
 namespace tessera::model {
 namespace {
 
-TrainConfig small_llama(int64_t kv_heads, bool bias, bool tied) {
+struct Shape {
+  const char* name;
+  int64_t kv_heads;
+  bool bias, tied;
+  bool qk_norm = false;                       // Qwen3's per-head q/k norms
+  int64_t head_dim = 0;                       // heads this wide (0: n_embd / n_head)
+  void (*options)(DecoderConfig&) = nullptr;  // sets more layer options
+};
+
+// Llama 3's RoPE scaling, half of each 8-wide head rotating, the second layer without RoPE.
+void scaled_partial_nope(DecoderConfig& o) {
+  o.rope_scaling = RopeScaling::llama3;
+  o.rope_factor = 8, o.rope_original_max_ctx = 8;
+  o.rope_dim = 4;
+  o.nope_layers = {0, 1};
+}
+
+// Gemma 3: q/k norms, post-norms, GeGLU, embeddings scaled by sqrt(32), scores by 1/sqrt(12)
+// instead of 1/sqrt(8), the first layer local (its own RoPE base, a window of all 16 positions
+// the tests run), the second global with linear RoPE scaling.
+void gemma3(DecoderConfig& o) {
+  o.qk_norm = o.post_norms = true;
+  o.mlp_act = ops::GluAct::gelu_tanh;
+  o.embed_scale = std::sqrt(32.0f);
+  o.attn_scale = 1.0 / std::sqrt(12.0);
+  o.local_layers = {1, 0};
+  o.sliding_window = 16;
+  o.rope_theta_local = 1000;
+  o.rope_scaling = RopeScaling::linear;
+  o.rope_factor = 4;
+}
+
+// LongRoPE (Phi-3.5): per-pair factors, short ones up to 8 positions and long ones beyond (the
+// gradient test runs 8, the others 16), cos and sin scaled by 1.2.
+void longrope(DecoderConfig& o) {
+  o.rope_scaling = RopeScaling::longrope;
+  o.rope_original_max_ctx = 8;
+  o.rope_freq_divisors = {1.0f, 1.5f, 2.0f, 3.5f};
+  o.rope_long_divisors = {1.2f, 2.5f, 4.0f, 8.0f};
+  o.rope_attn_factor = 1.2;
+}
+
+TrainConfig small_llama(const Shape& s) {
   TrainConfig c = TrainConfig::preset("llama:tiny", 37);
-  c.n_layer = 2, c.n_embd = 32, c.n_head = 4, c.n_kv_head = kv_heads, c.d_ff = 48;
-  c.max_seq = 16, c.qkv_bias = bias, c.tied = tied;
+  c.n_layer = 2, c.n_embd = 32, c.n_head = 4, c.n_kv_head = s.kv_heads, c.d_ff = 48;
+  c.max_seq = 16, c.qkv_bias = s.bias, c.tied = s.tied;
+  c.options.qk_norm = s.qk_norm;
+  c.options.head_dim = s.head_dim;
+  if (s.options) s.options(c.options);
   return c;
 }
 
@@ -41,12 +88,6 @@ Batch make_batch(int64_t n, int64_t V, uint64_t seed) {
   return b;
 }
 
-struct Shape {
-  const char* name;
-  int64_t kv_heads;
-  bool bias, tied;
-};
-
 class LlamaTraining : public ::testing::TestWithParam<Shape> {};
 
 // Every tensor, three elements each: d loss / d p from the backward against (L(p+h) - L(p-h)) /
@@ -56,7 +97,7 @@ TEST_P(LlamaTraining, GradientsMatchCentralDifferences) {
   const Shape s = GetParam();
   ops::Context ctx;
   ctx.reference = true;
-  TrainModel m(small_llama(s.kv_heads, s.bias, s.tied), ctx);
+  TrainModel m(small_llama(s), ctx);
   m.init_weights(5);
   Rng noise(9);
   for (const TensorInfo& t : m.tensors().tensors())  // padding rows stay zero
@@ -93,7 +134,7 @@ TEST_P(LlamaTraining, RecomputePoliciesGiveIdenticalGradients) {
   ThreadPool pool(2);
   ops::Context ctx;
   ctx.pool = &pool;
-  TrainModel m(small_llama(s.kv_heads, s.bias, s.tied), ctx);
+  TrainModel m(small_llama(s), ctx);
   m.init_weights(6);
   const Batch b = make_batch(2 * 16, m.config().vocab_size, 4);
   auto grads = [&](Precision p, Recompute r) {
@@ -122,7 +163,7 @@ TEST_P(LlamaTraining, AdamWOverfitsOneBatch) {
   ThreadPool pool(1);
   ops::Context ctx;
   ctx.pool = &pool;
-  TrainModel m(small_llama(s.kv_heads, s.bias, s.tied), ctx);
+  TrainModel m(small_llama(s), ctx);
   m.init_weights(4);
   train::AdamW opt(m.tensors(), train::AdamWConfig{}, ctx);
   const Batch b = make_batch(2 * 16, m.config().vocab_size, 8);
@@ -139,11 +180,17 @@ TEST_P(LlamaTraining, AdamWOverfitsOneBatch) {
   EXPECT_LT(last, 0.25f * first) << first << " -> " << last;
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, LlamaTraining,
-                         ::testing::Values(Shape{"gqa_untied", 2, false, false},
-                                           Shape{"mqa_bias_tied", 1, true, true},
-                                           Shape{"mha_bias_untied", 4, true, false}),
-                         [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, LlamaTraining,
+    ::testing::Values(Shape{"gqa_untied", 2, false, false}, Shape{"mqa_bias_tied", 1, true, true},
+                      Shape{"mha_bias_untied", 4, true, false},
+                      // Qwen3: q/k norms, heads 12 wide (q_dim 48 != 32)
+                      Shape{"qwen3_wide_heads", 2, false, true, true, 12},
+                      Shape{"narrow_heads", 2, true, false, false, 6},
+                      Shape{"scaled_partial_nope", 2, false, false, false, 0, scaled_partial_nope},
+                      Shape{"longrope", 4, false, true, false, 0, longrope},
+                      Shape{"gemma3", 2, false, true, false, 0, gemma3}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 TEST(LlamaTraining, PresetsAreTheirModels) {
   const TrainConfig c = TrainConfig::preset("llama:smollm2-135m", 49152);

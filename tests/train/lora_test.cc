@@ -149,11 +149,28 @@ TEST(Lora, QwenThreeBaseGradientsMatchCentralDifferences) {
   TrainModel m(base, spec_all(4), ctx);
   perturb_adapters(m, 7);
   expect_central_differences(m);
-  // Its full fine-tuning is refused by name (the training table has no q/k norms yet).
+  // Its full fine-tuning trains the q/k norms too (their gradients: llama_train_test.cc).
   const std::string path = temp_path("qwen3.gguf");
   save_decoder_gguf(base, path);
-  test::expect_error([&] { load_trainable(path, ops::Context{}); }, "q/k norms (Qwen3)");
+  auto full = load_trainable(path, ops::Context{});
+  EXPECT_EQ(full->tensors().at("model.layers.1.self_attn.q_norm.weight").shape, Shape({16}));
   std::filesystem::remove(path);
+}
+
+// Gemma 3's base under LoRA: the frozen post-norms, scaled embeddings and scores, local layers
+// (a window of T positions) pass the adapters' gradients through.
+TEST(Lora, GemmaThreeBaseGradientsMatchCentralDifferences) {
+  test::TinyOptions o;
+  o.gemma3 = true;
+  o.layers = 3;  // two local layers and a global one
+  o.vocab = kVocab;
+  DecoderModel base = test::make_tiny_model(o);
+  base.config.sliding_window = T;
+  ops::Context ctx;
+  ctx.reference = true;
+  TrainModel m(std::move(base), spec_all(4), ctx);
+  perturb_adapters(m, 5);
+  expect_central_differences(m);
 }
 
 TEST(Lora, AdapterGradientsMatchCentralDifferencesOverAnF32Base) {
