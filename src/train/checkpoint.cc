@@ -31,14 +31,15 @@ NLOHMANN_JSON_SERIALIZE_ENUM(DecoderArch,
 NLOHMANN_JSON_SERIALIZE_ENUM(RopeScaling, {{RopeScaling::none, "none"},
                                            {RopeScaling::linear, "linear"},
                                            {RopeScaling::llama3, "llama3"},
-                                           {RopeScaling::longrope, "longrope"}})
+                                           {RopeScaling::longrope, "longrope"},
+                                           {RopeScaling::yarn, "yarn"}})
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(
     DecoderConfig, arch, name, n_layers, d_model, n_heads, n_kv_heads, head_dim, d_ff, vocab,
     max_ctx, norm_eps, rope_theta, rope_dim, rope_layout, rope_scaling, rope_factor,
     rope_low_freq_factor, rope_high_freq_factor, rope_original_max_ctx, rope_freq_divisors,
-    rope_long_divisors, rope_attn_factor, sliding_window, tied_embeddings, qkv_bias, qk_norm,
-    post_norms, mlp_act, embed_scale, attn_scale, local_layers, rope_theta_local, nope_layers,
-    qk_norm_whole, n_experts, n_experts_used, expert_norm)
+    rope_long_divisors, rope_attn_factor, yarn_beta_fast, yarn_beta_slow, sliding_window,
+    tied_embeddings, qkv_bias, qk_norm, post_norms, mlp_act, embed_scale, attn_scale, local_layers,
+    rope_theta_local, nope_layers, qk_norm_whole, n_experts, n_experts_used, expert_norm)
 }  // namespace tessera::model
 
 namespace tessera::train {

@@ -34,6 +34,11 @@ TEST(CheckpointConfig, LayerOptionsComeBack) {
   c.options.qk_norm = true;
   c.options.head_dim = 48;  // 4 heads of 48 on a width of 128
   c.options.name = "qwen3-like";
+  c.options.rope_scaling = model::RopeScaling::yarn;  // the newest enum value and fields
+  c.options.rope_factor = 4;
+  c.options.rope_original_max_ctx = 64;
+  c.options.rope_attn_factor = 1.25;
+  c.options.yarn_beta_fast = 16;
   const ops::Context ctx;
   model::TrainModel m(c, ctx);
   m.init_weights(3);
@@ -47,6 +52,10 @@ TEST(CheckpointConfig, LayerOptionsComeBack) {
   EXPECT_EQ(got.head_dim, 48);
   EXPECT_EQ(got.q_dim(), 192);
   EXPECT_EQ(got.name, "qwen3-like");
+  EXPECT_EQ(got.rope_scaling, model::RopeScaling::yarn);
+  EXPECT_EQ(got.rope_factor, 4.0);
+  EXPECT_EQ(got.rope_attn_factor, 1.25);
+  EXPECT_EQ(got.yarn_beta_fast, 16.0);
   EXPECT_EQ(got.rope_dim, want.rope_dim);
   EXPECT_EQ(got.norm_eps, want.norm_eps);
   auto back = load_model_from_checkpoint(dir, ctx);
