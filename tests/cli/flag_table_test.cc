@@ -22,6 +22,7 @@ const Flags kTable = {
     Flag::int_list("--batch", "1", 1, 4096, "batch sizes"),
     Flag::text_list("--specials", "<|a|>", "specials").allow_empty_list(),
     Flag::text_list("--names", "x", "names"),
+    Flag::choice("--device", "cpu", {"cpu", "cuda"}, "where"),
 };
 
 TEST(FlagTable, DefaultsValuesAndLetters) {
@@ -33,9 +34,10 @@ TEST(FlagTable, DefaultsValuesAndLetters) {
   EXPECT_FALSE(d.given("--tokens"));
   EXPECT_EQ(d.ints("--batch"), std::vector<int64_t>{1});
   EXPECT_EQ(d.strs("--specials"), std::vector<std::string>{"<|a|>"});
+  EXPECT_EQ(d.str("--device"), "cpu");
 
   const Args a(kTable, {"-m", "x.gguf", "-n", "7", "--temperature=0", "--json", "--batch", "1,4,16",
-                        "--specials", "", "--names=a,b"});
+                        "--specials", "", "--names=a,b", "--device", "cuda"});
   EXPECT_EQ(a.str("--model"), "x.gguf");
   EXPECT_EQ(a.i64("--tokens"), 7);
   EXPECT_TRUE(a.given("--tokens"));
@@ -44,6 +46,7 @@ TEST(FlagTable, DefaultsValuesAndLetters) {
   EXPECT_EQ(a.ints("--batch"), (std::vector<int64_t>{1, 4, 16}));
   EXPECT_TRUE(a.strs("--specials").empty());  // '' means none for this flag
   EXPECT_EQ(a.strs("--names"), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(a.str("--device"), "cuda");
 }
 
 TEST(FlagTable, RefusesNamingTheArgument) {
@@ -61,6 +64,12 @@ TEST(FlagTable, RefusesNamingTheArgument) {
   expect_error([] { Args(kTable, {"--batch", "0"}); }, "--batch");
   expect_error([] { Args(kTable, {"--names", ""}); }, "--names");
   expect_error([] { Args(kTable, {"--names", "a,,b"}); }, "--names");
+  expect_error(
+      [] {
+        Args(kTable, {"--device", "tpu"});
+      },
+      "flag --device must be one of cpu, cuda; got 'tpu'");
+  expect_error([] { Args(kTable, {"--device", ""}); }, "--device");
   // An accessor for a flag the table lacks is the command's bug, said as such.
   expect_error([] { Args(kTable, {}).i64("--model"); }, "internal");
 }
@@ -99,6 +108,13 @@ TEST(FlagTable, HelpListsEveryFlagWithItsDefault) {
       EXPECT_NE(help.find(f.help), std::string::npos) << f.name;
     }
     EXPECT_NE(help.find("-h, --help"), std::string::npos);
+    for (const Flag& f : table)  // a choice lists its values as the value's name
+      if (f.kind == FlagKind::choice) {
+        const size_t at = help.find(f.name + " " + f.metavar);
+        ASSERT_NE(at, std::string::npos) << f.name;
+        const std::string line = help.substr(at, help.find('\n', at) - at);
+        for (const std::string& c : f.choices) EXPECT_NE(line.find(c), std::string::npos) << line;
+      }
     for (size_t from = 0, nl; (nl = help.find('\n', from)) != std::string::npos; from = nl + 1)
       EXPECT_LE(nl - from, 100u) << help.substr(from, nl - from);
   }

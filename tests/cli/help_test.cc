@@ -72,8 +72,10 @@ std::vector<Listed> listed_flags(const std::string& help) {
     }
     std::string next;
     w >> next;
-    // A value's name is upper case (PATH, N, X, N,N,...); a switch's help starts lower case.
-    f.takes_value = !next.empty() && next[0] >= 'A' && next[0] <= 'Z';
+    // A value's name is upper case (PATH, N, X, N,N,...) or a choice's values (cpu|cuda); a
+    // switch's help starts lower case.
+    f.takes_value = !next.empty() &&
+                    ((next[0] >= 'A' && next[0] <= 'Z') || next.find('|') != std::string::npos);
     flags.push_back(f);
   }
   return flags;

@@ -99,7 +99,7 @@ TEST(TrainFlags, NonsenseThrowsNamingTheFlag) {
       [&] {
         parse(with({"--device", "cuda", "--precision", "bf16", "--cuda-step", "both"}), &r);
       },
-      "--cuda-step must be twin or shared");
+      "flag --cuda-step must be one of twin, shared");
 }
 
 }  // namespace

@@ -38,8 +38,8 @@ TEST(DecoderHfHostile, BadConfigValues) {
   hf.config["num_key_value_heads"] = 3;  // 4 heads are not a multiple of 3
   expect_rejected(hf, "gqa", {"config.json", "'num_key_value_heads' (3)"});
   hf = test::tiny_llama(false);
-  hf.config["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
-  expect_rejected(hf, "yarn", {"config.json", "rope_scaling.rope_type", "yarn"});
+  hf.config["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 4.0}};
+  expect_rejected(hf, "dynamic", {"config.json", "rope_scaling.rope_type", "dynamic"});
   hf = test::tiny_llama(false);
   hf.config["architectures"] = {"FalconForCausalLM"};
   expect_rejected(hf, "falcon", {"config.json", "FalconForCausalLM"});
@@ -61,8 +61,8 @@ TEST(DecoderHfHostile, BadConfigValues) {
 // the transformers 4 fields beside it, is refused naming the fields, never run with a guess.
 TEST(DecoderHfHostile, RopeParametersRefusedNotGuessed) {
   HfModel hf = test::tiny_llama(false);
-  hf.config["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 1e4}, {"factor", 4.0}};
-  expect_rejected(hf, "v5_yarn", {"config.json", "'rope_parameters.rope_type'", "yarn"});
+  hf.config["rope_parameters"] = {{"rope_type", "dynamic"}, {"rope_theta", 1e4}, {"factor", 4.0}};
+  expect_rejected(hf, "v5_dynamic", {"config.json", "'rope_parameters.rope_type'", "dynamic"});
   hf = test::tiny_llama(false);  // top-level rope_theta 10000
   hf.config["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 100000.0}};
   expect_rejected(

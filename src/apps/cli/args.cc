@@ -76,6 +76,13 @@ void check_value(const Flag& f, const std::string& v) {
     case FlagKind::text_list:
       if (!(v.empty() && f.empty_list_ok)) split_list(f.name, v);
       break;
+    case FlagKind::choice: {
+      std::string listed;
+      for (const std::string& c : f.choices) listed += (listed.empty() ? "" : ", ") + c;
+      TS_CHECK(std::find(f.choices.begin(), f.choices.end(), v) != f.choices.end(), "flag ", f.name,
+               " must be one of ", listed, "; got '", v, "'");
+      break;
+    }
     case FlagKind::text:
     case FlagKind::toggle:
       break;
@@ -103,6 +110,28 @@ bool wants_help(const Flags& table, const std::vector<std::string>& argv) {
 
 Flag Flag::text(std::string name, std::string def, std::string help, std::string metavar) {
   return make(std::move(name), FlagKind::text, std::move(def), std::move(help), std::move(metavar));
+}
+
+Flag Flag::choice(std::string name, std::string def, std::vector<std::string> choices,
+                  std::string help) {
+  // The values as the value's name ("cpu|cuda"); a longer list goes at the end of the help line
+  // (the name column is as wide as its widest entry).
+  std::string metavar, listed;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    metavar += (i ? "|" : "") + choices[i];
+    listed += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") + choices[i];
+  }
+  if (metavar.size() > 8) {
+    metavar = "ONE";
+    help += ": " + listed;
+  }
+  Flag f = make(std::move(name), FlagKind::choice, std::move(def), std::move(help), metavar);
+  f.choices = std::move(choices);
+  return f;
+}
+
+Flag Flag::threads(std::string help) {
+  return integer("--threads", 0, 0, 4096, std::move(help));
 }
 
 Flag Flag::integer(std::string name, int64_t def, int64_t lo, int64_t hi, std::string help) {
@@ -265,7 +294,9 @@ const std::string& Args::raw(const Flag& f) const {
 }
 
 std::string Args::str(const std::string& flag) const {
-  return raw(find(flag, FlagKind::text));
+  auto it = table_.find(flag);
+  const bool choice = it != table_.end() && it->second.kind == FlagKind::choice;
+  return raw(find(flag, choice ? FlagKind::choice : FlagKind::text));
 }
 
 int64_t Args::i64(const std::string& flag) const {

@@ -9,7 +9,7 @@
 
 namespace tessera::cli {
 
-enum class FlagKind { text, integer, number, toggle, int_list, text_list };
+enum class FlagKind { text, choice, integer, number, toggle, int_list, text_list };
 
 // One flag of a command's table. Build with the static makers, then chain alias/required/...
 struct Flag {
@@ -22,10 +22,16 @@ struct Flag {
   int64_t ilo = 0, ihi = 0;  // integer and int_list ranges
   double flo = 0, fhi = 0;   // number range
   bool is_required = false;
-  bool empty_list_ok = false;  // text_list: "" means none (else empty lists are refused)
+  bool empty_list_ok = false;        // text_list: "" means none (else empty lists are refused)
+  std::vector<std::string> choices;  // choice: the values allowed
 
   static Flag text(std::string name, std::string def, std::string help,
                    std::string metavar = "TEXT");
+  // One of `choices` (listed in --help as the value's name, "cpu|cuda"); read with Args::str.
+  static Flag choice(std::string name, std::string def, std::vector<std::string> choices,
+                     std::string help);
+  // Worker threads (-t): 0 takes every core.
+  static Flag threads(std::string help = "worker threads; 0: all cores");
   static Flag integer(std::string name, int64_t def, int64_t lo, int64_t hi, std::string help);
   static Flag number(std::string name, double def, double lo, double hi, std::string help);
   static Flag number(std::string name, float def, double lo, double hi, std::string help);
@@ -72,7 +78,7 @@ class Args {
        const std::vector<Positional>& positionals = {});
 
   // Values (given, or the table's default). Asking for an undeclared flag, or with the wrong
-  // kind, is a bug in the command and throws saying so.
+  // kind, is a bug in the command and throws saying so. str reads text and choice flags.
   std::string str(const std::string& flag) const;
   int64_t i64(const std::string& flag) const;
   double f64(const std::string& flag) const;

@@ -253,7 +253,7 @@ Command bench_gemm_command() {
       "gemm",
       "GFLOP/s of our GEMM (f32, bf16) beside OpenBLAS sgemm",
       {
-          Flag::integer("--threads", 0, 0, 1024, "threads; 0: all cores"),
+          Flag::threads(),
           Flag::int_list("--sizes", "256,512,1024,2048,4096", 1, 65536, "square sizes to time"),
           Flag::integer("--reps", 5, 1, 1000, "timed repetitions (median)"),
           Flag::integer("--tokens", 4096, 0, 1 << 20,

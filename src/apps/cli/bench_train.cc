@@ -43,10 +43,7 @@ int run(const Args& a) {
   const bool per_op = a.on("--profile");
   const model::Precision prec = model::parse_precision(precision);
   const model::Recompute rec = model::parse_recompute(recompute);
-  TS_CHECK(device == "cpu" || device == "cuda", "--device must be cpu or cuda, not '", device, "'");
   const bool cuda = device == "cuda";
-  TS_CHECK(cuda_step == "twin" || cuda_step == "shared",
-           "--cuda-step must be twin or shared, not '", cuda_step, "'");
   TS_CHECK(cuda || !a.given("--cuda-step"), "--cuda-step needs --device cuda");
   if (cuda) {
     TS_CHECK(backend::cuda_device_count() > 0,
@@ -221,13 +218,14 @@ Command bench_train_command() {
           Flag::integer("--batch", 4, 1, 4096, "sequences per step"),
           Flag::integer("--seq", 64, 1, int64_t{1} << 20, "tokens per sequence"),
           Flag::integer("--steps", 5, 1, 100000, "timed steps (median)"),
-          Flag::text("--precision", "f32", "f32 or bf16", "P"),
-          Flag::text("--recompute", "none", "none, gelu or block", "R"),
-          Flag::integer("--threads", 0, 0, 4096, "worker threads; 0: all cores"),
+          Flag::choice("--precision", "f32", {"f32", "bf16"}, "the step's precision"),
+          Flag::choice("--recompute", "none", {"none", "gelu", "block"},
+                       "activations recomputed in backward"),
+          Flag::threads(),
           Flag::integer("--vocab-size", 50257, 1, int64_t{1} << 24, "vocabulary size"),
-          Flag::text("--device", "cpu", "cpu, or cuda (GPU 0, bf16)", "DEV"),
-          Flag::text("--cuda-step", "twin",
-                     "with --device cuda: twin (the CUDA GPT-2), or shared (ops/)", "WAY"),
+          Flag::choice("--device", "cpu", {"cpu", "cuda"}, "cuda: GPU 0, bf16"),
+          Flag::choice("--cuda-step", "twin", {"twin", "shared"},
+                       "with --device cuda: the CUDA GPT-2, or ops/"),
           Flag::toggle("--profile", "time every op of the timed steps: a table per op"),
           Flag::toggle("--json", "one JSON line on stdout"),
       },

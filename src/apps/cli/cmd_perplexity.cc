@@ -21,8 +21,6 @@ int run(const Args& a) {
   po.stride = a.i64("--stride");
   po.max_windows = a.i64("--max-windows");
   const std::string scoring = a.str("--scoring");
-  TS_CHECK(scoring == "sliding" || scoring == "chunks",
-           "--scoring must be sliding or chunks, not '", scoring, "'");
   po.scoring = scoring == "chunks" ? infer::Scoring::chunks : infer::Scoring::sliding;
   const bool json = a.on("--json");
 
@@ -67,9 +65,8 @@ const Registrar reg({
               // Replaces the engine's --ctx: here it is the window length.
               Flag::integer("--ctx", 512, 2, int64_t{1} << 24, "window length in tokens"),
               Flag::text("--file", "", "the text to score", "PATH").required(),
-              Flag::text("--scoring", "sliding",
-                         "sliding (every token once), or chunks (llama-perplexity's numbers)",
-                         "WAY"),
+              Flag::choice("--scoring", "sliding", {"sliding", "chunks"},
+                           "sliding: every token once; chunks: llama-perplexity's numbers"),
               Flag::integer("--stride", 0, 0, int64_t{1} << 24,
                             "sliding: new tokens per window after the first; 0: half a window"),
               Flag::integer("--max-windows", 0, 0, int64_t{1} << 40,

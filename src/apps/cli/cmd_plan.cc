@@ -130,7 +130,6 @@ int run(const Args& a) {
   const int threads =
       static_cast<int>(a.i64("--threads") > 0 ? a.i64("--threads") : default_pool().size());
   const std::string kv = a.str("--kv-type");
-  TS_CHECK(kv == "f16" || kv == "f32", "--kv-type must be f16 or f32, got '", kv, "'");
   const double price = a.f64("--price-per-hour"), watts_flag = a.f64("--watts");
   const bool json = a.on("--json"), check = a.on("--check");
   TS_CHECK(!check || device == "cpu", "--check measures on this machine: use --device cpu");
@@ -384,8 +383,8 @@ const Registrar reg{Command{
                 "cpu (measured here), h100, h200, a100, l4, rtx4090, or a spec .json", "DEV"),
      Flag::integer("--context", 4096, 1, int64_t{1} << 24, "tokens per sequence"),
      Flag::int_list("--batch", "1,8,32,128", 1, 1 << 20, "sequences decoding together"),
-     Flag::integer("--threads", 0, 0, 4096, "cpu: worker threads; 0: all cores"),
-     Flag::text("--kv-type", "f16", "KV cache element type: f16 or f32", "TYPE"),
+     Flag::threads("cpu: worker threads; 0: all cores"),
+     Flag::choice("--kv-type", "f16", {"f16", "f32"}, "KV cache element type"),
      Flag::number("--price-per-hour", 0.0, 0.0, 1e6, "the machine's price, $/hour (0: none)"),
      Flag::number("--watts", 0.0, 0.0, 1e6,
                   "power while running, W (0: the GPU's TDP; none for a CPU)"),
@@ -394,8 +393,9 @@ const Registrar reg{Command{
      Flag::toggle("--json", "the plan as JSON"),
      Flag::toggle("--train", "plan a training step of a train preset (--model gpt2-small, ...)"),
      Flag::integer("--seq", 1024, 1, int64_t{1} << 20, "--train: tokens per sequence"),
-     Flag::text("--precision", "f32", "--train: f32 or bf16", "P"),
-     Flag::text("--recompute", "none", "--train: none, gelu or block", "R"),
+     Flag::choice("--precision", "f32", {"f32", "bf16"}, "--train: the step's precision"),
+     Flag::choice("--recompute", "none", {"none", "gelu", "block"},
+                  "--train: activations recomputed"),
      Flag::integer("--grad-accum", 1, 1, 1 << 20, "--train: micro-batches per optimizer step"),
      Flag::integer("--vocab-size", 50257, 1, int64_t{1} << 24, "--train: vocabulary size"),
      Flag::integer("--data-parallel", 1, 1, 1 << 20,

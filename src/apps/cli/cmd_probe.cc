@@ -109,7 +109,7 @@ const Registrar reg({
     "probe",
     "measure this machine's peak FLOP/s and memory bandwidth",
     {
-        Flag::integer("--threads", 0, 0, 1024, "threads to measure with; 0: all cores"),
+        Flag::threads("threads to measure with; 0: all cores"),
         Flag::toggle("--json", "the peaks as one JSON line"),
         Flag::toggle("--force", "measure now (and cache) instead of reading the cache"),
     },

@@ -101,7 +101,7 @@ const Registrar reg({
         Flag::toggle("--pure", "every matrix --type, the output head too (a uniform file)"),
         Flag::toggle("--keep-embedding", "leave the token embedding in its stored type"),
         Flag::toggle("--quiet", "only the summary line, not one line per tensor"),
-        Flag::integer("--threads", 0, 0, 4096, "worker threads; 0: all cores"),
+        Flag::threads(),
         Flag::text("--dtype", "", "weight type of an OUT folder; empty: --type", "TYPE"),
     },
     {{"IN", "a .gguf file or a Hugging Face folder"},

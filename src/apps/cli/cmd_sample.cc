@@ -113,7 +113,7 @@ const Registrar reg({
         Flag::number("--temperature", 1.0, 0.0, 100.0, "sampling temperature; 0: greedy"),
         Flag::integer("--top-k", 0, 0, int64_t{1} << 24, "keep the k most likely; 0: all"),
         Flag::integer("--seed", 1, 0, int64_t{1} << 62, "random seed"),
-        Flag::integer("--threads", 0, 0, 4096, "worker threads; 0: all cores"),
+        Flag::threads(),
     },
     {},
     &run,

@@ -27,15 +27,15 @@ Flags engine_flags() {
   return {
       Flag::text("--model", kDefaultModel, "a .gguf file or a Hugging Face folder", "PATH"),
       Flag::text("--lora", "", "a LoRA adapter folder (PEFT's files) applied at load", "DIR"),
-      Flag::integer("--threads", 0, 0, 4096, "worker threads; 0: all cores"),
+      Flag::threads(),
       Flag::integer("--ctx", 0, 0, int64_t{1} << 24,
                     "context length in tokens; 0: the model's, at most 4096"),
-      Flag::text("--kv-type", "f16", "KV cache element type: f16 or f32", "TYPE"),
+      Flag::choice("--kv-type", "f16", {"f16", "f32"}, "KV cache element type"),
       Flag::integer("--chunk-rows", 0, 0, 65536,
                     "token rows per forward chunk of a long prompt; 0: chosen from the weights"),
-      Flag::text("--device", "cpu", "cpu, or cuda (GPU 0)", "DEV"),
-      Flag::text("--cuda-forward", "decoder",
-                 "with --device cuda: decoder, or shared (the CUDA ops backend)", "WAY"),
+      Flag::choice("--device", "cpu", {"cpu", "cuda"}, "cuda: GPU 0"),
+      Flag::choice("--cuda-forward", "decoder", {"decoder", "shared"},
+                   "with --device cuda, the forward pass that runs"),
       Flag::toggle("--mmap", "map the model file instead of reading it into memory"),
   };
 }
@@ -48,7 +48,6 @@ EngineFlags parse_engine_flags(const Args& a) {
   f.ctx = a.i64("--ctx");
   f.mmap = a.on("--mmap");
   const std::string device = a.str("--device");
-  TS_CHECK(device == "cpu" || device == "cuda", "--device must be cpu or cuda, not '", device, "'");
   // Checked here, before the model loads: a build without CUDA or a machine without a GPU says
   // so at once instead of after reading gigabytes of weights.
   f.cuda = device == "cuda";
@@ -56,12 +55,9 @@ EngineFlags parse_engine_flags(const Args& a) {
     TS_CHECK(backend::cuda_device_count() > 0,
              "[cuda] --device cuda: ", backend::cuda_device_summary());
   const std::string way = a.str("--cuda-forward");
-  TS_CHECK(way == "decoder" || way == "shared", "--cuda-forward must be decoder or shared, not '",
-           way, "'");
   TS_CHECK(f.cuda || !a.given("--cuda-forward"), "--cuda-forward needs --device cuda");
   f.cuda_shared = way == "shared";
   const std::string kv = a.str("--kv-type");
-  TS_CHECK(kv == "f16" || kv == "f32", "--kv-type must be f16 or f32, not '", kv, "'");
   f.kv_type = kv == "f16" ? DType::f16 : DType::f32;
   // The engine's activation buffers hold this many rows (about 90 KB per row for a 1B model);
   // a longer prompt runs in chunks of it. 0 lets the engine choose (infer::EngineOptions).
