@@ -70,7 +70,8 @@ Tokenizer Tokenizer::from_gguf(const formats::GgufFile& f) {
   }
   // GGUF has no flag for HF's ignore_merges; Llama 3 sets it, and llama.cpp implies it there.
   st.ignore_merges = st.pre == PreTokenizer::llama3;
-  // GGUF has no normalizer key either; Qwen2's tokenizer.json has NFC, so "qwen2" implies it.
+  // GGUF has no normalizer key either; Qwen2's tokenizer.json has NFC, so "qwen2" implies it
+  // (Qwen3.5's has none: its pattern keeps combining marks with the letters instead).
   st.nfc = st.pre == PreTokenizer::qwen2;
 
   const std::vector<std::string> names = f.get_string_array("tokenizer.ggml.tokens");
@@ -99,7 +100,8 @@ Tokenizer Tokenizer::from_gguf(const formats::GgufFile& f) {
         r.bad(key, cat("byte token '", names[id], "' is not of the form <0xNN>"));
       st.tokens[id] = names[id];
     } else if (!vocab_string_to_bytes(names[id], &st.tokens[id])) {
-      r.bad(key, cat("'", names[id], "' is not a byte-level token string"));
+      st.tokens[id] = names[id];
+      st.verbatim.push_back(static_cast<int32_t>(id));
     }
   }
 
@@ -167,8 +169,7 @@ void Tokenizer::to_gguf(formats::GgufWriter& w) const {
   std::vector<std::string> names(m.tokens.size());
   std::vector<int32_t> types(m.tokens.size(), kNormal);
   for (size_t id = 0; id < m.tokens.size(); ++id) {
-    const bool plain = spm || m.is_added[id];
-    names[id] = plain ? m.tokens[id] : bytes_to_vocab_string(m.tokens[id]);
+    names[id] = m.vocab_string(static_cast<int32_t>(id));
     if (m.is_added[id] == 1)
       types[id] = kUserDefined;
     else if (m.is_added[id] == 2)

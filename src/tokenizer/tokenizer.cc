@@ -45,7 +45,7 @@ void TokenizerState::finalize(const std::string& source) {
   ids_by_bytes.clear();
   ids_by_bytes.reserve(tokens.size());
   for (int32_t id = 0; id < n; ++id) {
-    if (is_added[id]) continue;
+    if (is_added[id] || is_verbatim[id]) continue;
     const auto [it, fresh] = ids_by_bytes.emplace(tokens[id], id);
     TS_CHECK(fresh, "[tokenizer] ", source, ": model.vocab ids ", it->second, " and ", id,
              " name the same token '", bytes_to_vocab_string(tokens[id]), "'");
@@ -60,8 +60,10 @@ void TokenizerState::finalize(const std::string& source) {
   MergeTable seen;
   for (size_t r = 0; r < merges.size(); ++r) {
     const auto [a, b] = merges[r];
-    TS_CHECK(a >= 0 && a < n && b >= 0 && b < n && !is_added[a] && !is_added[b], "[tokenizer] ",
-             source, ": model.merges[", r, "] names a token that is not in model.vocab");
+    TS_CHECK(a >= 0 && a < n && b >= 0 && b < n && !is_added[a] && !is_added[b] &&
+                 !is_verbatim[a] && !is_verbatim[b],
+             "[tokenizer] ", source, ": model.merges[", r,
+             "] names a token that is not in model.vocab (or not byte-level)");
     const auto it = ids_by_bytes.find(tokens[a] + tokens[b]);
     TS_CHECK(it != ids_by_bytes.end(), "[tokenizer] ", source, ": model.merges[", r, "] '",
              bytes_to_vocab_string(tokens[a]), " ", bytes_to_vocab_string(tokens[b]),
@@ -86,6 +88,12 @@ void TokenizerState::index_added(const std::string& source) {
     TS_CHECK(!is_added[a.id], "[tokenizer] ", source, ": added_tokens id ", a.id, " is duplicated");
     is_added[a.id] = a.special ? 2 : 1;
     tokens[a.id] = a.content;
+  }
+  is_verbatim.assign(tokens.size(), 0);
+  for (const int32_t id : verbatim) {
+    TS_CHECK(id >= 0 && id < n && !is_added[id], "[tokenizer] ", source, ": verbatim token id ", id,
+             " is out of range or an added token");
+    is_verbatim[id] = 1;
   }
   added_pattern.clear();
   any_normalized_added = false;
@@ -244,6 +252,11 @@ void TokenizerState::encode_segment(std::string_view text, bool at_start,
     encode_spm_segment(text, at_start, out);
   else
     encode_ordinary_into(text, out);
+}
+
+std::string TokenizerState::vocab_string(int32_t id) const {
+  const bool plain = model == TokenizerModel::sentencepiece_bpe || is_added[id] || is_verbatim[id];
+  return plain ? tokens[id] : bytes_to_vocab_string(tokens[id]);
 }
 
 std::string TokenizerState::piece_text(int32_t id) const {

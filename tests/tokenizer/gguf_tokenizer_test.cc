@@ -170,6 +170,35 @@ TEST(GgufTokenizer, PreTokenizerAliasesKeepTheirName) {
   }
 }
 
+// Command-R's vocabulary holds raw emoji beside its byte-level tokens: they load, are never
+// produced by encoding (HF's byte-level encoding cannot reach them), decode to their text and
+// are written back as they were.
+TEST(GgufTokenizer, TokensOutsideTheByteAlphabetStayVerbatim) {
+  const formats::GgufFile base(kDir + "smollm2.gguf");
+  const tokenizer::Tokenizer smollm = tokenizer::Tokenizer::from_gguf(base);
+  std::vector<std::string> tokens = base.get_string_array("tokenizer.ggml.tokens");
+  std::vector<int32_t> types;
+  for (const formats::GgufValue& v : base.get_array("tokenizer.ggml.token_type").items)
+    types.push_back(*v.get_if<int32_t>());
+  const auto id = static_cast<int32_t>(tokens.size());
+  tokens.push_back("\u2122");  // TRADE MARK SIGN as itself, not as its bytes' alphabet characters
+  types.push_back(1);
+  formats::GgufWriter w;
+  for (const auto& [k, v] : base.metadata())
+    if (k.starts_with("tokenizer.")) w.set(k, v);
+  w.set("tokenizer.ggml.tokens", formats::gguf_array(formats::GgufType::string, tokens));
+  w.set("tokenizer.ggml.token_type", formats::gguf_array(formats::GgufType::i32, types));
+  const tokenizer::Tokenizer tok = load(w);
+  EXPECT_EQ(tok.vocab_size(), id + 1);
+  EXPECT_EQ(tok.encode_ordinary("a \u2122 b"), smollm.encode_ordinary("a \u2122 b"));
+  EXPECT_EQ(tok.decode_token(id), "\u2122");
+  formats::GgufWriter back;
+  tok.to_gguf(back);
+  EXPECT_EQ(formats::GgufFile::from_memory(back.serialize(), "b.gguf")
+                .get_string_array("tokenizer.ggml.tokens")[id],
+            "\u2122");
+}
+
 TEST(GgufTokenizer, Errors) {
   auto with = [](const std::string& key, formats::GgufValue v) {
     formats::GgufWriter w = spm_writer();
