@@ -59,10 +59,13 @@ Tokenizer Tokenizer::from_gguf(const formats::GgufFile& f) {
   const std::string& model = f.get_string("tokenizer.ggml.model");
   Tokenizer tok;
   TokenizerState& st = *tok.impl_;
-  if (model == "llama")
+  // "gemma4" is SentencePiece-style BPE over raw UTF-8 (merges, <0xNN> byte fallback) whose
+  // pre-tokenizer splits at the edges of newline runs.
+  if (model == "llama" || model == "gemma4")
     st.model = TokenizerModel::sentencepiece_bpe;
   else if (model != "gpt2")
-    r.bad("tokenizer.ggml.model", cat("unsupported '", model, "' (only gpt2 and llama)"));
+    r.bad("tokenizer.ggml.model", cat("unsupported '", model, "' (only gpt2, llama and gemma4)"));
+  st.split_newline_runs = model == "gemma4";
   const bool spm = st.model == TokenizerModel::sentencepiece_bpe;
   if (!spm && f.has("tokenizer.ggml.pre")) {
     st.pre_name = f.get_string("tokenizer.ggml.pre");
@@ -162,7 +165,7 @@ void Tokenizer::to_gguf(formats::GgufWriter& w) const {
   const Impl& m = *impl_;
   TS_CHECK(vocab_size() > 0, "[tokenizer] to_gguf: the tokenizer is empty");
   const bool spm = m.model == TokenizerModel::sentencepiece_bpe;
-  w.set("tokenizer.ggml.model", spm ? "llama" : "gpt2");
+  w.set("tokenizer.ggml.model", m.split_newline_runs ? "gemma4" : spm ? "llama" : "gpt2");
   if (!spm)
     w.set("tokenizer.ggml.pre",
           m.pre_name.empty() ? std::string(pre_tokenizer_name(m.pre)) : m.pre_name);

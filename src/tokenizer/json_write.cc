@@ -103,6 +103,9 @@ std::string bos_post_processor(const TokenizerState& m) {
 std::string Tokenizer::to_json_text() const {
   const Impl& m = *impl_;
   const bool spm = m.model == TokenizerModel::sentencepiece_bpe;
+  TS_CHECK(!m.split_newline_runs,
+           "[tokenizer] to_json: the newline-run split of a GGUF \"gemma4\" vocabulary has no "
+           "tokenizer.json form here");
   // Written by hand rather than through a json object: nlohmann's object sorts keys, and the
   // vocabulary reads best in id order.
   std::string s = "{\n  \"version\": \"1.0\",\n  \"truncation\": null,\n  \"padding\": null,\n";

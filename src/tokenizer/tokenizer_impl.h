@@ -95,6 +95,9 @@ struct TokenizerState {
   bool ignore_merges = false;  // HF option: a pre-token that is itself a token skips merging
   SpacePrefix space_prefix = SpacePrefix::none;  // SentencePiece only
   bool split_at_spaces = false;  // SentencePiece: merges never cross U+2581 (Metaspace split)
+  // SentencePiece: merges never cross the edge of a run of '\n' (GGUF model "gemma4", whose
+  // pre-tokenizer splits the text into runs of newlines and runs of anything else).
+  bool split_newline_runs = false;
   // HF "NFC" normalizer (Qwen2; GGUF pre "qwen2"): text between added tokens is put in NFC
   // before pre-tokenization.
   bool nfc = false;
