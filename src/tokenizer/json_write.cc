@@ -103,6 +103,9 @@ std::string bos_post_processor(const TokenizerState& m) {
 std::string Tokenizer::to_json_text() const {
   const Impl& m = *impl_;
   const bool spm = m.model == TokenizerModel::sentencepiece_bpe;
+  TS_CHECK(m.model != TokenizerModel::wordpiece,
+           "[tokenizer] to_json: writing a WordPiece (GGUF \"bert\") tokenizer to tokenizer.json "
+           "is not supported");
   TS_CHECK(!m.split_newline_runs,
            "[tokenizer] to_json: the newline-run split of a GGUF \"gemma4\" vocabulary has no "
            "tokenizer.json form here");

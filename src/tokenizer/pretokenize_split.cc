@@ -32,14 +32,6 @@ bool is_letter(uint32_t cp) {
 bool is_number(uint32_t cp) {
   return cp < kInvalidUtf8Base && classify_code_point(cp) == CharClass::kNumber;
 }
-// HF's Punctuation pre-tokenizer and BERT's: ASCII punctuation (symbols such as $ + < = > ^ ` | ~
-// included) or \p{P}.
-bool is_ascii_or_unicode_punct(uint32_t cp) {
-  if (cp < 0x80)
-    return cp > 0x20 && cp < 0x7F && !(cp >= '0' && cp <= '9') &&
-           !((cp | 0x20) >= 'a' && (cp | 0x20) <= 'z');
-  return unicode::is_punctuation(cp);
-}
 bool is_unicode_punct(uint32_t cp) {
   return unicode::is_punctuation(cp);
 }
@@ -170,8 +162,9 @@ void split_trailing_space(Pieces* pieces, Pieces* scratch) {
 // UTF-8 of '½' itself, counts), then [0-9]{3}.
 void pretokenize_falcon(std::string_view text, Pieces* out) {
   Pieces pieces{text}, scratch;
-  step(&pieces, &scratch,
-       [](std::string_view s, size_t p) { return match_run(s, p, is_ascii_or_unicode_punct); });
+  step(&pieces, &scratch, [](std::string_view s, size_t p) {
+    return match_run(s, p, unicode::is_ascii_or_unicode_punctuation);
+  });
   scratch.clear();
   for (const std::string_view piece : pieces) pretokenize(piece, &scratch);
   pieces.swap(scratch);

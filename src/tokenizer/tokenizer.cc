@@ -40,6 +40,10 @@ void TokenizerState::finalize(const std::string& source) {
     finalize_special(source);
     return;
   }
+  if (model == TokenizerModel::wordpiece) {
+    finalize_wordpiece(source);
+    return;
+  }
   const auto n = static_cast<int32_t>(tokens.size());
   index_added(source);
   ids_by_bytes.clear();
@@ -250,12 +254,14 @@ void TokenizerState::encode_segment(std::string_view text, bool at_start,
                                     std::vector<int32_t>* out) const {
   if (model == TokenizerModel::sentencepiece_bpe)
     encode_spm_segment(text, at_start, out);
+  else if (model == TokenizerModel::wordpiece)
+    encode_wordpiece_segment(text, out);
   else
     encode_ordinary_into(text, out);
 }
 
 std::string TokenizerState::vocab_string(int32_t id) const {
-  const bool plain = model == TokenizerModel::sentencepiece_bpe || is_added[id] || is_verbatim[id];
+  const bool plain = model != TokenizerModel::byte_level_bpe || is_added[id] || is_verbatim[id];
   return plain ? tokens[id] : bytes_to_vocab_string(tokens[id]);
 }
 
@@ -308,9 +314,11 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special
     if (skip_special && impl_->is_added[id] == 2) continue;
     s += impl_->piece_text(id);
   }
-  // SentencePiece decoders strip the one space that encoding put in front of the text.
-  if (impl_->model == TokenizerModel::sentencepiece_bpe &&
-      impl_->space_prefix != SpacePrefix::none && !s.empty() && s[0] == ' ')
+  // SentencePiece decoders strip the one space that encoding put in front of the text; WordPiece
+  // pieces that start a word read as a space and the word, so the first one's space goes too.
+  const bool spm_prefix =
+      impl_->model == TokenizerModel::sentencepiece_bpe && impl_->space_prefix != SpacePrefix::none;
+  if ((spm_prefix || impl_->model == TokenizerModel::wordpiece) && !s.empty() && s[0] == ' ')
     s.erase(0, 1);
   return s;
 }

@@ -98,6 +98,9 @@ struct TokenizerState {
   // SentencePiece: merges never cross the edge of a run of '\n' (GGUF model "gemma4", whose
   // pre-tokenizer splits the text into runs of newlines and runs of anything else).
   bool split_newline_runs = false;
+  // WordPiece: BertNormalizer's lowercase and strip_accents.
+  bool bert_lowercase = true;
+  bool bert_strip_accents = true;
   // HF "NFC" normalizer (Qwen2; GGUF pre "qwen2"): text between added tokens is put in NFC
   // before pre-tokenization.
   bool nfc = false;
@@ -136,6 +139,9 @@ struct TokenizerState {
   // Appends the ids of one pre-token (BPE by merge rank).
   void encode_word(std::string_view word, std::vector<int32_t>* out) const;
   void encode_ordinary_into(std::string_view text, std::vector<int32_t>* out) const;
+  // WordPiece counterparts (wordpiece.cc).
+  void finalize_wordpiece(const std::string& source);
+  void encode_wordpiece_segment(std::string_view text, std::vector<int32_t>* out) const;
   // SentencePiece counterparts (tokenizer_spm.cc).
   void finalize_spm(const std::string& source);
   void encode_spm_segment(std::string_view text, bool at_start, std::vector<int32_t>* out) const;

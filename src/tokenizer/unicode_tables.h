@@ -40,6 +40,14 @@ bool in_ranges(uint32_t cp, const CodePointRange* r, size_t n);
 inline bool is_punctuation(uint32_t cp) {
   return in_ranges(cp, kPunctuationRanges, kPunctuationRangeCount);
 }
+// Rust's is_ascii_punctuation (the ASCII symbols $ + < = > ^ ` | ~ included) or \p{P}: where
+// Hugging Face's Punctuation and BERT pre-tokenizers split.
+inline bool is_ascii_or_unicode_punctuation(uint32_t cp) {
+  if (cp < 0x80)
+    return cp > 0x20 && cp < 0x7F && !(cp >= '0' && cp <= '9') &&
+           !((cp | 0x20) >= 'a' && (cp | 0x20) <= 'z');
+  return is_punctuation(cp);
+}
 inline bool is_mark(uint32_t cp) {
   return in_ranges(cp, kMarkRanges, kMarkRangeCount);
 }
