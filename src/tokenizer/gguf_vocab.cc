@@ -1,5 +1,6 @@
 // Tokenizer <-> GGUF metadata (tokenizer.ggml.*): model "gpt2" (byte-level BPE with merges and a
-// pre-tokenizer name) and "llama" (SentencePiece-style BPE with scores and byte tokens).
+// pre-tokenizer name), "llama" and "gemma4" (SentencePiece-style BPE with scores or merges and
+// byte tokens) and "bert" (WordPiece with the BERT normalizer's flags).
 #include <cmath>
 #include <unordered_map>
 
@@ -59,18 +60,34 @@ Tokenizer Tokenizer::from_gguf(const formats::GgufFile& f) {
   const std::string& model = f.get_string("tokenizer.ggml.model");
   Tokenizer tok;
   TokenizerState& st = *tok.impl_;
-  if (model == "llama")
+  // "gemma4" is SentencePiece-style BPE over raw UTF-8 (merges, <0xNN> byte fallback) whose
+  // pre-tokenizer splits at the edges of newline runs.
+  if (model == "llama" || model == "gemma4")
     st.model = TokenizerModel::sentencepiece_bpe;
+  else if (model == "bert")
+    st.model = TokenizerModel::wordpiece;
   else if (model != "gpt2")
-    r.bad("tokenizer.ggml.model", cat("unsupported '", model, "' (only gpt2 and llama)"));
+    r.bad("tokenizer.ggml.model",
+          cat("unsupported '", model, "' (only gpt2, llama, gemma4 and bert)"));
+  st.split_newline_runs = model == "gemma4";
   const bool spm = st.model == TokenizerModel::sentencepiece_bpe;
-  if (!spm && f.has("tokenizer.ggml.pre")) {
+  const bool wordpiece = st.model == TokenizerModel::wordpiece;
+  if (wordpiece) {
+    // HF's BertNormalizer defaults: lowercase on, strip_accents following lowercase.
+    constexpr const char* kLower = "tokenizer.ggml.normalizer.lowercase";
+    constexpr const char* kStrip = "tokenizer.ggml.normalizer.strip_accents";
+    st.bert_lowercase = f.has(kLower) ? f.get_bool(kLower) : true;
+    st.bert_strip_accents = f.has(kStrip) ? f.get_bool(kStrip) : st.bert_lowercase;
+    if (f.has("tokenizer.ggml.pre")) st.pre_name = f.get_string("tokenizer.ggml.pre");
+  }
+  if (st.model == TokenizerModel::byte_level_bpe && f.has("tokenizer.ggml.pre")) {
     st.pre_name = f.get_string("tokenizer.ggml.pre");
     st.pre = parse_pre_tokenizer(st.pre_name, cat(f.path(), ": tokenizer.ggml.pre"));
   }
   // GGUF has no flag for HF's ignore_merges; Llama 3 sets it, and llama.cpp implies it there.
   st.ignore_merges = st.pre == PreTokenizer::llama3;
-  // GGUF has no normalizer key either; Qwen2's tokenizer.json has NFC, so "qwen2" implies it.
+  // GGUF has no normalizer key either; Qwen2's tokenizer.json has NFC, so "qwen2" implies it
+  // (Qwen3.5's has none: its pattern keeps combining marks with the letters instead).
   st.nfc = st.pre == PreTokenizer::qwen2;
 
   const std::vector<std::string> names = f.get_string_array("tokenizer.ggml.tokens");
@@ -94,12 +111,13 @@ Tokenizer Tokenizer::from_gguf(const formats::GgufFile& f) {
       st.added.push_back(std::move(a));
       st.tokens[id] = names[id];
       if (type == kUnknown && st.special.unk < 0) st.special.unk = static_cast<int32_t>(id);
-    } else if (spm) {
+    } else if (spm || wordpiece) {
       if (type == kByte && (names[id].size() != 6 || names[id].compare(0, 3, "<0x") != 0))
         r.bad(key, cat("byte token '", names[id], "' is not of the form <0xNN>"));
       st.tokens[id] = names[id];
     } else if (!vocab_string_to_bytes(names[id], &st.tokens[id])) {
-      r.bad(key, cat("'", names[id], "' is not a byte-level token string"));
+      st.tokens[id] = names[id];
+      st.verbatim.push_back(static_cast<int32_t>(id));
     }
   }
 
@@ -121,7 +139,7 @@ Tokenizer Tokenizer::from_gguf(const formats::GgufFile& f) {
                        "' is not in tokenizer.ggml.tokens"));
       st.merges.emplace_back(a->second, b->second);
     }
-  } else if (!spm) {
+  } else if (st.model == TokenizerModel::byte_level_bpe) {
     r.bad("tokenizer.ggml.merges", "missing (a gpt2 vocabulary needs merges)");
   }
   if (spm) {
@@ -160,15 +178,23 @@ void Tokenizer::to_gguf(formats::GgufWriter& w) const {
   const Impl& m = *impl_;
   TS_CHECK(vocab_size() > 0, "[tokenizer] to_gguf: the tokenizer is empty");
   const bool spm = m.model == TokenizerModel::sentencepiece_bpe;
-  w.set("tokenizer.ggml.model", spm ? "llama" : "gpt2");
-  if (!spm)
+  const bool wordpiece = m.model == TokenizerModel::wordpiece;
+  w.set("tokenizer.ggml.model", m.split_newline_runs ? "gemma4"
+                                : spm                ? "llama"
+                                : wordpiece          ? "bert"
+                                                     : "gpt2");
+  if (m.model == TokenizerModel::byte_level_bpe)
     w.set("tokenizer.ggml.pre",
           m.pre_name.empty() ? std::string(pre_tokenizer_name(m.pre)) : m.pre_name);
+  if (wordpiece) {
+    if (!m.pre_name.empty()) w.set("tokenizer.ggml.pre", m.pre_name);
+    w.set("tokenizer.ggml.normalizer.lowercase", m.bert_lowercase);
+    w.set("tokenizer.ggml.normalizer.strip_accents", m.bert_strip_accents);
+  }
   std::vector<std::string> names(m.tokens.size());
   std::vector<int32_t> types(m.tokens.size(), kNormal);
   for (size_t id = 0; id < m.tokens.size(); ++id) {
-    const bool plain = spm || m.is_added[id];
-    names[id] = plain ? m.tokens[id] : bytes_to_vocab_string(m.tokens[id]);
+    names[id] = m.vocab_string(static_cast<int32_t>(id));
     if (m.is_added[id] == 1)
       types[id] = kUserDefined;
     else if (m.is_added[id] == 2)
@@ -182,7 +208,7 @@ void Tokenizer::to_gguf(formats::GgufWriter& w) const {
   w.set("tokenizer.ggml.tokens", formats::gguf_array(formats::GgufType::string, names));
   w.set("tokenizer.ggml.token_type", formats::gguf_array(formats::GgufType::i32, types));
   // Score-derived merges are not written: the scores say the same, ties included.
-  if (!spm || m.merge_ranks.empty()) {
+  if (!wordpiece && (!spm || m.merge_ranks.empty())) {
     std::vector<std::string> merges(m.merges.size());
     for (size_t r = 0; r < m.merges.size(); ++r) {
       const std::string &a = names[m.merges[r].first], &b = names[m.merges[r].second];

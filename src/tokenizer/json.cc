@@ -138,9 +138,11 @@ void parse_byte_level_components(const Reader& r, const json& root, TokenizerSta
         st->pre = PreTokenizer::llama3;
       else if (re == pre_tokenizer_split_regex(PreTokenizer::qwen2))
         st->pre = PreTokenizer::qwen2;
+      else if (re == pre_tokenizer_split_regex(PreTokenizer::qwen35))
+        st->pre = PreTokenizer::qwen35;
       else
         r.bad(field + ".pattern", "unsupported " + show(pattern ? *pattern : json()) +
-                                      " (only the Llama 3 and Qwen2 patterns)");
+                                      " (only the Llama 3, Qwen2 and Qwen3.5 patterns)");
       const json* behavior = r.member(first, "behavior");
       if (!behavior || *behavior != "Isolated")
         r.bad(field + ".behavior",
@@ -320,7 +322,8 @@ TokenizerState parse(const json& root, const std::string& src) {
     } else if (spm) {
       tokens[id] = it.key();
     } else if (!vocab_string_to_bytes(it.key(), &tokens[id])) {
-      r.bad(field, "not a byte-level token string (chars outside GPT-2's byte alphabet)");
+      tokens[id] = it.key();
+      impl.verbatim.push_back(id);
     }
   }
   for (const AddedToken& t : impl.added) {

@@ -35,13 +35,19 @@ std::string byte_level_pre_tokenizer(PreTokenizer pre) {
           kByteLevel, "true}]}");
     case PreTokenizer::llama3:
     case PreTokenizer::qwen2:
+    case PreTokenizer::qwen35:
       return cat(
           "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", "
           "\"pattern\": {\"Regex\": ",
           quote(std::string(pre_tokenizer_split_regex(pre))),
           "}, \"behavior\": \"Isolated\", \"invert\": false}, ", kByteLevel, "false}]}");
+    case PreTokenizer::falcon:
+    case PreTokenizer::deepseek_coder:
+    case PreTokenizer::deepseek_llm:
+      break;
   }
-  return "null";
+  fail("[tokenizer] to_json: writing pre-tokenizer '", pre_tokenizer_name(pre),
+       "' to tokenizer.json is not supported (only gpt2, smollm, llama3, qwen2 and qwen35)");
 }
 
 // normalizer, pre_tokenizer and decoder of a SentencePiece-style tokenizer.
@@ -97,6 +103,12 @@ std::string bos_post_processor(const TokenizerState& m) {
 std::string Tokenizer::to_json_text() const {
   const Impl& m = *impl_;
   const bool spm = m.model == TokenizerModel::sentencepiece_bpe;
+  TS_CHECK(m.model != TokenizerModel::wordpiece,
+           "[tokenizer] to_json: writing a WordPiece (GGUF \"bert\") tokenizer to tokenizer.json "
+           "is not supported");
+  TS_CHECK(!m.split_newline_runs,
+           "[tokenizer] to_json: the newline-run split of a GGUF \"gemma4\" vocabulary has no "
+           "tokenizer.json form here");
   // Written by hand rather than through a json object: nlohmann's object sorts keys, and the
   // vocabulary reads best in id order.
   std::string s = "{\n  \"version\": \"1.0\",\n  \"truncation\": null,\n  \"padding\": null,\n";
@@ -137,7 +149,7 @@ std::string Tokenizer::to_json_text() const {
   s += "    \"vocab\": {";
   std::vector<std::string> keys(m.tokens.size());
   for (size_t id = 0; id < m.tokens.size(); ++id) {
-    keys[id] = m.is_added[id] || spm ? m.tokens[id] : bytes_to_vocab_string(m.tokens[id]);
+    keys[id] = m.vocab_string(static_cast<int32_t>(id));
     s += cat(id ? ",\n" : "\n", "      ", quote(keys[id]), ": ", id);
   }
   s += "\n    },\n    \"merges\": [";

@@ -7,15 +7,17 @@
 #include "tokenizer/unicode_tables.h"
 
 namespace tessera::tokenizer {
-namespace {
 
-bool in_ranges(uint32_t cp, const unicode::CodePointRange* r, size_t n) {
+bool unicode::in_ranges(uint32_t cp, const CodePointRange* r, size_t n) {
   // First range whose hi >= cp; the ranges are sorted and disjoint.
   const auto* end = r + n;
-  const auto* it = std::lower_bound(
-      r, end, cp, [](const unicode::CodePointRange& a, uint32_t v) { return a.hi < v; });
+  const auto* it =
+      std::lower_bound(r, end, cp, [](const CodePointRange& a, uint32_t v) { return a.hi < v; });
   return it != end && it->lo <= cp;
 }
+
+namespace {
+using unicode::in_ranges;
 
 // ASCII is most of the input, so its classes come from a table built once.
 std::array<CharClass, 128> make_ascii_classes() {

@@ -43,13 +43,20 @@ enum class PreTokenizer : uint8_t {
   llama3,  // (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
            //  ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
   qwen2,   // llama3 with \p{N} (single digits) in place of \p{N}{1,3}
+  qwen35,  // qwen2 with [\p{L}\p{M}]+ for \p{L}+ and [^\s\p{L}\p{M}\p{N}] for [^\s\p{L}\p{N}]
+  // HF Sequences of Split steps (pretokenize_split.cc):
+  falcon,          // Punctuation, ByteLevel (gpt2), Digits, [0-9]{3}
+  deepseek_coder,  // [\r\n], \s?\p{L}+, \s?\p{P}+, CJK runs, single digits
+  deepseek_llm,    // [\r\n], \s?[letters]+, \s?[punctuation]+, \s+$, CJK runs, single digits
 };
-// Name written to GGUF ("gpt-2", "smollm", "llama-bpe", "qwen2").
+// Name written to GGUF ("gpt-2", "smollm", "llama-bpe", "qwen2", "qwen35", "falcon",
+// "deepseek-coder", "deepseek-llm").
 std::string_view pre_tokenizer_name(PreTokenizer p);
-// GGUF names: gpt2/gpt-2, smollm, llama3/llama-bpe/llama-v3, qwen2. Throws naming `where` and
-// the value for any other name.
+// GGUF names: those, and the aliases gpt2, mpt, starcoder, refact, command-r, llama3 and
+// llama-v3. Throws naming `where` and the value for any other name.
 PreTokenizer parse_pre_tokenizer(std::string_view name, std::string_view where);
-// The regex of a Hugging Face Split pre-tokenizer for llama3/qwen2 (as in tokenizer.json).
+// The regex of a Hugging Face Split pre-tokenizer for llama3/qwen2/qwen35 (as in tokenizer.json);
+// empty for the others.
 std::string_view pre_tokenizer_split_regex(PreTokenizer p);
 void pretokenize(PreTokenizer kind, std::string_view text, std::vector<std::string_view>* out);
 

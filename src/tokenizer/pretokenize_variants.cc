@@ -1,9 +1,11 @@
-// Pre-tokenizer variants of byte-level BPE models (SmolLM's digit split, the Llama 3 and Qwen2
-// patterns), written by hand over the Unicode classes of tokenizer_pretokenize.cc.
+// Pre-tokenizer variants of byte-level BPE models (SmolLM's digit split, the Llama 3, Qwen2 and
+// Qwen3.5 patterns), written by hand over the Unicode classes of tokenizer_pretokenize.cc.
 #include <string>
 
 #include "core/error.h"
 #include "tokenizer/pretokenize.h"
+#include "tokenizer/pretokenize_split.h"
+#include "tokenizer/unicode_tables.h"
 
 namespace tessera::tokenizer {
 namespace {
@@ -14,6 +16,9 @@ constexpr std::string_view kLlama3Regex =
 constexpr std::string_view kQwen2Regex =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+constexpr std::string_view kQwen35Regex =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| "
+    "?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
 bool is_newline(char c) {
   return c == '\r' || c == '\n';
@@ -53,21 +58,35 @@ CharClass class_at(std::string_view text, size_t pos, int* len) {
   return c;
 }
 
+// Qwen3.5's pattern puts \p{M} with the letters: a combining mark (class kOther) reads as
+// kLetter there.
+CharClass class_at(std::string_view text, size_t pos, int* len, bool marks_are_letters) {
+  const CharClass c = class_at(text, pos, len);
+  if (!marks_are_letters || c != CharClass::kOther || static_cast<uint8_t>(text[pos]) < 0x80)
+    return c;
+  uint32_t cp;
+  decode_utf8(text, pos, &cp);
+  return unicode::is_mark(cp) ? CharClass::kLetter : c;
+}
+
 // End of the run of code points of class `cls` starting at `pos`, at most `max_count` of them.
-size_t run_end(std::string_view text, size_t pos, CharClass cls, size_t max_count = SIZE_MAX) {
+size_t run_end(std::string_view text, size_t pos, CharClass cls, size_t max_count = SIZE_MAX,
+               bool marks_are_letters = false) {
   size_t count = 0;
   while (pos < text.size() && count < max_count) {
     int len;
-    if (class_at(text, pos, &len) != cls) break;
+    if (class_at(text, pos, &len, marks_are_letters) != cls) break;
     pos += len;
     ++count;
   }
   return pos;
 }
 
-// The Llama 3 / Qwen2 pattern; alternatives are tried in order at each position, as the regex
-// engine does, with each alternative's greedy-then-backtrack result computed directly.
-void pretokenize_llama3(std::string_view text, size_t max_digits,
+// The Llama 3 / Qwen2 / Qwen3.5 pattern; alternatives are tried in order at each position, as
+// the regex engine does, with each alternative's greedy-then-backtrack result computed directly.
+// marks: Qwen3.5's [\p{L}\p{M}] in place of \p{L} (the optional lead [^\r\n\p{L}\p{N}] may
+// itself be a mark, which then simply starts the run).
+void pretokenize_llama3(std::string_view text, size_t max_digits, bool marks,
                         std::vector<std::string_view>* out) {
   const size_t n = text.size();
   size_t p = 0;
@@ -83,16 +102,16 @@ void pretokenize_llama3(std::string_view text, size_t max_digits,
       }
     }
     int len;
-    const CharClass c = class_at(text, p, &len);
+    const CharClass c = class_at(text, p, &len, marks);
     // [^\r\n\p{L}\p{N}]?\p{L}+
     if (c == CharClass::kLetter) {
-      emit(run_end(text, p, CharClass::kLetter));
+      emit(run_end(text, p, CharClass::kLetter, SIZE_MAX, marks));
       continue;
     }
     if (c != CharClass::kNumber && !is_newline(text[p]) && p + len < n) {
       int len2;
-      if (class_at(text, p + len, &len2) == CharClass::kLetter) {
-        emit(run_end(text, p + len, CharClass::kLetter));
+      if (class_at(text, p + len, &len2, marks) == CharClass::kLetter) {
+        emit(run_end(text, p + len, CharClass::kLetter, SIZE_MAX, marks));
         continue;
       }
     }
@@ -105,10 +124,10 @@ void pretokenize_llama3(std::string_view text, size_t max_digits,
     size_t q = p;
     if (text[p] == ' ' && p + 1 < n) {
       int len2;
-      if (class_at(text, p + 1, &len2) == CharClass::kOther) q = p + 1;
+      if (class_at(text, p + 1, &len2, marks) == CharClass::kOther) q = p + 1;
     }
     if (q > p || c == CharClass::kOther) {
-      q = run_end(text, q, CharClass::kOther);
+      q = run_end(text, q, CharClass::kOther, SIZE_MAX, marks);
       while (q < n && is_newline(text[q])) ++q;
       emit(q);
       continue;
@@ -160,6 +179,14 @@ std::string_view pre_tokenizer_name(PreTokenizer p) {
       return "llama-bpe";
     case PreTokenizer::qwen2:
       return "qwen2";
+    case PreTokenizer::qwen35:
+      return "qwen35";
+    case PreTokenizer::falcon:
+      return "falcon";
+    case PreTokenizer::deepseek_coder:
+      return "deepseek-coder";
+    case PreTokenizer::deepseek_llm:
+      return "deepseek-llm";
   }
   return "?";
 }
@@ -172,14 +199,19 @@ PreTokenizer parse_pre_tokenizer(std::string_view name, std::string_view where) 
     return PreTokenizer::smollm;
   if (name == "llama3" || name == "llama-bpe" || name == "llama-v3") return PreTokenizer::llama3;
   if (name == "qwen2") return PreTokenizer::qwen2;
+  if (name == "qwen35") return PreTokenizer::qwen35;
+  if (name == "falcon") return PreTokenizer::falcon;
+  if (name == "deepseek-coder") return PreTokenizer::deepseek_coder;
+  if (name == "deepseek-llm") return PreTokenizer::deepseek_llm;
   fail("[tokenizer] ", where, ": unsupported pre-tokenizer '", name,
        "' (known: gpt2, gpt-2, mpt, smollm, starcoder, refact, command-r, llama3, llama-bpe, "
-       "llama-v3, qwen2)");
+       "llama-v3, qwen2, qwen35, falcon, deepseek-coder, deepseek-llm)");
 }
 
 std::string_view pre_tokenizer_split_regex(PreTokenizer p) {
   if (p == PreTokenizer::llama3) return kLlama3Regex;
   if (p == PreTokenizer::qwen2) return kQwen2Regex;
+  if (p == PreTokenizer::qwen35) return kQwen35Regex;
   return {};
 }
 
@@ -192,10 +224,18 @@ void pretokenize(PreTokenizer kind, std::string_view text, std::vector<std::stri
       pretokenize_smollm(text, out);
       return;
     case PreTokenizer::llama3:
-      pretokenize_llama3(text, 3, out);
+      pretokenize_llama3(text, 3, false, out);
       return;
     case PreTokenizer::qwen2:
-      pretokenize_llama3(text, 1, out);
+      pretokenize_llama3(text, 1, false, out);
+      return;
+    case PreTokenizer::qwen35:
+      pretokenize_llama3(text, 1, true, out);
+      return;
+    case PreTokenizer::falcon:
+    case PreTokenizer::deepseek_coder:
+    case PreTokenizer::deepseek_llm:
+      pretokenize_sequence(kind, text, out);
       return;
   }
 }

@@ -127,12 +127,16 @@ void TokenizerState::encode_spm_segment(std::string_view text, bool at_start,
     else
       norm.push_back(c);
   }
-  // Metaspace split: a word starts at each U+2581 (which joins the text after it).
+  // Metaspace split: a word starts at each U+2581 (which joins the text after it). Newline-run
+  // split: a word is a run of '\n' or a run of anything else.
   size_t begin = 0;
   while (begin < norm.size()) {
     size_t end = norm.size();
     if (split_at_spaces) {
       end = norm.find(kMetaSpace, begin + (norm.compare(begin, 3, kMetaSpace) == 0 ? 3 : 1));
+      if (end == std::string::npos) end = norm.size();
+    } else if (split_newline_runs) {
+      end = norm[begin] == '\n' ? norm.find_first_not_of('\n', begin) : norm.find('\n', begin);
       if (end == std::string::npos) end = norm.size();
     }
     const std::string_view word = std::string_view(norm).substr(begin, end - begin);

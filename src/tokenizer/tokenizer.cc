@@ -40,12 +40,16 @@ void TokenizerState::finalize(const std::string& source) {
     finalize_special(source);
     return;
   }
+  if (model == TokenizerModel::wordpiece) {
+    finalize_wordpiece(source);
+    return;
+  }
   const auto n = static_cast<int32_t>(tokens.size());
   index_added(source);
   ids_by_bytes.clear();
   ids_by_bytes.reserve(tokens.size());
   for (int32_t id = 0; id < n; ++id) {
-    if (is_added[id]) continue;
+    if (is_added[id] || is_verbatim[id]) continue;
     const auto [it, fresh] = ids_by_bytes.emplace(tokens[id], id);
     TS_CHECK(fresh, "[tokenizer] ", source, ": model.vocab ids ", it->second, " and ", id,
              " name the same token '", bytes_to_vocab_string(tokens[id]), "'");
@@ -60,8 +64,10 @@ void TokenizerState::finalize(const std::string& source) {
   MergeTable seen;
   for (size_t r = 0; r < merges.size(); ++r) {
     const auto [a, b] = merges[r];
-    TS_CHECK(a >= 0 && a < n && b >= 0 && b < n && !is_added[a] && !is_added[b], "[tokenizer] ",
-             source, ": model.merges[", r, "] names a token that is not in model.vocab");
+    TS_CHECK(a >= 0 && a < n && b >= 0 && b < n && !is_added[a] && !is_added[b] &&
+                 !is_verbatim[a] && !is_verbatim[b],
+             "[tokenizer] ", source, ": model.merges[", r,
+             "] names a token that is not in model.vocab (or not byte-level)");
     const auto it = ids_by_bytes.find(tokens[a] + tokens[b]);
     TS_CHECK(it != ids_by_bytes.end(), "[tokenizer] ", source, ": model.merges[", r, "] '",
              bytes_to_vocab_string(tokens[a]), " ", bytes_to_vocab_string(tokens[b]),
@@ -86,6 +92,12 @@ void TokenizerState::index_added(const std::string& source) {
     TS_CHECK(!is_added[a.id], "[tokenizer] ", source, ": added_tokens id ", a.id, " is duplicated");
     is_added[a.id] = a.special ? 2 : 1;
     tokens[a.id] = a.content;
+  }
+  is_verbatim.assign(tokens.size(), 0);
+  for (const int32_t id : verbatim) {
+    TS_CHECK(id >= 0 && id < n && !is_added[id], "[tokenizer] ", source, ": verbatim token id ", id,
+             " is out of range or an added token");
+    is_verbatim[id] = 1;
   }
   added_pattern.clear();
   any_normalized_added = false;
@@ -242,8 +254,15 @@ void TokenizerState::encode_segment(std::string_view text, bool at_start,
                                     std::vector<int32_t>* out) const {
   if (model == TokenizerModel::sentencepiece_bpe)
     encode_spm_segment(text, at_start, out);
+  else if (model == TokenizerModel::wordpiece)
+    encode_wordpiece_segment(text, out);
   else
     encode_ordinary_into(text, out);
+}
+
+std::string TokenizerState::vocab_string(int32_t id) const {
+  const bool plain = model != TokenizerModel::byte_level_bpe || is_added[id] || is_verbatim[id];
+  return plain ? tokens[id] : bytes_to_vocab_string(tokens[id]);
 }
 
 std::string TokenizerState::piece_text(int32_t id) const {
@@ -295,9 +314,11 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special
     if (skip_special && impl_->is_added[id] == 2) continue;
     s += impl_->piece_text(id);
   }
-  // SentencePiece decoders strip the one space that encoding put in front of the text.
-  if (impl_->model == TokenizerModel::sentencepiece_bpe &&
-      impl_->space_prefix != SpacePrefix::none && !s.empty() && s[0] == ' ')
+  // SentencePiece decoders strip the one space that encoding put in front of the text; WordPiece
+  // pieces that start a word read as a space and the word, so the first one's space goes too.
+  const bool spm_prefix =
+      impl_->model == TokenizerModel::sentencepiece_bpe && impl_->space_prefix != SpacePrefix::none;
+  if ((spm_prefix || impl_->model == TokenizerModel::wordpiece) && !s.empty() && s[0] == ' ')
     s.erase(0, 1);
   return s;
 }

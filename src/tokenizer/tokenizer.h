@@ -1,6 +1,6 @@
 // BPE tokenizers of the GPT-2 / Llama 3 / Qwen2 / SmolLM family (byte-level) and of the Llama 2
-// family (SentencePiece-style, byte fallback): training (byte-level), encoding, decoding, and
-// loading from / saving to Hugging Face tokenizer.json and GGUF metadata.
+// family (SentencePiece-style, byte fallback), and WordPiece (BERT): training (byte-level),
+// encoding, decoding, and loading from / saving to Hugging Face tokenizer.json and GGUF metadata.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +21,7 @@ namespace tessera::tokenizer {
 enum class TokenizerModel : uint8_t {
   byte_level_bpe,     // GGUF "gpt2": merges by rank over bytes; any byte string round-trips
   sentencepiece_bpe,  // GGUF "llama": ' ' -> U+2581, merges over characters, <0xNN> fallback
+  wordpiece,  // GGUF "bert": BERT normalizer, whitespace/punctuation words, longest-prefix pieces
 };
 
 // Ids of the tokens a generation loop needs; -1 where the tokenizer has none.
@@ -53,7 +54,8 @@ class Tokenizer {
   static Tokenizer from_json_text(std::string_view json, const std::string& source_name);
   void save_json(const std::string& path) const;
   std::string to_json_text() const;
-  // Reads the tokenizer.ggml.* keys (model gpt2 or llama); throws naming the file and the key.
+  // Reads the tokenizer.ggml.* keys (model gpt2, llama, gemma4 or bert); throws naming the file
+  // and the key.
   static Tokenizer from_gguf(const formats::GgufFile& f);
   // Writes the tokenizer.ggml.* keys that from_gguf reads (and llama.cpp understands).
   void to_gguf(formats::GgufWriter& w) const;

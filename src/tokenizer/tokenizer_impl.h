@@ -88,16 +88,27 @@ struct TokenizerState {
   std::vector<int32_t> merge_ranks;  // empty: rank = position; else per merge (GGUF scores)
   std::vector<float> scores;         // SentencePiece from GGUF: per token; else empty
   std::vector<AddedToken> added;
+  // Byte-level: ids whose vocabulary string is not over the byte alphabet (Command-R's raw
+  // emoji, which Hugging Face keeps but its byte-level encoding never reaches): `tokens` holds
+  // the string itself, and encoding never produces them.
+  std::vector<int32_t> verbatim;
   bool ignore_merges = false;  // HF option: a pre-token that is itself a token skips merging
   SpacePrefix space_prefix = SpacePrefix::none;  // SentencePiece only
   bool split_at_spaces = false;  // SentencePiece: merges never cross U+2581 (Metaspace split)
+  // SentencePiece: merges never cross the edge of a run of '\n' (GGUF model "gemma4", whose
+  // pre-tokenizer splits the text into runs of newlines and runs of anything else).
+  bool split_newline_runs = false;
+  // WordPiece: BertNormalizer's lowercase and strip_accents.
+  bool bert_lowercase = true;
+  bool bert_strip_accents = true;
   // HF "NFC" normalizer (Qwen2; GGUF pre "qwen2"): text between added tokens is put in NFC
   // before pre-tokenization.
   bool nfc = false;
   SpecialTokens special;
 
   // index
-  std::vector<uint8_t> is_added;  // id -> 1 added (decoded by content), 2 added and special
+  std::vector<uint8_t> is_added;     // id -> 1 added (decoded by content), 2 added and special
+  std::vector<uint8_t> is_verbatim;  // id -> 1 for the ids in `verbatim` (index_added)
   // Per entry of `added`: the literal matched in the text (content, or NFC(content) for a
   // normalized token when nfc is on, as HF normalizes those); any_normalized_added: some token
   // is matched after normalization, which takes a second split.
@@ -128,12 +139,17 @@ struct TokenizerState {
   // Appends the ids of one pre-token (BPE by merge rank).
   void encode_word(std::string_view word, std::vector<int32_t>* out) const;
   void encode_ordinary_into(std::string_view text, std::vector<int32_t>* out) const;
+  // WordPiece counterparts (wordpiece.cc).
+  void finalize_wordpiece(const std::string& source);
+  void encode_wordpiece_segment(std::string_view text, std::vector<int32_t>* out) const;
   // SentencePiece counterparts (tokenizer_spm.cc).
   void finalize_spm(const std::string& source);
   void encode_spm_segment(std::string_view text, bool at_start, std::vector<int32_t>* out) const;
   // Runs the merges over `ids` (initial symbols) and appends the result.
   void merge_symbols(std::vector<int32_t>& ids, std::vector<int32_t>* out) const;
   std::string piece_text(int32_t id) const;  // what decode_token returns
+  // The string tokenizer.json and GGUF store for id: byte-level tokens in GPT-2's alphabet.
+  std::string vocab_string(int32_t id) const;
 };
 
 struct Tokenizer::Impl : TokenizerState {};

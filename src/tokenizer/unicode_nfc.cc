@@ -86,9 +86,9 @@ uint32_t compose(uint32_t a, uint32_t b) {
   return it != end && it->first == a && it->second == b ? it->composite : 0;
 }
 
-// NFC of a span that starts at a normalization boundary and ends just before one.
-void normalize_span(std::string_view span, std::string* out) {
-  thread_local std::vector<Mark> marks;
+// NFD of `span` into *marks: canonical decomposition, then canonical ordering.
+void decompose_span(std::string_view span, std::vector<Mark>* out) {
+  std::vector<Mark>& marks = *out;
   marks.clear();
   for (size_t i = 0; i < span.size();) {
     uint32_t cp;
@@ -109,6 +109,12 @@ void normalize_span(std::string_view span, std::string* out) {
                        [](const Mark& a, const Mark& b) { return a.ccc < b.ccc; });
     i = j;
   }
+}
+
+// NFC of a span that starts at a normalization boundary and ends just before one.
+void normalize_span(std::string_view span, std::string* out) {
+  thread_local std::vector<Mark> marks;
+  decompose_span(span, &marks);
   // Canonical composition, in place: marks[0, n) is the output so far. A character joins the
   // last starter unless something between them is a starter or has a class >= its own.
   size_t n = 0;
@@ -137,6 +143,13 @@ bool is_ascii(std::string_view text) {
 }
 
 }  // namespace
+
+void nfd_code_points(std::string_view text, std::vector<uint32_t>* out) {
+  thread_local std::vector<Mark> marks;
+  decompose_span(text, &marks);
+  out->clear();
+  for (const Mark& m : marks) out->push_back(m.cp);
+}
 
 bool is_nfc_quick(std::string_view text) {
   if (is_ascii(text)) return true;

@@ -2,8 +2,10 @@
 // before pre-tokenization (Qwen2). Tables: unicode_nfc_data.h (scripts/gen_unicode_nfc.py).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace tessera::tokenizer {
 
@@ -18,5 +20,9 @@ bool is_nfc_quick(std::string_view text);
 // pass through unchanged, each acting as a lone character of class 0 that composes with nothing
 // (as the pre-tokenizer treats them), so the output holds the same invalid bytes.
 std::string_view nfc_normalize(std::string_view text, std::string* buf);
+
+// The code points of NFD(text) (canonical decomposition and ordering; BERT's accent stripping
+// starts there). Invalid UTF-8 bytes come out as kInvalidUtf8Base + byte.
+void nfd_code_points(std::string_view text, std::vector<uint32_t>* out);
 
 }  // namespace tessera::tokenizer

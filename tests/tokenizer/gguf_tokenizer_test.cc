@@ -170,6 +170,74 @@ TEST(GgufTokenizer, PreTokenizerAliasesKeepTheirName) {
   }
 }
 
+// GGUF model "gemma4": SentencePiece-style BPE (here by score) whose merges never cross the edge
+// of a newline run, and which is written back as "gemma4".
+TEST(GgufTokenizer, Gemma4SplitsAtNewlineRuns) {
+  const formats::GgufFile base = formats::GgufFile::from_memory(spm_writer().serialize(), "b.gguf");
+  std::vector<std::string> tokens = base.get_string_array("tokenizer.ggml.tokens");
+  std::vector<int32_t> types;
+  for (const formats::GgufValue& v : base.get_array("tokenizer.ggml.token_type").items)
+    types.push_back(*v.get_if<int32_t>());
+  std::vector<float> scores;
+  for (const formats::GgufValue& v : base.get_array("tokenizer.ggml.scores").items)
+    scores.push_back(*v.get_if<float>());
+  const auto newline = static_cast<int32_t>(tokens.size()), b_newline = newline + 1;
+  for (const auto& [p, score] : {std::pair<std::string, float>{"\n", -1.5f}, {"b\n", -0.1f}}) {
+    tokens.push_back(p);
+    types.push_back(1);
+    scores.push_back(score);
+  }
+  auto writer = [&](const char* model) {
+    formats::GgufWriter w;
+    for (const auto& [k, v] : base.metadata()) w.set(k, v);
+    w.set("tokenizer.ggml.model", model);
+    w.set("tokenizer.ggml.add_space_prefix", false);
+    w.set("tokenizer.ggml.tokens", formats::gguf_array(formats::GgufType::string, tokens));
+    w.set("tokenizer.ggml.token_type", formats::gguf_array(formats::GgufType::i32, types));
+    w.set("tokenizer.ggml.scores", formats::gguf_array(formats::GgufType::f32, scores));
+    return w;
+  };
+  // "b\n" outscores "ab": without the split it merges first.
+  EXPECT_EQ(load(writer("llama")).encode_ordinary("ab\nb"), (Ids{kA, b_newline, kB}));
+  const tokenizer::Tokenizer gemma = load(writer("gemma4"));
+  EXPECT_EQ(gemma.encode_ordinary("ab\nb"), (Ids{kAB, newline, kB}));
+  EXPECT_EQ(gemma.encode_ordinary("a b"), (Ids{kA, kSpace, kB}));
+  formats::GgufWriter back;
+  gemma.to_gguf(back);
+  EXPECT_EQ(
+      formats::GgufFile::from_memory(back.serialize(), "g.gguf").get_string("tokenizer.ggml.model"),
+      "gemma4");
+}
+
+// Command-R's vocabulary holds raw emoji beside its byte-level tokens: they load, are never
+// produced by encoding (HF's byte-level encoding cannot reach them), decode to their text and
+// are written back as they were.
+TEST(GgufTokenizer, TokensOutsideTheByteAlphabetStayVerbatim) {
+  const formats::GgufFile base(kDir + "smollm2.gguf");
+  const tokenizer::Tokenizer smollm = tokenizer::Tokenizer::from_gguf(base);
+  std::vector<std::string> tokens = base.get_string_array("tokenizer.ggml.tokens");
+  std::vector<int32_t> types;
+  for (const formats::GgufValue& v : base.get_array("tokenizer.ggml.token_type").items)
+    types.push_back(*v.get_if<int32_t>());
+  const auto id = static_cast<int32_t>(tokens.size());
+  tokens.push_back("\u2122");  // TRADE MARK SIGN as itself, not as its bytes' alphabet characters
+  types.push_back(1);
+  formats::GgufWriter w;
+  for (const auto& [k, v] : base.metadata())
+    if (k.starts_with("tokenizer.")) w.set(k, v);
+  w.set("tokenizer.ggml.tokens", formats::gguf_array(formats::GgufType::string, tokens));
+  w.set("tokenizer.ggml.token_type", formats::gguf_array(formats::GgufType::i32, types));
+  const tokenizer::Tokenizer tok = load(w);
+  EXPECT_EQ(tok.vocab_size(), id + 1);
+  EXPECT_EQ(tok.encode_ordinary("a \u2122 b"), smollm.encode_ordinary("a \u2122 b"));
+  EXPECT_EQ(tok.decode_token(id), "\u2122");
+  formats::GgufWriter back;
+  tok.to_gguf(back);
+  EXPECT_EQ(formats::GgufFile::from_memory(back.serialize(), "b.gguf")
+                .get_string_array("tokenizer.ggml.tokens")[id],
+            "\u2122");
+}
+
 TEST(GgufTokenizer, Errors) {
   auto with = [](const std::string& key, formats::GgufValue v) {
     formats::GgufWriter w = spm_writer();
@@ -177,8 +245,8 @@ TEST(GgufTokenizer, Errors) {
     return w;
   };
   using test::expect_error;
-  expect_error([&] { load(with("tokenizer.ggml.model", "bert")); }, "tokenizer.ggml.model");
-  expect_error([&] { load(with("tokenizer.ggml.model", "bert")); }, "bert");
+  expect_error([&] { load(with("tokenizer.ggml.model", "t5")); }, "tokenizer.ggml.model");
+  expect_error([&] { load(with("tokenizer.ggml.model", "t5")); }, "t5");
   expect_error([] { load(formats::GgufWriter()); }, "tokenizer.ggml.model");
   expect_error(
       [&] {

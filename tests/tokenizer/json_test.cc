@@ -75,10 +75,21 @@ TEST(TokenizerJson, BadVocab) {
   expect_error([](json& j) { j["model"]["vocab"]["!"] = 1.5; }, "expected an integer id");
   expect_error([](json& j) { j["model"]["vocab"]["!"] = 99999999999LL; }, "out of range");
   expect_error([](json& j) { j["model"]["vocab"]["!"] = 1; }, "used twice");
-  // Outside GPT-2's byte alphabet (a byte-level vocabulary never holds raw CJK).
-  expect_error([](json& j) { j["model"]["vocab"]["\u4e2d"] = 512; }, "byte-level");
   // A hole in the ids: removing "!" (id 33 = '!') leaves id 33 unused.
   expect_error([](json& j) { j["model"]["vocab"].erase("!"); }, "not contiguous");
+}
+
+// A vocabulary string outside GPT-2's byte alphabet (Command-R's tokenizer.json holds raw emoji)
+// loads as a token that encoding never produces and that decodes to the string itself.
+TEST(TokenizerJson, TokenOutsideTheByteAlphabetIsVerbatim) {
+  json j = base();
+  const auto id = static_cast<int32_t>(j["model"]["vocab"].size());
+  j["model"]["vocab"]["\u4e2d"] = id;
+  const tokenizer::Tokenizer tok = tokenizer::Tokenizer::from_json_text(j.dump(), "t.json");
+  const tokenizer::Tokenizer plain = tokenizer::Tokenizer::from_json_text(base().dump(), "p.json");
+  EXPECT_EQ(tok.decode_token(id), "\u4e2d");
+  EXPECT_EQ(tok.encode_ordinary("a\u4e2d"), plain.encode_ordinary("a\u4e2d"));
+  EXPECT_EQ(json::parse(tok.to_json_text())["model"]["vocab"]["\u4e2d"], id);
 }
 
 // A byte without a token is dropped by encoding, as Hugging Face does (SmolLM2 lacks 21 bytes).
