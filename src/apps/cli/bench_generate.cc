@@ -178,8 +178,7 @@ int run(const Args& a) {
   // in a sliding-window layer): at prompt + gen/2 keys on average per decode step. Not part of
   // the weight roofline figure, but part of what the memory system carries (at long contexts, a
   // large part).
-  const double kv_bytes_per_token =
-      static_cast<double>(engine.kv_bytes_read(prompt_len + gen / 2));
+  const double kv_bytes_per_token = static_cast<double>(engine.kv_bytes_read(prompt_len + gen / 2));
   const double decode_total_bw = (bytes_per_token + kv_bytes_per_token) * decode_tps / 1e9;
   // Matmul FLOPs per prompt token (2 per weight of every layer matrix; the embedding lookup is
   // free), attention's (QK and PV over (p + 1) / 2 keys on average), and the output head's,
