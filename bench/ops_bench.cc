@@ -63,9 +63,9 @@ void BM_AttentionForward(benchmark::State& state) {
   std::vector<float> out(static_cast<size_t>(B * T * C)), lse(static_cast<size_t>(B * H * T));
   const Context ctx;
   for (auto _ : state)
-    tessera::ops::attention_forward(ctx, out.data(), lse.data(), qkv.data(), B, T, C, H, H, false);
+    tessera::ops::attention_forward(ctx, out.data(), lse.data(), qkv.data(), {B, T, C, H, H});
   state.counters["FLOP/s"] =
-      benchmark::Counter(tessera::ops::attention_forward_cost(B, T, C, H, H).flops,
+      benchmark::Counter(tessera::ops::attention_forward_cost({B, T, C, H, H}).flops,
                          benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_AttentionForward)->Arg(512)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime();

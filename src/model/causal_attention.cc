@@ -9,9 +9,15 @@
 namespace tessera::model {
 
 CausalAttention::CausalAttention(const ops::Context& ctx, const DecoderConfig& c,
-                                 const ops::RopeTable* rope, float* rot, float* lse, int64_t B,
-                                 int64_t T, bool round_bf16)
-    : ctx_(ctx), c_(c), rope_(rope), rot_(rot), lse_(lse), B_(B), T_(T), bf16_(round_bf16) {
+                                 const ops::RopeTable* rope, int64_t window, float* rot, float* lse,
+                                 int64_t B, int64_t T, bool round_bf16)
+    : ctx_(ctx), c_(c), rope_(rope), rot_(rot), lse_(lse), args_{B,
+                                                                 T,
+                                                                 c.q_dim(),
+                                                                 c.n_heads,
+                                                                 c.n_kv_heads,
+                                                                 window,
+                                                                 round_bf16} {
   const bool llama = c.arch == DecoderArch::llama;
   TS_CHECK(!llama || rot != nullptr, "[attention] a Llama layer needs its rotation scratch");
   TS_CHECK(rope == nullptr || T <= rope->max_pos, "[attention] T=", T, " exceeds the RoPE table's ",
@@ -22,7 +28,7 @@ CausalAttention::CausalAttention(const ops::Context& ctx, const DecoderConfig& c
 
 void CausalAttention::rotate(float* x, bool inverse) {
   const int64_t D = c_.head_dim, QD = c_.q_dim(), KV = c_.kv_dim(), ld = QD + 2 * KV;
-  const int64_t n = B_ * T_;
+  const int64_t B = args_.B, T = args_.T, n = B * T;
   // The rope ops read contiguous (B, T, heads, D): each block goes out, turns, and comes back.
   for (const auto& [col, heads] : {std::pair{int64_t{0}, c_.n_heads}, {QD, c_.n_kv_heads}}) {
     const bool scaled = col == 0 && q_scale_ != 1.0f;
@@ -30,24 +36,22 @@ void CausalAttention::rotate(float* x, bool inverse) {
     const int64_t w = heads * D;
     ops::copy_rows(ctx_, rot_, w, x + col, ld, n, w);
     if (rope_ != nullptr && inverse)
-      ops::rope_backward(ctx_, rot_, rot_, *rope_, nullptr, 0, B_, T_, heads, D, c_.rope_layout);
+      ops::rope_backward(ctx_, rot_, rot_, *rope_, nullptr, 0, B, T, heads, D, c_.rope_layout);
     else if (rope_ != nullptr)
-      ops::rope_forward(ctx_, rot_, rot_, *rope_, nullptr, 0, B_, T_, heads, D, c_.rope_layout);
+      ops::rope_forward(ctx_, rot_, rot_, *rope_, nullptr, 0, B, T, heads, D, c_.rope_layout);
     if (scaled) ops::scale(ctx_, rot_, n * w, q_scale_);
     ops::copy_rows(ctx_, x + col, ld, rot_, w, n, w);
   }
 }
 
 void CausalAttention::attend(int64_t, float* qkv, float* att, int64_t n) {
-  TS_CHECK(n == B_ * T_, "[attention] ", n, " rows, expected B*T = ", B_ * T_);
+  TS_CHECK(n == args_.B * args_.T, "[attention] ", n, " rows, expected B*T = ", args_.B * args_.T);
   if (c_.arch == DecoderArch::llama) rotate(qkv, false);
-  ops::attention_forward(ctx_, att, lse_, qkv, B_, T_, c_.q_dim(), c_.n_heads, c_.n_kv_heads,
-                         bf16_);
+  ops::attention_forward(ctx_, att, lse_, qkv, args_);
 }
 
 void CausalAttention::backward(float* dqkv, const float* datt, const float* qkv, const float* att) {
-  ops::attention_backward(ctx_, dqkv, datt, qkv, att, lse_, B_, T_, c_.q_dim(), c_.n_heads,
-                          c_.n_kv_heads, bf16_);
+  ops::attention_backward(ctx_, dqkv, datt, qkv, att, lse_, args_);
   // d/d(before) = (s R)^T d/d(after): the rotation is orthogonal up to the table's scale.
   if (c_.arch == DecoderArch::llama) rotate(dqkv, true);
 }

@@ -1,4 +1,5 @@
-// Training-mode attention: each of B sequences' T rows attends causally to its own rows 0..t,
+// Training-mode attention: each of B sequences' T rows attends causally to its own rows 0..t
+// (or, in a sliding-window layer of window W, to rows t-W+1..t, as the engine's windowed layers),
 // the keys and values coming from the rows themselves (the engine's come from the paged cache:
 // model/decoder_forward.cc). For Llama, q and k are rotated first (positions 0..T-1 of each
 // sequence) with the layer's table, and q is scaled where the model's score scale is not
@@ -21,9 +22,10 @@ class CausalAttention final : public BlockAttention {
   // local or the global one: DecoderConfig::local), null where a Llama layer does not rotate
   // (GPT-2 reads none); rot: scratch of B*T*max(q_dim, kv_dim) floats on ctx's device for
   // the rotation and the scaling (Llama only, else null); lse: (B, H, T) for this layer's
-  // log-sum-exp. round_bf16: bf16 products, as the layer's linears in bf16 precision.
+  // log-sum-exp. window: the layer's sliding window (c.window(l); 0: none). round_bf16: bf16
+  // products, as the layer's linears in bf16 precision.
   CausalAttention(const ops::Context& ctx, const DecoderConfig& c, const ops::RopeTable* rope,
-                  float* rot, float* lse, int64_t B, int64_t T, bool round_bf16);
+                  int64_t window, float* rot, float* lse, int64_t B, int64_t T, bool round_bf16);
 
   // att (n, q_dim) from qkv (n, q_dim + 2 kv_dim), n = B*T. Rotates q and k (and scales q)
   // inside qkv (the backward differentiates through the values qkv then holds).
@@ -43,8 +45,7 @@ class CausalAttention final : public BlockAttention {
   const ops::RopeTable* rope_;
   float* rot_;
   float* lse_;
-  int64_t B_, T_;
-  bool bf16_;
+  ops::AttentionArgs args_;  // the attention ops' shape, window and precision
   // The attention op scales scores by 1/sqrt(head_dim); a model's other scale s (Gemma 3's
   // attn_scale) is q multiplied by s sqrt(head_dim) first. 1: none.
   float q_scale_ = 1.0f;

@@ -222,13 +222,6 @@ void TrainModel::plan(int64_t B, int64_t T, Precision precision, Recompute recom
            "[train] LoRA trains in f32 precision (the base's products run in its stored type)");
   // A LoRA base is described by its own config (q/k norms, heads wider than width / heads).
   const DecoderConfig dc = im.is_lora() ? im.base.config : cfg_.decoder_config();
-  // Training attention lets each row see every earlier row of its sequence: a window of T rows
-  // or more hides none, a shorter one would hide some, which it does not implement.
-  for (int64_t l = 0; l < dc.n_layers; ++l)
-    TS_CHECK(dc.window(l) == 0 || dc.window(l) >= T, "[train] plan: sequence length T=", T,
-             " is longer than layer ", l, "'s sliding window of ", dc.window(l),
-             " positions; sliding-window attention over fewer than T positions is not "
-             "implemented in training");
   const bool llama = dc.arch == DecoderArch::llama;
   const int64_t C = cfg_.n_embd, L = cfg_.n_layer, H = cfg_.n_head, Vp = cfg_.padded_vocab_size;
   const int64_t QD = dc.q_dim(), QKV = QD + 2 * dc.kv_dim(), F = dc.d_ff;

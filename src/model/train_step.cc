@@ -45,7 +45,7 @@ const ops::RopeTable* TrainModel::Impl::rope_table(int64_t l) const {
 }
 
 void TrainModel::Impl::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute_only) {
-  CausalAttention attention(model.ctx_, view.config, rope_table(l), rot,
+  CausalAttention attention(model.ctx_, view.config, rope_table(l), view.config.window(l), rot,
                             acts[static_cast<size_t>(l)].lse, B, T, bf16());
   block_forward(model.ctx_, view.config, view.weights.layers[static_cast<size_t>(l)], l, B * T,
                 tensors(l), attention, recompute_only);
@@ -69,7 +69,8 @@ void TrainModel::Impl::layer_backward(int64_t l, int64_t B, int64_t T) {
     else
       ops::gelu_forward(ctx, a.gelu, a.fch, N * F);
   }
-  CausalAttention attention(ctx, view.config, rope_table(l), rot, a.lse, B, T, bf16());
+  CausalAttention attention(ctx, view.config, rope_table(l), view.config.window(l), rot, a.lse, B,
+                            T, bf16());
   const size_t li = static_cast<size_t>(l);
   block_backward(ctx, view.config, view.weights.layers[li], grad_view.weights.layers[li], N,
                  tensors(l), attention, dresid, {scratch_c, dbig, dup, lora_u, lora_gu, dpost},

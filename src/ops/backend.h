@@ -41,12 +41,10 @@ class Backend {
                              int64_t n) = 0;
   virtual void add(const Context& ctx, float* out, const float* a, const float* b, int64_t n) = 0;
   virtual void attention_forward(const Context& ctx, float* out, float* lse, const float* qkv,
-                                 int64_t B, int64_t T, int64_t C, int64_t H, int64_t Hkv,
-                                 bool round_bf16) = 0;
+                                 const AttentionArgs& a) = 0;
   virtual void attention_backward(const Context& ctx, float* dqkv, const float* dout,
-                                  const float* qkv, const float* out, const float* lse, int64_t B,
-                                  int64_t T, int64_t C, int64_t H, int64_t Hkv,
-                                  bool round_bf16) = 0;
+                                  const float* qkv, const float* out, const float* lse,
+                                  const AttentionArgs& a) = 0;
   virtual void softmax_xent(const Context& ctx, float* losses, float* logits,
                             const int32_t* targets, int64_t N, int64_t V, int64_t Vp,
                             float dlogits_scale) = 0;

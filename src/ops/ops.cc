@@ -77,27 +77,27 @@ void add(const Context& ctx, float* out, const float* a, const float* b, int64_t
 }
 
 namespace {
-void check_attention(int64_t C, int64_t H, int64_t Hkv) {
-  TS_CHECK(H > 0 && C % H == 0, "[attention] width C=", C, " is not divisible by heads H=", H);
-  TS_CHECK(Hkv > 0 && H % Hkv == 0, "[attention] key/value heads Hkv=", Hkv,
-           " do not divide the query heads H=", H);
+void check_attention(const AttentionArgs& a) {
+  TS_CHECK(a.H > 0 && a.C % a.H == 0, "[attention] width C=", a.C,
+           " is not divisible by heads H=", a.H);
+  TS_CHECK(a.Hkv > 0 && a.H % a.Hkv == 0, "[attention] key/value heads Hkv=", a.Hkv,
+           " do not divide the query heads H=", a.H);
+  TS_CHECK(a.window >= 0, "[attention] window=", a.window, " must be >= 0 (0: none)");
 }
 }  // namespace
 
-void attention_forward(const Context& ctx, float* out, float* lse, const float* qkv, int64_t B,
-                       int64_t T, int64_t C, int64_t H, int64_t Hkv, bool round_bf16) {
-  check_attention(C, H, Hkv);
-  TS_DISPATCH(attention_forward, (OpShape{"b t c h hkv", {B, T, C, H, Hkv}}),
-              attention_forward_cost(B, T, C, H, Hkv), out, lse, qkv, B, T, C, H, Hkv, round_bf16);
+void attention_forward(const Context& ctx, float* out, float* lse, const float* qkv,
+                       const AttentionArgs& a) {
+  check_attention(a);
+  TS_DISPATCH(attention_forward, (OpShape{"b t c h hkv", {a.B, a.T, a.C, a.H, a.Hkv}}),
+              attention_forward_cost(a), out, lse, qkv, a);
 }
 
 void attention_backward(const Context& ctx, float* dqkv, const float* dout, const float* qkv,
-                        const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
-                        int64_t H, int64_t Hkv, bool round_bf16) {
-  check_attention(C, H, Hkv);
-  TS_DISPATCH(attention_backward, (OpShape{"b t c h hkv", {B, T, C, H, Hkv}}),
-              attention_backward_cost(B, T, C, H, Hkv), dqkv, dout, qkv, out, lse, B, T, C, H, Hkv,
-              round_bf16);
+                        const float* out, const float* lse, const AttentionArgs& a) {
+  check_attention(a);
+  TS_DISPATCH(attention_backward, (OpShape{"b t c h hkv", {a.B, a.T, a.C, a.H, a.Hkv}}),
+              attention_backward_cost(a), dqkv, dout, qkv, out, lse, a);
 }
 
 void softmax_xent(const Context& ctx, float* losses, float* logits, const int32_t* targets,
@@ -191,18 +191,27 @@ OpCost gemm_cost(const GemmArgs& g) {
   return c;
 }
 
-OpCost attention_forward_cost(int64_t B, int64_t T, int64_t C, int64_t H, int64_t Hkv) {
-  // Causal: about half of the T*T score matrix; QK^T and PV are 2*D flops per score each, for
-  // every query head. Bytes: q, k, v in (k and v of Hkv heads), out.
+double attention_pairs(int64_t T, int64_t window) {
+  const double t = static_cast<double>(T);
+  if (window <= 0 || window >= T) return t * (t + 1) / 2;
+  // Rows 0 .. W-1 see 1 .. W keys, the other T - W rows W each.
+  const double w = static_cast<double>(window);
+  return w * (w + 1) / 2 + (t - w) * w;
+}
+
+OpCost attention_forward_cost(const AttentionArgs& a) {
+  // QK^T and PV are 2*D flops per scored (query, key) pair each, for every query head: 4 C per
+  // pair of a sequence. A window scores fewer pairs; the bytes stay those of reading q, k, v (k
+  // and v of Hkv heads) and writing out once.
   OpCost c;
-  c.flops = 2.0 * 2.0 * B * (T * (T + 1) / 2.0) * C;
-  c.bytes = 4.0 * B * T * (2 * C + 2 * Hkv * (C / H));
+  c.flops = 2.0 * 2.0 * a.B * attention_pairs(a.T, a.window) * a.C;
+  c.bytes = 4.0 * a.B * a.T * (2 * a.C + 2 * a.Hkv * (a.C / a.H));
   return c;
 }
 
-OpCost attention_backward_cost(int64_t B, int64_t T, int64_t C, int64_t H, int64_t Hkv) {
+OpCost attention_backward_cost(const AttentionArgs& a) {
   // Recompute QK^T, then dV, dP, dQ, dK: five score-sized matmuls against two forward ones.
-  OpCost c = attention_forward_cost(B, T, C, H, Hkv);
+  OpCost c = attention_forward_cost(a);
   c.flops *= 2.5;
   c.bytes *= 2.0;
   return c;

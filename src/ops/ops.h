@@ -66,22 +66,31 @@ void gelu_backward(const Context& ctx, float* dinp, const float* inp, const floa
 // out (n) = a + b (out may alias a or b).
 void add(const Context& ctx, float* out, const float* a, const float* b, int64_t n);
 
-// Causal self-attention, FlashAttention style, with grouped key/value heads. Each row of qkv
-// (B,T,C+2*Hkv*D) holds q (H heads of D = C/H), then k and v (Hkv heads each), as GPT-2's c_attn
-// output (Hkv = H) or a Llama layer's q/k/v products; query head h reads key/value head
-// h / (H/Hkv). out (B,T,C); lse (B,H,T) is the per-row log-sum-exp of the scaled scores, the
-// only statistic kept for backward. Scale 1/sqrt(D). With round_bf16 the products (Q K^T and
-// P V; in backward also dO V^T, P^T dO, dS^T Q and dS K) take bf16 operands rounded to nearest
-// even with f32 accumulation, where the device has bf16 products (on the CPU: AVX512-BF16;
-// elsewhere, and in the reference kernels, the flag changes nothing); the softmax and its
-// statistics stay f32 either way.
-void attention_forward(const Context& ctx, float* out, float* lse, const float* qkv, int64_t B,
-                       int64_t T, int64_t C, int64_t H, int64_t Hkv, bool round_bf16);
+// Causal self-attention, FlashAttention style, with grouped key/value heads and an optional
+// sliding window. Each row of qkv (B,T,C+2*Hkv*D) holds q (H heads of D = C/H), then k and v
+// (Hkv heads each), as GPT-2's c_attn output (Hkv = H) or a Llama layer's q/k/v products; query
+// head h reads key/value head h / (H/Hkv). Query i of a sequence sees its keys j <= i, and with
+// window W > 0 only the last W of them, itself included: i - W < j <= i (a window of T or more
+// hides nothing and gives the unwindowed result bit for bit). out (B,T,C); lse (B,H,T) is the
+// per-row log-sum-exp of the scaled scores, the only statistic kept for backward. Scale
+// 1/sqrt(D). With round_bf16 the products (Q K^T and P V; in backward also dO V^T, P^T dO, dS^T Q
+// and dS K) take bf16 operands rounded to nearest even with f32 accumulation, where the device
+// has bf16 products (on the CPU: AVX512-BF16; elsewhere, and in the reference kernels, the flag
+// changes nothing); the softmax and its statistics stay f32 either way.
+struct AttentionArgs {
+  int64_t B = 0, T = 0, C = 0, H = 0, Hkv = 0;
+  int64_t window = 0;  // W above; 0: none (every earlier key)
+  bool round_bf16 = false;
+};
+void attention_forward(const Context& ctx, float* out, float* lse, const float* qkv,
+                       const AttentionArgs& a);
 // dqkv (B,T,C+2*Hkv*D) = gradient (overwrites; a key/value head's sums over its query heads);
-// dout, out (B,T,C); lse (B,H,T). Recomputes the scores.
+// dout, out (B,T,C); lse (B,H,T). Recomputes the scores. No pointer may alias another.
 void attention_backward(const Context& ctx, float* dqkv, const float* dout, const float* qkv,
-                        const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
-                        int64_t H, int64_t Hkv, bool round_bf16);
+                        const float* out, const float* lse, const AttentionArgs& a);
+// The (query, key) pairs one head of one sequence scores: T (T+1) / 2 without a window, fewer
+// with one (row i sees min(i+1, W) keys). The cost functions and the kernels' tests count them.
+double attention_pairs(int64_t T, int64_t window);
 
 // db (n) += column sums of dy (m,n) (a linear layer's bias gradient); each column is summed in
 // row order, so the result does not depend on the threads.
@@ -147,8 +156,8 @@ void scatter_add_rows(const Context& ctx, float* dst, const float* src, const in
 // Cost model for the profiler (OpCost, ops/observe.h): floating-point operations and bytes
 // moved by one call.
 OpCost gemm_cost(const GemmArgs& g);
-OpCost attention_forward_cost(int64_t B, int64_t T, int64_t C, int64_t H, int64_t Hkv);
-OpCost attention_backward_cost(int64_t B, int64_t T, int64_t C, int64_t H, int64_t Hkv);
+OpCost attention_forward_cost(const AttentionArgs& a);
+OpCost attention_backward_cost(const AttentionArgs& a);
 
 // ---- Llama family: RMSNorm, rotary position embedding (RoPE), gated MLP activations ----
 

@@ -1,6 +1,6 @@
-// Tests for causal self-attention (grouped key/value heads included): reference and tiled kernels
-// against a double-precision naive attention, against each other, against finite differences, and
-// for causality and determinism.
+// Tests for causal self-attention (grouped key/value heads and sliding windows included):
+// reference and tiled kernels against a double-precision naive attention, against each other,
+// against finite differences, and for causality, windows and determinism.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -26,9 +26,11 @@ namespace {
 constexpr double kU = FLT_EPSILON / 2;  // f32 unit roundoff
 constexpr double kUb = 1.0 / 512;       // bf16 unit roundoff, 2^-9
 
-// Hkv 0 means H (one key/value head per query head, GPT-2).
+// Hkv 0 means H (one key/value head per query head, GPT-2). W: the sliding window (0: none).
 struct AttnShape {
-  int64_t B, T, H, D, Hkv = 0;
+  int64_t B, T, H, D, Hkv = 0, W = 0;
+  ops::AttentionArgs args(bool bf16 = false) const { return {B, T, C(), H, kv(), W, bf16}; }
+  int64_t first_key(int64_t i) const { return W > 0 ? std::max<int64_t>(0, i + 1 - W) : 0; }
   int64_t C() const { return H * D; }
   int64_t kv() const { return Hkv ? Hkv : H; }
   int64_t KV() const { return kv() * D; }        // width of k (and of v) in a row
@@ -89,8 +91,9 @@ Exact naive_forward(const std::vector<double>& qkv, const AttnShape& s) {
       for (int64_t i = 0; i < T; ++i) {
         const double* q = &qkv[static_cast<size_t>((b * T + i) * s.ld() + h * D)];
         const int64_t k_col = C + h / s.group() * D, v_col = k_col + s.KV();
+        const int64_t j_lo = s.first_key(i);
         double m = -INFINITY;
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = j_lo; j <= i; ++j) {
           const double* k = &qkv[static_cast<size_t>((b * T + j) * s.ld() + k_col)];
           double dot = 0, abs_dot = 0;
           for (int64_t d = 0; d < D; ++d) {
@@ -102,10 +105,10 @@ Exact naive_forward(const std::vector<double>& qkv, const AttnShape& s) {
           e.s_abs = std::max(e.s_abs, abs_dot * scale);
         }
         double sum = 0;
-        for (int64_t j = 0; j <= i; ++j) sum += std::exp(p[j] - m);
+        for (int64_t j = j_lo; j <= i; ++j) sum += std::exp(p[j] - m);
         const size_t row = static_cast<size_t>((b * s.H + h) * T);
         e.lse[row + i] = m + std::log(sum);
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = j_lo; j <= i; ++j) {
           const double pj = std::exp(p[j] - m) / sum;
           e.colsum[row + j] += pj;
           const double* v = &qkv[static_cast<size_t>((b * T + j) * s.ld() + v_col)];
@@ -208,11 +211,11 @@ struct Case {
 };
 
 TEST(AttentionRef, ForwardMatchesDoubleNaive) {
-  for (const AttnShape& s :
-       {AttnShape{1, 1, 1, 3}, AttnShape{2, 7, 3, 5}, AttnShape{1, 65, 4, 64}}) {
+  for (const AttnShape& s : {AttnShape{1, 1, 1, 3}, AttnShape{2, 7, 3, 5}, AttnShape{1, 65, 4, 64},
+                             AttnShape{1, 65, 4, 64, 0, 10}, AttnShape{2, 7, 3, 5, 1, 1}}) {
     Case c(s, 11, 0);
     Buf out(c.n_out(), 0), lse(c.n_lse(), 0);
-    ref::attention_forward(out.data(), lse.data(), c.qkv.data(), s.B, s.T, s.C(), s.H, s.kv());
+    ref::attention_forward(out.data(), lse.data(), c.qkv.data(), s.args());
     // The reference works in double and rounds once: a few units of f32 rounding.
     const double vmax = max_abs(c.qkv, 2 * s.C(), 3 * s.C(), s.C());
     for (size_t i = 0; i < c.n_out(); ++i) ASSERT_NEAR(out[i], c.exact.out[i], 4 * kU * vmax);
@@ -239,6 +242,13 @@ std::vector<AttnShape> sweep_shapes() {
   v.push_back({1, 70, 6, 64, 3});
   v.push_back({2, 7, 8, 16, 2});
   v.push_back({4, 130, 8, 8, 4});
+  // Sliding windows shorter than T: one key, under a tile, not a multiple of the 64-key tile
+  // (windows that end mid-tile and span tiles and the backward's runs of key tiles), exactly a
+  // tile, and over many tiles with the backward's one-task-per-head path.
+  for (int64_t W : {1, 5, 63, 64, 70, 129}) v.push_back({1, 130, 4, 8, 2, W});
+  v.push_back({2, 200, 3, 5, 1, 37});
+  v.push_back({1, 300, 2, 64, 0, 100});
+  v.push_back({4, 200, 8, 3, 4, 65});
   return v;
 }
 
@@ -248,13 +258,11 @@ TEST(Attention, ForwardMatchesReference) {
     ++seed;
     Case c(s, seed, seed % 5);
     Buf out_ref(c.n_out(), 0), lse_ref(c.n_lse(), 0);
-    ref::attention_forward(out_ref.data(), lse_ref.data(), c.qkv.data(), s.B, s.T, s.C(), s.H,
-                           s.kv());
+    ref::attention_forward(out_ref.data(), lse_ref.data(), c.qkv.data(), s.args());
     std::vector<float> first_out, first_lse;
     for (int threads = 1; threads <= 3; ++threads) {
       Buf out(c.n_out(), 3), lse(c.n_lse(), 1);
-      attention_forward(pool(threads), out.data(), lse.data(), c.qkv.data(), s.B, s.T, s.C(), s.H,
-                        s.kv(), false);
+      attention_forward(pool(threads), out.data(), lse.data(), c.qkv.data(), s.args());
       for (size_t i = 0; i < c.n_out(); ++i)
         ASSERT_NEAR(out[i], out_ref[i], c.bd.out)
             << "out B=" << s.B << " T=" << s.T << " H=" << s.H << " D=" << s.D << " i=" << i;
@@ -279,16 +287,16 @@ TEST(Attention, BackwardMatchesReference) {
     ++seed;
     Case c(s, seed, seed % 7);
     Buf out(c.n_out(), 0), lse(c.n_lse(), 0), g_ref(c.qkv.size(), 0);
-    ref::attention_forward(out.data(), lse.data(), c.qkv.data(), s.B, s.T, s.C(), s.H, s.kv());
-    ref::attention_backward(g_ref.data(), c.dout.data(), c.qkv.data(), out.data(), lse.data(), s.B,
-                            s.T, s.C(), s.H, s.kv());
+    ref::attention_forward(out.data(), lse.data(), c.qkv.data(), s.args());
+    ref::attention_backward(g_ref.data(), c.dout.data(), c.qkv.data(), out.data(), lse.data(),
+                            s.args());
     const std::vector<double> want = to_double(g_ref);
     std::vector<float> first;
     for (int threads = 1; threads <= 3; ++threads) {
       Buf g(c.qkv.size(), 5);
       std::fill(g.data(), g.data() + g.size(), NAN);  // every element must be overwritten
       attention_backward(pool(threads), g.data(), c.dout.data(), c.qkv.data(), out.data(),
-                         lse.data(), s.B, s.T, s.C(), s.H, s.kv(), false);
+                         lse.data(), s.args());
       expect_dqkv_near(g, want, s, c.exact, c.bd, 0.0, "fast vs ref");
       if (threads == 1) {
         first.assign(g.data(), g.data() + g.size());
@@ -305,10 +313,9 @@ TEST(Attention, EverySimdTargetMatchesReference) {
   const AttnShape s{2, 70, 4, 5, 2};
   Case c(s, 77, 3);
   Buf out_ref(c.n_out(), 0), lse_ref(c.n_lse(), 0), g_ref(c.qkv.size(), 0);
-  ref::attention_forward(out_ref.data(), lse_ref.data(), c.qkv.data(), s.B, s.T, s.C(), s.H,
-                         s.kv());
+  ref::attention_forward(out_ref.data(), lse_ref.data(), c.qkv.data(), s.args());
   ref::attention_backward(g_ref.data(), c.dout.data(), c.qkv.data(), out_ref.data(), lse_ref.data(),
-                          s.B, s.T, s.C(), s.H, s.kv());
+                          s.args());
   const std::vector<double> want = to_double(g_ref);
   const std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
   EXPECT_FALSE(targets.empty());
@@ -316,13 +323,12 @@ TEST(Attention, EverySimdTargetMatchesReference) {
     hwy::SetSupportedTargetsForTest(target);
     SCOPED_TRACE(hwy::TargetName(target));
     Buf out(c.n_out(), 1), lse(c.n_lse(), 2), g(c.qkv.size(), 3);
-    attention_forward(pool(2), out.data(), lse.data(), c.qkv.data(), s.B, s.T, s.C(), s.H, s.kv(),
-                      false);
+    attention_forward(pool(2), out.data(), lse.data(), c.qkv.data(), s.args());
     for (size_t i = 0; i < c.n_out(); ++i) ASSERT_NEAR(out[i], out_ref[i], c.bd.out);
     for (size_t i = 0; i < c.n_lse(); ++i)
       ASSERT_NEAR(lse[i], c.exact.lse[i], c.bd.lse_abs + 2 * kU * std::fabs(c.exact.lse[i]));
     attention_backward(pool(2), g.data(), c.dout.data(), c.qkv.data(), out_ref.data(),
-                       lse_ref.data(), s.B, s.T, s.C(), s.H, s.kv(), false);
+                       lse_ref.data(), s.args());
     expect_dqkv_near(g, want, s, c.exact, c.bd, 0.0, hwy::TargetName(target));
   }
   hwy::SetSupportedTargetsForTest(0);  // back to the best target
@@ -333,7 +339,8 @@ TEST(Attention, EverySimdTargetMatchesReference) {
 // so h = 1e-3 leaves ~1e-7, and double rounding adds ~1e-16 |L| / h: both far below the f32
 // bounds checked against.
 TEST(Attention, BackwardMatchesFiniteDifferences) {
-  for (const AttnShape& s : {AttnShape{2, 9, 2, 5}, AttnShape{2, 9, 4, 5, 2}}) {
+  for (const AttnShape& s :
+       {AttnShape{2, 9, 2, 5}, AttnShape{2, 9, 4, 5, 2}, AttnShape{2, 9, 4, 5, 2, 3}}) {
     Case c(s, 7, 1);
     std::vector<double> x = to_double(c.qkv);
     auto loss = [&](const std::vector<double>& in) {
@@ -357,14 +364,13 @@ TEST(Attention, BackwardMatchesFiniteDifferences) {
     for (int use_ref = 0; use_ref < 2; ++use_ref) {
       Buf out(c.n_out(), 0), lse(c.n_lse(), 0), g(c.qkv.size(), 2);
       if (use_ref) {
-        ref::attention_forward(out.data(), lse.data(), c.qkv.data(), s.B, s.T, s.C(), s.H, s.kv());
-        ref::attention_backward(g.data(), c.dout.data(), c.qkv.data(), out.data(), lse.data(), s.B,
-                                s.T, s.C(), s.H, s.kv());
+        ref::attention_forward(out.data(), lse.data(), c.qkv.data(), s.args());
+        ref::attention_backward(g.data(), c.dout.data(), c.qkv.data(), out.data(), lse.data(),
+                                s.args());
       } else {
-        attention_forward(pool(2), out.data(), lse.data(), c.qkv.data(), s.B, s.T, s.C(), s.H,
-                          s.kv(), false);
+        attention_forward(pool(2), out.data(), lse.data(), c.qkv.data(), s.args());
         attention_backward(pool(2), g.data(), c.dout.data(), c.qkv.data(), out.data(), lse.data(),
-                           s.B, s.T, s.C(), s.H, s.kv(), false);
+                           s.args());
       }
       expect_dqkv_near(g, fd, s, c.exact, c.bd, kFdErr, use_ref ? "ref vs fd" : "fast vs fd");
     }
@@ -384,13 +390,11 @@ TEST(Attention, Causal) {
     for (int use_ref = 0; use_ref < 2; ++use_ref) {
       Buf o1(c.n_out(), 0), l1(c.n_lse(), 0), o2(c.n_out(), 0), l2(c.n_lse(), 0);
       if (use_ref) {
-        ref::attention_forward(o1.data(), l1.data(), c.qkv.data(), s.B, s.T, s.C(), s.H, s.kv());
-        ref::attention_forward(o2.data(), l2.data(), changed.data(), s.B, s.T, s.C(), s.H, s.kv());
+        ref::attention_forward(o1.data(), l1.data(), c.qkv.data(), s.args());
+        ref::attention_forward(o2.data(), l2.data(), changed.data(), s.args());
       } else {
-        attention_forward(pool(2), o1.data(), l1.data(), c.qkv.data(), s.B, s.T, s.C(), s.H, s.kv(),
-                          false);
-        attention_forward(pool(2), o2.data(), l2.data(), changed.data(), s.B, s.T, s.C(), s.H,
-                          s.kv(), false);
+        attention_forward(pool(2), o1.data(), l1.data(), c.qkv.data(), s.args());
+        attention_forward(pool(2), o2.data(), l2.data(), changed.data(), s.args());
       }
       const size_t n = static_cast<size_t>(t + 1);
       EXPECT_EQ(0, std::memcmp(o1.data(), o2.data(), n * C * sizeof(float))) << "t=" << t;
@@ -402,27 +406,112 @@ TEST(Attention, Causal) {
   }
 }
 
+// With window W, out and lse at position i depend on positions i - W + 1 .. i only: changing the
+// rows before i - W + 1 (and after i) leaves them bit-identical, changing row i - W + 1 does not.
+TEST(Attention, WindowHidesTheRowsBeforeIt) {
+  const AttnShape s{1, 200, 4, 8, 2, 70};
+  Case c(s, 5, 0);
+  const size_t C = static_cast<size_t>(s.C()), ld = static_cast<size_t>(s.ld());
+  for (int64_t i : {69, 70, 100, 199}) {
+    const size_t lo = static_cast<size_t>(i + 1 - s.W);
+    for (int use_ref = 0; use_ref < 2; ++use_ref) {
+      auto run = [&](const Buf& qkv, Buf& o, Buf& l) {
+        if (use_ref)
+          ref::attention_forward(o.data(), l.data(), qkv.data(), s.args());
+        else
+          attention_forward(pool(2), o.data(), l.data(), qkv.data(), s.args());
+      };
+      Buf o1(c.n_out(), 0), l1(c.n_lse(), 0), o2(c.n_out(), 0), l2(c.n_lse(), 0);
+      Buf changed(c.qkv.size(), 0);
+      for (int hidden = 1; hidden >= 0; --hidden) {
+        std::copy(c.qkv.data(), c.qkv.data() + c.qkv.size(), changed.data());
+        // Every row but lo .. i changes; with hidden = 0 row lo (its key and value) too.
+        for (size_t r = 0; r < static_cast<size_t>(s.T); ++r)
+          if (r < lo || r > static_cast<size_t>(i) || (!hidden && r == lo))
+            for (size_t d = C; d < ld; ++d) changed[r * ld + d] += 1.5f;
+        run(c.qkv, o1, l1);
+        run(changed, o2, l2);
+        const size_t at = static_cast<size_t>(i) * C;
+        const bool same = std::memcmp(o1.data() + at, o2.data() + at, C * sizeof(float)) == 0 &&
+                          l1[static_cast<size_t>(i)] == l2[static_cast<size_t>(i)];
+        EXPECT_EQ(same, hidden == 1) << "i=" << i << " ref=" << use_ref << " hidden=" << hidden;
+      }
+    }
+  }
+}
+
+// A window of T or more hides nothing: forward and backward equal the unwindowed ones bit for bit
+// (the reference and the tiled kernels, f32 and bf16 products).
+TEST(Attention, WindowOfTOrMoreEqualsNoWindowBitForBit) {
+  for (const AttnShape& s0 : {AttnShape{1, 130, 4, 8, 2}, AttnShape{2, 65, 3, 5}}) {
+    Case c(s0, 9, 2);
+    auto run = [&](int64_t W, int mode) {  // mode 0: reference, 1: tiled f32, 2: tiled bf16
+      AttnShape s = s0;
+      s.W = W;
+      Buf o(c.n_out(), 0), l(c.n_lse(), 0), g(c.qkv.size(), 0);
+      if (mode == 0) {
+        ref::attention_forward(o.data(), l.data(), c.qkv.data(), s.args());
+        ref::attention_backward(g.data(), c.dout.data(), c.qkv.data(), o.data(), l.data(),
+                                s.args());
+      } else {
+        attention_forward(pool(3), o.data(), l.data(), c.qkv.data(), s.args(mode == 2));
+        attention_backward(pool(3), g.data(), c.dout.data(), c.qkv.data(), o.data(), l.data(),
+                           s.args(mode == 2));
+      }
+      std::vector<float> all(o.data(), o.data() + o.size());
+      all.insert(all.end(), l.data(), l.data() + l.size());
+      all.insert(all.end(), g.data(), g.data() + g.size());
+      return all;
+    };
+    for (int mode = 0; mode < 3; ++mode) {
+      const std::vector<float> none = run(0, mode);
+      for (int64_t W : {s0.T, s0.T + 1, int64_t{1000}}) EXPECT_EQ(run(W, mode), none) << "W=" << W;
+      // ...while a window one shorter than T changes something (the test could fail).
+      EXPECT_NE(run(s0.T - 1, mode), none);
+    }
+  }
+}
+
+// The work a window saves, as the cost model counts it: the (query, key) pairs of one head.
+TEST(Attention, PairsCountTheWindow) {
+  // Brute force over the rule i - W < j <= i.
+  for (int64_t T : {1, 7, 130})
+    for (int64_t W : {0, 1, 5, 129, 130, 500}) {
+      double n = 0;
+      for (int64_t i = 0; i < T; ++i)
+        for (int64_t j = 0; j <= i; ++j) n += W == 0 || j > i - W;
+      EXPECT_EQ(ops::attention_pairs(T, W), n) << "T=" << T << " W=" << W;
+    }
+}
+
 TEST(Attention, EmptyShapesAreNoOps) {
   float x = 1.0f;
-  attention_forward(pool(2), &x, &x, &x, 0, 5, 4, 2, 2, false);
-  attention_backward(pool(2), &x, &x, &x, &x, &x, 3, 0, 4, 2, 1, false);
-  ref::attention_forward(&x, &x, &x, 0, 5, 4, 2, 2);
+  attention_forward(pool(2), &x, &x, &x, ops::AttentionArgs{0, 5, 4, 2, 2});
+  attention_backward(pool(2), &x, &x, &x, &x, &x, ops::AttentionArgs{3, 0, 4, 2, 1});
+  ref::attention_forward(&x, &x, &x, ops::AttentionArgs{0, 5, 4, 2, 2});
   EXPECT_EQ(x, 1.0f);
 }
 
 TEST(Attention, RejectsBadShapes) {
   std::vector<float> buf(1000);
   float* p = buf.data();
-  EXPECT_THROW(attention_forward(pool(1), p, p, p, 1, 4, 10, 3, 3, false), Error);  // C % H != 0
-  EXPECT_THROW(attention_forward(pool(1), p, p, p, 1, -1, 4, 2, 2, false), Error);
-  EXPECT_THROW(attention_backward(pool(1), p, p, p, p, p, 1, 4, 4, 0, 1, false), Error);
-  EXPECT_THROW(attention_forward(pool(1), nullptr, p, p, 1, 4, 4, 2, 2, false), Error);
-  EXPECT_THROW(ref::attention_forward(p, p, p, 1, 4, 10, 3, 3), Error);
-  EXPECT_THROW(ref::attention_backward(p, p, p, p, p, -2, 4, 4, 2, 2), Error);
+  EXPECT_THROW(attention_forward(pool(1), p, p, p, ops::AttentionArgs{1, 4, 10, 3, 3}),
+               Error);  // C % H != 0
+  EXPECT_THROW(attention_forward(pool(1), p, p, p, ops::AttentionArgs{1, -1, 4, 2, 2}), Error);
+  EXPECT_THROW(attention_backward(pool(1), p, p, p, p, p, ops::AttentionArgs{1, 4, 4, 0, 1}),
+               Error);
+  EXPECT_THROW(attention_forward(pool(1), nullptr, p, p, ops::AttentionArgs{1, 4, 4, 2, 2}), Error);
+  EXPECT_THROW(ref::attention_forward(p, p, p, ops::AttentionArgs{1, 4, 10, 3, 3}), Error);
+  EXPECT_THROW(ref::attention_backward(p, p, p, p, p, ops::AttentionArgs{-2, 4, 4, 2, 2}), Error);
   // Key/value heads must divide the query heads.
-  EXPECT_THROW(attention_forward(pool(1), p, p, p, 1, 4, 12, 3, 2, false), Error);
-  EXPECT_THROW(attention_backward(pool(1), p, p, p, p, p, 1, 4, 12, 3, 0, false), Error);
-  EXPECT_THROW(ref::attention_forward(p, p, p, 1, 4, 12, 3, 2), Error);
+  EXPECT_THROW(attention_forward(pool(1), p, p, p, ops::AttentionArgs{1, 4, 12, 3, 2}), Error);
+  EXPECT_THROW(attention_backward(pool(1), p, p, p, p, p, ops::AttentionArgs{1, 4, 12, 3, 0}),
+               Error);
+  EXPECT_THROW(ref::attention_forward(p, p, p, ops::AttentionArgs{1, 4, 12, 3, 2}), Error);
+  // A negative window.
+  EXPECT_THROW(attention_forward(pool(1), p, p, p, ops::AttentionArgs{1, 4, 4, 2, 2, -1}), Error);
+  EXPECT_THROW(ref::attention_backward(p, p, p, p, p, ops::AttentionArgs{1, 4, 4, 2, 2, -3}),
+               Error);
 }
 
 // ---- bf16 products (round_bf16) ----
@@ -437,22 +526,21 @@ TEST(AttentionBf16, MatchesDoubleNaiveWithinBf16Bounds) {
   for (const AttnShape& s :
        {AttnShape{1, 1, 1, 64}, AttnShape{2, 7, 3, 5}, AttnShape{1, 65, 4, 64},
         AttnShape{2, 130, 3, 8}, AttnShape{1, 70, 2, 128}, AttnShape{4, 130, 4, 16},
-        AttnShape{1, 129, 1, 3}, AttnShape{2, 130, 4, 16, 2}, AttnShape{1, 65, 8, 64, 1}}) {
+        AttnShape{1, 129, 1, 3}, AttnShape{2, 130, 4, 16, 2}, AttnShape{1, 65, 8, 64, 1},
+        AttnShape{1, 200, 2, 16, 1, 70}, AttnShape{2, 130, 4, 64, 2, 5}}) {
     ++seed;
     Case c(s, seed, seed % 5);
     const Bounds bd = bounds(s, c.exact, c.qkv, c.dout, kUb);
     Buf out_ref(c.n_out(), 0), lse_ref(c.n_lse(), 0), g_ref(c.qkv.size(), 0);
-    ref::attention_forward(out_ref.data(), lse_ref.data(), c.qkv.data(), s.B, s.T, s.C(), s.H,
-                           s.kv());
+    ref::attention_forward(out_ref.data(), lse_ref.data(), c.qkv.data(), s.args());
     ref::attention_backward(g_ref.data(), c.dout.data(), c.qkv.data(), out_ref.data(),
-                            lse_ref.data(), s.B, s.T, s.C(), s.H, s.kv());
+                            lse_ref.data(), s.args());
     const std::vector<double> want = to_double(g_ref);
     std::vector<float> first_out, first_g;
     for (int threads = 1; threads <= 3; ++threads) {
       Buf out(c.n_out(), 3), lse(c.n_lse(), 1), g(c.qkv.size(), 5);
       std::fill(g.data(), g.data() + g.size(), NAN);  // every element must be overwritten
-      attention_forward(pool(threads), out.data(), lse.data(), c.qkv.data(), s.B, s.T, s.C(), s.H,
-                        s.kv(), true);
+      attention_forward(pool(threads), out.data(), lse.data(), c.qkv.data(), s.args(true));
       for (size_t i = 0; i < c.n_out(); ++i)
         ASSERT_NEAR(out[i], c.exact.out[i], bd.out)
             << "out B=" << s.B << " T=" << s.T << " H=" << s.H << " D=" << s.D << " i=" << i;
@@ -460,7 +548,7 @@ TEST(AttentionBf16, MatchesDoubleNaiveWithinBf16Bounds) {
         ASSERT_NEAR(lse[i], c.exact.lse[i], bd.lse_abs + 2 * kU * std::fabs(c.exact.lse[i]));
       // The backward from the exact forward's outputs, as in the f32 test.
       attention_backward(pool(threads), g.data(), c.dout.data(), c.qkv.data(), out_ref.data(),
-                         lse_ref.data(), s.B, s.T, s.C(), s.H, s.kv(), true);
+                         lse_ref.data(), s.args(true));
       expect_dqkv_near(g, want, s, c.exact, bd, 0.0, "bf16 vs ref");
       if (threads == 1) {
         first_out.assign(out.data(), out.data() + out.size());
@@ -472,8 +560,7 @@ TEST(AttentionBf16, MatchesDoubleNaiveWithinBf16Bounds) {
     }
     if (s.T > 1) {
       Buf out32(c.n_out(), 0), lse32(c.n_lse(), 0);
-      attention_forward(pool(2), out32.data(), lse32.data(), c.qkv.data(), s.B, s.T, s.C(), s.H,
-                        s.kv(), false);
+      attention_forward(pool(2), out32.data(), lse32.data(), c.qkv.data(), s.args());
       EXPECT_NE(0, std::memcmp(first_out.data(), out32.data(), out32.size() * sizeof(float)))
           << "round_bf16 gave the f32 kernel's result bit for bit";
     }

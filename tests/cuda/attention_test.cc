@@ -29,7 +29,7 @@ using cuda::test::random_16bit;
 using cuda::test::to_16bit;
 namespace ai = cuda::attn_index;
 
-// ---- float64 host references (general: GQA, causal or not, any scale) ----
+// ---- float64 host references (general: GQA, causal or not, sliding windows, any scale) ----
 
 // q (B,T,Hq,D), k, v (B,T,Hkv,D) contiguous. out (B,T,Hq,D); lse (B,Hq,T); absw (B,T,Hq,D) is
 // sum_j p_j |v_jd| / l, the size of the terms whose rounding the tolerance must cover.
@@ -38,7 +38,7 @@ struct FwdRef {
 };
 FwdRef ref_forward(const std::vector<float>& q, const std::vector<float>& k,
                    const std::vector<float>& v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
-                   int64_t D, double scale, bool causal) {
+                   int64_t D, double scale, bool causal, int64_t window = 0) {
   FwdRef r;
   r.out.assign(static_cast<size_t>(B * T * Hq * D), 0.0);
   r.absw = r.out;
@@ -51,8 +51,9 @@ FwdRef ref_forward(const std::vector<float>& q, const std::vector<float>& k,
       for (int64_t i = 0; i < T; ++i) {
         const float* qi = &q[static_cast<size_t>(((b * T + i) * Hq + h) * D)];
         const int64_t n = causal ? i + 1 : T;
+        const int64_t j0 = window > 0 ? std::max<int64_t>(0, i + 1 - window) : 0;
         double mx = -INFINITY, sabs = 0;
-        for (int64_t j = 0; j < n; ++j) {
+        for (int64_t j = j0; j < n; ++j) {
           const float* kj = &k[static_cast<size_t>(((b * T + j) * Hkv + h / group) * D)];
           double dot = 0, a = 0;
           for (int64_t d = 0; d < D; ++d) {
@@ -64,9 +65,9 @@ FwdRef ref_forward(const std::vector<float>& q, const std::vector<float>& k,
           sabs = std::max(sabs, a * scale);
         }
         double sum = 0;
-        for (int64_t j = 0; j < n; ++j) sum += std::exp(s[static_cast<size_t>(j)] - mx);
+        for (int64_t j = j0; j < n; ++j) sum += std::exp(s[static_cast<size_t>(j)] - mx);
         const size_t o = static_cast<size_t>(((b * T + i) * Hq + h) * D);
-        for (int64_t j = 0; j < n; ++j) {
+        for (int64_t j = j0; j < n; ++j) {
           const double p = std::exp(s[static_cast<size_t>(j)] - mx) / sum;
           const float* vj = &v[static_cast<size_t>(((b * T + j) * Hkv + h / group) * D)];
           for (int64_t d = 0; d < D; ++d) {
@@ -138,43 +139,53 @@ double unit_roundoff(DType t) {
 
 // ---- Host-only checks of the index math (these run without a GPU) ----
 
+// The tile rules, causal or not, and with sliding windows (causal only): 1 key, under a tile,
+// not a multiple of any tile, a tile, and more than T.
 TEST(CudaAttentionIndex, CausalTileSkipAndMaskRulesMatchBruteForce) {
   // mma.sync forward 64 x 64 and backward 32 x 64; wgmma forward 128 x 128, backward 64 x 128.
   for (const auto& [bm, bn] : {std::pair{64, 64}, std::pair{32, 64}, std::pair{64, 32},
                                std::pair{128, 128}, std::pair{64, 128}}) {
     for (int T : {1, 2, 31, 32, 33, 63, 64, 65, 127, 128, 129, 300}) {
-      for (bool causal : {false, true}) {
+      for (const auto& [causal, W] :
+           {std::pair{false, 0}, std::pair{true, 0}, std::pair{true, 1}, std::pair{true, 5},
+            std::pair{true, 64}, std::pair{true, 100}, std::pair{true, 400}}) {
         const int nq = ai::ceil_div(T, bm), nk = ai::ceil_div(T, bn);
         for (int qt = 0; qt < nq; ++qt) {
-          int last_visible = -1;
+          int first_visible = nk, last_visible = -1;
+          const int begin = ai::first_kv_tile_for_q_tile(qt, bm, bn, W);
           for (int kt = 0; kt < nk; ++kt) {
             bool any_visible = false, any_masked = false;
             for (int row = qt * bm; row < std::min(T, qt * bm + bm); ++row)
               for (int col = kt * bn; col < kt * bn + bn; ++col) {
-                const bool visible = col < T && (!causal || col <= row);
+                const bool visible = col < T && ai::key_visible(row, col, causal, W);
+                EXPECT_EQ(visible, col < T && (!causal || col <= row) && (W == 0 || col > row - W));
                 any_visible |= visible;
                 any_masked |= !visible;
               }
-            if (any_visible) last_visible = kt;
-            if (kt < ai::kv_tiles_for_q_tile(qt, T, bm, bn, causal)) {
-              EXPECT_EQ(ai::tile_needs_mask(qt, kt, T, bm, bn, causal), any_masked)
-                  << "T=" << T << " qt=" << qt << " kt=" << kt << " causal=" << causal;
+            if (any_visible) first_visible = std::min(first_visible, kt), last_visible = kt;
+            if (kt >= begin && kt < ai::kv_tiles_for_q_tile(qt, T, bm, bn, causal)) {
+              EXPECT_EQ(ai::tile_needs_mask(qt, kt, T, bm, bn, causal, W), any_masked)
+                  << "T=" << T << " qt=" << qt << " kt=" << kt << " causal=" << causal
+                  << " W=" << W;
             }
           }
-          // Visible tiles form a prefix, and the kernel visits exactly that prefix.
+          // Visible tiles form a range, and the kernel visits exactly that range.
+          EXPECT_EQ(begin, first_visible) << "T=" << T << " qt=" << qt << " W=" << W;
           EXPECT_EQ(ai::kv_tiles_for_q_tile(qt, T, bm, bn, causal), last_visible + 1)
               << "T=" << T << " qt=" << qt << " causal=" << causal;
         }
         for (int kt = 0; kt < nk; ++kt) {
-          int first = nq;
+          int first = nq, last = -1;
           for (int qt = nq - 1; qt >= 0; --qt)
             for (int row = qt * bm; row < std::min(T, qt * bm + bm); ++row)
               for (int col = kt * bn; col < std::min(T, kt * bn + bn); ++col) {
-                if (!causal || col <= row) first = qt;
+                if (ai::key_visible(row, col, causal, W)) first = qt, last = std::max(last, qt);
               }
-          // The backward starts at the first query tile that sees the K tile, skipping none.
+          // The backward visits the query tiles that see the K tile, skipping none.
           EXPECT_EQ(ai::first_q_tile_for_kv_tile(kt, bm, bn, causal), first)
               << "T=" << T << " kt=" << kt << " causal=" << causal;
+          EXPECT_EQ(ai::end_q_tile_for_kv_tile(kt, T, bm, bn, W), last + 1)
+              << "T=" << T << " kt=" << kt << " W=" << W;
         }
       }
     }
@@ -186,13 +197,14 @@ TEST(CudaAttentionIndex, CausalTileSkipAndMaskRulesMatchBruteForce) {
 TEST(CudaAttentionIndex, BackwardStepsCoverEachHeadAndTileOnce) {
   for (const auto& [bm, bn] : {std::pair{32, 64}, std::pair{64, 128}}) {
     for (int T : {1, 63, 64, 65, 129, 300}) {
-      for (bool causal : {false, true}) {
+      for (const auto& [causal, W] :
+           {std::pair{false, 0}, std::pair{true, 0}, std::pair{true, 5}, std::pair{true, 100}}) {
         for (int group : {1, 4}) {
           const int hk = 2;
           for (int kt = 0; kt < ai::ceil_div(T, bn); ++kt) {
-            const ai::BwdSteps st(kt, T, bm, bn, causal, hk, group);
+            const ai::BwdSteps st(kt, T, bm, bn, causal, W, hk, group);
             const int first = ai::first_q_tile_for_kv_tile(kt, bm, bn, causal);
-            const int nq = ai::ceil_div(T, bm);
+            const int nq = ai::end_q_tile_for_kv_tile(kt, T, bm, bn, W);
             ASSERT_EQ(st.count, group * (nq - first)) << "T=" << T << " kt=" << kt;
             std::vector<int> seen(static_cast<size_t>(group * nq), 0);
             for (int s = 0; s < st.count; ++s) {
@@ -251,29 +263,31 @@ TEST(CudaAttentionIndex, TiledOnlineSoftmaxEmulationMatchesReference) {
   std::mt19937 rng(7);
   const int64_t D = 8, H = 1;
   for (int T : {1, 63, 64, 129, 300}) {
-    for (bool causal : {false, true}) {
+    for (const auto& [causal, W] : {std::pair{false, 0}, std::pair{true, 0}, std::pair{true, 70}}) {
       const auto q = random_16bit(static_cast<size_t>(T * D), -3, 3, DType::bf16, rng);
       const auto k = random_16bit(q.size(), -1, 1, DType::bf16, rng);
       const auto v = random_16bit(q.size(), -1, 1, DType::bf16, rng);
       const double scale = 0.5;
-      const FwdRef ref = ref_forward(q, k, v, 1, T, H, H, D, scale, causal);
+      const FwdRef ref = ref_forward(q, k, v, 1, T, H, H, D, scale, causal, W);
       const int bm = ai::kFwdBlockM, bn = ai::kFwdBlockN;
       for (int qt = 0; qt < ai::ceil_div(T, bm); ++qt) {
         for (int row = qt * bm; row < std::min(T, qt * bm + bm); ++row) {
           double m = -INFINITY, l = 0;
           std::vector<double> acc(static_cast<size_t>(D), 0.0);
-          for (int kt = 0; kt < ai::kv_tiles_for_q_tile(qt, T, bm, bn, causal); ++kt) {
-            const bool mask = ai::tile_needs_mask(qt, kt, T, bm, bn, causal);
+          for (int kt = ai::first_kv_tile_for_q_tile(qt, bm, bn, W);
+               kt < ai::kv_tiles_for_q_tile(qt, T, bm, bn, causal); ++kt) {
+            const bool mask = ai::tile_needs_mask(qt, kt, T, bm, bn, causal, W);
             std::vector<double> s(static_cast<size_t>(bn));
             double mx = m;
             for (int c = 0; c < bn; ++c) {
               const int col = kt * bn + c;
-              if (mask && (col >= T || (causal && col > row))) {
+              if (mask && (col >= T || !ai::key_visible(row, col, causal, W))) {
                 s[static_cast<size_t>(c)] = -INFINITY;
                 continue;
               }
               ASSERT_LT(col, T) << "an unmasked tile read past T";
               ASSERT_TRUE(!causal || col <= row) << "an unmasked tile saw the future";
+              ASSERT_TRUE(W == 0 || col > row - W) << "an unmasked tile saw past the window";
               double dot = 0;
               for (int64_t d = 0; d < D; ++d)
                 dot += double(q[size_t(row * D + d)]) * k[size_t(col * D + d)];
@@ -375,13 +389,14 @@ TEST(CudaAttentionIndex, HostReferenceMatchesCpuReference) {
       v[size_t(bt * C + c)] = qkv[size_t(bt * 3 * C + 2 * C + c)];
     }
   std::vector<float> out(q.size()), lse(static_cast<size_t>(B * H * T)), dqkv(qkv.size());
-  cpu::ref::attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, H, H);
+  cpu::ref::attention_forward(out.data(), lse.data(), qkv.data(),
+                              ops::AttentionArgs{B, T, C, H, H});
   const double scale = 1.0 / std::sqrt(double(D));
   const FwdRef fr = ref_forward(q, k, v, B, T, H, H, D, scale, true);
   for (size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(out[i], fr.out[i], 1e-6);
   for (size_t i = 0; i < lse.size(); ++i) EXPECT_NEAR(lse[i], fr.lse[i], 1e-5);
-  cpu::ref::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T,
-                               C, H, H);
+  cpu::ref::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(),
+                               ops::AttentionArgs{B, T, C, H, H});
   const BwdRef br = ref_backward(q, k, v, out, dout, lse, B, T, H, H, D, scale, true);
   for (int64_t bt = 0; bt < B * T; ++bt)
     for (int64_t c = 0; c < C; ++c) {
@@ -585,7 +600,8 @@ TEST(CudaFlashAttention, PackedQkvMatchesCpuReference) {
   const auto qkv = random_16bit(size_t(B * T * 3 * C), -2, 2, t, rng);
   const auto go = random_16bit(size_t(B * T * C), -1, 1, t, rng);
   std::vector<float> out(size_t(B * T * C)), lse(size_t(B * H * T)), dqkv(qkv.size());
-  cpu::ref::attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, H, H);
+  cpu::ref::attention_forward(out.data(), lse.data(), qkv.data(),
+                              ops::AttentionArgs{B, T, C, H, H});
   std::vector<float> q(out.size()), k(out.size()), v(out.size());
   for (int64_t bt = 0; bt < B * T; ++bt)
     for (int64_t c = 0; c < C; ++c) {
@@ -634,8 +650,8 @@ TEST(CudaFlashAttention, PackedQkvMatchesCpuReference) {
   // Backward from the CPU forward's O (rounded to bf16) and LSE.
   std::vector<float> o16(out.size());
   for (size_t i = 0; i < out.size(); ++i) o16[i] = bf16_to_f32(f32_to_bf16(out[i]));
-  cpu::ref::attention_backward(dqkv.data(), go.data(), qkv.data(), o16.data(), lse.data(), B, T, C,
-                               H, H);
+  cpu::ref::attention_backward(dqkv.data(), go.data(), qkv.data(), o16.data(), lse.data(),
+                               ops::AttentionArgs{B, T, C, H, H});
   const BwdRef br = ref_backward(q, k, v, o16, go, lse, B, T, H, H, D, scale, true);
   DeviceArray<uint16_t> d_o(to_16bit(o16, t)), d_go(to_16bit(go, t)), d_dqkv(qkv.size());
   DeviceArray<float> d_lse_in(lse);

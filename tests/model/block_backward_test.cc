@@ -60,7 +60,7 @@ struct Layer {
   }
   CausalAttention attention() {
     const ops::RopeTable* table = !c.rotary(l) ? nullptr : c.local(l) ? &rope_local : &rope;
-    return CausalAttention(ctx, c, table, rot.data(), lse.data(), B, T, false);
+    return CausalAttention(ctx, c, table, c.window(l), rot.data(), lse.data(), B, T, false);
   }
   // sum(out * r) after the forward of w on x.
   double loss(const DecoderLayer& w, const std::vector<float>& x, const std::vector<float>& r) {
@@ -244,14 +244,16 @@ TEST(BlockBackward, RopeVariantsMatchFiniteDifferences) {
 }
 
 // Gemma 3's layer: q/k norms, post-norms, GeGLU, an attention scale apart from 1/sqrt(head_dim),
-// a local layer (its own RoPE base, a window of 5 positions, all T = 5 rows inside it) and a
-// global one (linear RoPE scaling).
+// a local layer (its own RoPE base, a window of 3 positions, shorter than T = 5: rows 3 and 4
+// do not see rows 0 and 1) and a global one (linear RoPE scaling).
 TEST(BlockBackward, Gemma3LayersMatchFiniteDifferences) {
   test::TinyOptions o;
   o.layers = 3, o.width = 16, o.heads = 2, o.kv_heads = 1, o.ffn = 24, o.vocab = 8;
   o.gemma3 = true;
-  const DecoderModel m = test::make_tiny_model(o);
+  DecoderModel m = test::make_tiny_model(o);
+  m.config.sliding_window = 3;
   ASSERT_TRUE(m.config.local(0) && !m.config.local(2));
+  ASSERT_EQ(m.config.window(0), 3);
   check_layer(m, 0, false, "Gemma 3, local layer");
   check_layer(m, 2, true, "Gemma 3, global layer");
 }

@@ -47,7 +47,7 @@ std::vector<float> training_mode_logits(const DecoderModel& m, const std::vector
     t.att = att.data();
     t.ff_in = t.ff_act = ff_in.data();
     t.ff_up = ff_up.data();
-    CausalAttention attention(ctx, c, &rope, rot.data(), lse.data(), B, T, false);
+    CausalAttention attention(ctx, c, &rope, c.window(l), rot.data(), lse.data(), B, T, false);
     block_forward(ctx, c, m.weights.layers[static_cast<size_t>(l)], l, n, t, attention);
   }
   norm_forward(ctx, c, xn.data(), mean.data(), rstd.data(), x.data(), n, m.weights.out_norm,
@@ -104,14 +104,14 @@ TEST(CausalAttention, BackwardIsTheForwardsDerivative) {
     // L(qkv) = sum(att * r), att from a copy (the forward rotates q and k in place).
     auto loss = [&](const std::vector<float>& in) {
       std::vector<float> x = in;
-      CausalAttention(ctx, c, &rope, rot.data(), lse.data(), B, T, false)
+      CausalAttention(ctx, c, &rope, 0, rot.data(), lse.data(), B, T, false)
           .attend(0, x.data(), att.data(), n);
       double l = 0;
       for (int64_t i = 0; i < n * QD; ++i) l += static_cast<double>(att[i]) * r[i];
       return l;
     };
     std::vector<float> x = qkv, dqkv(n * ld);
-    CausalAttention a(ctx, c, &rope, rot.data(), lse.data(), B, T, false);
+    CausalAttention a(ctx, c, &rope, 0, rot.data(), lse.data(), B, T, false);
     a.attend(0, x.data(), att.data(), n);
     a.backward(dqkv.data(), r.data(), x.data(), att.data());
     const float h = 1e-2f;

@@ -105,14 +105,13 @@ class FencedDevice final : public ops::Backend {
   TS_FENCED(add, (const ops::Context& ctx, float* out, const float* a, const float* b, int64_t n),
             out, a, b, n)
   TS_FENCED(attention_forward,
-            (const ops::Context& ctx, float* out, float* lse, const float* qkv, int64_t B,
-             int64_t T, int64_t C, int64_t H, int64_t Hkv, bool round_bf16),
-            out, lse, qkv, B, T, C, H, Hkv, round_bf16)
+            (const ops::Context& ctx, float* out, float* lse, const float* qkv,
+             const ops::AttentionArgs& a),
+            out, lse, qkv, a)
   TS_FENCED(attention_backward,
             (const ops::Context& ctx, float* dqkv, const float* dout, const float* qkv,
-             const float* out, const float* lse, int64_t B, int64_t T, int64_t C, int64_t H,
-             int64_t Hkv, bool round_bf16),
-            dqkv, dout, qkv, out, lse, B, T, C, H, Hkv, round_bf16)
+             const float* out, const float* lse, const ops::AttentionArgs& a),
+            dqkv, dout, qkv, out, lse, a)
   TS_FENCED(softmax_xent,
             (const ops::Context& ctx, float* losses, float* logits, const int32_t* targets,
              int64_t N, int64_t V, int64_t Vp, float dlogits_scale),

@@ -53,6 +53,18 @@ void gemma3(DecoderConfig& o) {
   o.rope_factor = 4;
 }
 
+// Gemma 3 with its local layer's window of 3 positions, shorter than the 8 and 16 rows the tests
+// run: row t sees rows t-2 .. t there (the training attention's sliding window).
+void gemma3_window(DecoderConfig& o) {
+  gemma3(o);
+  o.sliding_window = 3;
+}
+
+// Mistral-style: every layer over a window of 5 positions (no local_layers).
+void mistral_window(DecoderConfig& o) {
+  o.sliding_window = 5;
+}
+
 // LongRoPE (Phi-3.5): per-pair factors, short ones up to 8 positions and long ones beyond (the
 // gradient test runs 8, the others 16), cos and sin scaled by 1.2.
 void longrope(DecoderConfig& o) {
@@ -189,7 +201,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Shape{"narrow_heads", 2, true, false, false, 6},
                       Shape{"scaled_partial_nope", 2, false, false, false, 0, scaled_partial_nope},
                       Shape{"longrope", 4, false, true, false, 0, longrope},
-                      Shape{"gemma3", 2, false, true, false, 0, gemma3}),
+                      Shape{"gemma3", 2, false, true, false, 0, gemma3},
+                      Shape{"gemma3_window", 2, false, true, false, 0, gemma3_window},
+                      Shape{"mistral_window", 2, true, false, false, 0, mistral_window}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(LlamaTraining, PresetsAreTheirModels) {

@@ -63,16 +63,15 @@ class CpuBackend final : public ops::Backend {
   }
   // The reference kernels compute in f32 whatever round_bf16 says (ops.h).
   void attention_forward(const ops::Context& ctx, float* out, float* lse, const float* qkv,
-                         int64_t B, int64_t T, int64_t C, int64_t H, int64_t Hkv,
-                         bool round_bf16) override {
-    if (ctx.reference) return ref::attention_forward(out, lse, qkv, B, T, C, H, Hkv);
-    cpu::attention_forward(ctx.threads(), out, lse, qkv, B, T, C, H, Hkv, round_bf16);
+                         const ops::AttentionArgs& a) override {
+    if (ctx.reference) return ref::attention_forward(out, lse, qkv, a);
+    cpu::attention_forward(ctx.threads(), out, lse, qkv, a);
   }
   void attention_backward(const ops::Context& ctx, float* dqkv, const float* dout, const float* qkv,
-                          const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
-                          int64_t H, int64_t Hkv, bool round_bf16) override {
-    if (ctx.reference) return ref::attention_backward(dqkv, dout, qkv, out, lse, B, T, C, H, Hkv);
-    cpu::attention_backward(ctx.threads(), dqkv, dout, qkv, out, lse, B, T, C, H, Hkv, round_bf16);
+                          const float* out, const float* lse,
+                          const ops::AttentionArgs& a) override {
+    if (ctx.reference) return ref::attention_backward(dqkv, dout, qkv, out, lse, a);
+    cpu::attention_backward(ctx.threads(), dqkv, dout, qkv, out, lse, a);
   }
   void softmax_xent(const ops::Context& ctx, float* losses, float* logits, const int32_t* targets,
                     int64_t N, int64_t V, int64_t Vp, float dlogits_scale) override {

@@ -24,12 +24,12 @@ void layernorm_backward(ThreadPool& pool, float* dinp, float* dw, float* db, con
 void gelu_forward(ThreadPool& pool, float* out, const float* inp, int64_t n);
 void gelu_backward(ThreadPool& pool, float* dinp, const float* inp, const float* dout, int64_t n);
 void add(ThreadPool& pool, float* out, const float* a, const float* b, int64_t n);
-// round_bf16: the products on AVX512-BF16 where the CPU has it (attention_bf16.h), else f32.
-void attention_forward(ThreadPool& pool, float* out, float* lse, const float* qkv, int64_t B,
-                       int64_t T, int64_t C, int64_t H, int64_t Hkv, bool round_bf16);
+// ops::attention_forward / backward (ops.h). round_bf16: the products on AVX512-BF16 where the
+// CPU has it (attention_bf16.h), else f32. A window skips the key tiles it hides.
+void attention_forward(ThreadPool& pool, float* out, float* lse, const float* qkv,
+                       const ops::AttentionArgs& a);
 void attention_backward(ThreadPool& pool, float* dqkv, const float* dout, const float* qkv,
-                        const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
-                        int64_t H, int64_t Hkv, bool round_bf16);
+                        const float* out, const float* lse, const ops::AttentionArgs& a);
 void softmax_xent(ThreadPool& pool, float* losses, float* logits, const int32_t* targets, int64_t N,
                   int64_t V, int64_t Vp, float dlogits_scale);
 void adamw(ThreadPool& pool, float* params, const float* grads, float* m, float* v, int64_t n,

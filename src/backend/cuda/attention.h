@@ -40,13 +40,16 @@ struct AttnOutput {
 };
 
 // Self-attention shape: q (B,T,Hq,D); k, v (B,T,Hkv,D); query head h reads kv head
-// h / (Hq/Hkv). D is 64 or 128. Causal: query t sees keys 0..t. Every pointer is device memory,
+// h / (Hq/Hkv). D is 64 or 128. Causal: query t sees keys 0..t; with a window W > 0 (causal
+// only) keys t-W+1..t, and key tiles wholly before a query tile's window are neither loaded nor
+// scored (nor, in backward, query tiles wholly past a key tile's). Every pointer is device memory,
 // 16-byte aligned, and every stride a multiple of 8 elements (cp.async moves 16-byte chunks).
 struct FlashAttentionShape {
   int64_t B = 0, T = 0, Hq = 0, Hkv = 0, D = 0;
   float scale = 1.0f;  // usually 1/sqrt(D)
   bool causal = true;
   DType dtype = DType::bf16;  // bf16 or f16: q, k, v, out, and all gradients
+  int64_t window = 0;         // 0: none (as ops::AttentionArgs::window)
 };
 
 // Which FlashAttention kernel runs. mma_sync: mma.sync tiles (forward 64 x 64 with four warps,
@@ -173,8 +176,15 @@ __host__ __device__ inline int ceil_div(int a, int b) {
   return (a + b - 1) / b;
 }
 
-// K tiles a query tile visits: all of them, or (causal) those up to the tile that holds the
-// tile's last row, so fully masked tiles are never loaded.
+// The first K tile a query tile visits: 0, or with a window W the tile holding its first row's
+// first key (q_tile * bm - W + 1), so the tiles wholly before the window are never loaded.
+__host__ __device__ inline int first_kv_tile_for_q_tile(int q_tile, int bm, int bn, int window) {
+  const int first_key = q_tile * bm - window + 1;
+  return window > 0 && first_key > 0 ? first_key / bn : 0;
+}
+
+// K tiles a query tile visits (the end of its range): all of them, or (causal) those up to the
+// tile that holds the tile's last row, so fully masked tiles are never loaded.
 __host__ __device__ inline int kv_tiles_for_q_tile(int q_tile, int T, int bm, int bn, bool causal) {
   const int n = ceil_div(T, bn);
   if (!causal) return n;
@@ -183,26 +193,43 @@ __host__ __device__ inline int kv_tiles_for_q_tile(int q_tile, int T, int bm, in
   return needed < n ? needed : n;
 }
 
-// Whether tile (q_tile, kv_tile) holds any masked score: a key past T, or (causal) a key after
-// the tile's first row. Only such tiles pay for the per-element mask.
+// Whether tile (q_tile, kv_tile) holds any masked score: a key past T, (causal) a key after the
+// tile's first row, or (window W) a key before its last row's window (key <= row - W). Only
+// such tiles pay for the per-element mask.
 __host__ __device__ inline bool tile_needs_mask(int q_tile, int kv_tile, int T, int bm, int bn,
-                                                bool causal) {
+                                                bool causal, int window) {
   if ((kv_tile + 1) * bn > T) return true;
+  if (window > 0 && kv_tile * bn <= q_tile * bm + bm - 1 - window) return true;
   return causal && kv_tile * bn + bn - 1 > q_tile * bm;
+}
+
+// Whether a query row sees a key: causal key <= row, and with a window W key > row - W.
+__host__ __device__ inline bool key_visible(int row, int key, bool causal, int window) {
+  return (!causal || key <= row) && (window <= 0 || key > row - window);
 }
 
 // Backward: the first query tile that sees any key of kv_tile (causal rows >= first key).
 __host__ __device__ inline int first_q_tile_for_kv_tile(int kv_tile, int bm, int bn, bool causal) {
   return causal ? kv_tile * bn / bm : 0;
 }
+// Backward: one past the last query tile that sees any key of kv_tile: all tiles, or with a
+// window W the tile holding the tile's last key + W - 1.
+__host__ __device__ inline int end_q_tile_for_kv_tile(int kv_tile, int T, int bm, int bn,
+                                                      int window) {
+  const int n = ceil_div(T, bm);
+  if (window <= 0) return n;
+  const int end = (kv_tile * bn + bn - 1 + window - 1) / bm + 1;
+  return end < n ? end : n;
+}
 
 // A key-tile block's steps: (query head of the GQA group, query tile of bm rows) pairs,
-// head-major, from the first query tile that sees any of the tile's keys.
+// head-major, over the query tiles that see any of the tile's keys.
 struct BwdSteps {
   int first_q_tile, tiles_per_head, count, first_head;
-  __host__ __device__ BwdSteps(int kv_tile, int T, int bm, int bn, bool causal, int hk, int group)
+  __host__ __device__ BwdSteps(int kv_tile, int T, int bm, int bn, bool causal, int window, int hk,
+                               int group)
       : first_q_tile(first_q_tile_for_kv_tile(kv_tile, bm, bn, causal)),
-        tiles_per_head(ceil_div(T, bm) - first_q_tile),
+        tiles_per_head(end_q_tile_for_kv_tile(kv_tile, T, bm, bn, window) - first_q_tile),
         count(group * tiles_per_head),
         first_head(hk * group) {}
   __host__ __device__ int head(int step) const { return first_head + step / tiles_per_head; }

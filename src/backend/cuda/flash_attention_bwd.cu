@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(kBwdThreads) flash_bwd_kernel(BwdParams p) {
     for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.f;
   }
 
-  const attn_index::BwdSteps steps(kv_tile, T_len, kBM, kBN, p.causal, hk, p.group);
+  const attn_index::BwdSteps steps(kv_tile, T_len, kBM, kBN, p.causal, p.window, hk, p.group);
   const int n_steps = steps.count;
   // Fetches step `step`'s Q, dO (cp.async, one commit group) and LSE, D_i (plain loads) into
   // buffer `buf`.
@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(kBwdThreads) flash_bwd_kernel(BwdParams p) {
 
       // P^T and dS^T in place (flash_common.cuh).
       flash::backward_p_ds(st, dpt, k0 + warp * 16 + g, q0, c, sLse, sDsum, T_len, p.causal,
-                           scale_log2, p.scale);
+                           p.window, scale_log2, p.scale);
 
       // dV += P^T dO and dK += dS^T Q (k = this tile's queries).
 #pragma unroll
@@ -341,7 +341,8 @@ void flash_attention_backward(const FlashBackwardArgs& a, cudaStream_t stream) {
               static_cast<int>(s.Hq),
               static_cast<int>(s.Hq / s.Hkv),
               s.scale,
-              s.causal};
+              s.causal,
+              static_cast<int>(std::min(s.window, s.T))};  // a window past T hides nothing
   // Chosen before anything is queued, so a refused choice leaves the stream untouched.
   const FlashKernel kernel = resolve_flash_kernel(a.kernel, FlashPass::backward);
   const bool bf16 = s.dtype == DType::bf16;

@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_wgmma_kernel(BwdParams 
       p.vl.token, T_len - k0);
   flash::cp_async_commit();
 
-  const attn_index::BwdSteps steps(kv_tile, T_len, kBM, kBN, p.causal, hk, p.group);
+  const attn_index::BwdSteps steps(kv_tile, T_len, kBM, kBN, p.causal, p.window, hk, p.group);
   const int n_steps = steps.count;
   // Step `step`'s Q and dO: cp.async into buffer `buf`, one commit group.
   auto fetch_tiles = [&](int step, int buf) {
@@ -167,7 +167,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_bwd_wgmma_kernel(BwdParams 
 
     // P^T and dS^T in place (flash_common.cuh); dS also goes to shared memory as [query][key],
     // the K-major A operand of dQ = dS K.
-    flash::backward_p_ds(st, dpt, key0, q0, c, lse, dsum, T_len, p.causal, scale_log2, p.scale);
+    flash::backward_p_ds(st, dpt, key0, q0, c, lse, dsum, T_len, p.causal, p.window, scale_log2,
+                         p.scale);
     unsigned char* ds_generic = smem_raw + (ds_wg - raw);
 #pragma unroll
     for (int n = 0; n < 8; ++n) {

@@ -52,11 +52,17 @@ __global__ void __launch_bounds__(kFwdThreads) flash_fwd_kernel(FwdParams p) {
   const T* k_ptr = static_cast<const T*>(p.k) + b * p.kl.batch + hk * p.kl.head;
   const T* v_ptr = static_cast<const T*>(p.v) + b * p.vl.batch + hk * p.vl.head;
 
-  const int n_tiles = attn_index::kv_tiles_for_q_tile(q_tile, T_len, kBM, kBN, p.causal);
+  // K tiles t_first .. t_end - 1: from the one holding the window's first key (0 without one) to
+  // the diagonal; iteration t visits tile t_first + t.
+  const int t_first = attn_index::first_kv_tile_for_q_tile(q_tile, kBM, kBN, p.window);
+  const int n_tiles = attn_index::kv_tiles_for_q_tile(q_tile, T_len, kBM, kBN, p.causal) - t_first;
+  const int k_first = t_first * kBN;
 
   flash::load_tile_async<kBM, kD, kFwdThreads>(sQ, q_ptr, p.ql.token, T_len - q0);
-  flash::load_tile_async<kBN, kD, kFwdThreads>(sK, k_ptr, p.kl.token, T_len);
-  flash::load_tile_async<kBN, kD, kFwdThreads>(sV, v_ptr, p.vl.token, T_len);
+  flash::load_tile_async<kBN, kD, kFwdThreads>(sK, k_ptr + k_first * p.kl.token, p.kl.token,
+                                               T_len - k_first);
+  flash::load_tile_async<kBN, kD, kFwdThreads>(sV, v_ptr + k_first * p.vl.token, p.vl.token,
+                                               T_len - k_first);
   flash::cp_async_commit();
 
   uint32_t qf[kD / 16][4];
@@ -71,7 +77,7 @@ __global__ void __launch_bounds__(kFwdThreads) flash_fwd_kernel(FwdParams p) {
     const int stage = t & 1;
     if (t + 1 < n_tiles) {
       // The stage written here was last read in iteration t-1, which ended with a barrier.
-      const int k_next = (t + 1) * kBN;
+      const int k_next = k_first + (t + 1) * kBN;
       flash::load_tile_async<kBN, kD, kFwdThreads>(
           sK + (stage ^ 1) * kBN * kD, k_ptr + k_next * p.kl.token, p.kl.token, T_len - k_next);
       flash::load_tile_async<kBN, kD, kFwdThreads>(
@@ -96,9 +102,10 @@ __global__ void __launch_bounds__(kFwdThreads) flash_fwd_kernel(FwdParams p) {
     float s[kBN / 8][4];
     flash::mma_scores<T, kD, kBN>(s, qf, sKs, lane);
 
-    const int k0 = t * kBN;
-    if (attn_index::tile_needs_mask(q_tile, t, T_len, kBM, kBN, p.causal))
-      flash::mask_scores(s, q0 + warp * 16 + lane / 4, k0 + (lane % 4) * 2, T_len, p.causal);
+    const int k0 = k_first + t * kBN;
+    if (attn_index::tile_needs_mask(q_tile, t_first + t, T_len, kBM, kBN, p.causal, p.window))
+      flash::mask_scores(s, q0 + warp * 16 + lane / 4, k0 + (lane % 4) * 2, T_len, p.causal,
+                         p.window);
 
     flash::online_softmax_step(s, o, row_max, row_sum, scale_log2);
 
@@ -134,6 +141,8 @@ void check_shape(const char* op, const FlashAttentionShape& s) {
            dtype_name(s.dtype), " must be bf16 or f16");
   TS_CHECK(std::isfinite(s.scale) && s.scale > 0, "[", op, "] scale=", s.scale,
            " must be finite and positive");
+  TS_CHECK(s.window >= 0 && (s.window == 0 || s.causal), "[", op, "] window=", s.window,
+           " must be >= 0, and 0 unless causal");
 }
 void check_tensor(const char* op, const char* name, const void* data, const AttnLayout& l) {
   TS_CHECK(data != nullptr, "[", op, "] ", name, " is null");
@@ -167,7 +176,8 @@ void flash_attention_forward(const FlashForwardArgs& a, cudaStream_t stream) {
               static_cast<int>(s.Hq),
               static_cast<int>(s.Hq / s.Hkv),
               s.scale,
-              s.causal};
+              s.causal,
+              static_cast<int>(std::min(s.window, s.T))};  // a window past T hides nothing
   if (resolve_flash_kernel(a.kernel, FlashPass::forward) == FlashKernel::wgmma) {
     flash::launch_fwd_wgmma(p, static_cast<int>(s.D), s.dtype, s.B, stream);
     return;

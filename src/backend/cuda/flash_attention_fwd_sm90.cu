@@ -66,20 +66,24 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_wgmma_kernel(FwdParams 
   const T* k_ptr = static_cast<const T*>(p.k) + b * p.kl.batch + hk * p.kl.head;
   const T* v_ptr = static_cast<const T*>(p.v) + b * p.vl.batch + hk * p.vl.head;
 
-  const int n_tiles = attn_index::kv_tiles_for_q_tile(q_tile, T_len, kBM, kBN, p.causal);
+  // K tiles t_first .. from the one holding the window's first key (0 without one) to the
+  // diagonal; tile index j below counts from t_first (K tile t_first + j).
+  const int t_first = attn_index::first_kv_tile_for_q_tile(q_tile, kBM, kBN, p.window);
+  const int n_tiles = attn_index::kv_tiles_for_q_tile(q_tile, T_len, kBM, kBN, p.causal) - t_first;
+  const int key_first = t_first * kBN;
 
   // Copy group j holds K tile j and V tile j - 1 (group 0 also Q, group n_tiles only V tile
   // n_tiles - 1): iteration t reads K_t for S and V_{t-1} for the product of the previous tile's
   // P. Groups 0 and 1 are issued here, group t + 2 in iteration t; tile j sits in stage j % 3.
   auto load_group = [&](int j) {
     if (j < n_tiles) {
-      const int k_first = j * kBN;
+      const int k_first = key_first + j * kBN;
       flash::load_tile_sw128<kBN, kD, kThreads>(sK + (j % kStages) * kTileBytes,
                                                 k_ptr + k_first * p.kl.token, p.kl.token,
                                                 T_len - k_first);
     }
     if (j >= 1) {
-      const int v_first = (j - 1) * kBN;
+      const int v_first = key_first + (j - 1) * kBN;
       flash::load_tile_sw128<kBN, kD, kThreads>(sV + ((j - 1) % kStages) * kTileBytes,
                                                 v_ptr + v_first * p.vl.token, p.vl.token,
                                                 T_len - v_first);
@@ -145,8 +149,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd_wgmma_kernel(FwdParams 
   // Tile t's softmax on S (landed), leaving the O correction in corr.
   auto softmax = [&](int t, float(&corr)[2]) {
     wgmma::fence_operands(s);
-    if (attn_index::tile_needs_mask(q_tile, t, T_len, kBM, kBN, p.causal))
-      flash::mask_scores(s, row0, t * kBN + (lane % 4) * 2, T_len, p.causal);
+    if (attn_index::tile_needs_mask(q_tile, t_first + t, T_len, kBM, kBN, p.causal, p.window))
+      flash::mask_scores(s, row0, key_first + t * kBN + (lane % 4) * 2, T_len, p.causal, p.window);
     flash::softmax_update_scores(s, row_max, row_sum, scale_log2, corr);
   };
   // P rounded to 16 bits straight from the S accumulators (k-step j = pair 2j, 2j + 1).

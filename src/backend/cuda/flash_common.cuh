@@ -229,21 +229,23 @@ struct FwdParams {
   int T, Hq, group;
   float scale;
   bool causal;
+  int window;  // 0: none (FlashAttentionShape::window)
 };
 // ---- Forward steps shared by the mma.sync and wgmma kernels (the same accumulator layout) ----
 // A lane holds scores s[n][e] of rows row0 (e < 2) and row0 + 8 (e >= 2), keys col0 + 8n + (e & 1),
 // with col0 = the tile's first key + 2 * (lane % 4).
 
-// Masks keys past T and (causal) keys after the query with -inf.
+// Masks keys past T, (causal) keys after the query and keys before its window with -inf.
 template <int kN>
-__device__ inline void mask_scores(float (&s)[kN][4], int row0, int col0, int T, bool causal) {
+__device__ inline void mask_scores(float (&s)[kN][4], int row0, int col0, int T, bool causal,
+                                   int window) {
 #pragma unroll
   for (int n = 0; n < kN; ++n) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int row = row0 + (e >= 2 ? 8 : 0);
       const int col = col0 + n * 8 + (e & 1);
-      if (col >= T || (causal && col > row)) s[n][e] = -INFINITY;
+      if (col >= T || !attn_index::key_visible(row, col, causal, window)) s[n][e] = -INFINITY;
     }
   }
 }
@@ -342,7 +344,7 @@ void launch_fwd_wgmma(const FwdParams& p, int D, DType dtype, int64_t B, cudaStr
 template <int kN>
 __device__ inline void backward_p_ds(float (&st)[kN][4], float (&dpt)[kN][4], int key0, int q0,
                                      int c, const float* lse, const float* dsum, int T, bool causal,
-                                     float scale_log2, float scale) {
+                                     int window, float scale_log2, float scale) {
 #pragma unroll
   for (int n = 0; n < kN; ++n) {
 #pragma unroll
@@ -350,7 +352,7 @@ __device__ inline void backward_p_ds(float (&st)[kN][4], float (&dpt)[kN][4], in
       const int key = key0 + (e >= 2 ? 8 : 0);
       const int q_local = n * 8 + c * 2 + (e & 1);
       const int row = q0 + q_local;
-      const bool valid = key < T && row < T && (!causal || key <= row);
+      const bool valid = key < T && row < T && attn_index::key_visible(row, key, causal, window);
       const float pe = valid ? exp2f(fmaf(st[n][e], scale_log2, -lse[q_local])) : 0.f;
       st[n][e] = pe;
       dpt[n][e] = pe * (dpt[n][e] - dsum[q_local]) * scale;
@@ -369,6 +371,7 @@ struct BwdParams {
   int T, Hq, group;
   float scale;
   bool causal;
+  int window;  // 0: none (FlashAttentionShape::window)
 };
 // The wgmma backward main pass (flash_attention_bwd_sm90.cu), after the D_i pre-pass and the
 // zeroing of dq_acc, before the dQ conversion.

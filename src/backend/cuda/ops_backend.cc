@@ -291,9 +291,9 @@ class CudaOpsBackend final : public ops::Backend {
   // into scratch, as the CPU's round_bf16 attention rounds its operands, and the results widened
   // back. The log-sum-exp stays f32 either way.
   void attention_forward(const ops::Context& ctx, float* out, float* lse, const float* qkv,
-                         int64_t B, int64_t T, int64_t C, int64_t H, int64_t Hkv,
-                         bool round_bf16) override {
-    if (!round_bf16)
+                         const ops::AttentionArgs& a) override {
+    const int64_t B = a.B, T = a.T, C = a.C, H = a.H, Hkv = a.Hkv;
+    if (!a.round_bf16)
       not_here("attention_forward in f32", "the flash kernels compute in bf16 (--precision bf16)");
     cudaStream_t s = stream(ctx);
     const int64_t N = B * T, D = C / H, ld = C + 2 * Hkv * D;
@@ -302,7 +302,7 @@ class CudaOpsBackend final : public ops::Backend {
     cuda::convert_f32_to_bf16(qkv16, qkv, N * ld, s);
     const AttnLayout rows{T * ld, ld, D};  // q, k and v inside each row of qkv
     FlashForwardArgs f;
-    f.shape = flash_shape(B, T, C, H, Hkv);
+    f.shape = flash_shape(a);
     f.q = {qkv16, rows};
     f.k = {qkv16 + C, rows};
     f.v = {qkv16 + C + Hkv * D, rows};
@@ -312,13 +312,14 @@ class CudaOpsBackend final : public ops::Backend {
     cuda::convert_bf16_to_f32(out, out16, N * C, s);
   }
   void attention_backward(const ops::Context& ctx, float* dqkv, const float* dout, const float* qkv,
-                          const float* out, const float* lse, int64_t B, int64_t T, int64_t C,
-                          int64_t H, int64_t Hkv, bool round_bf16) override {
-    if (!round_bf16)
+                          const float* out, const float* lse,
+                          const ops::AttentionArgs& a) override {
+    const int64_t B = a.B, T = a.T, C = a.C, H = a.H, Hkv = a.Hkv;
+    if (!a.round_bf16)
       not_here("attention_backward in f32", "the flash kernels compute in bf16 (--precision bf16)");
     cudaStream_t s = stream(ctx);
     const int64_t N = B * T, D = C / H, ld = C + 2 * Hkv * D;
-    const FlashAttentionShape shape = flash_shape(B, T, C, H, Hkv);
+    const FlashAttentionShape shape = flash_shape(a);
     // Scratch: the kernel's workspace, then qkv, dqkv, out and dout in bf16.
     const int64_t ws =
         (static_cast<int64_t>(flash_attention_backward_workspace_bytes(shape)) + 255) / 256 * 256;
@@ -464,13 +465,14 @@ class CudaOpsBackend final : public ops::Backend {
     return scratch_;
   }
   // Causal self-attention over (B,T) rows: H query heads of C/H, Hkv key/value heads.
-  static FlashAttentionShape flash_shape(int64_t B, int64_t T, int64_t C, int64_t H, int64_t Hkv) {
-    FlashAttentionShape a;
-    a.B = B, a.T = T, a.Hq = H, a.Hkv = Hkv, a.D = C / H;
-    a.scale = 1.0f / std::sqrt(static_cast<float>(a.D));
-    a.causal = true;
-    a.dtype = DType::bf16;
-    return a;
+  static FlashAttentionShape flash_shape(const ops::AttentionArgs& a) {
+    FlashAttentionShape f;
+    f.B = a.B, f.T = a.T, f.Hq = a.H, f.Hkv = a.Hkv, f.D = a.C / a.H;
+    f.scale = 1.0f / std::sqrt(static_cast<float>(f.D));
+    f.causal = true;
+    f.dtype = DType::bf16;
+    f.window = a.window;
+    return f;
   }
   static RopeTableView view(const ops::RopeTable& t) {
     TS_CHECK(t.device != nullptr,

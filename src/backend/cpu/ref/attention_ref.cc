@@ -1,5 +1,6 @@
-// Reference causal self-attention forward and backward: plain loops, one score row per query,
-// double accumulation. The oracle for the tiled kernels in backend/cpu/attention.cc.
+// Reference causal self-attention forward and backward, with the optional sliding window: plain
+// loops, one score row per query, double accumulation. The oracle for the tiled kernels in
+// backend/cpu/attention.cc.
 #include <cmath>
 #include <vector>
 
@@ -10,20 +11,27 @@ namespace tessera::cpu::ref {
 
 namespace {
 
-void check_shapes(const char* op, int64_t B, int64_t T, int64_t C, int64_t H, int64_t Hkv) {
-  TS_CHECK(B >= 0 && T >= 0, "[", op, "] negative size B=", B, " T=", T);
-  TS_CHECK(H > 0 && C > 0 && C % H == 0, "[", op, "] width C=", C,
-           " must be a positive multiple of heads H=", H);
-  TS_CHECK(Hkv > 0 && H % Hkv == 0, "[", op, "] key/value heads Hkv=", Hkv,
-           " must divide the query heads H=", H);
+void check_shapes(const char* op, const ops::AttentionArgs& a) {
+  TS_CHECK(a.B >= 0 && a.T >= 0, "[", op, "] negative size B=", a.B, " T=", a.T);
+  TS_CHECK(a.H > 0 && a.C > 0 && a.C % a.H == 0, "[", op, "] width C=", a.C,
+           " must be a positive multiple of heads H=", a.H);
+  TS_CHECK(a.Hkv > 0 && a.H % a.Hkv == 0, "[", op, "] key/value heads Hkv=", a.Hkv,
+           " must divide the query heads H=", a.H);
+  TS_CHECK(a.window >= 0, "[", op, "] window=", a.window, " must be >= 0 (0: none)");
+}
+
+// The first key query i sees: i - W + 1 with a window W, else 0.
+int64_t first_key(int64_t i, int64_t window) {
+  return window > 0 && i + 1 > window ? i + 1 - window : 0;
 }
 
 }  // namespace
 
-// out (B,T,C), lse (B,H,T), qkv (B,T,C+2*Hkv*D): query head h reads key/value head h/(H/Hkv).
-void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C,
-                       int64_t H, int64_t Hkv) {
-  check_shapes("attention_forward", B, T, C, H, Hkv);
+// out (B,T,C), lse (B,H,T), qkv (B,T,C+2*Hkv*D): query head h reads key/value head h/(H/Hkv);
+// query i reads keys first_key(i) .. i.
+void attention_forward(float* out, float* lse, const float* qkv, const ops::AttentionArgs& a) {
+  check_shapes("attention_forward", a);
+  const int64_t B = a.B, T = a.T, C = a.C, H = a.H, Hkv = a.Hkv;
   const int64_t D = C / H, ld = C + 2 * Hkv * D, group = H / Hkv;
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   std::vector<double> s(static_cast<size_t>(T));
@@ -34,8 +42,9 @@ void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int6
       const int64_t k_col = C + h / group * D, v_col = C + (Hkv + h / group) * D;
       for (int64_t i = 0; i < T; ++i) {
         const float* q = base + i * ld + h * D;
+        const int64_t j0 = first_key(i, a.window);
         double m = -INFINITY;
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = j0; j <= i; ++j) {
           const float* k = base + j * ld + k_col;
           double dot = 0;
           for (int64_t d = 0; d < D; ++d) dot += static_cast<double>(q[d]) * k[d];
@@ -43,12 +52,12 @@ void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int6
           if (s[j] > m) m = s[j];
         }
         double sum = 0;
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = j0; j <= i; ++j) {
           s[j] = std::exp(s[j] - m);
           sum += s[j];
         }
         for (auto& a : acc) a = 0;
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = j0; j <= i; ++j) {
           const float* v = base + j * ld + v_col;
           for (int64_t d = 0; d < D; ++d) acc[d] += s[j] * v[d];
         }
@@ -63,8 +72,9 @@ void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int6
 // dqkv (B,T,C+2*Hkv*D) overwritten; dout, out (B,T,C); qkv as dqkv; lse (B,H,T). A key/value
 // head's gradient sums over the query heads of its group.
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                        const float* lse, int64_t B, int64_t T, int64_t C, int64_t H, int64_t Hkv) {
-  check_shapes("attention_backward", B, T, C, H, Hkv);
+                        const float* lse, const ops::AttentionArgs& a) {
+  check_shapes("attention_backward", a);
+  const int64_t B = a.B, T = a.T, C = a.C, H = a.H, Hkv = a.Hkv;
   const int64_t D = C / H, ld = C + 2 * Hkv * D, group = H / Hkv;
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   // Per-head gradients in double: dq (T,D) per query head, dk and dv (T,D) per kv head.
@@ -84,7 +94,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
           const double l = lse[(b * H + h) * T + i];
           double di = 0;
           for (int64_t d = 0; d < D; ++d) di += static_cast<double>(go[d]) * o[d];
-          for (int64_t j = 0; j <= i; ++j) {
+          for (int64_t j = first_key(i, a.window); j <= i; ++j) {
             const float* k = base + j * ld + k_col;
             const float* v = base + j * ld + v_col;
             double s = 0, dp = 0;

@@ -24,10 +24,10 @@ double gelu_grad(double x);
 void gelu_forward(float* out, const float* inp, int64_t n);
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n);
 void add(float* out, const float* a, const float* b, int64_t n);
-void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C,
-                       int64_t H, int64_t Hkv);
+// ops::attention_forward / backward in f64 loops (a.round_bf16 changes nothing here).
+void attention_forward(float* out, float* lse, const float* qkv, const ops::AttentionArgs& a);
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                        const float* lse, int64_t B, int64_t T, int64_t C, int64_t H, int64_t Hkv);
+                        const float* lse, const ops::AttentionArgs& a);
 void softmax_xent(float* losses, float* logits, const int32_t* targets, int64_t N, int64_t V,
                   int64_t Vp, float dlogits_scale);
 void adamw(float* params, const float* grads, float* m, float* v, int64_t n,
