@@ -172,6 +172,20 @@ struct LoraRef {
 enum class LayerMatrix : uint8_t { q, k, v, o, gate, up, down };
 inline constexpr int kLayerMatrices = 7;
 
+// Hugging Face's names of a MoE layer's tensors, the layer's prefix p ("model.layers.{i}.")
+// first: the router (hf_router_name) and expert e's gate, up or down matrix (hf_expert_name; m
+// one of those three). Mixtral's are block_sparse_moe.gate.weight and
+// block_sparse_moe.experts.{e}.w1 (gate), w3 (up), w2 (down); Qwen3-MoE's and OLMoE's
+// mlp.gate.weight and mlp.experts.{e}.gate_proj, up_proj, down_proj. The loader, the writer and
+// the training model's tensor table all name them through these.
+std::string hf_router_name(const std::string& p, bool mixtral);
+std::string hf_expert_name(const std::string& p, bool mixtral, int64_t e, LayerMatrix m);
+// Whether a MoE model writes Mixtral's names: the writer's choice of architecture (Qwen3-MoE and
+// OLMoE have q/k norms, Mixtral none).
+inline bool hf_moe_is_mixtral(const DecoderConfig& c) {
+  return !c.qk_norm;
+}
+
 struct DecoderLayer {
   WeightRef attn_norm, attn_norm_b;         // (C); _b gpt2 only
   WeightRef wq, wk, wv, wo;                 // (q_dim,C) (kv_dim,C) (kv_dim,C) (C,q_dim)

@@ -113,12 +113,14 @@ void moe_mlp(const ops::Context& ctx, const DecoderConfig& c, const DecoderLayer
   }
   for (int64_t e = 0; e < E; ++e) start[e + 1] += start[e];
   h.next.assign(start.begin(), start.end() - 1);
+  h.slot.resize(static_cast<size_t>(nk));
   int32_t* rows = ids + nk;
   float* grouped = weights + nk;
   for (int64_t i = 0; i < nk; ++i) {
     const int64_t at = h.next[static_cast<size_t>(ids[i])]++;
     rows[at] = static_cast<int32_t>(i / k);
     grouped[at] = weights[i];
+    h.slot[static_cast<size_t>(i)] = static_cast<int32_t>(at);
   }
   ops::copy(ctx, t.moe_ids + nk, rows, static_cast<size_t>(nk) * sizeof(int32_t),
             ops::CopyKind::host_to_device);
@@ -254,8 +256,13 @@ void block_forward(const ops::Context& ctx, const DecoderConfig& c, const Decode
   norm_forward(ctx, c, t.xn2, t.mean2, t.rstd2, t.mid, n, w.ffn_norm, w.ffn_norm_b);
   const int64_t F = c.d_ff;
   if (c.moe()) {
-    TS_CHECK(!stop_after_ff_in && !w.has_adapters(),
-             "[model] mixture-of-experts layers have no backward or adapters yet");
+    TS_CHECK(!stop_after_ff_in,
+             "[model] a mixture-of-experts layer's backward replays the whole layer (it reads "
+             "the experts' outputs)");
+    TS_CHECK(!w.adapter(M::gate).present() && !w.adapter(M::up).present() &&
+                 !w.adapter(M::down).present(),
+             "[model] LoRA adapters on a mixture-of-experts layer's expert matrices are not "
+             "implemented");
     moe_mlp(ctx, c, w, n, t);
   } else if (llama) {
     linear_group(ctx, Stage::mlp_in, t.xn2, n, F,

@@ -31,6 +31,8 @@ struct MoeRouting {
   std::vector<float> weights;            // (2 n k) as BlockTensors::moe_weights
   std::vector<int64_t> start, next;      // (E + 1) expert e's rows [start[e], start[e + 1]); (E)
   std::vector<ops::WtProduct> products;  // one token's gate and up products of the chosen experts
+  std::vector<int32_t> slot;             // (n k) each choice's row in the grouped order
+  std::vector<float> ones;               // (n k) ones: the backward's unweighted scatter-add
 };
 
 // Where one layer's tensors live, for n rows (C = d_model, F = d_ff, QKV = q_dim + 2 kv_dim).
@@ -61,8 +63,10 @@ struct BlockTensors {
   float* post_in = nullptr;    // (2,n,C) the attention's then the MLP's branch output before its
                                // post-norm, kept for the backward (the trainer's) with both
                                // 1/rms in post_rstd; null: nothing kept (the engine)
-  // Mixture of experts (DecoderConfig::moe; E experts, k used, the engine's only): ff_in, ff_up
-  // and ff_act then hold (n k, F), one row per choice, grouped by expert.
+  // Mixture of experts (DecoderConfig::moe; E experts, k used): ff_in, ff_up and ff_act then
+  // hold (n k, F), one row per choice, grouped by expert. The backward reads all of these and
+  // the routing's grouping as the forward left them (the trainer keeps them per layer, or
+  // replays the whole layer); moe_x is not written for n == 1 (every choice reads xn2's row).
   float* router = nullptr;        // (n,E) the router's logits
   int32_t* moe_ids = nullptr;     // (2 n k) the choices (n,k), then their rows grouped by expert
   float* moe_weights = nullptr;   // (2 n k) the choices' weights (n,k), then grouped likewise
@@ -82,8 +86,10 @@ class BlockAttention {
 
 // Runs layer `layer` (weights w) on n rows of t.in, writing t.mid and t.out and every
 // intermediate in t. With stop_after_ff_in it stops once ff_in (and ff_up) are written: a
-// backward that keeps no MLP activations replays the layer that far. Each stage runs in its
-// scope (Stage). Norm weights and biases must be f32.
+// backward that keeps no MLP activations replays the layer that far (not a mixture of experts,
+// whose backward also reads the experts' outputs: replay it whole). Each stage runs in its
+// scope (Stage). Norm weights and biases must be f32. Adapters on a MoE layer's expert matrices
+// are refused.
 void block_forward(const ops::Context& ctx, const DecoderConfig& c, const DecoderLayer& w,
                    int64_t layer, int64_t n, const BlockTensors& t, BlockAttention& attention,
                    bool stop_after_ff_in = false);
@@ -99,6 +105,12 @@ struct BlockGradScratch {
   float* lora_u = nullptr;  // (n, largest adapter rank) each, when the layer has adapters
   float* lora_gu = nullptr;
   float* dpost = nullptr;  // (n,C) a branch output's gradient before its post-norm (post_norms)
+  // Mixture of experts (n k choices, E experts); dbig and dup then hold (n k, F) each.
+  float* moe_dy = nullptr;       // (n k, C) the experts' output gradients, then their inputs'
+  float* moe_dw = nullptr;       // (3 n k) the router weights' gradients grouped, then per
+                                 // choice (n, k), then ones
+  float* moe_dlogits = nullptr;  // (n, E) the router logits' gradient
+  int32_t* moe_slot = nullptr;   // (n k) each choice's grouped row (MoeRouting::slot)
 };
 
 // An adapter's part in a linear's backward: its weights w, the view of its gradients g (f32,
@@ -118,7 +130,8 @@ struct LoraGrad {
 // f32, biases present where the weights have them); a tensor absent from g gets none (a frozen
 // matrix: only its input's gradient is computed, through ops::matmul_w when it is stored
 // quantized). Adapters of w get theirs in g.lora. attention: the layer's CausalAttention as the
-// forward used it. round_bf16: the products take bf16 operands (bf16 precision).
+// forward used it. round_bf16: the products take bf16 operands (bf16 precision; not the MoE
+// router's, which the forward reads in f32).
 void block_backward(const ops::Context& ctx, const DecoderConfig& c, const DecoderLayer& w,
                     const DecoderLayer& g, int64_t n, const BlockTensors& t,
                     CausalAttention& attention, float* dresid, const BlockGradScratch& s,

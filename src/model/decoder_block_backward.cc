@@ -43,6 +43,72 @@ void packed_gemm(const ops::Context& ctx, float* c, bool accumulate, ops::Trans 
   ops::gemm(ctx, g);
 }
 
+// Expert e's rows of a stacked gradient matrix, or null where the gradient view has none.
+float* expert_grad(const WeightRef& g, int64_t e, int64_t E) {
+  return g.present() ? grad(expert_rows(g, e, E)) : nullptr;
+}
+
+// The backward of moe_mlp (decoder_block.cc): from dy (n,C), the gradient of the layer's MoE
+// branch output, writes s.dx (n,C), that of its input xn2, and adds the experts' and the
+// router's weight gradients into g. It reads what the forward kept (t: router logits, choices,
+// grouped rows and weights, the experts' inputs, gate and up products, activations and outputs)
+// and its host grouping (t.routing); nothing is recomputed here.
+void moe_backward(const ops::Context& ctx, const DecoderConfig& c, const DecoderLayer& w,
+                  const DecoderLayer& g, int64_t n, const BlockTensors& t, const float* dy,
+                  const BlockGradScratch& s, bool round_bf16) {
+  const int64_t C = c.d_model, F = c.d_ff, E = c.n_experts, k = c.n_experts_used, nk = n * k;
+  TS_CHECK(t.router && t.moe_ids && t.moe_weights && t.moe_y && t.routing && (n == 1 || t.moe_x),
+           "[model] a mixture-of-experts layer's backward needs the forward's router and expert "
+           "tensors");
+  TS_CHECK(s.moe_dy && s.moe_dw && s.moe_dlogits && s.moe_slot && s.dup,
+           "[model] a mixture-of-experts layer's backward needs the moe_* and dup scratch");
+  MoeRouting& h = *t.routing;
+  const std::vector<int64_t>& start = h.start;
+  TS_CHECK(static_cast<int64_t>(start.size()) == E + 1 && start[E] == nk &&
+               static_cast<int64_t>(h.slot.size()) == nk,
+           "[model] the routing does not hold this layer's forward of ", n, " rows");
+  const int32_t* rows = t.moe_ids + nk;  // grouped choices' token rows and weights
+  const float* weights = t.moe_weights + nk;
+  // y = sum over choices of weight * expert output: each output's gradient (grouped, into
+  // moe_dy) and each weight's (grouped, into moe_dw).
+  ops::scatter_add_rows_backward(ctx, s.moe_dy, s.moe_dw, dy, t.moe_y, rows, weights, nk, C, n);
+  for (int64_t e = 0; e < E; ++e) {  // down: d ff_act (into dbig) and dW of expert e's rows
+    const int64_t r0 = start[e], m = start[e + 1] - r0;
+    if (m > 0)
+      linear_backward(ctx, s.dbig + r0 * F, false, s.moe_dy + r0 * C, t.ff_act + r0 * F, m,
+                      expert_rows(w.w_down, e, E), expert_grad(g.w_down, e, E), nullptr,
+                      round_bf16);
+  }
+  ops::glu_backward(ctx, s.dbig, s.dup, s.dbig, t.ff_in, t.ff_up, nk, F, c.mlp_act);
+  for (int64_t e = 0; e < E; ++e) {  // gate and up: the experts' inputs' gradients into moe_dy
+    const int64_t r0 = start[e], m = start[e + 1] - r0;
+    if (m == 0) continue;
+    const float* x = n == 1 ? t.xn2 : t.moe_x + r0 * C;  // one token: each expert read its row
+    float* dx = s.moe_dy + r0 * C;
+    linear_backward(ctx, dx, false, s.dbig + r0 * F, x, m, expert_rows(w.w_gate, e, E),
+                    expert_grad(g.w_gate, e, E), nullptr, round_bf16);
+    linear_backward(ctx, dx, true, s.dup + r0 * F, x, m, expert_rows(w.w_up, e, E),
+                    expert_grad(g.w_up, e, E), nullptr, round_bf16);
+  }
+  // Each choice's input gradient back to its token's row (weight 1), the router weights'
+  // gradients from the grouped order to the choices' (n,k), then through the router: its logits,
+  // its matrix and its input.
+  float* dw_choice = s.moe_dw + nk;
+  float* ones = s.moe_dw + 2 * nk;
+  h.ones.assign(static_cast<size_t>(nk), 1.0f);
+  ops::copy(ctx, ones, h.ones.data(), static_cast<size_t>(nk) * sizeof(float),
+            ops::CopyKind::host_to_device);
+  ops::copy(ctx, s.moe_slot, h.slot.data(), static_cast<size_t>(nk) * sizeof(int32_t),
+            ops::CopyKind::host_to_device);
+  ops::zero(ctx, s.dx, static_cast<size_t>(n * C) * sizeof(float));
+  ops::scatter_add_rows(ctx, s.dx, s.moe_dy, rows, ones, nk, C, n);
+  ops::gather_rows(ctx, dw_choice, s.moe_dw, s.moe_slot, nk, 1, nk);
+  ops::moe_route_backward(ctx, s.moe_dlogits, dw_choice, t.moe_ids, t.router, n, E, k,
+                          c.expert_norm);
+  linear_backward(ctx, s.dx, true, s.moe_dlogits, t.xn2, n, w.ffn_router, grad(g.ffn_router),
+                  nullptr, false);
+}
+
 }  // namespace
 
 void linear_backward(const ops::Context& ctx, float* dx, bool accumulate_dx, const float* dy,
@@ -117,15 +183,19 @@ void block_backward(const ops::Context& ctx, const DecoderConfig& c, const Decod
     return s.dpost;
   };
 
-  // MLP branch: out = mid + [post-norm] down(act(up(norm(mid)))). ff_act may be s.dbig itself
-  // (recomputed): the down product reads it for dW before it writes dbig.
-  lin(s.dbig, false, branch_grad(w.post_ffn_norm, g.post_ffn_norm, 1), t.ff_act, w.w_down, g.w_down,
-      g.b_down, M::down);
-  if (llama) {
+  // MLP branch: out = mid + [post-norm] down(act(up(norm(mid)))), the MLP's input gradient into
+  // s.dx. ff_act may be s.dbig itself (recomputed): the down product reads it for dW before it
+  // writes dbig (a mixture of experts: expert by expert, each over its own rows).
+  const float* dbranch = branch_grad(w.post_ffn_norm, g.post_ffn_norm, 1);
+  if (c.moe()) {
+    moe_backward(ctx, c, w, g, n, t, dbranch, s, round_bf16);
+  } else if (llama) {
+    lin(s.dbig, false, dbranch, t.ff_act, w.w_down, g.w_down, g.b_down, M::down);
     ops::glu_backward(ctx, s.dbig, s.dup, s.dbig, t.ff_in, t.ff_up, n, F, c.mlp_act);
     lin(s.dx, false, s.dbig, t.xn2, w.w_gate, g.w_gate, {}, M::gate);
     lin(s.dx, true, s.dup, t.xn2, w.w_up, g.w_up, g.b_up, M::up);
   } else {
+    lin(s.dbig, false, dbranch, t.ff_act, w.w_down, g.w_down, g.b_down, M::down);
     ops::gelu_backward(ctx, s.dbig, t.ff_in, s.dbig, n * F);
     lin(s.dx, false, s.dbig, t.xn2, w.w_up, g.w_up, g.b_up, M::up);
   }
@@ -138,12 +208,14 @@ void block_backward(const ops::Context& ctx, const DecoderConfig& c, const Decod
   lin(s.dx, false, branch_grad(w.post_attn_norm, g.post_attn_norm, 0), t.att, w.wo, g.wo, g.bo,
       M::o);
   attention.backward(s.dbig, s.dx, t.qkv, t.att);
-  if (c.qk_norm) {  // dq, dk through each head's norm, in place, from the kept q and k
-    const int64_t D = c.head_dim;
+  if (c.qk_norm) {  // dq, dk through each head's norm (or the whole q's, k's: one head of all
+                    // the columns), in place, from the kept q and k
+    const bool whole = c.qk_norm_whole;
     ops::head_rmsnorm_backward(ctx, s.dbig, grad(g.q_norm), s.dbig, t.qk_raw, ld, QD + KV, n,
-                               c.n_heads, D, static_cast<const float*>(w.q_norm.data), c.norm_eps);
+                               whole ? 1 : c.n_heads, whole ? QD : c.head_dim,
+                               static_cast<const float*>(w.q_norm.data), c.norm_eps);
     ops::head_rmsnorm_backward(ctx, s.dbig + QD, grad(g.k_norm), s.dbig + QD, t.qk_raw + QD, ld,
-                               QD + KV, n, c.n_kv_heads, D,
+                               QD + KV, n, whole ? 1 : c.n_kv_heads, whole ? KV : c.head_dim,
                                static_cast<const float*>(w.k_norm.data), c.norm_eps);
   }
   const WeightRef wqkv = joined(w.wq, w.wk, w.wv), gqkv = joined(g.wq, g.wk, g.wv);

@@ -443,23 +443,20 @@ WeightRef output_head(const DecoderConfig& c, FolderTensors& t, WeightBuilder& b
   return tok_embd;
 }
 
-// A MoE layer's router (widened to f32) and its experts stacked as DecoderConfig describes.
-// HF names them mlp.gate and mlp.experts.{e}.gate_proj, up_proj, down_proj (Qwen3-MoE, OLMoE), or
-// block_sparse_moe.gate and block_sparse_moe.experts.{e}.w1 (gate), w3 (up), w2 (down) (Mixtral).
+// A MoE layer's router (widened to f32) and its experts stacked as DecoderConfig describes,
+// named as hf_router_name and hf_expert_name say.
 void load_experts(const DecoderConfig& c, const std::string& p, bool mixtral, WeightBuilder& b,
                   DecoderLayer& l) {
   const int64_t E = c.n_experts, C = c.d_model, F = c.d_ff;
-  const std::string moe = p + (mixtral ? "block_sparse_moe." : "mlp.");
-  l.ffn_router = b.matrix_f32(moe + "gate.weight", Shape({E, C}));
-  auto names = [&](const char* hf, const char* mixtral_name) {
+  l.ffn_router = b.matrix_f32(hf_router_name(p, mixtral), Shape({E, C}));
+  auto names = [&](LayerMatrix m) {
     std::vector<std::string> n;
-    for (int64_t e = 0; e < E; ++e)
-      n.push_back(cat(moe, "experts.", e, ".", mixtral ? mixtral_name : hf, ".weight"));
+    for (int64_t e = 0; e < E; ++e) n.push_back(hf_expert_name(p, mixtral, e, m));
     return n;
   };
-  l.w_gate = b.stacked(names("gate_proj", "w1"), Shape({F, C}));
-  l.w_up = b.stacked(names("up_proj", "w3"), Shape({F, C}));
-  l.w_down = b.stacked(names("down_proj", "w2"), Shape({C, F}));
+  l.w_gate = b.stacked(names(LayerMatrix::gate), Shape({F, C}));
+  l.w_up = b.stacked(names(LayerMatrix::up), Shape({F, C}));
+  l.w_down = b.stacked(names(LayerMatrix::down), Shape({C, F}));
 }
 
 void load_llama_weights(const DecoderConfig& c, const std::string& arch, bool o_bias,

@@ -225,20 +225,19 @@ json gpt2_hf_config(const DecoderConfig& c, DType dtype) {
 }
 
 // A MoE layer's router and each expert's matrices as their own tensors (the rows of the stacked
-// matrices that are expert e's), named as load_decoder_hf reads them: Mixtral's block_sparse_moe
-// (w1 gate, w3 up, w2 down), or Qwen3-MoE's and OLMoE's mlp.
+// matrices that are expert e's), named as load_decoder_hf reads them (hf_router_name,
+// hf_expert_name; Mixtral's names where moe_hf_config chose Mixtral).
 void write_hf_experts(const DecoderConfig& c, const DecoderLayer& l, const std::string& p,
                       HfTensorSink& s, const std::string& path) {
   const int64_t E = c.n_experts;
   require(l.ffn_router, p + "router", path);
-  const bool mixtral = !c.qk_norm;  // moe_hf_config's choice
-  const std::string moe = p + (mixtral ? "block_sparse_moe." : "mlp.");
-  s.ref(moe + "gate.weight", l.ffn_router);
+  const bool mixtral = hf_moe_is_mixtral(c);
+  s.ref(hf_router_name(p, mixtral), l.ffn_router);
   for (int64_t e = 0; e < E; ++e) {
-    const std::string x = cat(moe, "experts.", e, ".");
-    s.ref(x + (mixtral ? "w1" : "gate_proj") + ".weight", expert_rows(l.w_gate, e, E));
-    s.ref(x + (mixtral ? "w3" : "up_proj") + ".weight", expert_rows(l.w_up, e, E));
-    s.ref(x + (mixtral ? "w2" : "down_proj") + ".weight", expert_rows(l.w_down, e, E));
+    using M = LayerMatrix;
+    s.ref(hf_expert_name(p, mixtral, e, M::gate), expert_rows(l.w_gate, e, E));
+    s.ref(hf_expert_name(p, mixtral, e, M::up), expert_rows(l.w_up, e, E));
+    s.ref(hf_expert_name(p, mixtral, e, M::down), expert_rows(l.w_down, e, E));
   }
 }
 

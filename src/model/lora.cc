@@ -95,6 +95,10 @@ void check_lora_spec(const DecoderConfig& c, const LoraSpec& spec, const std::st
                                            {c.d_ff, c.d_model},     {c.d_ff, c.d_model},
                                            {c.d_model, c.d_ff}};
   for (LayerMatrix m : spec.targets) {
+    TS_CHECK(!c.moe() || m == LayerMatrix::q || m == LayerMatrix::k || m == LayerMatrix::v ||
+                 m == LayerMatrix::o,
+             "[lora] ", source, ": LoRA on a mixture-of-experts layer's expert matrices (",
+             lora_target_name(m), ") is not implemented; adapt q, k, v, o");
     const int64_t* d = dims[static_cast<size_t>(m)];
     const int64_t limit = std::min(d[0], d[1]);
     TS_CHECK(spec.rank >= 1 && spec.rank <= limit, "[lora] rank ", spec.rank, " for ",

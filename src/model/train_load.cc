@@ -14,15 +14,6 @@
 
 namespace tessera::model {
 
-void check_trainable(const DecoderConfig& c, const std::string& from) {
-  if (c.arch != DecoderArch::llama) return;
-  // What the training layer does not do is refused by name, never approximated.
-  TS_CHECK(!c.moe(), "[train] ", from,
-           ": mixture-of-experts layers are not implemented in training (inference only)");
-  TS_CHECK(!c.qk_norm_whole, "[train] ", from,
-           ": whole-vector q/k norms (OLMoE) are not implemented in training");
-}
-
 TrainConfig trainable_config(const DecoderConfig& c, const std::string& from) {
   TrainConfig cfg;
   cfg.arch = c.arch;
@@ -32,7 +23,6 @@ TrainConfig trainable_config(const DecoderConfig& c, const std::string& from) {
     TS_CHECK(c.tied_embeddings, "[train] ", from,
              ": field 'tie_word_embeddings' is false; the training model ties GPT-2's head to wte");
   } else {
-    check_trainable(c, from);
     cfg.options = c;  // every layer option, as inference describes it
     cfg.n_kv_head = c.n_kv_heads;
     cfg.rope_theta = c.rope_theta;

@@ -3,6 +3,7 @@
 // the FLOP count.
 #include "model/train_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -17,7 +18,6 @@ namespace tessera::model {
 TrainModel::TrainModel(const TrainConfig& cfg, const ops::Context& ctx)
     : cfg_(cfg), ctx_(ctx), impl_(std::make_unique<Impl>(*this)) {
   cfg_.validate();
-  check_trainable(cfg_.decoder_config(), "the training model's config");
   const int64_t C = cfg_.n_embd, L = cfg_.n_layer, F = cfg_.ff(), Vp = cfg_.padded_vocab_size;
   Impl& im = *impl_;
   // The token embedding (and an untied head) has Vp rows; rows >= V are padding so the head's
@@ -64,14 +64,23 @@ TrainModel::TrainModel(const TrainConfig& cfg, const ops::Context& ctx)
         table_.add(h + "self_attn.v_proj.bias", {KVD});
       }
       table_.add(h + "self_attn.o_proj.weight", {C, QD});
-      if (dc.qk_norm) {
-        table_.add(h + "self_attn.q_norm.weight", {D});
-        table_.add(h + "self_attn.k_norm.weight", {D});
+      if (dc.qk_norm) {  // per head, or (OLMoE) over the whole of q and of k
+        table_.add(h + "self_attn.q_norm.weight", {dc.qk_norm_whole ? QD : D});
+        table_.add(h + "self_attn.k_norm.weight", {dc.qk_norm_whole ? KVD : D});
       }
       table_.add(h + "post_attention_layernorm.weight", {C});  // Gemma 3: the attention's post-norm
       if (dc.post_norms) {
         table_.add(h + "pre_feedforward_layernorm.weight", {C});
         table_.add(h + "post_feedforward_layernorm.weight", {C});
+      }
+      if (dc.moe()) {  // the router, then each matrix's experts in order: stacked (as_decoder)
+        const bool mixtral = hf_moe_is_mixtral(dc);
+        table_.add(hf_router_name(h, mixtral), {dc.n_experts, C});
+        for (LayerMatrix m : {LayerMatrix::gate, LayerMatrix::up, LayerMatrix::down})
+          for (int64_t e = 0; e < dc.n_experts; ++e)
+            table_.add(hf_expert_name(h, mixtral, e, m),
+                       m == LayerMatrix::down ? Shape({C, F}) : Shape({F, C}));
+        continue;
       }
       table_.add(h + "mlp.gate_proj.weight", {F, C});
       table_.add(h + "mlp.up_proj.weight", {F, C});
@@ -103,7 +112,8 @@ TrainModel::TrainModel(DecoderModel base, const LoraSpec& spec, const ops::Conte
       table_.add(peft_b_name(l, m), {w.rows(), spec.rank});
     }
   }
-  const int64_t sink = 2 * std::max(cfg_.n_embd, c.head_dim);  // the widest norm, weight and bias
+  // The widest norm (OLMoE's q norm spans q_dim), weight and bias.
+  const int64_t sink = 2 * std::max({cfg_.n_embd, c.head_dim, c.q_dim(), c.kv_dim()});
   im.base = std::move(base);
   im.base_device = to_device(im.base, ctx_);
   im.norm_sink = ops::Buffer(ctx_.device, static_cast<size_t>(sink) * sizeof(float));
@@ -167,7 +177,9 @@ void TrainModel::init_weights(uint64_t seed) {
          {&l.attn_norm, &l.ffn_norm, &l.q_norm, &l.k_norm, &l.post_attn_norm, &l.post_ffn_norm})
       mark(*norm, -1);
     mark(l.wo, proj_std);
-    mark(l.w_down, proj_std);
+    const int64_t E = view.config.n_experts;
+    for (int64_t e = 0; e < std::max<int64_t>(E, 1); ++e)  // each expert's down matrix its own
+      mark(E > 0 ? expert_rows(l.w_down, e, E) : l.w_down, proj_std);
   }
   mark(view.weights.out_norm, -1.0f);
   ops::HostMirror<float> host(ctx_, params(), num_params(), ops::HostMirror<float>::write);
@@ -226,6 +238,9 @@ void TrainModel::plan(int64_t B, int64_t T, Precision precision, Recompute recom
   const int64_t C = cfg_.n_embd, L = cfg_.n_layer, H = cfg_.n_head, Vp = cfg_.padded_vocab_size;
   const int64_t QD = dc.q_dim(), QKV = QD + 2 * dc.kv_dim(), F = dc.d_ff;
   const int64_t N = B * T;
+  // A mixture of experts runs its MLP over N k rows, one per choice (k = 1 for a dense MLP).
+  const bool moe = dc.moe();
+  const int64_t k = moe ? dc.n_experts_used : 1, E = dc.n_experts, NK = N * k;
   const size_t f = sizeof(float);
   ArenaPlan plan;
   auto res = [&](const std::string& name, int64_t elems) {
@@ -235,13 +250,17 @@ void TrainModel::plan(int64_t B, int64_t T, Precision precision, Recompute recom
   std::vector<size_t> resid_off;
   for (int64_t l = 0; l <= L; ++l) resid_off.push_back(res(cat("resid.", l), N * C));
   const size_t scratch_c = res("scratch_c", N * std::max(C, QD)), dresid = res("dresid", N * C),
-               dbig = res("dbig", N * std::max(QKV, F)),
-               dup = llama ? res("dup", N * std::max(QD, F)) : 0,
+               dbig = res("dbig", std::max(N * QKV, NK * F)),
+               dup = llama ? res("dup", std::max(N * QD, NK * F)) : 0,
                rot = llama ? res("rot", N * std::max(QD, dc.kv_dim())) : 0,
                dpost = dc.post_norms ? res("dpost", N * C) : 0;
+  // int32 arrays take f32 slots (both 4 bytes).
+  const size_t moe_dy = moe ? res("moe_dy", NK * C) : 0, moe_dw = moe ? res("moe_dw", 3 * NK) : 0,
+               moe_dlogits = moe ? res("moe_dlogits", N * E) : 0,
+               moe_slot = moe ? res("moe_slot", NK) : 0;
   struct LayerOff {
     size_t ln1, ln1_mean, ln1_rstd, qkv, atty, lse, resid_mid, ln2, ln2_mean, ln2_rstd, fch, fup,
-        gelu, qk_raw, post_in, post_rstd;
+        gelu, qk_raw, post_in, post_rstd, router, moe_ids, moe_weights, moe_x, moe_y;
   };
   // none: a full set per layer; gelu: per layer but the MLP's activation (GELU, SwiGLU) lives in
   // dbig (recomputed in backward); block: one shared set, replayed per layer in backward.
@@ -260,9 +279,14 @@ void TrainModel::plan(int64_t B, int64_t T, Precision precision, Recompute recom
     o.ln2 = res(h + "ln2", N * C);
     o.ln2_mean = res(h + "ln2_mean", N);
     o.ln2_rstd = res(h + "ln2_rstd", N);
-    o.fch = res(h + "fch", N * F);
-    o.fup = llama ? res(h + "fup", N * F) : 0;
-    o.gelu = recompute == Recompute::none ? res(h + "gelu", N * F) : dbig;
+    o.fch = res(h + "fch", NK * F);
+    o.fup = llama ? res(h + "fup", NK * F) : 0;
+    o.gelu = recompute == Recompute::none ? res(h + "gelu", NK * F) : dbig;
+    o.router = moe ? res(h + "router", N * E) : 0;
+    o.moe_ids = moe ? res(h + "moe_ids", 2 * NK) : 0;
+    o.moe_weights = moe ? res(h + "moe_weights", 2 * NK) : 0;
+    o.moe_x = moe ? res(h + "moe_x", NK * C) : 0;
+    o.moe_y = moe ? res(h + "moe_y", NK * C) : 0;
     o.qk_raw = dc.qk_norm ? res(h + "qk_raw", N * (QD + dc.kv_dim())) : 0;
     o.post_in = dc.post_norms ? res(h + "post_in", 2 * N * C) : 0;
     o.post_rstd = dc.post_norms ? res(h + "post_rstd", 2 * N) : 0;
@@ -280,9 +304,18 @@ void TrainModel::plan(int64_t B, int64_t T, Precision precision, Recompute recom
   im.planned = false;
   im.arena = ops::Buffer();
   im.plan = plan;
-  im.bind = [&im, L, llama, recompute, resid_off, scratch_c, dresid, dbig, dup, rot, dpost, lo, lnf,
-             lnf_mean, lnf_rstd, logits, losses, r, lora_u, lora_gu](char* base) {
+  im.bind = [&im, L, llama, moe, recompute, resid_off, scratch_c, dresid, dbig, dup, rot, dpost,
+             moe_dy, moe_dw, moe_dlogits, moe_slot, lo, lnf, lnf_mean, lnf_rstd, logits, losses, r,
+             lora_u, lora_gu](char* base) {
     auto at = [base](size_t off) { return reinterpret_cast<float*>(base + off); };
+    auto at_moe = [&](size_t off) { return moe ? at(off) : nullptr; };
+    auto ints_moe = [&](size_t off) {
+      return moe ? reinterpret_cast<int32_t*>(base + off) : nullptr;
+    };
+    im.moe_dy = at_moe(moe_dy);
+    im.moe_dw = at_moe(moe_dw);
+    im.moe_dlogits = at_moe(moe_dlogits);
+    im.moe_slot = ints_moe(moe_slot);
     im.resid.clear();
     for (size_t off : resid_off) im.resid.push_back(at(off));
     im.scratch_c = at(scratch_c);
@@ -294,11 +327,27 @@ void TrainModel::plan(int64_t B, int64_t T, Precision precision, Recompute recom
     im.acts.clear();
     for (int64_t l = 0; l < L; ++l) {
       const LayerOff& o = lo[static_cast<size_t>(recompute == Recompute::block ? 0 : l)];
-      im.acts.push_back({at(o.ln1), at(o.ln1_mean), at(o.ln1_rstd), at(o.qkv), at(o.atty),
-                         at(o.lse), at(o.resid_mid), at(o.ln2), at(o.ln2_mean), at(o.ln2_rstd),
-                         at(o.fch), llama ? at(o.fup) : nullptr, at(o.gelu),
-                         o.qk_raw ? at(o.qk_raw) : nullptr, o.post_in ? at(o.post_in) : nullptr,
-                         o.post_rstd ? at(o.post_rstd) : nullptr});
+      im.acts.push_back({at(o.ln1),
+                         at(o.ln1_mean),
+                         at(o.ln1_rstd),
+                         at(o.qkv),
+                         at(o.atty),
+                         at(o.lse),
+                         at(o.resid_mid),
+                         at(o.ln2),
+                         at(o.ln2_mean),
+                         at(o.ln2_rstd),
+                         at(o.fch),
+                         llama ? at(o.fup) : nullptr,
+                         at(o.gelu),
+                         o.qk_raw ? at(o.qk_raw) : nullptr,
+                         o.post_in ? at(o.post_in) : nullptr,
+                         o.post_rstd ? at(o.post_rstd) : nullptr,
+                         at_moe(o.router),
+                         ints_moe(o.moe_ids),
+                         at_moe(o.moe_weights),
+                         at_moe(o.moe_x),
+                         at_moe(o.moe_y)});
     }
     im.lnf = at(lnf);
     im.lnf_mean = at(lnf_mean);
@@ -309,6 +358,7 @@ void TrainModel::plan(int64_t B, int64_t T, Precision precision, Recompute recom
     im.lora_gu = r > 0 ? at(lora_gu) : nullptr;
   };
   if (im.is_lora()) im.embed_rows.assign(static_cast<size_t>(N * C), 0.0f);
+  im.routing.assign(moe ? static_cast<size_t>(L) : 0, MoeRouting{});
   // The rotary tables for positions 0..T-1 (LongRoPE's factors picked by T), on the step's
   // device.
   if (llama) make_rope_tables(ctx_, dc, T, &im.rope, &im.rope_local, &im.rope_device);
@@ -343,7 +393,7 @@ void TrainModel::Impl::make_view() {
     DecoderWeights& g = grad_view.weights;
     for (DecoderLayer& l : g.layers) {
       for (WeightRef* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.bo, &l.w_gate,
-                           &l.w_up, &l.w_down, &l.b_up, &l.b_down})
+                           &l.w_up, &l.w_down, &l.b_up, &l.b_down, &l.ffn_router})
         absent(*w);
       frozen(l.q_norm, 0);
       frozen(l.k_norm, 0);
@@ -402,6 +452,11 @@ double TrainModel::flops_per_token_train(int64_t T) const {
   const double C = static_cast<double>(cfg_.n_embd), L = static_cast<double>(cfg_.n_layer);
   const double QD = static_cast<double>(cfg_.n_head * cfg_.head_dim());
   const Impl& im = *impl_;
+  // A token passes through k of a MoE layer's E experts: the others' three matrices do no work.
+  const DecoderConfig dc = im.is_lora() ? im.base.config : cfg_.decoder_config();
+  const double idle = dc.moe() ? static_cast<double>(dc.n_experts - dc.n_experts_used) * 3.0 *
+                                     static_cast<double>(dc.d_ff * dc.d_model) * L
+                               : 0.0;
   if (im.is_lora()) {
     // The frozen matrices and the head: forward and the input's gradient, 4 FLOPs per weight;
     // the adapters: 6 per parameter, plus the backward's replay of x A^T (2 r K per adapter).
@@ -411,13 +466,14 @@ double TrainModel::flops_per_token_train(int64_t T) const {
         if (w->present()) frozen += static_cast<double>(w->shape.numel());
     for (size_t i = 0; i < table_.tensors().size(); i += 2)
       replay += 2.0 * static_cast<double>(table_.tensors()[i].numel());
-    return 4.0 * frozen + 6.0 * static_cast<double>(num_params()) + replay +
+    return 4.0 * (frozen - idle) + 6.0 * static_cast<double>(num_params()) + replay +
            6.0 * L * static_cast<double>(T) * QD;
   }
   double non_embedding = 0;
   for (const auto& t : table_.tensors())
     if (t.offset != im.wte && t.offset != im.wpe && t.offset != im.head)
       non_embedding += static_cast<double>(t.numel());
+  non_embedding -= idle;
   const double head = static_cast<double>(cfg_.vocab_size) * C;
   return 6.0 * (non_embedding + head) + 6.0 * L * static_cast<double>(T) * QD;
 }

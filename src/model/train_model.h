@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backend/device_gpt2.h"
 #include "core/arena.h"
@@ -22,7 +23,8 @@ namespace tessera::model {
 // The shape of a model to train: GPT-2 (learned positions, LayerNorm, GELU, biases, tied head)
 // or the Llama family (RoPE, RMSNorm, SwiGLU, grouped key/value heads, optional q/k/v biases,
 // tied or untied head, and the layer options of `options`: Qwen3, SmolLM3, Gemma 3, scaled or
-// partial RoPE). decoder_config() gives the inference description of the same model.
+// partial RoPE, mixtures of experts (Mixtral, Qwen3-MoE, OLMoE)). decoder_config() gives the
+// inference description of the same model.
 struct TrainConfig {
   DecoderArch arch = DecoderArch::gpt2;
   int64_t n_layer = 12, n_head = 12, n_embd = 768;
@@ -113,6 +115,10 @@ class TrainModel {
   float forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
                          float loss_scale);
   const float* logits() const;
+  // A mixture of experts: layer l's choices (B T, k) in the last forward (host memory), for
+  // diagnostics and for tests that must see the choice hold. Throws if the model has no experts
+  // or has not run.
+  std::vector<int32_t> expert_choices(int64_t layer) const;
 
   // Must be called after params() change (optimizer step, load) when precision is bf16: refreshes
   // the bf16 copy of the weight matrices that the GEMMs read.
@@ -140,18 +146,14 @@ class TrainModel {
 
 // Loads a model to train from what the inference loaders read (load_decoder: a GGUF file or a
 // Hugging Face folder; GPT-2 or Llama family; f32, f16, bf16 or quantized weights, widened to
-// the f32 masters); throws naming the file, field or tensor on any mismatch, and refuses by
-// name what training does not implement (check_trainable: mixtures of experts, OLMoE's
-// whole-vector q/k norms; plan() refuses a sliding window shorter than its sequences).
+// the f32 masters); throws naming the file, field or tensor on any mismatch (plan() refuses a
+// sliding window shorter than its sequences, check_lora_spec LoRA on experts' matrices).
 std::unique_ptr<TrainModel> load_trainable(const std::string& path, const ops::Context& ctx);
 
 // Checks that training implements what c describes (what it does not is refused by name,
 // citing `from`) and returns it as a TrainConfig (vocabulary padded; every layer option kept in
 // its `options`).
 TrainConfig trainable_config(const DecoderConfig& c, const std::string& from);
-// The refusals of trainable_config alone (TrainModel applies them to its config's options, so a
-// checkpoint or a hand-made config gets them too).
-void check_trainable(const DecoderConfig& c, const std::string& from);
 
 // A LoRA model (TrainModel's LoRA mode) on the model at `path` (GGUF or HF folder, any stored
 // type), loaded as it is stored.

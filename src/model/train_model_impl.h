@@ -42,6 +42,13 @@ struct LayerActs {
   float* qk_raw;     // (N,q_dim+kv_dim) q and k before their norms (Qwen3), else null
   float* post_in;    // (2,N,C) the branches' outputs before their post-norms (Gemma 3), else null
   float* post_rstd;  // (2,N) their 1/rms, else null
+  // A mixture of experts' (k of E experts a row; fch, fup and gelu then hold (N k, F)), else null:
+  // the router's logits (N,E), the choices and their grouping (2 N k each), the grouped inputs
+  // and the experts' outputs (N k, C). Kept for the backward (BlockTensors), never recomputed
+  // there; Recompute::block replays the whole layer to rebuild them.
+  float* router;
+  int32_t* moe_ids;
+  float *moe_weights, *moe_x, *moe_y;
 };
 
 // Points d's adapters (m's LoRA spec, every layer) at m's tensors in `params`, a buffer laid out
@@ -89,9 +96,15 @@ struct TrainModel::Impl {
   float* dup = nullptr;        // (N,max(q_dim,F)): Llama's up-projection gradient; else null
   float* dpost = nullptr;      // (N,C): a branch's gradient before its post-norm; else null
   float* rot = nullptr;        // (N,max(q_dim,kv_dim)): Llama's rotation scratch; else null
-  ops::RopeTable rope;         // Llama's rotary table for positions 0..max_t-1
-  ops::RopeTable rope_local;   // the local layers' (DecoderConfig::local), where there are any
-  ops::Buffer rope_device;     // each table's cos then sin, on a device that is not the CPU
+  // A mixture of experts' backward scratch (BlockGradScratch's moe_*; dbig and dup then hold
+  // (N k, F)), else null; and each layer's host routing, which its forward writes and its
+  // backward reads (BlockTensors::routing; mutable: tensors() hands it out).
+  float *moe_dy = nullptr, *moe_dw = nullptr, *moe_dlogits = nullptr;
+  int32_t* moe_slot = nullptr;
+  mutable std::vector<MoeRouting> routing;
+  ops::RopeTable rope;        // Llama's rotary table for positions 0..max_t-1
+  ops::RopeTable rope_local;  // the local layers' (DecoderConfig::local), where there are any
+  ops::Buffer rope_device;    // each table's cos then sin, on a device that is not the CPU
   bool have_logits = false;
 
   // bf16 copy of params (same offsets), bf16 precision only; on the device.

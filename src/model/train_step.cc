@@ -35,7 +35,26 @@ BlockTensors TrainModel::Impl::tensors(int64_t l) const {
   t.qk_raw = a.qk_raw;
   t.post_in = a.post_in;
   t.post_rstd = a.post_rstd;
+  if (a.router != nullptr) {
+    t.router = a.router;
+    t.moe_ids = a.moe_ids;
+    t.moe_weights = a.moe_weights;
+    t.moe_x = a.moe_x;
+    t.moe_y = a.moe_y;
+    t.routing = &routing[static_cast<size_t>(l)];
+  }
   return t;
+}
+
+std::vector<int32_t> TrainModel::expert_choices(int64_t layer) const {
+  const Impl& im = *impl_;
+  TS_CHECK(layer >= 0 && layer < static_cast<int64_t>(im.routing.size()),
+           "[train] expert_choices: layer ", layer, " has no experts' routing (", im.routing.size(),
+           " layers routed)");
+  const MoeRouting& r = im.routing[static_cast<size_t>(layer)];
+  const size_t nk = r.slot.size();  // the ids vector holds the choices, then their grouping
+  TS_CHECK(nk > 0, "[train] expert_choices: no forward has run");
+  return std::vector<int32_t>(r.ids.begin(), r.ids.begin() + static_cast<std::ptrdiff_t>(nk));
 }
 
 const ops::RopeTable* TrainModel::Impl::rope_table(int64_t l) const {
@@ -57,24 +76,28 @@ void TrainModel::Impl::layer_backward(int64_t l, int64_t B, int64_t T) {
   const ops::Context& ctx = model.ctx_;
   const int64_t N = B * T;
   const LayerActs& a = acts[static_cast<size_t>(l)];
-  // The replay stops after the MLP's input products, unless the MLP's post-norm input is wanted
-  // too (post-norms): then it runs whole, writing resid[l+1] again with the same values.
-  if (recompute == Recompute::block) layer_forward(l, B, T, !view.config.post_norms);
-  // The MLP's activation (GELU, or the gated activation of gate and up): kept per layer with
-  // Recompute::none, else recomputed into dbig (a.gelu == dbig).
-  const int64_t F = view.config.d_ff;
+  // The replay stops after the MLP's input products, unless the MLP's post-norm input (post-norms)
+  // or the experts' outputs (a mixture of experts) are wanted too: then it runs whole, writing
+  // resid[l+1] again with the same values.
+  const DecoderConfig& c = view.config;
+  if (recompute == Recompute::block) layer_forward(l, B, T, !c.post_norms && !c.moe());
+  // The MLP's activation (GELU, or the gated activation of gate and up; N k rows of the chosen
+  // experts'): kept per layer with Recompute::none, else recomputed into dbig (a.gelu == dbig).
+  const int64_t F = c.d_ff, rows = c.moe() ? N * c.n_experts_used : N;
   if (recompute != Recompute::none) {
-    if (view.config.arch == DecoderArch::llama)
-      ops::glu_forward(ctx, a.gelu, a.fch, a.fup, N, F, view.config.mlp_act);
+    if (c.arch == DecoderArch::llama)
+      ops::glu_forward(ctx, a.gelu, a.fch, a.fup, rows, F, c.mlp_act);
     else
       ops::gelu_forward(ctx, a.gelu, a.fch, N * F);
   }
   CausalAttention attention(ctx, view.config, rope_table(l), view.config.window(l), rot, a.lse, B,
                             T, bf16());
   const size_t li = static_cast<size_t>(l);
-  block_backward(ctx, view.config, view.weights.layers[li], grad_view.weights.layers[li], N,
-                 tensors(l), attention, dresid, {scratch_c, dbig, dup, lora_u, lora_gu, dpost},
-                 bf16());
+  block_backward(
+      ctx, view.config, view.weights.layers[li], grad_view.weights.layers[li], N, tensors(l),
+      attention, dresid,
+      {scratch_c, dbig, dup, lora_u, lora_gu, dpost, moe_dy, moe_dw, moe_dlogits, moe_slot},
+      bf16());
 }
 
 void TrainModel::Impl::check_inputs(const int32_t* tokens, const int32_t* targets, int64_t B,

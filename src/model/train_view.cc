@@ -42,6 +42,18 @@ DecoderModel as_decoder(const TrainModel& m, const float* params) {
              "' does not hold a ", shape.numel(), "-element f32 view");
     return WeightRef{params + t.offset, DType::f32, shape};
   };
+  // A MoE layer's experts' matrices m (each of shape `each`), consecutive in the table, as the
+  // one stacked matrix DecoderConfig describes.
+  auto stacked = [&](const std::string& p, bool mixtral, LayerMatrix m, Shape each) {
+    const int64_t E = c.n_experts;
+    const WeightRef first = ref(hf_expert_name(p, mixtral, 0, m), each);
+    for (int64_t e = 1; e < E; ++e)
+      TS_CHECK(table.at(hf_expert_name(p, mixtral, e, m)).offset ==
+                   table.at(hf_expert_name(p, mixtral, 0, m)).offset + e * each.numel(),
+               "[model] tensor '", hf_expert_name(p, mixtral, e, m),
+               "' does not follow its expert ", e - 1);
+    return WeightRef{first.data, DType::f32, Shape({E * each[0], each[1]})};
+  };
   // Rows [first, first + n) of a matrix, or elements of a vector.
   auto rows = [](const WeightRef& r, int64_t first, int64_t n) {
     const bool matrix = r.shape.rank() == 2;
@@ -98,8 +110,8 @@ DecoderModel as_decoder(const TrainModel& m, const float* params) {
       }
       l.wo = ref(p + "self_attn.o_proj.weight", Shape({C, QD}));
       if (c.qk_norm) {
-        l.q_norm = ref(p + "self_attn.q_norm.weight", Shape({c.head_dim}));
-        l.k_norm = ref(p + "self_attn.k_norm.weight", Shape({c.head_dim}));
+        l.q_norm = ref(p + "self_attn.q_norm.weight", Shape({c.qk_norm_whole ? QD : c.head_dim}));
+        l.k_norm = ref(p + "self_attn.k_norm.weight", Shape({c.qk_norm_whole ? KVD : c.head_dim}));
       }
       // Gemma 3's names (Hugging Face's): its attention's post-norm is post_attention_layernorm.
       if (c.post_norms) {
@@ -108,6 +120,14 @@ DecoderModel as_decoder(const TrainModel& m, const float* params) {
         l.post_ffn_norm = ref(p + "post_feedforward_layernorm.weight", Shape({C}));
       } else {
         l.ffn_norm = ref(p + "post_attention_layernorm.weight", Shape({C}));
+      }
+      if (c.moe()) {
+        const bool mixtral = hf_moe_is_mixtral(c);
+        l.ffn_router = ref(hf_router_name(p, mixtral), Shape({c.n_experts, C}));
+        l.w_gate = stacked(p, mixtral, LayerMatrix::gate, Shape({F, C}));
+        l.w_up = stacked(p, mixtral, LayerMatrix::up, Shape({F, C}));
+        l.w_down = stacked(p, mixtral, LayerMatrix::down, Shape({C, F}));
+        continue;
       }
       l.w_gate = ref(p + "mlp.gate_proj.weight", Shape({F, C}));
       l.w_up = ref(p + "mlp.up_proj.weight", Shape({F, C}));

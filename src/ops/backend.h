@@ -92,8 +92,14 @@ class Backend {
   virtual void scatter_add_rows(const Context& ctx, float* dst, const float* src,
                                 const int32_t* index, const float* weight, int64_t n,
                                 int64_t C) = 0;
+  virtual void scatter_add_rows_backward(const Context& ctx, float* dsrc, float* dweight,
+                                         const float* dy, const float* src, const int32_t* index,
+                                         const float* weight, int64_t n, int64_t C) = 0;
   virtual void moe_route(const Context& ctx, int32_t* ids, float* weights, const float* logits,
                          int64_t n, int64_t E, int64_t k, bool normalize) = 0;
+  virtual void moe_route_backward(const Context& ctx, float* dlogits, const float* dweights,
+                                  const int32_t* ids, const float* logits, int64_t n, int64_t E,
+                                  int64_t k, bool normalize) = 0;
 
   // Memory (ops/memory.h): allocate throws naming the size when it cannot; release takes what
   // allocate returned.

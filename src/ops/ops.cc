@@ -183,6 +183,36 @@ void moe_route(const Context& ctx, int32_t* ids, float* weights, const float* lo
               logits, n, E, k, normalize);
 }
 
+void scatter_add_rows_backward(const Context& ctx, float* dsrc, float* dweight, const float* dy,
+                               const float* src, const int32_t* index, const float* weight,
+                               int64_t n, int64_t C, int64_t dy_rows) {
+  TS_CHECK(n >= 0 && C > 0, "[ops] scatter_add_rows_backward: bad shape (", n, " x ", C, ")");
+  if (n == 0) return;
+  TS_CHECK(dsrc && dweight && dy && src && index && weight,
+           "[ops] scatter_add_rows_backward: null pointer");
+  if (ctx.device == Device::cpu && !ctx.dry_run)
+    for (int64_t r = 0; r < n; ++r)
+      TS_CHECK(index[r] >= 0 && index[r] < dy_rows, "[ops] scatter_add_rows_backward: index[", r,
+               "] = ", index[r], " outside [0, ", dy_rows, ")");
+  TS_DISPATCH(scatter_add_rows_backward, (OpShape{"n c", {n, C}}), elementwise_cost(n * C, 3, 3),
+              dsrc, dweight, dy, src, index, weight, n, C);
+}
+
+void moe_route_backward(const Context& ctx, float* dlogits, const float* dweights,
+                        const int32_t* ids, const float* logits, int64_t n, int64_t E, int64_t k,
+                        bool normalize) {
+  TS_CHECK(n >= 0 && E > 0 && k >= 1 && k <= E, "[ops] moe_route_backward: bad sizes n=", n,
+           " E=", E, " k=", k, " (need 1 <= k <= E)");
+  if (n == 0) return;
+  TS_CHECK(dlogits && dweights && ids && logits, "[ops] moe_route_backward: null pointer");
+  if (ctx.device == Device::cpu && !ctx.dry_run)
+    for (int64_t i = 0; i < n * k; ++i)
+      TS_CHECK(ids[i] >= 0 && ids[i] < E, "[ops] moe_route_backward: ids[", i, "] = ", ids[i],
+               " outside [0, ", E, ")");
+  TS_DISPATCH(moe_route_backward, (OpShape{"n e k", {n, E, k}}), elementwise_cost(n * E, 6, 2),
+              dlogits, dweights, ids, logits, n, E, k, normalize);
+}
+
 OpCost gemm_cost(const GemmArgs& g) {
   const double ea = traits(g.a_type).block_bytes, eb = traits(g.b_type).block_bytes;
   OpCost c;

@@ -152,6 +152,15 @@ void gather_rows(const Context& ctx, float* dst, const float* src, const int32_t
 // into their tokens' rows with it.
 void scatter_add_rows(const Context& ctx, float* dst, const float* src, const int32_t* index,
                       const float* weight, int64_t n, int64_t C, int64_t dst_rows);
+// The backward of scatter_add_rows for src and weight: for i in [0, n), with g = dy[index[i]]
+// (C), dsrc[i] (C) = weight[i] g and dweight[i] = dot(g, src[i]) (both overwritten). dy
+// (dy_rows, C), src and dsrc (n, C), index, weight and dweight (n) in the device's memory (the CPU
+// checks each index against dy_rows). dsrc may be src (each row is read before it is written);
+// nothing else may alias. A mixture-of-experts layer's backward takes its experts' output
+// gradients and the router weights' gradients from the layer's output gradient with it.
+void scatter_add_rows_backward(const Context& ctx, float* dsrc, float* dweight, const float* dy,
+                               const float* src, const int32_t* index, const float* weight,
+                               int64_t n, int64_t C, int64_t dy_rows);
 
 // Cost model for the profiler (OpCost, ops/observe.h): floating-point operations and bytes
 // moved by one call.
@@ -241,6 +250,16 @@ void glu_backward(const Context& ctx, float* dgate, float* dup, const float* dou
 // is the same choice: softmax over the top k logits equals normalize = true.
 void moe_route(const Context& ctx, int32_t* ids, float* weights, const float* logits, int64_t n,
                int64_t E, int64_t k, bool normalize);
+// Its backward: dlogits (n, E) = the gradient of the logits (n, E) from dweights (n, k), that
+// of the weights moe_route gave for its choices ids (n, k) over the same logits (p = softmax(row)
+// recomputed). The choice itself is piecewise constant: gradient flows only through the chosen
+// weights. With s = sum_j dweights_j w_j: without normalize (w_j = p[ids_j]) dlogits_e = p_e (g_e
+// - s), g_e = dweights_j where e = ids_j, else 0; with normalize (w the softmax of the chosen
+// logits) dlogits[ids_j] = w_j (dweights_j - s) and the others 0. Overwrites dlogits; no
+// aliasing.
+void moe_route_backward(const Context& ctx, float* dlogits, const float* dweights,
+                        const int32_t* ids, const float* logits, int64_t n, int64_t E, int64_t k,
+                        bool normalize);
 
 OpCost rmsnorm_forward_cost(int64_t N, int64_t C);
 OpCost rope_cost(int64_t B, int64_t T, int64_t H, int64_t D, int64_t rotary_dim);

@@ -164,6 +164,41 @@ TEST(DecoderKernels, HeadNormRouterAndScatterMatchTheReference) {
   for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-6f) << i;
 }
 
+// The router's backward (both normalizations) and the scatter-add's against the CPU's.
+TEST(DecoderKernels, RouterAndScatterBackwardsMatchTheCpu) {
+  TS_REQUIRE_CUDA_DEVICE();
+  const int64_t n = 37, E = 8, k = 2, C = 300;  // C over one block's 256 threads
+  const std::vector<float> logits = random_values(n * E, 7, 2.0f);
+  const std::vector<float> dw = random_values(n * k, 8, 1.0f);
+  std::vector<int32_t> ids(static_cast<size_t>(n * k));
+  std::vector<float> w(ids.size());
+  cpu::ref::moe_route(ids.data(), w.data(), logits.data(), n, E, k, true);
+  DeviceArray<float> dl(logits), ddw(dw), dgrad(static_cast<size_t>(n * E));
+  DeviceArray<int32_t> dids(ids);
+  for (bool normalize : {false, true}) {
+    std::vector<float> want(static_cast<size_t>(n * E));
+    cpu::ref::moe_route_backward(want.data(), dw.data(), ids.data(), logits.data(), n, E, k,
+                                 normalize);
+    moe_route_backward(dgrad.get(), ddw.get(), dids.get(), dl.get(), n, E, k, normalize, nullptr);
+    const std::vector<float> got = dgrad.download();
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-6f) << i;
+  }
+  const std::vector<float> dy = random_values(3 * C, 9, 1.0f), src = random_values(4 * C, 10, 1.0f);
+  const std::vector<int32_t> rows = {2, 0, 2, 1};
+  const std::vector<float> scale = {0.5f, -1.0f, 2.0f, 0.25f};
+  std::vector<float> want_src(src.size()), want_w(4);
+  cpu::scatter_add_rows_backward(want_src.data(), want_w.data(), dy.data(), src.data(), rows.data(),
+                                 scale.data(), 4, C);
+  DeviceArray<float> ddy(dy), dsrc(src), dscale(scale), dwout(std::vector<float>(4));
+  DeviceArray<int32_t> drows(rows);
+  // dsrc over src itself: the aliasing ops.h allows.
+  scatter_add_rows_backward(dsrc.get(), dwout.get(), ddy.get(), dsrc.get(), drows.get(),
+                            dscale.get(), 4, C, nullptr);
+  const std::vector<float> got_src = dsrc.download(), got_w = dwout.download();
+  for (size_t i = 0; i < got_src.size(); ++i) EXPECT_EQ(got_src[i], want_src[i]) << i;
+  for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(got_w[i], want_w[i], 1e-4f) << i;
+}
+
 // The fused decode launch against rope_forward on q and k followed by kv_cache_append: every
 // bit of q, k and the cache, for both pair layouts, partial and full rotary dims, f32 and f16
 // caches; one position outside the table (NaN in both).

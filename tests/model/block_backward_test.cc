@@ -2,13 +2,15 @@
 // derivative of block_forward: for Llama layers (GQA, multi-query, RoPE in either layout, q/k/v
 // bias; q, k and v as separate matrices or as rows of one), the gradients of the layer's input
 // and of every weight match central differences of the forward; likewise with Qwen3's q/k norms
-// and heads wider or narrower than d_model / n_heads, with scaled, partial and no RoPE, and in
-// Gemma 3's layers. GPT-2's
-// layer is held to the same by the trainer's gradient tests (tests/model/gpt2_test.cc).
+// and heads wider or narrower than d_model / n_heads, with scaled, partial and no RoPE, in
+// Gemma 3's layers, and in mixture-of-experts layers (OLMoE's whole-vector q/k norms too).
+// GPT-2's layer is held to the same by the trainer's gradient tests (tests/model/gpt2_test.cc).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,6 +35,9 @@ struct Layer {
   ops::Buffer rope_device;  // unused on the CPU
   std::vector<float> in, mid, out, branch, xn1, xn2, rstd1, rstd2, qkv, att, ff_in, ff_up, ff_act;
   std::vector<float> lse, rot, qk_raw, post_in, post_rstd;
+  std::vector<float> router, moe_weights, moe_x, moe_y;  // a mixture of experts' (k choices a row)
+  std::vector<int32_t> moe_ids;
+  MoeRouting routing;
 
   Layer(const DecoderConfig& cfg, int64_t layer, int64_t b, int64_t t)
       : c(cfg), l(layer), B(b), T(t), n(b * t) {
@@ -44,8 +49,13 @@ struct Layer {
     qkv.resize(n * (QD + 2 * KV)), att.resize(n * QD), rot.resize(n * std::max(QD, KV));
     if (c.qk_norm) qk_raw.resize(n * (QD + KV));
     if (c.post_norms) post_in.resize(2 * n * C), post_rstd.resize(2 * n);
-    ff_in.resize(n * F), ff_up.resize(n * F), ff_act.resize(n * F);
+    const int64_t nk = n * std::max<int64_t>(c.n_experts_used, 1);  // rows of the MLP
+    ff_in.resize(nk * F), ff_up.resize(nk * F), ff_act.resize(nk * F);
     lse.resize(B * c.n_heads * T);
+    if (c.moe()) {
+      router.resize(n * c.n_experts), moe_ids.resize(2 * nk), moe_weights.resize(2 * nk);
+      moe_x.resize(nk * C), moe_y.resize(nk * C);
+    }
   }
   BlockTensors tensors() {
     BlockTensors t;
@@ -56,17 +66,35 @@ struct Layer {
     t.qk_raw = qk_raw.empty() ? nullptr : qk_raw.data();
     t.post_in = post_in.empty() ? nullptr : post_in.data();
     t.post_rstd = post_rstd.empty() ? nullptr : post_rstd.data();
+    if (c.moe()) {
+      t.router = router.data(), t.moe_ids = moe_ids.data(), t.moe_weights = moe_weights.data();
+      t.moe_x = moe_x.data(), t.moe_y = moe_y.data(), t.routing = &routing;
+    }
     return t;
   }
   CausalAttention attention() {
     const ops::RopeTable* table = !c.rotary(l) ? nullptr : c.local(l) ? &rope_local : &rope;
     return CausalAttention(ctx, c, table, c.window(l), rot.data(), lse.data(), B, T, false);
   }
+  // Each row's chosen experts (a set: their order does not change the output).
+  std::vector<std::vector<int32_t>> choices() const {
+    std::vector<std::vector<int32_t>> sets;
+    const int64_t k = c.n_experts_used;
+    for (int64_t i = 0; i < n && c.moe(); ++i) {
+      std::vector<int32_t> row(moe_ids.begin() + i * k, moe_ids.begin() + (i + 1) * k);
+      std::sort(row.begin(), row.end());
+      sets.push_back(row);
+    }
+    return sets;
+  }
+  std::vector<std::vector<int32_t>> base_choices;  // set: loss() counts the forwards that differ
+  int switches = 0;
   // sum(out * r) after the forward of w on x.
   double loss(const DecoderLayer& w, const std::vector<float>& x, const std::vector<float>& r) {
     in = x;
     CausalAttention a = attention();
     block_forward(ctx, c, w, l, n, tensors(), a);
+    if (!base_choices.empty() && choices() != base_choices) ++switches;
     double sum = 0;
     for (size_t i = 0; i < out.size(); ++i) sum += static_cast<double>(out[i]) * r[i];
     return sum;
@@ -96,7 +124,8 @@ struct Grads {
         {&w.post_ffn_norm, &view.post_ffn_norm},
         {&w.w_gate, &view.w_gate},
         {&w.w_up, &view.w_up},
-        {&w.w_down, &view.w_down}};
+        {&w.w_down, &view.w_down},
+        {&w.ffn_router, &view.ffn_router}};
     int64_t total = 0;
     for (const auto& [r, g] : order) total += r->present() ? r->shape.numel() : 0;
     store.assign(static_cast<size_t>(total), 0.0f);
@@ -130,6 +159,47 @@ DecoderLayer joined_qkv(const DecoderLayer& w, std::vector<std::vector<float>>& 
   return j;
 }
 
+// The smallest margin, over L's rows, between the k-th and the (k+1)-th largest router logit of
+// its last forward (infinite where every expert is chosen).
+float router_margin(const Layer& L) {
+  const int64_t E = L.c.n_experts, k = L.c.n_experts_used;
+  float margin = INFINITY;
+  for (int64_t i = 0; i < L.n && k < E; ++i) {
+    std::vector<float> lg(L.router.begin() + i * E, L.router.begin() + (i + 1) * E);
+    std::sort(lg.begin(), lg.end(), std::greater<>());
+    margin = std::min(margin, lg[k - 1] - lg[k]);
+  }
+  return margin;
+}
+
+// check_layer's input rows (B = 2, T = 5) and the output's weights r.
+void layer_inputs(int64_t n, int64_t C, std::vector<float>& x, std::vector<float>& r) {
+  Rng rng(5);
+  x.resize(n * C), r.resize(n * C);
+  for (float& v : x) v = 2 * rng.uniform() - 1;
+  for (float& v : r) v = 2 * rng.uniform() - 1;
+}
+
+// The router must clear this margin in every row (check_layer): at the steps check_layer takes a
+// logit moves by about 1e-2 (h times an input of about 1), ten times less.
+constexpr float kRouterMargin = 0.1f;
+
+// o with the first seed from o.seed on whose MoE layer's router clears kRouterMargin in every row
+// of check_layer's forward.
+test::TinyOptions with_router_margins(test::TinyOptions o) {
+  for (int tries = 0; tries < 1000; ++tries, ++o.seed) {
+    const DecoderModel m = test::make_tiny_model(o);
+    Layer L(m.config, 0, 2, 5);
+    std::vector<float> r;
+    layer_inputs(L.n, m.config.d_model, L.in, r);
+    CausalAttention a = L.attention();
+    block_forward(L.ctx, m.config, m.weights.layers[0], 0, L.n, L.tensors(), a);
+    if (router_margin(L) > kRouterMargin) return o;
+  }
+  ADD_FAILURE() << "no seed gives the router margins";
+  return o;
+}
+
 // Layer `layer` of m: the backward's gradients of its input and of every weight against central
 // differences of its forward.
 void check_layer(const DecoderModel& m, int64_t layer, bool join, const std::string& what) {
@@ -140,21 +210,31 @@ void check_layer(const DecoderModel& m, int64_t layer, bool join, const std::str
   const int64_t B = 2, T = 5, C = c.d_model, F = c.d_ff;
   Layer L(c, layer, B, T);
   const int64_t n = L.n;
-  Rng rng(5);
-  std::vector<float> x(n * C), r(n * C);
-  for (float& v : x) v = 2 * rng.uniform() - 1;
-  for (float& v : r) v = 2 * rng.uniform() - 1;
+  std::vector<float> x, r;
+  layer_inputs(n, C, x, r);
 
   // Analytic: the forward, then the backward from dL/dout = r.
   L.in = x;
   CausalAttention a = L.attention();
   block_forward(L.ctx, c, w, layer, n, L.tensors(), a);
   Grads g(w);
-  const int64_t big = std::max(c.q_dim() + 2 * c.kv_dim(), F);
+  const int64_t k = std::max<int64_t>(c.n_experts_used, 1), nk = n * k, E = c.n_experts;
+  const int64_t big = std::max(c.q_dim() + 2 * c.kv_dim(), k * F);
   std::vector<float> dresid = r, dx(n * std::max(C, c.q_dim())), dbig(n * big),
-                     dup(n * std::max(c.q_dim(), F)), dpost(n * C);
+                     dup(n * std::max(c.q_dim(), k * F)), dpost(n * C), moe_dy(nk * C),
+                     moe_dw(3 * nk), dlogits(n * std::max<int64_t>(E, 1));
+  std::vector<int32_t> slot(nk);
+  // Top-k is discontinuous: each row's k-th largest router logit must clear the (k+1)-th by more
+  // than a step of h can move it, and every perturbed forward below must choose the same experts
+  // (Layer::loss counts those that do not), else the differences straddle a switch.
+  if (c.moe()) {
+    L.base_choices = L.choices();
+    EXPECT_GT(router_margin(L), kRouterMargin) << what;
+  }
   block_backward(L.ctx, c, w, g.view, n, L.tensors(), a, dresid.data(),
-                 {dx.data(), dbig.data(), dup.data(), nullptr, nullptr, dpost.data()}, false);
+                 {dx.data(), dbig.data(), dup.data(), nullptr, nullptr, dpost.data(), moe_dy.data(),
+                  moe_dw.data(), dlogits.data(), slot.data()},
+                 false);
 
   // Central differences; the tolerance covers h^2 curvature and f32 rounding of the loss. The
   // per-head norms of short heads curve more steeply (at h = 1e-2 one of wk's elements is 30% off,
@@ -186,7 +266,8 @@ void check_layer(const DecoderModel& m, int64_t layer, bool join, const std::str
       {"post_ffn_norm", &DecoderLayer::post_ffn_norm},
       {"w_gate", &DecoderLayer::w_gate},
       {"w_up", &DecoderLayer::w_up},
-      {"w_down", &DecoderLayer::w_down}};
+      {"w_down", &DecoderLayer::w_down},
+      {"ffn_router", &DecoderLayer::ffn_router}};
   int checked = 0;
   for (const auto& [name, member] : tensors) {
     const WeightRef& wr = w.*member;
@@ -200,6 +281,7 @@ void check_layer(const DecoderModel& m, int64_t layer, bool join, const std::str
     ++checked;
   }
   EXPECT_EQ(failures, 0) << what;
+  EXPECT_EQ(L.switches, 0) << what << ": perturbed forwards chose other experts";
   EXPECT_GE(checked, 9) << what;
 }
 
@@ -256,6 +338,21 @@ TEST(BlockBackward, Gemma3LayersMatchFiniteDifferences) {
   ASSERT_EQ(m.config.window(0), 3);
   check_layer(m, 0, false, "Gemma 3, local layer");
   check_layer(m, 2, true, "Gemma 3, global layer");
+}
+
+// Mixtures of experts: 4 SwiGLU experts, 2 chosen a token, the chosen weights renormalized
+// (Mixtral, Qwen3-MoE) or not (OLMoE, with its q and k each normalized as one whole vector). Every
+// weight (router, each expert's rows of the stacked matrices) and the input against central
+// differences; the router's margins and unchanged choices are checked (check_layer).
+TEST(BlockBackward, MixtureOfExpertsLayersMatchFiniteDifferences) {
+  test::TinyOptions o;
+  o.layers = 1, o.width = 16, o.heads = 4, o.kv_heads = 2, o.ffn = 12, o.vocab = 8;
+  o.experts = 4, o.experts_used = 2;
+  check_layer(with_router_margins(o), false, "Mixtral-like, renormalized");
+  o.expert_norm = false, o.qk_norm_whole = true;
+  check_layer(with_router_margins(o), false, "OLMoE-like, whole-vector q/k norms");
+  o.experts_used = 1;
+  check_layer(with_router_margins(o), true, "one expert a token, q/k/v joined");
 }
 
 }  // namespace

@@ -191,6 +191,14 @@ class FencedDevice final : public ops::Backend {
             (const ops::Context& ctx, int32_t* ids, float* weights, const float* logits, int64_t n,
              int64_t E, int64_t k, bool normalize),
             ids, weights, logits, n, E, k, normalize)
+  TS_FENCED(moe_route_backward,
+            (const ops::Context& ctx, float* dlogits, const float* dweights, const int32_t* ids,
+             const float* logits, int64_t n, int64_t E, int64_t k, bool normalize),
+            dlogits, dweights, ids, logits, n, E, k, normalize)
+  TS_FENCED(scatter_add_rows_backward,
+            (const ops::Context& ctx, float* dsrc, float* dweight, const float* dy,
+             const float* src, const int32_t* index, const float* weight, int64_t n, int64_t C),
+            dsrc, dweight, dy, src, index, weight, n, C)
 #undef TS_FENCED
   double sum_squares(const ops::Context& ctx, const float* x, int64_t n) override {
     not_recording("sum_squares");

@@ -97,17 +97,29 @@ TEST(CheckpointConfig, CheckpointsWithoutOptionsStillLoad) {
   std::filesystem::remove_all(dir);
 }
 
-// A config whose options training does not implement is refused by name when the model is built
-// from it, as a file with them is (init_from_test.cc).
-TEST(CheckpointConfig, UntrainableOptionsAreRefused) {
+// A mixture of experts (OLMoE's: not renormalized, whole-vector q/k norms) comes back from its
+// checkpoint with its routing settings and every expert's parameters.
+TEST(CheckpointConfig, MixtureOfExpertsComesBack) {
   model::TrainConfig c = model::TrainConfig::preset("llama:tiny", 50);
-  c.options.n_experts = 4, c.options.n_experts_used = 2;
-  try {
-    model::TrainModel m(c, ops::Context{});
-    ADD_FAILURE() << "a mixture of experts was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("mixture-of-experts"), std::string::npos) << e.what();
-  }
+  c.n_layer = 2;
+  c.options.n_experts = 4, c.options.n_experts_used = 2, c.options.expert_norm = false;
+  c.options.qk_norm = c.options.qk_norm_whole = true;
+  const ops::Context ctx;
+  model::TrainModel m(c, ctx);
+  m.init_weights(3);
+  AdamW opt(m.tensors(), AdamWConfig{}, ctx);
+  const std::string dir = fresh_dir("moe");
+  save_checkpoint(dir, m, opt, TrainState{}, options_to_json(TrainOptions{}));
+  const model::DecoderConfig got = read_checkpoint_info(dir).config.decoder_config();
+  EXPECT_EQ(got.n_experts, 4);
+  EXPECT_EQ(got.n_experts_used, 2);
+  EXPECT_FALSE(got.expert_norm);
+  EXPECT_TRUE(got.qk_norm_whole);
+  auto back = load_model_from_checkpoint(dir, ctx);
+  ASSERT_EQ(back->num_params(), m.num_params());
+  EXPECT_NO_THROW(back->tensors().at("model.layers.1.mlp.experts.3.gate_proj.weight"));
+  EXPECT_EQ(std::memcmp(back->params(), m.params(), 4 * static_cast<size_t>(m.num_params())), 0);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

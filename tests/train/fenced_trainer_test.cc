@@ -3,7 +3,8 @@
 // step touches them only through ops/. Three AdamW steps give the CPU model's losses and
 // parameters bit for bit in both precisions and every recompute policy, a checkpoint written
 // from the device loads on the CPU as the same model, and the whole trainer (--device cuda
-// --cuda-step shared) writes the CPU run's losses, checkpoint and model.
+// --cuda-step shared) writes the CPU run's losses, checkpoint and model. A mixture of experts's
+// steps match too.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -97,6 +98,34 @@ TEST_F(FencedTrainer, StepsMatchTheCpuBitForBit) {
       EXPECT_EQ(got.params, want.params) << static_cast<int>(p) << " " << static_cast<int>(rc);
       ops::register_backend(ops::Device::cuda, nullptr);
     }
+}
+
+// A mixture of experts (Llama shape, 4 experts, 2 a token): the router's choices go to the host
+// and the grouping back to the device every layer, forward and backward; the steps still match
+// the CPU's bit for bit, with the activations kept and with the layers replayed.
+TEST_F(FencedTrainer, MixtureOfExpertsStepsMatchTheCpuBitForBit) {
+  TrainConfig c = TrainConfig::preset("llama:tiny", 101);
+  c.n_layer = 2, c.n_embd = 32, c.n_head = 4, c.n_kv_head = 2, c.d_ff = 24, c.max_seq = 16;
+  c.options.n_experts = 4, c.options.n_experts_used = 2;
+  for (Recompute rc : {Recompute::none, Recompute::block}) {
+    const ops::Context cpu_ctx;
+    TrainModel cpu(c, cpu_ctx);
+    AdamW cpu_opt(cpu.tensors(), AdamWConfig{}, cpu_ctx);
+    const Steps want = train(cpu, cpu_opt, Precision::f32, rc);
+    test::FencedDevice device(true);
+    ops::register_backend(ops::Device::cuda, &device);
+    ops::Context ctx;
+    ctx.device = ops::Device::cuda;
+    Steps got;
+    {
+      TrainModel dev(c, ctx);
+      AdamW dev_opt(dev.tensors(), AdamWConfig{}, ctx);
+      got = train(dev, dev_opt, Precision::f32, rc);
+    }
+    EXPECT_EQ(got.losses, want.losses) << static_cast<int>(rc);
+    EXPECT_EQ(got.params, want.params) << static_cast<int>(rc);
+    ops::register_backend(ops::Device::cuda, nullptr);
+  }
 }
 
 TEST_F(FencedTrainer, CheckpointFromTheDeviceLoadsOnTheCpu) {

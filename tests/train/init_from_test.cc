@@ -1,13 +1,14 @@
 // Starting a training run from a model file: a Llama written as GGUF (q/k rows in the
 // interleaved RoPE order) and as a Hugging Face folder (rotate-half order) loads into the
 // training model, whose forward pass then gives the logits the inference engine gives on the
-// file itself (Gemma 3's sliding-window layers included); the real SmolLM2 GGUF (Q4_1 layers,
-// Q8_0 head) loads at its published size; what training does not implement is refused by name.
+// file itself (Gemma 3's sliding-window layers and mixtures of experts included); the real
+// SmolLM2 GGUF (Q4_1 layers, Q8_0 head) loads at its published size.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -174,19 +175,36 @@ TEST(InitFrom, RealQuantizedFileLoadsAtItsSize) {
   for (int i = 0; i < 576; ++i) ASSERT_EQ(q[i], row[static_cast<size_t>(i)]) << i;
 }
 
-TEST(InitFrom, RefusesWhatTrainingDoesNotImplement) {
-  test::TinyOptions o;
-  o.experts = 4;  // a mixture of experts (Mixtral's shape)
-  const std::string path = temp_path("moe.gguf");
-  save_decoder_gguf(test::make_tiny_model(o), path);
-  try {
-    load_trainable(path, ops::Context{});
-    ADD_FAILURE() << "a mixture-of-experts model was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("mixture-of-experts"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+// Mixtures of experts (Mixtral's shape; OLMoE's: weights not renormalized, whole-vector q/k
+// norms) as GGUF files and folders: the training forward gives the file's logits, and a folder
+// holds the parameters exactly (each expert a tensor of its own, named as HF names it).
+TEST(InitFrom, MixturesOfExpertsGiveTheFilesLogits) {
+  for (bool olmoe : {false, true}) {
+    TrainConfig c = TrainConfig::preset("llama:tiny", kVocab);
+    c.n_layer = 2;
+    c.options.n_experts = 4, c.options.n_experts_used = 2, c.options.expert_norm = !olmoe;
+    c.options.qk_norm = c.options.qk_norm_whole = olmoe;
+    auto src = source_model(c);
+    const std::string name = olmoe ? "olmoe" : "mixtral";
+    const std::string gguf = temp_path(name + ".gguf"), hf = temp_path(name + "_hf");
+    save_decoder_gguf(as_decoder(*src), gguf);
+    save_decoder_hf(as_decoder(*src), hf, DType::f32);
+    expect_same_logits(gguf);
+    expect_same_logits(hf);
+    auto back = load_trainable(hf, ops::Context{});
+    const DecoderConfig d = back->config().decoder_config();
+    EXPECT_EQ(d.n_experts, 4);
+    EXPECT_EQ(d.expert_norm, !olmoe);
+    EXPECT_EQ(d.qk_norm_whole, olmoe);
+    ASSERT_EQ(back->num_params(), src->num_params());
+    EXPECT_EQ(
+        std::memcmp(back->params(), src->params(), 4 * static_cast<size_t>(src->num_params())), 0);
+    EXPECT_NO_THROW(
+        back->tensors().at(olmoe ? "model.layers.1.mlp.experts.3.down_proj.weight"
+                                 : "model.layers.1.block_sparse_moe.experts.3.w2.weight"));
+    std::filesystem::remove(gguf);
+    std::filesystem::remove_all(hf);
   }
-  std::filesystem::remove(path);
 }
 
 }  // namespace

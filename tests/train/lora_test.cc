@@ -3,7 +3,8 @@
 // through a quantized matrix dequantizes it); a fresh adapter leaves the base's logits; the
 // engine with the adapter applied gives the training forward's logits; PEFT files round-trip
 // (the q/k rows of a GGUF base permuted to Hugging Face's order and back); merging keeps the
-// logits; AdamW moves only the adapters; what does not fit is refused by name.
+// logits; AdamW moves only the adapters; what does not fit is refused by name. Bases with q/k
+// norms, Gemma 3's layer and a mixture of experts (adapters on attention) too.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -123,8 +124,17 @@ std::vector<float> gradients(TrainModel& m, const Batch& b, int64_t batch = B) {
 void expect_central_differences(TrainModel& m) {
   const Batch b = make_batch(2);
   const std::vector<float> g = gradients(m, b);
+  // A mixture of experts: every perturbed forward must keep the experts the unperturbed one chose
+  // (top-k is discontinuous; a difference across a switch means nothing).
+  const DecoderConfig& c = m.lora_base().config;
+  std::vector<std::vector<int32_t>> chosen;
+  for (int64_t l = 0; l < c.n_layers && c.moe(); ++l) chosen.push_back(m.expert_choices(l));
+  int switches = 0;
   auto loss = [&] {
-    return static_cast<double>(m.forward(b.tokens.data(), b.targets.data(), B, T));
+    const double v = m.forward(b.tokens.data(), b.targets.data(), B, T);
+    for (int64_t l = 0; l < c.n_layers && c.moe(); ++l)
+      switches += m.expert_choices(l) != chosen[static_cast<size_t>(l)];
+    return v;
   };
   Rng pick(11);
   for (const TensorInfo& t : m.tensors().tensors()) {
@@ -135,6 +145,7 @@ void expect_central_differences(TrainModel& m) {
       EXPECT_NEAR(g[static_cast<size_t>(i)], fd, 2e-4 + 0.02 * std::fabs(fd)) << t.name;
     }
   }
+  EXPECT_EQ(switches, 0) << "perturbed forwards chose other experts";
 }
 
 // Qwen3's shape under LoRA: per-head q/k norms (their backward) and heads wider than width / heads.
@@ -155,6 +166,21 @@ TEST(Lora, QwenThreeBaseGradientsMatchCentralDifferences) {
   auto full = load_trainable(path, ops::Context{});
   EXPECT_EQ(full->tensors().at("model.layers.1.self_attn.q_norm.weight").shape, Shape({16}));
   std::filesystem::remove(path);
+}
+
+// OLMoE's base under LoRA on q, k, v and o: the frozen router and experts (only their input's
+// gradient) and the whole-vector q/k norms pass the adapters' gradients through.
+TEST(Lora, MixtureOfExpertsBaseGradientsMatchCentralDifferences) {
+  test::TinyOptions o;
+  o.experts = 4, o.experts_used = 2, o.expert_norm = false, o.qk_norm_whole = true;
+  o.vocab = kVocab;
+  ops::Context ctx;
+  ctx.reference = true;
+  LoraSpec spec = spec_all(4);
+  spec.targets = {LayerMatrix::q, LayerMatrix::k, LayerMatrix::v, LayerMatrix::o};
+  TrainModel m(test::make_tiny_model(o), spec, ctx);
+  perturb_adapters(m, 9);
+  expect_central_differences(m);
 }
 
 // Gemma 3's base under LoRA: the frozen post-norms, scaled embeddings and scores, local layers

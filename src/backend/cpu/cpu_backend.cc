@@ -171,9 +171,19 @@ class CpuBackend final : public ops::Backend {
                         const float* weight, int64_t n, int64_t C) override {
     cpu::scatter_add_rows(dst, src, index, weight, n, C);
   }
+  void scatter_add_rows_backward(const ops::Context&, float* dsrc, float* dweight, const float* dy,
+                                 const float* src, const int32_t* index, const float* weight,
+                                 int64_t n, int64_t C) override {
+    cpu::scatter_add_rows_backward(dsrc, dweight, dy, src, index, weight, n, C);
+  }
   void moe_route(const ops::Context& ctx, int32_t* ids, float* weights, const float* logits,
                  int64_t n, int64_t E, int64_t k, bool normalize) override {
     TS_CPU_OP(moe_route, ids, weights, logits, n, E, k, normalize);
+  }
+  void moe_route_backward(const ops::Context& ctx, float* dlogits, const float* dweights,
+                          const int32_t* ids, const float* logits, int64_t n, int64_t E, int64_t k,
+                          bool normalize) override {
+    TS_CPU_OP(moe_route_backward, dlogits, dweights, ids, logits, n, E, k, normalize);
   }
 
   // Host memory is the CPU's memory: copies in any direction are memcpy, and ops are done when

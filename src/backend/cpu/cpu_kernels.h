@@ -55,6 +55,8 @@ void head_rmsnorm(ThreadPool& pool, float* x, int64_t ld, int64_t n, int64_t hea
 // ops::moe_route (moe.cc).
 void moe_route(ThreadPool& pool, int32_t* ids, float* weights, const float* logits, int64_t n,
                int64_t E, int64_t k, bool normalize);
+void moe_route_backward(ThreadPool& pool, float* dlogits, const float* dweights, const int32_t* ids,
+                        const float* logits, int64_t n, int64_t E, int64_t k, bool normalize);
 // ops::glu_forward / glu_backward (llama_ops.cc).
 void glu_forward(ThreadPool& pool, float* out, const float* gate, const float* up, int64_t N,
                  int64_t F, ops::GluAct act);

@@ -29,6 +29,20 @@ void scatter_add_rows(float* dst, const float* src, const int32_t* index, const 
   }
 }
 
+void scatter_add_rows_backward(float* dsrc, float* dweight, const float* dy, const float* src,
+                               const int32_t* index, const float* weight, int64_t n, int64_t C) {
+  for (int64_t r = 0; r < n; ++r) {
+    const float* g = dy + static_cast<int64_t>(index[r]) * C;
+    const float* x = src + r * C;
+    double dot = 0.0;
+    for (int64_t i = 0; i < C; ++i) dot += static_cast<double>(g[i]) * x[i];
+    dweight[r] = static_cast<float>(dot);
+    const float w = weight[r];
+    float* d = dsrc + r * C;  // may be x: read above
+    for (int64_t i = 0; i < C; ++i) d[i] = w * g[i];
+  }
+}
+
 void kv_append(const ops::KvAppendArgs& a) {
   const int64_t D = a.D, BT = a.block_tokens, eb = dtype_bytes(a.kv_type, 1);
   auto* base = static_cast<uint8_t*>(a.kv);

@@ -15,6 +15,9 @@ void copy_rows(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int
 void gather_rows(float* dst, const float* src, const int32_t* index, int64_t n, int64_t C);
 void scatter_add_rows(float* dst, const float* src, const int32_t* index, const float* weight,
                       int64_t n, int64_t C);
+// The dot products accumulate in double: the plain loop is its own reference.
+void scatter_add_rows_backward(float* dsrc, float* dweight, const float* dy, const float* src,
+                               const int32_t* index, const float* weight, int64_t n, int64_t C);
 void kv_append(const ops::KvAppendArgs& a);
 void bias_grad(ThreadPool& pool, float* db, const float* dy, int64_t m, int64_t n);
 

@@ -253,6 +253,58 @@ __global__ void moe_route_kernel(int32_t* ids, float* weights, const float* logi
     for (int64_t j = 0; j < k; ++j) w[j] /= chosen;
 }
 
+// One thread per row, as the forward: p recomputed in f32, then the closed forms of ops.h.
+__global__ void moe_route_backward_kernel(float* dlogits, const float* dweights, const int32_t* ids,
+                                          const float* logits, int64_t n, int64_t E, int64_t k,
+                                          bool normalize) {
+  allow_dependent_launch();
+  grid_dependency_wait();
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r >= n) return;
+  const float* x = logits + r * E;
+  const int32_t* id = ids + r * k;
+  const float* dw = dweights + r * k;
+  float* d = dlogits + r * E;
+  float mx = x[0];
+  for (int64_t e = 1; e < E; ++e) mx = fmaxf(mx, x[e]);
+  float sum = 0.0f;
+  for (int64_t e = 0; e < E; ++e) sum += expf(x[e] - mx);
+  float chosen = 0.0f;
+  for (int64_t j = 0; j < k; ++j) chosen += expf(x[id[j]] - mx) / sum;
+  const float norm = normalize ? chosen : 1.0f;
+  float s = 0.0f;
+  for (int64_t j = 0; j < k; ++j) s += dw[j] * (expf(x[id[j]] - mx) / sum / norm);
+  for (int64_t e = 0; e < E; ++e) d[e] = normalize ? 0.0f : -(expf(x[e] - mx) / sum) * s;
+  for (int64_t j = 0; j < k; ++j) {
+    const float w = expf(x[id[j]] - mx) / sum / norm;
+    d[id[j]] += normalize ? w * (dw[j] - s) : w * dw[j];
+  }
+}
+
+// One block per row: the dot product reduced in the block, then the row scaled (dsrc may be src:
+// the reduction reads every element before any is written).
+__global__ void scatter_add_rows_backward_kernel(float* dsrc, float* dweight, const float* dy,
+                                                 const float* src, const int32_t* index,
+                                                 const float* weight, int64_t C) {
+  allow_dependent_launch();
+  grid_dependency_wait();
+  __shared__ float partial[kThreads];
+  const int64_t r = blockIdx.x;
+  const float* g = dy + static_cast<int64_t>(index[r]) * C;
+  const float* x = src + r * C;
+  float dot = 0.0f;
+  for (int64_t i = threadIdx.x; i < C; i += blockDim.x) dot += g[i] * x[i];
+  partial[threadIdx.x] = dot;
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) dweight[r] = partial[0];
+  const float w = weight[r];
+  for (int64_t i = threadIdx.x; i < C; i += blockDim.x) dsrc[r * C + i] = w * g[i];
+}
+
 // One block per (row, head) slice of D values: the sum of squares reduced in the block, then
 // the slice scaled in place (ops::head_rmsnorm).
 __global__ void head_rmsnorm_kernel(float* x, int64_t ld, int64_t heads, int64_t D, const float* w,
@@ -461,6 +513,27 @@ void moe_route(int32_t* ids, float* weights, const float* logits, int64_t n, int
   if (n == 0) return;
   launch_dependent(moe_route_kernel, dim3(grid(n)), dim3(kThreads), 0, stream, ids, weights, logits,
                    n, E, k, normalize);
+}
+
+void moe_route_backward(float* dlogits, const float* dweights, const int32_t* ids,
+                        const float* logits, int64_t n, int64_t E, int64_t k, bool normalize,
+                        cudaStream_t stream) {
+  TS_CHECK(dlogits && dweights && ids && logits, "[moe_route_backward] null pointer");
+  TS_CHECK(n >= 0 && E > 0 && k >= 1 && k <= E, "[moe_route_backward] n=", n, " E=", E, " k=", k);
+  if (n == 0) return;
+  launch_dependent(moe_route_backward_kernel, dim3(grid(n)), dim3(kThreads), 0, stream, dlogits,
+                   dweights, ids, logits, n, E, k, normalize);
+}
+
+void scatter_add_rows_backward(float* dsrc, float* dweight, const float* dy, const float* src,
+                               const int32_t* index, const float* weight, int64_t n, int64_t C,
+                               cudaStream_t stream) {
+  TS_CHECK(dsrc && dweight && dy && src && index && weight,
+           "[scatter_add_rows_backward] null pointer");
+  TS_CHECK(n >= 0 && C > 0, "[scatter_add_rows_backward] n=", n, " C=", C, " out of range");
+  if (n == 0) return;
+  launch_dependent(scatter_add_rows_backward_kernel, dim3(static_cast<unsigned>(n)), dim3(kThreads),
+                   0, stream, dsrc, dweight, dy, src, index, weight, C);
 }
 
 }  // namespace tessera::cuda

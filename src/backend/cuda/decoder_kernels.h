@@ -67,5 +67,14 @@ void scatter_add_rows(float* dst, const float* src, const int32_t* index, const 
 // The mixture-of-experts router (ops::moe_route); device arrays.
 void moe_route(int32_t* ids, float* weights, const float* logits, int64_t n, int64_t E, int64_t k,
                bool normalize, cudaStream_t stream);
+// Its backward (ops::moe_route_backward); device arrays.
+void moe_route_backward(float* dlogits, const float* dweights, const int32_t* ids,
+                        const float* logits, int64_t n, int64_t E, int64_t k, bool normalize,
+                        cudaStream_t stream);
+// The backward of scatter_add_rows for src and weight (ops::scatter_add_rows_backward); device
+// arrays.
+void scatter_add_rows_backward(float* dsrc, float* dweight, const float* dy, const float* src,
+                               const int32_t* index, const float* weight, int64_t n, int64_t C,
+                               cudaStream_t stream);
 
 }  // namespace tessera::cuda

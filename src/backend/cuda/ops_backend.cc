@@ -412,9 +412,19 @@ class CudaOpsBackend final : public ops::Backend {
                         const float* weight, int64_t n, int64_t C) override {
     cuda::scatter_add_rows(dst, src, index, weight, n, C, stream(ctx));
   }
+  void scatter_add_rows_backward(const ops::Context& ctx, float* dsrc, float* dweight,
+                                 const float* dy, const float* src, const int32_t* index,
+                                 const float* weight, int64_t n, int64_t C) override {
+    cuda::scatter_add_rows_backward(dsrc, dweight, dy, src, index, weight, n, C, stream(ctx));
+  }
   void moe_route(const ops::Context& ctx, int32_t* ids, float* weights, const float* logits,
                  int64_t n, int64_t E, int64_t k, bool normalize) override {
     cuda::moe_route(ids, weights, logits, n, E, k, normalize, stream(ctx));
+  }
+  void moe_route_backward(const ops::Context& ctx, float* dlogits, const float* dweights,
+                          const int32_t* ids, const float* logits, int64_t n, int64_t E, int64_t k,
+                          bool normalize) override {
+    cuda::moe_route_backward(dlogits, dweights, ids, logits, n, E, k, normalize, stream(ctx));
   }
 
   // ---- graphs: a stream capture, instantiated ----

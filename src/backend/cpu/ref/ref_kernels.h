@@ -61,6 +61,9 @@ void head_rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x
 // ops::moe_route in double (moe_ref.cc).
 void moe_route(int32_t* ids, float* weights, const float* logits, int64_t n, int64_t E, int64_t k,
                bool normalize);
+// ops::moe_route_backward in double, from the gradient's definition (moe_ref.cc).
+void moe_route_backward(float* dlogits, const float* dweights, const int32_t* ids,
+                        const float* logits, int64_t n, int64_t E, int64_t k, bool normalize);
 void glu_forward(float* out, const float* gate, const float* up, int64_t N, int64_t F,
                  ops::GluAct act);
 void glu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
