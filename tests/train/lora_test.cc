@@ -181,6 +181,10 @@ TEST(Lora, MixtureOfExpertsBaseGradientsMatchCentralDifferences) {
   TrainModel m(test::make_tiny_model(o), spec, ctx);
   perturb_adapters(m, 9);
   expect_central_differences(m);
+  // The experts' matrices take no adapters: refused by name, before anything is allocated.
+  spec.targets = {LayerMatrix::q, LayerMatrix::up};
+  tessera::test::expect_error([&] { TrainModel(test::make_tiny_model(o), spec, ctx); },
+                              "expert matrices (up)");
 }
 
 // Gemma 3's base under LoRA: the frozen post-norms, scaled embeddings and scores, local layers

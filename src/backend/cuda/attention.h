@@ -199,7 +199,9 @@ __host__ __device__ inline int kv_tiles_for_q_tile(int q_tile, int T, int bm, in
 __host__ __device__ inline bool tile_needs_mask(int q_tile, int kv_tile, int T, int bm, int bn,
                                                 bool causal, int window) {
   if ((kv_tile + 1) * bn > T) return true;
-  if (window > 0 && kv_tile * bn <= q_tile * bm + bm - 1 - window) return true;
+  // The window hides the tile's first key from its last real row (rows past T are padding).
+  const int last_row = (q_tile * bm + bm < T ? q_tile * bm + bm : T) - 1;
+  if (window > 0 && kv_tile * bn <= last_row - window) return true;
   return causal && kv_tile * bn + bn - 1 > q_tile * bm;
 }
 
