@@ -76,26 +76,25 @@ void add(const Context& ctx, float* out, const float* a, const float* b, int64_t
   TS_DISPATCH(add, (OpShape{"n", {n}}), elementwise_cost(n, 1, 3), out, a, b, n);
 }
 
-namespace {
-void check_attention(const AttentionArgs& a) {
-  TS_CHECK(a.H > 0 && a.C % a.H == 0, "[attention] width C=", a.C,
-           " is not divisible by heads H=", a.H);
-  TS_CHECK(a.Hkv > 0 && a.H % a.Hkv == 0, "[attention] key/value heads Hkv=", a.Hkv,
-           " do not divide the query heads H=", a.H);
-  TS_CHECK(a.window >= 0, "[attention] window=", a.window, " must be >= 0 (0: none)");
+void check_attention_args(const char* op, const AttentionArgs& a) {
+  TS_CHECK(a.B >= 0 && a.T >= 0, "[", op, "] negative size B=", a.B, " T=", a.T);
+  TS_CHECK(a.H > 0 && a.C > 0 && a.C % a.H == 0, "[", op, "] width C=", a.C,
+           " must be a positive multiple of heads H=", a.H);
+  TS_CHECK(a.Hkv > 0 && a.H % a.Hkv == 0, "[", op, "] key/value heads Hkv=", a.Hkv,
+           " must divide the query heads H=", a.H);
+  TS_CHECK(a.window >= 0, "[", op, "] window=", a.window, " must be >= 0 (0: none)");
 }
-}  // namespace
 
 void attention_forward(const Context& ctx, float* out, float* lse, const float* qkv,
                        const AttentionArgs& a) {
-  check_attention(a);
+  check_attention_args("attention_forward", a);
   TS_DISPATCH(attention_forward, (OpShape{"b t c h hkv", {a.B, a.T, a.C, a.H, a.Hkv}}),
               attention_forward_cost(a), out, lse, qkv, a);
 }
 
 void attention_backward(const Context& ctx, float* dqkv, const float* dout, const float* qkv,
                         const float* out, const float* lse, const AttentionArgs& a) {
-  check_attention(a);
+  check_attention_args("attention_backward", a);
   TS_DISPATCH(attention_backward, (OpShape{"b t c h hkv", {a.B, a.T, a.C, a.H, a.Hkv}}),
               attention_backward_cost(a), dqkv, dout, qkv, out, lse, a);
 }

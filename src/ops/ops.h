@@ -81,7 +81,12 @@ struct AttentionArgs {
   int64_t B = 0, T = 0, C = 0, H = 0, Hkv = 0;
   int64_t window = 0;  // W above; 0: none (every earlier key)
   bool round_bf16 = false;
+  // The first key query i sees: i - W + 1 with a window, at least 0.
+  int64_t first_key(int64_t i) const { return window > 0 && i + 1 > window ? i + 1 - window : 0; }
 };
+// Throws naming `op` and the field unless the sizes are consistent (the op and every kernel of
+// it check the same).
+void check_attention_args(const char* op, const AttentionArgs& a);
 void attention_forward(const Context& ctx, float* out, float* lse, const float* qkv,
                        const AttentionArgs& a);
 // dqkv (B,T,C+2*Hkv*D) = gradient (overwrites; a key/value head's sums over its query heads);

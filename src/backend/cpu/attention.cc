@@ -55,18 +55,14 @@ inline uint32_t* words(float* p) {
 
 inline void check_args(const char* op, const void* p0, const void* p1, const void* p2,
                        const ops::AttentionArgs& a) {
-  TS_CHECK(a.B >= 0 && a.T >= 0, "[", op, "] negative size B=", a.B, " T=", a.T);
-  TS_CHECK(a.H > 0 && a.C > 0 && a.C % a.H == 0, "[", op, "] width C=", a.C,
-           " must be a positive multiple of heads H=", a.H);
-  TS_CHECK(a.Hkv > 0 && a.H % a.Hkv == 0, "[", op, "] key/value heads Hkv=", a.Hkv,
-           " must divide the query heads H=", a.H);
-  TS_CHECK(a.window >= 0, "[", op, "] window=", a.window, " must be >= 0 (0: none)");
+  ops::check_attention_args(op, a);
   TS_CHECK(a.B * a.T == 0 || (p0 && p1 && p2), "[", op, "] null tensor pointer");
 }
 
-// The first key query i sees with window W (0: none): i - W + 1, at least 0.
+// The first key query i sees with window W (0: none), as ops::AttentionArgs::first_key says.
 inline size_t first_key(size_t i, size_t W) {
-  return W > 0 && i + 1 > W ? i + 1 - W : 0;
+  return static_cast<size_t>(
+      ops::AttentionArgs{.window = static_cast<int64_t>(W)}.first_key(static_cast<int64_t>(i)));
 }
 // One past the last query that sees key j: j + W (at most T), T without a window.
 inline size_t last_query_end(size_t j, size_t W, size_t T) {

@@ -281,6 +281,18 @@ __global__ void moe_route_backward_kernel(float* dlogits, const float* dweights,
   }
 }
 
+// The sum of every thread's v over the block (blockDim.x a power of two, at most kThreads), for
+// every thread; partial is the block's shared scratch of kThreads floats. Ends synchronized.
+__device__ float block_sum(float v, float* partial) {
+  partial[threadIdx.x] = v;
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
+    __syncthreads();
+  }
+  return partial[0];
+}
+
 // One block per row: the dot product reduced in the block, then the row scaled (dsrc may be src:
 // the reduction reads every element before any is written).
 __global__ void scatter_add_rows_backward_kernel(float* dsrc, float* dweight, const float* dy,
@@ -294,13 +306,8 @@ __global__ void scatter_add_rows_backward_kernel(float* dsrc, float* dweight, co
   const float* x = src + r * C;
   float dot = 0.0f;
   for (int64_t i = threadIdx.x; i < C; i += blockDim.x) dot += g[i] * x[i];
-  partial[threadIdx.x] = dot;
-  __syncthreads();
-  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) dweight[r] = partial[0];
+  dot = block_sum(dot, partial);
+  if (threadIdx.x == 0) dweight[r] = dot;
   const float w = weight[r];
   for (int64_t i = threadIdx.x; i < C; i += blockDim.x) dsrc[r * C + i] = w * g[i];
 }
@@ -316,13 +323,7 @@ __global__ void head_rmsnorm_kernel(float* x, int64_t ld, int64_t heads, int64_t
   float* s = x + row * ld + head * D;
   float sum = 0.0f;
   for (int64_t i = threadIdx.x; i < D; i += blockDim.x) sum += s[i] * s[i];
-  partial[threadIdx.x] = sum;
-  __syncthreads();
-  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
-    __syncthreads();
-  }
-  const float r = rsqrtf(partial[0] / static_cast<float>(D) + eps);
+  const float r = rsqrtf(block_sum(sum, partial) / static_cast<float>(D) + eps);
   for (int64_t i = threadIdx.x; i < D; i += blockDim.x) s[i] = s[i] * r * w[i];
 }
 

@@ -5,32 +5,13 @@
 #include <vector>
 
 #include "backend/cpu/ref/ref_kernels.h"
-#include "core/error.h"
 
 namespace tessera::cpu::ref {
 
-namespace {
-
-void check_shapes(const char* op, const ops::AttentionArgs& a) {
-  TS_CHECK(a.B >= 0 && a.T >= 0, "[", op, "] negative size B=", a.B, " T=", a.T);
-  TS_CHECK(a.H > 0 && a.C > 0 && a.C % a.H == 0, "[", op, "] width C=", a.C,
-           " must be a positive multiple of heads H=", a.H);
-  TS_CHECK(a.Hkv > 0 && a.H % a.Hkv == 0, "[", op, "] key/value heads Hkv=", a.Hkv,
-           " must divide the query heads H=", a.H);
-  TS_CHECK(a.window >= 0, "[", op, "] window=", a.window, " must be >= 0 (0: none)");
-}
-
-// The first key query i sees: i - W + 1 with a window W, else 0.
-int64_t first_key(int64_t i, int64_t window) {
-  return window > 0 && i + 1 > window ? i + 1 - window : 0;
-}
-
-}  // namespace
-
 // out (B,T,C), lse (B,H,T), qkv (B,T,C+2*Hkv*D): query head h reads key/value head h/(H/Hkv);
-// query i reads keys first_key(i) .. i.
+// query i reads keys a.first_key(i) .. i.
 void attention_forward(float* out, float* lse, const float* qkv, const ops::AttentionArgs& a) {
-  check_shapes("attention_forward", a);
+  ops::check_attention_args("attention_forward", a);
   const int64_t B = a.B, T = a.T, C = a.C, H = a.H, Hkv = a.Hkv;
   const int64_t D = C / H, ld = C + 2 * Hkv * D, group = H / Hkv;
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
@@ -42,7 +23,7 @@ void attention_forward(float* out, float* lse, const float* qkv, const ops::Atte
       const int64_t k_col = C + h / group * D, v_col = C + (Hkv + h / group) * D;
       for (int64_t i = 0; i < T; ++i) {
         const float* q = base + i * ld + h * D;
-        const int64_t j0 = first_key(i, a.window);
+        const int64_t j0 = a.first_key(i);
         double m = -INFINITY;
         for (int64_t j = j0; j <= i; ++j) {
           const float* k = base + j * ld + k_col;
@@ -73,7 +54,7 @@ void attention_forward(float* out, float* lse, const float* qkv, const ops::Atte
 // head's gradient sums over the query heads of its group.
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, const ops::AttentionArgs& a) {
-  check_shapes("attention_backward", a);
+  ops::check_attention_args("attention_backward", a);
   const int64_t B = a.B, T = a.T, C = a.C, H = a.H, Hkv = a.Hkv;
   const int64_t D = C / H, ld = C + 2 * Hkv * D, group = H / Hkv;
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
@@ -94,7 +75,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
           const double l = lse[(b * H + h) * T + i];
           double di = 0;
           for (int64_t d = 0; d < D; ++d) di += static_cast<double>(go[d]) * o[d];
-          for (int64_t j = first_key(i, a.window); j <= i; ++j) {
+          for (int64_t j = a.first_key(i); j <= i; ++j) {
             const float* k = base + j * ld + k_col;
             const float* v = base + j * ld + v_col;
             double s = 0, dp = 0;
