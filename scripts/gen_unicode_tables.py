@@ -32,35 +32,27 @@ def ranges(pred):
     return out
 
 
-def emit(name, count_name, rs):
-    lines = [f"const CodePointRange {name}[] = {{"]
-    row = []
-    for lo, hi in rs:
-        row.append(f"{{0x{lo:X}, 0x{hi:X}}},")
-        if len(row) == 4:
-            lines.append("    " + " ".join(row))
-            row = []
-    if row:
-        lines.append("    " + " ".join(row))
+def emit_table(c_type, name, count_name, items):
+    """A C array of the given initializers, four to a line, and its element count."""
+    lines = [f"const {c_type} {name}[] = {{"]
+    for i in range(0, len(items), 4):
+        lines.append("    " + " ".join(items[i:i + 4]))
     lines.append("};")
     lines.append(f"const size_t {count_name} = sizeof({name}) / sizeof({name}[0]);")
     return "\n".join(lines)
+
+
+def emit(name, count_name, rs):
+    return emit_table("CodePointRange", name, count_name,
+                      [f"{{0x{lo:X}, 0x{hi:X}}}," for lo, hi in rs])
 
 
 def emit_lowercase(name, count_name, pairs):
-    lines = [f"const LowercaseMapping {name}[] = {{"]
-    row = []
+    items = []
     for cp, low in pairs:
         extra = f", 0x{low[1]:X}" if len(low) > 1 else ", 0"
-        row.append(f"{{0x{cp:X}, 0x{low[0]:X}{extra}}},")
-        if len(row) == 4:
-            lines.append("    " + " ".join(row))
-            row = []
-    if row:
-        lines.append("    " + " ".join(row))
-    lines.append("};")
-    lines.append(f"const size_t {count_name} = sizeof({name}) / sizeof({name}[0]);")
-    return "\n".join(lines)
+        items.append(f"{{0x{cp:X}, 0x{low[0]:X}{extra}}},")
+    return emit_table("LowercaseMapping", name, count_name, items)
 
 
 def write(path, what, body):
