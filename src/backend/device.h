@@ -13,8 +13,6 @@ bool cuda_built();
 void register_cuda_ops_backend();
 int cuda_device_count();            // 0 when built without CUDA or no device is present
 std::string cuda_device_summary();  // "NVIDIA H200, 139 GiB, sm_90" or why there is none
-// Throws Error("... built without CUDA" or "no CUDA device") naming `what`.
-void require_cuda(const char* what);
 // Bytes/s a streaming read of `bytes` reaches on the current CUDA device (median of 10 runs after
 // 3 warmups); the yardstick of decode's roofline figure. Throws without a device.
 double cuda_read_bandwidth(size_t bytes = size_t{1} << 30);

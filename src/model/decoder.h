@@ -263,11 +263,6 @@ struct DecoderWeights {
   WeightRef output;                // (V, C); equals tok_embd when tied
 };
 
-// Tokenizer-related metadata a model file carries (strings as stored).
-struct DecoderVocabInfo {
-  std::string chat_template;  // jinja text or empty
-};
-
 // A loaded model: configuration, weights and whatever owns their bytes (mapped files, buffers).
 struct DecoderModel {
   DecoderConfig config;

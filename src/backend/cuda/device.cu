@@ -31,11 +31,4 @@ std::string cuda_device_summary() {
   return cat(p.name, ", ", p.totalGlobalMem >> 30, " GiB, sm_", p.major, p.minor);
 }
 
-void require_cuda(const char* what) {
-  TS_CHECK(cuda_device_count() > 0, "[cuda] ", what, ": no CUDA device is present");
-  fail("[cuda] ", what,
-       ": this entry takes host memory and runs on the CPU only; on CUDA the engine runs as a "
-       "whole on the device (infer::Engine with ctx.device cuda)");
-}
-
 }  // namespace tessera::backend

@@ -6,6 +6,12 @@
 
 namespace tessera::backend {
 
+namespace {
+[[noreturn]] void require_cuda(const char* what) {
+  fail("[cuda] ", what, ": this tessera was built without CUDA (configure with -DTESSERA_CUDA=on)");
+}
+}  // namespace
+
 bool cuda_built() {
   return false;
 }
@@ -15,9 +21,6 @@ int cuda_device_count() {
 }
 std::string cuda_device_summary() {
   return "built without CUDA";
-}
-void require_cuda(const char* what) {
-  fail("[cuda] ", what, ": this tessera was built without CUDA (configure with -DTESSERA_CUDA=on)");
 }
 
 double cuda_read_bandwidth(size_t) {
@@ -31,12 +34,12 @@ double cuda_bf16_peak_flops() {
 }
 
 std::unique_ptr<DeviceDecoder> make_cuda_decoder(const DecoderDesc&, int) {
-  require_cuda("--device cuda");
+  require_cuda("the CUDA device decoder");
   return nullptr;
 }
 
 std::unique_ptr<DeviceGpt2> make_cuda_gpt2(const Gpt2DeviceDesc&, int) {
-  require_cuda("--device cuda");
+  require_cuda("the CUDA GPT-2 step");
   return nullptr;
 }
 
