@@ -1,5 +1,5 @@
-// Helpers shared by the decoder writers (decoder_save.cc, decoder_save_hf.cc): q/k row orders
-// for the two RoPE layouts, row gathers and dequantization of WeightRefs.
+// Helpers shared by the decoder writers (decoder_gguf_write.cc, decoder_hf_write.cc): q/k row
+// orders for the two RoPE layouts, row gathers and dequantization of WeightRefs.
 #pragma once
 
 #include <cstdint>
