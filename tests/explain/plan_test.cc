@@ -108,6 +108,33 @@ TEST(Plan, MemoryCountedByHand) {
   EXPECT_EQ(by_type, p.weights);
 }
 
+// A model with sliding-window layers (every layer of this one, over 5 positions): the planner
+// counts the cache the engine would make, the other layers' whole context (none here) and the
+// windows' blocks of each sequence, far below a full cache at a long context; the engine of
+// the same options holds exactly that.
+TEST(Plan, WindowedLayersCountTheirWindowsOnly) {
+  model::DecoderModel m = tiny(model::DecoderArch::llama);
+  m.config.sliding_window = 5;
+  PlanInput in;
+  in.kv_type = DType::f16;
+  in.block_tokens = 4;
+  in.prefill_rows = 8;
+  const int64_t context = m.config.max_ctx, sequences = 3;
+  const MemoryPrediction p = predict_memory(m, in, sequences, context);
+  const double full = p.kv_per_token * static_cast<double>(sequences * context);
+  // (8 rows + W 5 - 2) / 4, rounded up, + 2 blocks a sequence, of 4 tokens each.
+  EXPECT_EQ(p.kv, p.kv_per_token * static_cast<double>(sequences * ((8 + 5 - 2 + 3) / 4 + 2) * 4));
+  EXPECT_LT(p.kv, full / 4);
+  infer::EngineOptions eo;
+  eo.max_ctx = context;
+  eo.kv_tokens = sequences * context;
+  eo.block_tokens = in.block_tokens;
+  eo.kv_type = in.kv_type;
+  eo.max_rows = in.prefill_rows;
+  eo.max_sequences = sequences;
+  EXPECT_EQ(static_cast<double>(infer::Engine(m, eo).kv_bytes()), p.kv);
+}
+
 // A machine with slow compute and fast memory: decode scales until the products turn
 // compute-bound, and the planner names that as the knee; one with slow memory and a long
 // context: the KV cache binds.

@@ -92,6 +92,15 @@ TEST(WindowPool, SameLogitsAsOnePoolAndOnlyTheWindowsHeld) {
   }
 }
 
+// What a row reads: the global layer over every key, each local one over its window at most.
+TEST(WindowPool, BytesReadCountEachLayersKeys) {
+  const model::DecoderModel m = gemma3_like();  // layers 0, 1 local over 5 positions; 2 global
+  const Engine e(m, options(2));
+  const int64_t row = 2 * m.config.n_kv_heads * m.config.head_dim * 4;  // a key and value, f32
+  EXPECT_EQ(e.kv_bytes_read(3), 3 * 3 * row);
+  EXPECT_EQ(e.kv_bytes_read(100), (100 + 5 + 5) * row);
+}
+
 TEST(WindowPool, KeptTogetherWhereItWouldNotSave) {
   const model::DecoderModel m = gemma3_like();
   EngineOptions o = options(40);  // 40 windows' blocks exceed the 64 blocks of the cache
