@@ -199,7 +199,8 @@ class CudaOpsBackend final : public ops::Backend {
                              int64_t, int64_t, int64_t, int64_t, int64_t, const float*,
                              float) override {
     fail(
-        "[cuda] head_rmsnorm_backward (the q/k norms under LoRA) has no CUDA kernel yet; "
+        "[cuda] head_rmsnorm_backward (training Qwen3, Gemma 3 or OLMoE q/k norms) has no CUDA "
+        "kernel yet; "
         "train on the CPU");
   }
   void rmsnorm_backward(const ops::Context& ctx, float* dinp, float* dw, const float* dout,
