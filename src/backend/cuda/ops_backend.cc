@@ -200,8 +200,7 @@ class CudaOpsBackend final : public ops::Backend {
                              float) override {
     fail(
         "[cuda] head_rmsnorm_backward (training Qwen3, Gemma 3 or OLMoE q/k norms) has no CUDA "
-        "kernel yet; "
-        "train on the CPU");
+        "kernel yet; train on the CPU");
   }
   void rmsnorm_backward(const ops::Context& ctx, float* dinp, float* dw, const float* dout,
                         const float* inp, const float* w, const float* rstd, int64_t N,
