@@ -123,6 +123,40 @@ TEST(DecoderKernels, KvAppendWritesPagedSlotsAndGatherPicksRows) {
                 m[static_cast<size_t>((r == 1 ? 0 : 3) * 7 + c)]);
 }
 
+// The q/k norms' backward against the CPU reference (double sums): per head and OLMoE's one head
+// of the whole width, dx written over dy (as the trainer calls it), dw added to what it held;
+// and twice on the same inputs gives the same bits (dw's sums have a fixed order).
+TEST(DecoderKernels, HeadNormBackwardMatchesTheReference) {
+  TS_REQUIRE_CUDA_DEVICE();
+  const int64_t n = 37, ld = 200, ld_x = 230;
+  for (const auto& [heads, D] : {std::pair<int64_t, int64_t>{3, 64}, {1, 192}}) {
+    const std::vector<float> x = random_values(n * ld_x, 6, 1.0f),
+                             dy = random_values(n * ld, 7, 1.0f);
+    const std::vector<float> w = random_values(D, 8, 0.5f), dw0 = random_values(D, 9, 0.1f);
+    std::vector<float> dx_want = dy, dw_want = dw0;
+    cpu::ref::head_rmsnorm_backward(dx_want.data(), dw_want.data(), dy.data(), x.data(), ld, ld_x,
+                                    n, heads, D, w.data(), 1e-6f);
+    std::vector<float> first;
+    for (int run = 0; run < 2; ++run) {
+      DeviceArray<float> ddy(dy), dxin(x), ddw(dw0), dwt(w);
+      DeviceArray<float> ws(static_cast<size_t>(head_rmsnorm_backward_workspace(n, heads, D)));
+      head_rmsnorm_backward(ddy.get(), ddw.get(), ddy.get(), dxin.get(), ld, ld_x, n, heads, D,
+                            dwt.get(), 1e-6f, ws.get(), nullptr);
+      const std::vector<float> got = ddy.download(), gw = ddw.download();
+      for (size_t i = 0; i < got.size(); ++i)
+        ASSERT_NEAR(got[i], dx_want[i], 1e-5f * (1 + std::fabs(dx_want[i])))
+            << "heads " << heads << " dx " << i;
+      for (size_t i = 0; i < gw.size(); ++i)
+        ASSERT_NEAR(gw[i], dw_want[i], 1e-4f * (1 + std::fabs(dw_want[i])))
+            << "heads " << heads << " dw " << i;
+      if (run == 0)
+        first = gw;
+      else
+        EXPECT_EQ(gw, first) << "dw differs between two runs";
+    }
+  }
+}
+
 // The q/k norms (per head, and OLMoE's one head of the whole width, inside a wider row) against
 // the CPU reference; the mixture-of-experts router and the weighted scatter-add likewise.
 TEST(DecoderKernels, HeadNormRouterAndScatterMatchTheReference) {

@@ -3,6 +3,8 @@
 // (append, rope + append, gather) are programmatic dependents (dependent_launch.cuh).
 #include <cuda_fp16.h>
 
+#include <algorithm>
+
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/decoder_kernels.h"
 #include "backend/cuda/dependent_launch.cuh"
@@ -327,6 +329,72 @@ __global__ void head_rmsnorm_kernel(float* x, int64_t ld, int64_t heads, int64_t
   for (int64_t i = threadIdx.x; i < D; i += blockDim.x) s[i] = s[i] * r * w[i];
 }
 
+// head_rmsnorm_backward, in three steps over the n * heads slices of D values (slice s: row
+// s / heads, head s % heads). 1: each slice's r = 1 / sqrt(mean(x^2) + eps), one block a slice.
+__global__ void head_rms_kernel(float* r, const float* x, int64_t ld_x, int64_t heads, int64_t D,
+                                float eps) {
+  allow_dependent_launch();
+  grid_dependency_wait();
+  __shared__ float partial[kThreads];
+  const int64_t s = blockIdx.x;
+  const float* xs = x + (s / heads) * ld_x + (s % heads) * D;
+  float sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) sum += xs[i] * xs[i];
+  sum = block_sum(sum, partial);
+  if (threadIdx.x == 0) r[s] = rsqrtf(sum / static_cast<float>(D) + eps);
+}
+
+// 2: dw's partial sums, a column d per thread and a chunk of `per_chunk` slices per blockIdx.y,
+// in slice order into partial (chunks, D); then each column's chunks summed in order into dw.
+__global__ void head_rms_dweight_partial_kernel(float* partial, const float* dy, const float* x,
+                                                const float* r, int64_t ld, int64_t ld_x,
+                                                int64_t slices, int64_t heads, int64_t D,
+                                                int64_t per_chunk) {
+  allow_dependent_launch();
+  grid_dependency_wait();
+  const int64_t d = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (d >= D) return;
+  const int64_t s0 = static_cast<int64_t>(blockIdx.y) * per_chunk;
+  const int64_t s1 = s0 + per_chunk < slices ? s0 + per_chunk : slices;
+  float acc = 0.0f;
+  for (int64_t s = s0; s < s1; ++s) {
+    const int64_t row = s / heads, col = (s % heads) * D + d;
+    acc += dy[row * ld + col] * x[row * ld_x + col] * r[s];
+  }
+  partial[blockIdx.y * D + d] = acc;
+}
+
+__global__ void head_rms_dweight_finalize_kernel(float* dw, const float* partial, int64_t chunks,
+                                                 int64_t D) {
+  allow_dependent_launch();
+  grid_dependency_wait();
+  const int64_t d = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (d >= D) return;
+  float acc = 0.0f;
+  for (int64_t c = 0; c < chunks; ++c) acc += partial[c * D + d];
+  dw[d] += acc;
+}
+
+// 3: dx = r (dy w - xhat mean(dy w xhat)), xhat = x r, one block a slice; dx may be dy (each
+// thread reads its elements for the sum before block_sum's barrier and writes them after).
+__global__ void head_rms_dx_kernel(float* dx, const float* dy, const float* x, const float* r,
+                                   int64_t ld, int64_t ld_x, int64_t heads, int64_t D,
+                                   const float* w) {
+  allow_dependent_launch();
+  grid_dependency_wait();
+  __shared__ float partial[kThreads];
+  const int64_t s = blockIdx.x, row = s / heads, col = (s % heads) * D;
+  const float* dys = dy + row * ld + col;
+  const float* xs = x + row * ld_x + col;
+  const float rs = r[s];
+  float sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) sum += dys[i] * w[i] * xs[i] * rs;
+  const float mean = block_sum(sum, partial) / static_cast<float>(D);
+  float* dxs = dx + row * ld + col;
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x)
+    dxs[i] = rs * (dys[i] * w[i] - xs[i] * rs * mean);
+}
+
 __global__ void gather_kernel(float* dst, const float* src, const int32_t* index, int64_t n,
                               int64_t C) {
   allow_dependent_launch();
@@ -496,6 +564,43 @@ void head_rmsnorm(float* x, int64_t ld, int64_t n, int64_t heads, int64_t D, con
   if (n == 0) return;
   launch_dependent(head_rmsnorm_kernel, dim3(static_cast<unsigned>(n * heads)), dim3(kThreads), 0,
                    stream, x, ld, heads, D, w, eps);
+}
+
+// dw's slices go in chunks of kSlicesPerChunk (at most kMaxChunks chunks): enough blocks to fill
+// the GPU at a training step's n * heads (thousands), few partial rows to finish.
+constexpr int64_t kSlicesPerChunk = 64, kMaxChunks = 1024;
+
+int64_t head_rms_chunks(int64_t slices) {
+  const int64_t per = std::max<int64_t>(kSlicesPerChunk, (slices + kMaxChunks - 1) / kMaxChunks);
+  return (slices + per - 1) / per;
+}
+
+int64_t head_rmsnorm_backward_workspace(int64_t n, int64_t heads, int64_t D) {
+  return n * heads + head_rms_chunks(n * heads) * D;
+}
+
+void head_rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, int64_t ld,
+                           int64_t ld_x, int64_t n, int64_t heads, int64_t D, const float* w,
+                           float eps, float* workspace, cudaStream_t stream) {
+  TS_CHECK(dx && dw && dy && x && w, "[head_rmsnorm_backward] null pointer");
+  TS_CHECK(n >= 0 && heads > 0 && D > 0 && ld >= heads * D && ld_x >= heads * D,
+           "[head_rmsnorm_backward] n=", n, " heads=", heads, " D=", D, " ld=", ld, " ld_x=", ld_x);
+  if (n == 0) return;
+  TS_CHECK(workspace, "[head_rmsnorm_backward] workspace is null");
+  const int64_t slices = n * heads, chunks = head_rms_chunks(slices);
+  const int64_t per_chunk = (slices + chunks - 1) / chunks;
+  float* r = workspace;
+  float* partial = workspace + slices;
+  launch_dependent(head_rms_kernel, dim3(static_cast<unsigned>(slices)), dim3(kThreads), 0, stream,
+                   r, x, ld_x, heads, D, eps);
+  const auto columns = static_cast<unsigned>((D + kThreads - 1) / kThreads);
+  launch_dependent(head_rms_dweight_partial_kernel, dim3(columns, static_cast<unsigned>(chunks)),
+                   dim3(kThreads), 0, stream, partial, dy, x, r, ld, ld_x, slices, heads, D,
+                   per_chunk);
+  launch_dependent(head_rms_dweight_finalize_kernel, dim3(columns), dim3(kThreads), 0, stream, dw,
+                   partial, chunks, D);
+  launch_dependent(head_rms_dx_kernel, dim3(static_cast<unsigned>(slices)), dim3(kThreads), 0,
+                   stream, dx, dy, x, r, ld, ld_x, heads, D, w);
 }
 
 void scatter_add_rows(float* dst, const float* src, const int32_t* index, const float* weight,

@@ -61,6 +61,13 @@ void gather_rows(float* dst, const float* src, const int32_t* index, int64_t n, 
 // one head of the whole width); device arrays.
 void head_rmsnorm(float* x, int64_t ld, int64_t n, int64_t heads, int64_t D, const float* w,
                   float eps, cudaStream_t stream);
+// Its backward (ops::head_rmsnorm_backward: dx may be dy); device arrays. workspace holds
+// head_rmsnorm_backward_workspace(n, heads, D) floats. dw's sums run in a fixed order (no
+// atomics), so a step repeats bit for bit.
+int64_t head_rmsnorm_backward_workspace(int64_t n, int64_t heads, int64_t D);
+void head_rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, int64_t ld,
+                           int64_t ld_x, int64_t n, int64_t heads, int64_t D, const float* w,
+                           float eps, float* workspace, cudaStream_t stream);
 // dst[index[i]] += weight[i] * src[i] for rows i in order (ops::scatter_add_rows); device arrays.
 void scatter_add_rows(float* dst, const float* src, const int32_t* index, const float* weight,
                       int64_t n, int64_t C, cudaStream_t stream);

@@ -195,12 +195,11 @@ class CudaOpsBackend final : public ops::Backend {
                     int64_t D, const float* w, float eps) override {
     cuda::head_rmsnorm(x, ld, n, heads, D, w, eps, stream(ctx));
   }
-  void head_rmsnorm_backward(const ops::Context&, float*, float*, const float*, const float*,
-                             int64_t, int64_t, int64_t, int64_t, int64_t, const float*,
-                             float) override {
-    fail(
-        "[cuda] head_rmsnorm_backward (training Qwen3, Gemma 3 or OLMoE q/k norms) has no CUDA "
-        "kernel yet; train on the CPU");
+  void head_rmsnorm_backward(const ops::Context& ctx, float* dx, float* dw, const float* dy,
+                             const float* x, int64_t ld, int64_t ld_x, int64_t n, int64_t heads,
+                             int64_t D, const float* w, float eps) override {
+    auto* ws = static_cast<float*>(scratch(cuda::head_rmsnorm_backward_workspace(n, heads, D), 4));
+    cuda::head_rmsnorm_backward(dx, dw, dy, x, ld, ld_x, n, heads, D, w, eps, ws, stream(ctx));
   }
   void rmsnorm_backward(const ops::Context& ctx, float* dinp, float* dw, const float* dout,
                         const float* inp, const float* w, const float* rstd, int64_t N,
