@@ -102,6 +102,20 @@ std::vector<double> rope_inv_freqs(const DecoderConfig& cfg, bool local, int64_t
   const std::vector<float>& divisors = long_rope ? cfg.rope_long_divisors : cfg.rope_freq_divisors;
   const int64_t pairs = cfg.rope_dim / 2;
   std::vector<double> inv(static_cast<size_t>(pairs));
+  // YaRN (Peng et al. 2023): the pair indices at which a frequency turns beta_fast and beta_slow
+  // times over the pretrained length, floor and ceil; the pairs between them ramp.
+  double yarn_low = 0, yarn_high = 0;
+  if (cfg.rope_scaling == RopeScaling::yarn) {
+    const double d = static_cast<double>(cfg.rope_dim);
+    auto pair_turning = [&](double rotations) {
+      return d *
+             std::log(static_cast<double>(cfg.rope_original_max_ctx) /
+                      (rotations * 2 * std::numbers::pi)) /
+             (2 * std::log(cfg.rope_theta));
+    };
+    yarn_low = std::max(0.0, std::floor(pair_turning(cfg.yarn_beta_fast)));
+    yarn_high = std::min(d - 1, std::ceil(pair_turning(cfg.yarn_beta_slow)));
+  }
   for (int64_t i = 0; i < pairs; ++i) {
     const double theta = local ? cfg.rope_theta_local : cfg.rope_theta;
     double f = std::pow(theta, -2.0 * static_cast<double>(i) / cfg.rope_dim);
@@ -125,19 +139,8 @@ std::vector<double> rope_inv_freqs(const DecoderConfig& cfg, bool local, int64_t
       }
     }
     if (cfg.rope_scaling == RopeScaling::yarn) {
-      // YaRN (Peng et al. 2023): the pair index at which a frequency turns `rotations` times
-      // over the pretrained length, floor and ceil of the fast and slow bounds, the ramp between.
-      const double d = static_cast<double>(cfg.rope_dim);
-      auto pair_turning = [&](double rotations) {
-        return d *
-               std::log(static_cast<double>(cfg.rope_original_max_ctx) /
-                        (rotations * 2 * std::numbers::pi)) /
-               (2 * std::log(theta));
-      };
-      const double low = std::max(0.0, std::floor(pair_turning(cfg.yarn_beta_fast)));
-      const double high = std::min(d - 1, std::ceil(pair_turning(cfg.yarn_beta_slow)));
-      const double ramp =
-          std::clamp((static_cast<double>(i) - low) / std::max(0.001, high - low), 0.0, 1.0);
+      const double ramp = std::clamp(
+          (static_cast<double>(i) - yarn_low) / std::max(0.001, yarn_high - yarn_low), 0.0, 1.0);
       f = ramp * f / cfg.rope_factor + (1 - ramp) * f;  // kept below low, slowed past high
     }
     if (!divisors.empty()) f /= divisors[static_cast<size_t>(i)];

@@ -7,6 +7,24 @@
 
 namespace tessera::cpu {
 
+namespace {
+
+// A row's softmax over its E logits, in f32: p(v) = exp(v - max) / sum (forward and backward
+// compute it alike, so the backward's p are the forward's bits).
+struct Softmax {
+  float mx = 0.0f, sum = 0.0f;
+  float p(float v) const { return std::exp(v - mx) / sum; }
+};
+Softmax softmax_of(const float* x, int64_t E) {
+  Softmax s;
+  s.mx = x[0];
+  for (int64_t e = 1; e < E; ++e) s.mx = std::fmax(s.mx, x[e]);
+  for (int64_t e = 0; e < E; ++e) s.sum += std::exp(x[e] - s.mx);
+  return s;
+}
+
+}  // namespace
+
 void moe_route(ThreadPool& pool, int32_t* ids, float* weights, const float* logits, int64_t n,
                int64_t E, int64_t k, bool normalize) {
   (void)pool;  // a few thousand values a layer
@@ -14,10 +32,7 @@ void moe_route(ThreadPool& pool, int32_t* ids, float* weights, const float* logi
     const float* x = logits + r * E;
     int32_t* id = ids + r * k;
     float* w = weights + r * k;
-    float mx = x[0];
-    for (int64_t e = 1; e < E; ++e) mx = std::fmax(mx, x[e]);
-    float sum = 0.0f;
-    for (int64_t e = 0; e < E; ++e) sum += std::exp(x[e] - mx);
+    const Softmax sm = softmax_of(x, E);
     // The j-th choice: the largest logit not chosen yet (the lower id on ties); p follows it.
     float chosen = 0.0f;
     for (int64_t j = 0; j < k; ++j) {
@@ -28,17 +43,13 @@ void moe_route(ThreadPool& pool, int32_t* ids, float* weights, const float* logi
         if (!taken && (best < 0 || x[e] > x[best])) best = e;
       }
       id[j] = static_cast<int32_t>(best);
-      w[j] = std::exp(x[best] - mx) / sum;
+      w[j] = sm.p(x[best]);
       chosen += w[j];
     }
     if (normalize)
       for (int64_t j = 0; j < k; ++j) w[j] /= chosen;
   }
 }
-
-}  // namespace tessera::cpu
-
-namespace tessera::cpu {
 
 // Per row: p recomputed as the forward computes it, then the closed forms of ops.h.
 void moe_route_backward(ThreadPool& pool, float* dlogits, const float* dweights, const int32_t* ids,
@@ -49,14 +60,11 @@ void moe_route_backward(ThreadPool& pool, float* dlogits, const float* dweights,
     const int32_t* id = ids + r * k;
     const float* dw = dweights + r * k;
     float* d = dlogits + r * E;
-    float mx = x[0];
-    for (int64_t e = 1; e < E; ++e) mx = std::fmax(mx, x[e]);
-    float sum = 0.0f;
-    for (int64_t e = 0; e < E; ++e) sum += std::exp(x[e] - mx);
+    const Softmax sm = softmax_of(x, E);
     float chosen = 0.0f;  // S, the chosen experts' share of p
-    for (int64_t j = 0; j < k; ++j) chosen += std::exp(x[id[j]] - mx) / sum;
+    for (int64_t j = 0; j < k; ++j) chosen += sm.p(x[id[j]]);
     auto w = [&](int64_t j) {  // the forward's weight of choice j
-      const float p = std::exp(x[id[j]] - mx) / sum;
+      const float p = sm.p(x[id[j]]);
       return normalize ? p / chosen : p;
     };
     float s = 0.0f;
@@ -65,7 +73,7 @@ void moe_route_backward(ThreadPool& pool, float* dlogits, const float* dweights,
       for (int64_t e = 0; e < E; ++e) d[e] = 0.0f;
       for (int64_t j = 0; j < k; ++j) d[id[j]] = w(j) * (dw[j] - s);
     } else {
-      for (int64_t e = 0; e < E; ++e) d[e] = -(std::exp(x[e] - mx) / sum) * s;
+      for (int64_t e = 0; e < E; ++e) d[e] = -sm.p(x[e]) * s;
       for (int64_t j = 0; j < k; ++j) d[id[j]] += w(j) * dw[j];
     }
   }

@@ -224,6 +224,19 @@ __global__ void scatter_add_kernel(float* dst, const float* src, const int32_t* 
     dst[static_cast<int64_t>(index[r]) * C + c] += weight[r] * src[r * C + c];
 }
 
+// A row's softmax over its E logits in f32, as the CPU kernel computes it: p(v) = exp(v - mx) /
+// sum.
+struct RowSoftmax {
+  float mx, sum;
+  __device__ float p(float v) const { return expf(v - mx) / sum; }
+};
+__device__ RowSoftmax row_softmax(const float* x, int64_t E) {
+  RowSoftmax s{x[0], 0.0f};
+  for (int64_t e = 1; e < E; ++e) s.mx = fmaxf(s.mx, x[e]);
+  for (int64_t e = 0; e < E; ++e) s.sum += expf(x[e] - s.mx);
+  return s;
+}
+
 // One thread per row: softmax in f32, then the top k by repeated scans (the CPU kernel's order,
 // ties to the lower id).
 __global__ void moe_route_kernel(int32_t* ids, float* weights, const float* logits, int64_t n,
@@ -235,10 +248,7 @@ __global__ void moe_route_kernel(int32_t* ids, float* weights, const float* logi
   const float* x = logits + r * E;
   int32_t* id = ids + r * k;
   float* w = weights + r * k;
-  float mx = x[0];
-  for (int64_t e = 1; e < E; ++e) mx = fmaxf(mx, x[e]);
-  float sum = 0.0f;
-  for (int64_t e = 0; e < E; ++e) sum += expf(x[e] - mx);
+  const RowSoftmax sm = row_softmax(x, E);
   float chosen = 0.0f;
   for (int64_t j = 0; j < k; ++j) {
     int64_t best = -1;
@@ -248,7 +258,7 @@ __global__ void moe_route_kernel(int32_t* ids, float* weights, const float* logi
       if (!taken && (best < 0 || x[e] > x[best])) best = e;
     }
     id[j] = static_cast<int32_t>(best);
-    w[j] = expf(x[best] - mx) / sum;
+    w[j] = sm.p(x[best]);
     chosen += w[j];
   }
   if (normalize)
@@ -267,18 +277,15 @@ __global__ void moe_route_backward_kernel(float* dlogits, const float* dweights,
   const int32_t* id = ids + r * k;
   const float* dw = dweights + r * k;
   float* d = dlogits + r * E;
-  float mx = x[0];
-  for (int64_t e = 1; e < E; ++e) mx = fmaxf(mx, x[e]);
-  float sum = 0.0f;
-  for (int64_t e = 0; e < E; ++e) sum += expf(x[e] - mx);
+  const RowSoftmax sm = row_softmax(x, E);
   float chosen = 0.0f;
-  for (int64_t j = 0; j < k; ++j) chosen += expf(x[id[j]] - mx) / sum;
+  for (int64_t j = 0; j < k; ++j) chosen += sm.p(x[id[j]]);
   const float norm = normalize ? chosen : 1.0f;
   float s = 0.0f;
-  for (int64_t j = 0; j < k; ++j) s += dw[j] * (expf(x[id[j]] - mx) / sum / norm);
-  for (int64_t e = 0; e < E; ++e) d[e] = normalize ? 0.0f : -(expf(x[e] - mx) / sum) * s;
+  for (int64_t j = 0; j < k; ++j) s += dw[j] * (sm.p(x[id[j]]) / norm);
+  for (int64_t e = 0; e < E; ++e) d[e] = normalize ? 0.0f : -sm.p(x[e]) * s;
   for (int64_t j = 0; j < k; ++j) {
-    const float w = expf(x[id[j]] - mx) / sum / norm;
+    const float w = sm.p(x[id[j]]) / norm;
     d[id[j]] += normalize ? w * (dw[j] - s) : w * dw[j];
   }
 }
