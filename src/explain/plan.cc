@@ -137,38 +137,50 @@ double measure_prefill_attention_gflops(const ops::Context& ctx, const model::De
   return ops::paged_attention_cost(a).flops / s * 1e-9;
 }
 
-// Seconds per row that the cache append takes writing into a cache that streams from memory:
-// 16 rows a call, each into a block of its own, successive calls into other blocks of a cache
-// as large as the attention measurement's (6,144 blocks: 151 MB for SmolLM2 in f16; with 768
-// the lines stayed in the caches and the append came out 4x faster than in a decode step). With
-// the keys stored transposed, each key element lands in a cache line of its own, so the append
-// costs far more than its bytes say.
+// Seconds per row that a layer's rotation and cache append (ops::rope_kv_append, as the engine
+// issues it) take writing into a cache that streams from memory: 16 rows a call, each into a
+// block of its own, successive calls into other blocks of a cache as large as the attention
+// measurement's (6,144 blocks: 151 MB for SmolLM2 in f16; with 768 the lines stayed in the caches
+// and the append came out 4x faster than in a decode step). With the keys stored transposed,
+// each key element lands in a cache line of its own, so the append costs far more than its bytes
+// say.
 double measure_kv_append_row_s(const ops::Context& ctx, const model::DecoderConfig& c,
                                DType kv_type) {
   constexpr int64_t kRows = 16, kBlock = 32, kBlocks = 16 * 48 * 8;
-  ops::KvAppendArgs a;
+  ops::RopeKvAppendArgs a;
   set_cpu_layout(a, c, kv_type, kBlock);
   a.n_blocks = kBlocks;
   AlignedBuffer<uint8_t> kv(
       static_cast<size_t>(kBlocks * a.block_stride * dtype_bytes(kv_type, 1)));
   std::memset(kv.data(), 0, kv.size());
-  const int64_t KV = a.Hkv * a.D;
-  std::vector<float> k(static_cast<size_t>(kRows * KV), 0.5f), v(k);
-  std::vector<int32_t> slot(kRows);
+  const int64_t QD = c.q_dim(), KV = c.kv_dim(), ld = QD + 2 * KV;
+  std::vector<float> qkv(static_cast<size_t>(kRows * ld), 0.5f), q(static_cast<size_t>(kRows * QD));
+  std::vector<int32_t> slot(kRows), pos(kRows);
+  constexpr int64_t kPositions = 4096;
+  ops::RopeTable rope;
+  if (c.arch == model::DecoderArch::llama) {
+    rope = ops::make_rope_table(kPositions, model::rope_inv_freqs(c), c.rope_attn_factor);
+    a.rope = &rope;
+    a.layout = c.rope_layout;
+    a.positions = pos.data();
+  }
   a.kv = kv.data();
-  a.k = k.data();
-  a.v = v.data();
-  a.ldk = a.ldv = KV;
+  a.q = qkv.data(), a.ldq = ld, a.H = c.n_heads, a.q_out = q.data();
+  a.k = qkv.data() + QD;
+  a.v = qkv.data() + QD + KV;
+  a.ldk = a.ldv = ld;
   a.rows = kRows;
   a.slot = slot.data();
   int64_t step = 0;
   constexpr int64_t kCalls = 48;  // one per copy of the layer, as a step's layers follow
   const double s = median_seconds(5, [&] {
     for (int64_t call = 0; call < kCalls; ++call, ++step) {
-      for (int64_t r = 0; r < kRows; ++r)  // row r of this call: its block, the next token
+      for (int64_t r = 0; r < kRows; ++r) {  // row r of this call: its block, the next token
         slot[static_cast<size_t>(r)] =
             static_cast<int32_t>(((step % 384) * kRows + r) * kBlock + (step / 384) % kBlock);
-      ops::kv_append(ctx, a);
+        pos[static_cast<size_t>(r)] = static_cast<int32_t>(step % kPositions);
+      }
+      ops::rope_kv_append(ctx, a);
     }
   });
   return s / static_cast<double>(kCalls * kRows);
@@ -187,7 +199,7 @@ double measure_sample_s(int64_t vocab) {
 }
 
 bool is_attention(const std::string& op) {
-  return op == "paged_attention" || op == "kv_append";
+  return op == "paged_attention" || op == "rope_kv_append";
 }
 
 // "m=1 k=576 n=960", "k" -> 576; 0 when absent.
@@ -540,7 +552,7 @@ StepPrediction price_ops(const std::vector<ops::OpTotal>& ops, const Machine& ma
       o.roof.compute_s = 0;
       o.roof.memory_level = "attention";
     }
-    if (decode && t.op == "kv_append" && machine.kv_append_row_s > 0) {
+    if (decode && t.op == "rope_kv_append" && machine.kv_append_row_s > 0) {
       o.roof.memory_s =
           static_cast<double>(t.calls * shape_extent(t.shape, "rows")) * machine.kv_append_row_s;
       o.roof.compute_s = 0;

@@ -56,8 +56,8 @@ struct Machine {
   // GFLOP/s of paged attention over a prompt's rows, the sequence's cache hot (measured); 0: its
   // roofs.
   double prefill_attention_gflops = 0;
-  // Seconds per row of one layer's cache append into a cache that streams (measured); 0: its
-  // roofs.
+  // Seconds per row of one layer's rotation and cache append (ops::rope_kv_append) into a cache
+  // that streams (measured); 0: its roofs.
   double kv_append_row_s = 0;
   // Seconds of one greedy pick over the vocabulary (measured); 0: not counted.
   double sample_s = 0;

@@ -21,7 +21,6 @@ enum Act {
   kXn,
   kQkv,
   kQ,
-  kK,
   kAtt,
   kFfA,
   kFfB,
@@ -49,10 +48,21 @@ int64_t max_lora_rank(const DecoderModel& m) {
 // adapter). A MoE layer's MLP runs k rows per token.
 std::array<int64_t, kNumActs> act_widths(const DecoderConfig& c, int64_t lora_rank) {
   const int64_t k = c.moe() ? c.n_experts_used : 0, ff = c.d_ff * std::max<int64_t>(k, 1);
-  return {c.d_model,    c.d_model,  c.d_model, c.q_dim() + 2 * c.kv_dim(),
-          c.q_dim(),    c.kv_dim(), c.q_dim(), ff,
-          ff,           1,          1,         std::max<int64_t>(lora_rank, 1),
-          c.n_experts,  2 * k,      2 * k,     k * c.d_model,
+  return {c.d_model,
+          c.d_model,
+          c.d_model,
+          c.q_dim() + 2 * c.kv_dim(),
+          c.q_dim(),
+          c.q_dim(),
+          ff,
+          ff,
+          1,
+          1,
+          std::max<int64_t>(lora_rank, 1),
+          c.n_experts,
+          2 * k,
+          2 * k,
+          k * c.d_model,
           k * c.d_model};
 }
 // Logit rows per head call on a device (bounds the device's logits buffer at large vocabularies).
@@ -74,36 +84,36 @@ class DecoderForward::PagedAttention final : public BlockAttention {
   void attend(int64_t l, float* qkv, float* att, int64_t n) override {
     const DecoderConfig& c = f_.model_.config;
     const ops::Context& ctx = f_.ctx_;
-    const int64_t D = c.head_dim, H = c.n_heads, Hkv = c.n_kv_heads;
+    const int64_t H = c.n_heads;
     const int64_t QD = c.q_dim(), KV = c.kv_dim(), ld = QD + 2 * KV;
-    // q and k as contiguous (n, H, D) rows for RoPE and the attention kernel; v is read in place.
-    float* q = f_.buf(kQ);
-    float* k = f_.buf(kK);
-    ops::copy_rows(ctx, q, QD, qkv, ld, n, QD);
-    ops::copy_rows(ctx, k, KV, qkv + QD, ld, n, KV);
-    const int32_t* pos = f_.ints(kPos);
-    if (c.arch == DecoderArch::llama && c.rotary(l)) {
-      const ops::RopeTable& rope = c.local(l) ? f_.rope_local_ : f_.rope_;
-      ops::rope_forward(ctx, q, q, rope, pos, 0, 1, n, H, D, c.rope_layout);
-      ops::rope_forward(ctx, k, k, rope, pos, 0, 1, n, Hkv, D, c.rope_layout);
-    }
     // The layer's pool: the windowed layers' own where the cache keeps them apart.
     const bool apart = kv_.windowed != nullptr && c.window(l) > 0;
     const PagedKv& pool = apart ? *kv_.windowed : kv_;
     const int64_t layer = kv_.windowed ? f_.pool_layer_[static_cast<size_t>(l)] : l;
     const int64_t eb = dtype_bytes(pool.layout.kv_type, 1);
     uint8_t* base = pool.base + layer * pool.layer_stride * eb;
-    ops::KvAppendArgs ap;
+    // One op: q rotated into its own (n, H, D) rows for the attention kernel, k rotated and v
+    // read in place from qkv into the cache.
+    float* q = f_.buf(kQ);
+    ops::RopeKvAppendArgs ap;
     static_cast<ops::PagedKvLayout&>(ap) = pool.layout;
     ap.kv = base;
-    ap.k = k;
-    ap.ldk = KV;
+    ap.q = qkv;
+    ap.ldq = ld;
+    ap.H = H;
+    ap.q_out = q;
+    ap.k = qkv + QD;
     ap.v = qkv + QD + KV;
-    ap.ldv = ld;
+    ap.ldk = ap.ldv = ld;
     ap.rows = n;
     ap.slot = f_.ints(apart ? kWindowSlot : kSlot);
     ap.n_blocks = pool.n_blocks;
-    ops::kv_append(ctx, ap);
+    if (c.arch == DecoderArch::llama && c.rotary(l)) {
+      ap.rope = c.local(l) ? &f_.rope_local_ : &f_.rope_;
+      ap.layout = c.rope_layout;
+      ap.positions = f_.ints(kPos);
+    }
+    ops::rope_kv_append(ctx, ap);
 
     ops::PagedAttentionArgs a;
     static_cast<ops::PagedKvLayout&>(a) = pool.layout;

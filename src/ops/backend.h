@@ -85,6 +85,7 @@ class Backend {
                                std::span<const WtProduct> products) = 0;
   virtual void paged_attention(const Context& ctx, const PagedAttentionArgs& a) = 0;
   virtual void kv_append(const Context& ctx, const KvAppendArgs& a) = 0;
+  virtual void rope_kv_append(const Context& ctx, const RopeKvAppendArgs& a) = 0;
   virtual void copy_rows(const Context& ctx, float* dst, int64_t ld_dst, const float* src,
                          int64_t ld_src, int64_t rows, int64_t cols) = 0;
   virtual void gather_rows(const Context& ctx, float* dst, const float* src, const int32_t* index,

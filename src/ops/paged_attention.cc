@@ -19,6 +19,18 @@ void check_layout(const PagedKvLayout& a, const char* op) {
            "] KV cache type must be f32 or f16, not ", dtype_name(a.kv_type));
 }
 
+// kv_append's checks: the layout, the shapes, and on the CPU every row's slot.
+void check_append(const Context& ctx, const KvAppendArgs& a, const char* op) {
+  check_layout(a, op);
+  const int64_t KV = a.Hkv * a.D;
+  TS_CHECK(a.rows >= 0 && a.ldk >= KV && a.ldv >= KV, "[", op, "] bad shape (rows ", a.rows,
+           ", ldk ", a.ldk, ", ldv ", a.ldv, ", Hkv*D ", KV, ")");
+  if (ctx.device == Device::cpu)
+    for (int64_t r = 0; r < a.rows; ++r)
+      TS_CHECK(a.slot[r] >= 0 && a.slot[r] < a.n_blocks * a.block_tokens, "[", op, "] row ", r,
+               ": slot ", a.slot[r], " outside the cache's ", a.n_blocks * a.block_tokens);
+}
+
 }  // namespace
 
 void paged_attention(const Context& ctx, const PagedAttentionArgs& a) {
@@ -55,14 +67,8 @@ bool paged_keys_transposed(Device d) {
 }
 
 void kv_append(const Context& ctx, const KvAppendArgs& a) {
-  check_layout(a, "kv_append");
+  check_append(ctx, a, "kv_append");
   const int64_t KV = a.Hkv * a.D;
-  TS_CHECK(a.rows >= 0 && a.ldk >= KV && a.ldv >= KV, "[kv_append] bad shape (rows ", a.rows,
-           ", ldk ", a.ldk, ", ldv ", a.ldv, ", Hkv*D ", KV, ")");
-  if (ctx.device == Device::cpu)
-    for (int64_t r = 0; r < a.rows; ++r)
-      TS_CHECK(a.slot[r] >= 0 && a.slot[r] < a.n_blocks * a.block_tokens, "[kv_append] row ", r,
-               ": slot ", a.slot[r], " outside the cache's ", a.n_blocks * a.block_tokens);
   if (a.rows == 0) return;
   detail::observed(
       ctx, "kv_append",
@@ -74,6 +80,40 @@ void kv_append(const Context& ctx, const KvAppendArgs& a) {
         return OpCost{0, 2 * n * (4 + dtype_bytes(a.kv_type, 1))};
       },
       [&] { backend(ctx.device).kv_append(ctx, a); });
+}
+
+void rope_kv_append(const Context& ctx, const RopeKvAppendArgs& a) {
+  const char* op = "rope_kv_append";
+  check_append(ctx, a, op);
+  TS_CHECK(a.H > 0 && a.H % a.Hkv == 0 && a.ldq >= a.H * a.D, "[", op, "] bad query shape (H ", a.H,
+           ", Hkv ", a.Hkv, ", ldq ", a.ldq, ", H*D ", a.H * a.D, ")");
+  if (a.rope) {
+    const int64_t R = a.rope->rotary_dim;
+    TS_CHECK(R > 0 && R % 2 == 0 && R <= a.D, "[", op, "] rotary_dim=", R,
+             " must be positive, even and at most D=", a.D);
+    TS_CHECK(a.positions != nullptr, "[", op, "] a rotation needs the rows' positions");
+    TS_CHECK(ctx.device == Device::cpu || a.rope->device != nullptr, "[", op,
+             "] the rope table has no copy on ", device_name(ctx.device));
+    if (ctx.device == Device::cpu)
+      for (int64_t r = 0; r < a.rows; ++r)
+        TS_CHECK(a.positions[r] >= 0 && a.positions[r] < a.rope->max_pos, "[", op, "] row ", r,
+                 ": position ", a.positions[r], " outside the rope table's [0, ", a.rope->max_pos,
+                 ")");
+  }
+  if (a.rows == 0) return;
+  detail::observed(
+      ctx, op,
+      [&] {
+        return OpShape{"rows h hkv d", {a.rows, a.H, a.Hkv, a.D}, dtype_name(a.kv_type)};
+      },
+      [&] {
+        // q read and written, k and v read (f32) and written to the cache; 6 flops a rotated pair.
+        const double rows = static_cast<double>(a.rows), D = static_cast<double>(a.D);
+        const double pairs = a.rope ? rows * (a.H + a.Hkv) * (a.rope->rotary_dim / 2) : 0;
+        return OpCost{6 * pairs,
+                      rows * D * (8.0 * a.H + 2 * a.Hkv * (4 + dtype_bytes(a.kv_type, 1)))};
+      },
+      [&] { backend(ctx.device).rope_kv_append(ctx, a); });
 }
 
 OpCost paged_attention_cost(const PagedAttentionArgs& a, bool arrays_on_host) {

@@ -67,4 +67,21 @@ struct KvAppendArgs : PagedKvLayout {
 };
 void kv_append(const Context& ctx, const KvAppendArgs& a);
 
+// The attention's inputs of one chunk in one op (what copy_rows, rope_forward on q and on k, and
+// kv_append do in sequence, bit for bit): row r's query (H heads of D floats at q + r * ldq) is
+// rotated at position positions[r] into q_out (rows, H, D); its key (at k + r * ldk) is rotated
+// the same way and written with its value to cache slot slot[r] as kv_append writes them. Without
+// a table (GPT-2, layers without RoPE) the query is copied and the key appended as it is. q_out
+// must not overlap q, k or v. positions (rows) is in the device's memory; off the CPU the table
+// needs its device copy (RopeTable::device).
+struct RopeKvAppendArgs : KvAppendArgs {
+  const float* q = nullptr;
+  int64_t ldq = 0, H = 0;
+  float* q_out = nullptr;
+  const RopeTable* rope = nullptr;  // null: no rotation
+  RopeLayout layout = RopeLayout::half;
+  const int32_t* positions = nullptr;  // (rows); needed with a table
+};
+void rope_kv_append(const Context& ctx, const RopeKvAppendArgs& a);
+
 }  // namespace tessera::ops

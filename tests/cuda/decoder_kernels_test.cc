@@ -4,6 +4,7 @@
 // the append), and the row gather.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -273,11 +274,21 @@ TEST(DecoderKernels, RopeAppendMatchesRopeThenAppend) {
                               nullptr);
           kv_cache_append(layer1, t, k1.get(), v_dev.get(), dslot.get(), rows, Hkv, D, BT, stride,
                           half, nullptr);
-          // One launch.
-          DeviceArray<float> q2(q), k2(k);
+          // One launch, from q, k and v side by side in rows of a qkv buffer (as the products
+          // leave them) into a separate q.
+          const int64_t QD = H * D, KV = Hkv * D, ld = QD + 2 * KV;
+          std::vector<float> qkv(static_cast<size_t>(rows * ld));
+          for (int64_t r = 0; r < rows; ++r) {
+            std::copy_n(q.begin() + r * QD, QD, qkv.begin() + r * ld);
+            std::copy_n(k.begin() + r * KV, KV, qkv.begin() + r * ld + QD);
+            std::copy_n(v.begin() + r * KV, KV, qkv.begin() + r * ld + QD + KV);
+          }
+          DeviceArray<float> qkv_dev(qkv), q2(q);
           DeviceArray<uint8_t> cache2(static_cast<size_t>(blocks * stride * eb));
           RopeAppendArgs a;
-          a.q = q2.get(), a.k = k2.get(), a.v = v_dev.get();
+          a.q = qkv_dev.get(), a.k = qkv_dev.get() + QD, a.v = qkv_dev.get() + QD + KV;
+          a.ldq = a.ldk = a.ldv = ld;
+          a.q_out = q2.get();
           a.rows = rows, a.H = H, a.Hkv = Hkv, a.D = D;
           a.table = table, a.layout = layout, a.positions = dpos.get();
           a.layer_kv = cache2.get() + 2 * half * eb, a.kv_type = t, a.slot = dslot.get();
@@ -291,10 +302,20 @@ TEST(DecoderKernels, RopeAppendMatchesRopeThenAppend) {
             std::memcpy(b.data(), x.data(), x.size() * 4);
             return b;
           };
-          const std::vector<float> q_got = q2.download(), k_got = k2.download();
+          const std::vector<float> q_got = q2.download();
           ASSERT_EQ(bits(q_got), bits(q1.download())) << what << ": q";
-          ASSERT_EQ(bits(k_got), bits(k1.download())) << what << ": k";
+          ASSERT_EQ(bits(qkv_dev.download()), bits(qkv)) << what << ": the inputs were written";
           ASSERT_EQ(cache2.download(), cache1.download()) << what << ": cache";
+          // In place on packed rows, as the device decoder calls it: the same q and cache.
+          DeviceArray<float> q3(q), k3(k);
+          DeviceArray<uint8_t> cache3(static_cast<size_t>(blocks * stride * eb));
+          RopeAppendArgs b = a;
+          b.q = b.q_out = q3.get(), b.k = k3.get(), b.v = v_dev.get();
+          b.ldq = b.ldk = b.ldv = 0;
+          b.layer_kv = cache3.get() + 2 * half * eb;
+          rope_kv_append(b, nullptr);
+          ASSERT_EQ(bits(q3.download()), bits(q_got)) << what << ": q in place";
+          ASSERT_EQ(cache3.download(), cache1.download()) << what << ": cache in place";
           // The rotation did something, and the bad position gave NaN.
           ASSERT_NE(q_got[static_cast<size_t>(H * D)], q[static_cast<size_t>(H * D)]) << what;
           ASSERT_TRUE(std::isnan(q_got[static_cast<size_t>(3 * H * D)])) << what;
@@ -306,7 +327,8 @@ TEST(DecoderKernels, RopeAppendRefusesBadShapes) {
   auto* fake = reinterpret_cast<float*>(uintptr_t{256});
   auto* ints = reinterpret_cast<int32_t*>(uintptr_t{256});
   RopeAppendArgs a;
-  a.q = fake, a.k = fake, a.v = fake, a.positions = ints, a.slot = ints, a.layer_kv = fake;
+  a.q = a.q_out = fake, a.k = fake, a.v = fake, a.positions = ints, a.slot = ints,
+  a.layer_kv = fake;
   a.table.cos = fake, a.table.sin = fake, a.table.max_pos = 16, a.table.rotary_dim = 64;
   a.rows = 1, a.H = 4, a.Hkv = 2, a.D = 64, a.block_tokens = 16;
   a.v_offset = 2 * 16 * 64, a.block_stride = 2 * a.v_offset;
@@ -325,6 +347,9 @@ TEST(DecoderKernels, RopeAppendRefusesBadShapes) {
   RopeAppendArgs no_table = a;
   no_table.table.sin = nullptr;
   tessera::test::expect_error([&] { rope_kv_append(no_table, nullptr); }, "rope table");
+  RopeAppendArgs shifted = a;
+  shifted.q_out = fake + 8;  // overlaps q's row without being q
+  tessera::test::expect_error([&] { rope_kv_append(shifted, nullptr); }, "q_out overlaps");
 }
 
 }  // namespace

@@ -202,7 +202,7 @@ TEST(Plan, MeasuredRatesPriceTheirOps) {
   const std::vector<ops::OpTotal> decode = {
       op("matmul_wt", "m=1 k=64 n=128", "q8_0x8", 16384, 8704, 8704),
       op("paged_attention", "rows=1 h=4 hkv=2 d=16", "f16", 4096, 2e6, 2e6),
-      op("kv_append", "rows=1 hkv=2 d=16", "f16", 0, 192, 0)};
+      op("rope_kv_append", "rows=1 h=4 hkv=2 d=16", "f16", 0, 192, 0)};
   const StepPrediction d = price_ops(decode, m, 1, 1);
   ASSERT_EQ(d.ops.size(), 3u);
   EXPECT_NEAR(d.ops[0].roof.seconds(), 16384 / 1e9, 1e-12);

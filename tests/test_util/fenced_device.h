@@ -175,6 +175,10 @@ class FencedDevice final : public ops::Backend {
             db, dy, m, n)
   TS_FENCED(paged_attention, (const ops::Context& ctx, const ops::PagedAttentionArgs& a), a)
   TS_FENCED(kv_append, (const ops::Context& ctx, const ops::KvAppendArgs& a), a)
+  void rope_kv_append(const ops::Context& ctx, const ops::RopeKvAppendArgs& a) override {
+    if (a.rope) host_table(*a.rope);
+    run([=, this] { cpu().rope_kv_append(host(ctx), a); });
+  }
   TS_FENCED(copy_rows,
             (const ops::Context& ctx, float* dst, int64_t ld_dst, const float* src, int64_t ld_src,
              int64_t rows, int64_t cols),

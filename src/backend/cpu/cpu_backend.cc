@@ -3,6 +3,7 @@
 #include "backend/cpu/cpu_backend.h"
 
 #include <cstring>
+#include <vector>
 
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/paged_attention.h"
@@ -159,6 +160,25 @@ class CpuBackend final : public ops::Backend {
     cpu::paged_attention(ctx.threads(), a);
   }
   void kv_append(const ops::Context&, const ops::KvAppendArgs& a) override { cpu::kv_append(a); }
+  // The parts in sequence (the reference's or the SIMD rotation): on the CPU the op saves no pass
+  // over memory worth a kernel of its own (a chunk's q and k are a few KB per row, in cache).
+  void rope_kv_append(const ops::Context& ctx, const ops::RopeKvAppendArgs& a) override {
+    const int64_t QD = a.H * a.D, KV = a.Hkv * a.D;
+    thread_local std::vector<float> keys;  // grows once to the largest chunk, then is reused
+    if (keys.size() < static_cast<size_t>(a.rows * KV))
+      keys.resize(static_cast<size_t>(a.rows * KV));
+    cpu::copy_rows(a.q_out, QD, a.q, a.ldq, a.rows, QD);
+    cpu::copy_rows(keys.data(), KV, a.k, a.ldk, a.rows, KV);
+    if (a.rope) {
+      rope_forward(ctx, a.q_out, a.q_out, *a.rope, a.positions, 0, 1, a.rows, a.H, a.D, a.layout);
+      rope_forward(ctx, keys.data(), keys.data(), *a.rope, a.positions, 0, 1, a.rows, a.Hkv, a.D,
+                   a.layout);
+    }
+    ops::KvAppendArgs ap = a;
+    ap.k = keys.data();
+    ap.ldk = KV;
+    cpu::kv_append(ap);
+  }
   void copy_rows(const ops::Context&, float* dst, int64_t ld_dst, const float* src, int64_t ld_src,
                  int64_t rows, int64_t cols) override {
     cpu::copy_rows(dst, ld_dst, src, ld_src, rows, cols);

@@ -49,10 +49,12 @@ __global__ void append_kernel(T* kv, const float* k, const float* v, const int32
 
 // One thread per (row, head, pair p of dims) over the H query heads, then the Hkv key heads,
 // then the Hkv value heads (D / 2 pairs each). Query and key heads rotate pair p < R/2 (dims per
-// the layout) in place; key pairs p >= R/2 carry dims R + 2 (p - R/2) and the next unchanged.
-// Key and value pairs then go to the row's cache slot as append_kernel stores them.
+// the layout); pairs p >= R/2 carry dims R + 2 (p - R/2) and the next unchanged (R = 0: no
+// rotation at all). Queries go to q_out (rows, H, D); keys and values to the row's cache slot as
+// append_kernel stores them. Input rows are ldq, ldk and ldv floats apart.
 template <typename T, bool kInterleaved>
-__global__ void rope_append_kernel(T* kv, float* q, float* k, const float* v, const float* cos_tab,
+__global__ void rope_append_kernel(T* kv, const float* q, int64_t ldq, float* q_out, const float* k,
+                                   int64_t ldk, const float* v, int64_t ldv, const float* cos_tab,
                                    const float* sin_tab, int64_t max_pos, const int32_t* positions,
                                    const int32_t* slot, int64_t rows, int64_t H, int64_t Hkv,
                                    int64_t D, int64_t R, int64_t bt, int64_t stride,
@@ -65,10 +67,9 @@ __global__ void rope_append_kernel(T* kv, float* q, float* k, const float* v, co
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = i / (heads * pairs), e = i - r * (heads * pairs);
     const int64_t h = e / pairs, p = e - h * pairs;
-    const bool is_q = h < H, is_k = !is_q && h < H + Hkv;
-    if (is_q && p >= half) continue;  // q beyond the rotary dims: unchanged, not cached
-    int64_t ia, ib;                   // the two dims this thread handles
-    if (!is_q && !is_k) {
+    const bool is_q = h < H, is_k = !is_q && h < H + Hkv, is_v = !is_q && !is_k;
+    int64_t ia, ib;  // the two dims this thread handles
+    if (is_v) {
       ia = 2 * p, ib = 2 * p + 1;
     } else if (p < half) {
       ia = kInterleaved ? 2 * p : p;
@@ -76,19 +77,18 @@ __global__ void rope_append_kernel(T* kv, float* q, float* k, const float* v, co
     } else {
       ia = R + 2 * (p - half), ib = ia + 1;
     }
-    float* x = is_q ? q + (r * H + h) * D : is_k ? k + (r * Hkv + (h - H)) * D : nullptr;
-    float ya, yb;
-    if (x == nullptr) {
-      const float* vr = v + (r * Hkv + (h - H - Hkv)) * D;
-      ya = vr[ia], yb = vr[ib];
-    } else if (p < half) {
-      detail::rope_rotate_pair(x[ia], x[ib], cos_tab, sin_tab, max_pos, positions[r], half, p, 1.0f,
-                               &ya, &yb);
-      x[ia] = ya, x[ib] = yb;
-    } else {
-      ya = x[ia], yb = x[ib];  // k beyond the rotary dims: unchanged
+    const float* x = is_q   ? q + r * ldq + h * D
+                     : is_k ? k + r * ldk + (h - H) * D
+                            : v + r * ldv + (h - H - Hkv) * D;
+    float ya = x[ia], yb = x[ib];
+    if (!is_v && p < half)
+      detail::rope_rotate_pair(ya, yb, cos_tab, sin_tab, max_pos, positions[r], half, p, 1.0f, &ya,
+                               &yb);
+    if (is_q) {
+      float* o = q_out + (r * H + h) * D;
+      o[ia] = ya, o[ib] = yb;
+      continue;
     }
-    if (is_q) continue;
     const int64_t g = is_k ? h - H : h - H - Hkv;
     T* dst = cache_key_row(kv, slot[r], g, D, bt, stride) + (is_k ? 0 : v_off);
     store_kv(dst + ia, ya);
@@ -454,25 +454,34 @@ void kv_cache_append(void* layer_kv, DType kv_type, const float* k, const float*
 
 void rope_kv_append(const RopeAppendArgs& a, cudaStream_t stream) {
   const char* op = "rope_kv_append";
-  TS_CHECK(a.q && a.k && a.v && a.positions && a.layer_kv && a.slot, "[", op,
-           "] q, k, v, positions, layer_kv and slot must be set");
-  TS_CHECK(a.table.cos && a.table.sin, "[", op, "] rope table is null");
+  TS_CHECK(a.q && a.q_out && a.k && a.v && a.layer_kv && a.slot, "[", op,
+           "] q, q_out, k, v, layer_kv and slot must be set");
   TS_CHECK(a.rows >= 0 && a.H > 0 && a.Hkv > 0 && a.D > 0 && a.D % 2 == 0 && a.block_tokens > 0,
            "[", op, "] rows=", a.rows, " H=", a.H, " Hkv=", a.Hkv, " D=", a.D,
            " block_tokens=", a.block_tokens, " must be positive (D even)");
+  const int64_t ldq = a.ldq ? a.ldq : a.H * a.D, ldk = a.ldk ? a.ldk : a.Hkv * a.D;
+  const int64_t ldv = a.ldv ? a.ldv : a.Hkv * a.D;
+  TS_CHECK(ldq >= a.H * a.D && ldk >= a.Hkv * a.D && ldv >= a.Hkv * a.D, "[", op, "] ldq=", ldq,
+           " ldk=", ldk, " ldv=", ldv, " shorter than a row");
   const int64_t R = a.table.rotary_dim;
-  TS_CHECK(R > 0 && R % 2 == 0 && R <= a.D, "[", op, "] rotary_dim=", R,
-           " must be positive, even and at most D=", a.D);
+  TS_CHECK(R >= 0 && R % 2 == 0 && R <= a.D, "[", op, "] rotary_dim=", R,
+           " must be even and at most D=", a.D);
+  TS_CHECK(R == 0 || (a.table.cos && a.table.sin && a.positions), "[", op,
+           "] rope table or positions missing for rotary_dim=", R);
   TS_CHECK(a.table.max_pos >= 0, "[", op, "] table max_pos=", a.table.max_pos, " must be >= 0");
+  // In place (q_out == q) is the only overlap allowed: a thread reads its pair before writing it.
+  TS_CHECK(a.q_out == a.q || a.q_out + a.rows * a.H * a.D <= a.q || a.q + a.rows * ldq <= a.q_out,
+           "[", op, "] q_out overlaps q other than in place");
   check_cache_layout(op, a.kv_type, a.Hkv, a.D, a.block_tokens, a.block_stride, a.v_offset);
   if (a.rows == 0) return;
   const int64_t total = a.rows * (a.H + 2 * a.Hkv) * (a.D / 2);
   const bool inter = a.layout == RopeLayout::interleaved;
   const bool f16 = a.kv_type == DType::f16;
   auto launch = [&](auto kernel, auto* kv) {
-    launch_dependent(kernel, dim3(grid(total)), dim3(kThreads), 0, stream, kv, a.q, a.k, a.v,
-                     a.table.cos, a.table.sin, a.table.max_pos, a.positions, a.slot, a.rows, a.H,
-                     a.Hkv, a.D, R, a.block_tokens, a.block_stride, a.v_offset);
+    launch_dependent(kernel, dim3(grid(total)), dim3(kThreads), 0, stream, kv, a.q, ldq, a.q_out,
+                     a.k, ldk, a.v, ldv, a.table.cos, a.table.sin, a.table.max_pos, a.positions,
+                     a.slot, a.rows, a.H, a.Hkv, a.D, R, a.block_tokens, a.block_stride,
+                     a.v_offset);
   };
   auto* kv16 = static_cast<__half*>(a.layer_kv);
   auto* kv32 = static_cast<float*>(a.layer_kv);

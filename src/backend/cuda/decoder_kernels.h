@@ -22,14 +22,18 @@ void kv_cache_append(void* layer_kv, DType kv_type, const float* k, const float*
                      int64_t block_tokens, int64_t block_stride, int64_t v_offset,
                      cudaStream_t stream);
 
-// The decode step's RoPE and cache append in one launch: q (rows, H, D) and k (rows, Hkv, D) f32
-// rotated in place at positions[r] (device array) exactly as rope_forward rotates them (same
-// bits), then k and v (rows, Hkv, D) written to the cache exactly as kv_cache_append writes
-// them. D must be even; the rotary dims come from the table (R <= D).
+// The decode step's RoPE and cache append in one launch (ops::rope_kv_append): q (rows, H, D,
+// rows ldq floats apart) rotated at positions[r] (device array) into q_out (rows, H, D; may be q
+// itself when ldq = H * D), k (rows, Hkv, D, ldk apart) rotated the same way, exactly as
+// rope_forward rotates (same bits), and written with v (ldv apart) to the cache exactly as
+// kv_cache_append writes them. A stride of 0 means a packed row. D must be even; the rotary dims
+// come from the table (R <= D; R = 0 rotates nothing and needs no table or positions).
 struct RopeAppendArgs {
-  float* q = nullptr;
-  float* k = nullptr;
+  const float* q = nullptr;
+  float* q_out = nullptr;
+  const float* k = nullptr;
   const float* v = nullptr;
+  int64_t ldq = 0, ldk = 0, ldv = 0;
   int64_t rows = 0, H = 0, Hkv = 0, D = 0;
   RopeTableView table;
   RopeLayout layout = RopeLayout::half;

@@ -181,7 +181,7 @@ void CudaDecoder::layer(size_t l, int64_t n, int64_t max_keys) {
   } else {
     // RoPE on q and k and the cache append in one launch.
     cuda::RopeAppendArgs ra;
-    ra.q = q, ra.k = k, ra.v = v;
+    ra.q = ra.q_out = q, ra.k = k, ra.v = v;
     ra.rows = n, ra.H = d_.H, ra.Hkv = d_.Hkv, ra.D = d_.D;
     ra.table.cos = rope_.as<float>();
     ra.table.sin = rope_.as<float>() + d_.rope_max_pos * (d_.rope_dim / 2);

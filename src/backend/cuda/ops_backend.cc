@@ -396,6 +396,22 @@ class CudaOpsBackend final : public ops::Backend {
     kv_cache_append(a.kv, a.kv_type, k, v, a.slot, a.rows, a.Hkv, a.D, a.block_tokens,
                     a.block_stride, a.v_offset, s);
   }
+  // One launch: the kernel reads q, k and v at their strides and writes q_out and the cache.
+  void rope_kv_append(const ops::Context& ctx, const ops::RopeKvAppendArgs& a) override {
+    TS_CHECK(!a.k_transposed, "[cuda] the paged cache keeps keys as rows (k_transposed false)");
+    RopeAppendArgs r;
+    r.q = a.q, r.q_out = a.q_out, r.k = a.k, r.v = a.v;
+    r.ldq = a.ldq, r.ldk = a.ldk, r.ldv = a.ldv;
+    r.rows = a.rows, r.H = a.H, r.Hkv = a.Hkv, r.D = a.D;
+    if (a.rope) {
+      r.table = view(*a.rope);
+      r.layout = rope(a.layout);
+      r.positions = a.positions;
+    }
+    r.layer_kv = a.kv, r.kv_type = a.kv_type, r.slot = a.slot;
+    r.block_tokens = a.block_tokens, r.block_stride = a.block_stride, r.v_offset = a.v_offset;
+    cuda::rope_kv_append(r, stream(ctx));
+  }
   void copy_rows(const ops::Context& ctx, float* dst, int64_t ld_dst, const float* src,
                  int64_t ld_src, int64_t rows, int64_t cols) override {
     TS_CUDA_CHECK(cudaMemcpy2DAsync(
