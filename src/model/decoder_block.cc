@@ -58,10 +58,21 @@ void linear_group(const ops::Context& ctx, Stage stage, const float* x, int64_t 
   ops::matmul_wt_group(ctx, x, n, K, {products, static_cast<size_t>(np)});
 }
 
+// A norm of n rows: its output and saved statistics, and its weights.
+struct NormInto {
+  float* out = nullptr;
+  float* mean = nullptr;
+  float* rstd = nullptr;
+  const WeightRef* w = nullptr;
+  const WeightRef* b = nullptr;
+};
+
 // out (n,C) = stream + t.branch, the branch RMS-normalized first with weights post (post_norms);
 // which: 0 the attention branch, 1 the MLP's (its slot of t.post_in and t.post_rstd where kept).
+// With norm.out set, the join also writes the norm of out (one ops::residual_norm).
 void join_branch(const ops::Context& ctx, const DecoderConfig& c, const BlockTensors& t, int64_t n,
-                 const WeightRef& post, const float* stream, float* out, int64_t which) {
+                 const WeightRef& post, const float* stream, float* out, int64_t which,
+                 const NormInto& norm) {
   const int64_t C = c.d_model;
   if (c.post_norms) {
     float* rstd = t.post_rstd;
@@ -72,7 +83,15 @@ void join_branch(const ops::Context& ctx, const DecoderConfig& c, const BlockTen
     ops::rmsnorm_forward(ctx, t.branch, rstd, t.branch, static_cast<const float*>(post.data), n, C,
                          c.norm_eps);
   }
-  ops::add(ctx, out, stream, t.branch, n * C);
+  if (!norm.out) return ops::add(ctx, out, stream, t.branch, n * C);
+  ops::ResidualNormArgs a;
+  a.kind = c.arch == DecoderArch::gpt2 ? ops::NormKind::layer : ops::NormKind::rms;
+  a.x_out = out, a.out = norm.out, a.mean = norm.mean, a.rstd = norm.rstd;
+  a.a = stream, a.r = t.branch;
+  a.w = static_cast<const float*>(norm.w->data);
+  a.b = bias_of(*norm.b);
+  a.N = n, a.C = C, a.eps = c.norm_eps;
+  ops::residual_norm(ctx, a);
 }
 
 // t.branch (n,C) = the MoE MLP of t.xn2: the router picks k experts per row (ops::moe_route);
@@ -214,12 +233,13 @@ void lora_forward(const ops::Context& ctx, const LoraRef& a, float* y, int64_t l
 
 void block_forward(const ops::Context& ctx, const DecoderConfig& c, const DecoderLayer& w,
                    int64_t layer, int64_t n, const BlockTensors& t, BlockAttention& attention,
-                   bool stop_after_ff_in) {
+                   bool stop_after_ff_in, const NormChain& chain) {
   const int64_t C = c.d_model, QD = c.q_dim(), KV = c.kv_dim();
   const bool llama = c.arch == DecoderArch::llama;
 
   // Attention branch: mid = in + [post-norm] wo attention(q, k, v of norm(in)).
-  norm_forward(ctx, c, t.xn1, t.mean1, t.rstd1, t.in, n, w.attn_norm, w.attn_norm_b);
+  if (!chain.in_normed)
+    norm_forward(ctx, c, t.xn1, t.mean1, t.rstd1, t.in, n, w.attn_norm, w.attn_norm_b);
   // q, k and v read the same input: one grouped product into the rows of qkv.
   const int64_t QKV = QD + 2 * KV;
   linear_group(
@@ -250,10 +270,9 @@ void block_forward(const ops::Context& ctx, const DecoderConfig& c, const Decode
     const ops::Scope scope(ctx, stage_name(Stage::attn_out));
     lora_forward(ctx, w.adapter(M::o), t.branch, C, t.att, n, t.lora_u);
   }
-  join_branch(ctx, c, t, n, w.post_attn_norm, t.in, t.mid, 0);
-
-  // MLP branch: out = mid + [post-norm] down(act(up(norm(mid)))).
-  norm_forward(ctx, c, t.xn2, t.mean2, t.rstd2, t.mid, n, w.ffn_norm, w.ffn_norm_b);
+  // MLP branch: out = mid + [post-norm] down(act(up(norm(mid)))), norm(mid) fused with the join.
+  join_branch(ctx, c, t, n, w.post_attn_norm, t.in, t.mid, 0,
+              {t.xn2, t.mean2, t.rstd2, &w.ffn_norm, &w.ffn_norm_b});
   const int64_t F = c.d_ff;
   if (c.moe()) {
     TS_CHECK(!stop_after_ff_in,
@@ -288,7 +307,10 @@ void block_forward(const ops::Context& ctx, const DecoderConfig& c, const Decode
     const ops::Scope scope(ctx, stage_name(Stage::mlp_down));
     lora_forward(ctx, w.adapter(M::down), t.branch, C, t.ff_act, n, t.lora_u);
   }
-  join_branch(ctx, c, t, n, w.post_ffn_norm, t.mid, t.out, 1);
+  NormInto next;
+  if (chain.next)
+    next = {t.xn1, t.mean1, t.rstd1, &chain.next->attn_norm, &chain.next->attn_norm_b};
+  join_branch(ctx, c, t, n, w.post_ffn_norm, t.mid, t.out, 1, next);
 }
 
 }  // namespace tessera::model

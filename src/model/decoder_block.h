@@ -84,6 +84,15 @@ class BlockAttention {
   virtual void attend(int64_t layer, float* qkv, float* att, int64_t n) = 0;
 };
 
+// How a layer meets its neighbours' norms (the engine's chain of layers; the trainer keeps each
+// layer's norms its own): with next set, the layer's last residual add also writes next's
+// attention norm of t.out into t.xn1, t.mean1 and t.rstd1 (one ops::residual_norm); with
+// in_normed, t.xn1 already holds this layer's attention norm of t.in (the layer before wrote it).
+struct NormChain {
+  const DecoderLayer* next = nullptr;
+  bool in_normed = false;
+};
+
 // Runs layer `layer` (weights w) on n rows of t.in, writing t.mid and t.out and every
 // intermediate in t. With stop_after_ff_in it stops once ff_in (and ff_up) are written: a
 // backward that keeps no MLP activations replays the layer that far (not a mixture of experts,
@@ -92,7 +101,7 @@ class BlockAttention {
 // are refused.
 void block_forward(const ops::Context& ctx, const DecoderConfig& c, const DecoderLayer& w,
                    int64_t layer, int64_t n, const BlockTensors& t, BlockAttention& attention,
-                   bool stop_after_ff_in = false);
+                   bool stop_after_ff_in = false, const NormChain& chain = {});
 
 class CausalAttention;  // model/causal_attention.h
 

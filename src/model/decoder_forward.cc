@@ -334,8 +334,14 @@ void DecoderForward::run_layers(int64_t n, int64_t m, int64_t max_keys, int64_t 
     t.routing = &routing_;
   }
   PagedAttention attention(*this, kv, max_keys);
-  for (int64_t l = 0; l < c.n_layers; ++l)
-    block_forward(ctx_, c, w.layers[static_cast<size_t>(l)], l, n, t, attention);
+  // Each layer's last residual add also computes the next layer's attention norm (NormChain);
+  // the last layer's output is normalized below, for the logit rows only.
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    NormChain chain;
+    chain.in_normed = l > 0;
+    if (l + 1 < c.n_layers) chain.next = &w.layers[static_cast<size_t>(l + 1)];
+    block_forward(ctx_, c, w.layers[static_cast<size_t>(l)], l, n, t, attention, false, chain);
+  }
   if (m == 0) return;
   // Final norm and the output head, only for the rows whose logits were asked for.
   ops::gather_rows(ctx_, buf(kTmp), buf(kX), ints(kLogitRows), m, c.d_model, n);

@@ -55,6 +55,7 @@ class Backend {
   virtual void convert_f32_to_bf16(const Context& ctx, uint16_t* dst, const float* src,
                                    int64_t n) = 0;
 
+  virtual void residual_norm(const Context& ctx, const ResidualNormArgs& a) = 0;
   virtual void rmsnorm_forward(const Context& ctx, float* out, float* rstd, const float* inp,
                                const float* w, int64_t N, int64_t C, float eps) = 0;
   virtual void rmsnorm_backward(const Context& ctx, float* dinp, float* dw, const float* dout,

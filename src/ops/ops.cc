@@ -254,6 +254,21 @@ void rmsnorm_forward(const Context& ctx, float* out, float* rstd, const float* i
               w, N, C, eps);
 }
 
+void residual_norm(const Context& ctx, const ResidualNormArgs& a) {
+  const bool layer = a.kind == NormKind::layer;
+  TS_CHECK(a.N >= 0 && a.C > 0, "[residual_norm] bad sizes N=", a.N, " C=", a.C);
+  TS_CHECK(a.N == 0 || (a.x_out && a.out && a.rstd && a.a && a.r && a.w && (!layer || a.mean)),
+           "[residual_norm] x_out, out, rstd, a, r, w (and mean for a layer norm) must be set");
+  TS_CHECK(a.out != a.x_out && a.out != a.a && a.out != a.r && a.x_out != a.r,
+           "[residual_norm] out must not alias x_out, a or r, nor x_out r");
+  TS_CHECK(layer || a.eps >= 0.0f, "[residual_norm] eps=", a.eps, " must be >= 0");
+  // The add's three passes and the norm's two, less the norm's read of x_out: it is written once.
+  OpCost cost = layer ? elementwise_cost(a.N * a.C, 7, 2) : rmsnorm_forward_cost(a.N, a.C);
+  cost.flops += static_cast<double>(a.N * a.C);
+  cost.bytes += 8.0 * static_cast<double>(a.N * a.C);
+  TS_DISPATCH(residual_norm, (OpShape{layer ? "n c layer" : "n c rms", {a.N, a.C}}), cost, a);
+}
+
 void head_rmsnorm(const Context& ctx, float* x, int64_t ld, int64_t n, int64_t heads, int64_t D,
                   const float* w, float eps) {
   TS_CHECK(n >= 0 && heads > 0 && D > 0, "[head_rmsnorm] bad sizes n=", n, " heads=", heads,

@@ -182,6 +182,25 @@ void rmsnorm_forward(const Context& ctx, float* out, float* rstd, const float* i
 // w (C); rstd (N) from the forward.
 void rmsnorm_backward(const Context& ctx, float* dinp, float* dw, const float* dout,
                       const float* inp, const float* w, const float* rstd, int64_t N, int64_t C);
+// The residual add fused into the norm after it (a branch joining the stream, then the next
+// norm): x_out (N,C) = a + r, then out (N,C) = the norm of x_out as layernorm_forward (w, b,
+// eps 1e-5; saves mean and rstd) or rmsnorm_forward (w, eps; saves rstd) compute it. Same bits as
+// add then the norm. x_out may be a (in place); out must not overlap a, r or x_out.
+enum class NormKind : uint8_t { layer, rms };
+struct ResidualNormArgs {
+  NormKind kind = NormKind::rms;
+  float* x_out = nullptr;  // (N,C)
+  float* out = nullptr;    // (N,C)
+  float* mean = nullptr;   // (N), layer norm only
+  float* rstd = nullptr;   // (N)
+  const float* a = nullptr;
+  const float* r = nullptr;
+  const float* w = nullptr;  // (C)
+  const float* b = nullptr;  // (C) or null, layer norm only
+  int64_t N = 0, C = 0;
+  float eps = 1e-5f;  // RMSNorm's
+};
+void residual_norm(const Context& ctx, const ResidualNormArgs& a);
 // In place, per head (Qwen3's q and k norms): x holds n rows of stride ld, each starting with
 // `heads` slices of D floats; every slice s becomes s / sqrt(mean(s^2) + eps) * w, w (D).
 void head_rmsnorm(const Context& ctx, float* x, int64_t ld, int64_t n, int64_t heads, int64_t D,

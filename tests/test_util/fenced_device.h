@@ -123,6 +123,7 @@ class FencedDevice final : public ops::Backend {
   TS_FENCED(scale, (const ops::Context& ctx, float* x, int64_t n, float s), x, n, s)
   TS_FENCED(convert_f32_to_bf16,
             (const ops::Context& ctx, uint16_t* dst, const float* src, int64_t n), dst, src, n)
+  TS_FENCED(residual_norm, (const ops::Context& ctx, const ops::ResidualNormArgs& a), a)
   TS_FENCED(rmsnorm_forward,
             (const ops::Context& ctx, float* out, float* rstd, const float* inp, const float* w,
              int64_t N, int64_t C, float eps),

@@ -97,6 +97,15 @@ class CpuBackend final : public ops::Backend {
     cpu::convert_f32_to_bf16(ctx.threads(), dst, src, n);
   }
 
+  // The parts in sequence: on the CPU a row of the stream (a few KB) is still in cache when its
+  // norm reads it, so a kernel of its own would save only the dispatch.
+  void residual_norm(const ops::Context& ctx, const ops::ResidualNormArgs& a) override {
+    add(ctx, a.x_out, a.a, a.r, a.N * a.C);
+    if (a.kind == ops::NormKind::layer)
+      layernorm_forward(ctx, a.out, a.mean, a.rstd, a.x_out, a.w, a.b, a.N, a.C);
+    else
+      rmsnorm_forward(ctx, a.out, a.rstd, a.x_out, a.w, a.N, a.C, a.eps);
+  }
   void rmsnorm_forward(const ops::Context& ctx, float* out, float* rstd, const float* inp,
                        const float* w, int64_t N, int64_t C, float eps) override {
     TS_CPU_OP(rmsnorm_forward, out, rstd, inp, w, N, C, eps);

@@ -168,10 +168,30 @@ class CudaOpsBackend final : public ops::Backend {
     l.accumulate = accumulate;
     gemm_lt(l, s);
   }
+  // Matvec-sized groups whose weights take the same activation blocks quantize x once (the first
+  // product's launch) and run the others on it: 1 + P launches instead of 2 P.
   void matmul_wt_group(const ops::Context& ctx, const float* x, int64_t M, int64_t K,
                        std::span<const ops::WtProduct> products) override {
-    for (const ops::WtProduct& p : products)
-      matmul_wt(ctx, p.y, p.ldy, x, M, K, p.w, p.w_type, p.N, p.bias);
+    const int64_t block = products.empty() ? 0 : act_block_elems(products[0].w_type);
+    bool shared = M >= 1 && M <= kMatvecMaxRows && block > 0;
+    for (const ops::WtProduct& p : products) shared = shared && act_block_elems(p.w_type) == block;
+    if (!shared) {
+      for (const ops::WtProduct& p : products)
+        matmul_wt(ctx, p.y, p.ldy, x, M, K, p.w, p.w_type, p.N, p.bias);
+      return;
+    }
+    cudaStream_t s = stream(ctx);
+    const ops::WtProduct& first = products[0];
+    const size_t ws = matmul_wt_workspace_bytes(M, K, first.w_type);
+    void* work = scratch(static_cast<int64_t>(ws), 1);
+    cuda::matmul_wt(first.y, first.ldy, x, M, K, first.w, first.w_type, first.N, first.bias, work,
+                    ws, s);
+    // Any type with this activation block gives the same workspace layout.
+    const QuantizedActs q = quantized_acts_view(work, ws, M, K, first.w_type);
+    for (size_t i = 1; i < products.size(); ++i) {
+      const ops::WtProduct& p = products[i];
+      matmul_wt_quantized(p.y, p.ldy, q, p.w, p.w_type, p.N, p.bias, s);
+    }
   }
 
   // ---- norms and element-wise ops ----
@@ -186,6 +206,14 @@ class CudaOpsBackend final : public ops::Backend {
     cudaStream_t s = stream(ctx);
     auto* ws = static_cast<float*>(scratch(norm_backward_workspace_floats(N, C), 4));
     cuda::layernorm_backward<float>(dinp, dw, db, dout, inp, w, mean, rstd, N, C, ws, s);
+  }
+  void residual_norm(const ops::Context& ctx, const ops::ResidualNormArgs& a) override {
+    if (a.kind == ops::NormKind::layer)
+      cuda::layernorm_residual_forward<float>(a.x_out, a.out, a.mean, a.rstd, a.a, a.r, a.w, a.b,
+                                              a.N, a.C, stream(ctx));
+    else
+      cuda::rmsnorm_residual_forward<float>(a.x_out, a.out, a.rstd, a.a, a.r, a.w, a.N, a.C, a.eps,
+                                            stream(ctx));
   }
   void rmsnorm_forward(const ops::Context& ctx, float* out, float* rstd, const float* inp,
                        const float* w, int64_t N, int64_t C, float eps) override {
