@@ -7,7 +7,7 @@
 
 #include "tokenizer/jinja_builtins.h"
 #include "tokenizer/jinja_string.h"
-#include "tokenizer/pretokenize.h"
+#include "unicode/utf8.h"
 
 namespace tessera::tokenizer::jinja {
 
@@ -85,7 +85,7 @@ std::string ascii_json(const std::string& json) {
       continue;
     }
     uint32_t cp = 0;
-    const int n = decode_utf8(json, i, &cp);
+    const int n = unicode::decode_utf8(json, i, &cp);
     i += static_cast<size_t>(std::max(n, 1));
     auto unit = [&](uint32_t u) {
       std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(u));
