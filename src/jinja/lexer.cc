@@ -6,11 +6,11 @@
 #include <cstdint>
 
 #include "core/error.h"
-#include "tokenizer/jinja_ast.h"
-#include "tokenizer/jinja_string.h"
+#include "jinja/ast.h"
+#include "jinja/py_string.h"
 #include "unicode/utf8.h"
 
-namespace tessera::tokenizer::jinja {
+namespace tessera::jinja {
 
 std::string where(const std::string& name, Pos pos) {
   return cat(name, ":", pos.line, ":", pos.col);
@@ -401,4 +401,4 @@ std::vector<Token> lex(std::string_view source, const LexOptions& options,
   return Lexer(source, options, name).run();
 }
 
-}  // namespace tessera::tokenizer::jinja
+}  // namespace tessera::jinja

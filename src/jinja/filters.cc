@@ -5,11 +5,11 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "tokenizer/jinja_builtins.h"
-#include "tokenizer/jinja_string.h"
+#include "jinja/builtins.h"
+#include "jinja/py_string.h"
 #include "unicode/utf8.h"
 
-namespace tessera::tokenizer::jinja {
+namespace tessera::jinja {
 
 Bound::Bound(std::string_view fn, const Args& args, std::initializer_list<const char*> names)
     : fn_(fn), names_(names), values_(names.size(), nullptr) {
@@ -683,4 +683,4 @@ bool call_test(std::string_view name, const Value& v, const Args& a) {
   value_fail("no test named '", name, "'");
 }
 
-}  // namespace tessera::tokenizer::jinja
+}  // namespace tessera::jinja

@@ -1,15 +1,15 @@
 // Python string semantics over UTF-8 bytes for the Jinja renderer.
-#include "tokenizer/jinja_string.h"
+#include "jinja/py_string.h"
 
 #include <charconv>
 #include <cmath>
 #include <cstdio>
 
-#include "tokenizer/jinja_value.h"
+#include "jinja/value.h"
 #include "unicode/char_class.h"
 #include "unicode/utf8.h"
 
-namespace tessera::tokenizer::jinja {
+namespace tessera::jinja {
 namespace {
 
 bool is_ascii_letter(char c) {
@@ -626,4 +626,4 @@ std::string brace_format(std::string_view fmt, const std::vector<Value>& args,
   return out;
 }
 
-}  // namespace tessera::tokenizer::jinja
+}  // namespace tessera::jinja
