@@ -10,10 +10,10 @@
 
 #include "core/error.h"
 #include "fuzz_util.h"
-#include "tokenizer/jinja.h"
+#include "jinja/template.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  using namespace tessera::tokenizer::jinja;
+  using namespace tessera::jinja;
   const std::string source(reinterpret_cast<const char*>(data), size);
   static const nlohmann::ordered_json kMessages = nlohmann::ordered_json::parse(R"([
     {"role": "system", "content": "Be brief."},

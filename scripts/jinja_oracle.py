@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Oracle for the C++ Jinja renderer (src/tokenizer/jinja*.cc): renders with the real jinja2 the
-way transformers' apply_chat_template does, and writes the expected outputs the C++ tests compare
+"""Oracle for the C++ Jinja renderer (src/jinja/): renders with the real jinja2 the way
+transformers' apply_chat_template does, and writes the expected outputs the C++ tests compare
 against byte for byte.
 
 Writes, under tests/data/chat_templates/:

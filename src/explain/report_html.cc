@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "tokenizer/jinja_string.h"
+#include "jinja/py_string.h"
 
 namespace tessera::explain {
 
@@ -13,7 +13,7 @@ namespace {
 
 // Text into HTML: the one escape the project has (markupsafe's, for chat templates).
 std::string escape(const std::string& s) {
-  return tokenizer::jinja::html_escape(s);
+  return jinja::html_escape(s);
 }
 
 std::string fmt(const char* f, double v) {

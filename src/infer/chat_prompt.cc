@@ -4,7 +4,7 @@
 #include "infer/chat_prompt.h"
 
 #include "core/error.h"
-#include "tokenizer/jinja.h"
+#include "jinja/template.h"
 
 namespace tessera::infer {
 
@@ -29,9 +29,8 @@ ChatPrompt make_prompt(const LoadedModel& m, const std::vector<tokenizer::ChatMe
     for (const tokenizer::ChatMessage& msg : conv)
       messages.push_back({{"role", msg.role}, {"content", msg.content}});
     const std::string eos = sp.eos >= 0 ? m.tok.decode({sp.eos}) : "";
-    p.text = tokenizer::jinja::render_chat_template(m.chat_template, messages, bos, eos, true,
-                                                    nullptr, tokenizer::jinja::local_now,
-                                                    m.model.source + " chat template");
+    p.text = jinja::render_chat_template(m.chat_template, messages, bos, eos, true, nullptr,
+                                         jinja::local_now, m.model.source + " chat template");
     // The rendered text carries its special tokens (bos, <|im_start|>, ...) literally; nothing
     // is added around it (transformers tokenizes a chat prompt without special tokens too).
     p.tokens = m.tok.encode(p.text);

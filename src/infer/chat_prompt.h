@@ -19,7 +19,7 @@ struct ChatPrompt {
 
 // raw: the text of the messages as is (bos first when the model asks for it). Otherwise the
 // built-in format named by `format_override`, or ("" ) the model's own chat template rendered
-// by the Jinja renderer (tokenizer/jinja.h), or ChatML for a model that ships none (saying so in
+// by the Jinja renderer (jinja/template.h), or ChatML for a model that ships none (saying so in
 // `notice`). `system`, when non-empty, goes first as a system message (replacing the
 // template's default system prompt).
 ChatPrompt make_prompt(const LoadedModel& m, const std::vector<tokenizer::ChatMessage>& msgs,

@@ -2,17 +2,17 @@
 // absorb the whitespace beside a match), with the NFC normalizer between the two split passes.
 #include <string>
 
-#include "tokenizer/pretokenize.h"
 #include "tokenizer/tokenizer_impl.h"
-#include "tokenizer/unicode_nfc.h"
+#include "unicode/char_class.h"
+#include "unicode/nfc.h"
 
 namespace tessera::tokenizer {
 namespace {
 
 bool is_space_at(std::string_view text, size_t pos, int* len) {
-  CharClass c;
-  *len = next_char(text, pos, &c);
-  return c == CharClass::kSpace;
+  unicode::CharClass c;
+  *len = unicode::next_char(text, pos, &c);
+  return c == unicode::CharClass::kSpace;
 }
 
 // Start of the White_Space run that ends `text` (text.size() if there is none).
@@ -76,7 +76,7 @@ void split_added(const TokenizerState& st, bool normalized, bool specials, std::
 void TokenizerState::encode_normalized(std::string_view text, bool at_start,
                                        std::vector<int32_t>* out) const {
   std::string buf;
-  encode_segment(nfc ? nfc_normalize(text, &buf) : text, at_start, out);
+  encode_segment(nfc ? unicode::nfc_normalize(text, &buf) : text, at_start, out);
 }
 
 void TokenizerState::encode_with_added(std::string_view text, bool specials,
@@ -89,7 +89,7 @@ void TokenizerState::encode_with_added(std::string_view text, bool specials,
       return;
     }
     std::string buf;
-    const std::string_view norm = nfc ? nfc_normalize(piece, &buf) : piece;
+    const std::string_view norm = nfc ? unicode::nfc_normalize(piece, &buf) : piece;
     split_added(*this, true, specials, norm, out, [&](std::string_view sub, bool sub_start) {
       encode_segment(sub, at_start && sub_start, out);
     });

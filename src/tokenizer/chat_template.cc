@@ -3,7 +3,7 @@
 #include "tokenizer/chat_template.h"
 
 #include "core/error.h"
-#include "tokenizer/pretokenize.h"
+#include "unicode/char_class.h"
 
 namespace tessera::tokenizer {
 namespace {
@@ -16,9 +16,9 @@ bool contains(std::string_view s, std::string_view part) {
 std::string strip(std::string_view s) {
   size_t begin = s.size(), end = 0;
   for (size_t i = 0; i < s.size();) {
-    CharClass c;
-    const int len = next_char(s, i, &c);
-    if (c != CharClass::kSpace) {
+    unicode::CharClass c;
+    const int len = unicode::next_char(s, i, &c);
+    if (c != unicode::CharClass::kSpace) {
       if (begin == s.size()) begin = i;
       end = i + len;
     }

@@ -9,29 +9,6 @@
 
 namespace tessera::tokenizer {
 
-// Class of one code point as the GPT-2 pattern sees it. Invalid UTF-8 bytes are each their own
-// code point of class kOther, so any byte string splits into pieces that concatenate back to it
-// (Hugging Face only takes valid UTF-8, so there is nothing to match there). Classes follow the
-// Unicode version of unicode_tables.cc; HF's regex engine may know a different version, which
-// matters only for code points assigned in between.
-enum class CharClass : uint8_t { kLetter, kNumber, kSpace, kOther };
-
-CharClass classify_code_point(uint32_t cp);
-
-// An invalid UTF-8 byte b decodes to kInvalidUtf8Base + b: outside Unicode, so no table knows it,
-// and each such byte stays a code point of its own that maps back to the byte.
-constexpr uint32_t kInvalidUtf8Base = 0x110000;
-
-// Decodes one code point at text[pos] (pos < text.size()): strict UTF-8 (no overlongs, no
-// surrogates, nothing past U+10FFFF). Returns the byte length (1..4) and stores the code point;
-// an invalid or truncated sequence yields length 1 and kInvalidUtf8Base + its first byte.
-int decode_utf8(std::string_view text, size_t pos, uint32_t* cp);
-// The inverse: appends cp as UTF-8 (1..4 bytes); kInvalidUtf8Base + b appends the byte b.
-void append_utf8(uint32_t cp, std::string* out);
-
-// decode_utf8, returning the code point's class instead (kOther for an invalid byte).
-int next_char(std::string_view text, size_t pos, CharClass* cls);
-
 // Splits `text` as 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
 // does, appending the pieces (views into `text`, in order, covering it exactly) to `out`.
 void pretokenize(std::string_view text, std::vector<std::string_view>* out);

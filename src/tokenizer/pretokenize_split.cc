@@ -6,7 +6,8 @@
 
 #include "tokenizer/pretokenize.h"
 #include "tokenizer/pretokenize_split.h"
-#include "tokenizer/unicode_tables.h"
+#include "unicode/char_class.h"
+#include "unicode/tables.h"
 
 namespace tessera::tokenizer {
 namespace {
@@ -19,18 +20,21 @@ struct Char {
 };
 Char char_at(std::string_view s, size_t pos) {
   uint32_t cp;
-  const int len = decode_utf8(s, pos, &cp);
+  const int len = unicode::decode_utf8(s, pos, &cp);
   return {cp, static_cast<size_t>(len)};
 }
 
 bool is_space(uint32_t cp) {
-  return cp < kInvalidUtf8Base && classify_code_point(cp) == CharClass::kSpace;
+  return cp < unicode::kInvalidUtf8Base &&
+         unicode::classify_code_point(cp) == unicode::CharClass::kSpace;
 }
 bool is_letter(uint32_t cp) {
-  return cp < kInvalidUtf8Base && classify_code_point(cp) == CharClass::kLetter;
+  return cp < unicode::kInvalidUtf8Base &&
+         unicode::classify_code_point(cp) == unicode::CharClass::kLetter;
 }
 bool is_number(uint32_t cp) {
-  return cp < kInvalidUtf8Base && classify_code_point(cp) == CharClass::kNumber;
+  return cp < unicode::kInvalidUtf8Base &&
+         unicode::classify_code_point(cp) == unicode::CharClass::kNumber;
 }
 bool is_unicode_punct(uint32_t cp) {
   return unicode::is_punctuation(cp);

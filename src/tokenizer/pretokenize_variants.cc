@@ -1,14 +1,17 @@
 // Pre-tokenizer variants of byte-level BPE models (SmolLM's digit split, the Llama 3, Qwen2 and
-// Qwen3.5 patterns), written by hand over the Unicode classes of tokenizer_pretokenize.cc.
+// Qwen3.5 patterns), written by hand over the code point classes of unicode/char_class.h.
 #include <string>
 
 #include "core/error.h"
 #include "tokenizer/pretokenize.h"
 #include "tokenizer/pretokenize_split.h"
-#include "tokenizer/unicode_tables.h"
+#include "unicode/char_class.h"
+#include "unicode/tables.h"
 
 namespace tessera::tokenizer {
 namespace {
+
+using unicode::CharClass;
 
 constexpr std::string_view kLlama3Regex =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
@@ -54,7 +57,7 @@ size_t contraction_len_folded(std::string_view text, size_t pos) {
 
 CharClass class_at(std::string_view text, size_t pos, int* len) {
   CharClass c;
-  *len = next_char(text, pos, &c);
+  *len = unicode::next_char(text, pos, &c);
   return c;
 }
 
@@ -65,7 +68,7 @@ CharClass class_at(std::string_view text, size_t pos, int* len, bool marks_are_l
   if (!marks_are_letters || c != CharClass::kOther || static_cast<uint8_t>(text[pos]) < 0x80)
     return c;
   uint32_t cp;
-  decode_utf8(text, pos, &cp);
+  unicode::decode_utf8(text, pos, &cp);
   return unicode::is_mark(cp) ? CharClass::kLetter : c;
 }
 

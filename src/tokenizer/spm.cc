@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "tokenizer/tokenizer_impl.h"
+#include "unicode/char_class.h"
 
 namespace tessera::tokenizer {
 namespace {
@@ -27,8 +28,8 @@ int parse_byte_piece(const std::string& t) {
 
 // Byte length of the UTF-8 character at s[i] (1 for a byte that starts none).
 size_t char_len(std::string_view s, size_t i) {
-  CharClass c;
-  return static_cast<size_t>(next_char(s, i, &c));
+  unicode::CharClass c;
+  return static_cast<size_t>(unicode::next_char(s, i, &c));
 }
 
 }  // namespace

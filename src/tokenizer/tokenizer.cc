@@ -8,7 +8,8 @@
 #include "core/error.h"
 #include "tokenizer/pretokenize.h"
 #include "tokenizer/tokenizer_impl.h"
-#include "tokenizer/unicode_nfc.h"
+#include "unicode/char_class.h"
+#include "unicode/nfc.h"
 
 namespace tessera::tokenizer {
 
@@ -104,7 +105,8 @@ void TokenizerState::index_added(const std::string& source) {
   any_plain_added = false;
   std::string buf;
   for (const AddedToken& a : added) {
-    added_pattern.emplace_back(a.normalized && nfc ? nfc_normalize(a.content, &buf) : a.content);
+    added_pattern.emplace_back(a.normalized && nfc ? unicode::nfc_normalize(a.content, &buf)
+                                                   : a.content);
     any_normalized_added |= a.normalized;
     any_plain_added |= !a.special;
   }
@@ -232,7 +234,7 @@ void TokenizerState::encode_ordinary_into(std::string_view text, std::vector<int
   constexpr size_t kChunk = size_t{1} << 16;
   auto ascii_solid = [&](size_t i) {
     const auto b = static_cast<uint8_t>(text[i]);
-    return b < 0x80 && classify_code_point(b) != CharClass::kSpace;
+    return b < 0x80 && unicode::classify_code_point(b) != unicode::CharClass::kSpace;
   };
   size_t begin = 0;
   while (begin < text.size()) {

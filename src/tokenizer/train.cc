@@ -10,14 +10,15 @@
 #include "tokenizer/pretokenize.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/tokenizer_impl.h"
+#include "unicode/char_class.h"
 
 namespace tessera::tokenizer {
 namespace {
 
 bool valid_utf8(std::string_view s) {
   for (size_t i = 0; i < s.size();) {
-    CharClass c;
-    const int len = next_char(s, i, &c);
+    unicode::CharClass c;
+    const int len = unicode::next_char(s, i, &c);
     if (len == 1 && static_cast<uint8_t>(s[i]) >= 0x80) return false;
     i += len;
   }

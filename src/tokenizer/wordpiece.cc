@@ -7,10 +7,10 @@
 #include <algorithm>
 
 #include "core/error.h"
-#include "tokenizer/pretokenize.h"
 #include "tokenizer/tokenizer_impl.h"
-#include "tokenizer/unicode_nfc.h"
-#include "tokenizer/unicode_tables.h"
+#include "unicode/char_class.h"
+#include "unicode/nfc.h"
+#include "unicode/tables.h"
 
 namespace tessera::tokenizer {
 namespace {
@@ -19,11 +19,11 @@ namespace {
 constexpr size_t kMaxWordChars = 100;
 
 bool is_valid(uint32_t cp) {
-  return cp < kInvalidUtf8Base;
+  return cp < unicode::kInvalidUtf8Base;
 }
 bool bert_whitespace(uint32_t cp) {
   return cp == '\t' || cp == '\n' || cp == '\r' ||
-         (is_valid(cp) && classify_code_point(cp) == CharClass::kSpace);
+         (is_valid(cp) && unicode::classify_code_point(cp) == unicode::CharClass::kSpace);
 }
 // \p{C} but for the three controls BERT counts as whitespace.
 bool bert_control(uint32_t cp) {
@@ -57,21 +57,21 @@ void bert_normalize(std::string_view text, bool lowercase, bool strip_accents,
   std::string cleaned;
   for (size_t i = 0; i < text.size();) {
     uint32_t cp;
-    i += decode_utf8(text, i, &cp);
+    i += unicode::decode_utf8(text, i, &cp);
     if (cp == 0 || cp == 0xFFFD || bert_control(cp)) continue;
     if (bert_whitespace(cp)) {
       cleaned.push_back(' ');
     } else if (bert_cjk(cp)) {
       cleaned.push_back(' ');
-      append_utf8(cp, &cleaned);
+      unicode::append_utf8(cp, &cleaned);
       cleaned.push_back(' ');
     } else {
-      append_utf8(cp, &cleaned);
+      unicode::append_utf8(cp, &cleaned);
     }
   }
   std::vector<uint32_t> cps;
   if (strip_accents) {
-    nfd_code_points(cleaned, &cps);
+    unicode::nfd_code_points(cleaned, &cps);
     std::erase_if(cps, [](uint32_t cp) {
       return is_valid(cp) && unicode::in_ranges(cp, unicode::kNonspacingMarkRanges,
                                                 unicode::kNonspacingMarkRangeCount);
@@ -79,7 +79,7 @@ void bert_normalize(std::string_view text, bool lowercase, bool strip_accents,
   } else {
     for (size_t i = 0; i < cleaned.size();) {
       uint32_t cp;
-      i += decode_utf8(cleaned, i, &cp);
+      i += unicode::decode_utf8(cleaned, i, &cp);
       cps.push_back(cp);
     }
   }
@@ -124,7 +124,7 @@ void TokenizerState::encode_wordpiece_segment(std::string_view text,
       size_t end = len;
       for (; end > start; --end) {
         key = start == 0 ? std::string(kMetaSpace) : std::string();
-        for (size_t k = start; k < end; ++k) append_utf8(w[k], &key);
+        for (size_t k = start; k < end; ++k) unicode::append_utf8(w[k], &key);
         const auto it = ids_by_bytes.find(key);
         if (it != ids_by_bytes.end()) {
           found = it->second;

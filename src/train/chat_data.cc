@@ -10,7 +10,7 @@
 
 #include "core/error.h"
 #include "core/file_io.h"
-#include "tokenizer/jinja.h"
+#include "jinja/template.h"
 
 namespace tessera::train {
 
@@ -20,8 +20,8 @@ std::string render(const ChatTemplate& t, const nlohmann::ordered_json& messages
                    bool generation_prompt) {
   nlohmann::ordered_json prefix = nlohmann::ordered_json::array();
   for (size_t i = 0; i < n; ++i) prefix.push_back(messages[i]);
-  return tokenizer::jinja::render_chat_template(t.source, prefix, t.bos, t.eos, generation_prompt,
-                                                nullptr, tokenizer::jinja::local_now, t.name);
+  return jinja::render_chat_template(t.source, prefix, t.bos, t.eos, generation_prompt, nullptr,
+                                     jinja::local_now, t.name);
 }
 
 void append(ChatTokens& out, const tokenizer::Tokenizer& tok, const std::string& text, int mask) {

@@ -2,6 +2,7 @@
 #include "train/options.h"
 
 #include <nlohmann/json.hpp>
+#include <string_view>
 
 #include "core/error.h"
 #include "model/train_model.h"
@@ -81,45 +82,51 @@ TrainOptions options_from_json(const std::string& json, const std::string& sourc
   return o;
 }
 
-void validate_options(const TrainOptions& o) {
-  TS_CHECK(!o.data_dir.empty(), "missing required flag --data");
-  TS_CHECK(!o.out_dir.empty(), "missing required flag --out");
-  TS_CHECK(o.batch >= 1, "--batch must be >= 1, got ", o.batch);
-  TS_CHECK(o.seq >= 1, "--seq must be >= 1, got ", o.seq);
-  TS_CHECK(o.grad_accum >= 1, "--grad-accum must be >= 1, got ", o.grad_accum);
-  TS_CHECK(o.steps >= 0, "--steps must be >= 0, got ", o.steps);
-  TS_CHECK(o.lr > 0, "--lr must be positive, got ", o.lr);
-  TS_CHECK(o.stop_at >= 0, "--stop-at must be >= 0, got ", o.stop_at);
-  TS_CHECK(o.warmup >= 0, "--warmup must be >= 0, got ", o.warmup);
-  TS_CHECK(o.eval_every >= 0, "--eval-every must be >= 0, got ", o.eval_every);
-  TS_CHECK(o.eval_batches >= 1, "--eval-batches must be >= 1, got ", o.eval_batches);
-  TS_CHECK(o.early_stop >= 0, "--early-stop must be >= 0, got ", o.early_stop);
-  TS_CHECK(o.early_stop == 0 || o.eval_every > 0, "--early-stop needs --eval-every > 0");
-  TS_CHECK(o.checkpoint_every >= 0, "--checkpoint-every must be >= 0");
-  TS_CHECK(o.vocab_size >= 0, "--vocab-size must be >= 0, got ", o.vocab_size);
+void validate_options(const TrainOptions& o, OptionNamer namer) {
+  // Messages name each option as the caller knows it: a field of run.json, or a command's flag.
+  auto n = [namer](std::string_view field) { return namer ? namer(field) : std::string(field); };
+  TS_CHECK(!o.data_dir.empty(), "[train] ", n("data_dir"), " is required");
+  TS_CHECK(!o.out_dir.empty(), "[train] ", n("out_dir"), " is required");
+  TS_CHECK(o.batch >= 1, "[train] ", n("batch"), " must be >= 1, got ", o.batch);
+  TS_CHECK(o.seq >= 1, "[train] ", n("seq"), " must be >= 1, got ", o.seq);
+  TS_CHECK(o.grad_accum >= 1, "[train] ", n("grad_accum"), " must be >= 1, got ", o.grad_accum);
+  TS_CHECK(o.steps >= 0, "[train] ", n("steps"), " must be >= 0, got ", o.steps);
+  TS_CHECK(o.lr > 0, "[train] ", n("lr"), " must be positive, got ", o.lr);
+  TS_CHECK(o.stop_at >= 0, "[train] ", n("stop_at"), " must be >= 0, got ", o.stop_at);
+  TS_CHECK(o.warmup >= 0, "[train] ", n("warmup"), " must be >= 0, got ", o.warmup);
+  TS_CHECK(o.eval_every >= 0, "[train] ", n("eval_every"), " must be >= 0, got ", o.eval_every);
+  TS_CHECK(o.eval_batches >= 1, "[train] ", n("eval_batches"), " must be >= 1, got ",
+           o.eval_batches);
+  TS_CHECK(o.early_stop >= 0, "[train] ", n("early_stop"), " must be >= 0, got ", o.early_stop);
+  TS_CHECK(o.early_stop == 0 || o.eval_every > 0, "[train] ", n("early_stop"), " needs ",
+           n("eval_every"), " > 0");
+  TS_CHECK(o.checkpoint_every >= 0, "[train] ", n("checkpoint_every"), " must be >= 0, got ",
+           o.checkpoint_every);
+  TS_CHECK(o.vocab_size >= 0, "[train] ", n("vocab_size"), " must be >= 0, got ", o.vocab_size);
   if (o.init_from.empty()) model::TrainConfig::preset(o.model, 1);  // throws naming the preset
   model::parse_precision(o.precision);
   model::parse_recompute(o.recompute);
   parse_schedule(o.schedule);
-  TS_CHECK(o.device == "cpu" || o.device == "cuda", "--device must be cpu or cuda, not '", o.device,
-           "'");
-  TS_CHECK(o.device == "cpu" || o.precision == "bf16",
-           "--device cuda trains with --precision bf16 (got --precision ", o.precision, ")");
-  TS_CHECK(o.cuda_step == "twin" || o.cuda_step == "shared",
-           "--cuda-step must be twin or shared, not '", o.cuda_step, "'");
-  TS_CHECK(o.device == "cuda" || o.cuda_step == "twin", "--cuda-step ", o.cuda_step,
-           " needs --device cuda");
-  TS_CHECK(o.lora_rank >= 0, "--lora must be >= 1, got ", o.lora_rank);
-  TS_CHECK(o.lora_alpha >= 0, "--lora-alpha must be positive, got ", o.lora_alpha);
+  TS_CHECK(o.device == "cpu" || o.device == "cuda", "[train] ", n("device"),
+           " must be cpu or cuda, not '", o.device, "'");
+  TS_CHECK(o.device == "cpu" || o.precision == "bf16", "[train] ", n("device"),
+           " cuda trains with ", n("precision"), " bf16 (got ", n("precision"), " ", o.precision,
+           ")");
+  TS_CHECK(o.cuda_step == "twin" || o.cuda_step == "shared", "[train] ", n("cuda_step"),
+           " must be twin or shared, not '", o.cuda_step, "'");
+  TS_CHECK(o.device == "cuda" || o.cuda_step == "twin", "[train] ", n("cuda_step"), " ",
+           o.cuda_step, " needs ", n("device"), " cuda");
+  TS_CHECK(o.lora_rank >= 0, "[train] ", n("lora_rank"), " must be >= 0, got ", o.lora_rank);
+  TS_CHECK(o.lora_alpha >= 0, "[train] ", n("lora_alpha"), " must be positive, got ", o.lora_alpha);
   if (o.lora_rank > 0) {
-    TS_CHECK(!o.init_from.empty(), "--lora needs a model to adapt (--model)");
-    TS_CHECK(o.precision == "f32",
-             "--lora trains in f32 (the base's products run in its stored "
-             "type); drop --precision ",
-             o.precision);
-    TS_CHECK(o.device == "cpu",
-             "--lora runs on the CPU: the CUDA step needs bf16 precision, which LoRA does not use");
-    model::parse_lora_targets(o.lora_targets, "--lora-targets");
+    TS_CHECK(!o.init_from.empty(), "[train] ", n("lora_rank"), " needs a model to adapt (",
+             n("init_from"), ")");
+    TS_CHECK(o.precision == "f32", "[train] ", n("lora_rank"),
+             " trains in f32 (the base's products run in its stored type); drop ", n("precision"),
+             " ", o.precision);
+    TS_CHECK(o.device == "cpu", "[train] ", n("lora_rank"),
+             " runs on the CPU: the CUDA step needs bf16 precision, which LoRA does not use");
+    model::parse_lora_targets(o.lora_targets, n("lora_targets"));
   }
 }
 
@@ -127,7 +134,7 @@ model::LoraSpec lora_spec(const TrainOptions& o) {
   model::LoraSpec s;
   s.rank = o.lora_rank;
   s.alpha = o.lora_alpha > 0 ? o.lora_alpha : 2.0 * static_cast<double>(o.lora_rank);
-  s.targets = model::parse_lora_targets(o.lora_targets, "--lora-targets");
+  s.targets = model::parse_lora_targets(o.lora_targets, "lora_targets");
   return s;
 }
 

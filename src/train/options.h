@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "model/lora.h"
 #include "ops/observe.h"
@@ -59,8 +60,12 @@ struct TrainOptions {
 std::string options_to_json(const TrainOptions& o);
 // Throws Error naming `source` and the field on malformed input; missing fields keep defaults.
 TrainOptions options_from_json(const std::string& json, const std::string& source);
-// Checks ranges and names (precision, recompute, schedule); throws naming the flag.
-void validate_options(const TrainOptions& o);
+// What validate_options calls an option in its messages, given the field's name in run.json
+// ("grad_accum"): a command line passes one that gives its flag ("--grad-accum").
+using OptionNamer = std::string (*)(std::string_view field);
+// Checks ranges, names (precision, recompute, schedule) and combinations; throws naming each
+// option as `namer` calls it (null: the field's name).
+void validate_options(const TrainOptions& o, OptionNamer namer = nullptr);
 // The adapters o asks for (lora_rank > 0), alpha's default applied.
 model::LoraSpec lora_spec(const TrainOptions& o);
 

@@ -2,6 +2,10 @@
 // throws.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+
 #include "test_util/expect_error.h"
 
 #include "apps/cli/train_flags.h"
@@ -100,6 +104,20 @@ TEST(TrainFlags, NonsenseThrowsNamingTheFlag) {
         parse(with({"--device", "cuda", "--precision", "bf16", "--cuda-step", "both"}), &r);
       },
       "flag --cuda-step must be one of twin, shared");
+}
+
+TEST(TrainFlags, EveryOptionNamesItsFlag) {
+  // validate_options names options through train_flag_of: each field of run.json must come out
+  // as a flag of train (or, for the adapters, of finetune).
+  std::set<std::string> flags = {"--lora", "--lora-alpha", "--lora-targets"};
+  for (const Flag& f : train_flags()) flags.insert(f.name);
+  const auto fields = nlohmann::json::parse(train::options_to_json({}));
+  for (const auto& [field, value] : fields.items()) {
+    if (field == "save_model") continue;  // no flag: the commands always save the model
+    EXPECT_TRUE(flags.count(train_flag_of(field))) << field << " -> " << train_flag_of(field);
+  }
+  EXPECT_EQ(train_flag_of("grad_accum"), "--grad-accum");
+  EXPECT_EQ(train_flag_of("data_dir"), "--data");
 }
 
 }  // namespace

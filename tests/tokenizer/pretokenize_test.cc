@@ -1,4 +1,5 @@
-// GPT-2 pre-tokenization by hand: pattern cases, Unicode classes, invalid UTF-8, byte alphabet.
+// GPT-2 pre-tokenization by hand: pattern cases, Unicode classes, invalid UTF-8, byte alphabet
+// (the classes of single code points: tests/unicode/char_class_test.cc).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -55,31 +56,10 @@ TEST(Pretokenize, UnicodeClasses) {
             (V{"caf\u00e9", " \u0434\u044f\u043a\u0443\u044e"}));
   // Arabic-Indic digits and superscript two are \p{N}; the em dash is neither L nor N.
   EXPECT_EQ(split("x\u0661\u0662 \u00b2\u2014"), (V{"x", "\u0661\u0662", " \u00b2", "\u2014"}));
-  EXPECT_EQ(tokenizer::classify_code_point('a'), tokenizer::CharClass::kLetter);
-  EXPECT_EQ(tokenizer::classify_code_point(0x706F),
-            tokenizer::CharClass::kLetter);  // CJK ideograph
-  EXPECT_EQ(tokenizer::classify_code_point(0x2167),
-            tokenizer::CharClass::kNumber);  // Roman numeral eight (Nl)
-  EXPECT_EQ(tokenizer::classify_code_point(0x00A0),
-            tokenizer::CharClass::kSpace);  // no-break space
-  EXPECT_EQ(tokenizer::classify_code_point(0x0085), tokenizer::CharClass::kSpace);  // next line
-  EXPECT_EQ(tokenizer::classify_code_point(0x001F),
-            tokenizer::CharClass::kOther);  // not White_Space
-  EXPECT_EQ(tokenizer::classify_code_point(0x1F30A), tokenizer::CharClass::kOther);  // emoji
-  EXPECT_EQ(tokenizer::classify_code_point(0x0301),
-            tokenizer::CharClass::kOther);  // combining mark (Mn)
 }
 
 TEST(Pretokenize, InvalidUtf8BytesAreOther) {
-  tokenizer::CharClass c;
-  // Overlong '/', a surrogate, a truncated sequence, a stray continuation byte, and > U+10FFFF:
-  // each invalid byte is one code point of class other.
-  for (const std::string bad :
-       {"\xC0\xAF", "\xED\xA0\x80", "\xE2\x82", "\x80", "\xF4\x90\x80\x80"}) {
-    EXPECT_EQ(tokenizer::next_char(bad, 0, &c), 1) << testing::PrintToString(bad);
-    EXPECT_EQ(c, tokenizer::CharClass::kOther);
-  }
-  EXPECT_EQ(tokenizer::next_char("\xE2\x82\xAC", 0, &c), 3);  // the euro sign is valid
+  // Each invalid byte is a code point of class other (unicode/char_class.h).
   EXPECT_EQ(split("ab\xFF\xFE cd"), (V{"ab", "\xFF\xFE", " cd"}));
   EXPECT_EQ(split(" \x80x"), (V{" \x80", "x"}));
 }

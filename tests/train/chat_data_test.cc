@@ -17,8 +17,8 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "infer/loaded_model.h"
+#include "jinja/template.h"
 #include "model/train_model.h"
-#include "tokenizer/jinja.h"
 
 namespace tessera::train {
 namespace {
@@ -55,7 +55,7 @@ TEST(ChatData, MaskCoversTheAssistantTurnsExactly) {
   ASSERT_EQ(c.tokens.size(), c.mask.size());
   // All of it is the template's own rendering of the conversation.
   const std::string full =
-      tokenizer::jinja::render_chat_template(s.t.source, conversation(), s.t.bos, s.t.eos, false);
+      jinja::render_chat_template(s.t.source, conversation(), s.t.bos, s.t.eos, false);
   EXPECT_EQ(s.m.tok.decode(c.tokens), full);
   // The masked tokens are the two answers with their end of turn, nothing else.
   std::vector<int32_t> counted, first, second;

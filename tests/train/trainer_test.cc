@@ -197,12 +197,12 @@ TEST(Trainer, BadInputsThrow) {
   expect_error([&] { resume_options(o.out_dir); }, ck);
   expect_error([&] { resume_options(fresh_dir("x6")); }, "no checkpoint");
 
-  // --device cuda needs bf16 (any recompute policy), and then a GPU (tests/cuda trains on one).
+  // device cuda needs bf16 (any recompute policy), and then a GPU (tests/cuda trains on one).
   TrainOptions gpu = tiny_options(data, fresh_dir("x7"));
   gpu.device = "cuda";
-  expect_error([&] { Trainer(gpu, false); }, "--precision bf16");
+  expect_error([&] { Trainer(gpu, false); }, "with precision bf16");
   gpu.device = "tpu";
-  expect_error([&] { Trainer(gpu, false); }, "--device must be cpu or cuda");
+  expect_error([&] { Trainer(gpu, false); }, "device must be cpu or cuda");
   if (backend::cuda_device_count() == 0) {
     gpu.device = "cuda";
     gpu.precision = "bf16";

@@ -9,7 +9,7 @@
 #include "apps/cli/infer_flags.h"
 #include "core/error.h"
 #include "core/file_io.h"
-#include "tokenizer/jinja.h"
+#include "jinja/template.h"
 
 namespace tessera::cli {
 namespace {
@@ -68,9 +68,8 @@ int run(const Args& a) {
              "--vars must be a JSON object, e.g. '{\"enable_thinking\": false}'");
     for (const auto& [k, v] : vars.items()) extra[k] = v;
   }
-  const std::string text = tokenizer::jinja::render_chat_template(
-      source, messages, bos, eos, !a.on("--no-generation-prompt"), extra,
-      tokenizer::jinja::local_now, name);
+  const std::string text = jinja::render_chat_template(
+      source, messages, bos, eos, !a.on("--no-generation-prompt"), extra, jinja::local_now, name);
   std::fwrite(text.data(), 1, text.size(), stdout);
   return 0;
 }

@@ -1,6 +1,8 @@
 // `tessera train`: trains a GPT-2 or Llama-shaped model on prepared shards, or continues a run
 // with --resume DIR.
+#include <algorithm>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "apps/cli/args.h"
@@ -86,6 +88,16 @@ Flags train_flags() {
   return join({train_run_flags(), train_session_flags()});
 }
 
+std::string train_flag_of(std::string_view field) {
+  // A flag is its field's name with dashes, but for these three.
+  if (field == "data_dir") return "--data";
+  if (field == "out_dir") return "--out";
+  if (field == "lora_rank") return "--lora";  // finetune's
+  std::string flag = "--" + std::string(field);
+  std::replace(flag.begin(), flag.end(), '_', '-');
+  return flag;
+}
+
 train::TrainOptions parse_train_options(const Args& a, bool* resume) {
   train::TrainOptions o;
   const std::string resume_dir = a.str("--resume");
@@ -144,7 +156,7 @@ void parse_session_options(const Args& a, bool resume, train::TrainOptions& o) {
   if (!resume || a.given("--cuda-step") || a.given("--device")) o.cuda_step = a.str("--cuda-step");
   if (!resume || a.given("--log-every")) o.log_every = a.i64("--log-every");
   if (a.on("--quiet")) o.quiet = true;
-  train::validate_options(o);
+  train::validate_options(o, train_flag_of);
 }
 
 namespace {

@@ -1,6 +1,9 @@
 // Parsing of `tessera train` flags into run options (shared by the command and its tests).
 #pragma once
 
+#include <string>
+#include <string_view>
+
 #include "apps/cli/args.h"
 #include "train/options.h"
 
@@ -16,6 +19,10 @@ Flags train_step_flags(const train::TrainOptions& o = {});
 Flags train_session_flags(const train::TrainOptions& o = {});
 // The whole table of `tessera train`.
 Flags train_flags();
+
+// The flag that sets a TrainOptions field, by the field's name in run.json ("grad_accum" ->
+// "--grad-accum"): how train::validate_options names options for train and finetune.
+std::string train_flag_of(std::string_view field);
 
 // Parses train flags into options; *resume tells whether --resume was given. With --resume the
 // run's options come from its checkpoint and only the session flags may be given.

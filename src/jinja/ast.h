@@ -1,5 +1,5 @@
 // Tokens and syntax tree of a Jinja template, and the lexer and parser that produce them
-// (jinja_lexer.cc, jinja_parser.cc). Internal to the renderer; jinja.h is the public header.
+// (lexer.cc, parser.cc). Internal to the renderer; template.h is the public header.
 #pragma once
 
 #include <memory>
@@ -7,9 +7,9 @@
 #include <string_view>
 #include <vector>
 
-#include "tokenizer/jinja_value.h"
+#include "jinja/value.h"
 
-namespace tessera::tokenizer::jinja {
+namespace tessera::jinja {
 
 struct Pos {
   int line = 1, col = 1;
@@ -134,4 +134,4 @@ struct ParseLimits {
 // Parses the tokens of `lex` into statements. Throws naming line and column.
 Body parse(const std::vector<Token>& tokens, const std::string& name, const ParseLimits& limits);
 
-}  // namespace tessera::tokenizer::jinja
+}  // namespace tessera::jinja

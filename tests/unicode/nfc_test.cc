@@ -9,9 +9,9 @@
 
 #include "core/file_io.h"
 #include "core/rng.h"
-#include "tokenizer/unicode_nfc.h"
+#include "unicode/nfc.h"
 
-namespace tessera::tokenizer {
+namespace tessera::unicode {
 namespace {
 
 const std::string kDir = std::string(TESSERA_SOURCE_DIR) + "/tests/data/tokenizer/";
@@ -46,7 +46,7 @@ std::string utf8(uint32_t cp) {
 
 std::string nfc(std::string_view s) {
   std::string buf;
-  return std::string(tokenizer::nfc_normalize(s, &buf));
+  return std::string(nfc_normalize(s, &buf));
 }
 
 TEST(Nfc, MatchesPythonOnTrickyStrings) {
@@ -56,7 +56,7 @@ TEST(Nfc, MatchesPythonOnTrickyStrings) {
     const std::string label = c["label"];
     EXPECT_EQ(nfc(in), want) << label << ": " << testing::PrintToString(in);
     EXPECT_EQ(nfc(want), want) << label << " (idempotent)";
-    if (tokenizer::is_nfc_quick(in)) {
+    if (is_nfc_quick(in)) {
       EXPECT_EQ(in, want) << label << " (quick check said yes)";
     }
   }
@@ -89,13 +89,13 @@ TEST(Nfc, QuickCheckReturnsTheInputWithoutCopying) {
         std::string("caf\xC3\xA9 \xE7\x81\xAF\xE5\x8F\xB0 \xF0\x9F\x98\x80"),  // café 灯台 😀
         std::string("bad \xFF bytes \xC3")}) {
     std::string buf = "untouched";
-    const std::string_view out = tokenizer::nfc_normalize(text, &buf);
+    const std::string_view out = nfc_normalize(text, &buf);
     EXPECT_EQ(out.data(), text.data()) << testing::PrintToString(text);
     EXPECT_EQ(buf, "untouched");
-    EXPECT_TRUE(tokenizer::is_nfc_quick(text));
+    EXPECT_TRUE(is_nfc_quick(text));
   }
-  EXPECT_FALSE(tokenizer::is_nfc_quick("cafe\xCC\x81"));
-  EXPECT_FALSE(tokenizer::is_nfc_quick("\xE2\x84\xAB"));  // U+212B ANGSTROM SIGN
+  EXPECT_FALSE(is_nfc_quick("cafe\xCC\x81"));
+  EXPECT_FALSE(is_nfc_quick("\xE2\x84\xAB"));  // U+212B ANGSTROM SIGN
 }
 
 // A long run of combining marks (hostile input) sorts in n log n and keeps every mark.
@@ -142,4 +142,4 @@ TEST(Nfc, RandomBytesAreSafeAndIdempotent) {
 }
 
 }  // namespace
-}  // namespace tessera::tokenizer
+}  // namespace tessera::unicode

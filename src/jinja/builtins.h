@@ -1,5 +1,5 @@
 // Built-in filters, tests, attribute and item access, and the str/list/dict methods templates
-// call (jinja_filters.cc, jinja_methods.cc), and the Python operators (jinja_ops.cc). Internal to
+// call (filters.cc, methods.cc), and the Python operators (operators.cc). Internal to
 // the renderer. Each throws ValueError (no position); the evaluator adds line and column.
 #pragma once
 
@@ -8,9 +8,9 @@
 #include <string>
 #include <string_view>
 
-#include "tokenizer/jinja_value.h"
+#include "jinja/value.h"
 
-namespace tessera::tokenizer::jinja {
+namespace tessera::jinja {
 
 // Limits the value operations keep to, so hostile templates fail instead of exhausting memory.
 inline constexpr size_t kMaxValueBytes = size_t{1} << 28;  // one string or list: 256 MiB
@@ -55,4 +55,4 @@ Value binary_op(std::string_view op, const Value& a, const Value& b);
 bool contains(const Value& container, const Value& item);
 Value negate(const Value& v);
 
-}  // namespace tessera::tokenizer::jinja
+}  // namespace tessera::jinja

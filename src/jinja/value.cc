@@ -1,12 +1,12 @@
 // Python semantics of the Jinja value type: truthiness, ==, <, str(), repr(), json.dumps, len().
-#include "tokenizer/jinja_value.h"
+#include "jinja/value.h"
 
 #include <algorithm>
 #include <cmath>
 
-#include "tokenizer/jinja_string.h"
+#include "jinja/py_string.h"
 
-namespace tessera::tokenizer::jinja {
+namespace tessera::jinja {
 
 const Value* Dict::find(const Value& key) const {
   for (const auto& kv : items)
@@ -500,4 +500,4 @@ Value from_json(const nlohmann::ordered_json& j) {
   return from_json_impl(j, 0);
 }
 
-}  // namespace tessera::tokenizer::jinja
+}  // namespace tessera::jinja

@@ -1,12 +1,12 @@
 // Runs a parsed template. Scopes follow jinja2's: a for loop's body gets a fresh scope each
 // iteration (a `set` inside it is gone after the loop, hence namespace()), if blocks share their
 // surroundings, a macro call sees the template's top level and its arguments.
-#include "tokenizer/jinja_eval.h"
+#include "jinja/eval.h"
 
 #include "core/error.h"
-#include "tokenizer/jinja_builtins.h"
+#include "jinja/builtins.h"
 
-namespace tessera::tokenizer::jinja {
+namespace tessera::jinja {
 namespace {
 
 struct Scope {
@@ -553,4 +553,4 @@ std::string evaluate(const Body& body, const Value& context, const std::string& 
   return Evaluator(name, limits).run(body, context);
 }
 
-}  // namespace tessera::tokenizer::jinja
+}  // namespace tessera::jinja

@@ -1,7 +1,7 @@
 // The values a Jinja chat template computes with, modelled on the Python objects jinja2 sees:
 // undefined, None, bool, int, float, str, list, tuple, dict (insertion ordered), callables and
 // attribute objects (namespace(), loop). Strings are UTF-8 bytes; operations that Python defines
-// per code point (len, indexing, slicing) decode them (jinja_string.h).
+// per code point (len, indexing, slicing) decode them (py_string.h).
 #pragma once
 
 #include <cstdint>
@@ -15,7 +15,7 @@
 
 #include "core/error.h"
 
-namespace tessera::tokenizer::jinja {
+namespace tessera::jinja {
 
 class Value;
 using List = std::vector<Value>;
@@ -181,4 +181,4 @@ int64_t length(const Value& v);
 Value from_json(const nlohmann::json& j);
 Value from_json(const nlohmann::ordered_json& j);
 
-}  // namespace tessera::tokenizer::jinja
+}  // namespace tessera::jinja

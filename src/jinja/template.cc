@@ -1,12 +1,12 @@
 // The public face of the Jinja renderer: Template (lex, parse, check names once; render many
 // times) and render_chat_template (transformers' chat template environment).
-#include "tokenizer/jinja.h"
+#include "jinja/template.h"
 
 #include "core/error.h"
-#include "tokenizer/jinja_ast.h"
-#include "tokenizer/jinja_eval.h"
+#include "jinja/ast.h"
+#include "jinja/eval.h"
 
-namespace tessera::tokenizer::jinja {
+namespace tessera::jinja {
 
 struct Template::Impl {
   Options options;
@@ -116,4 +116,4 @@ std::string render_chat_template(std::string_view source, const nlohmann::ordere
   return tpl.render(Value::dict(std::move(g)));
 }
 
-}  // namespace tessera::tokenizer::jinja
+}  // namespace tessera::jinja

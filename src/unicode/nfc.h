@@ -1,5 +1,5 @@
 // Unicode Normalization Form C (UAX #15) over UTF-8, as Hugging Face's "NFC" normalizer applies it
-// before pre-tokenization (Qwen2). Tables: unicode_nfc_data.h (scripts/gen_unicode_nfc.py).
+// before pre-tokenization (Qwen2). Tables: nfc_data.h (scripts/gen_unicode_nfc.py).
 #pragma once
 
 #include <cstdint>
@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-namespace tessera::tokenizer {
+namespace tessera::unicode {
 
 // True when `text` is certainly NFC by the quick check: every code point has combining class 0
 // and NFC_Quick_Check Yes (all ASCII, most CJK, ...). Bytes that are not valid UTF-8 count as
@@ -25,4 +25,4 @@ std::string_view nfc_normalize(std::string_view text, std::string* buf);
 // starts there). Invalid UTF-8 bytes come out as kInvalidUtf8Base + byte.
 void nfd_code_points(std::string_view text, std::vector<uint32_t>* out);
 
-}  // namespace tessera::tokenizer
+}  // namespace tessera::unicode

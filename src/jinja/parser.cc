@@ -2,9 +2,9 @@
 // or < and < not < comparisons < + - < ~ < * / // % < ** < unary - + < postfix, filters and
 // tests; ** is left-associative and unary minus binds tighter than **, as in jinja2).
 #include "core/error.h"
-#include "tokenizer/jinja_ast.h"
+#include "jinja/ast.h"
 
-namespace tessera::tokenizer::jinja {
+namespace tessera::jinja {
 namespace {
 
 using K = Token::Kind;
@@ -704,4 +704,4 @@ Body parse(const std::vector<Token>& tokens, const std::string& name, const Pars
   return Parser(tokens, name, limits).run();
 }
 
-}  // namespace tessera::tokenizer::jinja
+}  // namespace tessera::jinja

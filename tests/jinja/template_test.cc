@@ -11,10 +11,10 @@
 #include <vector>
 
 #include "core/file_io.h"
+#include "jinja/template.h"
 #include "test_util/expect_error.h"
-#include "tokenizer/jinja.h"
 
-namespace tessera::tokenizer::jinja {
+namespace tessera::jinja {
 namespace {
 
 using nlohmann::ordered_json;
@@ -316,4 +316,4 @@ TEST(JinjaApi, TemplateRendersManyTimes) {
 }
 
 }  // namespace
-}  // namespace tessera::tokenizer::jinja
+}  // namespace tessera::jinja

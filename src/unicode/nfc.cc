@@ -1,14 +1,14 @@
 // Unicode NFC over UTF-8: a quick check that finds the spans NFC may change, and decomposition,
 // canonical ordering and composition applied to those spans only.
-#include "tokenizer/unicode_nfc.h"
+#include "unicode/nfc.h"
 
 #include <algorithm>
 #include <vector>
 
-#include "tokenizer/pretokenize.h"
-#include "tokenizer/unicode_nfc_data.h"
+#include "unicode/nfc_data.h"
+#include "unicode/utf8.h"
 
-namespace tessera::tokenizer {
+namespace tessera::unicode {
 namespace {
 
 // An invalid UTF-8 byte travels through the algorithm as the code point decode_utf8 gives it
@@ -22,23 +22,22 @@ constexpr uint32_t kNCount = kVCount * kTCount, kSCount = kLCount * kNCount;
 
 // Below this every code point is stable (class 0, quick check Yes): Latin-1 and the Latin
 // extensions skip the table search.
-const uint32_t kFirstUnstable = unicode::kNfcUnstableRanges[0].lo;
+const uint32_t kFirstUnstable = kNfcUnstableRanges[0].lo;
 
 bool is_stable(uint32_t cp) {
   if (cp < kFirstUnstable || cp >= kInvalidUtf8Base) return true;
-  const auto* end = unicode::kNfcUnstableRanges + unicode::kNfcUnstableRangeCount;
-  const auto* it =
-      std::lower_bound(unicode::kNfcUnstableRanges, end, cp,
-                       [](const unicode::NfcRange& r, uint32_t v) { return r.hi < v; });
+  const auto* end = kNfcUnstableRanges + kNfcUnstableRangeCount;
+  const auto* it = std::lower_bound(kNfcUnstableRanges, end, cp,
+                                    [](const NfcRange& r, uint32_t v) { return r.hi < v; });
   return it == end || it->lo > cp;
 }
 
 uint8_t combining_class(uint32_t cp) {
   if (cp < kFirstUnstable || cp >= kInvalidUtf8Base) return 0;
-  const auto* end = unicode::kCombiningClasses + unicode::kCombiningClassCount;
+  const auto* end = kCombiningClasses + kCombiningClassCount;
   const auto* it =
-      std::lower_bound(unicode::kCombiningClasses, end, cp,
-                       [](const unicode::CombiningClassRange& r, uint32_t v) { return r.hi < v; });
+      std::lower_bound(kCombiningClasses, end, cp,
+                       [](const CombiningClassRange& r, uint32_t v) { return r.hi < v; });
   return it != end && it->lo <= cp ? static_cast<uint8_t>(it->ccc) : 0;
 }
 
@@ -57,10 +56,9 @@ void decompose(uint32_t cp, std::vector<Mark>* out) {
     return;
   }
   if (cp >= 0xC0 && cp < kInvalidUtf8Base) {
-    const auto* end = unicode::kDecompositions + unicode::kDecompositionCount;
-    const auto* it =
-        std::lower_bound(unicode::kDecompositions, end, cp,
-                         [](const unicode::Decomposition& d, uint32_t v) { return d.cp < v; });
+    const auto* end = kDecompositions + kDecompositionCount;
+    const auto* it = std::lower_bound(kDecompositions, end, cp,
+                                      [](const Decomposition& d, uint32_t v) { return d.cp < v; });
     if (it != end && it->cp == cp) {
       decompose(it->first, out);  // depth is bounded by the data (at most 4 steps)
       if (it->second != 0) decompose(it->second, out);
@@ -77,10 +75,10 @@ uint32_t compose(uint32_t a, uint32_t b) {
   if (a >= kSBase && a < kSBase + kSCount && (a - kSBase) % kTCount == 0 && b > kTBase &&
       b < kTBase + kTCount)
     return a + (b - kTBase);
-  const unicode::Composition key{a, b, 0};
-  const auto* end = unicode::kCompositions + unicode::kCompositionCount;
-  const auto* it = std::lower_bound(
-      unicode::kCompositions, end, key, [](const unicode::Composition& x, const auto& y) {
+  const Composition key{a, b, 0};
+  const auto* end = kCompositions + kCompositionCount;
+  const auto* it =
+      std::lower_bound(kCompositions, end, key, [](const Composition& x, const auto& y) {
         return x.first != y.first ? x.first < y.first : x.second < y.second;
       });
   return it != end && it->first == a && it->second == b ? it->composite : 0;
@@ -197,4 +195,4 @@ std::string_view nfc_normalize(std::string_view text, std::string* buf) {
   return *buf;
 }
 
-}  // namespace tessera::tokenizer
+}  // namespace tessera::unicode

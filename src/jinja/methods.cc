@@ -3,10 +3,10 @@
 // transformers' ImmutableSandboxedEnvironment.
 #include <algorithm>
 
-#include "tokenizer/jinja_builtins.h"
-#include "tokenizer/jinja_string.h"
+#include "jinja/builtins.h"
+#include "jinja/py_string.h"
 
-namespace tessera::tokenizer::jinja {
+namespace tessera::jinja {
 namespace {
 
 const char* const kUnsafeListMethods[] = {"append", "clear",  "extend",  "insert",
@@ -334,4 +334,4 @@ List iterate(const Value& v) {
   }
 }
 
-}  // namespace tessera::tokenizer::jinja
+}  // namespace tessera::jinja

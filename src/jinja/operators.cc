@@ -2,10 +2,10 @@
 // Python would grow a big integer the operation fails naming the overflow.
 #include <cmath>
 
-#include "tokenizer/jinja_builtins.h"
-#include "tokenizer/jinja_string.h"
+#include "jinja/builtins.h"
+#include "jinja/py_string.h"
 
-namespace tessera::tokenizer::jinja {
+namespace tessera::jinja {
 namespace {
 
 [[noreturn]] void unsupported(std::string_view op, const Value& a, const Value& b) {
@@ -182,4 +182,4 @@ Value negate(const Value& v) {
   value_fail("bad operand type for unary -: '", v.type_name(), "'");
 }
 
-}  // namespace tessera::tokenizer::jinja
+}  // namespace tessera::jinja

@@ -1,12 +1,12 @@
-// The tree-walking evaluator of a parsed template (jinja_eval.cc). Internal to the renderer.
+// The tree-walking evaluator of a parsed template (eval.cc). Internal to the renderer.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
-#include "tokenizer/jinja_ast.h"
+#include "jinja/ast.h"
 
-namespace tessera::tokenizer::jinja {
+namespace tessera::jinja {
 
 struct EvalLimits {
   int64_t max_steps = 10'000'000;  // statements run plus loop iterations plus calls
@@ -23,4 +23,4 @@ std::string evaluate(const Body& body, const Value& context, const std::string& 
 // those when it compiles the template, before anything renders.
 void check_names(const Body& body, const std::string& name);
 
-}  // namespace tessera::tokenizer::jinja
+}  // namespace tessera::jinja

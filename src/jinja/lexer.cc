@@ -6,11 +6,11 @@
 #include <cstdint>
 
 #include "core/error.h"
-#include "tokenizer/jinja_ast.h"
-#include "tokenizer/jinja_string.h"
-#include "tokenizer/pretokenize.h"
+#include "jinja/ast.h"
+#include "jinja/py_string.h"
+#include "unicode/utf8.h"
 
-namespace tessera::tokenizer::jinja {
+namespace tessera::jinja {
 
 std::string where(const std::string& name, Pos pos) {
   return cat(name, ":", pos.line, ":", pos.col);
@@ -355,17 +355,17 @@ class Lexer {
           out += '\v';
           break;
         case 'x':
-          append_utf8(static_cast<uint32_t>(hex_digits(pos_, 2)), &out);
+          unicode::append_utf8(static_cast<uint32_t>(hex_digits(pos_, 2)), &out);
           pos_ += 2;
           break;
         case 'u':
-          append_utf8(static_cast<uint32_t>(hex_digits(pos_, 4)), &out);
+          unicode::append_utf8(static_cast<uint32_t>(hex_digits(pos_, 4)), &out);
           pos_ += 4;
           break;
         case 'U': {
           const int cp = hex_digits(pos_, 8);
           if (cp > 0x10FFFF) fail_at(start, "\\U escape past U+10FFFF in string literal");
-          append_utf8(static_cast<uint32_t>(cp), &out);
+          unicode::append_utf8(static_cast<uint32_t>(cp), &out);
           pos_ += 8;
           break;
         }
@@ -375,7 +375,7 @@ class Lexer {
             for (int k = 0; k < 2 && pos_ < src_.size() && src_[pos_] >= '0' && src_[pos_] <= '7';
                  ++k)
               v = v * 8 + static_cast<uint32_t>(src_[pos_++] - '0');
-            append_utf8(v, &out);
+            unicode::append_utf8(v, &out);
           } else {
             out += '\\';
             out += e;
@@ -401,4 +401,4 @@ std::vector<Token> lex(std::string_view source, const LexOptions& options,
   return Lexer(source, options, name).run();
 }
 
-}  // namespace tessera::tokenizer::jinja
+}  // namespace tessera::jinja

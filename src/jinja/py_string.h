@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-namespace tessera::tokenizer::jinja {
+namespace tessera::jinja {
 
 class Value;
 
@@ -56,4 +56,4 @@ std::string percent_format(std::string_view fmt, const Value& args);
 std::string brace_format(std::string_view fmt, const std::vector<Value>& args,
                          const std::vector<std::pair<std::string, Value>>& kwargs);
 
-}  // namespace tessera::tokenizer::jinja
+}  // namespace tessera::jinja

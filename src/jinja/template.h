@@ -13,9 +13,9 @@
 #include <string>
 #include <string_view>
 
-#include "tokenizer/jinja_value.h"
+#include "jinja/value.h"
 
-namespace tessera::tokenizer::jinja {
+namespace tessera::jinja {
 
 struct Options {
   bool trim_blocks = false;    // drop the newline after a block or comment tag
@@ -64,4 +64,4 @@ std::string render_chat_template(std::string_view source, const nlohmann::ordere
                                  const Clock& clock = local_now,
                                  const std::string& name = "chat_template");
 
-}  // namespace tessera::tokenizer::jinja
+}  // namespace tessera::jinja

@@ -5,11 +5,11 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "tokenizer/jinja_builtins.h"
-#include "tokenizer/jinja_string.h"
-#include "tokenizer/pretokenize.h"
+#include "jinja/builtins.h"
+#include "jinja/py_string.h"
+#include "unicode/utf8.h"
 
-namespace tessera::tokenizer::jinja {
+namespace tessera::jinja {
 
 Bound::Bound(std::string_view fn, const Args& args, std::initializer_list<const char*> names)
     : fn_(fn), names_(names), values_(names.size(), nullptr) {
@@ -85,7 +85,7 @@ std::string ascii_json(const std::string& json) {
       continue;
     }
     uint32_t cp = 0;
-    const int n = decode_utf8(json, i, &cp);
+    const int n = unicode::decode_utf8(json, i, &cp);
     i += static_cast<size_t>(std::max(n, 1));
     auto unit = [&](uint32_t u) {
       std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(u));
@@ -683,4 +683,4 @@ bool call_test(std::string_view name, const Value& v, const Args& a) {
   value_fail("no test named '", name, "'");
 }
 
-}  // namespace tessera::tokenizer::jinja
+}  // namespace tessera::jinja

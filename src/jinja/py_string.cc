@@ -1,14 +1,15 @@
 // Python string semantics over UTF-8 bytes for the Jinja renderer.
-#include "tokenizer/jinja_string.h"
+#include "jinja/py_string.h"
 
 #include <charconv>
 #include <cmath>
 #include <cstdio>
 
-#include "tokenizer/jinja_value.h"
-#include "tokenizer/pretokenize.h"
+#include "jinja/value.h"
+#include "unicode/char_class.h"
+#include "unicode/utf8.h"
 
-namespace tessera::tokenizer::jinja {
+namespace tessera::jinja {
 namespace {
 
 bool is_ascii_letter(char c) {
@@ -30,7 +31,7 @@ std::vector<Cp> decode(std::string_view s) {
   std::vector<Cp> out;
   for (size_t i = 0; i < s.size();) {
     uint32_t cp;
-    const int n = decode_utf8(s, i, &cp);
+    const int n = unicode::decode_utf8(s, i, &cp);
     out.push_back({cp, i, i + n});
     i += n;
   }
@@ -45,7 +46,7 @@ std::vector<size_t> code_point_offsets(std::string_view s) {
   for (size_t i = 0; i < s.size();) {
     out.push_back(i);
     uint32_t cp;
-    i += decode_utf8(s, i, &cp);
+    i += unicode::decode_utf8(s, i, &cp);
   }
   out.push_back(s.size());
   return out;
@@ -60,8 +61,8 @@ int64_t code_point_count(std::string_view s) {
 bool is_space_code_point(uint32_t cp) {
   // Python's isspace includes the separators \x1c-\x1f beside Unicode White_Space.
   if (cp >= 0x1C && cp <= 0x1F) return true;
-  if (cp >= kInvalidUtf8Base) return false;
-  return classify_code_point(cp) == CharClass::kSpace;
+  if (cp >= unicode::kInvalidUtf8Base) return false;
+  return unicode::classify_code_point(cp) == unicode::CharClass::kSpace;
 }
 
 std::string py_strip(std::string_view s, const std::optional<std::string>& chars, bool left,
@@ -243,10 +244,10 @@ std::string map_case(std::string_view s, uint32_t (*f)(uint32_t)) {
   for (const Cp& c : decode(s)) {
     if (c.cp < 0x80)
       out.push_back(static_cast<char>(f(c.cp)));
-    else if (c.cp >= kInvalidUtf8Base)
+    else if (c.cp >= unicode::kInvalidUtf8Base)
       out.push_back(s[c.begin]);
     else
-      append_utf8(f(c.cp), &out);
+      unicode::append_utf8(f(c.cp), &out);
   }
   return out;
 }
@@ -324,10 +325,10 @@ std::string py_repr_string(std::string_view s) {
       char buf[16];
       std::snprintf(buf, sizeof buf, "\\x%02x", c.cp);
       out += buf;
-    } else if (c.cp >= kInvalidUtf8Base) {
+    } else if (c.cp >= unicode::kInvalidUtf8Base) {
       // Python strings hold no invalid UTF-8; show the byte the way a surrogate escape would.
       char buf[16];
-      std::snprintf(buf, sizeof buf, "\\x%02x", c.cp - kInvalidUtf8Base);
+      std::snprintf(buf, sizeof buf, "\\x%02x", c.cp - unicode::kInvalidUtf8Base);
       out += buf;
     } else {
       out += s.substr(c.begin, c.end - c.begin);
@@ -561,7 +562,7 @@ std::string percent_format(std::string_view fmt, const Value& args) {
         if (arg.is_int()) {
           if (arg.integer() < 0 || arg.integer() > 0x10FFFF)
             value_fail("% format: %c arg not in range(0x110000)");
-          append_utf8(static_cast<uint32_t>(arg.integer()), &s);
+          unicode::append_utf8(static_cast<uint32_t>(arg.integer()), &s);
         } else if (arg.is_string() && code_point_count(arg.str()) == 1)
           s = arg.str();
         else
@@ -625,4 +626,4 @@ std::string brace_format(std::string_view fmt, const std::vector<Value>& args,
   return out;
 }
 
-}  // namespace tessera::tokenizer::jinja
+}  // namespace tessera::jinja
