@@ -266,8 +266,11 @@ TEST(Quant, FloatWeightsMatchDoubleProduct) {
         for (int64_t n = 0; n < N; ++n) {
           double exact = 0, abs_sum = 0;
           for (int64_t k = 0; k < K; ++k) {
-            exact += double(w.deq[n * K + k]) * x[m * K + k];
-            abs_sum += std::fabs(double(w.deq[n * K + k]) * x[m * K + k]);
+            // bf16 weights multiply x rounded to bf16 (ops::matmul_wt).
+            const double xk =
+                t == DType::bf16 ? bf16_to_f32(f32_to_bf16(x[m * K + k])) : x[m * K + k];
+            exact += double(w.deq[n * K + k]) * xk;
+            abs_sum += std::fabs(double(w.deq[n * K + k]) * xk);
           }
           ASSERT_NEAR(y[m * N + n], exact, K * kEpsF * abs_sum) << dtype_name(t) << reference;
         }
