@@ -69,8 +69,9 @@ TEST(GemmWt, WidensEveryTypeExactlyOnEveryTarget) {
   EXPECT_GE(tested, 1);
 }
 
-// y = x W^T + bias against a double product of the widened weights; the bound is the f32
-// accumulation error of a K-term sum (K eps sum |x w|), far below any widening mistake.
+// y = x W^T + bias against a double product of the widened weights (and of x rounded to bf16
+// for bf16 weights); the bound is the f32 accumulation error of a K-term sum (K eps sum |x w|),
+// far below any widening mistake.
 TEST(GemmWt, MatchesDoubleProductOverEdgesAndStrides) {
   struct Shape {
     int64_t M, K, N;
@@ -91,7 +92,10 @@ TEST(GemmWt, MatchesDoubleProductOverEdgesAndStrides) {
         for (int64_t n = 0; n < s.N; ++n) {
           double ref = bias[n], mag = std::fabs(bias[n]);
           for (int64_t k = 0; k < s.K; ++k) {
-            const double p = static_cast<double>(x[m * s.K + k]) * w.wide[n * s.K + k];
+            // bf16 weights take x rounded to bf16 (ops::matmul_wt's rule).
+            const float xk =
+                t == DType::bf16 ? bf16_to_f32(f32_to_bf16(x[m * s.K + k])) : x[m * s.K + k];
+            const double p = static_cast<double>(xk) * w.wide[n * s.K + k];
             ref += p, mag += std::fabs(p);
           }
           ASSERT_NEAR(y[m * ldy + n], ref, (s.K + 2) * test::kEpsF * mag) << m << "," << n;

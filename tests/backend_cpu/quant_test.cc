@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/gemm.h"
 #include "backend/cpu/quant_act.h"
 #include "backend/cpu/quant_matmul_avx2.h"
 #include "backend/cpu/ref/ref_kernels.h"
@@ -266,11 +267,88 @@ TEST(Quant, FloatWeightsMatchDoubleProduct) {
         for (int64_t n = 0; n < N; ++n) {
           double exact = 0, abs_sum = 0;
           for (int64_t k = 0; k < K; ++k) {
-            exact += double(w.deq[n * K + k]) * x[m * K + k];
-            abs_sum += std::fabs(double(w.deq[n * K + k]) * x[m * K + k]);
+            // bf16 weights multiply x rounded to bf16 (ops::matmul_wt).
+            const double xk =
+                t == DType::bf16 ? bf16_to_f32(f32_to_bf16(x[m * K + k])) : x[m * K + k];
+            exact += double(w.deq[n * K + k]) * xk;
+            abs_sum += std::fabs(double(w.deq[n * K + k]) * xk);
           }
           ASSERT_NEAR(y[m * N + n], exact, K * kEpsF * abs_sum) << dtype_name(t) << reference;
         }
+    }
+  }
+}
+
+// bf16 weights take x rounded to bf16 at every row count and on every route (ops::matmul_wt):
+// one row (decode), a small batch, and a batch past the packed-GEMM threshold, through
+// cpu::matmul_wt, each kernel called directly (the packed f32 route gemm_wt included, which this
+// CPU may not pick), the grouped form and the reference, all match a double product of the
+// rounded x within f32 summation error, and so row 0 does not depend on M. x and W are positive
+// and every x lies 2^-10 of itself above a bf16 value (under half a bf16 step), so a route that
+// kept x as is would be off by ~2^-10 of the output: 16 times the tolerance at K = 512.
+TEST(Quant, Bf16WeightsRoundActivationsAtEveryRowCount) {
+  const int64_t K = 512, N = 37, kMs[] = {1, 5, 300};
+  const int64_t M_max = 300;
+  ASSERT_TRUE(cpu::matmul_wt_takes_packed_gemm(DType::bf16, M_max));
+  ASSERT_FALSE(cpu::matmul_wt_takes_packed_gemm(DType::bf16, 5));
+  Buf wsrc = normal_buf(N * K, 0, 71);
+  for (int64_t i = 0; i < N * K; ++i) wsrc[i] = 0.01f + std::fabs(wsrc[i]);
+  std::vector<uint16_t> w(static_cast<size_t>(N * K));
+  from_f32(DType::bf16, wsrc.p, w.data(), N * K);
+  Buf x = normal_buf(M_max * K, 1, 72);
+  std::vector<double> xr(static_cast<size_t>(M_max * K));
+  for (int64_t i = 0; i < M_max * K; ++i) {
+    const float base = bf16_to_f32(f32_to_bf16(0.05f + std::fabs(x[i])));
+    x[i] = base + base * 0x1p-10f;  // exact in f32 (8 + 10 significant bits)
+    ASSERT_EQ(bf16_to_f32(f32_to_bf16(x[i])), base);
+    xr[static_cast<size_t>(i)] = base;
+  }
+  // The double product of the rounded x; every term is positive, so the f32 summation bound of
+  // any order, (K + 2) eps sum |term|, is (K + 2) eps y.
+  std::vector<double> want(static_cast<size_t>(M_max * N));
+  for (int64_t m = 0; m < M_max; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double s = 0;
+      for (int64_t k = 0; k < K; ++k) s += xr[m * K + k] * bf16_to_f32(w[n * K + k]);
+      want[m * N + n] = s;
+    }
+  const double rel_tol = (K + 2) * kEpsF;
+  auto group = [](ThreadPool& tp, float* y, int64_t ldy, const float* xp, int64_t M, int64_t k,
+                  const void* wp, DType t, int64_t n, const float* bias) {
+    // Beside an f32 product, which keeps x as is (GroupedProductsEqualSeparateOnes checks it).
+    std::vector<float> w32(static_cast<size_t>(3 * k), 0.5f), y32(static_cast<size_t>(M * 3));
+    const ops::WtProduct products[2] = {{y, ldy, wp, t, n, bias},
+                                        {y32.data(), 3, w32.data(), DType::f32, 3, nullptr}};
+    cpu::matmul_wt_group(tp, xp, M, k, products, 2);
+  };
+  auto reference = [](ThreadPool&, float* y, int64_t ldy, const float* xp, int64_t M, int64_t k,
+                      const void* wp, DType t, int64_t n,
+                      const float* bias) { cpu::ref::matmul_wt(y, ldy, xp, M, k, wp, t, n, bias); };
+  std::vector<std::pair<std::string, MatmulWtFn>> routes = {{"matmul_wt", cpu::matmul_wt},
+                                                            {"highway", cpu::matmul_wt_highway},
+                                                            {"gemm_wt", cpu::gemm_wt},
+                                                            {"group", group},
+                                                            {"reference", reference}};
+  if (cpu::quant_avx2_supported()) routes.emplace_back("avx2", cpu::matmul_wt_avx2);
+  const std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
+  for (int64_t target : targets) {
+    TargetMock mock(target);
+    for (const auto& [name, fn] : routes) {
+      if (name == "reference" && target != targets[0]) continue;  // the same on every target
+      std::vector<float> row0;                                    // row 0 from M = 1
+      for (int64_t M : kMs) {
+        SCOPED_TRACE(::testing::Message() << hwy::TargetName(target) << " " << name << " M=" << M);
+        std::vector<float> y(static_cast<size_t>(M * N));
+        fn(pool(2), y.data(), N, x.p, M, K, w.data(), DType::bf16, N, nullptr);
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t n = 0; n < N; ++n) {
+            const double e = want[m * N + n];
+            ASSERT_NEAR(y[m * N + n], e, rel_tol * e) << "m=" << m << " n=" << n;
+          }
+        if (M == 1) row0.assign(y.begin(), y.begin() + N);
+        for (int64_t n = 0; n < N; ++n)
+          ASSERT_NEAR(y[n], row0[n], 2 * rel_tol * want[n]) << "row 0 differs from M=1, n=" << n;
+      }
     }
   }
 }
@@ -306,6 +384,8 @@ TEST(Quant, GroupedProductsEqualSeparateOnes) {
   }
   cases.push_back({512, {{DType::q4_k, 260}, {DType::q6_k, 130}, {DType::q8_0, 130}}});
   cases.push_back({512, {{DType::f16, 260}, {DType::q4_0, 130}}});
+  // bf16 products read x rounded to bf16, the other float types x itself, in one group.
+  cases.push_back({512, {{DType::bf16, 260}, {DType::f32, 130}, {DType::f16, 130}}});
   for (const Case& c : cases)
     for (int64_t M : {1, 3, 6}) {
       const Buf x = normal_buf(M * c.K, 0, 81);

@@ -71,7 +71,9 @@ void glu_backward(ThreadPool& pool, float* dgate, float* dup, const float* dout,
 // - packed f32 GEMM (prefill): cpu::gemm_wt, W widened while packed, x unquantized. Rows of a
 //   large product are therefore a little more accurate than the same rows computed in a small
 //   one (and not bit-identical to them). bf16 weights where the CPU has AVX512-BF16 take the bf16
-//   dot-product kernel instead, x rounded to bf16 while packed (a bf16 model's own precision).
+//   dot-product kernel instead.
+// bf16 weights take x rounded to bf16 on every route (ops::matmul_wt), so there the routes
+// differ only in the f32 summation order of the same exact products.
 void matmul_wt(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t M, int64_t K,
                const void* w, DType w_type, int64_t N, const float* bias);
 // Whether matmul_wt computes M rows against w_type weights through the packed GEMM.

@@ -321,13 +321,14 @@ void gemm_target(ThreadPool& pool, const ops::GemmArgs& g, const GemmBlocking& b
 }
 
 // y (M,N) = x (M,K) W^T [+ bias] with W (N,K) stored as w_type, through the packed kernel:
-// W is widened to f32 while its panels are packed (f16x16 on AVX2: read in place). kc is rounded up
-// to whole blocks of w_type so every depth block starts on a block boundary.
+// W is widened to f32 while its panels are packed (f16x16 on AVX2: read in place), x rounded to
+// bf16 while packed for bf16 weights (ops::matmul_wt's rule). kc is rounded up to whole blocks of
+// w_type so every depth block starts on a block boundary.
 void gemm_wt_target(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t M, int64_t K,
                     const void* w, DType w_type, int64_t N, const float* bias,
                     const GemmBlocking& blk) {
   Problem pr;
-  pr.a = Operand{x, Src::f32, K, false};
+  pr.a = Operand{x, w_type == DType::bf16 ? Src::f32_round_bf16 : Src::f32, K, false};
   pr.b.p = w, pr.b.stored_weights = true, pr.b.stored = w_type;
   pr.b.row_bytes = dtype_bytes(w_type, K);
   pr.b.k = K;

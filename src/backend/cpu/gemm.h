@@ -46,8 +46,9 @@ void gemm_bf16(ThreadPool& pool, const ops::GemmArgs& g, const GemmBlocking& blo
 // y (M,N) = x (M,K) W^T [+ bias (N)] with W (N,K) stored as w_type (f32, f16, bf16 or a block
 // type; K a whole number of blocks), through the packed f32 kernel: W's panels are widened to
 // f32 while packed, once per depth block and shared by all M rows, and x is used as is (no
-// 8-bit activations). Any M; worth it over the integer kernels of matmul_wt once M is large
-// enough to amortize the widening (cpu::matmul_wt decides). kc is rounded up to whole blocks.
+// 8-bit activations), except that bf16 weights take x rounded to bf16 while packed (the rule of
+// ops::matmul_wt). Any M; worth it over the integer kernels of matmul_wt once M is large enough
+// to amortize the widening (cpu::matmul_wt decides). kc is rounded up to whole blocks.
 void gemm_wt(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t M, int64_t K,
              const void* w, DType w_type, int64_t N, const float* bias);
 void gemm_wt_blocked(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t M, int64_t K,

@@ -49,6 +49,13 @@ ActsQ8 acts_q8_buffer(int64_t M, int64_t K, int64_t block);
 // Plain scalar code shared by the reference and SIMD paths, so both see identical integers.
 void quantize_act_rows(const float* x, const QuantizedActs& qa, int64_t m0, int64_t m1);
 
+// x (M, K) as a product against bf16 weights takes it (ops::matmul_wt): every value rounded to
+// bf16 (nearest even, NaN kept: core's f32_to_bf16) and widened back to f32. Returns a
+// per-calling-thread buffer that grows when needed and is reused (valid until the next call on
+// the same thread), so the float kernels read it in place of x and their loops stay as they are.
+// The SIMD paths' (the reference rounds with core's function, so each checks the other).
+const float* bf16_rounded_acts(const float* x, int64_t M, int64_t K);
+
 // f16 bits to f32 with integer ops and one multiply (exact, like f16_to_f32, including
 // subnormals, infinities and NaN); used on block scales in the inner loops, where
 // f16_to_f32's branches and ldexp would cost too much. No calls, so accumulators stay in

@@ -465,6 +465,7 @@ void matmul_wt_highway(ThreadPool& pool, float* y, int64_t ldy, const float* x, 
   TS_CHECK(!is_interleaved(w_type), "[matmul_wt] ", dtype_name(w_type),
            " weights need the AVX2 kernels, which this CPU or pinned target lacks");
   if (M == 0 || N == 0) return;
+  if (w_type == DType::bf16) x = bf16_rounded_acts(x, M, K);
   QuantizedActs qa;
   const int64_t block = act_block_elems(w_type);
   if (block > 0) {
@@ -553,8 +554,8 @@ void matmul_wt(ThreadPool& pool, float* y, int64_t ldy, const float* x, int64_t 
       return gemm(pool, g);
     }
     if (w_type == DType::bf16 && gemm_kernel_for(true, M) == GemmKernel::bf16_dot) {
-      // bf16 weights on the bf16 dot-product kernel: x is rounded to bf16 while packed, as a
-      // bf16 model's activations are in transformers and llama.cpp (twice the f32 kernel's rate).
+      // bf16 weights on the bf16 dot-product kernel (twice the f32 kernel's rate): the same
+      // rounded x as every other route, rounded while packed.
       ops::GemmArgs g;
       g.trans_b = ops::Trans::T;
       g.m = M, g.n = N, g.k = K;

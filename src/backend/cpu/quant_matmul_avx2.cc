@@ -190,6 +190,7 @@ void matmul_wt_avx2(ThreadPool& pool, float* y, int64_t ldy, const float* x, int
                     const void* w, DType w_type, int64_t N, const float* bias) {
   if (M == 0 || N == 0) return;
   if (!avx2::rows_fn(w_type)) return matmul_wt_highway(pool, y, ldy, x, M, K, w, w_type, N, bias);
+  if (w_type == DType::bf16) x = bf16_rounded_acts(x, M, K);
   ActsQ8 acts;
   const int64_t block = act_block_elems(w_type);
   if (block > 0) {
@@ -242,9 +243,14 @@ void matmul_wt_group_avx2(ThreadPool& pool, const float* x, int64_t M, int64_t K
     acts = acts_q8_buffer(M, K, block);
     quantize_acts_q8_avx2(x, acts, 0, M);
   }
+  // bf16 products read x rounded to bf16 (once for all of them), the other float types x itself.
+  bool any_bf16 = false;
+  for (int64_t p = 0; p < n_products; ++p) any_bf16 = any_bf16 || products[p].w_type == DType::bf16;
+  const float* x_bf16 = any_bf16 ? bf16_rounded_acts(x, M, K) : nullptr;
   auto run = [&](const ops::WtProduct& w, int64_t n0, int64_t n1) {
+    const float* xw = w.w_type == DType::bf16 ? x_bf16 : x;
     const avx2::TileArgs args{
-        static_cast<const uint8_t*>(w.w), dtype_bytes(w.w_type, K), &acts, x, K, 0};
+        static_cast<const uint8_t*>(w.w), dtype_bytes(w.w_type, K), &acts, xw, K, 0};
     avx2::rows_fn(w.w_type)(w.y, w.ldy, M, w.bias, n0, n1, args);
   };
   // A group small enough for one core runs here (a hand-off would cost more than it saves);

@@ -124,6 +124,16 @@ class CudaOpsBackend final : public ops::Backend {
       gemm_lt(l, s);
       return;
     }
+    if (M >= kGemmMinRows && w_type == DType::bf16) {
+      // bf16 weights: x rounded to bf16 (ops::matmul_wt's rule) and one bf16 tensor-core GEMM
+      // against W as stored (widening it to f16 would also lose bf16's exponent range).
+      auto* x16 = static_cast<__nv_bfloat16*>(scratch(M * K, sizeof(uint16_t)));
+      cuda::convert_f32_to_bf16(x16, x, M * K, s);
+      LtGemmArgs l = lt_linear(y, LtType::f32, x16, w, LtType::bf16, M, N, K, b);
+      l.ldc = ldy;
+      gemm_lt(l, s);
+      return;
+    }
     if (M >= kGemmMinRows) {
       // Widen W and x to f16 and run one tensor-core GEMM, f32 accumulation and output.
       auto* w16 = static_cast<uint16_t*>(scratch(N * K + M * K, sizeof(uint16_t)));

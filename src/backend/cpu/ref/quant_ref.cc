@@ -196,11 +196,17 @@ void matmul_wt(float* y, int64_t ldy, const float* x, int64_t M, int64_t K, cons
     return static_cast<const uint8_t*>(row.data());
   };
   if (block == 0) {
+    // bf16 weights take x rounded to bf16 (ops::matmul_wt); core's conversion, not the SIMD
+    // path's, so the two are checked against each other.
+    const bool round_x = plain == DType::bf16;
     for (int64_t n = 0; n < N; ++n) {
       const uint8_t* wr = plain_row(n);
       for (int64_t m = 0; m < M; ++m) {
         float acc = 0;
-        for (int64_t k = 0; k < K; ++k) acc += x[m * K + k] * weight_f32(plain, wr, k);
+        for (int64_t k = 0; k < K; ++k) {
+          const float xv = round_x ? bf16_to_f32(f32_to_bf16(x[m * K + k])) : x[m * K + k];
+          acc += xv * weight_f32(plain, wr, k);
+        }
         y[m * ldy + n] = bias ? acc + bias[n] : acc;
       }
     }

@@ -71,7 +71,8 @@ void glu_backward(float* dgate, float* dup, const float* dout, const float* gate
 
 // Quantized / low-precision weights (ref/quant.cc). y (M,N) = x (M,K) W^T [+ bias (N)], W (N,K)
 // of type w_type with rows dtype_bytes(w_type, K) apart; ldy >= N. Block types quantize x to
-// 8 bits per weight block and accumulate integer dot products per block.
+// 8 bits per weight block and accumulate integer dot products per block; bf16 weights take x
+// rounded to bf16 (f32 sums in k order).
 // Arguments as ops::check_matmul_wt_args accepts them.
 void matmul_wt(float* y, int64_t ldy, const float* x, int64_t M, int64_t K, const void* w,
                DType w_type, int64_t N, const float* bias);
