@@ -147,11 +147,15 @@ void linear_backward(const ops::Context& ctx, float* dx, bool accumulate_dx, con
 void norm_backward(const ops::Context& ctx, const DecoderConfig& c, float* dinp, const float* dout,
                    const float* inp, const float* mean, const float* rstd, int64_t n,
                    const WeightRef& w, const WeightRef& dw, const WeightRef& db) {
-  const auto* wf = static_cast<const float*>(w.data);
-  if (c.arch == DecoderArch::gpt2)
-    ops::layernorm_backward(ctx, dinp, grad(dw), grad(db), dout, inp, wf, mean, rstd, n, c.d_model);
-  else
-    ops::rmsnorm_backward(ctx, dinp, grad(dw), dout, inp, wf, rstd, n, c.d_model);
+  ops::NormBackwardArgs a;
+  a.dinp = dinp, a.dw = grad(dw), a.dout = dout, a.inp = inp;
+  a.w = static_cast<const float*>(w.data), a.rstd = rstd, a.N = n, a.C = c.d_model;
+  if (c.arch == DecoderArch::gpt2) {
+    a.db = grad(db), a.mean = mean;
+    ops::layernorm_backward(ctx, a);
+  } else {
+    ops::rmsnorm_backward(ctx, a);
+  }
 }
 
 void block_backward(const ops::Context& ctx, const DecoderConfig& c, const DecoderLayer& w,
@@ -178,8 +182,10 @@ void block_backward(const ops::Context& ctx, const DecoderConfig& c, const Decod
   auto branch_grad = [&](const WeightRef& wp, const WeightRef& gp, int64_t which) -> const float* {
     if (!c.post_norms) return dresid;
     ops::zero(ctx, s.dpost, static_cast<size_t>(n * C) * sizeof(float));
-    ops::rmsnorm_backward(ctx, s.dpost, grad(gp), dresid, t.post_in + which * n * C,
-                          static_cast<const float*>(wp.data), t.post_rstd + which * n, n, C);
+    ops::NormBackwardArgs a;
+    a.dinp = s.dpost, a.dw = grad(gp), a.dout = dresid, a.inp = t.post_in + which * n * C;
+    a.w = static_cast<const float*>(wp.data), a.rstd = t.post_rstd + which * n, a.N = n, a.C = C;
+    ops::rmsnorm_backward(ctx, a);
     return s.dpost;
   };
 
@@ -211,12 +217,17 @@ void block_backward(const ops::Context& ctx, const DecoderConfig& c, const Decod
   if (c.qk_norm) {  // dq, dk through each head's norm (or the whole q's, k's: one head of all
                     // the columns), in place, from the kept q and k
     const bool whole = c.qk_norm_whole;
-    ops::head_rmsnorm_backward(ctx, s.dbig, grad(g.q_norm), s.dbig, t.qk_raw, ld, QD + KV, n,
-                               whole ? 1 : c.n_heads, whole ? QD : c.head_dim,
-                               static_cast<const float*>(w.q_norm.data), c.norm_eps);
-    ops::head_rmsnorm_backward(ctx, s.dbig + QD, grad(g.k_norm), s.dbig + QD, t.qk_raw + QD, ld,
-                               QD + KV, n, whole ? 1 : c.n_kv_heads, whole ? KV : c.head_dim,
-                               static_cast<const float*>(w.k_norm.data), c.norm_eps);
+    ops::HeadNormBackwardArgs q;  // dq in place in dbig's rows, from the kept q
+    q.dx = s.dbig, q.dy = s.dbig, q.dw = grad(g.q_norm), q.x = t.qk_raw;
+    q.ld = ld, q.ld_x = QD + KV, q.n = n;
+    q.heads = whole ? 1 : c.n_heads, q.D = whole ? QD : c.head_dim;
+    q.w = static_cast<const float*>(w.q_norm.data), q.eps = c.norm_eps;
+    ops::head_rmsnorm_backward(ctx, q);
+    ops::HeadNormBackwardArgs k = q;  // dk likewise, from the kept k
+    k.dx = s.dbig + QD, k.dy = s.dbig + QD, k.dw = grad(g.k_norm), k.x = t.qk_raw + QD;
+    k.heads = whole ? 1 : c.n_kv_heads, k.D = whole ? KV : c.head_dim;
+    k.w = static_cast<const float*>(w.k_norm.data);
+    ops::head_rmsnorm_backward(ctx, k);
   }
   const WeightRef wqkv = joined(w.wq, w.wk, w.wv), gqkv = joined(g.wq, g.wk, g.wv);
   const WeightRef gbqkv = joined(g.bq, g.bk, g.bv);

@@ -33,9 +33,7 @@ class Backend {
   virtual void layernorm_forward(const Context& ctx, float* out, float* mean, float* rstd,
                                  const float* inp, const float* w, const float* b, int64_t N,
                                  int64_t C) = 0;
-  virtual void layernorm_backward(const Context& ctx, float* dinp, float* dw, float* db,
-                                  const float* dout, const float* inp, const float* w,
-                                  const float* mean, const float* rstd, int64_t N, int64_t C) = 0;
+  virtual void layernorm_backward(const Context& ctx, const NormBackwardArgs& a) = 0;
   virtual void gelu_forward(const Context& ctx, float* out, const float* inp, int64_t n) = 0;
   virtual void gelu_backward(const Context& ctx, float* dinp, const float* inp, const float* dout,
                              int64_t n) = 0;
@@ -58,14 +56,10 @@ class Backend {
   virtual void residual_norm(const Context& ctx, const ResidualNormArgs& a) = 0;
   virtual void rmsnorm_forward(const Context& ctx, float* out, float* rstd, const float* inp,
                                const float* w, int64_t N, int64_t C, float eps) = 0;
-  virtual void rmsnorm_backward(const Context& ctx, float* dinp, float* dw, const float* dout,
-                                const float* inp, const float* w, const float* rstd, int64_t N,
-                                int64_t C) = 0;
+  virtual void rmsnorm_backward(const Context& ctx, const NormBackwardArgs& a) = 0;
   virtual void head_rmsnorm(const Context& ctx, float* x, int64_t ld, int64_t n, int64_t heads,
                             int64_t D, const float* w, float eps) = 0;
-  virtual void head_rmsnorm_backward(const Context& ctx, float* dx, float* dw, const float* dy,
-                                     const float* x, int64_t ld, int64_t ld_x, int64_t n,
-                                     int64_t heads, int64_t D, const float* w, float eps) = 0;
+  virtual void head_rmsnorm_backward(const Context& ctx, const HeadNormBackwardArgs& a) = 0;
   virtual void rope_forward(const Context& ctx, float* out, const float* inp,
                             const RopeTable& table, const int32_t* positions, int64_t pos0,
                             int64_t B, int64_t T, int64_t H, int64_t D, RopeLayout layout) = 0;

@@ -56,11 +56,9 @@ void layernorm_forward(const Context& ctx, float* out, float* mean, float* rstd,
               rstd, inp, w, b, N, C);
 }
 
-void layernorm_backward(const Context& ctx, float* dinp, float* dw, float* db, const float* dout,
-                        const float* inp, const float* w, const float* mean, const float* rstd,
-                        int64_t N, int64_t C) {
-  TS_DISPATCH(layernorm_backward, (OpShape{"n c", {N, C}}), elementwise_cost(N * C, 12, 4), dinp,
-              dw, db, dout, inp, w, mean, rstd, N, C);
+void layernorm_backward(const Context& ctx, const NormBackwardArgs& a) {
+  TS_DISPATCH(layernorm_backward, (OpShape{"n c", {a.N, a.C}}), elementwise_cost(a.N * a.C, 12, 4),
+              a);
 }
 
 void gelu_forward(const Context& ctx, float* out, const float* inp, int64_t n) {
@@ -281,22 +279,20 @@ void head_rmsnorm(const Context& ctx, float* x, int64_t ld, int64_t n, int64_t h
               elementwise_cost(n * heads * D, 4, 2), x, ld, n, heads, D, w, eps);
 }
 
-void head_rmsnorm_backward(const Context& ctx, float* dx, float* dw, const float* dy,
-                           const float* x, int64_t ld, int64_t ld_x, int64_t n, int64_t heads,
-                           int64_t D, const float* w, float eps) {
-  TS_CHECK(n >= 0 && heads > 0 && D > 0, "[head_rmsnorm_backward] bad sizes n=", n,
-           " heads=", heads, " D=", D);
-  TS_CHECK(ld >= heads * D && ld_x >= heads * D, "[head_rmsnorm_backward] row strides ld=", ld,
-           " ld_x=", ld_x, " are less than heads x D = ", heads * D);
-  TS_CHECK(n == 0 || (dx && dw && dy && x && w), "[head_rmsnorm_backward] null pointer");
-  TS_DISPATCH(head_rmsnorm_backward, (OpShape{"n heads d", {n, heads, D}}),
-              elementwise_cost(n * heads * D, 8, 4), dx, dw, dy, x, ld, ld_x, n, heads, D, w, eps);
+void head_rmsnorm_backward(const Context& ctx, const HeadNormBackwardArgs& a) {
+  TS_CHECK(a.n >= 0 && a.heads > 0 && a.D > 0, "[head_rmsnorm_backward] bad sizes n=", a.n,
+           " heads=", a.heads, " D=", a.D);
+  TS_CHECK(a.ld >= a.heads * a.D && a.ld_x >= a.heads * a.D,
+           "[head_rmsnorm_backward] row strides ld=", a.ld, " ld_x=", a.ld_x,
+           " are less than heads x D = ", a.heads * a.D);
+  TS_CHECK(a.n == 0 || (a.dx && a.dw && a.dy && a.x && a.w),
+           "[head_rmsnorm_backward] null pointer");
+  TS_DISPATCH(head_rmsnorm_backward, (OpShape{"n heads d", {a.n, a.heads, a.D}}),
+              elementwise_cost(a.n * a.heads * a.D, 8, 4), a);
 }
 
-void rmsnorm_backward(const Context& ctx, float* dinp, float* dw, const float* dout,
-                      const float* inp, const float* w, const float* rstd, int64_t N, int64_t C) {
-  TS_DISPATCH(rmsnorm_backward, (OpShape{"n c", {N, C}}), elementwise_cost(N * C, 8, 4), dinp, dw,
-              dout, inp, w, rstd, N, C);
+void rmsnorm_backward(const Context& ctx, const NormBackwardArgs& a) {
+  TS_DISPATCH(rmsnorm_backward, (OpShape{"n c", {a.N, a.C}}), elementwise_cost(a.N * a.C, 8, 4), a);
 }
 
 void rope_forward(const Context& ctx, float* out, const float* inp, const RopeTable& table,

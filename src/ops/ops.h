@@ -53,10 +53,21 @@ void embedding_backward(const Context& ctx, float* dwte, float* dwpe, const floa
 // out (N,C) = (inp - mean) * rstd * w + b; saves mean (N), rstd (N). eps = 1e-5.
 void layernorm_forward(const Context& ctx, float* out, float* mean, float* rstd, const float* inp,
                        const float* w, const float* b, int64_t N, int64_t C);
-// dinp (N,C) += ..., dw (C) += ..., db (C) += ...; dout, inp (N,C); mean, rstd (N).
-void layernorm_backward(const Context& ctx, float* dinp, float* dw, float* db, const float* dout,
-                        const float* inp, const float* w, const float* mean, const float* rstd,
-                        int64_t N, int64_t C);
+// The backward of a norm over rows (layernorm_forward, rmsnorm_forward): dinp (N,C) += the
+// input's gradient from dout (N,C), dw (C) += the weight's, db (C) += the bias's (layer norm);
+// inp (N,C) the forward's input, mean (layer norm) and rstd (N) its saved statistics.
+struct NormBackwardArgs {
+  float* dinp = nullptr;
+  float* dw = nullptr;
+  float* db = nullptr;  // layer norm only
+  const float* dout = nullptr;
+  const float* inp = nullptr;
+  const float* w = nullptr;
+  const float* mean = nullptr;  // layer norm only
+  const float* rstd = nullptr;
+  int64_t N = 0, C = 0;
+};
+void layernorm_backward(const Context& ctx, const NormBackwardArgs& a);
 
 // GELU with the tanh approximation (GPT-2): out (n) = gelu(inp).
 void gelu_forward(const Context& ctx, float* out, const float* inp, int64_t n);
@@ -178,10 +189,8 @@ OpCost attention_backward_cost(const AttentionArgs& a);
 // out (N,C) = inp * rstd * w; saves rstd (N) = 1 / sqrt(mean(inp^2) + eps). out may alias inp.
 void rmsnorm_forward(const Context& ctx, float* out, float* rstd, const float* inp, const float* w,
                      int64_t N, int64_t C, float eps);
-// dinp (N,C) += ..., dw (C) += ... (accumulate, like layernorm_backward); dout, inp (N,C);
-// w (C); rstd (N) from the forward.
-void rmsnorm_backward(const Context& ctx, float* dinp, float* dw, const float* dout,
-                      const float* inp, const float* w, const float* rstd, int64_t N, int64_t C);
+// NormBackwardArgs without mean and db (accumulates, like layernorm_backward).
+void rmsnorm_backward(const Context& ctx, const NormBackwardArgs& a);
 // The residual add fused into the norm after it (a branch joining the stream, then the next
 // norm): x_out (N,C) = a + r, then out (N,C) = the norm of x_out as layernorm_forward (w, b,
 // eps 1e-5; saves mean and rstd) or rmsnorm_forward (w, eps; saves rstd) compute it. Same bits as
@@ -208,9 +217,16 @@ void head_rmsnorm(const Context& ctx, float* x, int64_t ld, int64_t n, int64_t h
 // Its backward: with x the input (n rows of stride ld_x) and dy the output's gradient (stride ld),
 // each slice's dx = r (dy w - xhat mean(dy w xhat)), r and xhat = x r recomputed from x, written
 // over dy's slices (dx stride ld; dx may be dy); dw (D) += sum over slices of dy xhat.
-void head_rmsnorm_backward(const Context& ctx, float* dx, float* dw, const float* dy,
-                           const float* x, int64_t ld, int64_t ld_x, int64_t n, int64_t heads,
-                           int64_t D, const float* w, float eps);
+struct HeadNormBackwardArgs {
+  float* dx = nullptr;
+  float* dw = nullptr;
+  const float* dy = nullptr;
+  const float* x = nullptr;
+  int64_t ld = 0, ld_x = 0, n = 0, heads = 0, D = 0;
+  const float* w = nullptr;
+  float eps = 0;
+};
+void head_rmsnorm_backward(const Context& ctx, const HeadNormBackwardArgs& a);
 
 // Which dimensions of a head are rotated together, with R = rotary_dim and i in [0, R/2):
 // half: pairs (i, i + R/2), the "rotate half" layout of Llama/NeoX in HF checkpoints;

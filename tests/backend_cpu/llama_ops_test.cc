@@ -238,8 +238,10 @@ TEST(HeadRmsNorm, BackwardMatchesCentralDifferences) {
   };
   std::vector<float> dx = dy, dw(static_cast<size_t>(D), 0.0f);
   const ops::Context ctx;
-  ops::head_rmsnorm_backward(ctx, dx.data(), dw.data(), dx.data(), x.data(), ld, ld_x, n, heads, D,
-                             w.data(), 1e-5f);
+  ops::HeadNormBackwardArgs a;
+  a.dx = dx.data(), a.dw = dw.data(), a.dy = dx.data(), a.x = x.data();
+  a.ld = ld, a.ld_x = ld_x, a.n = n, a.heads = heads, a.D = D, a.w = w.data(), a.eps = 1e-5f;
+  ops::head_rmsnorm_backward(ctx, a);
   const float h = 1e-3f;
   for (int64_t r = 0; r < n; ++r)
     for (int64_t k = 0; k < heads * D; ++k) {

@@ -92,11 +92,7 @@ class FencedDevice final : public ops::Backend {
             (const ops::Context& ctx, float* out, float* mean, float* rstd, const float* inp,
              const float* w, const float* b, int64_t N, int64_t C),
             out, mean, rstd, inp, w, b, N, C)
-  TS_FENCED(layernorm_backward,
-            (const ops::Context& ctx, float* dinp, float* dw, float* db, const float* dout,
-             const float* inp, const float* w, const float* mean, const float* rstd, int64_t N,
-             int64_t C),
-            dinp, dw, db, dout, inp, w, mean, rstd, N, C)
+  TS_FENCED(layernorm_backward, (const ops::Context& ctx, const ops::NormBackwardArgs& a), a)
   TS_FENCED(gelu_forward, (const ops::Context& ctx, float* out, const float* inp, int64_t n), out,
             inp, n)
   TS_FENCED(gelu_backward,
@@ -128,19 +124,12 @@ class FencedDevice final : public ops::Backend {
             (const ops::Context& ctx, float* out, float* rstd, const float* inp, const float* w,
              int64_t N, int64_t C, float eps),
             out, rstd, inp, w, N, C, eps)
-  TS_FENCED(rmsnorm_backward,
-            (const ops::Context& ctx, float* dinp, float* dw, const float* dout, const float* inp,
-             const float* w, const float* rstd, int64_t N, int64_t C),
-            dinp, dw, dout, inp, w, rstd, N, C)
+  TS_FENCED(rmsnorm_backward, (const ops::Context& ctx, const ops::NormBackwardArgs& a), a)
   TS_FENCED(head_rmsnorm,
             (const ops::Context& ctx, float* x, int64_t ld, int64_t n, int64_t heads, int64_t D,
              const float* w, float eps),
             x, ld, n, heads, D, w, eps)
-  TS_FENCED(head_rmsnorm_backward,
-            (const ops::Context& ctx, float* dx, float* dw, const float* dy, const float* x,
-             int64_t ld, int64_t ld_x, int64_t n, int64_t heads, int64_t D, const float* w,
-             float eps),
-            dx, dw, dy, x, ld, ld_x, n, heads, D, w, eps)
+  TS_FENCED(head_rmsnorm_backward, (const ops::Context& ctx, const ops::HeadNormBackwardArgs& a), a)
   TS_FENCED(rope_forward,
             (const ops::Context& ctx, float* out, const float* inp, const ops::RopeTable& table,
              const int32_t* positions, int64_t pos0, int64_t B, int64_t T, int64_t H, int64_t D,

@@ -46,10 +46,8 @@ class CpuBackend final : public ops::Backend {
                          int64_t C) override {
     TS_CPU_OP(layernorm_forward, out, mean, rstd, inp, w, b, N, C);
   }
-  void layernorm_backward(const ops::Context& ctx, float* dinp, float* dw, float* db,
-                          const float* dout, const float* inp, const float* w, const float* mean,
-                          const float* rstd, int64_t N, int64_t C) override {
-    TS_CPU_OP(layernorm_backward, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+  void layernorm_backward(const ops::Context& ctx, const ops::NormBackwardArgs& a) override {
+    TS_CPU_OP(layernorm_backward, a.dinp, a.dw, a.db, a.dout, a.inp, a.w, a.mean, a.rstd, a.N, a.C);
   }
   void gelu_forward(const ops::Context& ctx, float* out, const float* inp, int64_t n) override {
     TS_CPU_OP(gelu_forward, out, inp, n);
@@ -114,17 +112,12 @@ class CpuBackend final : public ops::Backend {
                     int64_t D, const float* w, float eps) override {
     TS_CPU_OP(head_rmsnorm, x, ld, n, heads, D, w, eps);
   }
-  void head_rmsnorm_backward(const ops::Context& ctx, float* dx, float* dw, const float* dy,
-                             const float* x, int64_t ld, int64_t ld_x, int64_t n, int64_t heads,
-                             int64_t D, const float* w, float eps) override {
+  void head_rmsnorm_backward(const ops::Context&, const ops::HeadNormBackwardArgs& a) override {
     // A few hundred thousand values a layer: the reference loops (dw summed in one order).
-    (void)ctx;
-    ref::head_rmsnorm_backward(dx, dw, dy, x, ld, ld_x, n, heads, D, w, eps);
+    ref::head_rmsnorm_backward(a.dx, a.dw, a.dy, a.x, a.ld, a.ld_x, a.n, a.heads, a.D, a.w, a.eps);
   }
-  void rmsnorm_backward(const ops::Context& ctx, float* dinp, float* dw, const float* dout,
-                        const float* inp, const float* w, const float* rstd, int64_t N,
-                        int64_t C) override {
-    TS_CPU_OP(rmsnorm_backward, dinp, dw, dout, inp, w, rstd, N, C);
+  void rmsnorm_backward(const ops::Context& ctx, const ops::NormBackwardArgs& a) override {
+    TS_CPU_OP(rmsnorm_backward, a.dinp, a.dw, a.dout, a.inp, a.w, a.rstd, a.N, a.C);
   }
   void rope_forward(const ops::Context& ctx, float* out, const float* inp,
                     const ops::RopeTable& table, const int32_t* positions, int64_t pos0, int64_t B,

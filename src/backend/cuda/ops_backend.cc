@@ -210,12 +210,10 @@ class CudaOpsBackend final : public ops::Backend {
                          int64_t C) override {
     cuda::layernorm_forward<float>(out, mean, rstd, inp, w, b, N, C, stream(ctx));
   }
-  void layernorm_backward(const ops::Context& ctx, float* dinp, float* dw, float* db,
-                          const float* dout, const float* inp, const float* w, const float* mean,
-                          const float* rstd, int64_t N, int64_t C) override {
-    cudaStream_t s = stream(ctx);
-    auto* ws = static_cast<float*>(scratch(norm_backward_workspace_floats(N, C), 4));
-    cuda::layernorm_backward<float>(dinp, dw, db, dout, inp, w, mean, rstd, N, C, ws, s);
+  void layernorm_backward(const ops::Context& ctx, const ops::NormBackwardArgs& a) override {
+    auto* ws = static_cast<float*>(scratch(norm_backward_workspace_floats(a.N, a.C), 4));
+    cuda::layernorm_backward<float>(a.dinp, a.dw, a.db, a.dout, a.inp, a.w, a.mean, a.rstd, a.N,
+                                    a.C, ws, stream(ctx));
   }
   void residual_norm(const ops::Context& ctx, const ops::ResidualNormArgs& a) override {
     if (a.kind == ops::NormKind::layer)
@@ -233,18 +231,16 @@ class CudaOpsBackend final : public ops::Backend {
                     int64_t D, const float* w, float eps) override {
     cuda::head_rmsnorm(x, ld, n, heads, D, w, eps, stream(ctx));
   }
-  void head_rmsnorm_backward(const ops::Context& ctx, float* dx, float* dw, const float* dy,
-                             const float* x, int64_t ld, int64_t ld_x, int64_t n, int64_t heads,
-                             int64_t D, const float* w, float eps) override {
-    auto* ws = static_cast<float*>(scratch(cuda::head_rmsnorm_backward_workspace(n, heads, D), 4));
-    cuda::head_rmsnorm_backward(dx, dw, dy, x, ld, ld_x, n, heads, D, w, eps, ws, stream(ctx));
+  void head_rmsnorm_backward(const ops::Context& ctx, const ops::HeadNormBackwardArgs& a) override {
+    auto* ws =
+        static_cast<float*>(scratch(cuda::head_rmsnorm_backward_workspace(a.n, a.heads, a.D), 4));
+    cuda::head_rmsnorm_backward(a.dx, a.dw, a.dy, a.x, a.ld, a.ld_x, a.n, a.heads, a.D, a.w, a.eps,
+                                ws, stream(ctx));
   }
-  void rmsnorm_backward(const ops::Context& ctx, float* dinp, float* dw, const float* dout,
-                        const float* inp, const float* w, const float* rstd, int64_t N,
-                        int64_t C) override {
-    cudaStream_t s = stream(ctx);
-    auto* ws = static_cast<float*>(scratch(norm_backward_workspace_floats(N, C), 4));
-    cuda::rmsnorm_backward<float>(dinp, dw, dout, inp, w, rstd, N, C, ws, s);
+  void rmsnorm_backward(const ops::Context& ctx, const ops::NormBackwardArgs& a) override {
+    auto* ws = static_cast<float*>(scratch(norm_backward_workspace_floats(a.N, a.C), 4));
+    cuda::rmsnorm_backward<float>(a.dinp, a.dw, a.dout, a.inp, a.w, a.rstd, a.N, a.C, ws,
+                                  stream(ctx));
   }
   void gelu_forward(const ops::Context& ctx, float* out, const float* inp, int64_t n) override {
     cuda::gelu_forward<float>(out, inp, n, stream(ctx));
