@@ -104,9 +104,9 @@ void validate_options(const TrainOptions& o, OptionNamer namer) {
            o.checkpoint_every);
   TS_CHECK(o.vocab_size >= 0, "[train] ", n("vocab_size"), " must be >= 0, got ", o.vocab_size);
   if (o.init_from.empty()) model::TrainConfig::preset(o.model, 1);  // throws naming the preset
-  model::parse_precision(o.precision);
-  model::parse_recompute(o.recompute);
-  parse_schedule(o.schedule);
+  model::parse_precision(o.precision, n("precision"));
+  model::parse_recompute(o.recompute, n("recompute"));
+  parse_schedule(o.schedule, n("schedule"));
   TS_CHECK(o.device == "cpu" || o.device == "cuda", "[train] ", n("device"),
            " must be cpu or cuda, not '", o.device, "'");
   TS_CHECK(o.device == "cpu" || o.precision == "bf16", "[train] ", n("device"),
