@@ -82,9 +82,13 @@ TrainOptions options_from_json(const std::string& json, const std::string& sourc
   return o;
 }
 
+std::string option_name(OptionNamer namer, std::string_view field) {
+  return namer ? namer(field) : std::string(field);
+}
+
 void validate_options(const TrainOptions& o, OptionNamer namer) {
   // Messages name each option as the caller knows it: a field of run.json, or a command's flag.
-  auto n = [namer](std::string_view field) { return namer ? namer(field) : std::string(field); };
+  auto n = [namer](std::string_view field) { return option_name(namer, field); };
   TS_CHECK(!o.data_dir.empty(), "[train] ", n("data_dir"), " is required");
   TS_CHECK(!o.out_dir.empty(), "[train] ", n("out_dir"), " is required");
   TS_CHECK(o.batch >= 1, "[train] ", n("batch"), " must be >= 1, got ", o.batch);

@@ -63,6 +63,8 @@ TrainOptions options_from_json(const std::string& json, const std::string& sourc
 // What validate_options calls an option in its messages, given the field's name in run.json
 // ("grad_accum"): a command line passes one that gives its own name for it.
 using OptionNamer = std::string (*)(std::string_view field);
+// What `namer` calls the option of `field` (null: the field's name).
+std::string option_name(OptionNamer namer, std::string_view field);
 // Checks ranges, names (precision, recompute, schedule) and combinations; throws naming each
 // option as `namer` calls it (null: the field's name).
 void validate_options(const TrainOptions& o, OptionNamer namer = nullptr);

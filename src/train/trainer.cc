@@ -97,7 +97,7 @@ TrainOptions resume_options(const std::string& dir) {
 
 Trainer::Trainer(const TrainOptions& opts, bool resume, OptionNamer namer) : opts_(opts) {
   validate_options(opts_, namer);
-  auto n = [namer](std::string_view field) { return namer ? namer(field) : std::string(field); };
+  auto n = [namer](std::string_view field) { return option_name(namer, field); };
   if (opts_.threads > 0) pool_ = std::make_unique<ThreadPool>(static_cast<int>(opts_.threads));
   ops::Context ctx;
   ctx.pool = pool_.get();
