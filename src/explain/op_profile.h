@@ -1,5 +1,5 @@
-// The per-op table of `tessera profile` and `bench ... --profile`: where a run's time went, op by
-// op (kind, shape, element type, enclosing scope), and how close each op came to the roof that
+// The per-op table of `tessera profile` and of bench's per-op profile: where a run's time went, op
+// by op (kind, shape, element type, enclosing scope), and how close each op came to the roof that
 // binds it: the time its FLOPs need at the compute peak or its bytes at the bandwidth of the
 // memory level that holds them, whichever is longer, against the time it took.
 #pragma once

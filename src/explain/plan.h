@@ -44,7 +44,7 @@ struct Machine {
   double call_overhead_s = 0;  // fixed cost of one op call (thread hand-off, a launch)
   double memory_bytes = 0;     // what weights, cache and buffers must fit in
   double watts = 0;            // power while running (TDP or measured)
-  std::string watts_source;    // "RAPL", "TDP (datasheet)", "--watts", ...
+  std::string watts_source;    // "RAPL", "TDP (datasheet)", a stated power, ...
   // The weight products' measured rates (a product not among them: roofs.compute).
   std::vector<ProductRate> product_rates;
   // GB/s of cached keys and values paged attention reads from memory, its arithmetic included

@@ -20,7 +20,7 @@ size_t checked_bytes(const KvCacheShape& s) {
   const double bytes = 2.0 * static_cast<double>(s.n_layers) * s.n_kv_heads * s.head_dim *
                        s.block_tokens * static_cast<double>(s.n_blocks) *
                        static_cast<double>(dtype_bytes(s.type, 1));
-  // 1 TiB of cache is beyond any machine this runs on: a sign of a bad --ctx, not a request.
+  // 1 TiB of cache is beyond any machine this runs on: a sign of a bad ctx, not a request.
   TS_CHECK(bytes < 1099511627776.0, "[kv-cache] ", bytes / (1 << 30), " GiB requested");
   return static_cast<size_t>(bytes);
 }

@@ -37,11 +37,11 @@ PerplexityResult chunks(Engine& engine, const std::vector<int32_t>& tokens,
                         const PerplexityOptions& opts,
                         const std::function<void(const PerplexityResult&)>& progress) {
   const int64_t ctx = opts.ctx, n = static_cast<int64_t>(tokens.size());
-  TS_CHECK(ctx >= 4 && ctx <= engine.options().max_ctx, "[perplexity] --ctx ", ctx,
+  TS_CHECK(ctx >= 4 && ctx <= engine.options().max_ctx, "[perplexity] ctx ", ctx,
            " must be in [4, ", engine.options().max_ctx, "] for chunks scoring");
-  TS_CHECK(opts.stride == 0, "[perplexity] --stride applies to sliding scoring only");
+  TS_CHECK(opts.stride == 0, "[perplexity] stride applies to sliding scoring only");
   TS_CHECK(n >= ctx, "[perplexity] the text has ", n, " tokens; chunks scoring needs at least one ",
-           "window of --ctx ", ctx);
+           "window of ctx ", ctx);
   const int64_t V = engine.config().vocab, first = ctx / 2;
   const profile::Timer timer;
   PerplexityResult res;
@@ -68,9 +68,9 @@ PerplexityResult perplexity(Engine& engine, const std::vector<int32_t>& tokens,
                             const std::function<void(const PerplexityResult&)>& progress) {
   if (opts.scoring == Scoring::chunks) return chunks(engine, tokens, opts, progress);
   const int64_t ctx = opts.ctx, stride = opts.stride ? opts.stride : std::max<int64_t>(1, ctx / 2);
-  TS_CHECK(ctx >= 2 && ctx <= engine.options().max_ctx, "[perplexity] --ctx ", ctx,
+  TS_CHECK(ctx >= 2 && ctx <= engine.options().max_ctx, "[perplexity] ctx ", ctx,
            " must be in [2, ", engine.options().max_ctx, "]");
-  TS_CHECK(stride >= 1 && stride <= ctx - 1, "[perplexity] --stride ", stride, " must be in [1, ",
+  TS_CHECK(stride >= 1 && stride <= ctx - 1, "[perplexity] stride ", stride, " must be in [1, ",
            ctx - 1, "]");
   const auto n = static_cast<int64_t>(tokens.size());
   TS_CHECK(n >= 2, "[perplexity] the text has ", n, " tokens; at least 2 are needed");

@@ -168,8 +168,8 @@ LoraSpec apply_peft_adapter(DecoderModel& m, const std::string& dir) {
   namespace fs = std::filesystem;
   const std::string cfg_path = (fs::path(dir) / "adapter_config.json").string();
   const std::string st_path = (fs::path(dir) / "adapter_model.safetensors").string();
-  TS_CHECK(fs::is_regular_file(cfg_path), "--lora ", dir, ": no adapter_config.json there");
-  TS_CHECK(fs::is_regular_file(st_path), "--lora ", dir, ": no adapter_model.safetensors there");
+  TS_CHECK(fs::is_regular_file(cfg_path), "[lora] ", dir, ": no adapter_config.json there");
+  TS_CHECK(fs::is_regular_file(st_path), "[lora] ", dir, ": no adapter_model.safetensors there");
   json j;
   try {
     j = json::parse(read_text_file(cfg_path));
@@ -209,10 +209,10 @@ LoraSpec apply_peft_adapter(DecoderModel& m, const std::string& dir) {
                                               : static_cast<double>(spec.rank)));
 
   const DecoderConfig& c = m.config;
-  TS_CHECK(c.arch == DecoderArch::llama, "--lora ", dir,
+  TS_CHECK(c.arch == DecoderArch::llama, "[lora] ", dir,
            ": adapters apply to Llama-family models; this model is GPT-2");
   for (const DecoderLayer& l : m.weights.layers)
-    TS_CHECK(!l.has_adapters(), "--lora ", dir, ": the model already has an adapter applied");
+    TS_CHECK(!l.has_adapters(), "[lora] ", dir, ": the model already has an adapter applied");
   const formats::SafetensorsReader st(st_path);
   // module name -> (layer, matrix)
   std::map<std::string, std::pair<int64_t, LayerMatrix>> modules;

@@ -93,17 +93,17 @@ DecoderConfig TrainConfig::decoder_config() const {
   return c;
 }
 
-Precision parse_precision(const std::string& s) {
+Precision parse_precision(const std::string& s, const std::string& what) {
   if (s == "f32" || s == "fp32") return Precision::f32;
   if (s == "bf16") return Precision::bf16;
-  fail("--precision must be f32 or bf16, got '", s, "'");
+  fail(what, " must be f32 or bf16, got '", s, "'");
 }
 
-Recompute parse_recompute(const std::string& s) {
+Recompute parse_recompute(const std::string& s, const std::string& what) {
   if (s == "none") return Recompute::none;
   if (s == "gelu") return Recompute::gelu;
   if (s == "block") return Recompute::block;
-  fail("--recompute must be none, gelu or block, got '", s, "'");
+  fail(what, " must be none, gelu or block, got '", s, "'");
 }
 
 }  // namespace tessera::model

@@ -1,5 +1,5 @@
 // Loads any model the inference loaders read (a GGUF file or a Hugging Face folder, GPT-2 or
-// Llama family, weights in any stored type) into a training model (--init-from, sample): the
+// Llama family, weights in any stored type) into a training model (init_from, sample): the
 // file is read and checked by load_decoder, its shape becomes the training model's and every
 // weight is widened to the f32 masters. Folders are written by save_decoder_hf on as_decoder(m)
 // (model/decoder_save.h).

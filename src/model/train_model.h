@@ -62,8 +62,9 @@ struct TrainConfig {
 
 enum class Precision { f32, bf16 };
 using ops::Recompute;
-Precision parse_precision(const std::string& s);
-Recompute parse_recompute(const std::string& s);
+// Parse a precision or recompute name; throw naming it as `what` (a command line: its flag).
+Precision parse_precision(const std::string& s, const std::string& what = "precision");
+Recompute parse_recompute(const std::string& s, const std::string& what = "recompute");
 
 class TrainModel {
  public:

@@ -1,5 +1,5 @@
 // GPU roofs from NVIDIA's public datasheets, for planning a run on a GPU this machine does not
-// have (`tessera plan --device h100`), and a user's own spec file for any other card. Datasheet
+// have (a plan for an H100 from a laptop), and a user's own spec file for any other card. Datasheet
 // figures are peaks the card reaches only in the best case: a probe on the device replaces them
 // with measured ones (datasheet = false).
 #pragma once

@@ -2,7 +2,7 @@
 // (/sys/class/powercap/intel-rapl:N/energy_uj, one per CPU package; microjoules that wrap at
 // max_energy_range_uj) on the CPU, NVML's total energy counter (libnvidia-ml, opened with dlopen
 // on first use, never linked) on an NVIDIA GPU. Where neither is readable (most VMs), readings
-// say so and callers ask for a stated power (--watts) instead of guessing.
+// say so and callers ask for a stated power instead of guessing.
 #pragma once
 
 #include <cstdint>
@@ -39,8 +39,8 @@ class EnergyMeter {
   std::vector<Counter> rapl_;
 };
 
-// Power a caller states (--watts), or measured: joules / seconds. Text for reports:
-// "812 J (21.3 J/token, RAPL)" or "no power reading here (RAPL and NVML unreadable): --watts W".
+// Power a caller states, or measured: joules / seconds. Text for reports:
+// "812 J (21.3 J/token, RAPL)" or "no power reading here (RAPL and NVML unreadable)".
 std::string energy_text(double joules, double tokens, const char* source);
 
 }  // namespace tessera::profile

@@ -70,7 +70,7 @@ double measure_triad_gbs(int threads);
 // the clock; load_now < 0 means /proc/loadavg now. Never throws for an unwritable cache (it just
 // doesn't cache).
 MachinePeaks cached_peaks(int threads, int64_t now = 0, double load_now = -1);
-// Writes p to the cache (what `tessera probe --force` does after measuring); false if the cache
+// Writes p to the cache (what a forced probe does after measuring); false if the cache
 // cannot be written.
 bool save_peaks(const MachinePeaks& p);
 // Whether peaks probed at p.probed_at may still be used at `now` (both Unix seconds).

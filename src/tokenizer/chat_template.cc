@@ -112,12 +112,11 @@ std::string default_system_prompt(std::string_view t) {
   return {};
 }
 
-ChatFormat parse_chat_format(std::string_view name) {
+ChatFormat parse_chat_format(std::string_view name, std::string_view what) {
   for (const ChatFormat f : {ChatFormat::chatml, ChatFormat::llama2, ChatFormat::llama3,
                              ChatFormat::zephyr, ChatFormat::raw})
     if (name == chat_format_name(f)) return f;
-  fail("--chat-template: unknown chat format '", name,
-       "' (expected chatml, llama2, llama3, zephyr or raw)");
+  fail("unknown ", what, " '", name, "' (expected chatml, llama2, llama3, zephyr or raw)");
 }
 
 std::string_view chat_format_name(ChatFormat f) {

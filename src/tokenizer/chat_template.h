@@ -24,9 +24,9 @@ ChatFormat detect_chat_format(std::string_view jinja_template, bool* guessed = n
 // literal text between "<|im_start|>system\n" and "<|im_end|>" (as in SmolLM2's and Qwen2's
 // templates); "" when the template has no such literal.
 std::string default_system_prompt(std::string_view jinja_template);
-// "chatml", "llama2", "llama3", "zephyr", "raw" (the --chat-template flag); throws naming
-// --chat-template on anything else.
-ChatFormat parse_chat_format(std::string_view name);
+// "chatml", "llama2", "llama3", "zephyr", "raw"; throws naming the option as `what` (a command
+// line: its flag) on anything else.
+ChatFormat parse_chat_format(std::string_view name, std::string_view what = "chat format");
 std::string_view chat_format_name(ChatFormat f);
 
 // Renders `msgs` as the family's template does. `bos` is the text of the bos token where the

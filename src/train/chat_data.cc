@@ -85,9 +85,9 @@ ChatTokens tokenize_chat(const tokenizer::Tokenizer& tok, const ChatTemplate& tm
 
 PrepareStats prepare_chat_data(const PrepareChatOptions& opt, const tokenizer::Tokenizer& tok,
                                const ChatTemplate& tmpl) {
-  TS_CHECK(opt.val_fraction > 0 && opt.val_fraction < 1, "--val-fraction must be in (0, 1), got ",
-           opt.val_fraction);
-  TS_CHECK(!opt.out_dir.empty(), "--out must name a folder");
+  TS_CHECK(opt.val_fraction > 0 && opt.val_fraction < 1,
+           "[prepare] val_fraction must be in (0, 1), got ", opt.val_fraction);
+  TS_CHECK(!opt.out_dir.empty(), "[prepare] out_dir must name a folder");
   std::ifstream in(opt.input_path);
   TS_CHECK(in, "[prepare] ", opt.input_path, ": cannot read");
   std::vector<ChatTokens> convs;
@@ -102,7 +102,7 @@ PrepareStats prepare_chat_data(const PrepareChatOptions& opt, const tokenizer::T
   const auto n_val = static_cast<size_t>(
       std::max(1.0, std::ceil(opt.val_fraction * static_cast<double>(convs.size()))));
   TS_CHECK(n_val < convs.size(), "[prepare] ", opt.input_path,
-           ": --val-fraction leaves no conversation for training");
+           ": val_fraction leaves no conversation for training");
   const tokenizer::SpecialTokens& sp = tok.special_tokens();
   const int32_t pad = sp.pad >= 0 ? sp.pad : sp.eos >= 0 ? sp.eos : 0;
   std::vector<int32_t> tokens, mask;
@@ -122,7 +122,7 @@ PrepareStats prepare_chat_data(const PrepareChatOptions& opt, const tokenizer::T
   TS_CHECK(n_train >= opt.min_tokens && n - n_train >= opt.min_tokens, "[prepare] ", opt.input_path,
            ": ", n_train, " train and ", n - n_train,
            " validation tokens; each split needs at least ", opt.min_tokens,
-           " (one sequence plus its target): use more conversations or another --val-fraction");
+           " (one sequence plus its target): use more conversations or another val_fraction");
   PrepareStats st =
       write_splits(opt.out_dir, tokens, n_train, tok.vocab_size(), &mask, opt.tokenizer_json);
   st.documents = static_cast<int64_t>(convs.size());

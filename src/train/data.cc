@@ -157,9 +157,9 @@ std::vector<std::string> split_documents(const std::string& text) {
 }
 
 PrepareStats prepare_data(const PrepareOptions& opt) {
-  TS_CHECK(opt.val_fraction > 0 && opt.val_fraction < 1, "--val-fraction must be in (0, 1), got ",
-           opt.val_fraction);
-  TS_CHECK(!opt.out_dir.empty(), "--out must name a folder");
+  TS_CHECK(opt.val_fraction > 0 && opt.val_fraction < 1,
+           "[prepare] val_fraction must be in (0, 1), got ", opt.val_fraction);
+  TS_CHECK(!opt.out_dir.empty(), "[prepare] out_dir must name a folder");
   // The tokenizer: a tokenizer.json, a Hugging Face folder holding one, or a GGUF model's own.
   namespace fs = std::filesystem;
   std::string tok_json;
@@ -187,7 +187,7 @@ PrepareStats prepare_data(const PrepareOptions& opt) {
   TS_CHECK(n_train >= opt.min_tokens && n_val >= opt.min_tokens, "[prepare] ", opt.input_path, ": ",
            n, " tokens split into ", n_train, " train and ", n_val,
            " validation tokens; each split needs at least ", opt.min_tokens,
-           " (one sequence plus its target): use a larger corpus or --val-fraction");
+           " (one sequence plus its target): use a larger corpus or another val_fraction");
   // A byte copy of a tokenizer.json, so the run uses exactly the file the user named; a GGUF's
   // tokenizer as the tokenizer.json it converts to.
   PrepareStats st = write_splits(opt.out_dir, tokens, n_train, tok.vocab_size(), nullptr, tok_json);

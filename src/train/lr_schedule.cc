@@ -9,11 +9,11 @@
 
 namespace tessera::train {
 
-ScheduleKind parse_schedule(const std::string& s) {
+ScheduleKind parse_schedule(const std::string& s, const std::string& what) {
   if (s == "constant") return ScheduleKind::constant;
   if (s == "cosine") return ScheduleKind::cosine;
   if (s == "onecycle" || s == "one-cycle") return ScheduleKind::onecycle;
-  fail("--schedule must be constant, cosine or onecycle, got '", s, "'");
+  fail(what, " must be constant, cosine or onecycle, got '", s, "'");
 }
 
 double LrSchedule::at(int64_t step) const {

@@ -7,7 +7,8 @@
 namespace tessera::train {
 
 enum class ScheduleKind { constant, cosine, onecycle };
-ScheduleKind parse_schedule(const std::string& s);
+// Throws naming the schedule as `what` (a command line: its flag) on an unknown name.
+ScheduleKind parse_schedule(const std::string& s, const std::string& what = "schedule");
 
 struct LrSchedule {
   ScheduleKind kind = ScheduleKind::cosine;

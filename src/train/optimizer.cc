@@ -18,11 +18,11 @@ AdamW::AdamW(const TensorTable& table, const AdamWConfig& cfg, const ops::Contex
       v_(ctx.device, static_cast<size_t>(n_) * sizeof(float)) {
   ops::zero(ctx_, m_.data(), m_.size());
   ops::zero(ctx_, v_.data(), v_.size());
-  TS_CHECK(cfg.beta1 >= 0 && cfg.beta1 < 1, "--beta1 must be in [0, 1), got ", cfg.beta1);
-  TS_CHECK(cfg.beta2 >= 0 && cfg.beta2 < 1, "--beta2 must be in [0, 1), got ", cfg.beta2);
+  TS_CHECK(cfg.beta1 >= 0 && cfg.beta1 < 1, "AdamW beta1 must be in [0, 1), got ", cfg.beta1);
+  TS_CHECK(cfg.beta2 >= 0 && cfg.beta2 < 1, "AdamW beta2 must be in [0, 1), got ", cfg.beta2);
   TS_CHECK(cfg.eps > 0, "AdamW eps must be positive, got ", cfg.eps);
-  TS_CHECK(cfg.weight_decay >= 0, "--weight-decay must be >= 0, got ", cfg.weight_decay);
-  TS_CHECK(cfg.clip >= 0, "--clip must be >= 0, got ", cfg.clip);
+  TS_CHECK(cfg.weight_decay >= 0, "AdamW weight_decay must be >= 0, got ", cfg.weight_decay);
+  TS_CHECK(cfg.clip >= 0, "AdamW clip must be >= 0, got ", cfg.clip);
   std::vector<const TensorInfo*> ts;
   for (const auto& t : table.tensors()) ts.push_back(&t);
   std::sort(ts.begin(), ts.end(), [](auto a, auto b) { return a->offset < b->offset; });
@@ -43,7 +43,7 @@ double AdamW::step(float* params, const float* grads, double lr, int64_t t) {
   TS_CHECK(t >= 1, "AdamW step must count from 1, got ", t);
   const double norm = std::sqrt(ops::sum_squares(ctx_, grads, n_));
   TS_CHECK(std::isfinite(norm), "[train] gradient norm is not finite at step ", t,
-           " (training diverged: lower --lr or raise --warmup)");
+           " (training diverged: lower the learning rate (lr) or raise the warm-up (warmup))");
   ops::AdamWArgs a;
   a.lr = static_cast<float>(lr);
   a.beta1 = cfg_.beta1;

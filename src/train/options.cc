@@ -82,9 +82,13 @@ TrainOptions options_from_json(const std::string& json, const std::string& sourc
   return o;
 }
 
+std::string option_name(OptionNamer namer, std::string_view field) {
+  return namer ? namer(field) : std::string(field);
+}
+
 void validate_options(const TrainOptions& o, OptionNamer namer) {
   // Messages name each option as the caller knows it: a field of run.json, or a command's flag.
-  auto n = [namer](std::string_view field) { return namer ? namer(field) : std::string(field); };
+  auto n = [namer](std::string_view field) { return option_name(namer, field); };
   TS_CHECK(!o.data_dir.empty(), "[train] ", n("data_dir"), " is required");
   TS_CHECK(!o.out_dir.empty(), "[train] ", n("out_dir"), " is required");
   TS_CHECK(o.batch >= 1, "[train] ", n("batch"), " must be >= 1, got ", o.batch);
@@ -104,9 +108,9 @@ void validate_options(const TrainOptions& o, OptionNamer namer) {
            o.checkpoint_every);
   TS_CHECK(o.vocab_size >= 0, "[train] ", n("vocab_size"), " must be >= 0, got ", o.vocab_size);
   if (o.init_from.empty()) model::TrainConfig::preset(o.model, 1);  // throws naming the preset
-  model::parse_precision(o.precision);
-  model::parse_recompute(o.recompute);
-  parse_schedule(o.schedule);
+  model::parse_precision(o.precision, n("precision"));
+  model::parse_recompute(o.recompute, n("recompute"));
+  parse_schedule(o.schedule, n("schedule"));
   TS_CHECK(o.device == "cpu" || o.device == "cuda", "[train] ", n("device"),
            " must be cpu or cuda, not '", o.device, "'");
   TS_CHECK(o.device == "cpu" || o.precision == "bf16", "[train] ", n("device"),

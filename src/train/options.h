@@ -1,5 +1,5 @@
 // Every setting of a training run, with JSON round-trip (stored in run.json and in checkpoints so
-// that --resume rebuilds exactly the same run).
+// that resuming rebuilds exactly the same run).
 #pragma once
 
 #include <cstdint>
@@ -26,12 +26,12 @@ struct TrainOptions {
   std::string data_dir, out_dir;
   int64_t batch = 8, seq = 512, grad_accum = 1;
   std::string precision = "f32", recompute = "none";
-  // cpu, or cuda: the whole step on GPU 0 (bf16, any recompute). May change on --resume
+  // cpu, or cuda: the whole step on GPU 0 (bf16, any recompute). May change on resume
   // (checkpoints are the same either way).
   std::string device = "cpu";
   // On cuda, which code runs the step: twin, the CUDA GPT-2 (backend/device_gpt2.h), or shared,
   // the model's own step (model/gpt2_step.cc) through the CUDA ops backend. Until the twin
-  // retires; may change on --resume.
+  // retires; may change on resume.
   std::string cuda_step = "twin";
   // Sees every op of the host model's steps, and their scopes (forward, loss, backward,
   // optimizer, the forward's stages); null: none. The CUDA twin is not observed.
@@ -42,7 +42,7 @@ struct TrainOptions {
   std::string schedule = "cosine";
   int64_t steps = 1000;  // total optimizer steps of the run (on resume: the new total)
   // Stop once this step is reached, checkpointing as at the end but without the final model,
-  // as if interrupted (time-boxed jobs, resume tests); 0: off. Not inherited by --resume.
+  // as if interrupted (time-boxed jobs, resume tests); 0: off. Not inherited on resume.
   int64_t stop_at = 0;
 
   double weight_decay = 0.1, clip = 1.0, beta1 = 0.9, beta2 = 0.95;
@@ -61,8 +61,10 @@ std::string options_to_json(const TrainOptions& o);
 // Throws Error naming `source` and the field on malformed input; missing fields keep defaults.
 TrainOptions options_from_json(const std::string& json, const std::string& source);
 // What validate_options calls an option in its messages, given the field's name in run.json
-// ("grad_accum"): a command line passes one that gives its flag ("--grad-accum").
+// ("grad_accum"): a command line passes one that gives its own name for it.
 using OptionNamer = std::string (*)(std::string_view field);
+// What `namer` calls the option of `field` (null: the field's name).
+std::string option_name(OptionNamer namer, std::string_view field);
 // Checks ranges, names (precision, recompute, schedule) and combinations; throws naming each
 // option as `namer` calls it (null: the field's name).
 void validate_options(const TrainOptions& o, OptionNamer namer = nullptr);

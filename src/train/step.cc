@@ -21,7 +21,7 @@ StepResult train_step(model::TrainModel& m, AdamW& opt, int64_t B, int64_t T, in
   }
   r.loss *= inv_ga;
   TS_CHECK(std::isfinite(r.loss), "[train] loss is not finite at step ", t,
-           " (training diverged: lower --lr or raise --warmup)");
+           " (training diverged: lower the learning rate (lr) or raise the warm-up (warmup))");
   const ops::Scope scope(opt.context(), "optimizer");
   r.grad_norm = opt.step(m.params(), m.grads(), lr, t);
   m.params_updated();

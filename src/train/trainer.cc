@@ -10,6 +10,7 @@
 #include <fstream>
 #include <limits>
 #include <sstream>
+#include <string_view>
 
 #include "backend/device.h"
 #include "core/error.h"
@@ -94,13 +95,14 @@ TrainOptions resume_options(const std::string& dir) {
   return o;
 }
 
-Trainer::Trainer(const TrainOptions& opts, bool resume) : opts_(opts) {
-  validate_options(opts_);
+Trainer::Trainer(const TrainOptions& opts, bool resume, OptionNamer namer) : opts_(opts) {
+  validate_options(opts_, namer);
+  auto n = [namer](std::string_view field) { return option_name(namer, field); };
   if (opts_.threads > 0) pool_ = std::make_unique<ThreadPool>(static_cast<int>(opts_.threads));
   ops::Context ctx;
   ctx.pool = pool_.get();
   ctx.observer = opts_.observer;
-  // --cuda-step shared: the model's own step, its tensors in the memory of the CUDA ops backend.
+  // cuda_step shared: the model's own step, its tensors in the memory of the CUDA ops backend.
   if (opts_.device == "cuda" && opts_.cuda_step == "shared") ctx.device = ops::Device::cuda;
   train_data_ = load_split(opts_.data_dir, "train");
   val_data_ = load_split(opts_.data_dir, "val");
@@ -116,18 +118,17 @@ Trainer::Trainer(const TrainOptions& opts, bool resume) : opts_(opts) {
                    saved.vocab_size == model_->config().vocab_size &&
                    saved.ff() == model_->config().ff() &&
                    saved.kv_heads() == model_->config().kv_heads(),
-               "--resume ", opts_.out_dir,
-               ": the checkpoint's adapters were trained on another "
-               "shape of model than ",
+               "[train] resuming ", opts_.out_dir,
+               ": the checkpoint's adapters were trained on another shape of model than ",
                opts_.init_from, " has now");
     }
   } else if (resume) {
     model_ = std::make_unique<model::TrainModel>(read_checkpoint_info(opts_.out_dir).config, ctx);
   } else if (!opts_.init_from.empty()) {
     model_ = model::load_trainable(opts_.init_from, ctx);
-    TS_CHECK(opts_.vocab_size == 0 || opts_.vocab_size == model_->config().vocab_size,
-             "--vocab-size ", opts_.vocab_size, " differs from the vocabulary of --init-from '",
-             opts_.init_from, "' (", model_->config().vocab_size, ")");
+    TS_CHECK(opts_.vocab_size == 0 || opts_.vocab_size == model_->config().vocab_size, "[train] ",
+             n("vocab_size"), " ", opts_.vocab_size, " differs from the vocabulary of ",
+             n("init_from"), " '", opts_.init_from, "' (", model_->config().vocab_size, ")");
   } else {
     const int64_t vocab = opts_.vocab_size > 0 ? opts_.vocab_size : data_vocab;
     model_ = std::make_unique<model::TrainModel>(build_config(opts_, vocab), ctx);
@@ -135,9 +136,9 @@ Trainer::Trainer(const TrainOptions& opts, bool resume) : opts_(opts) {
   const model::TrainConfig& cfg = model_->config();
   TS_CHECK(data_vocab <= cfg.vocab_size, "[train] data in '", opts_.data_dir,
            "' has vocabulary size ", data_vocab, ", larger than the model's ", cfg.vocab_size,
-           (opts_.vocab_size > 0 ? " (--vocab-size)" : ""));
-  TS_CHECK(opts_.seq <= cfg.max_seq, "--seq ", opts_.seq, " exceeds the model's max_seq ",
-           cfg.max_seq);
+           (opts_.vocab_size > 0 ? " (" + n("vocab_size") + ")" : ""));
+  TS_CHECK(opts_.seq <= cfg.max_seq, "[train] ", n("seq"), " ", opts_.seq,
+           " exceeds the model's max_seq ", cfg.max_seq);
   model_->plan(opts_.batch, opts_.seq, model::parse_precision(opts_.precision),
                model::parse_recompute(opts_.recompute));
   if (!resume && (opts_.init_from.empty() || model_->is_lora())) model_->init_weights(opts_.seed);
@@ -258,7 +259,7 @@ TrainResult Trainer::run() {
       }
       loss *= inv_ga;
       TS_CHECK(std::isfinite(loss), "[train] loss is not finite at step ", st_.step + 1,
-               " (training diverged: lower --lr or raise --warmup)");
+               " (training diverged: lower the learning rate (lr) or raise the warm-up (warmup))");
       norm = dev_->adamw_step(runs_, opt_->config(), static_cast<float>(lr), st_.step + 1);
     } else {
       const StepResult r = train_step(
@@ -338,7 +339,7 @@ TrainResult Trainer::run() {
 void Trainer::finish_outputs(bool finished) {
   const std::string tok = path_in(opts_.data_dir, "tokenizer.json");
   if (opts_.save_model && finished && model_->is_lora()) {
-    // The adapter in PEFT's layout, in the run's folder itself: `--lora <out>` applies it.
+    // The adapter in PEFT's layout, in the run's folder itself: model::apply_peft_adapter loads it.
     ops::HostMirror<const float> params(model_->context(), model_->params(), model_->num_params(),
                                         ops::HostMirror<const float>::read);
     model::save_peft_adapter(model::as_decoder(*model_, params.data()), model_->lora(),
@@ -356,7 +357,7 @@ void Trainer::finish_outputs(bool finished) {
       d.config.name = model::load_decoder(opts_.init_from, lo).config.name + " (fine-tuned)";
     }
     model::save_decoder_hf(d, mdir, DType::f32, tok_text);
-    // Chat data carries the template it was rendered with (prepare --chat): the saved model
+    // Chat data carries the template it was rendered with (chat_data.h): the saved model
     // keeps it.
     const std::string tmpl_path = path_in(opts_.data_dir, "chat_template.jinja");
     const std::string tmpl = file_exists(tmpl_path) ? read_text_file(tmpl_path) : "";

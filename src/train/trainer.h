@@ -32,8 +32,9 @@ class Trainer {
   // Loads the data, builds (or loads, with init_from) the model and optimizer. With resume, the
   // model config, params, AdamW state, step, loader position and early-stopping state come from
   // <out_dir>/checkpoint.safetensors; opts.steps is the new total, so the cosine schedule is
-  // stretched (or shortened) to end at it from the resumed step on.
-  Trainer(const TrainOptions& opts, bool resume);
+  // stretched (or shortened) to end at it from the resumed step on. Errors name options as
+  // `namer` calls them (validate_options; null: their run.json names).
+  Trainer(const TrainOptions& opts, bool resume, OptionNamer namer = nullptr);
   ~Trainer();
 
   TrainResult run();
@@ -48,12 +49,12 @@ class Trainer {
   void write_csv_row(int64_t step, double loss, double val, double lr, double tps, double gflops,
                      double norm, double elapsed);
   void finish_outputs(bool finished);  // finished: write model/ too
-  // --device cuda: copies the device's parameters and AdamW state into model_ and opt_ (before
+  // On device cuda: copies the device's parameters and AdamW state into model_ and opt_ (before
   // checkpoints and the final model).
   void sync_from_device();
 
   TrainOptions opts_;
-  std::unique_ptr<ThreadPool> pool_;  // --threads N; otherwise the context's default pool
+  std::unique_ptr<ThreadPool> pool_;  // threads > 0; otherwise the context's default pool
   TokenData train_data_, val_data_;
   std::unique_ptr<model::TrainModel> model_;
   std::unique_ptr<AdamW> opt_;
@@ -62,11 +63,11 @@ class Trainer {
   LrSchedule sched_;
   TrainState st_;
   std::vector<int32_t> inputs_, targets_;
-  std::unique_ptr<backend::DeviceGpt2> dev_;  // --device cuda
+  std::unique_ptr<backend::DeviceGpt2> dev_;  // device cuda
   std::vector<ops::AdamWRun> runs_;
 };
 
-// Options for --resume DIR: the run options stored in DIR's checkpoint with out_dir = DIR.
+// Options to resume the run in DIR: the run options stored in DIR's checkpoint with out_dir = DIR.
 TrainOptions resume_options(const std::string& dir);
 
 }  // namespace tessera::train

@@ -307,6 +307,8 @@ TEST_F(InferCli, BadInputIsOneLine) {
       {"quantize " + kModel + " /tmp/x.gguf --type q4_k_m --pure", "--pure"},
       {"quantize " + kModel + " /tmp/x.gguf --type q4_0 --output-type q9", "--output-type"},
       {"perplexity -m " + kModel + " -f /nonexistent.txt", "/nonexistent.txt"},
+      {"perplexity -m " + kModel + " -f x.txt --scoring chunks --stride 8", "--stride applies"},
+      {"perplexity -m " + kModel + " -f x.txt --ctx 64 --stride 64", "--stride 64 must be below"},
       {"bench generate -m " + kModel + " --batch 0", "--batch"},
       {"generate -m " + kModel + " -p hi --kv-type q8_0", "--kv-type"},
       {"generate -m " + kModel + " -p hi --device tpu", "--device"},

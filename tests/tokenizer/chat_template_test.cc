@@ -96,7 +96,10 @@ TEST(ChatTemplate, DetectionAndGuess) {
 TEST(ChatTemplate, ParseAndErrors) {
   for (const char* n : {"chatml", "llama2", "llama3", "zephyr", "raw"})
     EXPECT_EQ(tokenizer::chat_format_name(tokenizer::parse_chat_format(n)), n);
-  test::expect_error([] { tokenizer::parse_chat_format("vicuna"); }, "--chat-template");
+  test::expect_error([] { tokenizer::parse_chat_format("vicuna"); },
+                     "unknown chat format 'vicuna'");
+  test::expect_error([] { tokenizer::parse_chat_format("vicuna", "--chat-template"); },
+                     "unknown --chat-template 'vicuna'");
   test::expect_error([] { tokenizer::parse_chat_format("vicuna"); }, "vicuna");
   test::expect_error(
       [] {

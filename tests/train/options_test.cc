@@ -36,6 +36,12 @@ TEST(TrainOptions, ValidationNamesTheField) {
   o = valid();
   o.out_dir.clear();
   expect_error([&] { validate_options(o); }, "[train] out_dir is required");
+  o = valid();
+  o.precision = "fp8";
+  expect_error([&] { validate_options(o); }, "precision must be f32 or bf16, got 'fp8'");
+  o = valid();
+  o.schedule = "wavy";
+  expect_error([&] { validate_options(o); }, "schedule must be constant, cosine or onecycle");
 }
 
 TEST(TrainOptions, ValidationNamesThroughTheCallersNamer) {
@@ -44,6 +50,9 @@ TEST(TrainOptions, ValidationNamesThroughTheCallersNamer) {
   o.eval_every = 0;
   const OptionNamer angle = [](std::string_view f) { return "<" + std::string(f) + ">"; };
   expect_error([&] { validate_options(o, angle); }, "[train] <early_stop> needs <eval_every> > 0");
+  o = valid();
+  o.recompute = "most";
+  expect_error([&] { validate_options(o, angle); }, "<recompute> must be none, gelu or block");
 }
 
 }  // namespace

@@ -41,8 +41,8 @@ int run(const Args& a) {
   const std::string cuda_step = a.str("--cuda-step");
   const bool json = a.on("--json");
   const bool per_op = a.on("--profile");
-  const model::Precision prec = model::parse_precision(precision);
-  const model::Recompute rec = model::parse_recompute(recompute);
+  const model::Precision prec = model::parse_precision(precision, "--precision");
+  const model::Recompute rec = model::parse_recompute(recompute, "--recompute");
   const bool cuda = device == "cuda";
   TS_CHECK(cuda || !a.given("--cuda-step"), "--cuda-step needs --device cuda");
   if (cuda) {

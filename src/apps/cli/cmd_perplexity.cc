@@ -23,6 +23,12 @@ int run(const Args& a) {
   const std::string scoring = a.str("--scoring");
   po.scoring = scoring == "chunks" ? infer::Scoring::chunks : infer::Scoring::sliding;
   const bool json = a.on("--json");
+  // The window flags together, named as flags before the model loads (infer::perplexity names
+  // its options' fields).
+  const bool chunks = po.scoring == infer::Scoring::chunks;
+  TS_CHECK(!chunks || po.ctx >= 4, "--scoring chunks needs --ctx >= 4, got ", po.ctx);
+  TS_CHECK(!chunks || po.stride == 0, "--stride applies to --scoring sliding only");
+  TS_CHECK(po.stride < po.ctx, "--stride ", po.stride, " must be below --ctx ", po.ctx);
 
   const LoadedModel m = load_engine_model(ef);
   EngineFlags sized = ef;

@@ -164,7 +164,7 @@ namespace {
 int run(const Args& a) {
   bool resume = false;
   const train::TrainOptions o = parse_train_options(a, &resume);
-  train::Trainer t(o, resume);
+  train::Trainer t(o, resume, train_flag_of);
   const train::TrainResult r = t.run();
   (void)r;
   return 0;

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "model/lora.h"
+#include "tokenizer/chat_template.h"
 
 namespace tessera::cli {
 
@@ -138,6 +139,7 @@ infer::SamplingParams parse_sampling_flags(const Args& a) {
 infer::ChatPrompt make_cli_prompt(const LoadedModel& m,
                                   const std::vector<tokenizer::ChatMessage>& msgs,
                                   const std::string& system, bool raw, const std::string& format) {
+  if (!format.empty()) tokenizer::parse_chat_format(format, "--chat-template");  // named as a flag
   infer::ChatPrompt p = infer::make_prompt(m, msgs, system, raw, format);
   if (!p.notice.empty())
     std::fprintf(stderr, "[chat] %s (choose another with --chat-template, or --raw)\n",

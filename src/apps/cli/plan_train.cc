@@ -74,8 +74,8 @@ int run_train_plan(const Args& a, const std::optional<profile::GpuSpec>& gpu, in
   in.vocab = a.i64("--vocab-size");
   in.seq = a.i64("--seq");
   in.grad_accum = a.i64("--grad-accum");
-  in.precision = model::parse_precision(a.str("--precision"));
-  in.recompute = model::parse_recompute(a.str("--recompute"));
+  in.precision = model::parse_precision(a.str("--precision"), "--precision");
+  in.recompute = model::parse_recompute(a.str("--recompute"), "--recompute");
   in.baseline_bytes = gpu ? 0 : baseline_bytes;
   const std::vector<int64_t> batches = a.ints("--batch");
   const bool json = a.on("--json"), check = a.on("--check");

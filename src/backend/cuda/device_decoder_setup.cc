@@ -111,7 +111,7 @@ void CudaDecoder::validate() const {
   TS_CHECK(!d_.layers.empty(), op, " the model has no layers");
   // Reads TESSERA_CUDA_PDL now, so a bad value fails at set-up rather than inside a forward.
   (void)cuda::dependent_launch_enabled();
-  TS_CHECK(d_.kv_type == DType::f32 || d_.kv_type == DType::f16, op, " --kv-type ",
+  TS_CHECK(d_.kv_type == DType::f32 || d_.kv_type == DType::f16, op, " kv_type ",
            dtype_name(d_.kv_type), " must be f16 or f32");
   TS_CHECK(d_.block_tokens > 0 && d_.n_blocks > 0 && d_.max_rows > 0 && d_.max_seq_blocks > 0, op,
            " block_tokens, n_blocks, max_rows and max_seq_blocks must be positive");
@@ -270,7 +270,7 @@ void CudaDecoder::copy_cache_block(int32_t dst, int32_t src) {
 }  // namespace cuda_decoder
 
 std::unique_ptr<DeviceDecoder> make_cuda_decoder(const DecoderDesc& desc, int device) {
-  cuda::require_device(device, "--device cuda");
+  cuda::require_device(device, "the CUDA device decoder");
   return std::make_unique<cuda_decoder::CudaDecoder>(desc, device);
 }
 

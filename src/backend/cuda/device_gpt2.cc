@@ -440,7 +440,7 @@ double CudaGpt2::adamw_step(const std::vector<ops::AdamWRun>& runs, const ops::A
 }  // namespace
 
 std::unique_ptr<DeviceGpt2> make_cuda_gpt2(const Gpt2DeviceDesc& desc, int device) {
-  cuda::require_device(device, "--device cuda");
+  cuda::require_device(device, "the CUDA GPT-2 step");
   return std::make_unique<CudaGpt2>(desc, device);
 }
 

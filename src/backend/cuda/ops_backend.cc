@@ -327,7 +327,7 @@ class CudaOpsBackend final : public ops::Backend {
                          const ops::AttentionArgs& a) override {
     const int64_t B = a.B, T = a.T, C = a.C, H = a.H, Hkv = a.Hkv;
     if (!a.round_bf16)
-      not_here("attention_forward in f32", "the flash kernels compute in bf16 (--precision bf16)");
+      not_here("attention_forward in f32", "the flash kernels compute in bf16 (precision bf16)");
     cudaStream_t s = stream(ctx);
     const int64_t N = B * T, D = C / H, ld = C + 2 * Hkv * D;
     auto* qkv16 = static_cast<__nv_bfloat16*>(scratch(N * (ld + C), sizeof(uint16_t)));
@@ -349,7 +349,7 @@ class CudaOpsBackend final : public ops::Backend {
                           const ops::AttentionArgs& a) override {
     const int64_t B = a.B, T = a.T, C = a.C, H = a.H, Hkv = a.Hkv;
     if (!a.round_bf16)
-      not_here("attention_backward in f32", "the flash kernels compute in bf16 (--precision bf16)");
+      not_here("attention_backward in f32", "the flash kernels compute in bf16 (precision bf16)");
     cudaStream_t s = stream(ctx);
     const int64_t N = B * T, D = C / H, ld = C + 2 * Hkv * D;
     const FlashAttentionShape shape = flash_shape(a);
