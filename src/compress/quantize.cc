@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "core/error.h"
+#include "model/layer_tensors.h"
 
 namespace tessera::compress {
 
@@ -189,18 +190,19 @@ DecoderModel quantize_decoder(const DecoderModel& src, const QuantizeOptions& op
   for (size_t i = 0; i < s.layers.size(); ++i) {
     const DecoderLayer& a = s.layers[i];
     DecoderLayer& b = w.layers[i];
-    const std::string p = cat("blk.", i, ".");
+    const std::string p = model::gguf_layer_prefix(static_cast<int64_t>(i));
     const bool more_bits =
         opts.mix == QuantMix::k_m &&
         k_m_layer_gets_more_bits(static_cast<int64_t>(i), static_cast<int64_t>(s.layers.size()));
     const DType sensitive = more_bits ? DType::q6_k : opts.type;
-    b.wq = q.matrix(a.wq, p + "attn_q", opts.type);
-    b.wk = q.matrix(a.wk, p + "attn_k", opts.type);
-    b.wv = q.matrix(a.wv, p + "attn_v", sensitive);
-    b.wo = q.matrix(a.wo, p + "attn_output", opts.type);
-    b.w_gate = q.matrix(a.w_gate, p + "ffn_gate", opts.type);
-    b.w_up = q.matrix(a.w_up, p + "ffn_up", opts.type);
-    b.w_down = q.matrix(a.w_down, p + "ffn_down", sensitive);
+    for (const model::LayerTensor& t : model::layer_tensors()) {
+      if (t.kind != model::LayerTensorKind::matrix) continue;
+      const auto m = static_cast<model::LayerMatrix>(t.matrix);
+      // k-quant mixes give v and down more bits in some layers (llama.cpp's Q*_K_M).
+      const bool v_or_down = m == model::LayerMatrix::v || m == model::LayerMatrix::down;
+      b.*t.member = q.matrix(a.*t.member, p + model::tensor_module(t.gguf),
+                             v_or_down ? sensitive : opts.type);
+    }
     const auto from = a.vectors();
     const auto to = b.vectors();
     for (size_t v = 0; v < from.size(); ++v) *to[v] = q.vector(*from[v]);

@@ -169,19 +169,6 @@ WeightRef expert_rows(const WeightRef& stacked, int64_t e, int64_t n_experts) {
   return row_slice(stacked, e * rows, rows);
 }
 
-std::string hf_router_name(const std::string& p, bool mixtral) {
-  return p + (mixtral ? "block_sparse_moe." : "mlp.") + "gate.weight";
-}
-
-std::string hf_expert_name(const std::string& p, bool mixtral, int64_t e, LayerMatrix m) {
-  TS_CHECK(m == LayerMatrix::gate || m == LayerMatrix::up || m == LayerMatrix::down,
-           "[model] an expert has gate, up and down matrices only");
-  const char* name = m == LayerMatrix::gate ? (mixtral ? "w1" : "gate_proj")
-                     : m == LayerMatrix::up ? (mixtral ? "w3" : "up_proj")
-                                            : (mixtral ? "w2" : "down_proj");
-  return cat(p, mixtral ? "block_sparse_moe." : "mlp.", "experts.", e, ".", name, ".weight");
-}
-
 namespace {
 
 template <typename Fn>

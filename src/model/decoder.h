@@ -186,6 +186,8 @@ inline bool hf_moe_is_mixtral(const DecoderConfig& c) {
   return !c.qk_norm;
 }
 
+// Every tensor member is in the table of model/layer_tensors.h once, with its names in GGUF and
+// Hugging Face files, its kind and its shape; a new member goes there too.
 struct DecoderLayer {
   WeightRef attn_norm, attn_norm_b;         // (C); _b gpt2 only
   WeightRef wq, wk, wv, wo;                 // (q_dim,C) (kv_dim,C) (kv_dim,C) (C,q_dim)

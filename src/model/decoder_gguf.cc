@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "formats/gguf.h"
 #include "model/decoder.h"
+#include "model/layer_tensors.h"
 
 namespace tessera::model {
 namespace {
@@ -213,13 +214,13 @@ DecoderConfig read_config(const formats::GgufFile& f, const std::string& arch) {
     // phi3 too (its q, k, v and gate, up come fused).
     c.rope_layout = arch == "qwen2" || arch == "phi3" || qk_arch ? ops::RopeLayout::half
                                                                  : ops::RopeLayout::interleaved;
-    c.qk_norm = f.find("blk.0.attn_q_norm.weight") != nullptr;
+    const std::string q_norm = gguf_layer_prefix(0) + layer_tensor(&DecoderLayer::q_norm).gguf;
+    c.qk_norm = f.find(q_norm) != nullptr;
     c.qk_norm_whole = arch == "olmoe";
-    TS_CHECK(!c.qk_norm || qk_arch, "[gguf] ", f.path(),
-             ": tensor 'blk.0.attn_q_norm.weight' in a ", arch,
+    TS_CHECK(!c.qk_norm || qk_arch, "[gguf] ", f.path(), ": tensor '", q_norm, "' in a ", arch,
              " file (q/k norms are Qwen3's, OLMoE's and Gemma 3's)");
-    TS_CHECK(c.qk_norm || !qk_arch, "[gguf] ", f.path(), ": a ", arch,
-             " file without 'blk.0.attn_q_norm.weight'");
+    TS_CHECK(c.qk_norm || !qk_arch, "[gguf] ", f.path(), ": a ", arch, " file without '", q_norm,
+             "'");
     read_experts(f, r, arch, &c);
     if (arch == "smollm3")  // llama.cpp's rule (no key): every fourth layer has no RoPE
       for (int64_t l = 0; l < c.n_layers; ++l) c.nope_layers.push_back((l + 1) % 4 == 0);
@@ -257,7 +258,7 @@ DecoderConfig read_config(const formats::GgufFile& f, const std::string& arch) {
     } else if (f.find("rope_freqs.weight")) {
       c.rope_freq_divisors = rope_factors(f, "rope_freqs.weight", c.rope_dim);
     }
-    c.qkv_bias = f.find("blk.0.attn_q.bias") != nullptr;
+    c.qkv_bias = f.find(gguf_layer_prefix(0) + layer_tensor(&DecoderLayer::bq).gguf) != nullptr;
   }
   c.tied_embeddings = f.find("output.weight") == nullptr;
   c.validate(f.path());
@@ -293,65 +294,69 @@ DecoderModel load_decoder_gguf(const std::string& path, const DecoderLoadOptions
   w.tok_embd = r.tensor("token_embd.weight", Shape({c.vocab, C}));
   if (gpt2) w.pos_embd = r.tensor("position_embd.weight", Shape({c.max_ctx, C}));
   w.layers.resize(static_cast<size_t>(c.n_layers));
+  using L = DecoderLayer;
   for (int64_t i = 0; i < c.n_layers; ++i) {
-    const std::string p = cat("blk.", i, ".");
+    const std::string p = gguf_layer_prefix(i);
     DecoderLayer& l = w.layers[static_cast<size_t>(i)];
-    l.attn_norm = r.tensor(p + "attn_norm.weight", Shape({C}));
-    l.ffn_norm = r.tensor(p + "ffn_norm.weight", Shape({C}));
-    l.wo = r.tensor(p + "attn_output.weight", Shape({C, Q}));
+    auto load = [&](WeightRef L::*m, bool required = true) {
+      const LayerTensor& t = layer_tensor(m);
+      l.*m = r.tensor(p + t.gguf, layer_tensor_shape(t, c), required);
+    };
+    load(&L::attn_norm);
+    load(&L::ffn_norm);
+    load(&L::wo);
     if (c.moe()) {  // the experts' matrices stacked, (E, F, C) seen as (E F, C)
       const int64_t E = c.n_experts;
-      l.ffn_router = r.tensor(p + "ffn_gate_inp.weight", Shape({E, C}));
-      auto stacked = [&](const char* name, int64_t rows, int64_t cols) {
-        WeightRef s = r.tensor(p + name, Shape({E, rows, cols}));
-        s.shape = Shape({E * rows, cols});
-        return s;
-      };
-      l.w_gate = stacked("ffn_gate_exps.weight", F, C);
-      l.w_up = stacked("ffn_up_exps.weight", F, C);
-      l.w_down = stacked("ffn_down_exps.weight", C, F);
+      load(&L::ffn_router);
+      for (WeightRef L::*m : {&L::w_gate, &L::w_up, &L::w_down}) {
+        const LayerTensor& t = layer_tensor(m);
+        const Shape each = layer_tensor_shape(t, c);
+        WeightRef s = r.tensor(p + t.gguf_experts, Shape({E, each[0], each[1]}));
+        s.shape = Shape({E * each[0], each[1]});
+        l.*m = s;
+      }
     } else if (arch == "phi3") {  // ffn_up holds the gate's rows, then the up rows
-      const WeightRef gate_up = r.tensor(p + "ffn_up.weight", Shape({2 * F, C}));
+      const WeightRef gate_up = r.tensor(p + layer_tensor(&L::w_up).gguf, Shape({2 * F, C}));
       l.w_gate = row_slice(gate_up, 0, F);
       l.w_up = row_slice(gate_up, F, F);
-      l.w_down = r.tensor(p + "ffn_down.weight", Shape({C, F}));
+      load(&L::w_down);
     } else {
-      l.w_up = r.tensor(p + "ffn_up.weight", Shape({F, C}));
-      l.w_down = r.tensor(p + "ffn_down.weight", Shape({C, F}));
+      load(&L::w_up);
+      load(&L::w_down);
     }
     if (gpt2) {
-      l.attn_norm_b = r.tensor(p + "attn_norm.bias", Shape({C}));
-      l.ffn_norm_b = r.tensor(p + "ffn_norm.bias", Shape({C}));
-      const WeightRef qkv = r.tensor(p + "attn_qkv.weight", Shape({3 * C, C}));
-      const WeightRef qkv_b = r.tensor(p + "attn_qkv.bias", Shape({3 * C}));
+      load(&L::attn_norm_b);
+      load(&L::ffn_norm_b);
+      const WeightRef qkv = r.tensor(p + kFusedQkv.gguf, Shape({3 * C, C}));
+      const WeightRef qkv_b = r.tensor(p + kFusedQkvBias.gguf, Shape({3 * C}));
       split_qkv(qkv, C, C, &l.wq, &l.wk, &l.wv);
       split_qkv(qkv_b, C, C, &l.bq, &l.bk, &l.bv);
-      l.bo = r.tensor(p + "attn_output.bias", Shape({C}));
-      l.b_up = r.tensor(p + "ffn_up.bias", Shape({F}));
-      l.b_down = r.tensor(p + "ffn_down.bias", Shape({C}));
+      load(&L::bo);
+      load(&L::b_up);
+      load(&L::b_down);
     } else {
-      if (f.find(p + "attn_qkv.weight")) {  // phi3's fused q, k, v
-        const WeightRef qkv = r.tensor(p + "attn_qkv.weight", Shape({Q + 2 * KV, C}));
+      if (f.find(p + kFusedQkv.gguf)) {  // phi3's fused q, k, v
+        const WeightRef qkv = r.tensor(p + kFusedQkv.gguf, Shape({Q + 2 * KV, C}));
         split_qkv(qkv, Q, KV, &l.wq, &l.wk, &l.wv);
       } else {
-        l.wq = r.tensor(p + "attn_q.weight", Shape({Q, C}));
-        l.wk = r.tensor(p + "attn_k.weight", Shape({KV, C}));
-        l.wv = r.tensor(p + "attn_v.weight", Shape({KV, C}));
+        load(&L::wq);
+        load(&L::wk);
+        load(&L::wv);
       }
-      if (!c.moe() && arch != "phi3") l.w_gate = r.tensor(p + "ffn_gate.weight", Shape({F, C}));
-      l.bo = r.tensor(p + "attn_output.bias", Shape({C}), false);  // Llama attention_bias
+      if (!c.moe() && arch != "phi3") load(&L::w_gate);
+      load(&L::bo, false);  // Llama attention_bias
       if (c.qk_norm) {
-        l.q_norm = r.tensor(p + "attn_q_norm.weight", Shape({c.qk_norm_whole ? Q : c.head_dim}));
-        l.k_norm = r.tensor(p + "attn_k_norm.weight", Shape({c.qk_norm_whole ? KV : c.head_dim}));
+        load(&L::q_norm);
+        load(&L::k_norm);
       }
       if (c.post_norms) {
-        l.post_attn_norm = r.tensor(p + "post_attention_norm.weight", Shape({C}));
-        l.post_ffn_norm = r.tensor(p + "post_ffw_norm.weight", Shape({C}));
+        load(&L::post_attn_norm);
+        load(&L::post_ffn_norm);
       }
       if (c.qkv_bias) {
-        l.bq = r.tensor(p + "attn_q.bias", Shape({Q}));
-        l.bk = r.tensor(p + "attn_k.bias", Shape({KV}));
-        l.bv = r.tensor(p + "attn_v.bias", Shape({KV}));
+        load(&L::bq);
+        load(&L::bk);
+        load(&L::bv);
       }
     }
     // Norm weights and biases are used as f32 vectors by the kernels.

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "model/decoder_save_impl.h"
+#include "model/layer_tensors.h"
 
 namespace tessera::model {
 namespace save_detail {
@@ -122,6 +123,24 @@ class GgufTensorSink {
  private:
   formats::GgufWriter& w_;
   std::list<std::vector<uint8_t>> keep_;
+};
+
+using L = DecoderLayer;
+
+// One layer's tensors under their GGUF names (layer_tensors.h): vectors (norms, biases, the
+// router) as f32, matrices as stored.
+struct GgufLayerSink {
+  GgufTensorSink& s;
+  const DecoderLayer& l;
+  std::string p;  // "blk.{i}."
+  const std::string& path;
+
+  std::string name(WeightRef L::*m) const { return p + layer_tensor(m).gguf; }
+  void need(WeightRef L::*m) const { require(l.*m, p + tensor_module(layer_tensor(m).gguf), path); }
+  void put(WeightRef L::*m) const {
+    if (layer_tensor(m).kind == LayerTensorKind::matrix) return s.raw(name(m), l.*m);
+    s.f32(name(m), l.*m);
+  }
 };
 
 void set_u32(formats::GgufWriter& w, const std::string& key, int64_t v) {
@@ -247,67 +266,52 @@ void write_gguf_llama(const DecoderModel& m, GgufTensorSink& s, const std::strin
   };
   for (size_t i = 0; i < w.layers.size(); ++i) {
     const DecoderLayer& l = w.layers[i];
-    const std::string p = cat("blk.", i, ".");
-    for (const auto& [ref, what] : NamedRefs{{&l.attn_norm, "attn_norm"},
-                                             {&l.ffn_norm, "ffn_norm"},
-                                             {&l.wq, "attn_q"},
-                                             {&l.wk, "attn_k"},
-                                             {&l.wv, "attn_v"},
-                                             {&l.wo, "attn_output"},
-                                             {&l.w_gate, "ffn_gate"},
-                                             {&l.w_up, "ffn_up"},
-                                             {&l.w_down, "ffn_down"}})
-      require(*ref, p + what, path);
-    s.f32(p + "attn_norm.weight", l.attn_norm);
-    qk(p + "attn_q.weight", l.wq, q_order, false);
-    qk(p + "attn_k.weight", l.wk, k_order, false);
-    s.raw(p + "attn_v.weight", l.wv);
-    s.raw(p + "attn_output.weight", l.wo);
-    if (l.bq.present()) qk(p + "attn_q.bias", l.bq, q_order, true);
-    if (l.bk.present()) qk(p + "attn_k.bias", l.bk, k_order, true);
-    if (l.bv.present()) s.f32(p + "attn_v.bias", l.bv);
-    if (l.bo.present()) s.f32(p + "attn_output.bias", l.bo);
-    if (c.qk_norm) {
-      require(l.q_norm, p + "attn_q_norm", path);
-      require(l.k_norm, p + "attn_k_norm", path);
-      s.f32(p + "attn_q_norm.weight", l.q_norm);
-      s.f32(p + "attn_k_norm.weight", l.k_norm);
-    }
-    if (c.post_norms) {
-      require(l.post_attn_norm, p + "post_attention_norm", path);
-      require(l.post_ffn_norm, p + "post_ffw_norm", path);
-      s.f32(p + "post_attention_norm.weight", l.post_attn_norm);
-      s.f32(p + "post_ffw_norm.weight", l.post_ffn_norm);
-    }
-    s.f32(p + "ffn_norm.weight", l.ffn_norm);
+    const GgufLayerSink ls{s, l, gguf_layer_prefix(static_cast<int64_t>(i)), path};
+    // q and k rows (and biases) in the file's RoPE order.
+    auto put = [&](WeightRef L::*m) {
+      const LayerTensor& t = layer_tensor(m);
+      if (t.rope == RopeRows::none) return ls.put(m);
+      qk(ls.name(m), l.*m, t.rope == RopeRows::q ? q_order : k_order,
+         t.kind != LayerTensorKind::matrix);
+    };
+    for (WeightRef L::*m : {&L::attn_norm, &L::ffn_norm, &L::wq, &L::wk, &L::wv, &L::wo, &L::w_gate,
+                            &L::w_up, &L::w_down})
+      ls.need(m);
+    // The order llama.cpp's converter writes, which keeps our files byte for byte as they were.
+    for (WeightRef L::*m : {&L::attn_norm, &L::wq, &L::wk, &L::wv, &L::wo}) put(m);
+    for (WeightRef L::*m : {&L::bq, &L::bk, &L::bv, &L::bo})
+      if ((l.*m).present()) put(m);
+    std::vector<WeightRef L::*> norms;
+    if (c.qk_norm) norms = {&L::q_norm, &L::k_norm};
+    if (c.post_norms) norms.insert(norms.end(), {&L::post_attn_norm, &L::post_ffn_norm});
+    for (WeightRef L::*m : norms) ls.need(m);
+    for (WeightRef L::*m : norms) put(m);
+    put(&L::ffn_norm);
     if (c.moe()) {  // the stacked experts as llama.cpp's 3-D tensors (E, rows, cols)
       const int64_t E = c.n_experts;
-      require(l.ffn_router, p + "ffn_gate_inp", path);
-      s.f32(p + "ffn_gate_inp.weight", l.ffn_router);
-      auto stacked = [&](const char* name, const WeightRef& r) {
-        WeightRef e = r;
-        e.shape = Shape({E, r.rows() / E, r.cols()});
-        s.raw(p + name, e);
-      };
-      stacked("ffn_gate_exps.weight", l.w_gate);
-      stacked("ffn_up_exps.weight", l.w_up);
-      stacked("ffn_down_exps.weight", l.w_down);
+      ls.need(&L::ffn_router);
+      put(&L::ffn_router);
+      for (WeightRef L::*m : {&L::w_gate, &L::w_up, &L::w_down}) {
+        WeightRef e = l.*m;
+        e.shape = Shape({E, e.rows() / E, e.cols()});
+        s.raw(ls.p + layer_tensor(m).gguf_experts, e);
+      }
       continue;
     }
     if (phi3) {
-      TS_CHECK(l.w_gate.type == l.w_up.type, "[save] ", path, ": ", p,
-               "ffn_gate and ffn_up differ in type; a phi3 file holds them as one tensor");
+      TS_CHECK(l.w_gate.type == l.w_up.type, "[save] ", path, ": ", ls.name(&L::w_gate), " and ",
+               ls.name(&L::w_up), " differ in type; a phi3 file holds them as one tensor");
       std::vector<uint8_t> gate_up;
       for (const WeightRef* r : {&l.w_gate, &l.w_up}) {
         const auto* b = static_cast<const uint8_t*>(r->data);
         gate_up.insert(gate_up.end(), b, b + r->bytes());
       }
-      s.bytes(p + "ffn_up.weight", l.w_up.type, Shape({2 * c.d_ff, c.d_model}), std::move(gate_up));
+      s.bytes(ls.name(&L::w_up), l.w_up.type, Shape({2 * c.d_ff, c.d_model}), std::move(gate_up));
     } else {
-      s.raw(p + "ffn_gate.weight", l.w_gate);
-      s.raw(p + "ffn_up.weight", l.w_up);
+      put(&L::w_gate);
+      put(&L::w_up);
     }
-    s.raw(p + "ffn_down.weight", l.w_down);
+    put(&L::w_down);
   }
   if (c.rope_scaling == RopeScaling::longrope) {
     s.f32_values("rope_factors_short.weight", c.rope_freq_divisors);
@@ -324,26 +328,13 @@ void write_gguf_gpt2(const DecoderModel& m, GgufTensorSink& s, const std::string
   s.raw("position_embd.weight", w.pos_embd);
   for (size_t i = 0; i < w.layers.size(); ++i) {
     const DecoderLayer& l = w.layers[i];
-    const std::string p = cat("blk.", i, ".");
-    for (const auto& [ref, what] : NamedRefs{{&l.attn_norm, "attn_norm"},
-                                             {&l.attn_norm_b, "attn_norm.bias"},
-                                             {&l.wq, "attn_q"},
-                                             {&l.wk, "attn_k"},
-                                             {&l.wv, "attn_v"},
-                                             {&l.bq, "attn_q.bias"},
-                                             {&l.bk, "attn_k.bias"},
-                                             {&l.bv, "attn_v.bias"},
-                                             {&l.wo, "attn_output"},
-                                             {&l.bo, "attn_output.bias"},
-                                             {&l.ffn_norm, "ffn_norm"},
-                                             {&l.ffn_norm_b, "ffn_norm.bias"},
-                                             {&l.w_up, "ffn_up"},
-                                             {&l.b_up, "ffn_up.bias"},
-                                             {&l.w_down, "ffn_down"},
-                                             {&l.b_down, "ffn_down.bias"}})
-      require(*ref, p + what, path);
-    s.f32(p + "attn_norm.weight", l.attn_norm);
-    s.f32(p + "attn_norm.bias", l.attn_norm_b);
+    const GgufLayerSink ls{s, l, gguf_layer_prefix(static_cast<int64_t>(i)), path};
+    for (WeightRef L::*m :
+         {&L::attn_norm, &L::attn_norm_b, &L::wq, &L::wk, &L::wv, &L::bq, &L::bk, &L::bv, &L::wo,
+          &L::bo, &L::ffn_norm, &L::ffn_norm_b, &L::w_up, &L::b_up, &L::w_down, &L::b_down})
+      ls.need(m);
+    ls.put(&L::attn_norm);
+    ls.put(&L::attn_norm_b);
     // attn_qkv (3C, C) holds the q, k and v rows in that order; mixed types fuse as f32.
     const int64_t C = m.config.d_model;
     const bool same = l.wq.type == l.wk.type && l.wq.type == l.wv.type;
@@ -359,21 +350,16 @@ void write_gguf_gpt2(const DecoderModel& m, GgufTensorSink& s, const std::string
         qkv.insert(qkv.end(), b, b + v.size() * 4);
       }
     }
-    s.bytes(p + "attn_qkv.weight", t, Shape({3 * C, C}), std::move(qkv));
+    s.bytes(ls.p + kFusedQkv.gguf, t, Shape({3 * C, C}), std::move(qkv));
     std::vector<float> bias;
     for (const WeightRef* r : {&l.bq, &l.bk, &l.bv}) {
       const std::vector<float> v = as_f32(*r);
       bias.insert(bias.end(), v.begin(), v.end());
     }
-    s.f32_values(p + "attn_qkv.bias", bias);
-    s.raw(p + "attn_output.weight", l.wo);
-    s.f32(p + "attn_output.bias", l.bo);
-    s.f32(p + "ffn_norm.weight", l.ffn_norm);
-    s.f32(p + "ffn_norm.bias", l.ffn_norm_b);
-    s.raw(p + "ffn_up.weight", l.w_up);
-    s.f32(p + "ffn_up.bias", l.b_up);
-    s.raw(p + "ffn_down.weight", l.w_down);
-    s.f32(p + "ffn_down.bias", l.b_down);
+    s.f32_values(ls.p + kFusedQkvBias.gguf, bias);
+    for (WeightRef L::*m :
+         {&L::wo, &L::bo, &L::ffn_norm, &L::ffn_norm_b, &L::w_up, &L::b_up, &L::w_down, &L::b_down})
+      ls.put(m);
   }
   require(w.out_norm_b, "output_norm.bias", path);
   s.f32("output_norm.bias", w.out_norm_b);

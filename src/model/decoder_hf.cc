@@ -16,6 +16,7 @@
 #include "formats/safetensors.h"
 #include "model/decoder.h"
 #include "model/hf_config.h"
+#include "model/layer_tensors.h"
 
 namespace tessera::model {
 namespace {
@@ -447,71 +448,72 @@ WeightRef output_head(const DecoderConfig& c, FolderTensors& t, WeightBuilder& b
 // named as hf_router_name and hf_expert_name say.
 void load_experts(const DecoderConfig& c, const std::string& p, bool mixtral, WeightBuilder& b,
                   DecoderLayer& l) {
-  const int64_t E = c.n_experts, C = c.d_model, F = c.d_ff;
-  l.ffn_router = b.matrix_f32(hf_router_name(p, mixtral), Shape({E, C}));
-  auto names = [&](LayerMatrix m) {
-    std::vector<std::string> n;
-    for (int64_t e = 0; e < E; ++e) n.push_back(hf_expert_name(p, mixtral, e, m));
-    return n;
-  };
-  l.w_gate = b.stacked(names(LayerMatrix::gate), Shape({F, C}));
-  l.w_up = b.stacked(names(LayerMatrix::up), Shape({F, C}));
-  l.w_down = b.stacked(names(LayerMatrix::down), Shape({C, F}));
+  const LayerTensor& router = layer_tensor(&DecoderLayer::ffn_router);
+  l.ffn_router = b.matrix_f32(hf_router_name(p, mixtral), layer_tensor_shape(router, c));
+  for (LayerMatrix m : {LayerMatrix::gate, LayerMatrix::up, LayerMatrix::down}) {
+    const LayerTensor& t = layer_tensor(m);
+    std::vector<std::string> names;
+    for (int64_t e = 0; e < c.n_experts; ++e) names.push_back(hf_expert_name(p, mixtral, e, m));
+    l.*t.member = b.stacked(names, layer_tensor_shape(t, c));
+  }
 }
 
 void load_llama_weights(const DecoderConfig& c, const std::string& arch, bool o_bias,
                         FolderTensors& t, WeightBuilder& b, DecoderWeights& w) {
+  using L = DecoderLayer;
   const int64_t C = c.d_model, F = c.d_ff, Q = c.q_dim(), KV = c.kv_dim();
   w.tok_embd = b.matrix("model.embed_tokens.weight", Shape({c.vocab, C}));
   w.layers.resize(static_cast<size_t>(c.n_layers));
   for (int64_t i = 0; i < c.n_layers; ++i) {
-    const std::string p = cat("model.layers.", i, ".");
+    const std::string p = hf_layer_prefix(i);
     DecoderLayer& l = w.layers[static_cast<size_t>(i)];
+    auto name = [&](WeightRef L::*m) { return hf_layer_name(p, layer_tensor(m), c); };
+    auto shape = [&](WeightRef L::*m) { return layer_tensor_shape(layer_tensor(m), c); };
+    auto matrix = [&](WeightRef L::*m) { l.*m = b.matrix(name(m), shape(m)); };
+    // offset is added to every value (vector_f32).
+    auto vector = [&](WeightRef L::*m, float offset = 0.0f) {
+      l.*m = b.vector_f32(name(m), shape(m)[0], offset);
+    };
     // Gemma's norms scale by 1 + w (llama.cpp's converter adds the 1 as well), and its
-    // post_attention_layernorm is the attention branch's post-norm, not the MLP's input norm.
+    // post_attention_layernorm is the attention branch's post-norm, not the MLP's input norm
+    // (hf_layer_name).
     const float one = c.post_norms ? 1.0f : 0.0f;
-    l.attn_norm = b.vector_f32(p + "input_layernorm.weight", C, one);
+    vector(&L::attn_norm, one);
     if (c.post_norms) {
-      l.post_attn_norm = b.vector_f32(p + "post_attention_layernorm.weight", C, one);
-      l.ffn_norm = b.vector_f32(p + "pre_feedforward_layernorm.weight", C, one);
-      l.post_ffn_norm = b.vector_f32(p + "post_feedforward_layernorm.weight", C, one);
+      vector(&L::post_attn_norm, one);
+      vector(&L::ffn_norm, one);
+      vector(&L::post_ffn_norm, one);
     } else {
-      l.ffn_norm = b.vector_f32(p + "post_attention_layernorm.weight", C);
+      vector(&L::ffn_norm);
     }
     const bool phi3 = arch == "Phi3ForCausalLM";  // q, k, v and gate, up fused
     if (phi3) {
-      const WeightRef qkv = b.matrix(p + "self_attn.qkv_proj.weight", Shape({Q + 2 * KV, C}));
+      const WeightRef qkv = b.matrix(p + kFusedQkv.hf, Shape({Q + 2 * KV, C}));
       split_qkv(qkv, Q, KV, &l.wq, &l.wk, &l.wv);
     } else {
-      l.wq = b.matrix(p + "self_attn.q_proj.weight", Shape({Q, C}));
-      l.wk = b.matrix(p + "self_attn.k_proj.weight", Shape({KV, C}));
-      l.wv = b.matrix(p + "self_attn.v_proj.weight", Shape({KV, C}));
+      for (WeightRef L::*m : {&L::wq, &L::wk, &L::wv}) matrix(m);
     }
-    l.wo = b.matrix(p + "self_attn.o_proj.weight", Shape({C, Q}));
-    if (c.qkv_bias) {
-      l.bq = b.vector_f32(p + "self_attn.q_proj.bias", Q);
-      l.bk = b.vector_f32(p + "self_attn.k_proj.bias", KV);
-      l.bv = b.vector_f32(p + "self_attn.v_proj.bias", KV);
-    }
-    if (o_bias) l.bo = b.vector_f32(p + "self_attn.o_proj.bias", C);
+    matrix(&L::wo);
+    if (c.qkv_bias)
+      for (WeightRef L::*m : {&L::bq, &L::bk, &L::bv}) vector(m);
+    if (o_bias) vector(&L::bo);
     if (c.qk_norm) {  // OLMoE: q and k each normalized as a whole vector
-      l.q_norm = b.vector_f32(p + "self_attn.q_norm.weight", c.qk_norm_whole ? Q : c.head_dim, one);
-      l.k_norm =
-          b.vector_f32(p + "self_attn.k_norm.weight", c.qk_norm_whole ? KV : c.head_dim, one);
+      vector(&L::q_norm, one);
+      vector(&L::k_norm, one);
     }
     if (c.moe()) {
       load_experts(c, p, arch == "MixtralForCausalLM", b, l);
       continue;
     }
     if (phi3) {  // gate rows first, as Phi3MLP chunks them
-      const WeightRef gate_up = b.matrix(p + "mlp.gate_up_proj.weight", Shape({2 * F, C}));
+      const WeightRef gate_up = b.matrix(p + kFusedGateUp.hf, Shape({2 * F, C}));
       l.w_gate = row_slice(gate_up, 0, F);
       l.w_up = row_slice(gate_up, F, F);
     } else {
-      l.w_gate = b.matrix(p + "mlp.gate_proj.weight", Shape({F, C}));
-      l.w_up = b.matrix(p + "mlp.up_proj.weight", Shape({F, C}));
+      matrix(&L::w_gate);
+      matrix(&L::w_up);
     }
-    l.w_down = b.matrix(p + "mlp.down_proj.weight", Shape({C, F}));
+    matrix(&L::w_down);
   }
   w.out_norm = b.vector_f32("model.norm.weight", C, c.post_norms ? 1.0f : 0.0f);
   w.output = output_head(c, t, b, w.tok_embd);
@@ -519,29 +521,32 @@ void load_llama_weights(const DecoderConfig& c, const std::string& arch, bool o_
 
 void load_gpt2_weights(const DecoderConfig& c, FolderTensors& t, WeightBuilder& b,
                        DecoderWeights& w) {
-  const int64_t C = c.d_model, F = c.d_ff;
+  using L = DecoderLayer;
+  const int64_t C = c.d_model;
   // Checkpoints saved from GPT2LMHeadModel prefix the body with "transformer.".
   const std::string pre = t.contains("transformer.wte.weight") ? "transformer." : "";
   w.tok_embd = b.matrix(pre + "wte.weight", Shape({c.vocab, C}));
   w.pos_embd = b.matrix(pre + "wpe.weight", Shape({c.max_ctx, C}));
   w.layers.resize(static_cast<size_t>(c.n_layers));
   for (int64_t i = 0; i < c.n_layers; ++i) {
-    const std::string p = cat(pre, "h.", i, ".");
+    const std::string p = pre + hf_gpt2_layer_prefix(i);
     DecoderLayer& l = w.layers[static_cast<size_t>(i)];
-    l.attn_norm = b.vector_f32(p + "ln_1.weight", C);
-    l.attn_norm_b = b.vector_f32(p + "ln_1.bias", C);
-    const WeightRef qkv = b.conv1d(p + "attn.c_attn.weight", C, 3 * C);  // (3C, C): q, k, v rows
+    // Conv1D matrices are stored (in, out) and read as their (out, in) transpose.
+    auto load = [&](WeightRef L::*m) {
+      const LayerTensor& lt = layer_tensor(m);
+      const Shape s = layer_tensor_shape(lt, c);
+      l.*m = lt.kind == LayerTensorKind::matrix ? b.conv1d(p + lt.hf_gpt2, s[1], s[0])
+                                                : b.vector_f32(p + lt.hf_gpt2, s[0]);
+    };
+    load(&L::attn_norm);
+    load(&L::attn_norm_b);
+    const WeightRef qkv = b.conv1d(p + kFusedQkv.hf_gpt2, C, 3 * C);  // (3C, C): q, k, v rows
     split_qkv(qkv, C, C, &l.wq, &l.wk, &l.wv);
-    const WeightRef qkv_b = b.vector_f32(p + "attn.c_attn.bias", 3 * C);
+    const WeightRef qkv_b = b.vector_f32(p + kFusedQkvBias.hf_gpt2, 3 * C);
     split_qkv(qkv_b, C, C, &l.bq, &l.bk, &l.bv);
-    l.wo = b.conv1d(p + "attn.c_proj.weight", C, C);
-    l.bo = b.vector_f32(p + "attn.c_proj.bias", C);
-    l.ffn_norm = b.vector_f32(p + "ln_2.weight", C);
-    l.ffn_norm_b = b.vector_f32(p + "ln_2.bias", C);
-    l.w_up = b.conv1d(p + "mlp.c_fc.weight", C, F);
-    l.b_up = b.vector_f32(p + "mlp.c_fc.bias", F);
-    l.w_down = b.conv1d(p + "mlp.c_proj.weight", F, C);
-    l.b_down = b.vector_f32(p + "mlp.c_proj.bias", C);
+    for (WeightRef L::*m :
+         {&L::wo, &L::bo, &L::ffn_norm, &L::ffn_norm_b, &L::w_up, &L::b_up, &L::w_down, &L::b_down})
+      load(m);
   }
   w.out_norm = b.vector_f32(pre + "ln_f.weight", C);
   w.out_norm_b = b.vector_f32(pre + "ln_f.bias", C);

@@ -12,6 +12,7 @@
 #include "formats/safetensors.h"
 #include "model/decoder_save.h"
 #include "model/decoder_save_impl.h"
+#include "model/layer_tensors.h"
 
 namespace tessera::model {
 namespace {
@@ -233,23 +234,17 @@ void write_hf_experts(const DecoderConfig& c, const DecoderLayer& l, const std::
   require(l.ffn_router, p + "router", path);
   const bool mixtral = hf_moe_is_mixtral(c);
   s.ref(hf_router_name(p, mixtral), l.ffn_router);
-  for (int64_t e = 0; e < E; ++e) {
-    using M = LayerMatrix;
-    s.ref(hf_expert_name(p, mixtral, e, M::gate), expert_rows(l.w_gate, e, E));
-    s.ref(hf_expert_name(p, mixtral, e, M::up), expert_rows(l.w_up, e, E));
-    s.ref(hf_expert_name(p, mixtral, e, M::down), expert_rows(l.w_down, e, E));
-  }
+  for (int64_t e = 0; e < E; ++e)
+    for (LayerMatrix m : {LayerMatrix::gate, LayerMatrix::up, LayerMatrix::down})
+      s.ref(hf_expert_name(p, mixtral, e, m), expert_rows(l.*layer_tensor(m).member, e, E));
 }
 
 void write_hf_llama(const DecoderModel& m, HfTensorSink& s, bool o_bias, const std::string& path) {
+  using L = DecoderLayer;
   const DecoderConfig& c = m.config;
   const bool permute = c.rope_layout == ops::RopeLayout::interleaved;
   const auto q_order = rope_row_source(c.n_heads, c.head_dim, c.rope_dim, false);
   const auto k_order = rope_row_source(c.n_kv_heads, c.head_dim, c.rope_dim, false);
-  auto qk = [&](const std::string& name, const WeightRef& r, const std::vector<int64_t>& order) {
-    if (permute) return s.rows(name, r, order);
-    s.ref(name, r);
-  };
   auto norm = [&](const std::string& name, const WeightRef& r) {
     if (!c.post_norms) return s.ref(name, r);
     std::vector<float> v = as_f32(r);
@@ -258,73 +253,48 @@ void write_hf_llama(const DecoderModel& m, HfTensorSink& s, bool o_bias, const s
   };
   for (size_t i = 0; i < m.weights.layers.size(); ++i) {
     const DecoderLayer& l = m.weights.layers[i];
-    const std::string p = cat("model.layers.", i, ".");
-    for (const auto& [ref, what] : NamedRefs{{&l.attn_norm, "input_layernorm"},
-                                             {&l.ffn_norm, "ffn_norm"},
-                                             {&l.wq, "q_proj"},
-                                             {&l.wk, "k_proj"},
-                                             {&l.wv, "v_proj"},
-                                             {&l.wo, "o_proj"},
-                                             {&l.w_gate, "gate_proj"},
-                                             {&l.w_up, "up_proj"},
-                                             {&l.w_down, "down_proj"}})
-      require(*ref, p + what, path);
-    if (c.post_norms) {  // Gemma: norms stored as w for a scale of 1 + w
-      require(l.post_attn_norm, p + "post_attn_norm", path);
-      require(l.post_ffn_norm, p + "post_ffn_norm", path);
-      norm(p + "input_layernorm.weight", l.attn_norm);
-      norm(p + "post_attention_layernorm.weight", l.post_attn_norm);
-      norm(p + "pre_feedforward_layernorm.weight", l.ffn_norm);
-      norm(p + "post_feedforward_layernorm.weight", l.post_ffn_norm);
-    } else {
-      s.ref(p + "input_layernorm.weight", l.attn_norm);
-      s.ref(p + "post_attention_layernorm.weight", l.ffn_norm);
-    }
-    qk(p + "self_attn.q_proj.weight", l.wq, q_order);
-    qk(p + "self_attn.k_proj.weight", l.wk, k_order);
-    s.ref(p + "self_attn.v_proj.weight", l.wv);
-    s.ref(p + "self_attn.o_proj.weight", l.wo);
+    const std::string p = hf_layer_prefix(static_cast<int64_t>(i));
+    auto name = [&](WeightRef L::*t) { return hf_layer_name(p, layer_tensor(t), c); };
+    auto need = [&](WeightRef L::*t) { require(l.*t, tensor_module(name(t)), path); };
+    // q and k rows (and biases) back in rotate-half order.
+    auto put = [&](WeightRef L::*t) {
+      const RopeRows rope = layer_tensor(t).rope;
+      if (!permute || rope == RopeRows::none) return s.ref(name(t), l.*t);
+      s.rows(name(t), l.*t, rope == RopeRows::q ? q_order : k_order);
+    };
+    for (WeightRef L::*t : {&L::wq, &L::wk, &L::wv, &L::wo, &L::w_gate, &L::w_up, &L::w_down})
+      need(t);
+    // Gemma: norms stored as w for a scale of 1 + w (norm). The q/k norms are in rotate-half
+    // order (validate): their weights need no permutation.
+    std::vector<WeightRef L::*> norms = {&L::attn_norm, &L::ffn_norm};
+    if (c.post_norms) norms.insert(norms.end(), {&L::post_attn_norm, &L::post_ffn_norm});
+    if (c.qk_norm) norms.insert(norms.end(), {&L::q_norm, &L::k_norm});
+    for (WeightRef L::*t : norms) need(t);
+    for (WeightRef L::*t : norms) norm(name(t), l.*t);
+    for (WeightRef L::*t : {&L::wq, &L::wk, &L::wv, &L::wo}) put(t);
     // HF's attention_bias puts a bias on all four projections: missing ones are written as zeros.
-    const std::vector<float> zq(static_cast<size_t>(c.q_dim())),
-        zkv(static_cast<size_t>(c.kv_dim())), zc(static_cast<size_t>(c.d_model));
-    if (l.bq.present())
-      qk(p + "self_attn.q_proj.bias", l.bq, q_order);
-    else if (o_bias)
-      s.values(p + "self_attn.q_proj.bias", Shape({c.q_dim()}), zq);
-    if (l.bk.present())
-      qk(p + "self_attn.k_proj.bias", l.bk, k_order);
-    else if (o_bias)
-      s.values(p + "self_attn.k_proj.bias", Shape({c.kv_dim()}), zkv);
-    if (l.bv.present())
-      s.ref(p + "self_attn.v_proj.bias", l.bv);
-    else if (o_bias)
-      s.values(p + "self_attn.v_proj.bias", Shape({c.kv_dim()}), zkv);
-    if (l.bo.present())
-      s.ref(p + "self_attn.o_proj.bias", l.bo);
-    else if (o_bias)
-      s.values(p + "self_attn.o_proj.bias", Shape({c.d_model}), zc);
-    if (c.qk_norm) {  // rotate-half order (validate): the norm weights need no permutation
-      require(l.q_norm, p + "self_attn.q_norm", path);
-      require(l.k_norm, p + "self_attn.k_norm", path);
-      norm(p + "self_attn.q_norm.weight", l.q_norm);
-      norm(p + "self_attn.k_norm.weight", l.k_norm);
+    for (WeightRef L::*t : {&L::bq, &L::bk, &L::bv, &L::bo}) {
+      const Shape shape = layer_tensor_shape(layer_tensor(t), c);
+      if ((l.*t).present())
+        put(t);
+      else if (o_bias)
+        s.values(name(t), shape, std::vector<float>(static_cast<size_t>(shape.numel())));
     }
     if (c.moe()) {
       write_hf_experts(c, l, p, s, path);
       continue;
     }
-    s.ref(p + "mlp.gate_proj.weight", l.w_gate);
-    s.ref(p + "mlp.up_proj.weight", l.w_up);
-    s.ref(p + "mlp.down_proj.weight", l.w_down);
+    for (WeightRef L::*t : {&L::w_gate, &L::w_up, &L::w_down}) put(t);
   }
   s.ref("model.embed_tokens.weight", m.weights.tok_embd);
   norm("model.norm.weight", m.weights.out_norm);
 }
 
 void write_hf_gpt2(const DecoderModel& m, HfTensorSink& s, const std::string& path) {
+  using L = DecoderLayer;
   const DecoderConfig& c = m.config;
   const DecoderWeights& w = m.weights;
-  const int64_t C = c.d_model, F = c.d_ff;
+  const int64_t C = c.d_model;
   require(w.pos_embd, "position embedding", path);
   s.ref("wte.weight", w.tok_embd);
   s.ref("wpe.weight", w.pos_embd);
@@ -334,26 +304,13 @@ void write_hf_gpt2(const DecoderModel& m, HfTensorSink& s, const std::string& pa
   };
   for (size_t i = 0; i < w.layers.size(); ++i) {
     const DecoderLayer& l = w.layers[i];
-    const std::string p = cat("h.", i, ".");
-    for (const auto& [ref, what] : NamedRefs{{&l.attn_norm, "ln_1"},
-                                             {&l.attn_norm_b, "ln_1.bias"},
-                                             {&l.wq, "q"},
-                                             {&l.wk, "k"},
-                                             {&l.wv, "v"},
-                                             {&l.bq, "q.bias"},
-                                             {&l.bk, "k.bias"},
-                                             {&l.bv, "v.bias"},
-                                             {&l.wo, "attn.c_proj"},
-                                             {&l.bo, "attn.c_proj.bias"},
-                                             {&l.ffn_norm, "ln_2"},
-                                             {&l.ffn_norm_b, "ln_2.bias"},
-                                             {&l.w_up, "mlp.c_fc"},
-                                             {&l.b_up, "mlp.c_fc.bias"},
-                                             {&l.w_down, "mlp.c_proj"},
-                                             {&l.b_down, "mlp.c_proj.bias"}})
-      require(*ref, p + what, path);
-    s.ref(p + "ln_1.weight", l.attn_norm);
-    s.ref(p + "ln_1.bias", l.attn_norm_b);
+    const std::string p = hf_gpt2_layer_prefix(static_cast<int64_t>(i));
+    for (WeightRef L::*t :
+         {&L::attn_norm, &L::attn_norm_b, &L::wq, &L::wk, &L::wv, &L::bq, &L::bk, &L::bv, &L::wo,
+          &L::bo, &L::ffn_norm, &L::ffn_norm_b, &L::w_up, &L::b_up, &L::w_down, &L::b_down}) {
+      const LayerTensor& lt = layer_tensor(t);  // q, k, v: named as GGUF's, being fused
+      require(l.*t, p + tensor_module(lt.hf_gpt2 ? lt.hf_gpt2 : lt.gguf), path);
+    }
     std::vector<float> qkv, qkv_b;
     for (const WeightRef* r : {&l.wq, &l.wk, &l.wv}) {
       const std::vector<float> v = as_f32(*r);
@@ -363,16 +320,18 @@ void write_hf_gpt2(const DecoderModel& m, HfTensorSink& s, const std::string& pa
       const std::vector<float> v = as_f32(*r);
       qkv_b.insert(qkv_b.end(), v.begin(), v.end());
     }
-    conv1d(p + "attn.c_attn.weight", qkv, 3 * C, C);
-    s.values(p + "attn.c_attn.bias", Shape({3 * C}), qkv_b);
-    conv1d(p + "attn.c_proj.weight", as_f32(l.wo), C, C);
-    s.ref(p + "attn.c_proj.bias", l.bo);
-    s.ref(p + "ln_2.weight", l.ffn_norm);
-    s.ref(p + "ln_2.bias", l.ffn_norm_b);
-    conv1d(p + "mlp.c_fc.weight", as_f32(l.w_up), F, C);
-    s.ref(p + "mlp.c_fc.bias", l.b_up);
-    conv1d(p + "mlp.c_proj.weight", as_f32(l.w_down), C, F);
-    s.ref(p + "mlp.c_proj.bias", l.b_down);
+    conv1d(p + kFusedQkv.hf_gpt2, qkv, 3 * C, C);
+    s.values(p + kFusedQkvBias.hf_gpt2, Shape({3 * C}), qkv_b);
+    for (WeightRef L::*t : {&L::attn_norm, &L::attn_norm_b, &L::wo, &L::bo, &L::ffn_norm,
+                            &L::ffn_norm_b, &L::w_up, &L::b_up, &L::w_down, &L::b_down}) {
+      const LayerTensor& lt = layer_tensor(t);
+      if (lt.kind != LayerTensorKind::matrix) {
+        s.ref(p + lt.hf_gpt2, l.*t);
+        continue;
+      }
+      const Shape shape = layer_tensor_shape(lt, c);
+      conv1d(p + lt.hf_gpt2, as_f32(l.*t), shape[0], shape[1]);
+    }
   }
   require(w.out_norm_b, "ln_f.bias", path);
   s.ref("ln_f.weight", w.out_norm);

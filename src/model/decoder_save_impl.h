@@ -3,9 +3,7 @@
 #pragma once
 
 #include <cstdint>
-#include <initializer_list>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "model/decoder.h"
@@ -25,7 +23,6 @@ std::vector<float> as_f32(const WeightRef& w);
 // dst (cols, rows) = src (rows, cols)^T.
 std::vector<float> transpose(const std::vector<float>& src, int64_t rows, int64_t cols);
 
-using NamedRefs = std::initializer_list<std::pair<const WeightRef*, const char*>>;
 // Throws naming `path` and `what` when the model lacks a weight the format needs.
 void require(const WeightRef& w, const std::string& what, const std::string& path);
 

@@ -13,6 +13,7 @@
 #include "core/interleave.h"
 #include "formats/safetensors.h"
 #include "model/decoder_save_impl.h"
+#include "model/layer_tensors.h"
 #include "ops/ops.h"
 
 namespace tessera::model {
@@ -20,15 +21,16 @@ namespace tessera::model {
 namespace {
 
 using nlohmann::json;
-constexpr const char* kShortNames[kLayerMatrices] = {"q", "k", "v", "o", "gate", "up", "down"};
-constexpr const char* kModules[kLayerMatrices] = {
-    "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-    "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
 constexpr const char* kPrefix = "base_model.model.";
+
+// The matrix's module, named as Hugging Face's layer names it: "self_attn.q_proj", ...
+std::string module_name(LayerMatrix m) {
+  return tensor_module(layer_tensor(m).hf);
+}
 
 // The module's own name in PEFT's target_modules: "q_proj", ..., "down_proj".
 std::string proj_name(int i) {
-  const std::string module = kModules[i];
+  const std::string module = module_name(static_cast<LayerMatrix>(i));
   return module.substr(module.find('.') + 1);
 }
 
@@ -39,16 +41,16 @@ const WeightRef& matrix(const DecoderLayer& l, LayerMatrix m) {
 // For q and k of a model in GGUF's interleaved RoPE order, the row order between it and Hugging
 // Face's (to_interleaved: HF -> the model's); empty when rows stay as they are.
 std::vector<int64_t> rope_rows(const DecoderConfig& c, LayerMatrix m, bool to_interleaved) {
-  if (c.rope_layout != ops::RopeLayout::interleaved || (m != LayerMatrix::q && m != LayerMatrix::k))
-    return {};
-  const int64_t heads = m == LayerMatrix::q ? c.n_heads : c.n_kv_heads;
+  const RopeRows rope = layer_tensor(m).rope;
+  if (c.rope_layout != ops::RopeLayout::interleaved || rope == RopeRows::none) return {};
+  const int64_t heads = rope == RopeRows::q ? c.n_heads : c.n_kv_heads;
   return save_detail::rope_row_source(heads, c.head_dim, c.rope_dim, to_interleaved);
 }
 
 }  // namespace
 
 const char* lora_target_name(LayerMatrix m) {
-  return kShortNames[static_cast<size_t>(m)];
+  return layer_tensor(m).lora_short;
 }
 
 std::vector<LayerMatrix> parse_lora_targets(const std::string& list, const std::string& flag) {
@@ -60,7 +62,9 @@ std::vector<LayerMatrix> parse_lora_targets(const std::string& list, const std::
     const std::string item = list.substr(start, end - start);
     bool found = item == "all";
     for (int i = 0; i < kLayerMatrices; ++i) {
-      if (item == "all" || item == kShortNames[i] || item == proj_name(i)) want[i] = found = true;
+      if (item == "all" || item == lora_target_name(static_cast<LayerMatrix>(i)) ||
+          item == proj_name(i))
+        want[i] = found = true;
     }
     TS_CHECK(found, flag, ": '", item,
              "' is not a matrix of a layer (q, k, v, o, gate, up, down, their _proj names, or "
@@ -74,7 +78,7 @@ std::vector<LayerMatrix> parse_lora_targets(const std::string& list, const std::
 }
 
 std::string lora_module_name(int64_t layer, LayerMatrix m) {
-  return cat("model.layers.", layer, ".", kModules[static_cast<size_t>(m)]);
+  return hf_layer_prefix(layer) + module_name(m);
 }
 std::string peft_a_name(int64_t layer, LayerMatrix m) {
   return cat(kPrefix, lora_module_name(layer, m), ".lora_A.weight");

@@ -27,21 +27,25 @@ TrainModel::TrainModel(const TrainConfig& cfg, const ops::Context& ctx)
   if (cfg_.arch == DecoderArch::gpt2) {  // Hugging Face GPT-2's names and order
     im.wte = table_.add("wte.weight", {Vp, C});
     im.wpe = table_.add("wpe.weight", {cfg_.max_seq, C});
+    using DL = DecoderLayer;
     for (int64_t l = 0; l < L; ++l) {
-      const std::string h = cat("h.", l, ".");
+      const std::string h = hf_gpt2_layer_prefix(l);
+      auto add = [&](WeightRef DL::*m, Shape shape) {
+        return table_.add(h + layer_tensor(m).hf_gpt2, shape);
+      };
       Gpt2LayerParams lp;
-      lp.ln1_w = table_.add(h + "ln_1.weight", {C});
-      lp.ln1_b = table_.add(h + "ln_1.bias", {C});
-      lp.qkv_w = table_.add(h + "attn.c_attn.weight", {3 * C, C});
-      lp.qkv_b = table_.add(h + "attn.c_attn.bias", {3 * C});
-      lp.proj_w = table_.add(h + "attn.c_proj.weight", {C, C});
-      lp.proj_b = table_.add(h + "attn.c_proj.bias", {C});
-      lp.ln2_w = table_.add(h + "ln_2.weight", {C});
-      lp.ln2_b = table_.add(h + "ln_2.bias", {C});
-      lp.fc_w = table_.add(h + "mlp.c_fc.weight", {F, C});
-      lp.fc_b = table_.add(h + "mlp.c_fc.bias", {F});
-      lp.fcproj_w = table_.add(h + "mlp.c_proj.weight", {C, F});
-      lp.fcproj_b = table_.add(h + "mlp.c_proj.bias", {C});
+      lp.ln1_w = add(&DL::attn_norm, {C});
+      lp.ln1_b = add(&DL::attn_norm_b, {C});
+      lp.qkv_w = table_.add(h + kFusedQkv.hf_gpt2, {3 * C, C});
+      lp.qkv_b = table_.add(h + kFusedQkvBias.hf_gpt2, {3 * C});
+      lp.proj_w = add(&DL::wo, {C, C});
+      lp.proj_b = add(&DL::bo, {C});
+      lp.ln2_w = add(&DL::ffn_norm, {C});
+      lp.ln2_b = add(&DL::ffn_norm_b, {C});
+      lp.fc_w = add(&DL::w_up, {F, C});
+      lp.fc_b = add(&DL::b_up, {F});
+      lp.fcproj_w = add(&DL::w_down, {C, F});
+      lp.fcproj_b = add(&DL::b_down, {C});
       im.layer_params.push_back(lp);
     }
     im.lnf_w = table_.add("ln_f.weight", {C});
@@ -50,41 +54,21 @@ TrainModel::TrainModel(const TrainConfig& cfg, const ops::Context& ctx)
   } else {  // Hugging Face Llama's names; q, k, v adjacent and gate, up adjacent, so the layer
             // code runs each trio / pair as one product
     const DecoderConfig dc = cfg_.decoder_config();
-    const int64_t QD = dc.q_dim(), KVD = dc.kv_dim(), D = dc.head_dim;
     im.wte = table_.add("model.embed_tokens.weight", {Vp, C});
     for (int64_t l = 0; l < L; ++l) {
-      const std::string h = cat("model.layers.", l, ".");
-      table_.add(h + "input_layernorm.weight", {C});
-      table_.add(h + "self_attn.q_proj.weight", {QD, C});
-      table_.add(h + "self_attn.k_proj.weight", {KVD, C});
-      table_.add(h + "self_attn.v_proj.weight", {KVD, C});
-      if (cfg_.qkv_bias) {
-        table_.add(h + "self_attn.q_proj.bias", {QD});
-        table_.add(h + "self_attn.k_proj.bias", {KVD});
-        table_.add(h + "self_attn.v_proj.bias", {KVD});
+      const std::string h = hf_layer_prefix(l);
+      for (const LayerTensor& t : layer_tensors()) {
+        if (!trained_tensor(t, dc)) continue;
+        const Shape shape = layer_tensor_shape(t, dc);
+        if (!dc.moe() || !expert_stack(t)) {
+          table_.add(hf_layer_name(h, t, dc), shape);
+          continue;
+        }
+        // Each expert's matrix, in order: they view as the stacked matrix (as_decoder).
+        const auto m = static_cast<LayerMatrix>(t.matrix);
+        for (int64_t e = 0; e < dc.n_experts; ++e)
+          table_.add(hf_expert_name(h, hf_moe_is_mixtral(dc), e, m), shape);
       }
-      table_.add(h + "self_attn.o_proj.weight", {C, QD});
-      if (dc.qk_norm) {  // per head, or (OLMoE) over the whole of q and of k
-        table_.add(h + "self_attn.q_norm.weight", {dc.qk_norm_whole ? QD : D});
-        table_.add(h + "self_attn.k_norm.weight", {dc.qk_norm_whole ? KVD : D});
-      }
-      table_.add(h + "post_attention_layernorm.weight", {C});  // Gemma 3: the attention's post-norm
-      if (dc.post_norms) {
-        table_.add(h + "pre_feedforward_layernorm.weight", {C});
-        table_.add(h + "post_feedforward_layernorm.weight", {C});
-      }
-      if (dc.moe()) {  // the router, then each matrix's experts in order: stacked (as_decoder)
-        const bool mixtral = hf_moe_is_mixtral(dc);
-        table_.add(hf_router_name(h, mixtral), {dc.n_experts, C});
-        for (LayerMatrix m : {LayerMatrix::gate, LayerMatrix::up, LayerMatrix::down})
-          for (int64_t e = 0; e < dc.n_experts; ++e)
-            table_.add(hf_expert_name(h, mixtral, e, m),
-                       m == LayerMatrix::down ? Shape({C, F}) : Shape({F, C}));
-        continue;
-      }
-      table_.add(h + "mlp.gate_proj.weight", {F, C});
-      table_.add(h + "mlp.up_proj.weight", {F, C});
-      table_.add(h + "mlp.down_proj.weight", {C, F});
     }
     im.lnf_w = table_.add("model.norm.weight", {C});
     im.head = cfg_.tied ? im.wte : table_.add("lm_head.weight", {Vp, C});

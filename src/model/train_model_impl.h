@@ -10,6 +10,7 @@
 #include "core/arena.h"
 #include "model/decoder_block.h"
 #include "model/decoder_forward.h"
+#include "model/layer_tensors.h"
 #include "model/train_model.h"
 #include "ops/memory.h"
 #include "ops/ops.h"
@@ -18,6 +19,22 @@ namespace tessera::model {
 
 // Element offsets of one GPT-2 block's tensors in the flat parameter/gradient buffers (what the
 // CUDA twin reads: model::TrainModel::device_desc).
+// Whether a Llama-shaped training model's parameter table holds layer tensor t (in the table's
+// order, as layer_tensors() gives it): no GPT-2-only tensor and no o bias (the training model
+// has none); the others as the config's options say. A MoE layer holds its experts' matrices
+// per expert (hf_expert_name), consecutive, after the router.
+inline bool trained_tensor(const LayerTensor& t, const DecoderConfig& c) {
+  using L = DecoderLayer;
+  const auto m = t.member;
+  if (t.hf == nullptr && m != &L::post_attn_norm) return false;  // GPT-2's own
+  if (m == &L::bo) return false;
+  if (m == &L::bq || m == &L::bk || m == &L::bv) return c.qkv_bias;
+  if (m == &L::q_norm || m == &L::k_norm) return c.qk_norm;
+  if (m == &L::post_attn_norm || m == &L::post_ffn_norm) return c.post_norms;
+  if (m == &L::ffn_router) return c.moe();
+  return true;
+}
+
 struct Gpt2LayerParams {
   int64_t ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w, fcproj_b;
 };

@@ -63,33 +63,29 @@ DecoderModel as_decoder(const TrainModel& m, const float* params) {
     s.shape = matrix ? Shape({n, r.cols()}) : Shape({n});
     return s;
   };
-  const int64_t C = c.d_model, F = c.d_ff, QD = c.q_dim(), KVD = c.kv_dim();
+  const int64_t C = c.d_model;
   DecoderWeights& w = d.weights;
   w.layers.resize(static_cast<size_t>(c.n_layers));
   if (c.arch == DecoderArch::gpt2) {
     w.tok_embd = ref("wte.weight", Shape({c.vocab, C}));  // the first V of the Vp padded rows
     w.pos_embd = ref("wpe.weight", Shape({c.max_ctx, C}));
     for (int64_t i = 0; i < c.n_layers; ++i) {
-      const std::string p = cat("h.", i, ".");
+      const std::string p = hf_gpt2_layer_prefix(i);
       DecoderLayer& l = w.layers[static_cast<size_t>(i)];
-      l.attn_norm = ref(p + "ln_1.weight", Shape({C}));
-      l.attn_norm_b = ref(p + "ln_1.bias", Shape({C}));
-      const WeightRef qkv = ref(p + "attn.c_attn.weight", Shape({3 * C, C}));  // q, k, v rows
+      const WeightRef qkv = ref(p + kFusedQkv.hf_gpt2, Shape({3 * C, C}));  // q, k, v rows
       l.wq = rows(qkv, 0, C);
       l.wk = rows(qkv, C, C);
       l.wv = rows(qkv, 2 * C, C);
-      const WeightRef qkv_b = ref(p + "attn.c_attn.bias", Shape({3 * C}));
+      const WeightRef qkv_b = ref(p + kFusedQkvBias.hf_gpt2, Shape({3 * C}));
       l.bq = rows(qkv_b, 0, C);
       l.bk = rows(qkv_b, C, C);
       l.bv = rows(qkv_b, 2 * C, C);
-      l.wo = ref(p + "attn.c_proj.weight", Shape({C, C}));
-      l.bo = ref(p + "attn.c_proj.bias", Shape({C}));
-      l.ffn_norm = ref(p + "ln_2.weight", Shape({C}));
-      l.ffn_norm_b = ref(p + "ln_2.bias", Shape({C}));
-      l.w_up = ref(p + "mlp.c_fc.weight", Shape({F, C}));
-      l.b_up = ref(p + "mlp.c_fc.bias", Shape({F}));
-      l.w_down = ref(p + "mlp.c_proj.weight", Shape({C, F}));
-      l.b_down = ref(p + "mlp.c_proj.bias", Shape({C}));
+      using L = DecoderLayer;
+      for (WeightRef L::*m : {&L::attn_norm, &L::attn_norm_b, &L::wo, &L::bo, &L::ffn_norm,
+                              &L::ffn_norm_b, &L::w_up, &L::b_up, &L::w_down, &L::b_down}) {
+        const LayerTensor& t = layer_tensor(m);
+        l.*m = ref(p + t.hf_gpt2, layer_tensor_shape(t, c));
+      }
     }
     w.out_norm = ref("ln_f.weight", Shape({C}));
     w.out_norm_b = ref("ln_f.bias", Shape({C}));
@@ -97,41 +93,16 @@ DecoderModel as_decoder(const TrainModel& m, const float* params) {
   } else {
     w.tok_embd = ref("model.embed_tokens.weight", Shape({c.vocab, C}));
     for (int64_t i = 0; i < c.n_layers; ++i) {
-      const std::string p = cat("model.layers.", i, ".");
+      const std::string p = hf_layer_prefix(i);
       DecoderLayer& l = w.layers[static_cast<size_t>(i)];
-      l.attn_norm = ref(p + "input_layernorm.weight", Shape({C}));
-      l.wq = ref(p + "self_attn.q_proj.weight", Shape({QD, C}));
-      l.wk = ref(p + "self_attn.k_proj.weight", Shape({KVD, C}));
-      l.wv = ref(p + "self_attn.v_proj.weight", Shape({KVD, C}));
-      if (c.qkv_bias) {
-        l.bq = ref(p + "self_attn.q_proj.bias", Shape({QD}));
-        l.bk = ref(p + "self_attn.k_proj.bias", Shape({KVD}));
-        l.bv = ref(p + "self_attn.v_proj.bias", Shape({KVD}));
+      for (const LayerTensor& t : layer_tensors()) {
+        if (!trained_tensor(t, c)) continue;
+        const Shape shape = layer_tensor_shape(t, c);
+        l.*t.member =
+            c.moe() && expert_stack(t)
+                ? stacked(p, hf_moe_is_mixtral(c), static_cast<LayerMatrix>(t.matrix), shape)
+                : ref(hf_layer_name(p, t, c), shape);
       }
-      l.wo = ref(p + "self_attn.o_proj.weight", Shape({C, QD}));
-      if (c.qk_norm) {
-        l.q_norm = ref(p + "self_attn.q_norm.weight", Shape({c.qk_norm_whole ? QD : c.head_dim}));
-        l.k_norm = ref(p + "self_attn.k_norm.weight", Shape({c.qk_norm_whole ? KVD : c.head_dim}));
-      }
-      // Gemma 3's names (Hugging Face's): its attention's post-norm is post_attention_layernorm.
-      if (c.post_norms) {
-        l.post_attn_norm = ref(p + "post_attention_layernorm.weight", Shape({C}));
-        l.ffn_norm = ref(p + "pre_feedforward_layernorm.weight", Shape({C}));
-        l.post_ffn_norm = ref(p + "post_feedforward_layernorm.weight", Shape({C}));
-      } else {
-        l.ffn_norm = ref(p + "post_attention_layernorm.weight", Shape({C}));
-      }
-      if (c.moe()) {
-        const bool mixtral = hf_moe_is_mixtral(c);
-        l.ffn_router = ref(hf_router_name(p, mixtral), Shape({c.n_experts, C}));
-        l.w_gate = stacked(p, mixtral, LayerMatrix::gate, Shape({F, C}));
-        l.w_up = stacked(p, mixtral, LayerMatrix::up, Shape({F, C}));
-        l.w_down = stacked(p, mixtral, LayerMatrix::down, Shape({C, F}));
-        continue;
-      }
-      l.w_gate = ref(p + "mlp.gate_proj.weight", Shape({F, C}));
-      l.w_up = ref(p + "mlp.up_proj.weight", Shape({F, C}));
-      l.w_down = ref(p + "mlp.down_proj.weight", Shape({C, F}));
     }
     w.out_norm = ref("model.norm.weight", Shape({C}));
     w.output = c.tied_embeddings ? w.tok_embd : ref("lm_head.weight", Shape({c.vocab, C}));
