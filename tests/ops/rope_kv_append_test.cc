@@ -67,10 +67,15 @@ RopeKvAppendArgs args(const Case& c, const std::vector<float>& qkv, std::vector<
 const int32_t kPos[kRows] = {0, 3, 9, 40, 63};
 const int32_t kSlot[kRows] = {6, 0, 13, 7, 2};
 
+// q_out and a cache (f32-sized, so an f16 cache uses half of it), zeroed.
+Result outputs() {
+  return {std::vector<float>(static_cast<size_t>(kRows * kQD)),
+          std::vector<uint8_t>(static_cast<size_t>(kBlocks * 2 * kHkv * kBT * kD * 4))};
+}
+
 Result fused(const Case& c, const RopeTable& table) {
   const std::vector<float> qkv = qkv_rows();
-  Result r{std::vector<float>(static_cast<size_t>(kRows * kQD)),
-           std::vector<uint8_t>(static_cast<size_t>(kBlocks * 2 * kHkv * kBT * kD * 4))};
+  Result r = outputs();
   Context ctx;
   ctx.reference = c.reference;
   rope_kv_append(ctx, args(c, qkv, r.cache, r.q, table, kPos, kSlot));
@@ -79,8 +84,7 @@ Result fused(const Case& c, const RopeTable& table) {
 
 Result parts(const Case& c, const RopeTable& table) {
   const std::vector<float> qkv = qkv_rows();
-  Result r{std::vector<float>(static_cast<size_t>(kRows * kQD)),
-           std::vector<uint8_t>(static_cast<size_t>(kBlocks * 2 * kHkv * kBT * kD * 4))};
+  Result r = outputs();
   Context ctx;
   ctx.reference = c.reference;
   std::vector<float> k(static_cast<size_t>(kRows * kKV));
@@ -138,8 +142,9 @@ TEST(RopeKvAppend, SimdRotationMatchesTheReference) {
 TEST(RopeKvAppend, RefusesBadArgumentsByName) {
   const RopeTable table = make_rope_table(kMaxPos, kD, 10000.0);
   const std::vector<float> qkv = qkv_rows();
-  std::vector<uint8_t> cache(static_cast<size_t>(kBlocks * 2 * kHkv * kBT * kD * 4));
-  std::vector<float> q(static_cast<size_t>(kRows * kQD));
+  Result out = outputs();
+  std::vector<uint8_t>& cache = out.cache;
+  std::vector<float>& q = out.q;
   const Case c;
   const int32_t far[kRows] = {0, 1, 64, 2, 3};
   test::expect_error([&] { rope_kv_append(Context{}, args(c, qkv, cache, q, table, far, kSlot)); },
