@@ -58,15 +58,6 @@ void linear_group(const ops::Context& ctx, Stage stage, const float* x, int64_t 
   ops::matmul_wt_group(ctx, x, n, K, {products, static_cast<size_t>(np)});
 }
 
-// A norm of n rows: its output and saved statistics, and its weights.
-struct NormInto {
-  float* out = nullptr;
-  float* mean = nullptr;
-  float* rstd = nullptr;
-  const WeightRef* w = nullptr;
-  const WeightRef* b = nullptr;
-};
-
 // out (n,C) = stream + t.branch, the branch RMS-normalized first with weights post (post_norms);
 // which: 0 the attention branch, 1 the MLP's (its slot of t.post_in and t.post_rstd where kept).
 // With norm.out set, the join also writes the norm of out (one ops::residual_norm).
@@ -307,10 +298,7 @@ void block_forward(const ops::Context& ctx, const DecoderConfig& c, const Decode
     const ops::Scope scope(ctx, stage_name(Stage::mlp_down));
     lora_forward(ctx, w.adapter(M::down), t.branch, C, t.ff_act, n, t.lora_u);
   }
-  NormInto next;
-  if (chain.next)
-    next = {t.xn1, t.mean1, t.rstd1, &chain.next->attn_norm, &chain.next->attn_norm_b};
-  join_branch(ctx, c, t, n, w.post_ffn_norm, t.mid, t.out, 1, next);
+  join_branch(ctx, c, t, n, w.post_ffn_norm, t.mid, t.out, 1, chain.next);
 }
 
 }  // namespace tessera::model

@@ -84,12 +84,23 @@ class BlockAttention {
   virtual void attend(int64_t layer, float* qkv, float* att, int64_t n) = 0;
 };
 
-// How a layer meets its neighbours' norms (the engine's chain of layers; the trainer keeps each
-// layer's norms its own): with next set, the layer's last residual add also writes next's
-// attention norm of t.out into t.xn1, t.mean1 and t.rstd1 (one ops::residual_norm); with
-// in_normed, t.xn1 already holds this layer's attention norm of t.in (the layer before wrote it).
+// A norm of n rows that a fused op writes: its output and saved statistics (mean: layer norm
+// only), and its weights.
+struct NormInto {
+  float* out = nullptr;
+  float* mean = nullptr;
+  float* rstd = nullptr;
+  const WeightRef* w = nullptr;
+  const WeightRef* b = nullptr;
+};
+
+// How a layer meets the norms beside it: with next.out set, the layer's last residual add also
+// computes next (the next layer's attention norm, or the output norm after the last layer) of
+// t.out in one ops::residual_norm; with in_normed, t.xn1 already holds this layer's attention norm
+// of t.in (the layer before wrote it). The engine chains every forward; the trainer its forward
+// pass, not the backward's replays (one set of buffers may serve every layer there).
 struct NormChain {
-  const DecoderLayer* next = nullptr;
+  NormInto next;
   bool in_normed = false;
 };
 

@@ -339,7 +339,10 @@ void DecoderForward::run_layers(int64_t n, int64_t m, int64_t max_keys, int64_t 
   for (int64_t l = 0; l < c.n_layers; ++l) {
     NormChain chain;
     chain.in_normed = l > 0;
-    if (l + 1 < c.n_layers) chain.next = &w.layers[static_cast<size_t>(l + 1)];
+    if (l + 1 < c.n_layers) {
+      const DecoderLayer& next = w.layers[static_cast<size_t>(l + 1)];
+      chain.next = {t.xn1, t.mean1, t.rstd1, &next.attn_norm, &next.attn_norm_b};
+    }
     block_forward(ctx_, c, w.layers[static_cast<size_t>(l)], l, n, t, attention, false, chain);
   }
   if (m == 0) return;

@@ -151,7 +151,9 @@ struct TrainModel::Impl {
   // writes resid[l+1], keeping block l's activations. With `recompute_only` (backward's replay
   // under Recompute::block) it stops after c_fc: backward recomputes GELU itself and needs
   // neither the MLP output nor resid[l+1].
-  void layer_forward(int64_t l, int64_t B, int64_t T, bool recompute_only);
+  // chained: the forward pass's run of the layers, each layer's last residual add fused with the
+  // next norm (NormChain); the backward's replays run each layer on its own.
+  void layer_forward(int64_t l, int64_t B, int64_t T, bool recompute_only, bool chained = false);
   // Where block l's tensors live (its slots of the arena, the shared scratch).
   BlockTensors tensors(int64_t l) const;
   // Points view at params (and the bf16 copy's matrices in bf16 precision).

@@ -63,11 +63,24 @@ const ops::RopeTable* TrainModel::Impl::rope_table(int64_t l) const {
   return c.local(l) ? &rope_local : &rope;
 }
 
-void TrainModel::Impl::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute_only) {
+void TrainModel::Impl::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute_only,
+                                     bool chained) {
   CausalAttention attention(model.ctx_, view.config, rope_table(l), view.config.window(l), rot,
                             acts[static_cast<size_t>(l)].lse, B, T, bf16());
+  NormChain chain;
+  if (chained) {
+    chain.in_normed = l > 0;
+    const DecoderWeights& w = view.weights;
+    if (l + 1 < static_cast<int64_t>(w.layers.size())) {
+      const BlockTensors n = tensors(l + 1);
+      const DecoderLayer& next = w.layers[static_cast<size_t>(l + 1)];
+      chain.next = {n.xn1, n.mean1, n.rstd1, &next.attn_norm, &next.attn_norm_b};
+    } else {
+      chain.next = {lnf, lnf_mean, lnf_rstd, &w.out_norm, &w.out_norm_b};
+    }
+  }
   block_forward(model.ctx_, view.config, view.weights.layers[static_cast<size_t>(l)], l, B * T,
-                tensors(l), attention, recompute_only);
+                tensors(l), attention, recompute_only, chain);
 }
 
 // On entry dresid holds d resid[l+1]; on exit d resid[l]. scratch_c serves as dx, dbig as dqkv
@@ -162,9 +175,10 @@ void TrainModel::Impl::forward_to_logits(const int32_t* tokens, const int32_t* h
   }
   const float embed_scale = view.config.embed_scale;  // Gemma 3: sqrt(C)
   if (embed_scale != 1.0f) ops::scale(ctx, resid[0], N * C, embed_scale);
-  for (int64_t l = 0; l < L; ++l) layer_forward(l, B, T, /*recompute_only=*/false);
-  norm_forward(ctx, view.config, lnf, lnf_mean, lnf_rstd, resid[static_cast<size_t>(L)], N,
-               view.weights.out_norm, view.weights.out_norm_b);
+  // The layers, each one's last residual add fused with the next norm: the last layer's with the
+  // output norm, into lnf.
+  for (int64_t l = 0; l < L; ++l)
+    layer_forward(l, B, T, /*recompute_only=*/false, /*chained=*/true);
   // The head (tied: the embedding): logits (N,Vp) = lnf (N,C) head^T, over the padded rows too
   // (zero weights).
   model::linear_forward(ctx, Stage::head, logits, lnf, N, head_weight(), {});

@@ -264,7 +264,7 @@ void residual_norm(const Context& ctx, const ResidualNormArgs& a) {
   OpCost cost = layer ? elementwise_cost(a.N * a.C, 7, 2) : rmsnorm_forward_cost(a.N, a.C);
   cost.flops += static_cast<double>(a.N * a.C);
   cost.bytes += 8.0 * static_cast<double>(a.N * a.C);
-  TS_DISPATCH(residual_norm, (OpShape{layer ? "n c layer" : "n c rms", {a.N, a.C}}), cost, a);
+  TS_DISPATCH(residual_norm, (OpShape{"n c", {a.N, a.C}}), cost, a);
 }
 
 void head_rmsnorm(const Context& ctx, float* x, int64_t ld, int64_t n, int64_t heads, int64_t D,
