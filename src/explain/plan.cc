@@ -144,8 +144,8 @@ double measure_prefill_attention_gflops(const ops::Context& ctx, const model::De
 // and the append came out 4x faster than in a decode step). With the keys stored transposed,
 // each key element lands in a cache line of its own, so the append costs far more than its bytes
 // say.
-double measure_kv_append_row_s(const ops::Context& ctx, const model::DecoderConfig& c,
-                               DType kv_type) {
+double measure_rope_kv_append_row_s(const ops::Context& ctx, const model::DecoderConfig& c,
+                                    DType kv_type) {
   constexpr int64_t kRows = 16, kBlock = 32, kBlocks = 16 * 48 * 8;
   ops::RopeKvAppendArgs a;
   set_cpu_layout(a, c, kv_type, kBlock);
@@ -413,7 +413,7 @@ Machine cpu_machine(const profile::MachinePeaks& peaks, int threads,
     m.attention_gbs_at[rows] = measure_attention_gbs(ctx, model.config, kv_type, rows, keys);
   m.attention_gbs = m.attention_gbs_at[8];
   m.prefill_attention_gflops = measure_prefill_attention_gflops(ctx, model.config, kv_type);
-  m.kv_append_row_s = measure_kv_append_row_s(ctx, model.config, kv_type);
+  m.rope_kv_append_row_s = measure_rope_kv_append_row_s(ctx, model.config, kv_type);
   m.sample_s = measure_sample_s(model.config.vocab);
   m.memory_bytes = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
   return m;
@@ -552,9 +552,9 @@ StepPrediction price_ops(const std::vector<ops::OpTotal>& ops, const Machine& ma
       o.roof.compute_s = 0;
       o.roof.memory_level = "attention";
     }
-    if (decode && t.op == "rope_kv_append" && machine.kv_append_row_s > 0) {
-      o.roof.memory_s =
-          static_cast<double>(t.calls * shape_extent(t.shape, "rows")) * machine.kv_append_row_s;
+    if (decode && t.op == "rope_kv_append" && machine.rope_kv_append_row_s > 0) {
+      o.roof.memory_s = static_cast<double>(t.calls * shape_extent(t.shape, "rows")) *
+                        machine.rope_kv_append_row_s;
       o.roof.compute_s = 0;
       o.roof.memory_level = "kv append";
     }

@@ -58,7 +58,7 @@ struct Machine {
   double prefill_attention_gflops = 0;
   // Seconds per row of one layer's rotation and cache append (ops::rope_kv_append) into a cache
   // that streams (measured); 0: its roofs.
-  double kv_append_row_s = 0;
+  double rope_kv_append_row_s = 0;
   // Seconds of one greedy pick over the vocabulary (measured); 0: not counted.
   double sample_s = 0;
   // Where set, the GFLOP/s of a product op by its kind at `rows` rows (0: as above); the

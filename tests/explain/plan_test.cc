@@ -185,7 +185,7 @@ TEST(Plan, MeasuredRatesPriceTheirOps) {
   m.product_rates.push_back(r);
   m.attention_gbs = 4;
   m.attention_gbs_at = {{1, 2.0}, {8, 4.0}};
-  m.kv_append_row_s = 1e-6;
+  m.rope_kv_append_row_s = 1e-6;
   m.prefill_attention_gflops = 20;
   auto op = [](std::string name, std::string shape, std::string dtype, double flops, double bytes,
                double state) {
