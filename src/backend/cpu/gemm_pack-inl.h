@@ -96,7 +96,10 @@ void pack_a_impl(const Operand& a, int64_t i0, int64_t mc, int64_t p0, int64_t k
   }
 }
 
-#if HWY_TARGET == HWY_AVX2
+// The register transpose below uses AVX2 instructions, which every x86 target from AVX2 up has
+// (the AVX-512 targets included, whose panels are 32 columns: four 8-column slices).
+#define TS_GEMM_AVX2_TRANSPOSE (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2)
+#if TS_GEMM_AVX2_TRANSPOSE
 // Element types the AVX2 panel transpose reads: f32 and bf16 operands, and f16 weights
 // (cpu::gemm_wt's B), all widened to f32 exactly.
 enum class PanelSrc { f32, bf16, f16 };
@@ -124,18 +127,21 @@ HWY_INLINE __m256 load8_avx2(const void* base, int64_t i) {
   }
 }
 
-// One full 16-column B micro-panel from B^T whose element (c, p) is base[i0 + c*ld + p]:
-// dst[p*16 + c] = that element as f32, for p < kc, c < 16. Eight depths of 8 columns are
+// One full kW-column B micro-panel (kW = 16 on AVX2, 32 on AVX-512) from B^T whose element
+// (c, p) is base[i0 + c*ld + p]: dst[p*kW + c] = that element as f32, for p < kc, c < kW. Eight
+// depths of 8 columns are
 // loaded as 8 row vectors and transposed in registers (unpack pairs, shuffle quads, swap
-// 128-bit halves), so every store is a whole 32-byte half-row of the panel instead of 8 scalar
-// stores 64 bytes apart; the 16 source rows are each read sequentially (all 16 lines stay in
-// L1). The depths past the last multiple of 8 are copied one element at a time.
-template <PanelSrc kP>
+// 128-bit halves), so every store is a whole 32-byte slice of a panel row instead of 8 scalar
+// stores kW * 4 bytes apart; the kW source rows are each read sequentially (all kW lines stay
+// in L1). The depths past the last multiple of 8 are copied one element at a time. On AVX-512
+// this replaced the scalar transpose: a 256-row x.W^T product ran 1.8x slower than dy.W before.
+template <int kW, PanelSrc kP>
 void pack_bt_panel_avx2(const void* base, int64_t i0, int64_t ld, int64_t kc,
                         float* HWY_RESTRICT dst) {
+  static_assert(kW % 8 == 0);
   int64_t p = 0;
   for (; p + 8 <= kc; p += 8) {
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < kW / 8; ++h) {
       const int64_t s = i0 + h * 8 * ld + p;
       const __m256 v0 = load8_avx2<kP>(base, s), v1 = load8_avx2<kP>(base, s + ld);
       const __m256 v2 = load8_avx2<kP>(base, s + 2 * ld);
@@ -154,21 +160,21 @@ void pack_bt_panel_avx2(const void* base, int64_t i0, int64_t ld, int64_t kc,
       const __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
       const __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
       const __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-      float* d = dst + p * 16 + h * 8;  // 32-byte aligned: panels are 64-byte aligned
-      _mm256_store_ps(d + 0 * 16, _mm256_permute2f128_ps(s0, s4, 0x20));
-      _mm256_store_ps(d + 1 * 16, _mm256_permute2f128_ps(s1, s5, 0x20));
-      _mm256_store_ps(d + 2 * 16, _mm256_permute2f128_ps(s2, s6, 0x20));
-      _mm256_store_ps(d + 3 * 16, _mm256_permute2f128_ps(s3, s7, 0x20));
-      _mm256_store_ps(d + 4 * 16, _mm256_permute2f128_ps(s0, s4, 0x31));
-      _mm256_store_ps(d + 5 * 16, _mm256_permute2f128_ps(s1, s5, 0x31));
-      _mm256_store_ps(d + 6 * 16, _mm256_permute2f128_ps(s2, s6, 0x31));
-      _mm256_store_ps(d + 7 * 16, _mm256_permute2f128_ps(s3, s7, 0x31));
+      float* d = dst + p * kW + h * 8;  // 32-byte aligned: panels are 64-byte aligned
+      _mm256_store_ps(d + 0 * kW, _mm256_permute2f128_ps(s0, s4, 0x20));
+      _mm256_store_ps(d + 1 * kW, _mm256_permute2f128_ps(s1, s5, 0x20));
+      _mm256_store_ps(d + 2 * kW, _mm256_permute2f128_ps(s2, s6, 0x20));
+      _mm256_store_ps(d + 3 * kW, _mm256_permute2f128_ps(s3, s7, 0x20));
+      _mm256_store_ps(d + 4 * kW, _mm256_permute2f128_ps(s0, s4, 0x31));
+      _mm256_store_ps(d + 5 * kW, _mm256_permute2f128_ps(s1, s5, 0x31));
+      _mm256_store_ps(d + 6 * kW, _mm256_permute2f128_ps(s2, s6, 0x31));
+      _mm256_store_ps(d + 7 * kW, _mm256_permute2f128_ps(s3, s7, 0x31));
     }
   }
   for (; p < kc; ++p)
-    for (int64_t c = 0; c < 16; ++c) dst[p * 16 + c] = panel_elem<kP>(base, i0 + c * ld + p);
+    for (int64_t c = 0; c < kW; ++c) dst[p * kW + c] = panel_elem<kP>(base, i0 + c * ld + p);
 }
-#endif  // HWY_TARGET == HWY_AVX2
+#endif  // TS_GEMM_AVX2_TRANSPOSE
 
 // Packs op(B) depth [p0, p0+kc) x columns [j0, j0+nc) into ceil(nc/kNR) micro-panels; panel q
 // holds dst[q*kNR*kc + p*kNR + c] = op(B)(p0 + p, j0 + q*kNR + c), columns past nc are zero.
@@ -202,12 +208,12 @@ void pack_b_impl(const Operand& b, int64_t p0, int64_t kc, int64_t j0, int64_t n
         }
       }
     } else {
-#if HWY_TARGET == HWY_AVX2
+#if TS_GEMM_AVX2_TRANSPOSE
       // f32 and bf16 sources (not f32_round_bf16, whose rounding stays scalar).
-      if constexpr ((kSrc == Src::f32 || kSrc == Src::bf16) && kNR == 16) {
+      if constexpr (kSrc == Src::f32 || kSrc == Src::bf16) {
         if (cols == kNR) {
           constexpr PanelSrc kP = kSrc == Src::bf16 ? PanelSrc::bf16 : PanelSrc::f32;
-          pack_bt_panel_avx2<kP>(b.p, col0 * b.ld + p0, b.ld, kc, dst);
+          pack_bt_panel_avx2<kNR, kP>(b.p, col0 * b.ld + p0, b.ld, kc, dst);
           continue;
         }
       }
@@ -265,21 +271,21 @@ void pack_b_stored(const Operand& b, int64_t p0, int64_t kc, int64_t j0, int64_t
   const auto* w = static_cast<const uint8_t*>(b.p);
   for (int64_t jr = 0; jr < nc; jr += kNR, dst += kNR * kc) {
     const int64_t cols = nc - jr < kNR ? nc - jr : kNR;
-#if HWY_TARGET == HWY_AVX2
-    // Float weights need no decoding: a full panel's 16 rows transpose straight from the
+#if TS_GEMM_AVX2_TRANSPOSE
+    // Float weights need no decoding: a full panel's kNR rows transpose straight from the
     // weights (f16 and bf16 widen exactly on the way), without the staging copy. With the copy,
     // staging and transpose were 6.8% of an f16 product's time at 512 rows of A; without it the
     // product ran 5% faster (MatmulWt/prefill, one thread).
-    if constexpr (kNR == 16) {
+    {
       const DType t = b.stored;
       if (cols == kNR && (t == DType::f32 || t == DType::f16 || t == DType::bf16)) {
         const int64_t i0 = (j0 + jr) * b.k + p0;
         if (t == DType::f16)
-          pack_bt_panel_avx2<PanelSrc::f16>(w, i0, b.k, kc, dst);
+          pack_bt_panel_avx2<kNR, PanelSrc::f16>(w, i0, b.k, kc, dst);
         else if (t == DType::bf16)
-          pack_bt_panel_avx2<PanelSrc::bf16>(w, i0, b.k, kc, dst);
+          pack_bt_panel_avx2<kNR, PanelSrc::bf16>(w, i0, b.k, kc, dst);
         else
-          pack_bt_panel_avx2<PanelSrc::f32>(w, i0, b.k, kc, dst);
+          pack_bt_panel_avx2<kNR, PanelSrc::f32>(w, i0, b.k, kc, dst);
         continue;
       }
     }
@@ -293,14 +299,12 @@ void pack_b_stored(const Operand& b, int64_t p0, int64_t kc, int64_t j0, int64_t
     }
     for (int64_t c = cols; c < kNR; ++c)
       for (int64_t p = 0; p < kc; ++p) stage[c * kc + p] = 0.0f;
-#if HWY_TARGET == HWY_AVX2
-    if constexpr (kNR == 16) {
-      pack_bt_panel_avx2<PanelSrc::f32>(stage, 0, kc, kc, dst);
-      continue;
-    }
-#endif
+#if TS_GEMM_AVX2_TRANSPOSE
+    pack_bt_panel_avx2<kNR, PanelSrc::f32>(stage, 0, kc, kc, dst);
+#else
     for (int64_t c = 0; c < kNR; ++c)
       for (int64_t p = 0; p < kc; ++p) dst[p * kNR + c] = stage[c * kc + p];
+#endif
   }
 }
 
