@@ -151,20 +151,23 @@ struct LoraGrad {
 // matrix: only its input's gradient is computed, through ops::matmul_w when it is stored
 // quantized). Adapters of w get theirs in g.lora. attention: the layer's CausalAttention as the
 // forward used it. round_bf16: the products take bf16 operands (bf16 precision; not the MoE
-// router's, which the forward reads in f32).
+// router's, which the forward reads in f32). write_dense_dw: the gradients of q, k, v, o and (in a
+// layer without experts) gate, up and down are written, not added (the first backward of a step:
+// the buffer needs no zeroing and the products do not read it); every other gradient is added.
 void block_backward(const ops::Context& ctx, const DecoderConfig& c, const DecoderLayer& w,
                     const DecoderLayer& g, int64_t n, const BlockTensors& t,
                     CausalAttention& attention, float* dresid, const BlockGradScratch& s,
-                    bool round_bf16);
+                    bool round_bf16, bool write_dense_dw = false);
 
-// Backward of y (n,N) = x (n,K) w^T + b [+ s (x A^T) B^T]: dw (N,K) += dy^T x unless dw is null;
+// Backward of y (n,N) = x (n,K) w^T + b [+ s (x A^T) B^T]: dw (N,K) += dy^T x unless dw is null
+// (= with write_dw);
 // db (N) += column sums of dy unless null; an adapter's dA += s (dy B)^T x, dB += s dy^T (x A^T);
 // then dx (n,K) = dy w [+ s (dy B) A], or += with accumulate_dx (skipped if dx is null; dx may
 // alias x, which is read first). w in f32 or bf16, or with dw null any type matmul_wt reads.
 // round_bf16: the products take bf16 operands (not the adapter's).
 void linear_backward(const ops::Context& ctx, float* dx, bool accumulate_dx, const float* dy,
                      const float* x, int64_t n, const WeightRef& w, float* dw, float* db,
-                     bool round_bf16, const LoraGrad& lora = {});
+                     bool round_bf16, const LoraGrad& lora = {}, bool write_dw = false);
 
 // u (n, r) = scale x (n, K) A^T: adapter a's input to its B, as the forward computes it and the
 // backward recomputes it.

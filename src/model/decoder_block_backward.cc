@@ -113,10 +113,10 @@ void moe_backward(const ops::Context& ctx, const DecoderConfig& c, const Decoder
 
 void linear_backward(const ops::Context& ctx, float* dx, bool accumulate_dx, const float* dy,
                      const float* x, int64_t n, const WeightRef& w, float* dw, float* db,
-                     bool round_bf16, const LoraGrad& lora) {
+                     bool round_bf16, const LoraGrad& lora, bool write_dw) {
   const int64_t N = w.rows(), K = w.cols();
-  if (dw != nullptr)  // dW (N,K) += dy^T (N,n) x (n,K)
-    packed_gemm(ctx, dw, true, ops::Trans::T, dy, x, DType::f32, N, K, n, round_bf16);
+  if (dw != nullptr)  // dW (N,K) += dy^T (N,n) x (n,K), or = with write_dw
+    packed_gemm(ctx, dw, !write_dw, ops::Trans::T, dy, x, DType::f32, N, K, n, round_bf16);
   if (db != nullptr) ops::bias_grad(ctx, db, dy, n, N);
   const int64_t r = lora.present() ? lora.w->rank() : 0;
   if (r > 0) {
@@ -161,7 +161,7 @@ void norm_backward(const ops::Context& ctx, const DecoderConfig& c, float* dinp,
 void block_backward(const ops::Context& ctx, const DecoderConfig& c, const DecoderLayer& w,
                     const DecoderLayer& g, int64_t n, const BlockTensors& t,
                     CausalAttention& attention, float* dresid, const BlockGradScratch& s,
-                    bool round_bf16) {
+                    bool round_bf16, bool write_dense_dw) {
   const int64_t QD = c.q_dim(), KV = c.kv_dim(), F = c.d_ff, ld = QD + 2 * KV;
   const bool llama = c.arch == DecoderArch::llama;
   TS_CHECK(!c.qk_norm || t.qk_raw != nullptr, "[model] q/k norms' backward needs t.qk_raw");
@@ -171,7 +171,7 @@ void block_backward(const ops::Context& ctx, const DecoderConfig& c, const Decod
                  const WeightRef& gw, const WeightRef& gb, M m) {
     const size_t i = static_cast<size_t>(m);
     linear_backward(ctx, dx, acc, dy, x, n, wr, grad(gw), grad(gb), round_bf16,
-                    {&w.lora[i], &g.lora[i], s.lora_u, s.lora_gu});
+                    {&w.lora[i], &g.lora[i], s.lora_u, s.lora_gu}, write_dense_dw);
   };
 
   // A branch's output gradient from its output's after the post-norm (post_norms: into s.dpost,

@@ -125,10 +125,52 @@ const DecoderModel& TrainModel::lora_base() const {
   return impl_->base;
 }
 
+float* TrainModel::grads() {
+  if (grads_zero_pending_) {
+    ops::zero(ctx_, grads_.data(), grads_.size());
+    grads_zero_pending_ = false;
+  }
+  return grads_.as<float>();
+}
+
 void TrainModel::zero_grads() {
-  ops::zero(ctx_, grads_.data(), grads_.size());
+  grads_zero_pending_ = true;
   if (impl_->norm_sink.size() != 0)
     ops::zero(ctx_, impl_->norm_sink.data(), impl_->norm_sink.size());
+}
+
+void TrainModel::Impl::zero_unwritten_grads() {
+  TrainModel& m = model;
+  const int64_t total = m.num_params();
+  float* base = m.grads_.as<float>();
+  if (is_lora()) {
+    ops::zero(m.ctx_, base, static_cast<size_t>(total) * sizeof(float));
+    return;
+  }
+  if (written_grads.empty()) {
+    auto add = [&](const WeightRef& w) {
+      if (!w.present()) return;
+      const int64_t b = static_cast<const float*>(w.data) - base;
+      written_grads.emplace_back(b, b + w.shape.numel());
+    };
+    const DecoderConfig& c = grad_view.config;
+    for (const DecoderLayer& l : grad_view.weights.layers) {
+      for (const WeightRef* w : {&l.wq, &l.wk, &l.wv, &l.wo}) add(*w);
+      if (!c.moe())
+        for (const WeightRef* w : {&l.w_gate, &l.w_up, &l.w_down}) add(*w);
+    }
+    written_grads.emplace_back(head, head + m.cfg_.padded_vocab_size * m.cfg_.n_embd);
+    std::sort(written_grads.begin(), written_grads.end());
+  }
+  int64_t at = 0;
+  auto zero_to = [&](int64_t end) {
+    if (end > at) ops::zero(m.ctx_, base + at, static_cast<size_t>(end - at) * sizeof(float));
+  };
+  for (const auto& [b, e] : written_grads) {
+    zero_to(b);
+    at = std::max(at, e);
+  }
+  zero_to(total);
 }
 
 void TrainModel::init_weights(uint64_t seed) {

@@ -145,7 +145,12 @@ struct TrainModel::Impl {
   // The sum of the N losses whose targets are >= 0, and their count.
   std::pair<double, int64_t> loss_sum(const int32_t* targets, int64_t N) const;
   const float* p(int64_t off) const { return model.params() + off; }
-  float* g(int64_t off) { return model.grads() + off; }
+  float* g(int64_t off) { return model.grads_.as<float>() + off; }
+  // What zero_grads() leaves to the first forward_backward of a step: zeroes every gradient but
+  // those its products write (block_backward's write_dense_dw, the head), and in LoRA mode all.
+  void zero_unwritten_grads();
+  // [begin, end) element ranges of the gradients the first backward writes (sorted; cached).
+  std::vector<std::pair<int64_t, int64_t>> written_grads;
 
   // Runs block l (block_forward, attention causal among each sequence's T rows) on resid[l] and
   // writes resid[l+1], keeping block l's activations. With `recompute_only` (backward's replay
@@ -158,7 +163,8 @@ struct TrainModel::Impl {
   BlockTensors tensors(int64_t l) const;
   // Points view at params (and the bf16 copy's matrices in bf16 precision).
   void make_view();
-  void layer_backward(int64_t l, int64_t B, int64_t T);
+  // write_dense_dw: the first backward of a step (block_backward's).
+  void layer_backward(int64_t l, int64_t B, int64_t T, bool write_dense_dw = false);
   // Layer l's rotary table: the local or the global one; null for GPT-2 and layers without RoPE.
   const ops::RopeTable* rope_table(int64_t l) const;
   // Embedding, all blocks, ln_f and the tied lm head into logits (N,Vp). tokens: on the device;

@@ -85,7 +85,7 @@ void TrainModel::Impl::layer_forward(int64_t l, int64_t B, int64_t T, bool recom
 
 // On entry dresid holds d resid[l+1]; on exit d resid[l]. scratch_c serves as dx, dbig as dqkv
 // and the MLP's inner gradients.
-void TrainModel::Impl::layer_backward(int64_t l, int64_t B, int64_t T) {
+void TrainModel::Impl::layer_backward(int64_t l, int64_t B, int64_t T, bool write_dense_dw) {
   const ops::Context& ctx = model.ctx_;
   const int64_t N = B * T;
   const LayerActs& a = acts[static_cast<size_t>(l)];
@@ -109,8 +109,8 @@ void TrainModel::Impl::layer_backward(int64_t l, int64_t B, int64_t T) {
   block_backward(
       ctx, view.config, view.weights.layers[li], grad_view.weights.layers[li], N, tensors(l),
       attention, dresid,
-      {scratch_c, dbig, dup, lora_u, lora_gu, dpost, moe_dy, moe_dw, moe_dlogits, moe_slot},
-      bf16());
+      {scratch_c, dbig, dup, lora_u, lora_gu, dpost, moe_dy, moe_dw, moe_dlogits, moe_slot}, bf16(),
+      write_dense_dw);
 }
 
 void TrainModel::Impl::check_inputs(const int32_t* tokens, const int32_t* targets, int64_t B,
@@ -209,6 +209,12 @@ float TrainModel::forward_backward(const int32_t* tokens, const int32_t* targets
   const int64_t C = cfg_.n_embd, L = cfg_.n_layer, V = cfg_.vocab_size, Vp = cfg_.padded_vocab_size,
                 N = B * T;
   const auto [dev_tokens, dev_targets] = im.device_ints(tokens, targets, N);
+  // The first backward after zero_grads() writes the matrices' gradients (and zeroes the rest).
+  const bool first = grads_zero_pending_;
+  if (first) {
+    im.zero_unwritten_grads();
+    grads_zero_pending_ = false;
+  }
   {
     const ops::Scope scope(ctx_, "forward");
     im.forward_to_logits(dev_tokens, tokens, B, T);
@@ -226,17 +232,21 @@ float TrainModel::forward_backward(const int32_t* tokens, const int32_t* targets
   }
   im.have_logits = false;  // now holds dlogits
   const double sum = im.loss_sum(targets, N).first;
-  if (dscale == 0.0f) return count ? static_cast<float>(sum / static_cast<double>(count)) : 0.0f;
+  if (dscale == 0.0f) {
+    if (first) zero_grads();  // nothing written: the gradients stay zero, to be zeroed later
+    return count ? static_cast<float>(sum / static_cast<double>(count)) : 0.0f;
+  }
 
   // The head: dlnf (N,C) = dlogits (N,Vp) head; dhead (Vp,C) += dlogits^T lnf.
   const ops::Scope scope(ctx_, "backward");
+  const bool write = first && !im.is_lora();
   linear_backward(ctx_, im.scratch_c, false, im.logits, im.lnf, N, im.head_weight(),
-                  im.is_lora() ? nullptr : im.g(im.head), nullptr, im.bf16());
+                  im.is_lora() ? nullptr : im.g(im.head), nullptr, im.bf16(), {}, write);
   ops::zero(ctx_, im.dresid, static_cast<size_t>(N * C) * sizeof(float));
   norm_backward(ctx_, im.view.config, im.dresid, im.scratch_c, im.resid[static_cast<size_t>(L)],
                 im.lnf_mean, im.lnf_rstd, N, im.view.weights.out_norm,
                 im.grad_view.weights.out_norm, im.grad_view.weights.out_norm_b);
-  for (int64_t l = L - 1; l >= 0; --l) im.layer_backward(l, B, T);
+  for (int64_t l = L - 1; l >= 0; --l) im.layer_backward(l, B, T, write);
   if (im.is_lora()) return static_cast<float>(sum / static_cast<double>(count));  // frozen table
   const float embed_scale = im.view.config.embed_scale;
   if (embed_scale != 1.0f) ops::scale(ctx_, im.dresid, N * C, embed_scale);

@@ -202,6 +202,37 @@ TEST_P(LlamaTraining, RecomputePoliciesGiveIdenticalGradients) {
   }
 }
 
+// zero_grads() leaves the zeroing to the next forward_backward, whose products write the
+// matrices' gradients: after a step on another batch, two accumulated micro-steps give a fresh
+// model's gradients exactly (a gradient the first backward neither writes nor zeroes would keep
+// the old step's values), and grads() asked for right after zero_grads() reads zero.
+TEST_P(LlamaTraining, ZeroGradsLeavesNothingOfTheLastStep) {
+  const Shape s = GetParam();
+  ThreadPool pool(2);
+  ops::Context ctx;
+  ctx.pool = &pool;
+  const Batch old = make_batch(2 * 16, 37, 11), b = make_batch(2 * 16, 37, 12);
+  auto accumulated = [&](TrainModel& m) {
+    m.zero_grads();
+    for (int micro = 0; micro < 2; ++micro)
+      m.forward_backward(b.tokens.data(), b.targets.data(), 2, 16, 0.5f);
+    return std::vector<float>(m.grads(), m.grads() + m.num_params());
+  };
+  TrainModel fresh(small_llama(s), ctx), used(small_llama(s), ctx);
+  for (TrainModel* m : {&fresh, &used}) {
+    m->init_weights(7);
+    m->plan(2, 16, Precision::f32, Recompute::none);
+  }
+  used.zero_grads();
+  used.forward_backward(old.tokens.data(), old.targets.data(), 2, 16, 1.0f);
+  const std::vector<float> want = accumulated(fresh), got = accumulated(used);
+  ASSERT_EQ(want.size(), got.size());
+  for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(got[i], want[i]) << "gradient element " << i;
+  used.zero_grads();
+  const float* g = used.grads();
+  for (int64_t i = 0; i < used.num_params(); ++i) ASSERT_EQ(g[i], 0.0f) << "element " << i;
+}
+
 // End to end: the trainer's AdamW on one fixed batch must memorize it; a broken gradient cannot
 // lower the loss this far in 60 steps.
 TEST_P(LlamaTraining, AdamWOverfitsOneBatch) {
