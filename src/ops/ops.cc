@@ -1,6 +1,8 @@
 // Op entry points: argument checks, then the backend registered for ctx.device (ops/backend.h).
 #include "ops/ops.h"
 
+#include <cmath>
+
 #include "core/error.h"
 #include "ops/backend.h"
 #include "ops/gemm_check.h"
@@ -113,6 +115,13 @@ void adamw(const Context& ctx, float* params, const float* grads, float* m, floa
   // before).
   TS_DISPATCH(adamw, (OpShape{"n", {n}}), state_cost(elementwise_cost(n, 12, 7)), params, grads, m,
               v, n, a);
+}
+
+AdamWBias adamw_bias(const AdamWArgs& a) {
+  const double t = static_cast<double>(a.t);
+  const double bc1 = 1.0 - std::pow(static_cast<double>(a.beta1), t);
+  const double bc2 = 1.0 - std::pow(static_cast<double>(a.beta2), t);
+  return {static_cast<float>(1.0 / bc1), static_cast<float>(1.0 / std::sqrt(bc2))};
 }
 
 double sum_squares(const Context& ctx, const float* x, int64_t n) {

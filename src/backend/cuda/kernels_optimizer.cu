@@ -21,7 +21,8 @@ using detail::store_vec;
 constexpr int kThreads = 256;
 
 struct AdamWConsts {
-  float lr, beta1, beta2, one_minus_b1, one_minus_b2, eps, weight_decay, grad_scale, bc1, bc2;
+  float lr, beta1, beta2, one_minus_b1, one_minus_b2, eps, weight_decay, grad_scale, inv_bc1,
+      rsqrt_bc2;
 };
 
 // The reference's operation sequence with explicit round-to-nearest intrinsics: nvcc would
@@ -44,10 +45,9 @@ __global__ void adamw_kernel(float* params, __nv_bfloat16* params_bf16, const G*
           __fadd_rn(__fmul_rn(k.beta2, vv[i]), __fmul_rn(__fmul_rn(k.one_minus_b2, gi), gi));
       mv[i] = mi;
       vv[i] = vi;
-      const float mhat = __fdiv_rn(mi, k.bc1);
-      const float vhat = __fdiv_rn(vi, k.bc2);
-      const float step = __fadd_rn(__fdiv_rn(mhat, __fadd_rn(__fsqrt_rn(vhat), k.eps)),
-                                   __fmul_rn(k.weight_decay, p[i]));
+      const float mhat = __fmul_rn(mi, k.inv_bc1);
+      const float denom = __fadd_rn(__fmul_rn(__fsqrt_rn(vi), k.rsqrt_bc2), k.eps);
+      const float step = __fadd_rn(__fdiv_rn(mhat, denom), __fmul_rn(k.weight_decay, p[i]));
       p[i] = __fsub_rn(p[i], __fmul_rn(k.lr, step));
     }
     store_vec<float, K>(params + off, p);
@@ -116,10 +116,9 @@ void adamw(float* params, __nv_bfloat16* params_bf16, const G* grads, float* m, 
   k.eps = a.eps;
   k.weight_decay = a.weight_decay;
   k.grad_scale = a.grad_scale;
-  k.bc1 =
-      static_cast<float>(1.0 - std::pow(static_cast<double>(a.beta1), static_cast<double>(a.t)));
-  k.bc2 =
-      static_cast<float>(1.0 - std::pow(static_cast<double>(a.beta2), static_cast<double>(a.t)));
+  const ops::AdamWBias bc = ops::adamw_bias(a);
+  k.inv_bc1 = bc.inv_bc1;
+  k.rsqrt_bc2 = bc.rsqrt_bc2;
   constexpr int kVec = 4;  // float4 for params, m, v; 8 bytes of bf16 for grads / params_bf16
   const bool vec = aligned_to(params, 16) && aligned_to(m, 16) && aligned_to(v, 16) &&
                    aligned_to(grads, kVec * sizeof(G)) &&
