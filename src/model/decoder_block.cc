@@ -231,6 +231,9 @@ void block_forward(const ops::Context& ctx, const DecoderConfig& c, const Decode
   // Attention branch: mid = in + [post-norm] wo attention(q, k, v of norm(in)).
   if (!chain.in_normed)
     norm_forward(ctx, c, t.xn1, t.mean1, t.rstd1, t.in, n, w.attn_norm, w.attn_norm_b);
+  TS_CHECK(!c.moe() || (!t.xn2_bf16 && !t.ff_act_bf16),
+           "[model] a mixture-of-experts layer keeps its MLP input and activation in f32");
+  if (t.xn1_bf16) ops::convert_f32_to_bf16(ctx, t.xn1_bf16, t.xn1, n * C);
   // q, k and v read the same input: one grouped product into the rows of qkv.
   const int64_t QKV = QD + 2 * KV;
   linear_group(
@@ -264,6 +267,7 @@ void block_forward(const ops::Context& ctx, const DecoderConfig& c, const Decode
   // MLP branch: out = mid + [post-norm] down(act(up(norm(mid)))), norm(mid) fused with the join.
   join_branch(ctx, c, t, n, w.post_attn_norm, t.in, t.mid, 0,
               {t.xn2, t.mean2, t.rstd2, &w.ffn_norm, &w.ffn_norm_b});
+  if (t.xn2_bf16) ops::convert_f32_to_bf16(ctx, t.xn2_bf16, t.xn2, n * C);
   const int64_t F = c.d_ff;
   if (c.moe()) {
     TS_CHECK(!stop_after_ff_in,
@@ -293,6 +297,7 @@ void block_forward(const ops::Context& ctx, const DecoderConfig& c, const Decode
     if (stop_after_ff_in) return;
     ops::gelu_forward(ctx, t.ff_act, t.ff_in, n * F);
   }
+  if (t.ff_act_bf16) ops::convert_f32_to_bf16(ctx, t.ff_act_bf16, t.ff_act, n * F);
   if (!c.moe()) linear_forward(ctx, Stage::mlp_down, t.branch, t.ff_act, n, w.w_down, w.b_down);
   if (w.adapter(M::down).present()) {
     const ops::Scope scope(ctx, stage_name(Stage::mlp_down));

@@ -63,6 +63,13 @@ struct BlockTensors {
   float* post_in = nullptr;    // (2,n,C) the attention's then the MLP's branch output before its
                                // post-norm, kept for the backward (the trainer's) with both
                                // 1/rms in post_rstd; null: nothing kept (the engine)
+  // bf16 copies of xn1, xn2 and ff_act (same shapes) that block_forward writes for the backward,
+  // whose weight gradients read them instead of the f32 tensors (the trainer in bf16 precision,
+  // where those products round their inputs to bf16 anyway: the same bits, half the bytes
+  // kept); null: the f32 tensors are kept. xn2_bf16 and ff_act_bf16 only without experts.
+  uint16_t* xn1_bf16 = nullptr;
+  uint16_t* xn2_bf16 = nullptr;
+  uint16_t* ff_act_bf16 = nullptr;
   // Mixture of experts (DecoderConfig::moe; E experts, k used): ff_in, ff_up and ff_act then
   // hold (n k, F), one row per choice, grouped by expert. The backward reads all of these and
   // the routing's grouping as the forward left them (the trainer keeps them per layer, or
@@ -160,14 +167,15 @@ void block_backward(const ops::Context& ctx, const DecoderConfig& c, const Decod
                     bool round_bf16, bool write_dense_dw = false);
 
 // Backward of y (n,N) = x (n,K) w^T + b [+ s (x A^T) B^T]: dw (N,K) += dy^T x unless dw is null
-// (= with write_dw);
+// (= with write_dw; x read from x_bf16, its bf16 copy, where that is not null);
 // db (N) += column sums of dy unless null; an adapter's dA += s (dy B)^T x, dB += s dy^T (x A^T);
 // then dx (n,K) = dy w [+ s (dy B) A], or += with accumulate_dx (skipped if dx is null; dx may
 // alias x, which is read first). w in f32 or bf16, or with dw null any type matmul_wt reads.
 // round_bf16: the products take bf16 operands (not the adapter's).
 void linear_backward(const ops::Context& ctx, float* dx, bool accumulate_dx, const float* dy,
                      const float* x, int64_t n, const WeightRef& w, float* dw, float* db,
-                     bool round_bf16, const LoraGrad& lora = {}, bool write_dw = false);
+                     bool round_bf16, const LoraGrad& lora = {}, bool write_dw = false,
+                     const uint16_t* x_bf16 = nullptr);
 
 // u (n, r) = scale x (n, K) A^T: adapter a's input to its B, as the forward computes it and the
 // backward recomputes it.

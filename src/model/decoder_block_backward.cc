@@ -113,12 +113,16 @@ void moe_backward(const ops::Context& ctx, const DecoderConfig& c, const Decoder
 
 void linear_backward(const ops::Context& ctx, float* dx, bool accumulate_dx, const float* dy,
                      const float* x, int64_t n, const WeightRef& w, float* dw, float* db,
-                     bool round_bf16, const LoraGrad& lora, bool write_dw) {
+                     bool round_bf16, const LoraGrad& lora, bool write_dw, const uint16_t* x_bf16) {
   const int64_t N = w.rows(), K = w.cols();
-  if (dw != nullptr)  // dW (N,K) += dy^T (N,n) x (n,K), or = with write_dw
-    packed_gemm(ctx, dw, !write_dw, ops::Trans::T, dy, x, DType::f32, N, K, n, round_bf16);
+  if (dw != nullptr) {  // dW (N,K) += dy^T (N,n) x (n,K), or = with write_dw
+    const void* xb = x_bf16 ? static_cast<const void*>(x_bf16) : x;
+    packed_gemm(ctx, dw, !write_dw, ops::Trans::T, dy, xb, x_bf16 ? DType::bf16 : DType::f32, N, K,
+                n, round_bf16);
+  }
   if (db != nullptr) ops::bias_grad(ctx, db, dy, n, N);
   const int64_t r = lora.present() ? lora.w->rank() : 0;
+  TS_CHECK(r == 0 || x_bf16 == nullptr, "[model] an adapter's backward reads its input in f32");
   if (r > 0) {
     // u (n,r) = s x A^T, the forward's; dB (N,r) += dy^T u; gu (n,r) = s dy B; dA (r,K) += gu^T x.
     TS_CHECK(lora.u != nullptr && lora.gu != nullptr,
@@ -168,10 +172,10 @@ void block_backward(const ops::Context& ctx, const DecoderConfig& c, const Decod
   TS_CHECK(!llama || s.dup != nullptr, "[model] a Llama layer's backward needs the dup scratch");
   using M = LayerMatrix;
   auto lin = [&](float* dx, bool acc, const float* dy, const float* x, const WeightRef& wr,
-                 const WeightRef& gw, const WeightRef& gb, M m) {
+                 const WeightRef& gw, const WeightRef& gb, M m, const uint16_t* x_bf16 = nullptr) {
     const size_t i = static_cast<size_t>(m);
     linear_backward(ctx, dx, acc, dy, x, n, wr, grad(gw), grad(gb), round_bf16,
-                    {&w.lora[i], &g.lora[i], s.lora_u, s.lora_gu}, write_dense_dw);
+                    {&w.lora[i], &g.lora[i], s.lora_u, s.lora_gu}, write_dense_dw, x_bf16);
   };
 
   // A branch's output gradient from its output's after the post-norm (post_norms: into s.dpost,
@@ -196,14 +200,14 @@ void block_backward(const ops::Context& ctx, const DecoderConfig& c, const Decod
   if (c.moe()) {
     moe_backward(ctx, c, w, g, n, t, dbranch, s, round_bf16);
   } else if (llama) {
-    lin(s.dbig, false, dbranch, t.ff_act, w.w_down, g.w_down, g.b_down, M::down);
+    lin(s.dbig, false, dbranch, t.ff_act, w.w_down, g.w_down, g.b_down, M::down, t.ff_act_bf16);
     ops::glu_backward(ctx, s.dbig, s.dup, s.dbig, t.ff_in, t.ff_up, n, F, c.mlp_act);
-    lin(s.dx, false, s.dbig, t.xn2, w.w_gate, g.w_gate, {}, M::gate);
-    lin(s.dx, true, s.dup, t.xn2, w.w_up, g.w_up, g.b_up, M::up);
+    lin(s.dx, false, s.dbig, t.xn2, w.w_gate, g.w_gate, {}, M::gate, t.xn2_bf16);
+    lin(s.dx, true, s.dup, t.xn2, w.w_up, g.w_up, g.b_up, M::up, t.xn2_bf16);
   } else {
-    lin(s.dbig, false, dbranch, t.ff_act, w.w_down, g.w_down, g.b_down, M::down);
+    lin(s.dbig, false, dbranch, t.ff_act, w.w_down, g.w_down, g.b_down, M::down, t.ff_act_bf16);
     ops::gelu_backward(ctx, s.dbig, t.ff_in, s.dbig, n * F);
-    lin(s.dx, false, s.dbig, t.xn2, w.w_up, g.w_up, g.b_up, M::up);
+    lin(s.dx, false, s.dbig, t.xn2, w.w_up, g.w_up, g.b_up, M::up, t.xn2_bf16);
   }
   // The norm's backward adds into dresid, which already holds the skip path's gradient.
   norm_backward(ctx, c, dresid, s.dx, t.mid, t.mean2, t.rstd2, n, w.ffn_norm, g.ffn_norm,
@@ -236,7 +240,7 @@ void block_backward(const ops::Context& ctx, const DecoderConfig& c, const Decod
       w.adapter(M::q).present() || w.adapter(M::k).present() || w.adapter(M::v).present();
   if (wqkv.present() && gqkv.present() && (!bias || gbqkv.present()) && !qkv_adapters) {
     // q, k and v rows of one matrix (GPT-2's c_attn): one product over the whole of dqkv.
-    lin(s.dx, false, s.dbig, t.xn1, wqkv, gqkv, gbqkv, M::q);
+    lin(s.dx, false, s.dbig, t.xn1, wqkv, gqkv, gbqkv, M::q, t.xn1_bf16);
   } else {
     // Separate matrices: each product reads its columns of dqkv (rows of ld), packed first.
     TS_CHECK(s.dup != nullptr, "[model] separate q, k, v products need the dup scratch");
@@ -250,7 +254,7 @@ void block_backward(const ops::Context& ctx, const DecoderConfig& c, const Decod
     for (size_t i = 0; i < 3; ++i) {
       const auto& p = parts[i];
       ops::copy_rows(ctx, s.dup, p.width, s.dbig + p.col, ld, n, p.width);
-      lin(s.dx, i > 0, s.dup, t.xn1, p.w, p.g, p.b, p.m);
+      lin(s.dx, i > 0, s.dup, t.xn1, p.w, p.g, p.b, p.m, t.xn1_bf16);
     }
   }
   norm_backward(ctx, c, dresid, s.dx, t.in, t.mean1, t.rstd1, n, w.attn_norm, g.attn_norm,

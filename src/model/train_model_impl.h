@@ -41,7 +41,9 @@ struct Gpt2LayerParams {
 
 // One block's saved activations (N = B*T rows; C, QKV = q_dim + 2 kv_dim, F from the config). With
 // Recompute::block every layer points at the same shared set; with Recompute::gelu every layer's
-// `gelu` points at one shared buffer.
+// `gelu` points at one shared buffer. In bf16 precision (Recompute::none and gelu) the products'
+// inputs are kept as bf16 (ln1_bf16, ln2_bf16, gelu_bf16 with none; the last two only without
+// experts), the f32 ln1, ln2 (one shared buffer) and gelu (dbig) serving only the forward.
 struct LayerActs {
   float* ln1;        // (N,C) ln_1 output
   float* ln1_mean;   // (N)
@@ -66,6 +68,7 @@ struct LayerActs {
   float* router;
   int32_t* moe_ids;
   float *moe_weights, *moe_x, *moe_y;
+  uint16_t *ln1_bf16, *ln2_bf16, *gelu_bf16;  // bf16 copies kept for the backward, else null
 };
 
 // Points d's adapters (m's LoRA spec, every layer) at m's tensors in `params`, a buffer laid out

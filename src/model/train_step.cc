@@ -35,6 +35,9 @@ BlockTensors TrainModel::Impl::tensors(int64_t l) const {
   t.qk_raw = a.qk_raw;
   t.post_in = a.post_in;
   t.post_rstd = a.post_rstd;
+  t.xn1_bf16 = a.ln1_bf16;
+  t.xn2_bf16 = a.ln2_bf16;
+  t.ff_act_bf16 = a.gelu_bf16;
   if (a.router != nullptr) {
     t.router = a.router;
     t.moe_ids = a.moe_ids;

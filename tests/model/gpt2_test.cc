@@ -192,6 +192,25 @@ TEST(Gpt2, SgdOverfitsOneBatch) {
   EXPECT_LT(last, 0.5f * first);
 }
 
+// bf16 precision keeps the products' inputs (ln1, ln2 and, without recompute, GELU's output) as
+// bf16, with one shared f32 buffer for the norms' outputs in the forward; block recompute keeps
+// nothing per layer, so its arena does not change. (That the bits do not change either is
+// RecomputePoliciesGiveIdenticalGrads*: block recompute keeps no bf16 copy.)
+TEST(Gpt2, Bf16KeepsTheProductsInputsInHalfTheBytes) {
+  TrainModel m(tiny_config(), ops::Context{});
+  const int64_t B = 2, T = 32, N = B * T, C = 64, F = 4 * C, L = 2;
+  auto arena = [&](Precision p, Recompute r) {
+    m.plan(B, T, p, r);
+    return static_cast<int64_t>(m.activation_bytes());
+  };
+  const int64_t shared = N * C * 4;  // every reservation here is a multiple of 64 bytes
+  EXPECT_EQ(arena(Precision::f32, Recompute::none) - arena(Precision::bf16, Recompute::none),
+            L * (2 * N * C + N * F) * 2 - shared);
+  EXPECT_EQ(arena(Precision::f32, Recompute::gelu) - arena(Precision::bf16, Recompute::gelu),
+            L * 2 * N * C * 2 - shared);
+  EXPECT_EQ(arena(Precision::f32, Recompute::block), arena(Precision::bf16, Recompute::block));
+}
+
 TEST(Gpt2, BadInputsThrow) {
   TrainModel m(tiny_config(), ops::Context{});
   Batch b = make_batch(2, 8, 101, 1);
