@@ -333,8 +333,8 @@ void TrainModel::plan(int64_t B, int64_t T, Precision precision, Recompute recom
     lo.push_back(o);
   }
   const size_t lnf = res("lnf", N * C), lnf_mean = res("lnf_mean", N),
-               lnf_rstd = res("lnf_rstd", N), logits = res("logits", N * Vp),
-               losses = res("losses", N);
+               lnf_rstd = res("lnf_rstd", N),
+               logits = res("logits", std::min(N, Impl::kHeadRows) * Vp), losses = res("losses", N);
   const int64_t r = im.lora.rank;
   const size_t lora_u = r > 0 ? res("lora_u", N * r) : 0,
                lora_gu = r > 0 ? res("lora_gu", N * r) : 0;
@@ -412,7 +412,7 @@ void TrainModel::plan(int64_t B, int64_t T, Precision precision, Recompute recom
   im.max_t = T;
   im.precision = precision;
   im.recompute = recompute;
-  im.have_logits = false;
+  im.last_logits = nullptr;
   if (precision == Precision::bf16) {
     const auto bytes = static_cast<size_t>(num_params()) * sizeof(uint16_t);
     if (im.params_bf16.size() != bytes) im.params_bf16 = ops::Buffer(ctx_.device, bytes);
@@ -485,8 +485,10 @@ void TrainModel::Impl::ensure_arena() {
 }
 
 const float* TrainModel::logits() const {
-  TS_CHECK(impl_->have_logits, "[train] logits(): no forward pass has run since plan()");
-  return impl_->logits;
+  TS_CHECK(impl_->last_logits != nullptr,
+           "[train] logits(): no forward pass without targets has run since plan() (a step keeps "
+           "only a chunk of the head's rows)");
+  return impl_->last_logits;
 }
 
 double TrainModel::flops_per_token_train(int64_t T) const {

@@ -112,8 +112,10 @@ class TrainModel {
   size_t activation_bytes() const;
 
   // Forward pass; tokens and targets are host arrays. With targets, returns the mean
-  // cross-entropy (ignoring targets < 0); without, returns 0 and leaves logits (B,T,Vp) in the
-  // device's memory at logits().
+  // cross-entropy (ignoring targets < 0; the head and the loss run a chunk of rows at a time, so
+  // the arena holds one chunk's logits); without, returns 0 and leaves logits (B,T,Vp) in the
+  // device's memory at logits() (a buffer of its own, allocated by the first such call: not a
+  // step's memory).
   float forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T);
   // Forward and backward of mean loss * loss_scale, accumulating into grads(). Returns the mean
   // loss (unscaled). loss_scale is 1/grad_accum for gradient accumulation.

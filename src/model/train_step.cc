@@ -2,6 +2,7 @@
 // policies (none / gelu / block) replaying what the plan did not keep.
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "core/error.h"
 #include "model/causal_attention.h"
@@ -161,8 +162,8 @@ WeightRef TrainModel::Impl::head_weight() const {
   return WeightRef{weight(head), weight_type(), Shape({cfg.padded_vocab_size, cfg.n_embd})};
 }
 
-void TrainModel::Impl::forward_to_logits(const int32_t* tokens, const int32_t* host_tokens,
-                                         int64_t B, int64_t T) {
+void TrainModel::Impl::forward_to_lnf(const int32_t* tokens, const int32_t* host_tokens, int64_t B,
+                                      int64_t T) {
   const ops::Context& ctx = model.ctx_;
   const TrainConfig& cfg = model.cfg_;
   const int64_t C = cfg.n_embd, L = cfg.n_layer, N = B * T;
@@ -182,10 +183,11 @@ void TrainModel::Impl::forward_to_logits(const int32_t* tokens, const int32_t* h
   // output norm, into lnf.
   for (int64_t l = 0; l < L; ++l)
     layer_forward(l, B, T, /*recompute_only=*/false, /*chained=*/true);
-  // The head (tied: the embedding): logits (N,Vp) = lnf (N,C) head^T, over the padded rows too
-  // (zero weights).
-  model::linear_forward(ctx, Stage::head, logits, lnf, N, head_weight(), {});
-  have_logits = true;
+}
+
+void TrainModel::Impl::head_rows(int64_t r0, int64_t n, float* out) {
+  model::linear_forward(model.ctx_, Stage::head, out, lnf + r0 * model.cfg_.n_embd, n,
+                        head_weight(), {});
 }
 
 float TrainModel::forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T) {
@@ -195,10 +197,22 @@ float TrainModel::forward(const int32_t* tokens, const int32_t* targets, int64_t
   const int64_t N = B * T;
   const auto [dev_tokens, dev_targets] = im.device_ints(tokens, targets, N);
   const ops::Scope scope(ctx_, "forward");
-  im.forward_to_logits(dev_tokens, tokens, B, T);
-  if (targets == nullptr) return 0.0f;
-  ops::softmax_xent(ctx_, im.losses, im.logits, dev_targets, N, cfg_.vocab_size,
-                    cfg_.padded_vocab_size, 0.0f);
+  im.last_logits = nullptr;
+  im.forward_to_lnf(dev_tokens, tokens, B, T);
+  const int64_t Vp = cfg_.padded_vocab_size;
+  if (targets == nullptr) {  // every row's logits, kept for logits()
+    const auto bytes = static_cast<size_t>(im.max_n * Vp) * sizeof(float);
+    if (im.full_logits.size() < bytes) im.full_logits = ops::Buffer(ctx_.device, bytes);
+    im.head_rows(0, N, im.full_logits.as<float>());
+    im.last_logits = im.full_logits.as<float>();
+    return 0.0f;
+  }
+  for (int64_t r0 = 0; r0 < N; r0 += Impl::kHeadRows) {
+    const int64_t n = std::min(Impl::kHeadRows, N - r0);
+    im.head_rows(r0, n, im.logits);
+    ops::softmax_xent(ctx_, im.losses + r0, im.logits, dev_targets + r0, n, cfg_.vocab_size, Vp,
+                      0.0f);
+  }
   const auto [sum, count] = im.loss_sum(targets, N);
   return count ? static_cast<float>(sum / static_cast<double>(count)) : 0.0f;
 }
@@ -220,31 +234,40 @@ float TrainModel::forward_backward(const int32_t* tokens, const int32_t* targets
   }
   {
     const ops::Scope scope(ctx_, "forward");
-    im.forward_to_logits(dev_tokens, tokens, B, T);
+    im.last_logits = nullptr;
+    im.forward_to_lnf(dev_tokens, tokens, B, T);
   }
 
   int64_t count = 0;
   for (int64_t i = 0; i < N; ++i) count += targets[i] >= 0;
   // d(mean loss * loss_scale)/dlogits; with every target ignored there is no loss and no gradient.
   const float dscale = count ? loss_scale / static_cast<float>(count) : 0.0f;
-  // dscale == 0 would leave the logits in place (the op's "forward only" mode), so the lm-head
-  // backward below would read logits instead of zeros; skip the backward in that case.
-  {
-    const ops::Scope scope(ctx_, "loss");
-    ops::softmax_xent(ctx_, im.losses, im.logits, dev_targets, N, V, Vp, dscale);
+  // The head, the loss and the head's backward, kHeadRows rows at a time: logits (n,Vp) = lnf
+  // head^T, dlogits in their place, dlnf (n,C) = dlogits head into scratch_c, dhead (Vp,C) +=
+  // dlogits^T lnf (written by the first chunk of a step's first backward). dscale == 0 would leave
+  // the logits in place (the op's "forward only" mode) for the backward to read: the loss only.
+  // The last chunk's "backward" scope goes on over the layers (one per step with one chunk).
+  const bool write = first && !im.is_lora();
+  std::optional<ops::Scope> backward;
+  for (int64_t r0 = 0; r0 < N; r0 += Impl::kHeadRows) {
+    const int64_t n = std::min(Impl::kHeadRows, N - r0);
+    backward.reset();
+    {
+      const ops::Scope scope(ctx_, "loss");
+      im.head_rows(r0, n, im.logits);
+      ops::softmax_xent(ctx_, im.losses + r0, im.logits, dev_targets + r0, n, V, Vp, dscale);
+    }
+    if (dscale == 0.0f) continue;
+    backward.emplace(ctx_, "backward");
+    linear_backward(ctx_, im.scratch_c + r0 * C, false, im.logits, im.lnf + r0 * C, n,
+                    im.head_weight(), im.is_lora() ? nullptr : im.g(im.head), nullptr, im.bf16(),
+                    {}, write && r0 == 0);
   }
-  im.have_logits = false;  // now holds dlogits
   const double sum = im.loss_sum(targets, N).first;
   if (dscale == 0.0f) {
     if (first) zero_grads();  // nothing written: the gradients stay zero, to be zeroed later
     return count ? static_cast<float>(sum / static_cast<double>(count)) : 0.0f;
   }
-
-  // The head: dlnf (N,C) = dlogits (N,Vp) head; dhead (Vp,C) += dlogits^T lnf.
-  const ops::Scope scope(ctx_, "backward");
-  const bool write = first && !im.is_lora();
-  linear_backward(ctx_, im.scratch_c, false, im.logits, im.lnf, N, im.head_weight(),
-                  im.is_lora() ? nullptr : im.g(im.head), nullptr, im.bf16(), {}, write);
   ops::zero(ctx_, im.dresid, static_cast<size_t>(N * C) * sizeof(float));
   norm_backward(ctx_, im.view.config, im.dresid, im.scratch_c, im.resid[static_cast<size_t>(L)],
                 im.lnf_mean, im.lnf_rstd, N, im.view.weights.out_norm,

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -211,6 +212,54 @@ TEST(Gpt2, Bf16KeepsTheProductsInputsInHalfTheBytes) {
   EXPECT_EQ(arena(Precision::f32, Recompute::block), arena(Precision::bf16, Recompute::block));
 }
 
+// A step of more rows than the head takes at once (1,280: chunks of 1,024 and 256): its loss is
+// the mean cross-entropy of the whole batch's logits (from forward without targets, in double),
+// and its gradients are those of the same rows as two accumulated micro-steps of 640 rows (one
+// chunk each; equal up to the order in which the layers' products add the rows).
+TEST(Gpt2, HeadInChunksGivesTheWholeBatch) {
+  ThreadPool pool(2);
+  ops::Context ctx;
+  ctx.pool = &pool;
+  TrainModel m(tiny_config(), ctx);
+  m.init_weights(12);
+  const int64_t B = 40, T = 32, V = 101, Vp = m.config().padded_vocab_size;
+  const Batch b = make_batch(B, T, V, 13);
+  m.plan(B, T, Precision::f32, Recompute::none);
+  m.forward(b.tokens.data(), nullptr, B, T);
+  double want = 0;
+  int64_t count = 0;
+  for (int64_t i = 0; i < B * T; ++i) {
+    if (b.targets[i] < 0) continue;
+    const float* z = m.logits() + i * Vp;
+    double mx = z[0], sum = 0;
+    for (int64_t v = 1; v < V; ++v) mx = std::max(mx, static_cast<double>(z[v]));
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(z[v] - mx);
+    want += mx + std::log(sum) - z[b.targets[i]], ++count;
+  }
+  want /= static_cast<double>(count);
+  m.zero_grads();
+  const float loss = m.forward_backward(b.tokens.data(), b.targets.data(), B, T, 1.0f);
+  EXPECT_NEAR(loss, want, 1e-5 * want);
+  EXPECT_THROW(m.logits(), Error);  // a step keeps no whole logits
+  const std::vector<float> whole(m.grads(), m.grads() + m.num_params());
+  m.zero_grads();
+  for (int64_t half = 0; half < 2; ++half) {
+    const int64_t n = B * T / 2, at = half * n;
+    int64_t c = 0;
+    for (int64_t i = at; i < at + n; ++i) c += b.targets[i] >= 0;
+    m.forward_backward(b.tokens.data() + at, b.targets.data() + at, B / 2, T,
+                       static_cast<float>(c) / static_cast<float>(count));
+  }
+  const std::vector<float> halves(m.grads(), m.grads() + m.num_params());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < whole.size(); ++i) {
+    diff = std::max(diff, static_cast<double>(std::fabs(whole[i] - halves[i])));
+    norm = std::max(norm, static_cast<double>(std::fabs(whole[i])));
+  }
+  EXPECT_GT(norm, 0.0);
+  EXPECT_LT(diff, 1e-5 * norm);
+}
+
 TEST(Gpt2, BadInputsThrow) {
   TrainModel m(tiny_config(), ops::Context{});
   Batch b = make_batch(2, 8, 101, 1);
@@ -258,8 +307,9 @@ TEST(Gpt2, BlockRecomputeCutsActivationMemory) {
       none / (1 << 20), gelu / (1 << 20), block / (1 << 20), block / none);
   EXPECT_LT(gelu, none);
   EXPECT_LT(block, 0.4 * none);
-  // Lower bound: the logits (N x Vp f32) must be in every plan.
-  EXPECT_GT(block, 8.0 * 512 * 50304 * 4);
+  // Lower bound: the residual streams ((L+1) N C) and one chunk of the head's logits (1,024 rows
+  // of Vp) in f32 are in every plan.
+  EXPECT_GT(block, (13.0 * 4096 * 768 + 1024.0 * 50304) * 4);
 
   // The device twin keeps what the last plan keeps.
   EXPECT_EQ(m.device_desc(8, 512).recompute, Recompute::block);
