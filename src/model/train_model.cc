@@ -279,6 +279,9 @@ void TrainModel::plan(int64_t B, int64_t T, Precision precision, Recompute recom
   auto res16 = [&](const std::string& name, int64_t elems) {
     return plan.reserve(name, static_cast<size_t>(elems) * sizeof(uint16_t));
   };
+  // Which of a layer's ln1, ln2 and MLP activation slots hold bf16 (the same for every layer).
+  const bool ln1_16 = keep16, ln2_16 = keep16 && !moe,
+             gelu_16 = keep16 && !moe && recompute == Recompute::none;
   const size_t ln_shared = keep16 ? res("ln_f32", N * C) : 0;
   // Offsets first (the arena does not exist yet), pointers after allocation.
   std::vector<size_t> resid_off;
@@ -295,7 +298,6 @@ void TrainModel::plan(int64_t B, int64_t T, Precision precision, Recompute recom
   struct LayerOff {
     size_t ln1, ln1_mean, ln1_rstd, qkv, atty, lse, resid_mid, ln2, ln2_mean, ln2_rstd, fch, fup,
         gelu, qk_raw, post_in, post_rstd, router, moe_ids, moe_weights, moe_x, moe_y;
-    bool ln1_16 = false, ln2_16 = false, gelu_16 = false;  // ln1, ln2, gelu hold bf16
   };
   // none: a full set per layer; gelu: per layer but the MLP's activation (GELU, SwiGLU) lives in
   // dbig (recomputed in backward); block: one shared set, replayed per layer in backward.
@@ -304,22 +306,19 @@ void TrainModel::plan(int64_t B, int64_t T, Precision precision, Recompute recom
   for (int64_t s = 0; s < n_sets; ++s) {
     const std::string h = recompute == Recompute::block ? "shared." : cat("h.", s, ".");
     LayerOff o;
-    o.ln1_16 = keep16;
-    o.ln2_16 = keep16 && !moe;
-    o.gelu_16 = keep16 && !moe && recompute == Recompute::none;
-    o.ln1 = o.ln1_16 ? res16(h + "ln1.bf16", N * C) : res(h + "ln1", N * C);
+    o.ln1 = ln1_16 ? res16(h + "ln1.bf16", N * C) : res(h + "ln1", N * C);
     o.ln1_mean = res(h + "ln1_mean", N);
     o.ln1_rstd = res(h + "ln1_rstd", N);
     o.qkv = res(h + "qkv", N * QKV);
     o.atty = res(h + "atty", N * QD);
     o.lse = res(h + "lse", N * H);
     o.resid_mid = res(h + "resid_mid", N * C);
-    o.ln2 = o.ln2_16 ? res16(h + "ln2.bf16", N * C) : res(h + "ln2", N * C);
+    o.ln2 = ln2_16 ? res16(h + "ln2.bf16", N * C) : res(h + "ln2", N * C);
     o.ln2_mean = res(h + "ln2_mean", N);
     o.ln2_rstd = res(h + "ln2_rstd", N);
     o.fch = res(h + "fch", NK * F);
     o.fup = llama ? res(h + "fup", NK * F) : 0;
-    o.gelu = o.gelu_16                      ? res16(h + "gelu.bf16", NK * F)
+    o.gelu = gelu_16                        ? res16(h + "gelu.bf16", NK * F)
              : recompute == Recompute::none ? res(h + "gelu", NK * F)
                                             : dbig;
     o.router = moe ? res(h + "router", N * E) : 0;
@@ -346,7 +345,7 @@ void TrainModel::plan(int64_t B, int64_t T, Precision precision, Recompute recom
   im.plan = plan;
   im.bind = [&im, L, llama, moe, recompute, resid_off, scratch_c, dresid, dbig, dup, rot, dpost,
              moe_dy, moe_dw, moe_dlogits, moe_slot, lo, lnf, lnf_mean, lnf_rstd, logits, losses, r,
-             lora_u, lora_gu, ln_shared](char* base) {
+             lora_u, lora_gu, ln_shared, ln1_16, ln2_16, gelu_16](char* base) {
     auto at = [base](size_t off) { return reinterpret_cast<float*>(base + off); };
     auto at_moe = [&](size_t off) { return moe ? at(off) : nullptr; };
     auto ints_moe = [&](size_t off) {
@@ -370,19 +369,19 @@ void TrainModel::plan(int64_t B, int64_t T, Precision precision, Recompute recom
       auto b16 = [base](bool is, size_t off) {
         return is ? reinterpret_cast<uint16_t*>(base + off) : nullptr;
       };
-      im.acts.push_back({o.ln1_16 ? at(ln_shared) : at(o.ln1),
+      im.acts.push_back({ln1_16 ? at(ln_shared) : at(o.ln1),
                          at(o.ln1_mean),
                          at(o.ln1_rstd),
                          at(o.qkv),
                          at(o.atty),
                          at(o.lse),
                          at(o.resid_mid),
-                         o.ln2_16 ? at(ln_shared) : at(o.ln2),
+                         ln2_16 ? at(ln_shared) : at(o.ln2),
                          at(o.ln2_mean),
                          at(o.ln2_rstd),
                          at(o.fch),
                          llama ? at(o.fup) : nullptr,
-                         o.gelu_16 ? at(dbig) : at(o.gelu),
+                         gelu_16 ? at(dbig) : at(o.gelu),
                          o.qk_raw ? at(o.qk_raw) : nullptr,
                          o.post_in ? at(o.post_in) : nullptr,
                          o.post_rstd ? at(o.post_rstd) : nullptr,
@@ -391,9 +390,9 @@ void TrainModel::plan(int64_t B, int64_t T, Precision precision, Recompute recom
                          at_moe(o.moe_weights),
                          at_moe(o.moe_x),
                          at_moe(o.moe_y),
-                         b16(o.ln1_16, o.ln1),
-                         b16(o.ln2_16, o.ln2),
-                         b16(o.gelu_16, o.gelu)});
+                         b16(ln1_16, o.ln1),
+                         b16(ln2_16, o.ln2),
+                         b16(gelu_16, o.gelu)});
     }
     im.lnf = at(lnf);
     im.lnf_mean = at(lnf_mean);

@@ -91,7 +91,7 @@ class TrainModel {
   const float* params() const { return params_.as<float>(); }
   // After zero_grads() the gradients read as zero. The zeroing waits for the next
   // forward_backward, whose products write the layers' matrices and the head instead of adding
-  // to them (it zeroes the rest: 26 ms of a 1.4 s SmolLM2 step on 2 cores spared, and every
+  // to them (it zeroes the rest: 25 ms of a 1.4 s SmolLM2 step on 2 cores spared, and every
   // matrix's read of its gradient), unless grads() is asked for first.
   float* grads();
   void zero_grads();
