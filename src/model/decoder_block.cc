@@ -25,8 +25,9 @@ struct LinearOut {
 
 // Several linears of the same input x (n rows, ldy the outputs' common row stride): one grouped
 // product, x quantized once. Outputs side by side in y whose matrices are consecutive rows of one
-// stored matrix (GPT-2's c_attn seen as q, k and v) become one product: the packed GEMM then
-// packs x once instead of once per part.
+// stored matrix (GPT-2's c_attn seen as q, k and v; q, k and v, or gate and up, uploaded side by
+// side by to_device) become one product: the packed GEMM then packs x once instead of once per
+// part, and a device launches one kernel.
 void linear_group(const ops::Context& ctx, Stage stage, const float* x, int64_t n, int64_t ldy,
                   std::initializer_list<LinearOut> outs) {
   const ops::Scope scope(ctx, stage_name(stage));
@@ -41,11 +42,14 @@ void linear_group(const ops::Context& ctx, Stage stage, const float* x, int64_t 
     if (np > 0) {
       ops::WtProduct& last = products[np - 1];
       const LinearOut& prev = *tail[np - 1];
+      // At one row the outputs need only be side by side (the row stride means nothing).
       const bool continues = prev.w->continued_by(w) && o.y == last.y + last.N &&
+                             (n == 1 || last.N + w.rows() <= ldy) &&
                              (b == nullptr) == (last.bias == nullptr) &&
                              (b == nullptr || prev.b->continued_by(*o.b));
       if (continues) {
         last.N += w.rows();
+        last.ldy = std::max(last.ldy, last.N);
         tail[np - 1] = &o;
         continue;
       }

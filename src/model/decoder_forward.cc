@@ -22,8 +22,7 @@ enum Act {
   kQkv,
   kQ,
   kAtt,
-  kFfA,
-  kFfB,
+  kFf,
   kStatA,
   kStatB,
   kLora,
@@ -45,7 +44,8 @@ int64_t max_lora_rank(const DecoderModel& m) {
 }
 
 // Each activation buffer's floats (or int32s) per row, in Act's order (kLora: x A^T of an
-// adapter). A MoE layer's MLP runs k rows per token.
+// adapter; kFf: the gate's and the up product's outputs). A MoE layer's MLP runs k rows per
+// token.
 std::array<int64_t, kNumActs> act_widths(const DecoderConfig& c, int64_t lora_rank) {
   const int64_t k = c.moe() ? c.n_experts_used : 0, ff = c.d_ff * std::max<int64_t>(k, 1);
   return {c.d_model,
@@ -54,8 +54,7 @@ std::array<int64_t, kNumActs> act_widths(const DecoderConfig& c, int64_t lora_ra
           c.q_dim() + 2 * c.kv_dim(),
           c.q_dim(),
           c.q_dim(),
-          ff,
-          ff,
+          2 * ff,
           1,
           1,
           std::max<int64_t>(lora_rank, 1),
@@ -321,8 +320,10 @@ void DecoderForward::run_layers(int64_t n, int64_t m, int64_t max_keys, int64_t 
   t.rstd1 = t.rstd2 = buf(kStatB);
   t.qkv = buf(kQkv);
   t.att = buf(kAtt);
-  t.ff_in = t.ff_act = buf(kFfA);
-  t.ff_up = buf(kFfB);
+  // up's n rows right after gate's: at one row they sit side by side as the grouped product's
+  // outputs, so gate and up joined at upload run as one product.
+  t.ff_in = t.ff_act = buf(kFf);
+  t.ff_up = t.ff_in + n * act_widths(c, 0)[kFf] / 2;
   t.lora_u = buf(kLora);
   t.post_rstd = buf(kStatA);  // the layer norm's mean, which RMSNorm models leave unused
   if (c.moe()) {
@@ -358,24 +359,45 @@ DeviceModel to_device(const DecoderModel& host, const ops::Context& ctx) {
   if (ctx.device == ops::Device::cpu) return d;
   // One copy per distinct tensor (a tied head shares the embedding's bytes, but those stay on
   // the host for the lookups: the head gets its own copy).
-  auto upload = [&](WeightRef& r) {
-    if (!r.present()) return;
-    ops::Buffer b(ctx.device, static_cast<size_t>(r.bytes()));
-    ops::copy(ctx, b.data(), r.data, static_cast<size_t>(r.bytes()), ops::CopyKind::host_to_device);
-    r.data = b.data();
+  // Several tensors go into one buffer, side by side, where they share a type and a width: a
+  // layer's q, k and v (and their biases), and its gate and up. linear_group then runs each as
+  // one product (WeightRef::continued_by), one launch where the twin of this forward fused the
+  // matrices at load. A tensor joined this way is skipped by the loops below.
+  std::vector<const WeightRef*> joined;
+  auto upload = [&](std::initializer_list<WeightRef*> parts) {
+    const WeightRef& first = **parts.begin();
+    int64_t bytes = 0;
+    for (WeightRef* r : parts) {
+      if (!r->present() || std::ranges::find(joined, r) != joined.end()) return;
+      if (r != &first && (r->type != first.type || r->shape.rank() != first.shape.rank() ||
+                          (r->shape.rank() == 2 && r->cols() != first.cols())))
+        return;
+      bytes += r->bytes();
+    }
+    ops::Buffer b(ctx.device, static_cast<size_t>(bytes));
+    auto* at = static_cast<uint8_t*>(b.data());
+    for (WeightRef* r : parts) {
+      ops::copy(ctx, at, r->data, static_cast<size_t>(r->bytes()), ops::CopyKind::host_to_device);
+      r->data = at;
+      at += r->bytes();
+      if (parts.size() > 1) joined.push_back(r);
+    }
     d.buffers.push_back(std::move(b));
   };
   for (DecoderLayer& l : d.view.weights.layers) {
-    for (WeightRef* r : l.matrices()) upload(*r);
-    for (WeightRef* r : l.vectors()) upload(*r);
+    upload({&l.wq, &l.wk, &l.wv});
+    upload({&l.bq, &l.bk, &l.bv});
+    upload({&l.w_gate, &l.w_up});
+    for (WeightRef* r : l.matrices()) upload({r});
+    for (WeightRef* r : l.vectors()) upload({r});
     for (LoraRef& a : l.lora) {
-      upload(a.a);
-      upload(a.b);
+      upload({&a.a});
+      upload({&a.b});
     }
   }
-  upload(d.view.weights.out_norm);
-  upload(d.view.weights.out_norm_b);
-  upload(d.view.weights.output);
+  upload({&d.view.weights.out_norm});
+  upload({&d.view.weights.out_norm_b});
+  upload({&d.view.weights.output});
   return d;
 }
 

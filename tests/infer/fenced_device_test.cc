@@ -10,6 +10,7 @@
 
 #include "core/rng.h"
 #include "infer/engine.h"
+#include "model/decoder_forward.h"
 #include "ops/backend.h"
 #include "test_util/fenced_device.h"
 #include "tiny_model.h"
@@ -115,6 +116,50 @@ TEST_P(FencedEngine, RecordedStepsReplayTheSameLogits) {
     EXPECT_EQ(device.replays(), 0);
   else
     EXPECT_GE(device.replays(), 5);
+  ops::register_backend(ops::Device::cuda, nullptr);
+}
+
+// On a device, q, k and v (with their biases) and gate and up are uploaded side by side, so each
+// group is one product: a layer's prompt step runs 1 + 2 products (gate and up write apart at
+// several rows), a one-row step 1 + 1. The logits stay the CPU's, bit for bit.
+TEST_P(FencedEngine, GroupsRunAsOneProductEach) {
+  const model::DecoderModel m = model_for(GetParam());
+  if (m.config.moe()) GTEST_SKIP() << "a MoE layer's experts run their own products";
+  const bool gpt2 = m.config.arch == model::DecoderArch::gpt2;
+  auto one_sequence = [&](const EngineOptions& o) {
+    Engine e(m, o);
+    const int32_t s = e.new_sequence();
+    const std::vector<int32_t> prompt = test::random_tokens(7, m.config.vocab, 3);
+    std::vector<float> all = e.forward({Feed{s, prompt, false}});
+    for (int32_t token = 1; token <= 4; ++token) {
+      const std::vector<float>& l = e.forward({Feed{s, {&token, 1}, false}});
+      all.insert(all.end(), l.begin(), l.end());
+    }
+    return all;
+  };
+  const std::vector<float> want = one_sequence(options(DType::f16));
+  FencedDevice device(true);
+  ops::register_backend(ops::Device::cuda, &device);
+  EngineOptions o = options(DType::f16);
+  o.ctx.device = ops::Device::cuda;
+  o.device_decoder = false;
+  EXPECT_EQ(one_sequence(o), want);
+  // GPT-2's MLP is one matrix (no gate), run outside the groups.
+  const int64_t prompt = gpt2 ? 1 : 3, step = gpt2 ? 1 : 2;
+  EXPECT_EQ(device.group_products(), m.config.n_layers * (prompt + 4 * step));
+
+  {  // freed while the device is registered
+    const model::DeviceModel d = model::to_device(m, o.ctx);
+    for (const model::DecoderLayer& l : d.view.weights.layers) {
+      EXPECT_TRUE(l.wq.continued_by(l.wk) && l.wk.continued_by(l.wv));
+      if (l.bq.present()) {
+        EXPECT_TRUE(l.bq.continued_by(l.bk) && l.bk.continued_by(l.bv));
+      }
+      if (!gpt2) {
+        EXPECT_TRUE(l.w_gate.continued_by(l.w_up));
+      }
+    }
+  }
   ops::register_backend(ops::Device::cuda, nullptr);
 }
 

@@ -59,6 +59,8 @@ class FencedDevice final : public ops::Backend {
   }
   int64_t ops_run() const { return ops_; }
   int64_t replays() const { return replays_; }
+  // The products matmul_wt_group was given, over all its calls (a grouped call of three counts 3).
+  int64_t group_products() const { return group_products_; }
 
   using Recording = std::vector<std::function<void()>>;
   bool records_graphs() const override { return graphs_; }
@@ -159,6 +161,7 @@ class FencedDevice final : public ops::Backend {
   void matmul_wt_group(const ops::Context& ctx, const float* x, int64_t M, int64_t K,
                        std::span<const ops::WtProduct> products) override {
     const std::vector<ops::WtProduct> p(products.begin(), products.end());  // outlives the call
+    group_products_ += static_cast<int64_t>(p.size());
     run([=, this] { cpu().matmul_wt_group(host(ctx), x, M, K, p); });
   }
   TS_FENCED(bias_grad, (const ops::Context& ctx, float* db, const float* dy, int64_t m, int64_t n),
@@ -253,6 +256,7 @@ class FencedDevice final : public ops::Backend {
   bool transposed_, graphs_;
   std::unique_ptr<Recording> recording_;
   int64_t replays_ = 0;
+  int64_t group_products_ = 0;
   std::map<void*, size_t> blocks_;
   int64_t ops_ = 0;
 };
