@@ -248,19 +248,15 @@ fi
 if ((${#engine[@]})) && [[ -x "$build/tessera" ]]; then
   # Each line: a name, extra environment, the tessera command, in the order of what the issue's
   # targets need most: 1b decode, the GPT-2 small training step (MFU), 8b decode; then the rest.
-  # The second line runs the same 1b case through the shared forward pass (--cuda-forward shared,
-  # the CUDA ops backend) for the A/B against the device decoder that it is to replace, and the
-  # fourth the GPT-2 small step through the model's own code (--cuda-step shared) against the
-  # CUDA twin's.
+  # Every run is the one route: the model's own code on the CUDA ops backend (the bench prints
+  # each decode stage's share from a pass whose ops are waited for one by one).
   # The 1b q4_0 decode repeats without programmatic dependent launch (each kernel waits for the
   # one before to end) and without CUDA graphs (every launch eager) to show what each saves;
   # the last line is GPT-2 small under --recompute block (its device memory and its cost).
   # GPT-2 small also trains with the Hopper (wgmma) attention forward and backward, for the A/B;
   # an 8b 4k-token prompt runs with and without the prompt tiles (TESSERA_CUDA_PAGED_PREFILL).
   runs=("generate 1b q4_0||bench generate -m synthetic:1b:q4_0 --prompt 512 --gen 128 --reps 3 --batch 1,8,64"
-        "generate 1b q4_0 shared||bench generate -m synthetic:1b:q4_0 --prompt 512 --gen 128 --reps 3 --batch 1,8,64 --cuda-forward shared"
         "train gpt2-small||bench train --model gpt2-small --batch 16 --seq 1024 --precision bf16 --steps 5"
-        "train gpt2-small shared||bench train --model gpt2-small --batch 16 --seq 1024 --precision bf16 --steps 5 --cuda-step shared"
         "train gpt2-small wgmma|TESSERA_CUDA_FLASH_FWD=wgmma TESSERA_CUDA_FLASH_BWD=wgmma|bench train --model gpt2-small --batch 16 --seq 1024 --precision bf16 --steps 5"
         "generate 8b q4_0||bench generate -m synthetic:8b:q4_0 --prompt 512 --gen 64 --reps 2 --batch 1,8"
         "generate 1b q8_0||bench generate -m synthetic:1b:q8_0 --prompt 512 --gen 128 --reps 3 --batch 1,8"

@@ -19,7 +19,7 @@ struct TrainPlanInput {
   int64_t vocab = 50257;
   int64_t batch = 8, seq = 1024, grad_accum = 1;
   model::Precision precision = model::Precision::f32;
-  ops::Recompute recompute = ops::Recompute::none;
+  model::Recompute recompute = model::Recompute::none;
   double baseline_bytes = 0;  // the process before the model
 };
 

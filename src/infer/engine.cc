@@ -62,11 +62,10 @@ KvPools kv_pools(const model::DecoderConfig& c, const EngineOptions& o) {
   s.type = o.kv_type;
   const int64_t tokens = o.kv_tokens ? o.kv_tokens : o.max_ctx;
   s.n_blocks = (tokens + o.block_tokens - 1) / o.block_tokens;
-  const bool twin = o.ctx.device == ops::Device::cuda && o.device_decoder;
   const int64_t W = c.sliding_window, BT = o.block_tokens;
   int64_t windowed = 0;
   for (int64_t l = 0; l < c.n_layers; ++l) windowed += c.window(l) > 0;
-  if (twin || o.max_sequences == 0 || windowed == 0 || W >= o.max_ctx) return p;
+  if (o.max_sequences == 0 || windowed == 0 || W >= o.max_ctx) return p;
   const int64_t per_sequence = (o.max_rows + W - 2 + BT - 1) / BT + 2;
   if (o.max_sequences * per_sequence >= s.n_blocks) return p;
   p.windowed = s;
@@ -81,6 +80,7 @@ Engine::Engine(const model::DecoderModel& model, const EngineOptions& opts)
       opts_(resolved(model, opts)),
       cache_(kv_pools(model.config, opts_).full, opts.ctx.device == ops::Device::cpu) {
   const bool on_host = opts_.ctx.device == ops::Device::cpu;
+  ops::require_device(opts_.ctx, "the engine");
   if (const KvCacheShape w = kv_pools(model.config, opts_).windowed; w.n_blocks > 0)
     window_cache_ = std::make_unique<KvCache>(w, on_host);
   // Norm weights and biases are read as f32 vectors: widen any other type once, here.
@@ -118,36 +118,6 @@ Engine::Engine(const model::DecoderModel& model, const EngineOptions& opts)
   tables_.resize(rows);
   window_tables_.resize(rows);
   want_.resize(rows);
-  bool adapters = false;
-  for (const model::DecoderLayer& l : model_.weights.layers) adapters |= l.has_adapters();
-  TS_CHECK(on_host || !opts_.device_decoder || !adapters,
-           "[engine] LoRA adapters run on the shared forward pass only, not on the CUDA device "
-           "decoder");
-  TS_CHECK(on_host || !opts_.device_decoder || !model_.config.qk_norm,
-           "[engine] the CUDA device decoder has no q/k norms (Qwen3, Gemma 3, OLMoE); run "
-           "the shared forward pass");
-  TS_CHECK(on_host || !opts_.device_decoder ||
-               (!model_.config.post_norms && model_.config.local_layers.empty() &&
-                model_.config.mlp_act == ops::GluAct::silu && model_.config.embed_scale == 1.0f &&
-                model_.config.attn_scale == 0.0),
-           "[engine] the CUDA device decoder has none of Gemma 3's layer options; run the shared "
-           "forward pass");
-  TS_CHECK(on_host || !opts_.device_decoder || model_.config.nope_layers.empty(),
-           "[engine] the CUDA device decoder rotates every layer (SmolLM3 has layers without "
-           "RoPE); run the shared forward pass");
-  TS_CHECK(on_host || !opts_.device_decoder || !model_.config.moe(),
-           "[engine] the CUDA device decoder has no mixture-of-experts layers; run the "
-           "shared forward pass");
-  if (!on_host && opts_.device_decoder) {
-    // The device decoder runs the layers itself: the shared forward pass only looks the
-    // embedding rows up for it, on the host.
-    ops::Context fwd_ctx = opts_.ctx;
-    fwd_ctx.device = ops::Device::cpu;
-    fwd_ = std::make_unique<model::DecoderForward>(model_, fwd_ctx, opts_.max_rows, opts_.max_ctx);
-    max_seq_blocks_ = (opts_.max_ctx + opts_.block_tokens - 1) / opts_.block_tokens;
-    device_ = backend::make_cuda_decoder(device_desc());
-    return;
-  }
   device_model_ = model::to_device(model_, opts_.ctx);
   if (!on_host) {
     cache_device_ = ops::Buffer(opts_.ctx.device, static_cast<size_t>(cache_.bytes()));
@@ -158,65 +128,17 @@ Engine::Engine(const model::DecoderModel& model, const EngineOptions& opts)
                                                  opts_.max_ctx);
 }
 
-backend::DecoderDesc Engine::device_desc() const {
-  const model::DecoderConfig& c = config();
-  const model::DecoderWeights& w = model_.weights;
-  auto host = [](const WeightRef& r) {
-    return backend::HostWeight{r.data, r.type, r.present() ? r.rows() : 0,
-                               r.present() ? r.cols() : 0};
-  };
-  backend::DecoderDesc d;
-  d.gpt2 = c.arch == DecoderArch::gpt2;
-  d.C = c.d_model;
-  d.H = c.n_heads;
-  d.Hkv = c.n_kv_heads;
-  d.D = c.head_dim;
-  d.F = c.d_ff;
-  d.V = c.vocab;
-  d.norm_eps = c.norm_eps;
-  if (!d.gpt2) {
-    const ops::RopeTable& rope = fwd_->rope();
-    d.rope_cos = rope.cos.data();
-    d.rope_sin = rope.sin.data();
-    d.rope_max_pos = rope.max_pos;
-    d.rope_dim = rope.rotary_dim;
-    d.rope_interleaved = c.rope_layout == ops::RopeLayout::interleaved;
-  }
-  for (const model::DecoderLayer& l : w.layers)
-    d.layers.push_back(backend::DecoderLayerWeights{
-        host(l.attn_norm), host(l.attn_norm_b), host(l.wq), host(l.wk), host(l.wv), host(l.wo),
-        host(l.bq), host(l.bk), host(l.bv), host(l.bo), host(l.ffn_norm), host(l.ffn_norm_b),
-        host(l.w_gate), host(l.w_up), host(l.w_down), host(l.b_up), host(l.b_down)});
-  d.out_norm = host(w.out_norm);
-  d.out_norm_b = host(w.out_norm_b);
-  d.output = host(w.output);
-  d.kv_type = opts_.kv_type;
-  d.block_tokens = opts_.block_tokens;
-  d.n_blocks = cache_.shape().n_blocks;
-  d.max_rows = opts_.max_rows;
-  d.max_seq_blocks = max_seq_blocks_;
-  d.sliding_window = c.sliding_window;
-  return d;
-}
-
-// The device reports its parts in infer::Stage's order, then "other" (which EngineStats leaves
-// implicit: the forward time outside the stages).
-static_assert(backend::kDeviceStages == kNumStages + 1 && backend::kDeviceStageOther == kNumStages);
-static_assert(static_cast<int>(Stage::qkv) == 0 && static_cast<int>(Stage::attn_out) == 1 &&
-              static_cast<int>(Stage::mlp_in) == 2 && static_cast<int>(Stage::mlp_down) == 3 &&
-              static_cast<int>(Stage::head) == 4 && static_cast<int>(Stage::attention) == 5);
-
-void Engine::set_stage_timing(bool on) {
-  if (!device_) return;  // elsewhere the stages are scopes for an observer
-  device_->set_stage_timing(on);
-  device_->reset_stage_times();
-}
-
 std::string Engine::device_description() const {
-  if (device_) return device_->describe();
   if (opts_.ctx.device == ops::Device::cpu) return "cpu";
-  return std::string(ops::device_name(opts_.ctx.device)) + " (" +
-         std::string(ops::backend(opts_.ctx.device).name()) + " ops backend)";
+  size_t weights = 0;
+  for (const ops::Buffer& b : device_model_.buffers) weights += b.size();
+  auto gb = [](double b) { return b / 1e9; };
+  return cat(
+      ops::device_name(opts_.ctx.device), " (", ops::backend(opts_.ctx.device).name(),
+      " ops backend): weights ", gb(static_cast<double>(weights)), " GB, KV cache ",
+      gb(static_cast<double>(cache_device_.size() + window_device_.size())), " GB, activations ",
+      gb(static_cast<double>(model::DecoderForward::activation_bytes(config(), opts_.max_rows))),
+      " GB");
 }
 
 int32_t Engine::new_sequence() {
@@ -321,15 +243,11 @@ int32_t Engine::copy_sequence(int32_t src) {
 
 int32_t Engine::copy_block(KvCache& pool, int32_t src) {
   const int32_t dst = pool.allocate();
-  if (device_) {
-    device_->copy_cache_block(dst, src);  // the device decoder keeps one pool
-  } else {
-    const auto bytes = static_cast<size_t>(pool.block_stride() * pool.elem_bytes());
-    const ops::Buffer& there = &pool == &cache_ ? cache_device_ : window_device_;
-    uint8_t* base = there.data() ? there.as<uint8_t>() : pool.layer_base(0);
-    ops::copy(opts_.ctx, base + static_cast<size_t>(dst) * bytes,
-              base + static_cast<size_t>(src) * bytes, bytes, ops::CopyKind::device_to_device);
-  }
+  const auto bytes = static_cast<size_t>(pool.block_stride() * pool.elem_bytes());
+  const ops::Buffer& there = &pool == &cache_ ? cache_device_ : window_device_;
+  uint8_t* base = there.data() ? there.as<uint8_t>() : pool.layer_base(0);
+  ops::copy(opts_.ctx, base + static_cast<size_t>(dst) * bytes,
+            base + static_cast<size_t>(src) * bytes, bytes, ops::CopyKind::device_to_device);
   return dst;
 }
 
@@ -410,8 +328,6 @@ void Engine::own_last_block(Sequence& s) {
 const std::vector<float>& Engine::forward(const std::vector<Feed>& feeds, Output what) {
   const profile::Timer timer;
   const int64_t V = config().vocab, BT = opts_.block_tokens;
-  TS_CHECK(what == Output::logits || !device_,
-           "[engine] hidden states need the shared forward pass (not the CUDA device decoder)");
   // Validate everything and count blocks before touching the cache.
   ++calls_;
   int64_t blocks_needed = 0, rows_total = 0;
@@ -478,28 +394,11 @@ const std::vector<float>& Engine::forward(const std::vector<Feed>& feeds, Output
   return logits_;
 }
 
-double EngineStats::matmul_seconds() const {
-  double s = 0;
-  for (int i = 0; i < kNumStages; ++i)
-    if (static_cast<Stage>(i) != Stage::attention) s += stages[i].seconds;
-  return s;
-}
-
 EngineStats& EngineStats::operator+=(const EngineStats& o) {
   seconds += o.seconds;
   rows += o.rows;
   forward_calls += o.forward_calls;
-  for (int i = 0; i < kNumStages; ++i) {
-    stages[i].seconds += o.stages[i].seconds;
-    stages[i].weight_bytes += o.stages[i].weight_bytes;
-  }
   return *this;
-}
-
-void Engine::count_stage(Stage stage, double seconds, int64_t weight_bytes) {
-  StageStats& s = stats_.stages[static_cast<int>(stage)];
-  s.seconds += seconds;
-  s.weight_bytes += weight_bytes;
 }
 
 void Engine::run_chunk(const Row* rows, int64_t n, Output what) {
@@ -517,11 +416,6 @@ void Engine::run_chunk(const Row* rows, int64_t n, Output what) {
   dr.tables = tables_.data();
   dr.want_logits = want_.data();
   if (window_cache_) dr.window_tables = window_tables_.data();
-  if (device_) {
-    fwd_->embed(dr);
-    run_chunk_device(rows, n);
-    return;
-  }
   auto paged = [&](KvCache& pool, const ops::Buffer& there) {
     model::PagedKv kv;
     kv.base = there.data() ? there.as<uint8_t>() : pool.layer_base(0);
@@ -543,35 +437,6 @@ void Engine::run_chunk(const Row* rows, int64_t n, Output what) {
   }
   const int64_t width = what == Output::logits ? config().vocab : config().d_model;
   logit_rows_done_ += fwd_->forward(dr, kv, logits_.data() + logit_rows_done_ * width, what);
-}
-
-void Engine::run_chunk_device(const Row* rows, int64_t n) {
-  const int64_t BT = opts_.block_tokens, S = max_seq_blocks_;
-  slots_.resize(static_cast<size_t>(n));
-  chunk_tables_.assign(static_cast<size_t>(n * S), 0);
-  logit_index_.clear();
-  for (int64_t r = 0; r < n; ++r) {
-    const std::vector<int32_t>& blocks = seqs_[rows[r].seq].blocks;
-    slots_[r] = static_cast<int32_t>(blocks[rows[r].pos / BT] * BT + rows[r].pos % BT);
-    std::copy(blocks.begin(), blocks.end(), chunk_tables_.begin() + r * S);
-    if (rows[r].want_logits) logit_index_.push_back(static_cast<int32_t>(r));
-  }
-  backend::DecoderChunk chunk;
-  chunk.n = n;
-  chunk.x = fwd_->x();
-  chunk.pos = positions_.data();
-  chunk.slot = slots_.data();
-  chunk.tables = chunk_tables_.data();
-  chunk.logit_rows = logit_index_.data();
-  chunk.n_logits = static_cast<int64_t>(logit_index_.size());
-  chunk.logits = logits_.data() + logit_rows_done_ * config().vocab;
-  device_->forward(chunk);
-  logit_rows_done_ += chunk.n_logits;
-  // All zero unless stage timing is on.
-  const backend::DeviceStageTimes& t = device_->stage_times();
-  for (int i = 0; i < kNumStages; ++i)
-    count_stage(static_cast<Stage>(i), t.seconds[i], t.weight_bytes[i]);
-  device_->reset_stage_times();
 }
 
 }  // namespace tessera::infer

@@ -10,7 +10,6 @@
 #include <string>
 #include <vector>
 
-#include "backend/device_decoder.h"
 #include "infer/kv_cache.h"
 #include "model/decoder.h"
 #include "model/decoder_forward.h"
@@ -28,25 +27,20 @@ struct EngineOptions {
   // for float weights, which the packed GEMM widens once per call, 128 for the integer kernels).
   int64_t max_rows = 0;
   DType kv_type = DType::f32;  // KV cache elements: f32, or f16 (half the memory and traffic)
-  // threads; reference kernels for tests; device cuda runs the whole forward pass on the GPU
-  // (weights, activations and the KV cache in device memory; backend/device_decoder.h), with
-  // the sequence bookkeeping and the embedding lookup (model::DecoderForward::embed) on the
-  // host.
+  // threads; reference kernels for tests; another device (cuda) runs the forward pass through
+  // ops/ on the backend registered for it, with the weights, activations and the KV cache in its
+  // memory (ops::Buffer), and the sequence bookkeeping and the embedding lookup
+  // (model::DecoderForward::embed) on the host.
   ops::Context ctx;
   // Widen every weight matrix to f32 once at start, so activations are never quantized: the
   // accuracy yardstick for the integer kernels (4-8x the memory, much slower decode).
   bool float_weights = false;
-  // Device cuda only: run the layers in backend/cuda's DeviceDecoder (true), or run the shared
-  // forward pass (model::DecoderForward) through ops/ on the backend registered for the device
-  // (false): weights, activations and the cache in its memory through ops::Buffer. The second
-  // replaces the first once the CUDA ops backend has run it on a GPU.
-  bool device_decoder = true;
   // Live sequences at most; 0: no bound. With a bound, a model's sliding-window layers
   // (DecoderConfig::window) keep their keys and values in a pool of their own sized for that
   // many windows, each sequence's blocks freed as its window moves past them, so a long context
   // costs the other layers' cache only (Gemma 3: a sixth). Sequences then cannot take cached
   // blocks (share_blocks: the prefix cache needs every layer's) nor be cut back into a freed
-  // window. Not on the CUDA device decoder, which keeps every layer in one pool.
+  // window.
   int64_t max_sequences = 0;
 };
 
@@ -66,26 +60,15 @@ struct Feed {
   bool all_logits = false;          // logits for every token, not only the last
 };
 
-// The parts of a forward pass (model::Stage). On the CPU and through the ops backend they are
-// ops::Scopes that an observer in EngineOptions::ctx sums (ops/op_tally.h); the CUDA device twin
-// times them with its own events, into EngineStats::stages, while set_stage_timing is on.
+// The parts of a forward pass (model::Stage): ops::Scopes that an observer in
+// EngineOptions::ctx sums (ops/op_tally.h).
 using model::kNumStages;
 using model::Stage;
 using model::stage_name;
 
-struct StageStats {
-  double seconds = 0;
-  int64_t weight_bytes = 0;  // weight bytes read (one pass over each matrix per call)
-};
-
 struct EngineStats {
   double seconds = 0;
   int64_t rows = 0, forward_calls = 0;
-  StageStats stages[kNumStages];
-  const StageStats& stage(Stage s) const { return stages[static_cast<int>(s)]; }
-  // Every weight product's time (all stages but attention), and attention's.
-  double matmul_seconds() const;
-  double attention_seconds() const { return stage(Stage::attention).seconds; }
   // Adds o's figures to these (totals over several runs).
   EngineStats& operator+=(const EngineStats& o);
 };
@@ -130,7 +113,7 @@ class Engine {
   int64_t blocks_to_append(int32_t seq, int64_t n) const;
 
   // What forward() returns per row: logits (V), or the last hidden state (C: the final norm's
-  // output, for embeddings; not on the CUDA device decoder).
+  // output, for embeddings).
   using Output = model::DecoderForward::Output;
   // Runs the model over the feeds (distinct sequences) and returns logits (rows, V): one row per
   // feed (its last token), or one per token for feeds with all_logits, in feed order (with
@@ -139,15 +122,11 @@ class Engine {
   // is then unchanged for every sequence.
   const std::vector<float>& forward(const std::vector<Feed>& feeds, Output what = Output::logits);
 
-  // "cpu" or the device decoder's description (GPU name, device memory in use).
+  // "cpu", or the device and its ops backend's description.
   std::string device_description() const;
 
   const EngineStats& stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }
-  // The per-stage figures of stats(), kept by the CUDA device twin only while this is on, from
-  // events between the stages, with eager launches instead of CUDA graphs (so a timed decode is
-  // slower than an untimed one). Elsewhere stages are scopes an observer sums; this does nothing.
-  void set_stage_timing(bool on);
 
  private:
   struct Sequence {
@@ -174,9 +153,6 @@ class Engine {
   void take_window_blocks(Sequence& s, int64_t first_pos, int64_t last_pos);
   void free_window_blocks(Sequence& s, int64_t next_pos);
   void run_chunk(const Row* rows, int64_t n, Output what);
-  void run_chunk_device(const Row* rows, int64_t n);
-  backend::DecoderDesc device_desc() const;
-  void count_stage(Stage stage, double seconds, int64_t weight_bytes);
 
   model::DecoderModel model_;
   EngineOptions opts_;
@@ -195,11 +171,6 @@ class Engine {
   std::vector<uint8_t> want_;
   std::vector<float> logits_;  // or hidden states
   std::vector<Row> rows_;      // this call's token rows (kept to reuse its memory)
-  // Device runs: the decoder, and per-chunk cache slots, block tables (rows, max_seq_blocks) and
-  // the rows whose logits are wanted.
-  std::unique_ptr<backend::DeviceDecoder> device_;
-  int64_t max_seq_blocks_ = 0;
-  std::vector<int32_t> slots_, chunk_tables_, logit_index_;
   int64_t logit_rows_done_ = 0;
   int64_t calls_ = 0;
   EngineStats stats_;

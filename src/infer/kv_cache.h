@@ -28,7 +28,7 @@ class KvCache {
  public:
   // Allocates the whole arena up front (throws naming the size if it cannot). Without
   // host_storage only the block bookkeeping lives here: the blocks are in device memory
-  // (backend/device_decoder.h), and layer_base() must not be called.
+  // (an ops::Buffer of the engine's), and layer_base() must not be called.
   explicit KvCache(const KvCacheShape& shape, bool host_storage = true);
 
   const KvCacheShape& shape() const { return shape_; }

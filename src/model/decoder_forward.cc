@@ -127,6 +127,11 @@ class DecoderForward::PagedAttention final : public BlockAttention {
     if (c.window(l) > 0) a.first_key = f_.ints(kFirstKey);
     a.max_keys = max_keys_;
     a.scale = c.score_scale();
+    if (f_.plan_bytes_ > 0) {
+      const int kind = f_.plan_kind(l, apart);
+      a.plan = f_.plans_device_.as<uint8_t>() + kind * f_.plan_bytes_;
+      a.plan_key = f_.plan_keys_[static_cast<size_t>(kind)];
+    }
     ops::paged_attention(ctx, a);
   }
 
@@ -209,6 +214,11 @@ int64_t DecoderForward::forward(const DecoderRows& rows, const PagedKv& kv, floa
       ints_device_ = ops::Buffer(ctx_.device, ints_.size() * sizeof(int32_t));
       logits_device_ =
           ops::Buffer(ctx_.device, static_cast<size_t>(std::min(max_rows_, kHeadRows) * V) * 4);
+      plan_bytes_ = ops::paged_attention_plan_bytes(ctx_, max_rows_);
+      if (plan_bytes_ > 0) {
+        plans_host_.resize(static_cast<size_t>(kPlanKinds * plan_bytes_));
+        plans_device_ = ops::Buffer(ctx_.device, plans_host_.size());
+      }
     }
   }
   TS_CHECK(table_stride_ * BT >= max_ctx_, "[model] cache blocks of ", BT,
@@ -248,6 +258,7 @@ int64_t DecoderForward::forward(const DecoderRows& rows, const PagedKv& kv, floa
     }
     if (rows.want_logits[r]) logit_rows[m++] = static_cast<int32_t>(r);
   }
+  if (plan_bytes_ > 0) stage_plans(rows, kv, n);
   // On a device: the row arrays and the tables' rows in use in one copy, then the embeddings.
   if (!on_host_) {
     const size_t used = R * kTables + static_cast<size_t>(n * table_stride_);
@@ -280,7 +291,7 @@ int64_t DecoderForward::forward(const DecoderRows& rows, const PagedKv& kv, floa
   auto run = [&] { run_layers(n, m, bound, first_piece, kv, head_out); };
   // A MoE layer groups its rows by expert on the host (moe_mlp): no graph can record it.
   if (n <= kGraphMaxRows && m <= kHeadRows && !c.moe() && ops::records_graphs(ctx_)) {
-    const GraphKey key{n, m, bound, kv.base};
+    const GraphKey key{n, m, bound, kv.base, plan_keys_};
     auto it = graphs_.find(key);
     if (it == graphs_.end()) {
       // First sighting: eager, which also lets the backend size its scratch (nothing may be
@@ -353,16 +364,63 @@ void DecoderForward::run_layers(int64_t n, int64_t m, int64_t max_keys, int64_t 
   if (head_rows > 0) linear_forward(ctx_, Stage::head, head_out, buf(kXn), head_rows, w.output, {});
 }
 
+int DecoderForward::plan_kind(int64_t layer, bool apart) const {
+  return apart ? 2 : model_.config.window(layer) > 0 ? 1 : 0;
+}
+
+void DecoderForward::stage_plans(const DecoderRows& rows, const PagedKv& kv, int64_t n) {
+  const int64_t BT = kv.layout.block_tokens, S = table_stride_;
+  int32_t* tables = host_ints(kTables);
+  // Rows of one sequence (adjacent, reading one table) get its table up to the run's last
+  // position: a device's tiles read their first row's table for every row's keys.
+  for (int64_t r0 = 0; r0 < n;) {
+    int64_t r1 = r0 + 1, last = rows.pos[r0];
+    while (r1 < n && rows.tables[r1] == rows.tables[r0] &&
+           (!kv.windowed || rows.window_tables[r1] == rows.window_tables[r0]))
+      last = std::max<int64_t>(last, rows.pos[r1++]);
+    const int64_t used = last / BT + 1;
+    for (int64_t r = r0; r < r1; ++r) {
+      int32_t* row = tables + r * S;
+      std::copy(rows.tables[r0], rows.tables[r0] + used, row);
+      std::fill(row + used, row + S, 0);
+      if (kv.windowed) {
+        int32_t* to = tables + (max_rows_ + r) * S;
+        for (int64_t b = 0; b < used; ++b) to[b] = std::max(rows.window_tables[r0][b], 0);
+        std::fill(to + used, to + S, 0);
+      }
+    }
+    r0 = r1;
+  }
+  bool kinds[kPlanKinds] = {};
+  for (int64_t l = 0; l < model_.config.n_layers; ++l)
+    kinds[plan_kind(l, kv.windowed && model_.config.window(l) > 0)] = true;
+  for (int k = 0; k < kPlanKinds; ++k) {
+    plan_keys_[static_cast<size_t>(k)] = 0;
+    if (!kinds[k]) continue;
+    ops::PagedAttentionArgs a;
+    static_cast<ops::PagedKvLayout&>(a) = k == 2 ? kv.windowed->layout : kv.layout;
+    a.rows = n;
+    a.block_tables = k == 2 ? tables + max_rows_ * S : tables;
+    a.table_stride = S;
+    a.n_keys = host_ints(kNKeys);
+    if (k > 0) a.first_key = host_ints(kFirstKey);
+    const size_t at = static_cast<size_t>(k * plan_bytes_);
+    plan_keys_[static_cast<size_t>(k)] = ops::plan_paged_attention(ctx_, a, &plans_host_[at]);
+    ops::copy(ctx_, plans_device_.as<uint8_t>() + at, &plans_host_[at],
+              static_cast<size_t>(plan_bytes_), ops::CopyKind::host_to_device);
+  }
+}
+
 DeviceModel to_device(const DecoderModel& host, const ops::Context& ctx) {
   DeviceModel d;
   d.view = host;
   if (ctx.device == ops::Device::cpu) return d;
   // One copy per distinct tensor (a tied head shares the embedding's bytes, but those stay on
-  // the host for the lookups: the head gets its own copy).
-  // Several tensors go into one buffer, side by side, where they share a type and a width: a
-  // layer's q, k and v (and their biases), and its gate and up. linear_group then runs each as
-  // one product (WeightRef::continued_by), one launch where the twin of this forward fused the
-  // matrices at load. A tensor joined this way is skipped by the loops below.
+  // the host for the lookups: the head gets its own copy). Several tensors go into one buffer,
+  // side by side, where they share a type and a width: a layer's q, k and v (and their biases),
+  // and its gate and up. linear_group then runs each group as one product
+  // (WeightRef::continued_by): one launch on a device. A tensor joined this way is skipped by
+  // the loops below.
   std::vector<const WeightRef*> joined;
   auto upload = [&](std::initializer_list<WeightRef*> parts) {
     const WeightRef& first = **parts.begin();

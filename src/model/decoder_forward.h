@@ -7,6 +7,7 @@
 // up, and copies both in and the logits out (no copies on the CPU, whose memory is the host's).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <initializer_list>
 #include <map>
@@ -106,12 +107,21 @@ class DecoderForward {
   // head_rows = 0 stops after the final norm (hidden states in the kXn buffer).
   void run_layers(int64_t n, int64_t m, int64_t max_keys, int64_t head_rows, const PagedKv& kv,
                   float* head_out);
-  // A recorded step's shape: rows, logit rows, key bound, cache.
+  // The attention's plans (ops::plan_paged_attention) by kind of layer: a layer of the full pool
+  // without a window (kind 0) or with one (1), a layer of the windowed pool (2).
+  static constexpr int kPlanKinds = 3;
+  int plan_kind(int64_t layer, bool apart) const;
+  // Where the device plans its attention: extends each row's block table to its sequence's last
+  // position in the chunk (zero past it), then writes and stages each kind's plan of the n rows.
+  void stage_plans(const DecoderRows& rows, const PagedKv& kv, int64_t n);
+  // A recorded step's shape: rows, logit rows, key bound, cache, the attention's plans.
   struct GraphKey {
     int64_t n, m, max_keys;
     const uint8_t* cache;
+    std::array<int64_t, kPlanKinds> plans;
     bool operator<(const GraphKey& o) const {
-      return std::tie(n, m, max_keys, cache) < std::tie(o.n, o.m, o.max_keys, o.cache);
+      return std::tie(n, m, max_keys, cache, plans) <
+             std::tie(o.n, o.m, o.max_keys, o.cache, o.plans);
     }
   };
 
@@ -132,6 +142,12 @@ class DecoderForward {
   ops::Buffer ints_device_, logits_device_;
   // Steps recorded on a device that records graphs; an empty graph: the shape was seen once.
   std::map<GraphKey, ops::Graph> graphs_;
+  // Each kind's plan of plan_bytes_ bytes (0: the device plans nothing), on the host and staged
+  // on the device, and this chunk's keys (0 for a kind no layer has).
+  int64_t plan_bytes_ = 0;
+  std::vector<uint8_t> plans_host_;
+  ops::Buffer plans_device_;
+  std::array<int64_t, kPlanKinds> plan_keys_{};
 };
 
 // The model with its weights copied to ctx.device (the embedding tables stay where they are:

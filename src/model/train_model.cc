@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "model/train_model_impl.h"
+#include "ops/backend.h"
 #include "ops/ops.h"
 
 namespace tessera::model {
@@ -18,6 +19,7 @@ namespace tessera::model {
 TrainModel::TrainModel(const TrainConfig& cfg, const ops::Context& ctx)
     : cfg_(cfg), ctx_(ctx), impl_(std::make_unique<Impl>(*this)) {
   cfg_.validate();
+  ops::require_device(ctx_, "the training model");
   const int64_t C = cfg_.n_embd, L = cfg_.n_layer, F = cfg_.ff(), Vp = cfg_.padded_vocab_size;
   Impl& im = *impl_;
   // The token embedding (and an untied head) has Vp rows; rows >= V are padding so the head's
@@ -33,23 +35,21 @@ TrainModel::TrainModel(const TrainConfig& cfg, const ops::Context& ctx)
       auto add = [&](WeightRef DL::*m, Shape shape) {
         return table_.add(h + layer_tensor(m).hf_gpt2, shape);
       };
-      Gpt2LayerParams lp;
-      lp.ln1_w = add(&DL::attn_norm, {C});
-      lp.ln1_b = add(&DL::attn_norm_b, {C});
-      lp.qkv_w = table_.add(h + kFusedQkv.hf_gpt2, {3 * C, C});
-      lp.qkv_b = table_.add(h + kFusedQkvBias.hf_gpt2, {3 * C});
-      lp.proj_w = add(&DL::wo, {C, C});
-      lp.proj_b = add(&DL::bo, {C});
-      lp.ln2_w = add(&DL::ffn_norm, {C});
-      lp.ln2_b = add(&DL::ffn_norm_b, {C});
-      lp.fc_w = add(&DL::w_up, {F, C});
-      lp.fc_b = add(&DL::b_up, {F});
-      lp.fcproj_w = add(&DL::w_down, {C, F});
-      lp.fcproj_b = add(&DL::b_down, {C});
-      im.layer_params.push_back(lp);
+      add(&DL::attn_norm, {C});
+      add(&DL::attn_norm_b, {C});
+      table_.add(h + kFusedQkv.hf_gpt2, {3 * C, C});
+      table_.add(h + kFusedQkvBias.hf_gpt2, {3 * C});
+      add(&DL::wo, {C, C});
+      add(&DL::bo, {C});
+      add(&DL::ffn_norm, {C});
+      add(&DL::ffn_norm_b, {C});
+      add(&DL::w_up, {F, C});
+      add(&DL::b_up, {F});
+      add(&DL::w_down, {C, F});
+      add(&DL::b_down, {C});
     }
-    im.lnf_w = table_.add("ln_f.weight", {C});
-    im.lnf_b = table_.add("ln_f.bias", {C});
+    table_.add("ln_f.weight", {C});
+    table_.add("ln_f.bias", {C});
     im.head = im.wte;
   } else {  // Hugging Face Llama's names; q, k, v adjacent and gate, up adjacent, so the layer
             // code runs each trio / pair as one product
@@ -70,7 +70,7 @@ TrainModel::TrainModel(const TrainConfig& cfg, const ops::Context& ctx)
           table_.add(hf_expert_name(h, hf_moe_is_mixtral(dc), e, m), shape);
       }
     }
-    im.lnf_w = table_.add("model.norm.weight", {C});
+    table_.add("model.norm.weight", {C});
     im.head = cfg_.tied ? im.wte : table_.add("lm_head.weight", {Vp, C});
   }
   allocate_parameters();
@@ -78,12 +78,13 @@ TrainModel::TrainModel(const TrainConfig& cfg, const ops::Context& ctx)
 
 TrainModel::TrainModel(DecoderModel base, const LoraSpec& spec, const ops::Context& ctx)
     : ctx_(ctx), impl_(std::make_unique<Impl>(*this)) {
+  ops::require_device(ctx_, "the training model");
   const DecoderConfig& c = base.config;
   check_lora_spec(c, spec, base.source);
   cfg_ = trainable_config(c, base.source);
   cfg_.padded_vocab_size = cfg_.vocab_size;  // the head is the base's (V,C) matrix
   Impl& im = *impl_;
-  im.wte = im.head = im.lnf_w = -1;
+  im.wte = im.head = -1;
   im.lora = spec;
   // Per layer, per target in layer order: A (r,K) then B (N,r), PEFT's names.
   for (int64_t l = 0; l < c.n_layers; ++l) {
@@ -523,32 +524,6 @@ double TrainModel::flops_per_token_train(int64_t T) const {
   non_embedding -= idle;
   const double head = static_cast<double>(cfg_.vocab_size) * C;
   return 6.0 * (non_embedding + head) + 6.0 * L * static_cast<double>(T) * QD;
-}
-
-backend::Gpt2DeviceDesc TrainModel::device_desc(int64_t B, int64_t T) const {
-  TS_CHECK(cfg_.arch == DecoderArch::gpt2 && cfg_.ff() == 4 * cfg_.n_embd,
-           "[train] the CUDA device twin trains GPT-2 shapes only");
-  backend::Gpt2DeviceDesc d;
-  d.L = cfg_.n_layer;
-  d.H = cfg_.n_head;
-  d.C = cfg_.n_embd;
-  d.V = cfg_.vocab_size;
-  d.Vp = cfg_.padded_vocab_size;
-  d.max_seq = cfg_.max_seq;
-  d.max_B = B;
-  d.max_T = T;
-  // The device keeps what the host plan keeps (plan() sets the policy; none before it).
-  d.recompute = impl_->recompute;
-  d.n_params = table_.total_elems();
-  d.wte = impl_->wte;
-  d.wpe = impl_->wpe;
-  d.lnf_w = impl_->lnf_w;
-  d.lnf_b = impl_->lnf_b;
-  for (const Gpt2LayerParams& lp : impl_->layer_params)
-    d.blocks.push_back(backend::Gpt2BlockOffsets{lp.ln1_w, lp.ln1_b, lp.qkv_w, lp.qkv_b, lp.proj_w,
-                                                 lp.proj_b, lp.ln2_w, lp.ln2_b, lp.fc_w, lp.fc_b,
-                                                 lp.fcproj_w, lp.fcproj_b});
-  return d;
 }
 
 }  // namespace tessera::model

@@ -10,7 +10,6 @@
 #include <string>
 #include <vector>
 
-#include "backend/device_gpt2.h"
 #include "core/arena.h"
 #include "core/tensor.h"
 #include "model/decoder.h"
@@ -61,7 +60,10 @@ struct TrainConfig {
 };
 
 enum class Precision { f32, bf16 };
-using ops::Recompute;
+// Which activations a training forward pass keeps for backward. none: all; gelu: all but the
+// GELU outputs, recomputed in backward; block: only each block's input, the block replayed in
+// backward (largest saving).
+enum class Recompute : uint8_t { none, gelu, block };
 // Parse a precision or recompute name; throw naming it as `what` (a command line: its flag).
 Precision parse_precision(const std::string& s, const std::string& what = "precision");
 Recompute parse_recompute(const std::string& s, const std::string& what = "recompute");
@@ -134,10 +136,6 @@ class TrainModel {
   // Model FLOPs for one token of training (6N + attention), used for MFU.
   double flops_per_token_train(int64_t T) const;
 
-  // This model's layout for a device twin (backend::make_cuda_gpt2) sized for batches up to
-  // (B, T): the same flat parameter buffer, so params() uploads as is, and the recompute policy
-  // of the last plan() (none if never planned).
-  backend::Gpt2DeviceDesc device_desc(int64_t B, int64_t T) const;
   // Where its ops run (device, threads), as given at construction.
   const ops::Context& context() const { return ctx_; }
 

@@ -17,8 +17,6 @@
 
 namespace tessera::model {
 
-// Element offsets of one GPT-2 block's tensors in the flat parameter/gradient buffers (what the
-// CUDA twin reads: model::TrainModel::device_desc).
 // Whether a Llama-shaped training model's parameter table holds layer tensor t (in the table's
 // order, as layer_tensors() gives it): no GPT-2-only tensor and no o bias (the training model
 // has none); the others as the config's options say. A MoE layer holds its experts' matrices
@@ -34,10 +32,6 @@ inline bool trained_tensor(const LayerTensor& t, const DecoderConfig& c) {
   if (m == &L::ffn_router) return c.moe();
   return true;
 }
-
-struct Gpt2LayerParams {
-  int64_t ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w, fcproj_b;
-};
 
 // One block's saved activations (N = B*T rows; C, QKV = q_dim + 2 kv_dim, F from the config). With
 // Recompute::block every layer points at the same shared set; with Recompute::gelu every layer's
@@ -79,10 +73,9 @@ struct TrainModel::Impl {
   explicit Impl(TrainModel& m) : model(m) {}
 
   TrainModel& model;
-  // Offsets of the embedding, GPT-2's position table and final norm's bias (-1 for Llama), the
-  // final norm's weight and the head (the embedding's offset when tied); -1 in LoRA mode.
-  int64_t wte = 0, wpe = -1, lnf_w = 0, lnf_b = -1, head = 0;
-  std::vector<Gpt2LayerParams> layer_params;
+  // Offsets of the embedding, GPT-2's position table (-1 for Llama) and the head (the
+  // embedding's offset when tied); -1 in LoRA mode.
+  int64_t wte = 0, wpe = -1, head = 0;
 
   // LoRA mode: the frozen base (host memory, which the embedding lookups read) and its weights
   // on the device (the host model itself on the CPU); the frozen norms' weight gradients go to

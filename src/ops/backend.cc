@@ -30,4 +30,8 @@ Backend& backend(Device d) {
   return *b;
 }
 
+void require_device(const Context& ctx, std::string_view user) {
+  if (ctx.device != Device::cpu) backend(ctx.device).require_device(user);
+}
+
 }  // namespace tessera::ops

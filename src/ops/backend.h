@@ -22,6 +22,9 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;
+  // Throws one line naming `user` when the device cannot run ops here (CUDA: no GPU present),
+  // so that a model says so before it allocates.
+  virtual void require_device(std::string_view /*user*/) const {}
 
   virtual void gemm(const Context& ctx, const GemmArgs& g) = 0;
   virtual void embedding_forward(const Context& ctx, float* out, const int32_t* tokens,
@@ -79,6 +82,11 @@ class Backend {
   virtual void matmul_wt_group(const Context& ctx, const float* x, int64_t M, int64_t K,
                                std::span<const WtProduct> products) = 0;
   virtual void paged_attention(const Context& ctx, const PagedAttentionArgs& a) = 0;
+  // A backend that plans nothing keeps these defaults.
+  virtual int64_t paged_attention_plan_bytes(int64_t /*rows*/) const { return 0; }
+  virtual int64_t plan_paged_attention(const PagedAttentionArgs& /*a*/, void* /*plan*/) const {
+    return 0;
+  }
   virtual void kv_append(const Context& ctx, const KvAppendArgs& a) = 0;
   virtual void rope_kv_append(const Context& ctx, const RopeKvAppendArgs& a) = 0;
   virtual void copy_rows(const Context& ctx, float* dst, int64_t ld_dst, const float* src,
@@ -126,6 +134,9 @@ class Backend {
 void register_backend(Device d, Backend* b);
 // The backend of device d; throws naming the device when the program registered none.
 Backend& backend(Device d);
+// Throws one line naming `user` unless ctx.device has a backend that can run ops here now (the
+// CPU always can).
+void require_device(const Context& ctx, std::string_view user);
 std::string_view device_name(Device d);
 
 }  // namespace tessera::ops

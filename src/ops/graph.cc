@@ -29,7 +29,7 @@ void Graph::replay(const Context& ctx) const {
 }
 
 bool records_graphs(const Context& ctx) {
-  return !ctx.observer && backend(ctx.device).records_graphs();
+  return (!ctx.observer || !ctx.observer->watching()) && backend(ctx.device).records_graphs();
 }
 
 Graph record(const Context& ctx, const std::function<void()>& ops) {

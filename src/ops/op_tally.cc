@@ -5,6 +5,8 @@
 #include <chrono>
 #include <tuple>
 
+#include "ops/memory.h"
+
 namespace tessera::ops {
 
 namespace {
@@ -150,6 +152,34 @@ void OpTally::reset() {
   const double t = now_seconds();
   for (auto& [id, open] : open_)
     for (Open& o : open) o.t0 = t;
+}
+
+void TallySwitch::on_begin(std::string_view, const Context& ctx) {
+  if (!into || !synchronize) return;
+  ops::synchronize(ctx);
+  begun_.push_back(Begun{&ctx, now_seconds()});
+}
+
+void TallySwitch::on_op(const OpRecord& r) {
+  if (!into) return;
+  if (!synchronize || begun_.empty()) return into->on_op(r);  // begun_ empty: a dry run's op
+  OpRecord timed = r;
+  ops::synchronize(*begun_.back().ctx);
+  timed.seconds = now_seconds() - begun_.back().t0;
+  begun_.pop_back();
+  into->on_op(timed);
+}
+
+void TallySwitch::enter_scope(std::string_view name, const Context& ctx) {
+  if (!into) return;
+  if (synchronize) ops::synchronize(ctx);
+  into->enter_scope(name, ctx);
+}
+
+void TallySwitch::exit_scope(std::string_view name, const Context& ctx) {
+  if (!into) return;
+  if (synchronize) ops::synchronize(ctx);
+  into->exit_scope(name, ctx);
 }
 
 }  // namespace tessera::ops

@@ -138,22 +138,6 @@ struct AdamWBias {
   float inv_bc1, rsqrt_bc2;
 };
 AdamWBias adamw_bias(const AdamWArgs& a);
-// A training run's AdamW settings; each step adds its learning rate, step count and clipping
-// scale (AdamWArgs). Shared by the CPU optimizer (train/optimizer.h) and the device trainer.
-struct AdamWConfig {
-  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
-  float weight_decay = 0.1f;
-  float clip = 1.0f;  // max global gradient norm; 0 disables clipping
-};
-// A contiguous range of a flat parameter buffer with one weight-decay setting.
-struct AdamWRun {
-  int64_t offset = 0, n = 0;
-  bool decay = false;
-};
-// Which activations a training forward pass keeps for backward. none: all; gelu: all but the
-// GELU outputs, recomputed in backward; block: only each block's input, the block replayed in
-// backward (largest saving).
-enum class Recompute : uint8_t { none, gelu, block };
 
 // Returns sum of x[i]^2 in double precision (for the global gradient norm).
 double sum_squares(const Context& ctx, const float* x, int64_t n);

@@ -62,6 +62,17 @@ void paged_attention(const Context& ctx, const PagedAttentionArgs& a) {
       [&] { backend(ctx.device).paged_attention(ctx, a); });
 }
 
+int64_t paged_attention_plan_bytes(const Context& ctx, int64_t rows) {
+  TS_CHECK(rows >= 0, "[attention] plan for ", rows, " rows");
+  return backend(ctx.device).paged_attention_plan_bytes(rows);
+}
+
+int64_t plan_paged_attention(const Context& ctx, const PagedAttentionArgs& a, void* plan) {
+  TS_CHECK(a.rows >= 0 && a.table_stride > 0 && a.n_keys && a.block_tables && plan,
+           "[attention] a plan needs rows, the tables, n_keys and the plan's memory");
+  return backend(ctx.device).plan_paged_attention(a, plan);
+}
+
 bool paged_keys_transposed(Device d) {
   return backend(d).paged_keys_transposed();
 }

@@ -40,6 +40,11 @@ struct PagedAttentionArgs : PagedKvLayout {
   // unknown (the CPU reads n_keys itself).
   int64_t max_keys = 0;
   float scale = 1.0f;  // usually 1/sqrt(D)
+  // The device's plan of these rows (plan_paged_attention) in its memory and the key that
+  // plan_paged_attention returned for it; null: no plan (every device then runs every row its
+  // default way).
+  const void* plan = nullptr;
+  int64_t plan_key = 0;
 };
 
 // out (rows,H,D) = softmax(q K^T * scale) V per query row over that row's first n_keys cached
@@ -49,6 +54,20 @@ struct PagedAttentionArgs : PagedKvLayout {
 void paged_attention(const Context& ctx, const PagedAttentionArgs& a);
 // From n_keys on the CPU; from max_keys (an upper bound) where the arrays are in device memory.
 OpCost paged_attention_cost(const PagedAttentionArgs& a, bool arrays_on_host = true);
+
+// A device may split a call's rows between its kernels by a plan made on the host from the
+// call's row arrays, staged with them and read from its memory (CUDA: runs of 16 or more rows of
+// one sequence, a prompt, go to tensor-core tiles, the rest to the decode kernel). Rows of one
+// sequence must then be adjacent with their tables equal in full (the entries past a row's own
+// keys too: the tiles read their first row's table).
+// paged_attention_plan_bytes: the plan's size for up to `rows` rows; 0 where the device plans
+// nothing (the CPU, which reads the arrays itself).
+int64_t paged_attention_plan_bytes(const Context& ctx, int64_t rows);
+// Writes into `plan` (host memory, paged_attention_plan_bytes(rows) bytes) the plan of a's rows,
+// a's n_keys, first_key and block_tables being host copies of the arrays the call will read (no
+// other pointer is read). Returns the plan's key: two calls whose plans have one key launch the
+// same kernels, so a recorded graph (ops/graph.h) holding one replays the other.
+int64_t plan_paged_attention(const Context& ctx, const PagedAttentionArgs& a, void* plan);
 
 // Whether the device's paged attention reads K transposed (PagedKvLayout::k_transposed): the
 // CPU's vertical score loops do, a GPU's (one warp per key row) do not.

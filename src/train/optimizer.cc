@@ -51,7 +51,7 @@ double AdamW::step(float* params, const float* grads, double lr, int64_t t) {
   a.eps = cfg_.eps;
   a.t = t;
   a.grad_scale = cfg_.clip > 0 && norm > cfg_.clip ? static_cast<float>(cfg_.clip / norm) : 1.0f;
-  for (const ops::AdamWRun& r : runs_) {
+  for (const AdamWRun& r : runs_) {
     a.weight_decay = r.decay ? cfg_.weight_decay : 0.0f;
     ops::adamw(ctx_, params + r.offset, grads + r.offset, m() + r.offset, v() + r.offset, r.n, a);
   }

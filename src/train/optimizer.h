@@ -14,7 +14,18 @@
 
 namespace tessera::train {
 
-using ops::AdamWConfig;
+// A training run's AdamW settings; each step adds its learning rate, step count and clipping
+// scale (ops::AdamWArgs).
+struct AdamWConfig {
+  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
+  float weight_decay = 0.1f;
+  float clip = 1.0f;  // max global gradient norm; 0 disables clipping
+};
+// A contiguous range of a flat parameter buffer with one weight-decay setting.
+struct AdamWRun {
+  int64_t offset = 0, n = 0;
+  bool decay = false;
+};
 
 class AdamW {
  public:
@@ -36,14 +47,14 @@ class AdamW {
   int64_t size() const { return n_; }
   const AdamWConfig& config() const { return cfg_; }
 
-  const std::vector<ops::AdamWRun>& runs() const { return runs_; }
+  const std::vector<AdamWRun>& runs() const { return runs_; }
 
  private:
   AdamWConfig cfg_;
   ops::Context ctx_;
   int64_t n_;
   ops::Buffer m_, v_;  // on the context's device
-  std::vector<ops::AdamWRun> runs_;
+  std::vector<AdamWRun> runs_;
 };
 
 }  // namespace tessera::train

@@ -32,7 +32,6 @@ void for_each_field(TrainOptions& o, Fn&& fn) {
   fn("precision", o.precision);
   fn("recompute", o.recompute);
   fn("device", o.device);
-  fn("cuda_step", o.cuda_step);
   fn("lr", o.lr);
   fn("min_lr_fraction", o.min_lr_fraction);
   fn("warmup", o.warmup);
@@ -116,10 +115,6 @@ void validate_options(const TrainOptions& o, OptionNamer namer) {
   TS_CHECK(o.device == "cpu" || o.precision == "bf16", "[train] ", n("device"),
            " cuda trains with ", n("precision"), " bf16 (got ", n("precision"), " ", o.precision,
            ")");
-  TS_CHECK(o.cuda_step == "twin" || o.cuda_step == "shared", "[train] ", n("cuda_step"),
-           " must be twin or shared, not '", o.cuda_step, "'");
-  TS_CHECK(o.device == "cuda" || o.cuda_step == "twin", "[train] ", n("cuda_step"), " ",
-           o.cuda_step, " needs ", n("device"), " cuda");
   TS_CHECK(o.lora_rank >= 0, "[train] ", n("lora_rank"), " must be >= 0, got ", o.lora_rank);
   TS_CHECK(o.lora_alpha >= 0, "[train] ", n("lora_alpha"), " must be positive, got ", o.lora_alpha);
   if (o.lora_rank > 0) {

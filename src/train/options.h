@@ -26,16 +26,15 @@ struct TrainOptions {
   std::string data_dir, out_dir;
   int64_t batch = 8, seq = 512, grad_accum = 1;
   std::string precision = "f32", recompute = "none";
-  // cpu, or cuda: the whole step on GPU 0 (bf16, any recompute). May change on resume
-  // (checkpoints are the same either way).
+  // cpu, or cuda: the whole step on GPU 0 through the CUDA ops backend (bf16, any recompute).
+  // May change on resume (checkpoints are the same either way).
   std::string device = "cpu";
-  // On cuda, which code runs the step: twin, the CUDA GPT-2 (backend/device_gpt2.h), or shared,
-  // the model's own step (model/gpt2_step.cc) through the CUDA ops backend. Until the twin
-  // retires; may change on resume.
-  std::string cuda_step = "twin";
-  // Sees every op of the host model's steps, and their scopes (forward, loss, backward,
-  // optimizer, the forward's stages); null: none. The CUDA twin is not observed.
+  // Sees every op of the steps, and their scopes (forward, loss, backward, optimizer, the
+  // forward's stages); null: none.
   ops::OpObserver* observer = nullptr;
+  // The products' peak in GFLOP/s for the MFU of the progress lines: 0 takes the CPU's probed
+  // peak on cpu and shows none on another device (the caller knows the device's).
+  double peak_gflops = 0;
 
   double lr = 6e-4, min_lr_fraction = 0.1;
   int64_t warmup = 0;

@@ -12,7 +12,6 @@
 #include <sstream>
 #include <string_view>
 
-#include "backend/device.h"
 #include "core/error.h"
 #include "core/file_io.h"
 #include "model/decoder_save.h"
@@ -102,8 +101,8 @@ Trainer::Trainer(const TrainOptions& opts, bool resume, OptionNamer namer) : opt
   ops::Context ctx;
   ctx.pool = pool_.get();
   ctx.observer = opts_.observer;
-  // cuda_step shared: the model's own step, its tensors in the memory of the CUDA ops backend.
-  if (opts_.device == "cuda" && opts_.cuda_step == "shared") ctx.device = ops::Device::cuda;
+  // cuda: the model's own step, its tensors in the memory of the CUDA ops backend.
+  if (opts_.device == "cuda") ctx.device = ops::Device::cuda;
   train_data_ = load_split(opts_.data_dir, "train");
   val_data_ = load_split(opts_.data_dir, "val");
   const int64_t data_vocab = std::max(train_data_.vocab, val_data_.vocab);
@@ -168,21 +167,6 @@ Trainer::Trainer(const TrainOptions& opts, bool resume, OptionNamer namer) : opt
   }
   inputs_.resize(static_cast<size_t>(opts_.batch * opts_.seq));
   targets_.resize(inputs_.size());
-  if (opts_.device == "cuda" && opts_.cuda_step == "twin") {
-    // The host model keeps the layout, the checkpoints and the final model; the steps run on
-    // the device twin. Its arena is never allocated (plan() commits nothing until a host step).
-    dev_ = backend::make_cuda_gpt2(model_->device_desc(opts_.batch, opts_.seq));
-    dev_->upload_params(model_->params());
-    dev_->upload_adam(opt_->m(), opt_->v());  // zeros, or the resumed state
-    runs_ = opt_->runs();
-  }
-}
-
-void Trainer::sync_from_device() {
-  if (!dev_) return;
-  dev_->download_params(model_->params());
-  dev_->download_adam(opt_->m(), opt_->v());
-  model_->params_updated();
 }
 
 Trainer::~Trainer() = default;
@@ -193,8 +177,7 @@ double Trainer::evaluate() {
   double sum = 0;
   for (int64_t b = 0; b < n; ++b) {
     val_loader_->batch(b, B, inputs_.data(), targets_.data());
-    sum += dev_ ? dev_->forward(inputs_.data(), targets_.data(), B, T)
-                : model_->forward(inputs_.data(), targets_.data(), B, T);
+    sum += model_->forward(inputs_.data(), targets_.data(), B, T);
   }
   return sum / static_cast<double>(n);
 }
@@ -225,8 +208,8 @@ TrainResult Trainer::run() {
   const double fpt = model_->flops_per_token_train(T);
   double peak = 0;
   if (!opts_.quiet) {
-    if (opts_.device == "cuda") {
-      peak = backend::cuda_bf16_peak_flops() * 1e-9;
+    if (opts_.peak_gflops > 0 || opts_.device != "cpu") {
+      peak = opts_.peak_gflops;
     } else {
       const auto peaks = profile::cached_peaks(model_->context().threads().size());
       peak = opts_.precision == "bf16" && peaks.bf16_gflops_all > 0 ? peaks.bf16_gflops_all
@@ -235,7 +218,6 @@ TrainResult Trainer::run() {
   }
   Progress progress(opts_.quiet ? nullptr : stdout, isatty(fileno(stdout)) != 0, opts_.log_every,
                     fpt, peak);
-  const double inv_ga = 1.0 / static_cast<double>(GA);
   const profile::Timer run_timer;
   const profile::EnergyMeter meter;  // the run's joules where RAPL or NVML is readable
   const profile::EnergySample energy_at_start = meter.sample();
@@ -249,26 +231,11 @@ TrainResult Trainer::run() {
   while (st_.step < end_step && !st_.early_stopped) {
     const profile::Timer step_timer;
     const double lr = sched_.at(st_.step);
-    double loss = 0, norm = 0;
-    if (dev_) {
-      dev_->zero_grads();
-      for (int64_t micro = 0; micro < GA; ++micro) {
-        loader_->next(B, inputs_.data(), targets_.data());
-        loss += dev_->forward_backward(inputs_.data(), targets_.data(), B, T,
-                                       static_cast<float>(inv_ga));
-      }
-      loss *= inv_ga;
-      TS_CHECK(std::isfinite(loss), "[train] loss is not finite at step ", st_.step + 1,
-               " (training diverged: lower the learning rate (lr) or raise the warm-up (warmup))");
-      norm = dev_->adamw_step(runs_, opt_->config(), static_cast<float>(lr), st_.step + 1);
-    } else {
-      const StepResult r = train_step(
-          *model_, *opt_, B, T, GA, lr, st_.step + 1,
-          [&](int32_t* in, int32_t* tg) { loader_->next(B, in, tg); }, inputs_.data(),
-          targets_.data());
-      loss = r.loss;
-      norm = r.grad_norm;
-    }
+    const StepResult r = train_step(
+        *model_, *opt_, B, T, GA, lr, st_.step + 1,
+        [&](int32_t* in, int32_t* tg) { loader_->next(B, in, tg); }, inputs_.data(),
+        targets_.data());
+    const double loss = r.loss, norm = r.grad_norm;
     ++st_.step;
     st_.loader = loader_->position();
     const double dt = step_timer.seconds();
@@ -307,7 +274,6 @@ TrainResult Trainer::run() {
 
     if (opts_.checkpoint_every > 0 && st_.step % opts_.checkpoint_every == 0 &&
         st_.step < end_step && !st_.early_stopped) {
-      sync_from_device();
       save_checkpoint(opts_.out_dir, *model_, *opt_, st_, opts_json);
       progress.message(cat("checkpoint at step ", st_.step));
     }
@@ -315,7 +281,6 @@ TrainResult Trainer::run() {
   if (!evaluated_now) last_val = evaluate();  // nothing ran: report the restored model
   progress.finish();
 
-  sync_from_device();
   save_checkpoint(opts_.out_dir, *model_, *opt_, st_, opts_json);
   finish_outputs(st_.step >= opts_.steps || st_.early_stopped);
   res.steps_done = st_.step;

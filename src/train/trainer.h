@@ -7,7 +7,6 @@
 #include <string>
 #include <vector>
 
-#include "backend/device_gpt2.h"
 #include "model/train_model.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
@@ -49,9 +48,6 @@ class Trainer {
   void write_csv_row(int64_t step, double loss, double val, double lr, double tps, double gflops,
                      double norm, double elapsed);
   void finish_outputs(bool finished);  // finished: write model/ too
-  // On device cuda: copies the device's parameters and AdamW state into model_ and opt_ (before
-  // checkpoints and the final model).
-  void sync_from_device();
 
   TrainOptions opts_;
   std::unique_ptr<ThreadPool> pool_;  // threads > 0; otherwise the context's default pool
@@ -63,8 +59,6 @@ class Trainer {
   LrSchedule sched_;
   TrainState st_;
   std::vector<int32_t> inputs_, targets_;
-  std::unique_ptr<backend::DeviceGpt2> dev_;  // device cuda
-  std::vector<ops::AdamWRun> runs_;
 };
 
 // Options to resume the run in DIR: the run options stored in DIR's checkpoint with out_dir = DIR.

@@ -312,7 +312,6 @@ TEST_F(InferCli, BadInputIsOneLine) {
       {"bench generate -m " + kModel + " --batch 0", "--batch"},
       {"generate -m " + kModel + " -p hi --kv-type q8_0", "--kv-type"},
       {"generate -m " + kModel + " -p hi --device tpu", "--device"},
-      {"generate -m " + kModel + " -p hi --cuda-forward shared", "--cuda-forward"},
   };
   for (const Case& c : cases) {
     const Result r = run_tessera(c.args);
@@ -323,29 +322,25 @@ TEST_F(InferCli, BadInputIsOneLine) {
 }
 
 // Without CUDA in the build or without a GPU: a one-line "[cuda]" error, never a silent fall back
-// to the CPU. With a GPU: real text, generated on it by the device decoder and by the shared
-// forward pass.
+// to the CPU. With a GPU: real text, generated on it.
 TEST_F(InferCli, DeviceCuda) {
-  for (const char* way : {"decoder", "shared"}) {
-    const Result r = run_tessera("generate -m " + kModel +
-                                 " -p 'The capital of France is' -n 6 --temperature 0 --raw "
-                                 "--device cuda --cuda-forward " +
-                                 way);
-    if (!tessera::backend::cuda_built() || tessera::backend::cuda_device_count() == 0) {
-      EXPECT_NE(r.status, 0);
-      EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-      EXPECT_NE(r.err.find("[cuda] --device cuda"), std::string::npos) << r.err;
-      continue;
-    }
-    ASSERT_EQ(r.status, 0) << way << ": " << r.err;
-    // The output starts with the raw prompt; the model must add words of its own after it.
-    const std::string prompt = "The capital of France is";
-    ASSERT_EQ(r.out.rfind(prompt, 0), 0u) << way << ": " << r.out;
-    const std::string added = r.out.substr(prompt.size());
-    EXPECT_TRUE(std::any_of(added.begin(), added.end(), [](char c) { return std::isalpha(c); }))
-        << way << ": " << r.out;
-    EXPECT_NE(r.err.find("tokens/s"), std::string::npos) << r.err;
+  const Result r = run_tessera("generate -m " + kModel +
+                               " -p 'The capital of France is' -n 6 --temperature 0 --raw "
+                               "--device cuda");
+  if (!tessera::backend::cuda_built() || tessera::backend::cuda_device_count() == 0) {
+    EXPECT_NE(r.status, 0);
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_NE(r.err.find("[cuda] --device cuda"), std::string::npos) << r.err;
+    return;
   }
+  ASSERT_EQ(r.status, 0) << r.err;
+  // The output starts with the raw prompt; the model must add words of its own after it.
+  const std::string prompt = "The capital of France is";
+  ASSERT_EQ(r.out.rfind(prompt, 0), 0u) << r.out;
+  const std::string added = r.out.substr(prompt.size());
+  EXPECT_TRUE(std::any_of(added.begin(), added.end(), [](char c) { return std::isalpha(c); }))
+      << r.out;
+  EXPECT_NE(r.err.find("tokens/s"), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -97,13 +97,12 @@ TEST(TrainFlags, NonsenseThrowsNamingTheFlag) {
   expect_error([&] { parse({"--out", "o"}, &r); }, "--data");
   expect_error([&] { parse({"--resume", "somewhere", "--lr", "1e-3"}, &r); }, "--lr");
   expect_error([&] { parse(with({"--steps"}), &r); }, "--steps");
-  // Which CUDA step runs is a question only --device cuda asks.
-  expect_error([&] { parse(with({"--cuda-step", "shared"}), &r); }, "--cuda-step shared needs");
+  // A GPU trains in bf16: checked with the flags, before any device is asked for.
   expect_error(
       [&] {
-        parse(with({"--device", "cuda", "--precision", "bf16", "--cuda-step", "both"}), &r);
+        parse(with({"--device", "cuda", "--precision", "f32"}), &r);
       },
-      "flag --cuda-step must be one of twin, shared");
+      "--device cuda trains with --precision bf16");
 }
 
 TEST(TrainFlags, EveryOptionNamesItsFlag) {

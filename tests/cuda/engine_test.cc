@@ -21,6 +21,7 @@
 #include "cuda_test_util.h"
 #include "infer/engine.h"
 #include "infer/tiny_model.h"
+#include "ops/op_tally.h"
 #include "test_util/expect_error.h"
 
 namespace tessera::infer {
@@ -130,7 +131,10 @@ EngineOptions options(const Case& c, bool cuda) {
   o.block_tokens = 16;
   o.max_rows = 24;  // a 50-token prompt runs in three chunks
   o.kv_type = c.kv;
-  if (cuda) o.ctx.device = ops::Device::cuda;
+  if (cuda) {
+    cuda::register_ops_backend();
+    o.ctx.device = ops::Device::cuda;
+  }
   return o;
 }
 
@@ -186,13 +190,13 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
 
 class CudaEngine : public ::testing::TestWithParam<Case> {};
 
-// The GPU engine through the device decoder (device_decoder) or through the shared forward pass
-// on the CUDA ops backend, against the CPU engine: prefill, decode, single rows, reused blocks.
-void matches_cpu_engine(const Case& c, bool device_decoder) {
+// The GPU engine (the model's forward pass on the CUDA ops backend) against the CPU engine:
+// prefill, decode, single rows, reused blocks.
+TEST_P(CudaEngine, MatchesCpuEngine) {
+  TS_REQUIRE_CUDA_DEVICE();
+  const Case c = GetParam();
   const model::DecoderModel m = make_model(c);
-  EngineOptions go = options(c, true);
-  go.device_decoder = device_decoder;
-  Engine cpu(m, options(c, false)), gpu(m, go);
+  Engine cpu(m, options(c, false)), gpu(m, options(c, true));
   EXPECT_NE(gpu.device_description(), "cpu");
   const Allowance tol = allowance(c);
   const int64_t V = m.config.vocab;
@@ -235,18 +239,6 @@ void matches_cpu_engine(const Case& c, bool device_decoder) {
   const std::vector<int32_t> p2 = test::random_tokens(20, V, 3);
   expect_close(gpu.forward({Feed{b0, p2, false}}), cpu.forward({Feed{a0, p2, false}}), tol,
                "reused blocks");
-}
-
-TEST_P(CudaEngine, MatchesCpuEngine) {
-  TS_REQUIRE_CUDA_DEVICE();
-  matches_cpu_engine(GetParam(), true);
-}
-
-// The same model code as the CPU's (model::DecoderForward), its ops on the CUDA ops backend.
-TEST_P(CudaEngine, SharedForwardMatchesCpuEngine) {
-  TS_REQUIRE_CUDA_DEVICE();
-  cuda::register_ops_backend();
-  matches_cpu_engine(GetParam(), false);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -338,15 +330,15 @@ TEST(CudaEngine, LongPrefillThroughGemmMatchesCpu) {
 }
 
 // Decode steps replay a captured CUDA graph from the second step of a shape on: the replay must
-// give exactly what eager launches give.
+// give exactly what eager launches give (an engine whose ops an observer watches records none).
 TEST(CudaEngine, GraphReplayEqualsEagerLaunches) {
   TS_REQUIRE_CUDA_DEVICE();
   const Case c{model::DecoderArch::llama, DType::q4_0, DType::f16, false, false};
   const model::DecoderModel m = make_model(c);
-  setenv("TESSERA_CUDA_GRAPHS", "0", 1);
-  Engine eager(m, options(c, true));
-  unsetenv("TESSERA_CUDA_GRAPHS");
-  Engine graphed(m, options(c, true));
+  ops::OpTally watching;
+  EngineOptions eo = options(c, true);
+  eo.ctx.observer = &watching;
+  Engine eager(m, eo), graphed(m, options(c, true));
   const std::vector<int32_t> p = test::random_tokens(30, m.config.vocab, 5);
   const int32_t a = eager.new_sequence(), b = graphed.new_sequence();
   EXPECT_EQ(eager.forward({Feed{a, p, false}}), graphed.forward({Feed{b, p, false}}));
@@ -368,41 +360,50 @@ TEST(CudaEngine, GraphReplayEqualsEagerLaunches) {
   }
 }
 
-// The prompt tiles against the decode kernel on the same GPU (TESSERA_CUDA_PAGED_PREFILL=0):
-// they must differ (the tiles round q * scale and p to f16, so equal logits would mean they
-// never ran) but stay within the f16 cache's allowance: 70 tokens in chunks of 24 and 46 (the
-// second a 46-row tile with a 24-key prefix), then decode steps reading the tiles' keys.
+// The prompt tiles against the decode kernel on the same GPU (TESSERA_CUDA_PAGED_PREFILL=0, read
+// at each plan, so set around the plain engine's calls): they must differ (the tiles round
+// q * scale and p to f16, so equal logits would mean they never ran) but stay within the f16
+// cache's allowance: 70 tokens in chunks of 24 and 46 (the second a 46-row tile with a 24-key
+// prefix), then decode steps reading the tiles' keys.
 TEST(CudaEngine, PromptTilesStayCloseToTheDecodeKernel) {
   TS_REQUIRE_CUDA_DEVICE();
+  struct Unset {
+    ~Unset() { unsetenv("TESSERA_CUDA_PAGED_PREFILL"); }
+  } unset;
   for (const Case& c : {Case{model::DecoderArch::llama, DType::f16, DType::f16, false, false},
                         Case{model::DecoderArch::gpt2, DType::f32, DType::f16, true, true}}) {
     const model::DecoderModel m = make_model(c);
     EngineOptions o = options(c, true);
     o.max_rows = 46;
-    setenv("TESSERA_CUDA_PAGED_PREFILL", "0", 1);
-    Engine plain(m, o);
-    unsetenv("TESSERA_CUDA_PAGED_PREFILL");
-    Engine tiled(m, o);
+    Engine plain(m, o), tiled(m, o);
+    auto on_plain = [&](const std::vector<Feed>& feeds) {
+      setenv("TESSERA_CUDA_PAGED_PREFILL", "0", 1);
+      std::vector<float> got = plain.forward(feeds);
+      unsetenv("TESSERA_CUDA_PAGED_PREFILL");
+      return got;
+    };
     const std::vector<int32_t> p = test::random_tokens(70, m.config.vocab, 11);
     const int32_t a = plain.new_sequence(), b = tiled.new_sequence();
-    const std::vector<float> want = plain.forward({Feed{a, p, true}});
+    const std::vector<float> want = on_plain({Feed{a, p, true}});
     const std::vector<float> got = tiled.forward({Feed{b, p, true}});
     EXPECT_NE(got, want) << case_name(c) << ": the tiles did not run";
     expect_close(got, want, allowance(c), cat(case_name(c), " prompt"));
     int32_t next = 4;
     for (int step = 0; step < 3; ++step) {
-      const std::vector<float> w = plain.forward({Feed{a, {&next, 1}, false}});
+      const std::vector<float> w = on_plain({Feed{a, {&next, 1}, false}});
       expect_close(tiled.forward({Feed{b, {&next, 1}, false}}), w, allowance(c),
                    cat(case_name(c), " step ", step));
       next = static_cast<int32_t>(std::max_element(w.begin(), w.end()) - w.begin());
     }
   }
-  // A bad value is refused at set-up, naming the variable.
+  // A bad value is refused at the next plan, naming the variable.
   setenv("TESSERA_CUDA_PAGED_PREFILL", "yes", 1);
   const Case c{model::DecoderArch::llama, DType::f16, DType::f16, false, false};
   const model::DecoderModel m = make_model(c);
-  test::expect_error([&] { Engine e(m, options(c, true)); }, "TESSERA_CUDA_PAGED_PREFILL=yes");
-  unsetenv("TESSERA_CUDA_PAGED_PREFILL");
+  Engine e(m, options(c, true));
+  const int32_t s = e.new_sequence();
+  const std::vector<int32_t> p = test::random_tokens(20, m.config.vocab, 12);
+  test::expect_error([&] { e.forward({Feed{s, p, false}}); }, "TESSERA_CUDA_PAGED_PREFILL=yes");
 }
 
 // Programmatic dependent launch lets each decode kernel start while the one before finishes
@@ -459,23 +460,26 @@ TEST(CudaEngine, DependentLaunchesKeepTheLogitsBitForBit) {
   }
 }
 
-// Stage timing on the GPU (events between stages, eager launches): the logits stay exactly the
-// graphed engine's, every stage gets device time, the stages sum to less than the forward's
-// wall time, and each stage's weight bytes are the CPU engine's for the same steps. Untimed, a
-// device engine reports no stages.
-TEST(CudaEngine, StageTimingSplitsDecodeAndKeepsResults) {
+// Stages timed on the GPU (an observer that waits for each op, so each runs eagerly and alone):
+// the logits stay exactly the graphed engine's, every stage gets device time, and each stage's
+// bytes are the CPU engine's for the same steps.
+TEST(CudaEngine, TimedStagesKeepTheResults) {
   TS_REQUIRE_CUDA_DEVICE();
   const Case c{model::DecoderArch::llama, DType::q4_0, DType::f16, false, false};
   const model::DecoderModel m = make_model(c);
-  Engine cpu(m, options(c, false)), graphed(m, options(c, true)), timed(m, options(c, true));
-  timed.set_stage_timing(true);
+  ops::TallySwitch cpu_watch, gpu_watch;
+  ops::OpTally cpu_stages, gpu_stages;
+  gpu_watch.synchronize = true;
+  EngineOptions co = options(c, false), to = options(c, true);
+  co.ctx.observer = &cpu_watch;
+  to.ctx.observer = &gpu_watch;
+  Engine cpu(m, co), graphed(m, options(c, true)), timed(m, to);
   const std::vector<int32_t> p = test::random_tokens(30, m.config.vocab, 6);
   const int32_t a = cpu.new_sequence(), b = graphed.new_sequence(), t = timed.new_sequence();
   cpu.forward({Feed{a, p, false}});
   EXPECT_EQ(timed.forward({Feed{t, p, false}}), graphed.forward({Feed{b, p, false}}));
-  cpu.reset_stats();
-  graphed.reset_stats();
-  timed.reset_stats();
+  cpu_watch.into = &cpu_stages;
+  gpu_watch.into = &gpu_stages;
   int32_t next = 3;
   for (int step = 0; step < 4; ++step) {
     cpu.forward({Feed{a, {&next, 1}, false}});
@@ -483,17 +487,18 @@ TEST(CudaEngine, StageTimingSplitsDecodeAndKeepsResults) {
     ASSERT_EQ(timed.forward({Feed{t, {&next, 1}, false}}), want) << "decode step " << step;
     next = static_cast<int32_t>(std::max_element(want.begin(), want.end()) - want.begin());
   }
-  double sum = 0;
+  auto scope = [](const ops::OpTally& tally, const char* name) {
+    for (const ops::ScopeTotal& s : tally.scopes())
+      if (s.name == name) return s;
+    return ops::ScopeTotal{};
+  };
   for (int i = 0; i < kNumStages; ++i) {
-    const StageStats& g = timed.stats().stages[i];
     const char* name = stage_name(static_cast<Stage>(i));
+    const ops::ScopeTotal g = scope(gpu_stages, name), h = scope(cpu_stages, name);
     EXPECT_GT(g.seconds, 0) << name;
-    EXPECT_EQ(g.weight_bytes, cpu.stats().stages[i].weight_bytes) << name;
-    EXPECT_EQ(graphed.stats().stages[i].seconds, 0) << name;
-    sum += g.seconds;
+    EXPECT_GT(g.bytes, 0) << name;
+    EXPECT_NEAR(g.bytes, h.bytes, 1e-9 * h.bytes) << name;
   }
-  EXPECT_LT(sum, timed.stats().seconds);
-  EXPECT_GT(timed.stats().matmul_seconds(), 0);
 }
 
 TEST(CudaEngine, RefusesWhatTheKernelsCannotTake) {
@@ -503,8 +508,12 @@ TEST(CudaEngine, RefusesWhatTheKernelsCannotTake) {
   const model::DecoderModel small = test::make_tiny_model(o);
   EngineOptions eo;
   eo.max_ctx = 64;
+  cuda::register_ops_backend();
   eo.ctx.device = ops::Device::cuda;
-  test::expect_error([&] { Engine e(small, eo); }, "head dim 8");
+  Engine e(small, eo);
+  const int32_t seq = e.new_sequence();
+  const std::vector<int32_t> p = test::random_tokens(3, small.config.vocab, 1);
+  test::expect_error([&] { e.forward({Feed{seq, p, false}}); }, "head dim D=8");
 }
 
 // A sliding window of 20 keys over a 50-token prompt (chunks of 24: the tiles' rows start their

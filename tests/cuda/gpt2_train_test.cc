@@ -1,9 +1,8 @@
-// GPT-2 training on the GPU against the CPU model in bf16 precision on a tiny model, through
-// both routes: the CUDA twin (backend::DeviceGpt2: bf16 activations, f32 master weights and
-// gradients) and the model's own step on the CUDA ops backend. The loss, every tensor's
-// gradient, and the loss curve over AdamW steps (with clipping and weight-decay runs) agree
-// within bf16 tolerances, and the trainer learns on either; the twin's recompute policies give
-// the same gradients in less device memory; and bad batches are refused in one line.
+// GPT-2 training on the GPU against the CPU model in bf16 precision on a tiny model: the model's
+// own step (model::TrainModel) on the CUDA ops backend. The loss, every tensor's gradient, and
+// the loss curve over AdamW steps (with clipping and weight-decay runs) agree within bf16
+// tolerances; the trainer learns on it; the recompute policies give the same gradients in less
+// device memory; and bad shapes and tokens are refused in one line.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,7 +12,6 @@
 #include <vector>
 
 #include "backend/cuda/ops_backend.h"
-#include "backend/device_gpt2.h"
 #include "core/rng.h"
 #include "cuda_test_util.h"
 #include "model/train_model.h"
@@ -49,18 +47,12 @@ void batch(uint64_t seed, std::vector<int32_t>& inp, std::vector<int32_t>& tgt) 
   }
 }
 
-// The GPU side of a comparison: the CUDA twin (backend::DeviceGpt2), or the model's own step
-// (model::TrainModel on a CUDA context, its ops on the CUDA ops backend) with its AdamW there.
+// The GPU side of a comparison: the model's own step on a CUDA context (its ops on the CUDA
+// ops backend) with its AdamW there.
 class GpuGpt2 {
  public:
-  // Starts from cpu's parameters (planned for (kB, kT) in bf16 with recompute rc).
-  GpuGpt2(const model::TrainModel& cpu, bool shared, model::Recompute rc,
-          const train::AdamWConfig& ac) {
-    if (!shared) {
-      twin_ = backend::make_cuda_gpt2(cpu.device_desc(kB, kT));
-      twin_->upload_params(cpu.params());
-      return;
-    }
+  // Starts from cpu's parameters, planned for (kB, kT) in bf16 with recompute rc.
+  GpuGpt2(const model::TrainModel& cpu, model::Recompute rc, const train::AdamWConfig& ac) {
     cuda::register_ops_backend();
     ctx_.device = ops::Device::cuda;
     model_ = std::make_unique<model::TrainModel>(cpu.config(), ctx_);
@@ -71,43 +63,33 @@ class GpuGpt2 {
     model_->params_updated();
     opt_ = std::make_unique<train::AdamW>(model_->tensors(), ac, ctx_);
   }
-  void zero_grads() { twin_ ? twin_->zero_grads() : model_->zero_grads(); }
+  model::TrainModel& model() { return *model_; }
+  void zero_grads() { model_->zero_grads(); }
   float forward_backward(const std::vector<int32_t>& inp, const std::vector<int32_t>& tgt) {
-    return twin_ ? twin_->forward_backward(inp.data(), tgt.data(), kB, kT, 1.0f)
-                 : model_->forward_backward(inp.data(), tgt.data(), kB, kT, 1.0f);
+    return model_->forward_backward(inp.data(), tgt.data(), kB, kT, 1.0f);
   }
   float forward(const std::vector<int32_t>& inp, const std::vector<int32_t>& tgt) {
-    return twin_ ? twin_->forward(inp.data(), tgt.data(), kB, kT)
-                 : model_->forward(inp.data(), tgt.data(), kB, kT);
+    return model_->forward(inp.data(), tgt.data(), kB, kT);
   }
-  std::vector<float> grads(int64_t n) const {
-    std::vector<float> g(static_cast<size_t>(n));
-    if (twin_)
-      twin_->download_grads(g.data());
-    else
-      ops::copy(ctx_, g.data(), model_->grads(), g.size() * sizeof(float),
-                ops::CopyKind::device_to_host);
+  std::vector<float> grads() const {
+    std::vector<float> g(static_cast<size_t>(model_->num_params()));
+    ops::copy(ctx_, g.data(), model_->grads(), g.size() * sizeof(float),
+              ops::CopyKind::device_to_host);
     return g;
   }
-  double adamw_step(const std::vector<ops::AdamWRun>& runs, const train::AdamWConfig& ac, float lr,
-                    int64_t t) {
-    if (twin_) return twin_->adamw_step(runs, ac, lr, t);
+  double adamw_step(float lr, int64_t t) {
     const double norm = opt_->step(model_->params(), model_->grads(), lr, t);
     model_->params_updated();
     return norm;
   }
 
  private:
-  std::unique_ptr<backend::DeviceGpt2> twin_;
   ops::Context ctx_;
   std::unique_ptr<model::TrainModel> model_;
   std::unique_ptr<train::AdamW> opt_;
 };
 
-// Parameter: false runs the CUDA twin, true the shared step through the CUDA ops backend.
-class CudaGpt2Step : public ::testing::TestWithParam<bool> {};
-
-TEST_P(CudaGpt2Step, GradientsAndLossCurveMatchCpu) {
+TEST(CudaGpt2Step, GradientsAndLossCurveMatchCpu) {
   TS_REQUIRE_CUDA_DEVICE();
   const ops::Context ctx;
   model::TrainModel cpu(tiny_config(), ctx);
@@ -115,7 +97,7 @@ TEST_P(CudaGpt2Step, GradientsAndLossCurveMatchCpu) {
   cpu.plan(kB, kT, model::Precision::bf16, model::Recompute::none);
   cpu.params_updated();
   train::AdamWConfig ac;
-  GpuGpt2 gpu(cpu, GetParam(), model::Recompute::none, ac);
+  GpuGpt2 gpu(cpu, model::Recompute::none, ac);
 
   std::vector<int32_t> inp, tgt;
   batch(1, inp, tgt);
@@ -126,7 +108,7 @@ TEST_P(CudaGpt2Step, GradientsAndLossCurveMatchCpu) {
   EXPECT_NEAR(got, want, 0.01 * want);
 
   // Each tensor's gradient: relative L2 error within bf16 activation rounding.
-  const std::vector<float> g = gpu.grads(cpu.num_params());
+  const std::vector<float> g = gpu.grads();
   for (const TensorInfo& t : cpu.tensors().tensors()) {
     double err = 0, ref = 0;
     for (int64_t i = t.offset; i < t.offset + t.shape.numel(); ++i) {
@@ -152,7 +134,7 @@ TEST_P(CudaGpt2Step, GradientsAndLossCurveMatchCpu) {
     EXPECT_NEAR(lg, lc, 0.02 * lc) << "step " << step;
     const double nc = opt.step(cpu.params(), cpu.grads(), 1e-3, step);
     cpu.params_updated();
-    const double ng = gpu.adamw_step(opt.runs(), ac, 1e-3f, step);
+    const double ng = gpu.adamw_step(1e-3f, step);
     EXPECT_NEAR(ng, nc, 0.05 * nc) << "step " << step;
   }
   // The evaluation forward (no backward) agrees too, after the updates.
@@ -164,7 +146,7 @@ TEST_P(CudaGpt2Step, GradientsAndLossCurveMatchCpu) {
 // `tessera train --device cuda` end to end: a tiny GPT-2 learns a repeating 16-token cycle on
 // the GPU (a loss below 0.5 needs the previous token: see tests/train/trainer_test.cc), and the
 // checkpoint and final model it writes hold the device's weights.
-TEST_P(CudaGpt2Step, TrainerLearnsOnTheGpu) {
+TEST(CudaGpt2Step, TrainerLearnsOnTheGpu) {
   TS_REQUIRE_CUDA_DEVICE();
   namespace fs = std::filesystem;
   const std::string root = ::testing::TempDir() + "tessera_cuda_trainer";
@@ -186,8 +168,7 @@ TEST_P(CudaGpt2Step, TrainerLearnsOnTheGpu) {
   o.batch = 4, o.seq = 32;
   o.precision = "bf16";
   o.device = "cuda";
-  o.cuda_step = GetParam() ? "shared" : "twin";
-  if (GetParam()) cuda::register_ops_backend();
+  cuda::register_ops_backend();
   o.lr = 3e-3, o.warmup = 10, o.steps = 100;
   o.eval_every = 50, o.eval_batches = 2;
   o.quiet = true;
@@ -201,7 +182,6 @@ TEST_P(CudaGpt2Step, TrainerLearnsOnTheGpu) {
   const double cpu_val = [&] {
     train::TrainOptions c = o;
     c.device = "cpu";
-    c.cuda_step = "twin";
     c.out_dir = root + "/cpu";
     c.init_from = o.out_dir + "/model";
     return train::Trainer(c, false).evaluate();
@@ -209,15 +189,10 @@ TEST_P(CudaGpt2Step, TrainerLearnsOnTheGpu) {
   EXPECT_NEAR(cpu_val, r.last_val, 0.05 + 0.05 * r.last_val);
 }
 
-INSTANTIATE_TEST_SUITE_P(Routes, CudaGpt2Step, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& i) {
-                           return std::string(i.param ? "shared" : "twin");
-                         });
-
-// The recompute policies change what the device keeps, not what it computes: the loss is the
-// same bits (the forward is the same launches), every gradient agrees with the policy `none`
-// within the run-to-run spread of the attention backward's f32 atomics, the evaluation forward
-// still works, and the device holds less (block < gelu < none).
+// The recompute policies change what the device keeps, not what it computes: the loss and the
+// evaluation forward are the same bits, every gradient agrees with the policy `none` within the
+// run-to-run spread of the attention backward's f32 atomics, and the arena is smaller
+// (block < gelu < none).
 TEST(CudaGpt2, RecomputePoliciesGiveTheSameGradientsInLessMemory) {
   TS_REQUIRE_CUDA_DEVICE();
   const ops::Context ctx;
@@ -228,20 +203,16 @@ TEST(CudaGpt2, RecomputePoliciesGiveTheSameGradientsInLessMemory) {
     int64_t bytes = 0;
     std::vector<float> grads;
   };
+  model::TrainModel cpu(tiny_config(), ctx);
+  cpu.init_weights(4);
   auto run = [&](model::Recompute rc) {
-    model::TrainModel m(tiny_config(), ctx);
-    m.init_weights(4);
-    m.plan(kB, kT, model::Precision::bf16, rc);
-    m.params_updated();
-    std::unique_ptr<backend::DeviceGpt2> gpu = backend::make_cuda_gpt2(m.device_desc(kB, kT));
-    gpu->upload_params(m.params());
-    gpu->zero_grads();
+    GpuGpt2 gpu(cpu, rc, train::AdamWConfig{});
+    gpu.zero_grads();
     Run r;
-    r.loss = gpu->forward_backward(inp.data(), tgt.data(), kB, kT, 1.0f);
-    r.grads.resize(static_cast<size_t>(m.num_params()));
-    gpu->download_grads(r.grads.data());
-    r.eval = gpu->forward(inp.data(), tgt.data(), kB, kT);
-    r.bytes = gpu->device_bytes();
+    r.loss = gpu.forward_backward(inp, tgt);
+    r.grads = gpu.grads();
+    r.eval = gpu.forward(inp, tgt);
+    r.bytes = gpu.model().activation_bytes();
     return r;
   };
   const Run none = run(model::Recompute::none);
@@ -249,11 +220,10 @@ TEST(CudaGpt2, RecomputePoliciesGiveTheSameGradientsInLessMemory) {
   const Run block = run(model::Recompute::block);
   EXPECT_LT(gelu.bytes, none.bytes);
   EXPECT_LT(block.bytes, gelu.bytes);
-  model::TrainModel layout(tiny_config(), ctx);
   for (const Run* r : {&gelu, &block}) {
     EXPECT_EQ(r->loss, none.loss);
     EXPECT_EQ(r->eval, none.eval);
-    for (const TensorInfo& t : layout.tensors().tensors()) {
+    for (const TensorInfo& t : cpu.tensors().tensors()) {
       double err = 0, ref = 0;
       for (int64_t i = t.offset; i < t.offset + t.shape.numel(); ++i) {
         const double d = r->grads[static_cast<size_t>(i)] - none.grads[static_cast<size_t>(i)];
@@ -270,21 +240,26 @@ TEST(CudaGpt2, RecomputePoliciesGiveTheSameGradientsInLessMemory) {
   }
 }
 
-TEST(CudaGpt2, RefusesBadShapesAndBatches) {
+// A head dim the flash kernels do not take (32), a sequence past the plan and a token outside
+// the vocabulary: each one line naming it.
+TEST(CudaGpt2, RefusesBadShapesAndTokens) {
   TS_REQUIRE_CUDA_DEVICE();
   const ops::Context ctx;
   model::TrainConfig c = tiny_config();
   c.n_head = 4;  // head dim 32
   model::TrainModel odd(c, ctx);
-  test::expect_error([&] { backend::make_cuda_gpt2(odd.device_desc(kB, kT)); }, "head dim 32");
+  odd.init_weights(1);
+  GpuGpt2 odd_gpu(odd, model::Recompute::none, train::AdamWConfig{});
+  std::vector<int32_t> inp(kB * kT, 1), tgt(kB * kT, 2);
+  test::expect_error([&] { odd_gpu.forward(inp, tgt); }, "D=32");
   model::TrainModel m(tiny_config(), ctx);
   m.init_weights(1);
-  auto gpu = backend::make_cuda_gpt2(m.device_desc(kB, kT));
-  gpu->upload_params(m.params());
-  std::vector<int32_t> inp(kB * kT, 1), tgt(kB * kT, 2);
-  test::expect_error([&] { gpu->forward(inp.data(), tgt.data(), kB, kT + 1); }, "exceeds");
+  GpuGpt2 gpu(m, model::Recompute::none, train::AdamWConfig{});
+  std::vector<int32_t> longer(kB * (kT + 1), 1);
+  test::expect_error([&] { gpu.model().forward(longer.data(), longer.data(), kB, kT + 1); },
+                     "exceeds the plan");
   inp[7] = 300;
-  test::expect_error([&] { gpu->forward(inp.data(), tgt.data(), kB, kT); }, "tokens[7] = 300");
+  test::expect_error([&] { gpu.forward(inp, tgt); }, "tokens[7] = 300");
 }
 
 }  // namespace

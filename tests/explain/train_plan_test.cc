@@ -32,7 +32,7 @@ TEST(TrainPlan, MemoryFromTheModelsLayout) {
   ops::Context ctx;
   ctx.dry_run = true;
   model::TrainModel m(model::TrainConfig::preset("gpt2-tiny", 300), ctx);
-  m.plan(2, 16, model::Precision::bf16, ops::Recompute::none);
+  m.plan(2, 16, model::Precision::bf16, model::Recompute::none);
   EXPECT_EQ(p.params, m.num_params());
   EXPECT_EQ(p.param_bytes, 4.0 * m.num_params());
   EXPECT_EQ(p.grad_bytes, 4.0 * m.num_params());

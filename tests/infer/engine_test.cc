@@ -13,6 +13,7 @@
 #include "infer/engine.h"
 #include "model/decoder.h"
 #include "model/synthetic.h"
+#include "ops/backend.h"
 #include "ops/op_tally.h"
 #include "ops/quant.h"
 #include "test_util/expect_error.h"
@@ -494,8 +495,13 @@ TEST(Engine, CudaDeviceWithoutGpuIsRefused) {
   const model::DecoderModel m = test::make_tiny_model(variant(0));
   EngineOptions o = small_options(false);
   o.ctx.device = ops::Device::cuda;
-  // With CUDA built: no device is present; without: not built. Either way one line naming it.
-  test::expect_error([&] { Engine(m, o); }, "[cuda] the CUDA device decoder");
+  // With CUDA built: no device is present; without: not built. Either way one line naming it,
+  // before anything is allocated.
+  backend::register_cuda_ops_backend();
+  test::expect_error([&] { Engine(m, o); }, backend::cuda_built()
+                                                ? "[cuda] the engine: no CUDA device is present"
+                                                : "no backend registered for device cuda");
+  ops::register_backend(ops::Device::cuda, nullptr);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "infer/engine.h"
 #include "model/decoder_forward.h"
 #include "ops/backend.h"
+#include "ops/op_tally.h"
 #include "test_util/fenced_device.h"
 #include "tiny_model.h"
 
@@ -83,9 +84,11 @@ TEST_P(FencedEngine, MatchesTheCpuEngine) {
       const std::vector<float> want = run(m, options(kv));
       EngineOptions o = options(kv);
       o.ctx.device = ops::Device::cuda;
-      o.device_decoder = false;
       const std::vector<float> got = run(m, o);
       EXPECT_GT(device.ops_run(), 100);
+      // Every attention call came with the staged plan of its rows.
+      EXPECT_GT(device.attention_calls(), 0);
+      EXPECT_EQ(device.plans_checked(), device.attention_calls());
       ASSERT_EQ(got.size(), want.size());
       if (transposed) {
         EXPECT_EQ(got, want) << dtype_name(kv);
@@ -108,7 +111,6 @@ TEST_P(FencedEngine, RecordedStepsReplayTheSameLogits) {
   const std::vector<float> want = run(m, options(DType::f16));
   EngineOptions o = options(DType::f16);
   o.ctx.device = ops::Device::cuda;
-  o.device_decoder = false;
   EXPECT_EQ(run(m, o), want);
   // Six decode steps of one shape: eager, then recorded. A MoE step sorts its rows by expert on
   // the host, which no graph can hold: every step runs eagerly.
@@ -142,7 +144,6 @@ TEST_P(FencedEngine, GroupsRunAsOneProductEach) {
   ops::register_backend(ops::Device::cuda, &device);
   EngineOptions o = options(DType::f16);
   o.ctx.device = ops::Device::cuda;
-  o.device_decoder = false;
   EXPECT_EQ(one_sequence(o), want);
   // GPT-2's MLP is one matrix (no gate), run outside the groups.
   const int64_t prompt = gpt2 ? 1 : 3, step = gpt2 ? 1 : 2;
@@ -164,6 +165,52 @@ TEST_P(FencedEngine, GroupsRunAsOneProductEach) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, FencedEngine, ::testing::Values(0, 1, 2, 3, 4));
+
+// An observer in the context that is not watching (a TallySwitch pointing nowhere) leaves the
+// graphs to the device; once it watches, every op runs eagerly and, with synchronize, is waited
+// for on both sides, and the stages' scopes are summed. The logits stay the CPU's throughout.
+class FencedEngineObserved : public ::testing::Test {
+ protected:
+  void TearDown() override { ops::register_backend(ops::Device::cuda, nullptr); }
+};
+
+TEST_F(FencedEngineObserved, AWatchingObserverRunsEagerlyAndWaits) {
+  const model::DecoderModel m = model_for(0);
+  FencedDevice device(true, /*graphs=*/true);
+  ops::register_backend(ops::Device::cuda, &device);
+  ops::TallySwitch watch;
+  watch.synchronize = true;
+  ops::OpTally tally;
+  EngineOptions o = options(DType::f16), on_cpu = options(DType::f16);
+  o.ctx.device = ops::Device::cuda;
+  o.ctx.observer = &watch;
+  Engine e(m, o), cpu(m, on_cpu);
+  const int32_t s = e.new_sequence(), c = cpu.new_sequence();
+  const std::vector<int32_t> prompt = test::random_tokens(5, m.config.vocab, 4);
+  EXPECT_EQ(e.forward({Feed{s, prompt, false}}), cpu.forward({Feed{c, prompt, false}}));
+  auto steps = [&](int32_t first) {
+    for (int32_t token = first; token < first + 4; ++token)
+      ASSERT_EQ(e.forward({Feed{s, {&token, 1}, false}}),
+                cpu.forward({Feed{c, {&token, 1}, false}}));
+  };
+  steps(1);
+  const int64_t replays = device.replays();
+  EXPECT_GE(replays, 2);
+  EXPECT_EQ(device.syncs(), 0);
+  watch.into = &tally;
+  const int64_t ops_before = device.ops_run();
+  steps(5);
+  EXPECT_EQ(device.replays(), replays);
+  const int64_t ops = device.ops_run() - ops_before;
+  EXPECT_GT(ops, 0);
+  EXPECT_GE(device.syncs(), 2 * ops);  // before and after each op (scopes add more)
+  int64_t tallied = 0;
+  for (const ops::OpTotal& t : tally.totals()) tallied += t.calls;
+  EXPECT_GE(tallied, ops);
+  bool attention = false;
+  for (const ops::ScopeTotal& sc : tally.scopes()) attention |= sc.name == "attention";
+  EXPECT_TRUE(attention);
+}
 
 // The fence is real: the host touching the device's memory outside an op faults.
 TEST(FencedDeviceDeathTest, HostReadOfDeviceMemoryFaults) {

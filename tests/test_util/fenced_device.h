@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -51,7 +52,11 @@ class FencedDevice final : public ops::Backend {
     const Open open(*this);
     std::memcpy(dst, src, bytes);
   }
-  void synchronize(const ops::Context&) override {}
+  // Waiting for the device inside a recording is an error on CUDA (a stream capture): refused.
+  void synchronize(const ops::Context&) override {
+    not_recording("synchronize");
+    ++syncs_;
+  }
   void zero(const ops::Context&, void* p, size_t bytes) override {
     not_recording("zero");
     const Open open(*this);
@@ -59,6 +64,7 @@ class FencedDevice final : public ops::Backend {
   }
   int64_t ops_run() const { return ops_; }
   int64_t replays() const { return replays_; }
+  int64_t syncs() const { return syncs_; }
   // The products matmul_wt_group was given, over all its calls (a grouped call of three counts 3).
   int64_t group_products() const { return group_products_; }
 
@@ -166,7 +172,54 @@ class FencedDevice final : public ops::Backend {
   }
   TS_FENCED(bias_grad, (const ops::Context& ctx, float* db, const float* dy, int64_t m, int64_t n),
             db, dy, m, n)
-  TS_FENCED(paged_attention, (const ops::Context& ctx, const ops::PagedAttentionArgs& a), a)
+  // Plans as CUDA's contract asks (ops::plan_paged_attention): a run of adjacent rows with equal
+  // tables, as the device's tiles would take it. The plan is each row's run's first row (rows,
+  // then one int32 per row); the key, the number of runs. At the call it checks that the staged
+  // plan is this call's and that every row's keys sit in its run's first table, as a tile reads
+  // them: so the model's staging and tables are tested where no GPU runs them.
+  int64_t paged_attention_plan_bytes(int64_t rows) const override {
+    return 4 * (rows + 1);
+  }
+  int64_t plan_paged_attention(const ops::PagedAttentionArgs& a, void* plan) const override {
+    auto* p = static_cast<int32_t*>(plan);
+    p[0] = static_cast<int32_t>(a.rows);
+    int64_t runs = 0;
+    for (int64_t r = 0; r < a.rows; ++r) {
+      const int32_t* t = a.block_tables + r * a.table_stride;
+      const bool joins = r > 0 && std::equal(t, t + a.table_stride, t - a.table_stride);
+      p[r + 1] = joins ? p[r] : static_cast<int32_t>(r);
+      runs += !joins;
+    }
+    return runs;
+  }
+  void paged_attention(const ops::Context& ctx, const ops::PagedAttentionArgs& a) override {
+    run([=, this] {
+      ++attention_calls_;
+      if (a.plan) {
+        const auto* p = static_cast<const int32_t*>(a.plan);
+        TS_CHECK(p[0] == a.rows, "[fenced] a plan of ", p[0], " rows for ", a.rows);
+        int64_t runs = 0;
+        for (int64_t r = 0; r < a.rows; ++r) {
+          runs += p[r + 1] == r;
+          const int32_t* first = a.block_tables + p[r + 1] * a.table_stride;
+          const int32_t* own = a.block_tables + r * a.table_stride;
+          const int64_t blocks = (a.n_keys[r] + a.block_tokens - 1) / a.block_tokens;
+          TS_CHECK(std::equal(own, own + blocks, first), "[fenced] row ", r,
+                   "'s keys are not in its run's first table");
+        }
+        TS_CHECK(runs == a.plan_key, "[fenced] the plan's key ", a.plan_key, " is not its ", runs,
+                 " runs");
+        ++plans_checked_;
+      }
+      cpu().paged_attention(host(ctx), a);
+    });
+  }
+  int64_t plans_checked() const {
+    return plans_checked_;
+  }
+  int64_t attention_calls() const {
+    return attention_calls_;
+  }
   TS_FENCED(kv_append, (const ops::Context& ctx, const ops::KvAppendArgs& a), a)
   void rope_kv_append(const ops::Context& ctx, const ops::RopeKvAppendArgs& a) override {
     if (a.rope) host_table(*a.rope);
@@ -257,6 +310,8 @@ class FencedDevice final : public ops::Backend {
   std::unique_ptr<Recording> recording_;
   int64_t replays_ = 0;
   int64_t group_products_ = 0;
+  int64_t syncs_ = 0;
+  int64_t plans_checked_ = 0, attention_calls_ = 0;
   std::map<void*, size_t> blocks_;
   int64_t ops_ = 0;
 };

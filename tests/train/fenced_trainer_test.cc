@@ -2,9 +2,8 @@
 // fenced_device.h): parameters, gradients, AdamW moments and activations live there, and a
 // step touches them only through ops/. Three AdamW steps give the CPU model's losses and
 // parameters bit for bit in both precisions and every recompute policy, a checkpoint written
-// from the device loads on the CPU as the same model, and the whole trainer (--device cuda
-// --cuda-step shared) writes the CPU run's losses, checkpoint and model. A mixture of experts's
-// steps match too.
+// from the device loads on the CPU as the same model, and the whole trainer (--device cuda)
+// writes the CPU run's losses, checkpoint and model. A mixture of experts's steps match too.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -213,7 +212,6 @@ TEST_F(FencedTrainer, WholeRunsMatchTheCpuRuns) {
     opts.out_dir = (root / out).string();
     opts.stop_at = stop_at;
     opts.device = on_device ? "cuda" : "cpu";
-    opts.cuda_step = on_device ? "shared" : "twin";
     Trainer(opts, false).run();
     return opts;
   };
@@ -233,7 +231,6 @@ TEST_F(FencedTrainer, WholeRunsMatchTheCpuRuns) {
   const TrainOptions half = run(o, "half", true, 3);
   TrainOptions rest = resume_options(half.out_dir);
   rest.device = "cpu";
-  rest.cuda_step = "twin";
   Trainer(rest, true).run();
   EXPECT_TRUE(saved(half.out_dir) == saved(cpu.out_dir));
   EXPECT_EQ(read_text_file(half.out_dir + "/model/model.safetensors"),

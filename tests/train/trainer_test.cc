@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "infer/engine.h"
+#include "ops/backend.h"
 
 namespace tessera::train {
 namespace {
@@ -207,7 +208,11 @@ TEST(Trainer, BadInputsThrow) {
     gpu.device = "cuda";
     gpu.precision = "bf16";
     gpu.recompute = "block";  // accepted: the refusal is the missing device
-    expect_error([&] { Trainer(gpu, false); }, "[cuda]");
+    backend::register_cuda_ops_backend();
+    expect_error([&] { Trainer(gpu, false); },
+                 backend::cuda_built() ? "[cuda] the training model: no CUDA device is present"
+                                       : "no backend registered for device cuda");
+    ops::register_backend(ops::Device::cuda, nullptr);
   }
 }
 

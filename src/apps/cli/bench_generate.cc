@@ -34,7 +34,7 @@ double median(std::vector<double> v) {
 }
 
 // A phase's time by stage of the forward pass (model::Stage), and the bytes each stage's ops
-// moved: from the scopes an observer summed, or from the CUDA device twin's events.
+// moved, from the scopes an observer summed.
 struct StageSplit {
   double seconds[infer::kNumStages] = {}, bytes[infer::kNumStages] = {};
   double matmul_seconds() const {
@@ -57,15 +57,6 @@ StageSplit stage_split(const ops::OpTally& t) {
   return s;
 }
 
-StageSplit stage_split(const infer::EngineStats& e) {
-  StageSplit s;
-  for (int i = 0; i < infer::kNumStages; ++i) {
-    s.seconds[i] = e.stages[i].seconds;
-    s.bytes[i] = static_cast<double>(e.stages[i].weight_bytes);
-  }
-  return s;
-}
-
 int run(const Args& a) {
   const EngineFlags ef = parse_engine_flags(a);
   const int64_t prompt_len = a.i64("--prompt");
@@ -76,11 +67,11 @@ int run(const Args& a) {
   const bool json = a.on("--json");
   const bool per_op = a.on("--profile");
   TS_CHECK(!per_op || !ef.cuda,
-           "--profile observes the CPU engine's ops; the CUDA decoder does not go through ops/ "
-           "yet");
-  // The CPU's stages are scopes an observer sums, so the engine always has one there (a clock
-  // read per op); the CUDA twin times its stages itself, and an observer would stop its graphs.
-  const bool observe = per_op || !ef.cuda;
+           "--profile places each op against the CPU's roofs; on --device cuda the decode "
+           "stages are reported without it");
+  // The stages are scopes an observer sums. On the CPU it watches every rep (a clock read per
+  // op); on CUDA it watches a decode pass of its own (below), so that the reps replay graphs.
+  const bool observe = !ef.cuda;
 
   // No tokenizer needed: the prompt is random token ids (synthetic models carry none).
   LoadedModel m;
@@ -103,8 +94,9 @@ int run(const Args& a) {
       bt;
   eo.max_sequences = max_batch + 1;  // the batch's copies and their source
   ops::TallySwitch observer;         // prefill's and decode's ops and stages, tallied apart
-  ops::OpTally prefill_ops, decode_ops, batched_ops;  // batched: the largest batch's steps
-  if (observe) eo.ctx.observer = &observer;
+  ops::OpTally prefill_ops, decode_ops, batched_ops, stage_ops;  // batched: the largest batch's
+  observer.synchronize = ef.cuda;  // a device's ops timed on the device (each waited for)
+  eo.ctx.observer = &observer;
   infer::Engine engine(m.model, eo);
   const int threads = eo.ctx.threads().size();
   // The roofline's yardsticks: the CPU's probed triad bandwidth and FMA peak, or on CUDA the
@@ -148,11 +140,11 @@ int run(const Args& a) {
   double decode_joules = meter.source() == profile::EnergyMeter::Source::none ? -1 : 0;
   for (int64_t r = 0; r < reps; ++r) {
     const int32_t seq = engine.new_sequence();
-    observer.into = &prefill_ops;
+    if (observe) observer.into = &prefill_ops;
     const profile::Timer t;
     engine.forward({infer::Feed{seq, prompt, false}});
     prefill_s.push_back(t.seconds());
-    observer.into = &decode_ops;
+    if (observe) observer.into = &decode_ops;
     const profile::EnergySample e0 = meter.sample();
     decode_s.push_back(timed_decode(engine, {seq}, gen));
     if (decode_joules >= 0) {
@@ -202,21 +194,20 @@ int run(const Args& a) {
     decode_rows = explain::op_profile(decode_ops.totals(), reps * gen, dec_total, roofs);
   }
 
-  // On a device the stages are timed in a decode pass of their own: the events between stages
-  // need eager launches, where the reps above replay CUDA graphs. Its tokens/s is reported with
-  // it (below the graphs' figure by what the graphs save).
+  // On a device the stages are timed in a decode pass of their own: an observed op runs eagerly
+  // and is waited for, where the reps above replay CUDA graphs. Its tokens/s is reported with it
+  // (below the graphs' figure by what the graphs and the overlap of launches save).
   StageSplit stages = dec;
   double stage_seconds = dec_total, stage_tokens = static_cast<double>(gen * reps),
          stage_tps = decode_tps;
   if (ef.cuda) {
     const int32_t seq = engine.new_sequence();
     engine.forward({infer::Feed{seq, prompt, false}});
-    engine.set_stage_timing(true);
-    engine.reset_stats();
+    observer.into = &stage_ops;
     stage_seconds = timed_decode(engine, {seq}, gen);
+    observer.into = nullptr;
     stage_tps = gen / stage_seconds;
-    stages = stage_split(engine.stats());
-    engine.set_stage_timing(false);
+    stages = stage_split(stage_ops);
     engine.free_sequence(seq);
     stage_tokens = static_cast<double>(gen);
   }
@@ -327,8 +318,7 @@ int run(const Args& a) {
   }
   // Each stage's rate over its own time shows which products fall short of the roofline.
   if (ef.cuda)
-    std::printf("decode stages (GPU events between stages, eager launches: %.1f tokens/s):",
-                stage_tps);
+    std::printf("decode stages (each op waited for, eager launches: %.1f tokens/s):", stage_tps);
   else
     std::printf("decode stages:");
   for (int i = 0; i < infer::kNumStages; ++i) {

@@ -12,11 +12,11 @@
 #include "apps/cli/bench.h"
 #include "backend/cpu/gemm.h"
 #include "backend/device.h"
-#include "backend/device_gpt2.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "explain/op_profile.h"
 #include "model/train_model.h"
+#include "ops/memory.h"
 #include "ops/op_tally.h"
 #include "profile/power.h"
 #include "profile/probe.h"
@@ -38,13 +38,11 @@ int run(const Args& a) {
   const int64_t threads = a.i64("--threads");
   const int64_t vocab = a.i64("--vocab-size");
   const std::string device = a.str("--device");
-  const std::string cuda_step = a.str("--cuda-step");
   const bool json = a.on("--json");
   const bool per_op = a.on("--profile");
   const model::Precision prec = model::parse_precision(precision, "--precision");
   const model::Recompute rec = model::parse_recompute(recompute, "--recompute");
   const bool cuda = device == "cuda";
-  TS_CHECK(cuda || !a.given("--cuda-step"), "--cuda-step needs --device cuda");
   if (cuda) {
     TS_CHECK(backend::cuda_device_count() > 0,
              "[cuda] --device cuda: ", backend::cuda_device_summary());
@@ -59,24 +57,17 @@ int run(const Args& a) {
   if (threads > 0) pool = std::make_unique<ThreadPool>(static_cast<int>(threads));
   ops::Context ctx;
   ctx.pool = pool.get();
-  // --cuda-step shared: the model's own step on the CUDA ops backend's memory.
-  if (cuda && cuda_step == "shared") ctx.device = ops::Device::cuda;
+  // cuda: the model's own step on the CUDA ops backend's memory.
+  if (cuda) ctx.device = ops::Device::cuda;
   ops::OpTally tally;  // observes every op of the timed steps with --profile
   if (per_op) ctx.observer = &tally;
   model::TrainModel m(model::TrainConfig::preset(preset, vocab), ctx);
   TS_CHECK(T <= m.config().max_seq, "--seq ", T, " exceeds ", preset, "'s max_seq ",
            m.config().max_seq);
   m.init_weights(1);
-  // With the CUDA twin the host model only lays out and initializes the parameters; its arena is
-  // never allocated (plan() commits nothing until a host step runs).
   m.plan(B, T, prec, rec);
   m.params_updated();
   train::AdamW opt(m.tensors(), train::AdamWConfig{}, ctx);
-  std::unique_ptr<backend::DeviceGpt2> dev;
-  if (cuda && cuda_step == "twin") {
-    dev = backend::make_cuda_gpt2(m.device_desc(B, T));
-    dev->upload_params(m.params());
-  }
   Rng rng(7);
   std::vector<int32_t> tokens(static_cast<size_t>(B * (T + 1)));
   std::vector<int32_t> inp(static_cast<size_t>(B * T)), tgt(inp.size());
@@ -91,20 +82,11 @@ int run(const Args& a) {
       }
   };
   auto one_step = [&](int64_t t) {
-    if (dev) {
-      next_batch(inp.data(), tgt.data());
-      const profile::Timer timer;
-      // The loss read at the end of forward_backward and the norm read in adamw_step wait for
-      // the device, so each timed step includes the previous step's AdamW kernels.
-      dev->zero_grads();
-      dev->forward_backward(inp.data(), tgt.data(), B, T, 1.0f);
-      dev->adamw_step(opt.runs(), opt.config(), 1e-4f, t);
-      return timer.seconds();
-    }
     // The trainer's own step (train/step.h), the batch's generation inside the timed step as
-    // the trainer's loading is.
+    // the trainer's loading is; on a device, until its last kernel is done.
     const profile::Timer timer;
     train::train_step(m, opt, B, T, 1, 1e-4, t, next_batch, inp.data(), tgt.data());
+    ops::synchronize(ctx);
     return timer.seconds();
   };
   one_step(1);  // warm-up: first touch of the arena and packed buffers
@@ -155,9 +137,7 @@ int run(const Args& a) {
       cuda ? std::string("cuBLASLt bf16 tensor cores")
            : cpu::gemm_kernel_name(cpu::gemm_kernel_for(prec == model::Precision::bf16, B * T));
   const double rss_mib = static_cast<double>(profile::peak_rss_bytes()) / (1 << 20);
-  const double act_mib =
-      static_cast<double>(dev ? dev->device_bytes() : static_cast<int64_t>(m.activation_bytes())) /
-      (1 << 20);
+  const double act_mib = static_cast<double>(m.activation_bytes()) / (1 << 20);
   if (json) {
     std::printf(
         "{\"model\": \"%s\", \"device\": \"%s\", \"params\": %lld, \"batch\": %lld, \"seq\": %lld, "
@@ -192,8 +172,7 @@ int run(const Args& a) {
         when);
   }
   std::printf("  peak RSS             %10.1f MiB\n", rss_mib);
-  std::printf(dev ? "  device memory        %10.1f MiB\n" : "  activation arena     %10.1f MiB\n",
-              act_mib);
+  std::printf("  activation arena     %10.1f MiB\n", act_mib);
   std::printf("  energy               %s\n",
               profile::energy_text(joules, trained, meter.source_name()).c_str());
   if (per_op) {
@@ -224,8 +203,6 @@ Command bench_train_command() {
           Flag::threads(),
           Flag::integer("--vocab-size", 50257, 1, int64_t{1} << 24, "vocabulary size"),
           Flag::choice("--device", "cpu", {"cpu", "cuda"}, "cuda: GPU 0, bf16"),
-          Flag::choice("--cuda-step", "twin", {"twin", "shared"},
-                       "with --device cuda: the CUDA GPT-2, or ops/"),
           Flag::toggle("--profile", "time every op of the timed steps: a table per op"),
           Flag::toggle("--json", "one JSON line on stdout"),
       },

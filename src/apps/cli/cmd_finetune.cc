@@ -83,6 +83,7 @@ int run(const Args& a) {
   TS_CHECK(!gguf || o.lora_rank == 0,
            "--gguf writes a full fine-tune's model; a LoRA run writes its adapter (merge it with "
            "convert --lora)");
+  set_device_peak(o);
   train::Trainer t(o, resume, train_flag_of);
   const train::TrainResult r = t.run();
   const std::string folder = (fs::path(o.out_dir) / "model").string();

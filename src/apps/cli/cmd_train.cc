@@ -8,6 +8,7 @@
 #include "apps/cli/args.h"
 #include "apps/cli/profiling.h"
 #include "apps/cli/train_flags.h"
+#include "backend/device.h"
 #include "core/error.h"
 #include "train/trainer.h"
 
@@ -76,8 +77,6 @@ Flags train_session_flags(const train::TrainOptions& o) {
       Flag::integer("--stop-at", 0, 0, kBig, "checkpoint and stop at this step; 0: off"),
       Flag::threads(),
       Flag::choice("--device", o.device, {"cpu", "cuda"}, "cuda: the whole step on GPU 0, bf16"),
-      Flag::choice("--cuda-step", o.cuda_step, {"twin", "shared"},
-                   "with --device cuda: the CUDA GPT-2 (GPT-2 only), or ops/"),
       Flag::integer("--log-every", o.log_every, 1, kBig,
                     "steps between progress lines when stdout is not a terminal"),
       Flag::toggle("--quiet", "no progress output"),
@@ -106,7 +105,7 @@ train::TrainOptions parse_train_options(const Args& a, bool* resume) {
     for (const Flag& f : train_run_flags())
       TS_CHECK(!a.given(f.name), "flag ", f.name, " cannot be given with --resume (the run's ",
                "options come from ", resume_dir, "/checkpoint.safetensors; only --steps, ",
-               "--stop-at, --threads, --device, --cuda-step, --log-every and --quiet may "
+               "--stop-at, --threads, --device, --log-every and --quiet may "
                "change)");
     o = train::resume_options(resume_dir);
   } else {
@@ -153,17 +152,21 @@ void parse_session_options(const Args& a, bool resume, train::TrainOptions& o) {
   o.stop_at = a.i64("--stop-at");
   if (!resume || a.given("--threads")) o.threads = a.i64("--threads");
   if (!resume || a.given("--device")) o.device = a.str("--device");
-  if (!resume || a.given("--cuda-step") || a.given("--device")) o.cuda_step = a.str("--cuda-step");
   if (!resume || a.given("--log-every")) o.log_every = a.i64("--log-every");
   if (a.on("--quiet")) o.quiet = true;
   train::validate_options(o, train_flag_of);
+}
+
+void set_device_peak(train::TrainOptions& o) {
+  if (o.device == "cuda" && !o.quiet) o.peak_gflops = backend::cuda_bf16_peak_flops() * 1e-9;
 }
 
 namespace {
 
 int run(const Args& a) {
   bool resume = false;
-  const train::TrainOptions o = parse_train_options(a, &resume);
+  train::TrainOptions o = parse_train_options(a, &resume);
+  set_device_peak(o);
   train::Trainer t(o, resume, train_flag_of);
   const train::TrainResult r = t.run();
   (void)r;

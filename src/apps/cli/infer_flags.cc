@@ -35,8 +35,6 @@ Flags engine_flags() {
       Flag::integer("--chunk-rows", 0, 0, 65536,
                     "token rows per forward chunk of a long prompt; 0: chosen from the weights"),
       Flag::choice("--device", "cpu", {"cpu", "cuda"}, "cuda: GPU 0"),
-      Flag::choice("--cuda-forward", "decoder", {"decoder", "shared"},
-                   "with --device cuda, the forward pass that runs"),
       Flag::toggle("--mmap", "map the model file instead of reading it into memory"),
   };
 }
@@ -55,9 +53,6 @@ EngineFlags parse_engine_flags(const Args& a) {
   if (f.cuda)
     TS_CHECK(backend::cuda_device_count() > 0,
              "[cuda] --device cuda: ", backend::cuda_device_summary());
-  const std::string way = a.str("--cuda-forward");
-  TS_CHECK(f.cuda || !a.given("--cuda-forward"), "--cuda-forward needs --device cuda");
-  f.cuda_shared = way == "shared";
   const std::string kv = a.str("--kv-type");
   f.kv_type = kv == "f16" ? DType::f16 : DType::f32;
   // The engine's activation buffers hold this many rows (about 90 KB per row for a 1B model);
@@ -97,7 +92,6 @@ infer::EngineOptions engine_options(const EngineFlags& f, const model::DecoderMo
   o.kv_type = f.kv_type;
   o.max_rows = f.chunk_rows;
   if (f.cuda) o.ctx.device = ops::Device::cuda;
-  o.device_decoder = !f.cuda_shared;
   return o;
 }
 

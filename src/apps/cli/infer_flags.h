@@ -33,7 +33,6 @@ struct EngineFlags {
   bool mmap = false;
   DType kv_type = DType::f16;  // --kv-type f16|f32
   bool cuda = false;           // --device cuda: the engine runs on GPU 0
-  bool cuda_shared = false;    // --cuda-forward shared: the shared forward pass on the GPU
   int64_t chunk_rows = 0;      // --chunk-rows: token rows per forward chunk; 0: from the weights
   std::string lora;            // --lora: a PEFT adapter folder applied at load; empty: none
 };
@@ -41,7 +40,7 @@ struct EngineFlags {
 // the CPU kernels' preferred layout (model::use_cpu_layout).
 model::DecoderLoadOptions engine_load_options(const EngineFlags& f);
 // The table fragment of -m/--model, --lora, --threads, --ctx, --kv-type, --chunk-rows, --device,
-// --cuda-forward, --mmap.
+// --mmap.
 Flags engine_flags();
 EngineFlags parse_engine_flags(const Args& a);
 // The flags' model with its tokenizer, loaded as engine_load_options says, and --lora applied.

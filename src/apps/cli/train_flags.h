@@ -31,5 +31,8 @@ train::TrainOptions parse_train_options(const Args& a, bool* resume);
 void parse_step_options(const Args& a, train::TrainOptions& o);
 // The session flags into o (on a resumed run only those given), then validates o.
 void parse_session_options(const Args& a, bool resume, train::TrainOptions& o);
+// A run on cuda shows its MFU against the GPU's dense bf16 tensor peak (the CPU's probed peak is
+// the trainer's own default): sets o.peak_gflops unless the run is quiet.
+void set_device_peak(train::TrainOptions& o);
 
 }  // namespace tessera::cli

@@ -1,4 +1,4 @@
-// The device decoder's glue kernels: cache append (f32 -> f32/f16), alone or fused with RoPE,
+// The small kernels between the big ones: cache append (f32 -> f32/f16), alone or fused with RoPE,
 // weight dequantization and activation conversion to f16, row gather. The decode-path ones
 // (append, rope + append, gather) are programmatic dependents (dependent_launch.cuh).
 #include <cuda_fp16.h>

@@ -1,4 +1,4 @@
-// Small CUDA kernels the device decoder (device_decoder.cc) needs between the big ones: appending
+// Small CUDA kernels between the big ones: appending
 // a chunk's keys and values to the paged cache, widening weights and activations to f16 for the
 // prefill GEMMs, and gathering the rows whose logits are wanted.
 #pragma once

@@ -7,8 +7,11 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/attention.h"
@@ -27,19 +30,43 @@ namespace tessera::cuda {
 namespace {
 
 // Rows from which a block-typed or 16-bit weight's product takes the f16 tensor-core GEMM (the
-// weight widened first) instead of matvec passes of 8 rows: the device decoder's kGemmMinRows,
-// for the same reason (a pass reads the weight once per 8 rows).
+// weight widened first) instead of matvec passes of 8 rows, each of which reads the whole
+// weight: past 64 rows, eight passes.
 constexpr int64_t kGemmMinRows = 65;
 // Splits per (row, head) the paged decode kernel may use on long contexts.
 constexpr int64_t kAttnSplits = 32;
+// With an f16 cache, runs of at least this many rows of one sequence (a prompt) take the
+// tensor-core prefill attention in tiles of 64 rows; shorter runs (decode rows) the decode
+// kernel, which splits long contexts over the GPU where a lone row's tile could not.
+constexpr int64_t kPrefillMinRows = 16;
+
+// The attention plan of `rows` rows (ops::plan_paged_attention): the prefill tiles, then, 16-byte
+// aligned, the decode rows; their counts are the plan's key (tiles << 32 | decode rows; 0: no
+// tiles, every row on the decode kernel).
+size_t plan_decode_rows_at(int64_t rows) {
+  return (static_cast<size_t>(rows) * sizeof(PagedPrefillTile) + 15) / 16 * 16;
+}
 
 [[noreturn]] void not_here(const char* op, const char* why) {
   throw Error(cat("[cuda] ", op, " through ops/ is not implemented on CUDA: ", why));
 }
 
+// An on/off switch from the environment, for measuring what a mechanism saves: unset gives
+// `unset`, "0" off, "1" on; anything else throws naming the variable.
+bool env_switch(const char* name, bool unset) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return unset;
+  const std::string s(v);
+  TS_CHECK(s == "0" || s == "1", "[cuda] ", name, "=", s, " must be 0 (off) or 1 (on)");
+  return s == "1";
+}
+
 class CudaOpsBackend final : public ops::Backend {
  public:
   std::string_view name() const override { return "cuda"; }
+  void require_device(std::string_view user) const override {
+    cuda::require_device(0, std::string(user).c_str());
+  }
 
   // ---- memory ----
   void* allocate(size_t bytes) override {
@@ -388,6 +415,22 @@ class CudaOpsBackend final : public ops::Backend {
   }
 
   // ---- the paged cache ----
+  // TESSERA_CUDA_PAGED_PREFILL=0 keeps prompts on the decode kernel (to measure the tiles, or to
+  // rule them out); read at each plan.
+  int64_t paged_attention_plan_bytes(int64_t rows) const override {
+    return static_cast<int64_t>(plan_decode_rows_at(rows)) + (rows * 4 + 15) / 16 * 16;
+  }
+  int64_t plan_paged_attention(const ops::PagedAttentionArgs& a, void* plan) const override {
+    if (a.kv_type != DType::f16 || !env_switch("TESSERA_CUDA_PAGED_PREFILL", true)) return 0;
+    const PagedPrefillPlan p = plan_paged_prefill(a.rows, a.n_keys, a.first_key, a.block_tables,
+                                                  a.table_stride, kPrefillMinRows);
+    if (p.tiles.empty()) return 0;
+    auto* at = static_cast<uint8_t*>(plan);
+    std::memcpy(at, p.tiles.data(), p.tiles.size() * sizeof(PagedPrefillTile));
+    std::memcpy(at + plan_decode_rows_at(a.rows), p.decode_rows.data(),
+                p.decode_rows.size() * sizeof(int32_t));
+    return static_cast<int64_t>(p.tiles.size()) << 32 | static_cast<int64_t>(p.decode_rows.size());
+  }
   void paged_attention(const ops::Context& ctx, const ops::PagedAttentionArgs& a) override {
     TS_CHECK(!a.k_transposed, "[cuda] paged attention reads keys as rows (k_transposed false)");
     cudaStream_t s = stream(ctx);
@@ -407,6 +450,13 @@ class CudaOpsBackend final : public ops::Backend {
     const int64_t floats = paged_decode_workspace_floats(a.rows, a.H, a.D, kAttnSplits);
     d.workspace = static_cast<float*>(scratch(floats, sizeof(float)));
     d.workspace_floats = floats;
+    if (a.plan && a.plan_key != 0) {
+      const auto* at = static_cast<const uint8_t*>(a.plan);
+      d.prefill_tiles = reinterpret_cast<const PagedPrefillTile*>(at);
+      d.n_prefill_tiles = a.plan_key >> 32;
+      d.decode_rows = reinterpret_cast<const int32_t*>(at + plan_decode_rows_at(a.rows));
+      d.n_decode_rows = a.plan_key & 0xffffffff;
+    }
     paged_decode_attention(d, s);
   }
   void kv_append(const ops::Context& ctx, const ops::KvAppendArgs& a) override {
@@ -477,7 +527,11 @@ class CudaOpsBackend final : public ops::Backend {
   }
 
   // ---- graphs: a stream capture, instantiated ----
-  bool records_graphs() const override { return true; }
+  // TESSERA_CUDA_GRAPHS=0 runs every step eagerly (to measure what the graphs save).
+  bool records_graphs() const override {
+    static const bool on = env_switch("TESSERA_CUDA_GRAPHS", true);
+    return on;
+  }
   void begin_graph(const ops::Context& ctx) override {
     TS_CUDA_CHECK(cudaStreamBeginCapture(stream(ctx), cudaStreamCaptureModeThreadLocal));
   }

@@ -1,7 +1,7 @@
 // ops::Backend for CUDA: each op of ops/ launches the backend's kernels on the context's stream
 // (ctx.stream, or the backend's own non-blocking stream when null) on the current device, and
-// ops::Buffer memory is device memory. The shared forward pass (model::DecoderForward) runs on
-// it when the engine is told not to use the device decoder (EngineOptions::device_decoder).
+// ops::Buffer memory is device memory. The engine (model::DecoderForward) and the trainer
+// (model::TrainModel) run on it with ops::Context::device = cuda.
 #pragma once
 
 namespace tessera::cuda {

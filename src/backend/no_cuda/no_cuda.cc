@@ -1,7 +1,5 @@
 // Stub linked when CUDA is off: every CUDA entry says the build has no CUDA.
 #include "backend/device.h"
-#include "backend/device_decoder.h"
-#include "backend/device_gpt2.h"
 #include "core/error.h"
 
 namespace tessera::backend {
@@ -31,16 +29,6 @@ double cuda_read_bandwidth(size_t) {
 double cuda_bf16_peak_flops() {
   require_cuda("bf16 peak");
   return 0;
-}
-
-std::unique_ptr<DeviceDecoder> make_cuda_decoder(const DecoderDesc&, int) {
-  require_cuda("the CUDA device decoder");
-  return nullptr;
-}
-
-std::unique_ptr<DeviceGpt2> make_cuda_gpt2(const Gpt2DeviceDesc&, int) {
-  require_cuda("the CUDA GPT-2 step");
-  return nullptr;
 }
 
 }  // namespace tessera::backend
