@@ -44,7 +44,9 @@ void CausalAttention::rotate(float* x, bool inverse) {
   }
 }
 
-void CausalAttention::attend(int64_t, float* qkv, float* att, int64_t n) {
+void CausalAttention::attend(int64_t, float* qkv, float* att, int64_t n,
+                             const ops::QuantizedRows* att_q) {
+  TS_CHECK(att_q == nullptr, "[model] the training attention writes no quantized rows");
   TS_CHECK(n == args_.B * args_.T, "[attention] ", n, " rows, expected B*T = ", args_.B * args_.T);
   if (c_.arch == DecoderArch::llama) rotate(qkv, false);
   ops::attention_forward(ctx_, att, lse_, qkv, args_);

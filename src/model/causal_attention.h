@@ -29,7 +29,9 @@ class CausalAttention final : public BlockAttention {
 
   // att (n, q_dim) from qkv (n, q_dim + 2 kv_dim), n = B*T. Rotates q and k (and scales q)
   // inside qkv (the backward differentiates through the values qkv then holds).
-  void attend(int64_t layer, float* qkv, float* att, int64_t n) override;
+  // Never given att_q (the trainer keeps no quantized rows).
+  void attend(int64_t layer, float* qkv, float* att, int64_t n,
+              const ops::QuantizedRows* att_q) override;
 
   // dqkv (n, q_dim + 2 kv_dim) = the gradient with respect to qkv before the rotation, from
   // datt (n, q_dim); qkv and att as attend() left them, with this object's lse.

@@ -29,7 +29,7 @@ struct LinearOut {
 // side by to_device) become one product: the packed GEMM then packs x once instead of once per
 // part, and a device launches one kernel.
 void linear_group(const ops::Context& ctx, Stage stage, const float* x, int64_t n, int64_t ldy,
-                  std::initializer_list<LinearOut> outs) {
+                  std::initializer_list<LinearOut> outs, const ops::QuantizedRows* xq) {
   const ops::Scope scope(ctx, stage_name(stage));
   int64_t K = 0;
   ops::WtProduct products[4];
@@ -59,7 +59,7 @@ void linear_group(const ops::Context& ctx, Stage stage, const float* x, int64_t 
     tail[np] = &o;
     ++np;
   }
-  ops::matmul_wt_group(ctx, x, n, K, {products, static_cast<size_t>(np)});
+  ops::matmul_wt_group(ctx, x, n, K, {products, static_cast<size_t>(np)}, xq);
 }
 
 // out (n,C) = stream + t.branch, the branch RMS-normalized first with weights post (post_norms);
@@ -86,6 +86,7 @@ void join_branch(const ops::Context& ctx, const DecoderConfig& c, const BlockTen
   a.w = static_cast<const float*>(norm.w->data);
   a.b = bias_of(*norm.b);
   a.N = n, a.C = C, a.eps = c.norm_eps;
+  a.q_out = norm.q;
   ops::residual_norm(ctx, a);
 }
 
@@ -158,7 +159,7 @@ void moe_mlp(const ops::Context& ctx, const DecoderConfig& c, const DecoderLayer
       if (m == 0) continue;
       const WeightRef gate = expert_rows(w.w_gate, e, E), up = expert_rows(w.w_up, e, E);
       linear_group(ctx, Stage::mlp_in, t.moe_x + r0 * C, m, F,
-                   {{t.ff_in + r0 * F, &gate, nullptr}, {t.ff_up + r0 * F, &up, nullptr}});
+                   {{t.ff_in + r0 * F, &gate, nullptr}, {t.ff_up + r0 * F, &up, nullptr}}, nullptr);
     }
   }
   ops::glu_forward(ctx, t.ff_act, t.ff_in, t.ff_up, nk, F, c.mlp_act);
@@ -192,7 +193,8 @@ void norm_forward(const ops::Context& ctx, const DecoderConfig& c, float* out, f
 }
 
 void linear_forward(const ops::Context& ctx, Stage stage, float* y, const float* x, int64_t n,
-                    const WeightRef& w, const WeightRef& b) {
+                    const WeightRef& w, const WeightRef& b, const ops::QuantizedRows* xq) {
+  if (xq) return linear_group(ctx, stage, x, n, w.rows(), {{y, &w, &b}}, xq);
   const ops::Scope scope(ctx, stage_name(stage));
   ops::matmul_wt(ctx, y, w.rows(), x, n, w.cols(), w.data, w.type, w.rows(), bias_of(b));
 }
@@ -240,9 +242,9 @@ void block_forward(const ops::Context& ctx, const DecoderConfig& c, const Decode
   if (t.xn1_bf16) ops::convert_f32_to_bf16(ctx, t.xn1_bf16, t.xn1, n * C);
   // q, k and v read the same input: one grouped product into the rows of qkv.
   const int64_t QKV = QD + 2 * KV;
-  linear_group(
-      ctx, Stage::qkv, t.xn1, n, QKV,
-      {{t.qkv, &w.wq, &w.bq}, {t.qkv + QD, &w.wk, &w.bk}, {t.qkv + QD + KV, &w.wv, &w.bv}});
+  linear_group(ctx, Stage::qkv, t.xn1, n, QKV,
+               {{t.qkv, &w.wq, &w.bq}, {t.qkv + QD, &w.wk, &w.bk}, {t.qkv + QD + KV, &w.wv, &w.bv}},
+               t.xn1_q);
   using M = LayerMatrix;
   if (w.has_adapters()) {
     const ops::Scope scope(ctx, stage_name(Stage::qkv));
@@ -261,16 +263,16 @@ void block_forward(const ops::Context& ctx, const DecoderConfig& c, const Decode
   }
   {
     const ops::Scope scope(ctx, stage_name(Stage::attention));
-    attention.attend(layer, t.qkv, t.att, n);
+    attention.attend(layer, t.qkv, t.att, n, t.att_q);
   }
-  linear_forward(ctx, Stage::attn_out, t.branch, t.att, n, w.wo, w.bo);
+  linear_forward(ctx, Stage::attn_out, t.branch, t.att, n, w.wo, w.bo, t.att_q);
   if (w.adapter(M::o).present()) {
     const ops::Scope scope(ctx, stage_name(Stage::attn_out));
     lora_forward(ctx, w.adapter(M::o), t.branch, C, t.att, n, t.lora_u);
   }
   // MLP branch: out = mid + [post-norm] down(act(up(norm(mid)))), norm(mid) fused with the join.
   join_branch(ctx, c, t, n, w.post_attn_norm, t.in, t.mid, 0,
-              {t.xn2, t.mean2, t.rstd2, &w.ffn_norm, &w.ffn_norm_b});
+              {t.xn2, t.mean2, t.rstd2, &w.ffn_norm, &w.ffn_norm_b, t.xn2_q});
   if (t.xn2_bf16) ops::convert_f32_to_bf16(ctx, t.xn2_bf16, t.xn2, n * C);
   const int64_t F = c.d_ff;
   if (c.moe()) {
@@ -284,16 +286,16 @@ void block_forward(const ops::Context& ctx, const DecoderConfig& c, const Decode
     moe_mlp(ctx, c, w, n, t);
   } else if (llama) {
     linear_group(ctx, Stage::mlp_in, t.xn2, n, F,
-                 {{t.ff_in, &w.w_gate, nullptr}, {t.ff_up, &w.w_up, nullptr}});
+                 {{t.ff_in, &w.w_gate, nullptr}, {t.ff_up, &w.w_up, nullptr}}, t.xn2_q);
     if (w.adapter(M::gate).present() || w.adapter(M::up).present()) {
       const ops::Scope scope(ctx, stage_name(Stage::mlp_in));
       lora_forward(ctx, w.adapter(M::gate), t.ff_in, F, t.xn2, n, t.lora_u);
       lora_forward(ctx, w.adapter(M::up), t.ff_up, F, t.xn2, n, t.lora_u);
     }
     if (stop_after_ff_in) return;
-    ops::glu_forward(ctx, t.ff_act, t.ff_in, t.ff_up, n, F, c.mlp_act);
+    ops::glu_forward(ctx, t.ff_act, t.ff_in, t.ff_up, n, F, c.mlp_act, t.act_q);
   } else {
-    linear_forward(ctx, Stage::mlp_in, t.ff_in, t.xn2, n, w.w_up, w.b_up);
+    linear_forward(ctx, Stage::mlp_in, t.ff_in, t.xn2, n, w.w_up, w.b_up, t.xn2_q);
     if (w.adapter(M::up).present()) {
       const ops::Scope scope(ctx, stage_name(Stage::mlp_in));
       lora_forward(ctx, w.adapter(M::up), t.ff_in, F, t.xn2, n, t.lora_u);
@@ -302,7 +304,8 @@ void block_forward(const ops::Context& ctx, const DecoderConfig& c, const Decode
     ops::gelu_forward(ctx, t.ff_act, t.ff_in, n * F);
   }
   if (t.ff_act_bf16) ops::convert_f32_to_bf16(ctx, t.ff_act_bf16, t.ff_act, n * F);
-  if (!c.moe()) linear_forward(ctx, Stage::mlp_down, t.branch, t.ff_act, n, w.w_down, w.b_down);
+  if (!c.moe())
+    linear_forward(ctx, Stage::mlp_down, t.branch, t.ff_act, n, w.w_down, w.b_down, t.act_q);
   if (w.adapter(M::down).present()) {
     const ops::Scope scope(ctx, stage_name(Stage::mlp_down));
     lora_forward(ctx, w.adapter(M::down), t.branch, C, t.ff_act, n, t.lora_u);

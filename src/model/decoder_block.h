@@ -80,15 +80,25 @@ struct BlockTensors {
   float* moe_x = nullptr;         // (n k, C) the MLP input's rows, grouped by expert
   float* moe_y = nullptr;         // (n k, C) the experts' outputs, likewise
   MoeRouting* routing = nullptr;  // host scratch
+  // Where the device keeps quantized activations (ops::QuantizedRows; the engine at a few rows),
+  // the products' inputs as the products of this layer read them: xn1_q for q/k/v (written by
+  // the layer before, NormChain), xn2_q for gate/up (GPT-2: c_fc), att_q for the attention
+  // output's product, act_q for down (the gated MLP only). Null: the products quantize x
+  // themselves. block_forward has each one's producer write it.
+  const ops::QuantizedRows* xn1_q = nullptr;
+  const ops::QuantizedRows* xn2_q = nullptr;
+  const ops::QuantizedRows* att_q = nullptr;
+  const ops::QuantizedRows* act_q = nullptr;
 };
 
 // How a layer's queries meet keys and values: att (n, q_dim) from qkv (n, QKV). It applies the
 // rotary embedding itself where the model has one (it knows the rows' positions), and may
-// rotate q and k inside qkv or in copies of its own.
+// rotate q and k inside qkv or in copies of its own. att_q (optional): att also quantized.
 class BlockAttention {
  public:
   virtual ~BlockAttention() = default;
-  virtual void attend(int64_t layer, float* qkv, float* att, int64_t n) = 0;
+  virtual void attend(int64_t layer, float* qkv, float* att, int64_t n,
+                      const ops::QuantizedRows* att_q) = 0;
 };
 
 // A norm of n rows that a fused op writes: its output and saved statistics (mean: layer norm
@@ -99,6 +109,7 @@ struct NormInto {
   float* rstd = nullptr;
   const WeightRef* w = nullptr;
   const WeightRef* b = nullptr;
+  const ops::QuantizedRows* q = nullptr;  // optional: out also quantized
 };
 
 // How a layer meets the norms beside it: with next.out set, the layer's last residual add also
@@ -197,8 +208,9 @@ void norm_backward(const ops::Context& ctx, const DecoderConfig& c, float* dinp,
 void norm_forward(const ops::Context& ctx, const DecoderConfig& c, float* out, float* mean,
                   float* rstd, const float* inp, int64_t n, const WeightRef& w, const WeightRef& b);
 
-// y (n, w.rows()) = x (n, w.cols()) w^T + b, in the scope of `stage`.
+// y (n, w.rows()) = x (n, w.cols()) w^T + b, in the scope of `stage`; xq (optional): x as the
+// op that wrote it also quantized it.
 void linear_forward(const ops::Context& ctx, Stage stage, float* y, const float* x, int64_t n,
-                    const WeightRef& w, const WeightRef& b);
+                    const WeightRef& w, const WeightRef& b, const ops::QuantizedRows* xq = nullptr);
 
 }  // namespace tessera::model

@@ -80,7 +80,8 @@ class DecoderForward::PagedAttention final : public BlockAttention {
   PagedAttention(DecoderForward& f, const PagedKv& kv, int64_t max_keys)
       : f_(f), kv_(kv), max_keys_(max_keys) {}
 
-  void attend(int64_t l, float* qkv, float* att, int64_t n) override {
+  void attend(int64_t l, float* qkv, float* att, int64_t n,
+              const ops::QuantizedRows* att_q) override {
     const DecoderConfig& c = f_.model_.config;
     const ops::Context& ctx = f_.ctx_;
     const int64_t H = c.n_heads;
@@ -127,6 +128,7 @@ class DecoderForward::PagedAttention final : public BlockAttention {
     if (c.window(l) > 0) a.first_key = f_.ints(kFirstKey);
     a.max_keys = max_keys_;
     a.scale = c.score_scale();
+    a.q_out = att_q;
     if (f_.plan_bytes_ > 0) {
       const int kind = f_.plan_kind(l, apart);
       a.plan = f_.plans_device_.as<uint8_t>() + kind * f_.plan_bytes_;
@@ -214,6 +216,7 @@ int64_t DecoderForward::forward(const DecoderRows& rows, const PagedKv& kv, floa
       ints_device_ = ops::Buffer(ctx_.device, ints_.size() * sizeof(int32_t));
       logits_device_ =
           ops::Buffer(ctx_.device, static_cast<size_t>(std::min(max_rows_, kHeadRows) * V) * 4);
+      size_quantized_rows();
       plan_bytes_ = ops::paged_attention_plan_bytes(ctx_, max_rows_);
       if (plan_bytes_ > 0) {
         plans_host_.resize(static_cast<size_t>(kPlanKinds * plan_bytes_));
@@ -259,6 +262,7 @@ int64_t DecoderForward::forward(const DecoderRows& rows, const PagedKv& kv, floa
     if (rows.want_logits[r]) logit_rows[m++] = static_cast<int32_t>(r);
   }
   if (plan_bytes_ > 0) stage_plans(rows, kv, n);
+  if (!on_host_) set_quantized_rows(n);
   // On a device: the row arrays and the tables' rows in use in one copy, then the embeddings.
   if (!on_host_) {
     const size_t used = R * kTables + static_cast<size_t>(n * table_stride_);
@@ -346,6 +350,7 @@ void DecoderForward::run_layers(int64_t n, int64_t m, int64_t max_keys, int64_t 
     t.routing = &routing_;
   }
   PagedAttention attention(*this, kv, max_keys);
+  const bool q = !on_host_;
   // Each layer's last residual add also computes the next layer's attention norm (NormChain);
   // the last layer's output is normalized below, for the logit rows only.
   for (int64_t l = 0; l < c.n_layers; ++l) {
@@ -353,8 +358,14 @@ void DecoderForward::run_layers(int64_t n, int64_t m, int64_t max_keys, int64_t 
     chain.in_normed = l > 0;
     if (l + 1 < c.n_layers) {
       const DecoderLayer& next = w.layers[static_cast<size_t>(l + 1)];
-      chain.next = {t.xn1, t.mean1, t.rstd1, &next.attn_norm, &next.attn_norm_b};
+      chain.next = {t.xn1,           t.mean1,           t.rstd1,
+                    &next.attn_norm, &next.attn_norm_b, q ? quantized(l + 1, kQAttnIn) : nullptr};
     }
+    // Layer 0's attention norm is a plain norm, which writes no quantized rows.
+    t.xn1_q = q && l > 0 ? quantized(l, kQAttnIn) : nullptr;
+    t.xn2_q = q ? quantized(l, kQMlpIn) : nullptr;
+    t.att_q = q ? quantized(l, kQAtt) : nullptr;
+    t.act_q = q ? quantized(l, kQAct) : nullptr;
     block_forward(ctx_, c, w.layers[static_cast<size_t>(l)], l, n, t, attention, false, chain);
   }
   if (m == 0) return;
@@ -362,6 +373,53 @@ void DecoderForward::run_layers(int64_t n, int64_t m, int64_t max_keys, int64_t 
   ops::gather_rows(ctx_, buf(kTmp), buf(kX), ints(kLogitRows), m, c.d_model, n);
   norm_forward(ctx_, c, buf(kXn), buf(kStatA), buf(kStatB), buf(kTmp), m, w.out_norm, w.out_norm_b);
   if (head_rows > 0) linear_forward(ctx_, Stage::head, head_out, buf(kXn), head_rows, w.output, {});
+}
+
+std::pair<int64_t, DType> DecoderForward::quantized_role(int64_t layer, int role) const {
+  const DecoderConfig& c = model_.config;
+  const DecoderLayer& w = model_.weights.layers[static_cast<size_t>(layer)];
+  const bool gated = c.arch == DecoderArch::llama && !c.moe();
+  switch (role) {
+    case kQAttnIn:
+      return {c.d_model, w.wq.type};
+    case kQMlpIn:  // a mixture's router and experts read the f32 rows
+      return {c.d_model, c.moe() ? DType::f32 : gated ? w.w_gate.type : w.w_up.type};
+    case kQAtt:
+      return {c.q_dim(), w.wo.type};
+    default:  // GPT-2's GELU writes no quantized rows
+      return {c.d_ff, gated ? w.w_down.type : DType::f32};
+  }
+}
+
+void DecoderForward::size_quantized_rows() {
+  q_rows_.assign(static_cast<size_t>(model_.config.n_layers), {});
+  for (int role = 0; role < kQRoles; ++role) {
+    int64_t bytes = 0;
+    for (int64_t l = 0; l < model_.config.n_layers; ++l) {
+      const auto [cols, type] = quantized_role(l, role);
+      if (type == DType::f32) continue;
+      for (int64_t r = 1; r <= max_rows_; ++r) {
+        const int64_t b = ops::quantized_rows_bytes(ctx_, r, cols, type);
+        if (b == 0) break;  // the device takes up to some number of rows
+        bytes = std::max(bytes, b);
+      }
+    }
+    if (bytes > 0) q_buffers_[static_cast<size_t>(role)] = ops::Buffer(ctx_.device, bytes);
+  }
+}
+
+void DecoderForward::set_quantized_rows(int64_t n) {
+  if (n == q_rows_n_) return;
+  q_rows_n_ = n;
+  for (int64_t l = 0; l < model_.config.n_layers; ++l)
+    for (int role = 0; role < kQRoles; ++role) {
+      const ops::Buffer& buffer = q_buffers_[static_cast<size_t>(role)];
+      const auto [cols, type] = quantized_role(l, role);
+      const int64_t bytes = type == DType::f32 ? 0 : ops::quantized_rows_bytes(ctx_, n, cols, type);
+      const bool fits = bytes > 0 && static_cast<size_t>(bytes) <= buffer.size();
+      q_rows_[static_cast<size_t>(l)][static_cast<size_t>(role)] =
+          fits ? ops::QuantizedRows{buffer.data(), type, n, cols} : ops::QuantizedRows{};
+    }
 }
 
 int DecoderForward::plan_kind(int64_t layer, bool apart) const {

@@ -12,6 +12,7 @@
 #include <initializer_list>
 #include <map>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "model/decoder.h"
@@ -142,6 +143,23 @@ class DecoderForward {
   ops::Buffer ints_device_, logits_device_;
   // Steps recorded on a device that records graphs; an empty graph: the shape was seen once.
   std::map<GraphKey, ops::Graph> graphs_;
+  // Quantized activations (ops::QuantizedRows) where the device keeps them for a chunk's rows, by
+  // the role of the rows: the attention norm's output (q/k/v read it), the MLP norm's (gate/up,
+  // GPT-2's c_fc), the attention's output, the gated activation (down). One buffer per role,
+  // sized at the first forward for the most rows the device takes; each layer's rows as its
+  // products read them (data null: none), set for n rows by set_quantized_rows.
+  enum QRole { kQAttnIn, kQMlpIn, kQAtt, kQAct, kQRoles };
+  // The role's width and the weights' type that reads it in `layer`; f32 where none does.
+  std::pair<int64_t, DType> quantized_role(int64_t layer, int role) const;
+  void size_quantized_rows();
+  void set_quantized_rows(int64_t n);
+  const ops::QuantizedRows* quantized(int64_t layer, int role) const {
+    const ops::QuantizedRows& q = q_rows_[static_cast<size_t>(layer)][static_cast<size_t>(role)];
+    return q.data ? &q : nullptr;
+  }
+  std::array<ops::Buffer, kQRoles> q_buffers_;
+  std::vector<std::array<ops::QuantizedRows, kQRoles>> q_rows_;
+  int64_t q_rows_n_ = -1;
   // Each kind's plan of plan_bytes_ bytes (0: the device plans nothing), on the host and staged
   // on the device, and this chunk's keys (0 for a kind no layer has).
   int64_t plan_bytes_ = 0;

@@ -70,7 +70,7 @@ class Backend {
                              const RopeTable& table, const int32_t* positions, int64_t pos0,
                              int64_t B, int64_t T, int64_t H, int64_t D, RopeLayout layout) = 0;
   virtual void glu_forward(const Context& ctx, float* out, const float* gate, const float* up,
-                           int64_t N, int64_t F, GluAct act) = 0;
+                           int64_t N, int64_t F, GluAct act, const QuantizedRows* q_out) = 0;
   virtual void glu_backward(const Context& ctx, float* dgate, float* dup, const float* dout,
                             const float* gate, const float* up, int64_t N, int64_t F,
                             GluAct act) = 0;
@@ -80,10 +80,16 @@ class Backend {
   virtual void matmul_w(const Context& ctx, float* dx, int64_t ldx, const float* dy, int64_t M,
                         int64_t N, const void* w, DType w_type, int64_t K, bool accumulate) = 0;
   virtual void matmul_wt_group(const Context& ctx, const float* x, int64_t M, int64_t K,
-                               std::span<const WtProduct> products) = 0;
+                               std::span<const WtProduct> products, const QuantizedRows* xq) = 0;
   virtual void paged_attention(const Context& ctx, const PagedAttentionArgs& a) = 0;
   // A backend that plans nothing keeps these defaults.
   virtual int64_t paged_attention_plan_bytes(int64_t /*rows*/) const { return 0; }
+  // A backend without a quantized activation format keeps this default (and is never given a
+  // QuantizedRows).
+  virtual int64_t quantized_rows_bytes(int64_t /*rows*/, int64_t /*cols*/,
+                                       DType /*for_type*/) const {
+    return 0;
+  }
   virtual int64_t plan_paged_attention(const PagedAttentionArgs& /*a*/, void* /*plan*/) const {
     return 0;
   }

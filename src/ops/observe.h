@@ -57,8 +57,9 @@ class OpObserver {
   // belong to it. Scopes nest (names are static strings: the observer may keep the views).
   virtual void enter_scope(std::string_view /*name*/, const Context& /*ctx*/) {}
   virtual void exit_scope(std::string_view /*name*/, const Context& /*ctx*/) {}
-  // Whether the calls are being looked at now: a device records and replays graphs (ops/graph.h)
-  // only while they are not, since a replay reports no op.
+  // Whether the calls are being looked at now: while they are not, no op is reported (on_begin
+  // and on_op are skipped; scopes still are), and a device may record and replay graphs
+  // (ops/graph.h), since a replay reports no op.
   virtual bool watching() const { return true; }
 };
 

@@ -23,7 +23,7 @@ decltype(auto) observed(const Context& ctx, std::string_view op, ShapeFn&& shape
     else
       return std::remove_cvref_t<Result>{};
   }
-  if (!ctx.observer) return call();
+  if (!ctx.observer || !ctx.observer->watching()) return call();
   ctx.observer->on_begin(op, ctx);
   const auto t0 = std::chrono::steady_clock::now();
   auto report = [&] {

@@ -269,6 +269,7 @@ void residual_norm(const Context& ctx, const ResidualNormArgs& a) {
   TS_CHECK(a.out != a.x_out && a.out != a.a && a.out != a.r && a.x_out != a.r,
            "[residual_norm] out must not alias x_out, a or r, nor x_out r");
   TS_CHECK(layer || a.eps >= 0.0f, "[residual_norm] eps=", a.eps, " must be >= 0");
+  check_quantized_rows(ctx, a.q_out, a.N, a.C, "residual_norm");
   // The add's three passes and the norm's two, less the norm's read of x_out: it is written once.
   OpCost cost = layer ? elementwise_cost(a.N * a.C, 7, 2) : rmsnorm_forward_cost(a.N, a.C);
   cost.flops += static_cast<double>(a.N * a.C);
@@ -325,9 +326,10 @@ const char* glu_act_name(GluAct a) {
 }
 
 void glu_forward(const Context& ctx, float* out, const float* gate, const float* up, int64_t N,
-                 int64_t F, GluAct act) {
+                 int64_t F, GluAct act, const QuantizedRows* q_out) {
+  check_quantized_rows(ctx, q_out, N, F, "glu_forward");
   TS_DISPATCH(glu_forward, (OpShape{"n f", {N, F}}), glu_forward_cost(N, F), out, gate, up, N, F,
-              act);
+              act, q_out);
 }
 
 void glu_backward(const Context& ctx, float* dgate, float* dup, const float* dout,

@@ -185,6 +185,18 @@ void rmsnorm_forward(const Context& ctx, float* out, float* rstd, const float* i
                      int64_t N, int64_t C, float eps);
 // NormBackwardArgs without mean and db (accumulates, like layernorm_backward).
 void rmsnorm_backward(const Context& ctx, const NormBackwardArgs& a);
+// Activation rows (rows, cols) quantized for the products of weights of type for_type, in the
+// device's own format (CUDA: the int8 blocks and scales its matvec kernels read), in its memory.
+// An op that produces rows a product reads next (a norm, the gated MLP's activation, the
+// attention) may also write them so (its q_out), and matmul_wt_group then reads them in place of
+// x: one quantization pass fewer per product input. quantized_rows_bytes (ops/quant.h) says
+// where a device has such a format.
+struct QuantizedRows {
+  void* data = nullptr;
+  DType for_type = DType::f32;
+  int64_t rows = 0, cols = 0;
+};
+
 // The residual add fused into the norm after it (a branch joining the stream, then the next
 // norm): x_out (N,C) = a + r, then out (N,C) = the norm of x_out as layernorm_forward (w, b,
 // eps 1e-5; saves mean and rstd) or rmsnorm_forward (w, eps; saves rstd) compute it. Same bits as
@@ -201,7 +213,8 @@ struct ResidualNormArgs {
   const float* w = nullptr;  // (C)
   const float* b = nullptr;  // (C) or null, layer norm only
   int64_t N = 0, C = 0;
-  float eps = 1e-5f;  // RMSNorm's
+  float eps = 1e-5f;                     // RMSNorm's
+  const QuantizedRows* q_out = nullptr;  // optional: out also quantized, (N, C)
 };
 void residual_norm(const Context& ctx, const ResidualNormArgs& a);
 // In place, per head (Qwen3's q and k norms): x holds n rows of stride ld, each starting with
@@ -267,9 +280,10 @@ enum class GluAct : uint8_t { silu, gelu_tanh };
 const char* glu_act_name(GluAct a);
 
 // out (N,F) = act(gate) * up, silu(x) = x / (1 + exp(-x)), gelu_tanh(x) = x/2 (1 + tanh(sqrt(2/pi)
-// (x + 0.044715 x^3))); gate, up (N,F). out may alias either.
+// (x + 0.044715 x^3))); gate, up (N,F). out may alias either. q_out (optional): out also
+// quantized, (N, F).
 void glu_forward(const Context& ctx, float* out, const float* gate, const float* up, int64_t N,
-                 int64_t F, GluAct act);
+                 int64_t F, GluAct act, const QuantizedRows* q_out = nullptr);
 // dgate (N,F) = dout * up * act'(gate), dup (N,F) = dout * act(gate) (both overwritten; each
 // may alias dout, or its own input).
 void glu_backward(const Context& ctx, float* dgate, float* dup, const float* dout,

@@ -52,6 +52,7 @@ void paged_attention(const Context& ctx, const PagedAttentionArgs& a) {
     }
   else
     TS_CHECK(a.max_keys > 0, "[attention] max_keys must be set on ", device_name(ctx.device));
+  check_quantized_rows(ctx, a.q_out, a.rows, a.H * a.D, "attention");
   if (a.rows == 0) return;
   detail::observed(
       ctx, "paged_attention",

@@ -45,6 +45,7 @@ struct PagedAttentionArgs : PagedKvLayout {
   // default way).
   const void* plan = nullptr;
   int64_t plan_key = 0;
+  const QuantizedRows* q_out = nullptr;  // optional: out also quantized, (rows, H D)
 };
 
 // out (rows,H,D) = softmax(q K^T * scale) V per query row over that row's first n_keys cached

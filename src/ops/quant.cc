@@ -41,8 +41,24 @@ void matmul_wt(const Context& ctx, float* y, int64_t ldy, const float* x, int64_
       [&] { backend(ctx.device).matmul_wt(ctx, y, ldy, x, M, K, w, w_type, N, bias); });
 }
 
+int64_t quantized_rows_bytes(const Context& ctx, int64_t rows, int64_t cols, DType for_type) {
+  TS_CHECK(rows >= 0 && cols >= 0, "[quantized_rows] bad shape (", rows, ", ", cols, ")");
+  return backend(ctx.device).quantized_rows_bytes(rows, cols, for_type);
+}
+
+void check_quantized_rows(const Context& ctx, const QuantizedRows* q, int64_t rows, int64_t cols,
+                          const char* op) {
+  if (!q) return;
+  TS_CHECK(q->data && q->rows == rows && q->cols == cols, "[", op, "] quantized rows (", q->rows,
+           ", ", q->cols, ") for (", rows, ", ", cols, ") rows, or without memory");
+  TS_CHECK(quantized_rows_bytes(ctx, rows, cols, q->for_type) > 0, "[", op, "] ",
+           device_name(ctx.device), " has no quantized rows of (", rows, ", ", cols, ") for ",
+           dtype_name(q->for_type), " weights");
+}
+
 void matmul_wt_group(const Context& ctx, const float* x, int64_t M, int64_t K,
-                     std::span<const WtProduct> products) {
+                     std::span<const WtProduct> products, const QuantizedRows* xq) {
+  check_quantized_rows(ctx, xq, M, K, "matmul_wt_group");
   for (const WtProduct& p : products) {
     check_matmul_wt_args(p.ldy, M, K, p.w_type, p.N);
     TS_CHECK(M * p.N == 0 || (p.y && x && p.w), "[matmul_wt] null y, x or w");
@@ -65,7 +81,7 @@ void matmul_wt_group(const Context& ctx, const float* x, int64_t M, int64_t K,
     return s;
   };
   detail::observed(ctx, "matmul_wt_group", shape, cost,
-                   [&] { backend(ctx.device).matmul_wt_group(ctx, x, M, K, products); });
+                   [&] { backend(ctx.device).matmul_wt_group(ctx, x, M, K, products, xq); });
 }
 
 void matmul_w(const Context& ctx, float* dx, int64_t ldx, const float* dy, int64_t M, int64_t N,

@@ -43,8 +43,19 @@ void check_matmul_wt_args(int64_t ldy, int64_t M, int64_t K, DType w_type, int64
 // equals what matmul_wt gives alone, bit for bit, but x is quantized once and the rows of all
 // products are shared out over the threads together (small matrices no longer leave a thread
 // idle, and there is one hand-off instead of several).
+// With xq (x quantized by the op that wrote x, for products of xq->for_type), the products whose
+// weights take that format read it instead of quantizing x again; the others read x. x must
+// still be given, and xq must hold x's present values.
 void matmul_wt_group(const Context& ctx, const float* x, int64_t M, int64_t K,
-                     std::span<const WtProduct> products);
+                     std::span<const WtProduct> products, const QuantizedRows* xq = nullptr);
+// Bytes of QuantizedRows of (rows, cols) for products of for_type on ctx's device; 0 where the
+// device has no such format for them (the CPU, whose kernels quantize x as they go; CUDA above
+// its matvec's 8 rows or for float weights): no op may then be given one.
+int64_t quantized_rows_bytes(const Context& ctx, int64_t rows, int64_t cols, DType for_type);
+// Throws naming op unless q is null or holds (rows, cols) in a format ctx's device has
+// (quantized_rows_bytes > 0); the ops given a QuantizedRows check it with this.
+void check_quantized_rows(const Context& ctx, const QuantizedRows* q, int64_t rows, int64_t cols,
+                          const char* op);
 // dx (M,K) = dy (M,N) W (N,K), or += with accumulate; W stored as w_type (any type matmul_wt
 // takes), ldx the row stride of dx (>= K). The backward of matmul_wt through x, for a weight that
 // stays in its stored type (a frozen LoRA base): the CPU widens W a panel of rows at a time into

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <vector>
 
+#include "compress/quantize.h"
 #include "core/rng.h"
 #include "infer/engine.h"
 #include "model/decoder_forward.h"
@@ -162,6 +163,49 @@ TEST_P(FencedEngine, GroupsRunAsOneProductEach) {
     }
   }
   ops::register_backend(ops::Device::cuda, nullptr);
+}
+
+// A device with quantized activations (the fenced one's: an f32 copy, at up to 4 rows): at one
+// row the norms, the attention and the gated activation also write their output quantized, and
+// the next products read those rows, each checked at the read to hold its x's present values.
+// Per one-row step: q/k/v of every layer but the first (whose norm is a plain one), the MLP's
+// input, the attention output's product, and down after a gated MLP. A prompt of 7 rows takes
+// none. The logits stay the CPU's, bit for bit.
+TEST_P(FencedEngine, QuantizedRowsReachTheirProducts) {
+  const model::DecoderModel f32 = model_for(GetParam());
+  if (f32.config.moe()) GTEST_SKIP() << "a MoE layer's experts read the f32 rows";
+  compress::QuantizeOptions q;
+  q.type = DType::q8_0;
+  const model::DecoderModel m = compress::quantize_decoder(f32, q, nullptr);
+  const bool gpt2 = m.config.arch == model::DecoderArch::gpt2;
+  auto one_sequence = [&](const EngineOptions& o) {
+    Engine e(m, o);
+    const int32_t s = e.new_sequence();
+    std::vector<float> all = e.forward({Feed{s, test::random_tokens(7, m.config.vocab, 5), false}});
+    for (int32_t token = 1; token <= 4; ++token) {
+      const std::vector<float>& l = e.forward({Feed{s, {&token, 1}, false}});
+      all.insert(all.end(), l.begin(), l.end());
+    }
+    return all;
+  };
+  const std::vector<float> want = one_sequence(options(DType::f16));
+  FencedDevice device(true, /*graphs=*/true);
+  ops::register_backend(ops::Device::cuda, &device);
+  EngineOptions o = options(DType::f16);
+  o.ctx.device = ops::Device::cuda;
+  EXPECT_EQ(one_sequence(o), want);
+  // Matrices too narrow for q8_0's blocks stay f32 (the tiny model's down: 48 columns), and
+  // their input stays unquantized.
+  auto block = [](const model::WeightRef& w) { return w.type == DType::q8_0; };
+  int64_t per_step = 0;
+  for (int64_t l = 0; l < m.config.n_layers; ++l) {
+    const model::DecoderLayer& w = m.weights.layers[static_cast<size_t>(l)];
+    per_step += (l > 0 && block(w.wq)) + block(gpt2 ? w.w_up : w.w_gate) + block(w.wo) +
+                (!gpt2 && block(w.w_down));
+  }
+  EXPECT_GE(per_step, 3 * m.config.n_layers - 1);
+  EXPECT_EQ(device.quantized_reads(), 4 * per_step);
+  EXPECT_GE(device.replays(), 2);  // replays read the rows written in them too
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, FencedEngine, ::testing::Values(0, 1, 2, 3, 4));

@@ -105,14 +105,14 @@ TEST(CausalAttention, BackwardIsTheForwardsDerivative) {
     auto loss = [&](const std::vector<float>& in) {
       std::vector<float> x = in;
       CausalAttention(ctx, c, &rope, 0, rot.data(), lse.data(), B, T, false)
-          .attend(0, x.data(), att.data(), n);
+          .attend(0, x.data(), att.data(), n, nullptr);
       double l = 0;
       for (int64_t i = 0; i < n * QD; ++i) l += static_cast<double>(att[i]) * r[i];
       return l;
     };
     std::vector<float> x = qkv, dqkv(n * ld);
     CausalAttention a(ctx, c, &rope, 0, rot.data(), lse.data(), B, T, false);
-    a.attend(0, x.data(), att.data(), n);
+    a.attend(0, x.data(), att.data(), n, nullptr);
     a.backward(dqkv.data(), r.data(), x.data(), att.data());
     const float h = 1e-2f;
     for (int64_t i = 0; i < n * ld; ++i) {

@@ -127,7 +127,23 @@ class FencedDevice final : public ops::Backend {
   TS_FENCED(scale, (const ops::Context& ctx, float* x, int64_t n, float s), x, n, s)
   TS_FENCED(convert_f32_to_bf16,
             (const ops::Context& ctx, uint16_t* dst, const float* src, int64_t n), dst, src, n)
-  TS_FENCED(residual_norm, (const ops::Context& ctx, const ops::ResidualNormArgs& a), a)
+  // A quantized activation format of its own for block-typed weights at up to 4 rows: an f32
+  // copy of the rows. The producing ops write it after their kernel; matmul_wt_group checks, at
+  // each call or replay, that it holds x's present values. So the model's plumbing of quantized
+  // rows (which op writes them, which product reads them) is tested where no GPU runs it.
+  int64_t quantized_rows_bytes(int64_t rows, int64_t cols, DType t) const override {
+    const bool block = t != DType::f32 && t != DType::f16 && t != DType::bf16;
+    return block && rows >= 1 && rows <= 4 ? rows * cols * 4 : 0;
+  }
+  int64_t quantized_reads() const {
+    return quantized_reads_;
+  }
+  void residual_norm(const ops::Context& ctx, const ops::ResidualNormArgs& a) override {
+    run([=, this] {
+      cpu().residual_norm(host(ctx), a);
+      write_quantized(a.q_out, a.out);
+    });
+  }
   TS_FENCED(rmsnorm_forward,
             (const ops::Context& ctx, float* out, float* rstd, const float* inp, const float* w,
              int64_t N, int64_t C, float eps),
@@ -148,10 +164,13 @@ class FencedDevice final : public ops::Backend {
              const int32_t* positions, int64_t pos0, int64_t B, int64_t T, int64_t H, int64_t D,
              ops::RopeLayout layout),
             dinp, dout, host_table(table), positions, pos0, B, T, H, D, layout)
-  TS_FENCED(glu_forward,
-            (const ops::Context& ctx, float* out, const float* gate, const float* up, int64_t N,
-             int64_t F, ops::GluAct act),
-            out, gate, up, N, F, act)
+  void glu_forward(const ops::Context& ctx, float* out, const float* gate, const float* up,
+                   int64_t N, int64_t F, ops::GluAct act, const ops::QuantizedRows* q) override {
+    run([=, this] {
+      cpu().glu_forward(host(ctx), out, gate, up, N, F, act, nullptr);
+      write_quantized(q, out);
+    });
+  }
   TS_FENCED(glu_backward,
             (const ops::Context& ctx, float* dgate, float* dup, const float* dout,
              const float* gate, const float* up, int64_t N, int64_t F, ops::GluAct act),
@@ -165,10 +184,18 @@ class FencedDevice final : public ops::Backend {
              const void* w, DType w_type, int64_t K, bool accumulate),
             dx, ldx, dy, M, N, w, w_type, K, accumulate)
   void matmul_wt_group(const ops::Context& ctx, const float* x, int64_t M, int64_t K,
-                       std::span<const ops::WtProduct> products) override {
+                       std::span<const ops::WtProduct> products,
+                       const ops::QuantizedRows* xq) override {
     const std::vector<ops::WtProduct> p(products.begin(), products.end());  // outlives the call
     group_products_ += static_cast<int64_t>(p.size());
-    run([=, this] { cpu().matmul_wt_group(host(ctx), x, M, K, p); });
+    run([=, this] {
+      if (xq) {
+        TS_CHECK(std::memcmp(xq->data, x, static_cast<size_t>(M * K) * sizeof(float)) == 0,
+                 "[fenced] the quantized rows a product reads are not its x's present values");
+        ++quantized_reads_;
+      }
+      cpu().matmul_wt_group(host(ctx), x, M, K, p, nullptr);
+    });
   }
   TS_FENCED(bias_grad, (const ops::Context& ctx, float* db, const float* dy, int64_t m, int64_t n),
             db, dy, m, n)
@@ -212,6 +239,7 @@ class FencedDevice final : public ops::Backend {
         ++plans_checked_;
       }
       cpu().paged_attention(host(ctx), a);
+      write_quantized(a.q_out, a.out);
     });
   }
   int64_t plans_checked() const {
@@ -292,6 +320,9 @@ class FencedDevice final : public ops::Backend {
     else
       fenced();
   }
+  static void write_quantized(const ops::QuantizedRows* q, const float* x) {
+    if (q) std::memcpy(q->data, x, static_cast<size_t>(q->rows * q->cols) * sizeof(float));
+  }
   void not_recording(const char* what) const {
     TS_CHECK(!recording_, "[fenced] ", what, " while a graph is recorded");
   }
@@ -311,7 +342,7 @@ class FencedDevice final : public ops::Backend {
   int64_t replays_ = 0;
   int64_t group_products_ = 0;
   int64_t syncs_ = 0;
-  int64_t plans_checked_ = 0, attention_calls_ = 0;
+  int64_t plans_checked_ = 0, attention_calls_ = 0, quantized_reads_ = 0;
   std::map<void*, size_t> blocks_;
   int64_t ops_ = 0;
 };

@@ -129,8 +129,9 @@ class CpuBackend final : public ops::Backend {
                      int64_t T, int64_t H, int64_t D, ops::RopeLayout layout) override {
     TS_CPU_OP(rope_backward, dinp, dout, table, positions, pos0, B, T, H, D, layout);
   }
+  // No quantized activation format here (quantized_rows_bytes is 0), so no op is given one.
   void glu_forward(const ops::Context& ctx, float* out, const float* gate, const float* up,
-                   int64_t N, int64_t F, ops::GluAct act) override {
+                   int64_t N, int64_t F, ops::GluAct act, const ops::QuantizedRows*) override {
     TS_CPU_OP(glu_forward, out, gate, up, N, F, act);
   }
   void glu_backward(const ops::Context& ctx, float* dgate, float* dup, const float* dout,
@@ -148,7 +149,8 @@ class CpuBackend final : public ops::Backend {
     TS_CPU_OP(matmul_w, dx, ldx, dy, M, N, w, w_type, K, accumulate);
   }
   void matmul_wt_group(const ops::Context& ctx, const float* x, int64_t M, int64_t K,
-                       std::span<const ops::WtProduct> products) override {
+                       std::span<const ops::WtProduct> products,
+                       const ops::QuantizedRows*) override {
     if (ctx.reference) {
       for (const ops::WtProduct& p : products)
         ref::matmul_wt(p.y, p.ldy, x, M, K, p.w, p.w_type, p.N, p.bias);

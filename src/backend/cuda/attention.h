@@ -130,7 +130,7 @@ struct PagedDecodeArgs {
   int64_t workspace_floats = 0;
   // Optional: out also quantized for the next product's matvec (blocks of 32 only, M = rows,
   // K = H * D), the same bits as matmul_wt's own quantizer would give from out: saves the
-  // decoder the quantizer's launch in front of the attention output product.
+  // caller the quantizer's launch in front of the attention output product.
   const QuantizedActs* quantize_out = nullptr;
   // Optional, for prompts (a 16-bit cache, no quantize_out): the rows of these tiles (a device
   // array of n_prefill_tiles) run on tensor cores, 64 query rows against 64 keys at a time

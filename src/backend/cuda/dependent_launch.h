@@ -7,8 +7,8 @@ namespace tessera::cuda {
 
 // On by default on compute capability 9.x (the sm_90a code has the device-side wait);
 // TESSERA_CUDA_PDL=0 turns it off (to measure what it saves), TESSERA_CUDA_PDL=1 keeps it on. Any
-// other value of the variable is refused with an error naming it, at the first call (the CUDA
-// decoder and GPT-2 trainer call this while they set up, before any launch).
+// other value of the variable is refused with an error naming it, at the first call (the first
+// dependent launch).
 bool dependent_launch_enabled();
 // Overrides the environment for the whole process (tests compare both settings). Graphs
 // captured before the change keep the setting they were captured with.

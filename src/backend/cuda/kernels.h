@@ -61,7 +61,9 @@ template <typename E>
 void rmsnorm_residual_forward(E* res_out, E* out, float* rstd, const E* a, const E* r,
                               const float* w, int64_t N, int64_t C, float eps, cudaStream_t stream);
 
-// The decoder's norms in front of block-typed products (f32 rows, N <= 8): rmsnorm_forward,
+// The next two write ops::QuantizedRows for the ops backend (residual_norm's and glu_forward's
+// q_out); tests hold them to the unfused kernels.
+// Norms in front of block-typed products (f32 rows, N <= 8): rmsnorm_forward,
 // rmsnorm_residual_forward (r and res_out set), layernorm_forward or layernorm_residual_forward
 // (layer_norm: b set, eps 1e-5) into out, whose rows are then also quantized into q (q.M == N,
 // q.K == C; its block that of the products' weight type) exactly as matmul_wt would quantize out:
@@ -70,7 +72,7 @@ void norm_quantize_f32(bool layer_norm, float* res_out, float* out, const float*
                        const float* w, const float* b, int64_t N, int64_t C, float eps,
                        const QuantizedActs& q, cudaStream_t stream);
 
-// The decoder's SwiGLU in front of a block-typed down product (f32, N <= 8 rows of F; gate, up
+// SwiGLU in front of a block-typed down product (f32, N <= 8 rows of F; gate, up
 // and out rows F apart): out = silu(gate) * up as swiglu_forward computes it, whose rows are
 // then also quantized into q (q.M == N, q.K == F) as matmul_wt would quantize out.
 void swiglu_quantize_f32(float* out, const float* gate, const float* up, int64_t N, int64_t F,

@@ -99,7 +99,7 @@ __device__ __forceinline__ void for_each_vec(int64_t n, F&& f) {
 }
 
 // One RoPE pair (xa, xb) rotated by the angle with cosine c and sine s: the single expression
-// the rope kernel and the decoder's fused rope + cache append share, so both give the same bits.
+// the rope kernel and the fused rope + cache append share, so both give the same bits.
 // A position outside the table gives NaN (a bad position must not pass unnoticed).
 __device__ __forceinline__ void rope_rotate_pair(float xa, float xb, const float* cos_tab,
                                                  const float* sin_tab, int64_t max_pos, int64_t pos,

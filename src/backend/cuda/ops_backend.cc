@@ -16,9 +16,9 @@
 
 #include "backend/cuda/attention.h"
 #include "backend/cuda/cuda_check.h"
-#include "backend/cuda/decoder_kernels.h"
 #include "backend/cuda/gemm_lt.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kernels_rows.h"
 #include "backend/cuda/quant_matvec.h"
 #include "backend/cuda/runtime.h"
 #include "backend/cuda/train_kernels.h"
@@ -207,8 +207,31 @@ class CudaOpsBackend final : public ops::Backend {
   }
   // Matvec-sized groups whose weights take the same activation blocks quantize x once (the first
   // product's launch) and run the others on it: 1 + P launches instead of 2 P.
+  // Quantized rows: the activation blocks matmul_wt's workspace holds, for block-typed weights
+  // at the matvec's rows.
+  int64_t quantized_rows_bytes(int64_t rows, int64_t cols, DType t) const override {
+    if (rows < 1 || rows > kMatvecMaxRows || act_block_elems(t) == 0) return 0;
+    for (DType k : {DType::q8_0, DType::q4_0, DType::q4_1, DType::q5_0, DType::q5_1, DType::q4_k,
+                    DType::q5_k, DType::q6_k})
+      if (t == k) return static_cast<int64_t>(matmul_wt_workspace_bytes(rows, cols, t));
+    return 0;  // a block type without a matvec kernel here
+  }
+  static QuantizedActs acts(const ops::QuantizedRows& q) {
+    return quantized_acts_view(q.data, matmul_wt_workspace_bytes(q.rows, q.cols, q.for_type),
+                               q.rows, q.cols, q.for_type);
+  }
   void matmul_wt_group(const ops::Context& ctx, const float* x, int64_t M, int64_t K,
-                       std::span<const ops::WtProduct> products) override {
+                       std::span<const ops::WtProduct> products,
+                       const ops::QuantizedRows* xq) override {
+    if (xq) {  // each product whose weights take xq's blocks reads it; any other reads x
+      const QuantizedActs q = acts(*xq);
+      for (const ops::WtProduct& p : products)
+        if (act_block_elems(p.w_type) == q.block)
+          matmul_wt_quantized(p.y, p.ldy, q, p.w, p.w_type, p.N, p.bias, stream(ctx));
+        else
+          matmul_wt(ctx, p.y, p.ldy, x, M, K, p.w, p.w_type, p.N, p.bias);
+      return;
+    }
     const int64_t block = products.empty() ? 0 : act_block_elems(products[0].w_type);
     bool shared = M >= 1 && M <= kMatvecMaxRows && block > 0;
     for (const ops::WtProduct& p : products) shared = shared && act_block_elems(p.w_type) == block;
@@ -243,6 +266,11 @@ class CudaOpsBackend final : public ops::Backend {
                                     a.C, ws, stream(ctx));
   }
   void residual_norm(const ops::Context& ctx, const ops::ResidualNormArgs& a) override {
+    if (a.q_out) {  // one launch: the join, the norm and its quantized rows
+      cuda::norm_quantize_f32(a.kind == ops::NormKind::layer, a.x_out, a.out, a.a, a.r, a.w, a.b,
+                              a.N, a.C, a.eps, acts(*a.q_out), stream(ctx));
+      return;
+    }
     if (a.kind == ops::NormKind::layer)
       cuda::layernorm_residual_forward<float>(a.x_out, a.out, a.mean, a.rstd, a.a, a.r, a.w, a.b,
                                               a.N, a.C, stream(ctx));
@@ -281,11 +309,16 @@ class CudaOpsBackend final : public ops::Backend {
     cuda::add<float>(out, a, b, n, stream(ctx));
   }
   void glu_forward(const ops::Context& ctx, float* out, const float* gate, const float* up,
-                   int64_t N, int64_t F, ops::GluAct act) override {
+                   int64_t N, int64_t F, ops::GluAct act, const ops::QuantizedRows* q) override {
+    if (q && act == ops::GluAct::silu) {  // one launch: SwiGLU and its quantized rows
+      cuda::swiglu_quantize_f32(out, gate, up, N, F, acts(*q), stream(ctx));
+      return;
+    }
     if (act == ops::GluAct::silu)
       cuda::swiglu_forward<float>(out, gate, up, N, F, stream(ctx));
     else
       cuda::geglu_forward<float>(out, gate, up, N, F, stream(ctx));
+    if (q) quantize_acts(out, acts(*q), stream(ctx));
   }
   void glu_backward(const ops::Context& ctx, float* dgate, float* dup, const float* dout,
                     const float* gate, const float* up, int64_t N, int64_t F,
@@ -457,7 +490,14 @@ class CudaOpsBackend final : public ops::Backend {
       d.decode_rows = reinterpret_cast<const int32_t*>(at + plan_decode_rows_at(a.rows));
       d.n_decode_rows = a.plan_key & 0xffffffff;
     }
+    // The decode kernel quantizes its own output in blocks of 32 where no tile runs; otherwise
+    // a quantization after it.
+    QuantizedActs q;
+    if (a.q_out) q = acts(*a.q_out);
+    const bool fused = a.q_out && d.n_prefill_tiles == 0 && q.block == 32;
+    if (fused) d.quantize_out = &q;
     paged_decode_attention(d, s);
+    if (a.q_out && !fused) quantize_acts(a.out, q, s);
   }
   void kv_append(const ops::Context& ctx, const ops::KvAppendArgs& a) override {
     TS_CHECK(!a.k_transposed, "[cuda] the paged cache keeps keys as rows (k_transposed false)");

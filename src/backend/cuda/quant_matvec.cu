@@ -237,6 +237,18 @@ void matmul_wt(float* y, int64_t ldy, const float* x, int64_t M, int64_t K, cons
   detail::launch_block_matvec(y, ldy, xq, xd, xs, M, K, w, w_type, N, bias, stream);
 }
 
+void quantize_acts(const float* x, const QuantizedActs& q, cudaStream_t stream) {
+  TS_CHECK(q.M >= 1 && q.M <= kMatvecMaxRows && q.K > 0 && (q.block == 32 || q.block == kQK_K) &&
+               q.K % q.block == 0,
+           "[cuda quantize_acts] M=", q.M, " K=", q.K, " block=", q.block, " out of range");
+  TS_CHECK(x && q.q && q.d && q.s, "[cuda quantize_acts] null pointer");
+  const int64_t grid = (q.M * (q.K / q.block) + 7) / 8;
+  TS_CHECK(grid <= 0x7fffffff, "[cuda quantize_acts] K=", q.K, " needs too many thread blocks");
+  launch_dependent(q.block == 32 ? quantize_acts_kernel<32> : quantize_acts_kernel<kQK_K>,
+                   dim3(static_cast<unsigned>(grid)), dim3(256), 0, stream, x, q.M, q.K, q.q, q.d,
+                   q.s);
+}
+
 QuantizedActs quantized_acts_view(void* workspace, size_t workspace_bytes, int64_t M, int64_t K,
                                   DType w_type) {
   TS_CHECK(M >= 1 && M <= kMatvecMaxRows && K > 0, "[cuda quantized_acts_view] M=", M, " K=", K,

@@ -79,6 +79,10 @@ struct QuantizedActs {
 QuantizedActs quantized_acts_view(void* workspace, size_t workspace_bytes, int64_t M, int64_t K,
                                   DType w_type);
 
+// q = x (q.M, q.K) f32 quantized as matmul_wt quantizes its x (the same bits): for an op that
+// cannot quantize its output itself.
+void quantize_acts(const float* x, const QuantizedActs& q, cudaStream_t stream);
+
 // y (M, ldy) = x W^T [+ bias] with x already quantized into `x` (by matmul_wt's quantizer or a
 // kernel that quantizes its output, such as norm_quantize_f32): the same products, bit for bit,
 // as matmul_wt on the float x, one launch fewer. x.block must be w_type's activation block.

@@ -1,4 +1,4 @@
-// The device decoder's glue kernels against host computations: weight dequantization to f16
+// The row kernels (kernels_rows.h) against host computations: weight dequantization to f16
 // (equal to core's to_f32 rounded to f16, bit for bit, for every type), f32 -> f16 conversion,
 // the KV cache append into paged blocks (alone, and fused with RoPE: the same bits as RoPE then
 // the append), and the row gather.
@@ -12,7 +12,7 @@
 
 #include "backend/cpu/ref/ref_kernels.h"
 #include "backend/cpu/rows.h"
-#include "backend/cuda/decoder_kernels.h"
+#include "backend/cuda/kernels_rows.h"
 #include "core/dtype.h"
 #include "core/rng.h"
 #include "cuda_test_util.h"

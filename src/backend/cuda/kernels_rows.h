@@ -1,6 +1,6 @@
-// Small CUDA kernels between the big ones: appending
-// a chunk's keys and values to the paged cache, widening weights and activations to f16 for the
-// prefill GEMMs, and gathering the rows whose logits are wanted.
+// Kernels that move, convert and route rows between the big ones: the paged cache append (alone
+// or with RoPE), weights and activations widened to f16 for the prefill GEMMs, row gather and
+// weighted scatter-add, mixture-of-experts routing, per-head RMSNorm of q and k.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,14 +1,15 @@
-// The small kernels between the big ones: cache append (f32 -> f32/f16), alone or fused with RoPE,
-// weight dequantization and activation conversion to f16, row gather. The decode-path ones
-// (append, rope + append, gather) are programmatic dependents (dependent_launch.cuh).
+// The row kernels (kernels_rows.h): cache append (f32 -> f32/f16), alone or fused with RoPE,
+// weight dequantization and activation conversion to f16, row gather and scatter, MoE routing,
+// per-head RMSNorm. The decode-path ones (append, rope + append, gather) are programmatic
+// dependents (dependent_launch.cuh).
 #include <cuda_fp16.h>
 
 #include <algorithm>
 
 #include "backend/cuda/cuda_check.h"
-#include "backend/cuda/decoder_kernels.h"
 #include "backend/cuda/dependent_launch.cuh"
 #include "backend/cuda/kernels_common.cuh"
+#include "backend/cuda/kernels_rows.h"
 
 namespace tessera::cuda {
 namespace {
