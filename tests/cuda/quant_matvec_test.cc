@@ -353,8 +353,8 @@ TEST(CudaQuantMatvecHost, RejectsBadArguments) {
   qa.M = 2, qa.K = 256, qa.block = 32;
   qa.q = reinterpret_cast<int8_t*>(ws_host), qa.d = p, qa.s = reinterpret_cast<int32_t*>(ws_host);
   EXPECT_NE(msg([&] {
-              cuda::norm_quantize_f32(false, nullptr, p, p, nullptr, p, nullptr, 1, 256, 1e-6f, qa,
-                                      nullptr);
+              cuda::norm_quantize_f32(false, nullptr, p, nullptr, nullptr, p, nullptr, p, nullptr,
+                                      1, 256, 1e-6f, qa, nullptr);
             }).find("not the (1, 256)"),
             std::string::npos);
   EXPECT_NE(msg([&] {
@@ -583,8 +583,8 @@ TEST(CudaQuantMatvec, NormQuantizeMatchesNormThenMatmul) {
               y2(static_cast<size_t>(M * N));
           cuda::test::DeviceArray<uint8_t> ws2(bytes);
           const cuda::QuantizedActs q = cuda::quantized_acts_view(ws2.get(), bytes, M, C, t);
-          cuda::norm_quantize_f32(layer, residual ? x2.get() : nullptr, out2.get(), x2.get(),
-                                  residual ? dr.get() : nullptr, dg.get(),
+          cuda::norm_quantize_f32(layer, residual ? x2.get() : nullptr, out2.get(), nullptr,
+                                  nullptr, x2.get(), residual ? dr.get() : nullptr, dg.get(),
                                   layer ? db.get() : nullptr, M, C, eps, q, nullptr);
           cuda::matmul_wt_quantized(y2.get(), N, q, dw.get(), t, N, nullptr, nullptr);
           ASSERT_EQ(out2.download(), out1.download());

@@ -68,9 +68,10 @@ void rmsnorm_residual_forward(E* res_out, E* out, float* rstd, const E* a, const
 // (layer_norm: b set, eps 1e-5) into out, whose rows are then also quantized into q (q.M == N,
 // q.K == C; its block that of the products' weight type) exactly as matmul_wt would quantize out:
 // the products then run through matmul_wt_quantized, one launch fewer per norm.
-void norm_quantize_f32(bool layer_norm, float* res_out, float* out, const float* a, const float* r,
-                       const float* w, const float* b, int64_t N, int64_t C, float eps,
-                       const QuantizedActs& q, cudaStream_t stream);
+// mean (layer norm) and rstd are saved as the unfused norms save them where given (may be null).
+void norm_quantize_f32(bool layer_norm, float* res_out, float* out, float* mean, float* rstd,
+                       const float* a, const float* r, const float* w, const float* b, int64_t N,
+                       int64_t C, float eps, const QuantizedActs& q, cudaStream_t stream);
 
 // SwiGLU in front of a block-typed down product (f32, N <= 8 rows of F; gate, up
 // and out rows F apart): out = silu(gate) * up as swiglu_forward computes it, whose rows are

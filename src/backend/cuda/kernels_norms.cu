@@ -399,9 +399,9 @@ void rmsnorm_residual_forward(E* res_out, E* out, float* rstd, const E* a, const
                                           a, r, w, nullptr, N, C, eps, stream);
 }
 
-void norm_quantize_f32(bool layer_norm, float* res_out, float* out, const float* a, const float* r,
-                       const float* w, const float* b, int64_t N, int64_t C, float eps,
-                       const QuantizedActs& q, cudaStream_t stream) {
+void norm_quantize_f32(bool layer_norm, float* res_out, float* out, float* mean, float* rstd,
+                       const float* a, const float* r, const float* w, const float* b, int64_t N,
+                       int64_t C, float eps, const QuantizedActs& q, cudaStream_t stream) {
   const char* op = "norm_quantize_f32";
   TS_CHECK(q.M == N && q.K == C && q.q && q.d && q.s, "[", op, "] quantized activations for (", q.M,
            ", ", q.K, ") rows, not the (", N, ", ", C, ") being normalized");
@@ -413,8 +413,8 @@ void norm_quantize_f32(bool layer_norm, float* res_out, float* out, const float*
   const bool res = r != nullptr;
   // One instantiation per (norm, residual, block): the block types' activation blocks.
 #define TS_NQ(NORM, RES, BLOCK)                                                                   \
-  launch_norm_forward<float, NORM, RES, BLOCK>(op, res_out, out, nullptr, nullptr, a, r, w, b, N, \
-                                               C, e, stream, &q)
+  launch_norm_forward<float, NORM, RES, BLOCK>(op, res_out, out, mean, rstd, a, r, w, b, N, C, e, \
+                                               stream, &q)
 #define TS_NQ_BLOCK(BLOCK)            \
   if (layer_norm && res)              \
     TS_NQ(Norm::layer, true, BLOCK);  \

@@ -267,8 +267,8 @@ class CudaOpsBackend final : public ops::Backend {
   }
   void residual_norm(const ops::Context& ctx, const ops::ResidualNormArgs& a) override {
     if (a.q_out) {  // one launch: the join, the norm and its quantized rows
-      cuda::norm_quantize_f32(a.kind == ops::NormKind::layer, a.x_out, a.out, a.a, a.r, a.w, a.b,
-                              a.N, a.C, a.eps, acts(*a.q_out), stream(ctx));
+      cuda::norm_quantize_f32(a.kind == ops::NormKind::layer, a.x_out, a.out, a.mean, a.rstd, a.a,
+                              a.r, a.w, a.b, a.N, a.C, a.eps, acts(*a.q_out), stream(ctx));
       return;
     }
     if (a.kind == ops::NormKind::layer)
