@@ -5,7 +5,7 @@ CMAKE_FLAGS ?=
 
 .PHONY: deps deps-run configure configure-run build test run sanitize bench fuzz clean
 
-# `make run` builds what the demo needs (the tessera command, 182 of the 428 build steps here)
+# `make run` builds what the demo needs (the tessera command, 191 build steps here)
 # with the CUDA backend only where a GPU is present; `make test` builds everything, the CUDA
 # backend wherever nvcc is (it must compile on every machine, GPU or not), in the same folder:
 # what `make run` built is reused, and only the tests, benchmarks and CUDA objects are added.
