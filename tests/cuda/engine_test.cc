@@ -53,7 +53,7 @@ void convert_matrices(model::DecoderModel& m, DType type) {
 // The weights the GPU's GEMM route computes with: every layer matrix and an untied output head
 // decoded and rounded to f16 (as cuda::dequantize_to_f16 does, bit for bit). The token embedding
 // stays as it is: the engine looks it up on the host for both devices.
-model::DecoderModel f16_twin(const model::DecoderModel& src) {
+model::DecoderModel f16_copy(const model::DecoderModel& src) {
   model::DecoderModel m = src;
   auto store = std::make_shared<std::vector<std::vector<uint8_t>>>();
   m.owners.push_back(store);
@@ -292,39 +292,39 @@ TEST(CudaEngine, MixedTypesInALayerMatchCpu) {
 
 // Chunks of 65 rows or more run their products as f16 tensor-core GEMMs over weights widened to
 // f16: a 150-token prompt in chunks of 96 takes that route, then decode takes the matvecs.
-// The prefill is compared with the CPU engine on the same f16 weights (f16_twin), so only the
+// The prefill is compared with the CPU engine on the same f16 weights (f16_copy), so only the
 // GPU's f16 rounding of the activations differs: rounding one operand of every product to f16
 // moves this model's logits by 0.0056 relative L2 on the CPU, the prompt tiles' f16 queries and
 // probabilities (emulated on the CPU) up to 0.0025 more, and 0.03 allows for all. The
 // decode step after it reads a cache from the f16 route but takes the int8-activation matvecs
 // of the stored weights (block types), so it sits between the CPU engine on the stored weights
-// and on the twin, which differ by up to 0.21 (q4_0's step; 0.07-0.11 over the prefill): it must
-// stay within twice that distance of the twin, plus the f16 allowance.
+// and on the f16 copy, which differ by up to 0.21 (q4_0's step; 0.07-0.11 over the prefill): it
+// must stay within twice that distance of the copy, plus the f16 allowance.
 TEST(CudaEngine, LongPrefillThroughGemmMatchesCpu) {
   TS_REQUIRE_CUDA_DEVICE();
   for (DType t : {DType::f16, DType::bf16, DType::q8_0, DType::q4_0, DType::q5_0, DType::q4_k,
                   DType::q5_k, DType::q6_k}) {
     const Case c{model::DecoderArch::llama, t, DType::f16, false, true};
     const model::DecoderModel m = make_model(c);
-    const model::DecoderModel twin = f16_twin(m);
+    const model::DecoderModel f16 = f16_copy(m);
     EngineOptions co = options(c, false), go = options(c, true);
     co.max_rows = go.max_rows = 96;
     co.max_ctx = go.max_ctx = 256;  // the model's context: the prompt is 150 tokens
-    Engine cpu(m, co), cpu_twin(twin, co), gpu(m, go);
+    Engine cpu(m, co), cpu_copy(f16, co), gpu(m, go);
     const std::vector<int32_t> p = test::random_tokens(150, m.config.vocab, 9);
-    const int32_t a = cpu.new_sequence(), at = cpu_twin.new_sequence(), b = gpu.new_sequence();
+    const int32_t a = cpu.new_sequence(), at = cpu_copy.new_sequence(), b = gpu.new_sequence();
     const std::vector<float> got = gpu.forward({Feed{b, p, true}});
-    const std::vector<float> want = cpu_twin.forward({Feed{at, p, true}});
+    const std::vector<float> want = cpu_copy.forward({Feed{at, p, true}});
     ASSERT_EQ(got.size(), want.size());
     EXPECT_LT(relative_l2(got, want), 0.03) << dtype_name(t) << " prefill";
     cpu.forward({Feed{a, p, false}});
     const int32_t next = 5;
     const std::vector<float> got_step = gpu.forward({Feed{b, {&next, 1}, false}});
-    const std::vector<float> twin_step = cpu_twin.forward({Feed{at, {&next, 1}, false}});
+    const std::vector<float> copy_step = cpu_copy.forward({Feed{at, {&next, 1}, false}});
     const std::vector<float> stored_step = cpu.forward({Feed{a, {&next, 1}, false}});
-    ASSERT_EQ(got_step.size(), twin_step.size());
-    const double spread = relative_l2(stored_step, twin_step);  // 0 for f16 and bf16
-    EXPECT_LT(relative_l2(got_step, twin_step), 2 * spread + 0.03)
+    ASSERT_EQ(got_step.size(), copy_step.size());
+    const double spread = relative_l2(stored_step, copy_step);  // 0 for f16 and bf16
+    EXPECT_LT(relative_l2(got_step, copy_step), 2 * spread + 0.03)
         << dtype_name(t) << " decode (the CPU routes differ by " << spread << ")";
   }
 }

@@ -306,7 +306,7 @@ TEST(DecoderKernels, RopeAppendMatchesRopeThenAppend) {
           ASSERT_EQ(bits(q_got), bits(q1.download())) << what << ": q";
           ASSERT_EQ(bits(qkv_dev.download()), bits(qkv)) << what << ": the inputs were written";
           ASSERT_EQ(cache2.download(), cache1.download()) << what << ": cache";
-          // In place on packed rows, as the device decoder calls it: the same q and cache.
+          // In place on packed rows: the same q and cache.
           DeviceArray<float> q3(q), k3(k);
           DeviceArray<uint8_t> cache3(static_cast<size_t>(blocks * stride * eb));
           RopeAppendArgs b = a;
