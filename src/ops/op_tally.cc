@@ -155,30 +155,39 @@ void OpTally::reset() {
 }
 
 void TallySwitch::on_begin(std::string_view, const Context& ctx) {
-  if (!into || !synchronize) return;
+  if (!into || !synchronize || ctx.device == Device::cpu) return;
   ops::synchronize(ctx);
-  begun_.push_back(Begun{&ctx, now_seconds()});
+  const double t0 = now_seconds();
+  const std::lock_guard<std::mutex> lock(mu_);
+  begun_[std::this_thread::get_id()].push_back(Begun{&ctx, t0});
 }
 
 void TallySwitch::on_op(const OpRecord& r) {
   if (!into) return;
-  if (!synchronize || begun_.empty()) return into->on_op(r);  // begun_ empty: a dry run's op
+  if (!synchronize || r.device == Device::cpu) return into->on_op(r);
+  Begun b{nullptr, 0};
+  {
+    const std::lock_guard<std::mutex> lock(mu_);
+    std::vector<Begun>& mine = begun_[std::this_thread::get_id()];
+    if (mine.empty()) return into->on_op(r);  // a dry run's op: nothing began
+    b = mine.back();
+    mine.pop_back();
+  }
   OpRecord timed = r;
-  ops::synchronize(*begun_.back().ctx);
-  timed.seconds = now_seconds() - begun_.back().t0;
-  begun_.pop_back();
+  ops::synchronize(*b.ctx);
+  timed.seconds = now_seconds() - b.t0;
   into->on_op(timed);
 }
 
 void TallySwitch::enter_scope(std::string_view name, const Context& ctx) {
   if (!into) return;
-  if (synchronize) ops::synchronize(ctx);
+  if (synchronize && ctx.device != Device::cpu) ops::synchronize(ctx);
   into->enter_scope(name, ctx);
 }
 
 void TallySwitch::exit_scope(std::string_view name, const Context& ctx) {
   if (!into) return;
-  if (synchronize) ops::synchronize(ctx);
+  if (synchronize && ctx.device != Device::cpu) ops::synchronize(ctx);
   into->exit_scope(name, ctx);
 }
 

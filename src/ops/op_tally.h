@@ -78,10 +78,10 @@ class OpTally final : public OpObserver {
 class TallySwitch final : public OpObserver {
  public:
   OpTally* into = nullptr;
-  // On an asynchronous device (CUDA): wait for the device before and after each op and at each
-  // scope's ends, so that the times are the device's, not the launches'. Each op then runs
-  // alone, without the overlap of a stream of launches and never in a graph: slower than an
-  // unobserved run, by what those save.
+  // On an asynchronous device (CUDA; CPU ops are never waited for): wait for the device before
+  // and after each op and at each scope's ends, so that the times are the device's, not the
+  // launches'. Each op then runs alone, without the overlap of a stream of launches and never in
+  // a graph: slower than an unobserved run, by what those save. Safe across threads, as OpTally.
   bool synchronize = false;
 
   bool watching() const override { return into != nullptr; }
@@ -95,7 +95,9 @@ class TallySwitch final : public OpObserver {
     const Context* ctx;
     double t0;
   };
-  std::vector<Begun> begun_;  // with synchronize: the ops begun and not reported, innermost last
+  // With synchronize: each thread's device ops begun and not yet reported, innermost last.
+  std::mutex mu_;
+  std::map<std::thread::id, std::vector<Begun>> begun_;
 };
 
 // "m=1 k=576 n=1728": the shape's named extents.

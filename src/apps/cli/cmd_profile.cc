@@ -36,24 +36,31 @@ double now_seconds() {
 
 // The tally, plus when the first op began and the last one ended: the span the ops cover,
 // outside which the command loads and tears down.
+// A device's ops (CUDA) are waited for around each one (ops::TallySwitch::synchronize), so that
+// their times are the device's, not their launches'.
 class ProfileObserver final : public ops::OpObserver {
  public:
-  void on_begin(std::string_view, const ops::Context&) override {
+  ProfileObserver() {
+    timed_.into = &tally_;
+    timed_.synchronize = true;
+  }
+  void on_begin(std::string_view op, const ops::Context& ctx) override {
+    timed_.on_begin(op, ctx);
     const double t = now_seconds();
     const std::lock_guard<std::mutex> lock(mu_);
     if (first_ == 0) first_ = t;
   }
   void on_op(const ops::OpRecord& r) override {
-    tally_.on_op(r);
+    timed_.on_op(r);
     const double t = now_seconds();
     const std::lock_guard<std::mutex> lock(mu_);
     last_ = std::max(last_, t);
   }
   void enter_scope(std::string_view name, const ops::Context& ctx) override {
-    tally_.enter_scope(name, ctx);
+    timed_.enter_scope(name, ctx);
   }
   void exit_scope(std::string_view name, const ops::Context& ctx) override {
-    tally_.exit_scope(name, ctx);
+    timed_.exit_scope(name, ctx);
   }
   const ops::OpTally& tally() const { return tally_; }
   double first() const { return first_; }
@@ -61,6 +68,7 @@ class ProfileObserver final : public ops::OpObserver {
 
  private:
   ops::OpTally tally_;
+  ops::TallySwitch timed_;  // into tally_
   std::mutex mu_;
   double first_ = 0, last_ = 0;
 };
