@@ -70,9 +70,6 @@ class DecoderForward {
   DecoderForward(const DecoderModel& model, const ops::Context& ctx, int64_t max_rows,
                  int64_t max_ctx);
 
-  // The rows' token embeddings (+ learned positions for GPT-2), (n, C) into host memory, x().
-  void embed(const DecoderRows& rows);
-  const float* x() const { return x_host_.data(); }
   // What forward() writes for each row with want_logits: its logits (V), or its last hidden
   // state (C: the final norm's output, which the head would read; for embeddings).
   enum class Output { logits, hidden };
@@ -83,12 +80,14 @@ class DecoderForward {
   int64_t forward(const DecoderRows& rows, const PagedKv& kv, float* out,
                   Output what = Output::logits);
 
-  const ops::RopeTable& rope() const { return rope_; }
   // The activation buffers' bytes for chunks of max_rows rows (what the first forward allocates).
   static int64_t activation_bytes(const DecoderConfig& c, int64_t max_rows);
 
  private:
   class PagedAttention;
+  // The rows' token embeddings (+ learned positions for GPT-2), (n, C) into host memory
+  // (x_host_).
+  void embed(const DecoderRows& rows);
   // The chunk's row arrays, max_rows entries each, then the block tables (max_rows,
   // table_stride_); one block on the host (ints_) and, on a device, its copy (ints_device_).
   // The windowed pool's block tables (PagedKv::windowed) follow the tables, (max_rows,

@@ -84,13 +84,13 @@ class Backend {
   virtual void paged_attention(const Context& ctx, const PagedAttentionArgs& a) = 0;
   // A backend that plans nothing keeps these defaults.
   virtual int64_t paged_attention_plan_bytes(int64_t /*rows*/) const { return 0; }
+  virtual int64_t plan_paged_attention(const PagedAttentionArgs& /*a*/, void* /*plan*/) const {
+    return 0;
+  }
   // A backend without a quantized activation format keeps this default (and is never given a
   // QuantizedRows).
   virtual int64_t quantized_rows_bytes(int64_t /*rows*/, int64_t /*cols*/,
                                        DType /*for_type*/) const {
-    return 0;
-  }
-  virtual int64_t plan_paged_attention(const PagedAttentionArgs& /*a*/, void* /*plan*/) const {
     return 0;
   }
   virtual void kv_append(const Context& ctx, const KvAppendArgs& a) = 0;
