@@ -10,14 +10,16 @@ namespace tessera::model {
 
 CausalAttention::CausalAttention(const ops::Context& ctx, const DecoderConfig& c,
                                  const ops::RopeTable* rope, int64_t window, float* rot, float* lse,
-                                 int64_t B, int64_t T, bool round_bf16)
-    : ctx_(ctx), c_(c), rope_(rope), rot_(rot), lse_(lse), args_{B,
-                                                                 T,
-                                                                 c.q_dim(),
-                                                                 c.n_heads,
-                                                                 c.n_kv_heads,
-                                                                 window,
-                                                                 round_bf16} {
+                                 int64_t B, int64_t T, bool round_bf16, uint16_t* qkv_keep,
+                                 uint16_t* att_keep)
+    : ctx_(ctx),
+      c_(c),
+      rope_(rope),
+      rot_(rot),
+      lse_(lse),
+      qkv_keep_(qkv_keep),
+      att_keep_(att_keep),
+      args_{B, T, c.q_dim(), c.n_heads, c.n_kv_heads, window, round_bf16} {
   const bool llama = c.arch == DecoderArch::llama;
   TS_CHECK(!llama || rot != nullptr, "[attention] a Llama layer needs its rotation scratch");
   TS_CHECK(rope == nullptr || T <= rope->max_pos, "[attention] T=", T, " exceeds the RoPE table's ",
@@ -49,7 +51,10 @@ void CausalAttention::attend(int64_t, float* qkv, float* att, int64_t n,
   TS_CHECK(att_q == nullptr, "[model] the training attention writes no quantized rows");
   TS_CHECK(n == args_.B * args_.T, "[attention] ", n, " rows, expected B*T = ", args_.B * args_.T);
   if (c_.arch == DecoderArch::llama) rotate(qkv, false);
+  if (args_.round_bf16)
+    ops::round_to_bf16(ctx_, qkv, qkv_keep_, n * (c_.q_dim() + 2 * c_.kv_dim()));
   ops::attention_forward(ctx_, att, lse_, qkv, args_);
+  if (args_.round_bf16) ops::round_to_bf16(ctx_, att, att_keep_, n * c_.q_dim());
 }
 
 void CausalAttention::backward(float* dqkv, const float* datt, const float* qkv, const float* att) {

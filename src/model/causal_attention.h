@@ -23,13 +23,16 @@ class CausalAttention final : public BlockAttention {
   // (GPT-2 reads none); rot: scratch of B*T*max(q_dim, kv_dim) floats on ctx's device for
   // the rotation and the scaling (Llama only, else null); lse: (B, H, T) for this layer's
   // log-sum-exp. window: the layer's sliding window (c.window(l); 0: none). round_bf16: bf16
-  // products, as the layer's linears in bf16 precision.
+  // activations and products, as the layer's linears in bf16 precision: attend() rounds q, k, v
+  // (once rotated) and its output to bf16 in place, keeping their bits in qkv_keep (n, q_dim +
+  // 2 kv_dim) and att_keep (n, q_dim) where those are not null (the backward widens them back).
   CausalAttention(const ops::Context& ctx, const DecoderConfig& c, const ops::RopeTable* rope,
-                  int64_t window, float* rot, float* lse, int64_t B, int64_t T, bool round_bf16);
+                  int64_t window, float* rot, float* lse, int64_t B, int64_t T, bool round_bf16,
+                  uint16_t* qkv_keep = nullptr, uint16_t* att_keep = nullptr);
 
   // att (n, q_dim) from qkv (n, q_dim + 2 kv_dim), n = B*T. Rotates q and k (and scales q)
-  // inside qkv (the backward differentiates through the values qkv then holds).
-  // Never given att_q (the trainer keeps no quantized rows).
+  // inside qkv (the backward differentiates through the values qkv then holds), and rounds as
+  // round_bf16 says. Never given att_q (the trainer keeps no quantized rows).
   void attend(int64_t layer, float* qkv, float* att, int64_t n,
               const ops::QuantizedRows* att_q) override;
 
@@ -47,6 +50,7 @@ class CausalAttention final : public BlockAttention {
   const ops::RopeTable* rope_;
   float* rot_;
   float* lse_;
+  uint16_t *qkv_keep_, *att_keep_;
   ops::AttentionArgs args_;  // the attention ops' shape, window and precision
   // The attention op scales scores by 1/sqrt(head_dim); a model's other scale s (Gemma 3's
   // attn_scale) is q multiplied by s sqrt(head_dim) first. 1: none.

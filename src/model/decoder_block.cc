@@ -90,6 +90,15 @@ void join_branch(const ops::Context& ctx, const DecoderConfig& c, const BlockTen
   ops::residual_norm(ctx, a);
 }
 
+// A bf16 step's MLP input products (BlockTensors::round_ff_in): ff_in and ff_up (rows, F; ff_up
+// where the MLP is gated) rounded to bf16 in place, their bits kept where the tensors say.
+void round_ff_in(const ops::Context& ctx, const BlockTensors& t, int64_t rows, int64_t F,
+                 bool gated) {
+  if (!t.round_ff_in) return;
+  ops::round_to_bf16(ctx, t.ff_in, t.ff_in_bf16, rows * F);
+  if (gated) ops::round_to_bf16(ctx, t.ff_up, t.ff_up_bf16, rows * F);
+}
+
 // t.branch (n,C) = the MoE MLP of t.xn2: the router picks k experts per row (ops::moe_route);
 // the host groups the n k choices by expert, and each chosen expert runs once on the rows that
 // chose it, reading only its own rows of the stacked matrices; the outputs are added into their
@@ -162,6 +171,7 @@ void moe_mlp(const ops::Context& ctx, const DecoderConfig& c, const DecoderLayer
                    {{t.ff_in + r0 * F, &gate, nullptr}, {t.ff_up + r0 * F, &up, nullptr}}, nullptr);
     }
   }
+  round_ff_in(ctx, t, nk, F, true);
   ops::glu_forward(ctx, t.ff_act, t.ff_in, t.ff_up, nk, F, c.mlp_act);
   for (int64_t e = 0; e < E; ++e) {
     const int64_t r0 = start[e], m = start[e + 1] - r0;
@@ -292,6 +302,7 @@ void block_forward(const ops::Context& ctx, const DecoderConfig& c, const Decode
       lora_forward(ctx, w.adapter(M::gate), t.ff_in, F, t.xn2, n, t.lora_u);
       lora_forward(ctx, w.adapter(M::up), t.ff_up, F, t.xn2, n, t.lora_u);
     }
+    round_ff_in(ctx, t, n, F, true);
     if (stop_after_ff_in) return;
     ops::glu_forward(ctx, t.ff_act, t.ff_in, t.ff_up, n, F, c.mlp_act, t.act_q);
   } else {
@@ -300,6 +311,7 @@ void block_forward(const ops::Context& ctx, const DecoderConfig& c, const Decode
       const ops::Scope scope(ctx, stage_name(Stage::mlp_in));
       lora_forward(ctx, w.adapter(M::up), t.ff_in, F, t.xn2, n, t.lora_u);
     }
+    round_ff_in(ctx, t, n, F, false);
     if (stop_after_ff_in) return;
     ops::gelu_forward(ctx, t.ff_act, t.ff_in, n * F);
   }

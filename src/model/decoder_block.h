@@ -70,6 +70,15 @@ struct BlockTensors {
   uint16_t* xn1_bf16 = nullptr;
   uint16_t* xn2_bf16 = nullptr;
   uint16_t* ff_act_bf16 = nullptr;
+  // A bf16 step's activations (the trainer in bf16 precision): with round_ff_in, ff_in and ff_up
+  // are rounded to bf16 in place as soon as written (ops::round_to_bf16), so the activation, its
+  // recompute and the backward all read what a bf16 model's products give; ff_in_bf16 and
+  // ff_up_bf16 (same shapes), where set, keep those bits for the backward, which widens them back
+  // into ff_in and ff_up (then scratch that every layer shares). q, k, v and the attention output
+  // are the attention's to round and keep (CausalAttention).
+  bool round_ff_in = false;
+  uint16_t* ff_in_bf16 = nullptr;
+  uint16_t* ff_up_bf16 = nullptr;
   // Mixture of experts (DecoderConfig::moe; E experts, k used): ff_in, ff_up and ff_act then
   // hold (n k, F), one row per choice, grouped by expert. The backward reads all of these and
   // the routing's grouping as the forward left them (the trainer keeps them per layer, or

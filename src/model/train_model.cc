@@ -274,8 +274,10 @@ void TrainModel::plan(int64_t B, int64_t T, Precision precision, Recompute recom
     return plan.reserve(name, static_cast<size_t>(elems) * f);
   };
   // bf16 precision keeps the products' inputs as bf16 (BlockTensors::xn1_bf16...): the products
-  // round them to bf16 anyway, so the step's bits stay those of f32 storage. Not with block
-  // recompute (nothing is kept per layer), nor in LoRA mode (f32).
+  // round them to bf16 anyway, so the step's bits stay those of f32 storage. It keeps q/k/v, the
+  // attention output and the MLP's input products as bf16 too: a bf16 step rounds those where
+  // they are written (CausalAttention, BlockTensors::round_ff_in), in every policy. Not with
+  // block recompute (nothing is kept per layer), nor in LoRA mode (f32).
   const bool keep16 = precision == Precision::bf16 && recompute != Recompute::block;
   auto res16 = [&](const std::string& name, int64_t elems) {
     return plan.reserve(name, static_cast<size_t>(elems) * sizeof(uint16_t));
@@ -284,6 +286,12 @@ void TrainModel::plan(int64_t B, int64_t T, Precision precision, Recompute recom
   const bool ln1_16 = keep16, ln2_16 = keep16 && !moe,
              gelu_16 = keep16 && !moe && recompute == Recompute::none;
   const size_t ln_shared = keep16 ? res("ln_f32", N * C) : 0;
+  // q/k/v, the attention output and the MLP's input products: kept as bf16 per layer (keep16),
+  // the f32 tensors one set that every layer computes in.
+  const size_t qkv_shared = keep16 ? res("qkv_f32", N * QKV) : 0,
+               atty_shared = keep16 ? res("atty_f32", N * QD) : 0,
+               fch_shared = keep16 ? res("fch_f32", NK * F) : 0,
+               fup_shared = keep16 && llama ? res("fup_f32", NK * F) : 0;
   // Offsets first (the arena does not exist yet), pointers after allocation.
   std::vector<size_t> resid_off;
   for (int64_t l = 0; l <= L; ++l) resid_off.push_back(res(cat("resid.", l), N * C));
@@ -310,15 +318,15 @@ void TrainModel::plan(int64_t B, int64_t T, Precision precision, Recompute recom
     o.ln1 = ln1_16 ? res16(h + "ln1.bf16", N * C) : res(h + "ln1", N * C);
     o.ln1_mean = res(h + "ln1_mean", N);
     o.ln1_rstd = res(h + "ln1_rstd", N);
-    o.qkv = res(h + "qkv", N * QKV);
-    o.atty = res(h + "atty", N * QD);
+    o.qkv = keep16 ? res16(h + "qkv.bf16", N * QKV) : res(h + "qkv", N * QKV);
+    o.atty = keep16 ? res16(h + "atty.bf16", N * QD) : res(h + "atty", N * QD);
     o.lse = res(h + "lse", N * H);
     o.resid_mid = res(h + "resid_mid", N * C);
     o.ln2 = ln2_16 ? res16(h + "ln2.bf16", N * C) : res(h + "ln2", N * C);
     o.ln2_mean = res(h + "ln2_mean", N);
     o.ln2_rstd = res(h + "ln2_rstd", N);
-    o.fch = res(h + "fch", NK * F);
-    o.fup = llama ? res(h + "fup", NK * F) : 0;
+    o.fch = keep16 ? res16(h + "fch.bf16", NK * F) : res(h + "fch", NK * F);
+    o.fup = !llama ? 0 : keep16 ? res16(h + "fup.bf16", NK * F) : res(h + "fup", NK * F);
     o.gelu = gelu_16                        ? res16(h + "gelu.bf16", NK * F)
              : recompute == Recompute::none ? res(h + "gelu", NK * F)
                                             : dbig;
@@ -346,7 +354,8 @@ void TrainModel::plan(int64_t B, int64_t T, Precision precision, Recompute recom
   im.plan = plan;
   im.bind = [&im, L, llama, moe, recompute, resid_off, scratch_c, dresid, dbig, dup, rot, dpost,
              moe_dy, moe_dw, moe_dlogits, moe_slot, lo, lnf, lnf_mean, lnf_rstd, logits, losses, r,
-             lora_u, lora_gu, ln_shared, ln1_16, ln2_16, gelu_16](char* base) {
+             lora_u, lora_gu, ln_shared, ln1_16, ln2_16, gelu_16, keep16, qkv_shared, atty_shared,
+             fch_shared, fup_shared](char* base) {
     auto at = [base](size_t off) { return reinterpret_cast<float*>(base + off); };
     auto at_moe = [&](size_t off) { return moe ? at(off) : nullptr; };
     auto ints_moe = [&](size_t off) {
@@ -373,15 +382,17 @@ void TrainModel::plan(int64_t B, int64_t T, Precision precision, Recompute recom
       im.acts.push_back({ln1_16 ? at(ln_shared) : at(o.ln1),
                          at(o.ln1_mean),
                          at(o.ln1_rstd),
-                         at(o.qkv),
-                         at(o.atty),
+                         keep16 ? at(qkv_shared) : at(o.qkv),
+                         keep16 ? at(atty_shared) : at(o.atty),
                          at(o.lse),
                          at(o.resid_mid),
                          ln2_16 ? at(ln_shared) : at(o.ln2),
                          at(o.ln2_mean),
                          at(o.ln2_rstd),
-                         at(o.fch),
-                         llama ? at(o.fup) : nullptr,
+                         keep16 ? at(fch_shared) : at(o.fch),
+                         !llama   ? nullptr
+                         : keep16 ? at(fup_shared)
+                                  : at(o.fup),
                          gelu_16 ? at(dbig) : at(o.gelu),
                          o.qk_raw ? at(o.qk_raw) : nullptr,
                          o.post_in ? at(o.post_in) : nullptr,
@@ -393,7 +404,11 @@ void TrainModel::plan(int64_t B, int64_t T, Precision precision, Recompute recom
                          at_moe(o.moe_y),
                          b16(ln1_16, o.ln1),
                          b16(ln2_16, o.ln2),
-                         b16(gelu_16, o.gelu)});
+                         b16(gelu_16, o.gelu),
+                         b16(keep16, o.qkv),
+                         b16(keep16, o.atty),
+                         b16(keep16, o.fch),
+                         b16(keep16 && llama, o.fup)});
     }
     im.lnf = at(lnf);
     im.lnf_mean = at(lnf_mean);

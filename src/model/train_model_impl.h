@@ -35,9 +35,13 @@ inline bool trained_tensor(const LayerTensor& t, const DecoderConfig& c) {
 
 // One block's saved activations (N = B*T rows; C, QKV = q_dim + 2 kv_dim, F from the config). With
 // Recompute::block every layer points at the same shared set; with Recompute::gelu every layer's
-// `gelu` points at one shared buffer. In bf16 precision (Recompute::none and gelu) the products'
-// inputs are kept as bf16 (ln1_bf16, ln2_bf16, gelu_bf16 with none; the last two only without
-// experts), the f32 ln1, ln2 (one shared buffer) and gelu (dbig) serving only the forward.
+// `gelu` points at one shared buffer. In bf16 precision (Recompute::none and gelu) a layer keeps
+// as bf16 what it keeps of the products' inputs (ln1_bf16, ln2_bf16, gelu_bf16 with none; the
+// last two only without experts) and q/k/v, the attention output and the MLP's input products
+// (qkv_bf16, atty_bf16, fch_bf16, fup_bf16: rounded to bf16 when written, in every policy, so the
+// copies hold their values exactly). The f32 ln1, ln2 (one buffer), gelu (dbig), qkv, atty, fch
+// and fup are then shared by all layers: the forward computes in them, and the backward widens a
+// layer's copies of the last four back into them.
 struct LayerActs {
   float* ln1;        // (N,C) ln_1 output
   float* ln1_mean;   // (N)
@@ -63,6 +67,7 @@ struct LayerActs {
   int32_t* moe_ids;
   float *moe_weights, *moe_x, *moe_y;
   uint16_t *ln1_bf16, *ln2_bf16, *gelu_bf16;  // bf16 copies kept for the backward, else null
+  uint16_t *qkv_bf16, *atty_bf16, *fch_bf16, *fup_bf16;  // likewise
 };
 
 // Points d's adapters (m's LoRA spec, every layer) at m's tensors in `params`, a buffer laid out

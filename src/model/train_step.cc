@@ -39,6 +39,9 @@ BlockTensors TrainModel::Impl::tensors(int64_t l) const {
   t.xn1_bf16 = a.ln1_bf16;
   t.xn2_bf16 = a.ln2_bf16;
   t.ff_act_bf16 = a.gelu_bf16;
+  t.round_ff_in = bf16();
+  t.ff_in_bf16 = a.fch_bf16;
+  t.ff_up_bf16 = a.fup_bf16;
   if (a.router != nullptr) {
     t.router = a.router;
     t.moe_ids = a.moe_ids;
@@ -69,8 +72,9 @@ const ops::RopeTable* TrainModel::Impl::rope_table(int64_t l) const {
 
 void TrainModel::Impl::layer_forward(int64_t l, int64_t B, int64_t T, bool recompute_only,
                                      bool chained) {
+  const LayerActs& a = acts[static_cast<size_t>(l)];
   CausalAttention attention(model.ctx_, view.config, rope_table(l), view.config.window(l), rot,
-                            acts[static_cast<size_t>(l)].lse, B, T, bf16());
+                            a.lse, B, T, bf16(), a.qkv_bf16, a.atty_bf16);
   NormChain chain;
   if (chained) {
     chain.in_normed = l > 0;
@@ -98,9 +102,21 @@ void TrainModel::Impl::layer_backward(int64_t l, int64_t B, int64_t T, bool writ
   // resid[l+1] again with the same values.
   const DecoderConfig& c = view.config;
   if (recompute == Recompute::block) layer_forward(l, B, T, !c.post_norms && !c.moe());
+  // What the layer kept as bf16 back into the f32 tensors the ops read (the same values: they
+  // were rounded when written).
+  const int64_t F = c.d_ff, rows = c.moe() ? N * c.n_experts_used : N;
+  const struct {
+    float* f32;
+    const uint16_t* kept;
+    int64_t n;
+  } widen[] = {{a.qkv, a.qkv_bf16, N * (c.q_dim() + 2 * c.kv_dim())},
+               {a.atty, a.atty_bf16, N * c.q_dim()},
+               {a.fch, a.fch_bf16, rows * F},
+               {a.fup, a.fup_bf16, rows * F}};
+  for (const auto& w : widen)
+    if (w.kept != nullptr) ops::convert_bf16_to_f32(ctx, w.f32, w.kept, w.n);
   // The MLP's activation (GELU, or the gated activation of gate and up; N k rows of the chosen
   // experts'): kept per layer with Recompute::none, else recomputed into dbig (a.gelu == dbig).
-  const int64_t F = c.d_ff, rows = c.moe() ? N * c.n_experts_used : N;
   if (recompute != Recompute::none) {
     if (c.arch == DecoderArch::llama)
       ops::glu_forward(ctx, a.gelu, a.fch, a.fup, rows, F, c.mlp_act);
@@ -108,7 +124,7 @@ void TrainModel::Impl::layer_backward(int64_t l, int64_t B, int64_t T, bool writ
       ops::gelu_forward(ctx, a.gelu, a.fch, N * F);
   }
   CausalAttention attention(ctx, view.config, rope_table(l), view.config.window(l), rot, a.lse, B,
-                            T, bf16());
+                            T, bf16(), a.qkv_bf16, a.atty_bf16);
   const size_t li = static_cast<size_t>(l);
   block_backward(
       ctx, view.config, view.weights.layers[li], grad_view.weights.layers[li], N, tensors(l),

@@ -55,6 +55,9 @@ class Backend {
   virtual void scale(const Context& ctx, float* x, int64_t n, float s) = 0;
   virtual void convert_f32_to_bf16(const Context& ctx, uint16_t* dst, const float* src,
                                    int64_t n) = 0;
+  virtual void convert_bf16_to_f32(const Context& ctx, float* dst, const uint16_t* src,
+                                   int64_t n) = 0;
+  virtual void round_to_bf16(const Context& ctx, float* x, uint16_t* keep, int64_t n) = 0;
 
   virtual void residual_norm(const Context& ctx, const ResidualNormArgs& a) = 0;
   virtual void rmsnorm_forward(const Context& ctx, float* out, float* rstd, const float* inp,

@@ -138,6 +138,21 @@ void convert_f32_to_bf16(const Context& ctx, uint16_t* dst, const float* src, in
               (OpCost{static_cast<double>(n), 6.0 * static_cast<double>(n)}), dst, src, n);
 }
 
+void convert_bf16_to_f32(const Context& ctx, float* dst, const uint16_t* src, int64_t n) {
+  TS_CHECK(n >= 0, "[ops] convert_bf16_to_f32: n=", n, " must be >= 0");
+  // 2 bytes read and 4 written per element.
+  TS_DISPATCH(convert_bf16_to_f32, (OpShape{"n", {n}, "bf16"}),
+              (OpCost{0.0, 6.0 * static_cast<double>(n)}), dst, src, n);
+}
+
+void round_to_bf16(const Context& ctx, float* x, uint16_t* keep, int64_t n) {
+  TS_CHECK(n >= 0, "[ops] round_to_bf16: n=", n, " must be >= 0");
+  // 4 bytes read and 4 written per element, and 2 more where the bits are kept.
+  TS_DISPATCH(round_to_bf16, (OpShape{"n", {n}, "bf16"}),
+              (OpCost{static_cast<double>(n), (keep ? 10.0 : 8.0) * static_cast<double>(n)}), x,
+              keep, n);
+}
+
 void bias_grad(const Context& ctx, float* db, const float* dy, int64_t m, int64_t n) {
   TS_CHECK(m >= 0 && n >= 0, "[ops] bias_grad: bad shape (", m, " x ", n, ")");
   if (m == 0 || n == 0) return;

@@ -145,6 +145,13 @@ double sum_squares(const Context& ctx, const float* x, int64_t n);
 void scale(const Context& ctx, float* x, int64_t n, float s);
 // dst (n) = round-to-nearest-even bf16 of src.
 void convert_f32_to_bf16(const Context& ctx, uint16_t* dst, const float* src, int64_t n);
+// dst (n) = src (n) widened to f32 (exact).
+void convert_bf16_to_f32(const Context& ctx, float* dst, const uint16_t* src, int64_t n);
+// x (n) = its round-to-nearest-even bf16 value, in place (as core's f32_to_bf16, NaN quieted);
+// keep (n), unless null, = those values' bf16 bits. A bf16 step's activations: the ops after
+// read the rounded values, and the backward widens keep back (convert_bf16_to_f32) to the
+// same bits. keep must not overlap x.
+void round_to_bf16(const Context& ctx, float* x, uint16_t* keep, int64_t n);
 
 // ---- Moving rows ----
 

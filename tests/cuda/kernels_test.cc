@@ -672,6 +672,38 @@ TEST(CudaKernelsConvert, F32ToBf16MatchesCoreBitForBit) {
   }
 }
 
+// round_to_bf16: x takes its bf16 value in place (core's rounding), keep its bits; also with no
+// keep, and on a misaligned tail.
+TEST(CudaKernelsConvert, RoundToBf16InPlaceMatchesCoreBitForBit) {
+  TS_REQUIRE_CUDA_DEVICE();
+  for (int64_t offset : {0, 1})
+    for (bool with_keep : {true, false}) {
+      auto x = randn(100003 + offset, 122, 10.0f);
+      const uint32_t special_bits[] = {0x7f800000u, 0x7f800001u, 0x7f7fffffu, 0x3f808000u,
+                                       0x3f818000u, 0x807fffffu};
+      for (size_t i = 0; i < std::size(special_bits); ++i)
+        std::memcpy(&x[10 * i + 3], &special_bits[i], 4);
+      DeviceArray<float> d_x(x);
+      DeviceArray<uint16_t> d_h(x.size());
+      const int64_t n = static_cast<int64_t>(x.size()) - offset;
+      cuda::round_to_bf16(d_x.get() + offset,
+                          with_keep ? reinterpret_cast<bf16*>(d_h.get()) + offset : nullptr, n,
+                          nullptr);
+      const auto got = d_x.download();
+      const auto h = d_h.download();
+      int bad = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const uint16_t want = f32_to_bf16(x[offset + i]);
+        const float wantf = bf16_to_f32(want);
+        if ((std::memcmp(&got[offset + i], &wantf, 4) != 0 ||
+             (with_keep && h[offset + i] != want)) &&
+            ++bad <= 5)
+          ADD_FAILURE() << "element " << i << " of " << (with_keep ? "kept" : "unkept");
+      }
+      EXPECT_EQ(bad, 0);
+    }
+}
+
 // The trainer sizes the norm backward's workspace once, for its largest batch, and then runs
 // smaller ones (the last batch of an epoch, evaluation): the size must never shrink as N grows.
 // (It did: 512 rows needed 512 chunks, 513 rows only 257.) Host-only, runs without a GPU.

@@ -192,22 +192,28 @@ TEST(Gpt2, SgdOverfitsOneBatch) {
   EXPECT_LT(last, 0.5f * first);
 }
 
-// bf16 precision keeps the products' inputs (ln1, ln2 and, without recompute, GELU's output) as
-// bf16, with one shared f32 buffer for the norms' outputs in the forward; block recompute keeps
-// nothing per layer, so its arena does not change. (That the bits do not change either is
-// RecomputePoliciesGiveIdenticalGrads*: block recompute keeps no bf16 copy.)
-TEST(Gpt2, Bf16KeepsTheProductsInputsInHalfTheBytes) {
-  TrainModel m(tiny_config(), ops::Context{});
-  const int64_t B = 2, T = 32, N = B * T, C = 64, F = 4 * C, L = 2;
+// bf16 precision keeps what a layer keeps as bf16: the products' inputs (ln1, ln2 and, without
+// recompute, GELU's output), q/k/v, the attention output and c_fc's output, with one shared f32
+// set of the last four and of the norms' outputs that every layer computes in; block recompute
+// keeps nothing per layer, so its arena does not change. (That the bits agree between the
+// policies is RecomputePoliciesGiveIdenticalGrads*.) Four layers, so that the kept halves
+// outweigh the shared set (with two they cancel exactly at this width).
+TEST(Gpt2, Bf16KeepsALayersActivationsInHalfTheBytes) {
+  TrainConfig cfg = tiny_config();
+  cfg.n_layer = 4;
+  TrainModel m(cfg, ops::Context{});
+  const int64_t B = 2, T = 32, N = B * T, C = 64, QKV = 3 * C, F = 4 * C, L = 4;
   auto arena = [&](Precision p, Recompute r) {
     m.plan(B, T, p, r);
     return static_cast<int64_t>(m.activation_bytes());
   };
-  const int64_t shared = N * C * 4;  // every reservation here is a multiple of 64 bytes
+  // every reservation here is a multiple of 64 bytes
+  const int64_t shared = N * (C + QKV + C + F) * 4;
+  const int64_t kept = N * (2 * C + QKV + C + F) * 2;  // ln1, ln2, qkv, atty, fch: f32 -> bf16
   EXPECT_EQ(arena(Precision::f32, Recompute::none) - arena(Precision::bf16, Recompute::none),
-            L * (2 * N * C + N * F) * 2 - shared);
+            L * (kept + N * F * 2) - shared);
   EXPECT_EQ(arena(Precision::f32, Recompute::gelu) - arena(Precision::bf16, Recompute::gelu),
-            L * 2 * N * C * 2 - shared);
+            L * kept - shared);
   EXPECT_EQ(arena(Precision::f32, Recompute::block), arena(Precision::bf16, Recompute::block));
 }
 

@@ -127,6 +127,10 @@ class FencedDevice final : public ops::Backend {
   TS_FENCED(scale, (const ops::Context& ctx, float* x, int64_t n, float s), x, n, s)
   TS_FENCED(convert_f32_to_bf16,
             (const ops::Context& ctx, uint16_t* dst, const float* src, int64_t n), dst, src, n)
+  TS_FENCED(convert_bf16_to_f32,
+            (const ops::Context& ctx, float* dst, const uint16_t* src, int64_t n), dst, src, n)
+  TS_FENCED(round_to_bf16, (const ops::Context& ctx, float* x, uint16_t* keep, int64_t n), x, keep,
+            n)
   // A quantized activation format of its own for block-typed weights at up to 4 rows: an f32
   // copy of the rows. The producing ops write it after their kernel; matmul_wt_group checks, at
   // each call or replay, that it holds x's present values. So the model's plumbing of quantized

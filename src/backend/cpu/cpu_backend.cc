@@ -94,6 +94,25 @@ class CpuBackend final : public ops::Backend {
     }
     cpu::convert_f32_to_bf16(ctx.threads(), dst, src, n);
   }
+  void convert_bf16_to_f32(const ops::Context& ctx, float* dst, const uint16_t* src,
+                           int64_t n) override {
+    if (ctx.reference) {
+      for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
+      return;
+    }
+    cpu::convert_bf16_to_f32(ctx.threads(), dst, src, n);
+  }
+  void round_to_bf16(const ops::Context& ctx, float* x, uint16_t* keep, int64_t n) override {
+    if (ctx.reference) {
+      for (int64_t i = 0; i < n; ++i) {
+        const uint16_t h = f32_to_bf16(x[i]);
+        if (keep != nullptr) keep[i] = h;
+        x[i] = bf16_to_f32(h);
+      }
+      return;
+    }
+    cpu::round_to_bf16(ctx.threads(), x, keep, n);
+  }
 
   // The parts in sequence: on the CPU a row of the stream (a few KB) is still in cache when its
   // norm reads it, so a kernel of its own would save only the dispatch.

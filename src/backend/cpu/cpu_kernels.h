@@ -37,6 +37,8 @@ void adamw(ThreadPool& pool, float* params, const float* grads, float* m, float*
 double sum_squares(ThreadPool& pool, const float* x, int64_t n);
 void scale(ThreadPool& pool, float* x, int64_t n, float s);
 void convert_f32_to_bf16(ThreadPool& pool, uint16_t* dst, const float* src, int64_t n);
+void convert_bf16_to_f32(ThreadPool& pool, float* dst, const uint16_t* src, int64_t n);
+void round_to_bf16(ThreadPool& pool, float* x, uint16_t* keep, int64_t n);
 
 // Llama ops (backend/cpu/llama_ops.cc).
 void rmsnorm_forward(ThreadPool& pool, float* out, float* rstd, const float* inp, const float* w,

@@ -186,5 +186,7 @@ void scale(E* x, int64_t n, float s, cudaStream_t stream);
 // dst (n) = bf16 of src (nearest even, NaN stays NaN; core/dtype.h's bits), and back.
 void convert_f32_to_bf16(__nv_bfloat16* dst, const float* src, int64_t n, cudaStream_t stream);
 void convert_bf16_to_f32(float* dst, const __nv_bfloat16* src, int64_t n, cudaStream_t stream);
+// x (n) = its round-to-nearest-even bf16 value, in place; keep (n), unless null, = the bits.
+void round_to_bf16(float* x, __nv_bfloat16* keep, int64_t n, cudaStream_t stream);
 
 }  // namespace tessera::cuda

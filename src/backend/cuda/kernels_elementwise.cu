@@ -13,6 +13,7 @@ using detail::aligned_to;
 using detail::for_each_vec;
 using detail::grid_for;
 using detail::load_vec;
+using detail::round_to;
 using detail::store_vec;
 
 constexpr int kThreads = 256;
@@ -167,6 +168,20 @@ __global__ void convert_kernel(To* dst, const From* src, int64_t n) {
   });
 }
 
+// x = round_to<bf16>(x) in place; keep = its bits unless null (core/dtype.h's rounding).
+template <int VEC>
+__global__ void round_bf16_kernel(float* x, __nv_bfloat16* keep, int64_t n) {
+  for_each_vec<VEC>(n, [&](auto width, int64_t off) {
+    constexpr int K = decltype(width)::value;
+    float v[K];
+    load_vec<float, K>(v, x + off);
+    if (keep != nullptr) store_vec<__nv_bfloat16, K>(keep + off, v);
+#pragma unroll
+    for (int i = 0; i < K; ++i) v[i] = round_to<__nv_bfloat16>(v[i]);
+    store_vec<float, K>(x + off, v);
+  });
+}
+
 void check_n(const char* op, int64_t n) {
   TS_CHECK(n >= 0, "[", op, "] size n=", n, " must be >= 0");
 }
@@ -314,6 +329,18 @@ void convert_f32_to_bf16(__nv_bfloat16* dst, const float* src, int64_t n, cudaSt
     convert_kernel<__nv_bfloat16, float, 8><<<grid, kThreads, 0, stream>>>(dst, src, n);
   else
     convert_kernel<__nv_bfloat16, float, 1><<<grid, kThreads, 0, stream>>>(dst, src, n);
+  TS_CUDA_CHECK_LAUNCH();
+}
+
+void round_to_bf16(float* x, __nv_bfloat16* keep, int64_t n, cudaStream_t stream) {
+  check_n("round_to_bf16", n);
+  TS_CHECK(x != nullptr, "[round_to_bf16] x is null");
+  if (n == 0) return;
+  const unsigned grid = grid_for(n / 8 + 1, kThreads);
+  if (all_aligned16({x, keep}))
+    round_bf16_kernel<8><<<grid, kThreads, 0, stream>>>(x, keep, n);
+  else
+    round_bf16_kernel<1><<<grid, kThreads, 0, stream>>>(x, keep, n);
   TS_CUDA_CHECK_LAUNCH();
 }
 

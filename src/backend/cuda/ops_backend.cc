@@ -368,6 +368,13 @@ class CudaOpsBackend final : public ops::Backend {
                            int64_t n) override {
     cuda::convert_f32_to_bf16(reinterpret_cast<__nv_bfloat16*>(dst), src, n, stream(ctx));
   }
+  void convert_bf16_to_f32(const ops::Context& ctx, float* dst, const uint16_t* src,
+                           int64_t n) override {
+    cuda::convert_bf16_to_f32(dst, reinterpret_cast<const __nv_bfloat16*>(src), n, stream(ctx));
+  }
+  void round_to_bf16(const ops::Context& ctx, float* x, uint16_t* keep, int64_t n) override {
+    cuda::round_to_bf16(x, reinterpret_cast<__nv_bfloat16*>(keep), n, stream(ctx));
+  }
 
   // ---- embeddings, training attention, bias gradients ----
   void embedding_forward(const ops::Context& ctx, float* out, const int32_t* tokens,
