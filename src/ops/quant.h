@@ -17,13 +17,12 @@ namespace tessera::ops {
 // rounded to bf16 (nearest even, as core's f32_to_bf16) at every M, as a bf16 model's
 // activations are in transformers and llama.cpp: M picks the kernel, never the values, and a row
 // differs between calls of different M only in the f32 summation order of the same exact
-// products (bf16 times bf16 is exact in f32). The CPU does so on every route; CUDA from 65 rows
-// (its decode matvec still reads x in f32). f32 and f16 weights take x as is. Block types
-// q8_0/q4_0/q4_1/q4_k/q6_k: x is quantized on the fly to 8-bit blocks (one scale per weight block)
-// and the dot products run in integers, as GGUF engines do; K must be a multiple of the block size.
-// The interleaved q4_0x8 / q4_1x8 / q8_0x8 / q4_kx8 / q5_kx8 / q6_kx8 (8 rows, see
-// cpu_preferred_layout) and f16x16 (16 rows) need N a multiple of their group and the AVX2 kernels.
-// Results do not depend on the thread count.
+// products (bf16 times bf16 is exact in f32). The CPU and CUDA do so on every route. f32 and f16
+// weights take x as is. Block types q8_0/q4_0/q4_1/q4_k/q6_k: x is quantized on the fly to 8-bit
+// blocks (one scale per weight block) and the dot products run in integers, as GGUF engines do; K
+// must be a multiple of the block size. The interleaved q4_0x8 / q4_1x8 / q8_0x8 / q4_kx8 / q5_kx8
+// / q6_kx8 (8 rows, see cpu_preferred_layout) and f16x16 (16 rows) need N a multiple of their group
+// and the AVX2 kernels. Results do not depend on the thread count.
 void matmul_wt(const Context& ctx, float* y, int64_t ldy, const float* x, int64_t M, int64_t K,
                const void* w, DType w_type, int64_t N, const float* bias = nullptr);
 // One product of a grouped matmul: y (M,N) = x (M,K) W^T [+ bias (N)] for the group's shared

@@ -427,7 +427,11 @@ void check_on_device(DType t, int64_t M, int64_t K, int64_t N, bool with_bias, i
                   with_bias ? db.get() : nullptr, nullptr);
   const auto y = dy.download();
 
-  const auto ye = exact_y(wf, x, M, K, N, with_bias ? &bias : nullptr);
+  // bf16 weights take x rounded to bf16 (ops::matmul_wt's rule): the exact sum is over those x.
+  std::vector<float> xr = x;
+  if (t == DType::bf16)
+    for (float& v : xr) v = bf16_to_f32(f32_to_bf16(v));
+  const auto ye = exact_y(wf, xr, M, K, N, with_bias ? &bias : nullptr);
   const bool quantized_x = traits(t).block_elems > 1;
   std::vector<float> yref(static_cast<size_t>(M * N));
   if (quantized_x)
@@ -442,7 +446,7 @@ void check_on_device(DType t, int64_t M, int64_t K, int64_t N, bool with_bias, i
       if (!quantized_x) {
         // f32 FMAs: each lane sums K/32 products, then 5 butterfly levels and the bias.
         double abs_sum = b;
-        for (int64_t k = 0; k < K; ++k) abs_sum += std::fabs(double(wf[n * K + k]) * x[m * K + k]);
+        for (int64_t k = 0; k < K; ++k) abs_sum += std::fabs(double(wf[n * K + k]) * xr[m * K + k]);
         ASSERT_NEAR(got, ye[m * N + n], float_sum_tol(K / 32 + 8, abs_sum))
             << "m " << m << " n " << n;
         continue;

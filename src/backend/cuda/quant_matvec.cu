@@ -9,6 +9,7 @@
 #include <mutex>
 #include <utility>
 
+#include "backend/cuda/bf16_convert.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/dependent_launch.cuh"
 #include "backend/cuda/matvec_common.cuh"
@@ -67,6 +68,13 @@ __device__ __forceinline__ float2 widen2(uint32_t u) {
     return __half22float2(*reinterpret_cast<const __half2*>(&u));
   }
 }
+// An activation as the product reads it: rounded to bf16 against bf16 weights (ops::matmul_wt's
+// rule at every row count), as is against f16 ones.
+template <bool kBf16>
+__device__ __forceinline__ float act(float x) {
+  if constexpr (kBf16) return bf16_bits_to_f32(f32_to_bf16_bits(x));
+  return x;
+}
 template <bool kBf16>
 __device__ __forceinline__ float widen1(uint16_t h) {
   if constexpr (kBf16) {
@@ -77,7 +85,8 @@ __device__ __forceinline__ float widen1(uint16_t h) {
 }
 
 // f16/bf16 weights: a warp owns kRows rows; lane i reads 8 weights (16 bytes) at 8i + 256 j of
-// each row, so a warp instruction reads 512 contiguous bytes. x is f32 through L1 (float4).
+// each row, so a warp instruction reads 512 contiguous bytes. x is f32 through L1 (float4),
+// rounded to bf16 for bf16 weights (act).
 // `vec` (w and x 16-byte aligned, K % 8 == 0) enables the 128-bit path; otherwise, and for
 // nothing else, every element goes through the scalar loop.
 template <bool kBf16, int M>
@@ -123,7 +132,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int m = 0; m < M; ++m) {
       const float4 x0 = __ldg(reinterpret_cast<const float4*>(x + m * K + k));
       const float4 x1 = __ldg(reinterpret_cast<const float4*>(x + m * K + k + 4));
-      const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+      const float xv[8] = {act<kBf16>(x0.x), act<kBf16>(x0.y), act<kBf16>(x0.z), act<kBf16>(x0.w),
+                           act<kBf16>(x1.x), act<kBf16>(x1.y), act<kBf16>(x1.z), act<kBf16>(x1.w)};
 #pragma unroll
       for (int r = 0; r < kRows; ++r)
 #pragma unroll
@@ -136,7 +146,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       const int64_t n = n0 + r;
       const float wv = n < N ? widen1<kBf16>(w[n * K + k]) : 0.0f;
 #pragma unroll
-      for (int m = 0; m < M; ++m) acc[r][m] = fmaf(wv, x[m * K + k], acc[r][m]);
+      for (int m = 0; m < M; ++m) acc[r][m] = fmaf(wv, act<kBf16>(x[m * K + k]), acc[r][m]);
     }
   }
 
