@@ -679,8 +679,8 @@ TEST(CudaKernelsConvert, RoundToBf16InPlaceMatchesCoreBitForBit) {
   for (int64_t offset : {0, 1})
     for (bool with_keep : {true, false}) {
       auto x = randn(100003 + offset, 122, 10.0f);
-      const uint32_t special_bits[] = {0x7f800000u, 0x7f800001u, 0x7f7fffffu, 0x3f808000u,
-                                       0x3f818000u, 0x807fffffu};
+      const uint32_t special_bits[] = {0x7f800000u, 0x7f800001u, 0x7f7fffffu,
+                                       0x3f808000u, 0x3f818000u, 0x807fffffu};
       for (size_t i = 0; i < std::size(special_bits); ++i)
         std::memcpy(&x[10 * i + 3], &special_bits[i], 4);
       DeviceArray<float> d_x(x);
