@@ -640,15 +640,23 @@ TYPED_TEST(CudaKernels, ScaleMatchesReferenceExactly) {
   }
 }
 
+// n normal values (scale 10) with the rounding's special cases among them: infinities, NaNs
+// (one with only a low payload bit), the smallest subnormal, -0, FLT_MAX (rounds to infinity),
+// ties either way, a subnormal with only low bits set.
+std::vector<float> bf16_test_values(size_t n, uint32_t seed) {
+  auto x = randn(n, seed, 10.0f);
+  const uint32_t special_bits[] = {0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u,
+                                   0xff800001u, 0x00000001u, 0x80000000u, 0x7f7fffffu,
+                                   0x3f808000u, 0x3f818000u, 0x0000ffffu};
+  for (size_t i = 0; i < std::size(special_bits); ++i)
+    std::memcpy(&x[10 * i + 3], &special_bits[i], 4);
+  return x;
+}
+
 TEST(CudaKernelsConvert, F32ToBf16MatchesCoreBitForBit) {
   TS_REQUIRE_CUDA_DEVICE();
   for (int64_t offset : {0, 1}) {
-    auto x = randn(100003 + offset, 121, 10.0f);
-    const uint32_t special_bits[] = {0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u,
-                                     0xff800001u, 0x00000001u, 0x80000000u, 0x7f7fffffu,
-                                     0x3f808000u, 0x3f818000u, 0x0000ffffu};
-    for (size_t i = 0; i < std::size(special_bits); ++i)
-      std::memcpy(&x[10 * i + 3], &special_bits[i], 4);
+    const auto x = bf16_test_values(100003 + offset, 121);
     DeviceArray<float> d_x(x);
     DeviceArray<uint16_t> d_h(x.size());
     const int64_t n = static_cast<int64_t>(x.size()) - offset;
@@ -678,11 +686,7 @@ TEST(CudaKernelsConvert, RoundToBf16InPlaceMatchesCoreBitForBit) {
   TS_REQUIRE_CUDA_DEVICE();
   for (int64_t offset : {0, 1})
     for (bool with_keep : {true, false}) {
-      auto x = randn(100003 + offset, 122, 10.0f);
-      const uint32_t special_bits[] = {0x7f800000u, 0x7f800001u, 0x7f7fffffu,
-                                       0x3f808000u, 0x3f818000u, 0x807fffffu};
-      for (size_t i = 0; i < std::size(special_bits); ++i)
-        std::memcpy(&x[10 * i + 3], &special_bits[i], 4);
+      const auto x = bf16_test_values(100003 + offset, 122);
       DeviceArray<float> d_x(x);
       DeviceArray<uint16_t> d_h(x.size());
       const int64_t n = static_cast<int64_t>(x.size()) - offset;

@@ -31,9 +31,6 @@ float from_bits(uint32_t u) {
 // The nearest bf16 of x by comparing distances in double (not core's add-and-shift): the value
 // truncated to its top 16 bits and the next one away from zero; a tie goes to the even one. NaN
 // stays NaN (quiet); a value past the largest bf16's halfway point goes to infinity.
-bool oracle_is_nan(float x) {
-  return std::isnan(x);
-}
 uint16_t oracle(float x) {
   const uint32_t u = bits(x);
   const uint16_t lo = static_cast<uint16_t>(u >> 16);
@@ -68,8 +65,8 @@ struct Case {
   bool reference;
   int threads;
 };
-const Case kCases[] = {{"reference", true, 1}, {"simd, 1 thread", false, 1},
-                       {"simd, 2 threads", false, 2}};
+const Case kCases[] = {
+    {"reference", true, 1}, {"simd, 1 thread", false, 1}, {"simd, 2 threads", false, 2}};
 
 // More than the kernels' grain (2^16), so the threads split it; odd, so no size is a multiple.
 constexpr int64_t kN = 200003;
@@ -90,7 +87,7 @@ TEST(Bf16Activations, RoundToBf16GivesTheNearestBf16InPlace) {
         const float xi = x[static_cast<size_t>(i)], yi = y[static_cast<size_t>(i)];
         const uint16_t hi = h[static_cast<size_t>(i)];
         bool ok;
-        if (oracle_is_nan(xi)) {
+        if (std::isnan(xi)) {
           ok = std::isnan(yi) && (!keep || ((hi & 0x7f80u) == 0x7f80u && (hi & 0x7fu) != 0));
         } else {
           const uint16_t want = oracle(xi);
